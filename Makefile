@@ -1,0 +1,17 @@
+# attnlens: `make serve` runs the main job, `make test` runs the tests. Both set up .venv first.
+.PHONY: setup serve test lint bench
+
+setup:
+	bash scripts/setup.sh
+
+serve: setup
+	.venv/bin/attnlens serve
+
+test: setup
+	bash scripts/test.sh
+
+lint: setup
+	.venv/bin/ruff check .
+
+bench: setup
+	.venv/bin/python -m hooked_models.bench

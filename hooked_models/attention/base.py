@@ -1,0 +1,251 @@
+"""The attention extension point: `VariantAttention`, the stage catalogue and the layer cache.
+
+A variant subclasses `VariantAttention`, declares its ordered map `stages` (DESIGN.md contract 3)
+and an `Options` dataclass, and implements `attend(q, k, v, ctx) -> z`. The base class owns the
+TransformerLens-layout weights (`W_Q/W_K/W_V [head_index d_model d_head]`, `W_O [head_index d_head
+d_model]`, biases), the q/k/v/rot/z/result hooks, one HookPoint per declared stage, masking,
+rotary positions and the KV cache, so every variant gets them identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+from transformer_lens import FactoredMatrix
+from transformer_lens.hook_points import HookPoint
+
+from hooked_models.rotary import Rotary
+
+MAP_SHAPE = "batch head_index query_pos key_pos"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One entry of a variant's stage catalogue.
+
+    Attributes:
+        name: hook suffix; the hook is `blocks.{l}.attn.hook_{name}`.
+        description: one line for docs, plots and the dashboard.
+        softmax: whether the stage is before ("pre") or after ("post") the softmax.
+        row_stochastic: rows are probability distributions (False for e.g. MTA's post-softmax
+            convolution or DCMHA's post-composition maps).
+        shape: the dimension names of the hooked tensor.
+    """
+
+    name: str
+    description: str
+    softmax: Literal["pre", "post"]
+    row_stochastic: bool = False
+    shape: str = MAP_SHAPE
+
+    @property
+    def hook_name(self) -> str:
+        return f"hook_{self.name}"
+
+    @property
+    def is_map(self) -> bool:
+        return self.shape == MAP_SHAPE
+
+
+@dataclass
+class NoOptions:
+    """Options of a variant that has none."""
+
+
+@dataclass
+class LayerCache:
+    """Per-layer state for incremental decoding.
+
+    `k`, `v` hold the keys (after rotary) and values of every past token; `extra` holds whatever
+    else a variant needs (MTA keeps past queries, DCMHA its key-wise composition weights).
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def append(self, name: str, new: Tensor, dim: int = 1) -> Tensor:
+        """Concatenate `new` to the stored tensor `name` along `dim`; returns the whole."""
+        old = getattr(self, name) if name in ("k", "v") else self.extra.get(name)
+        full = new if old is None else torch.cat([old, new], dim=dim)
+        if name in ("k", "v"):
+            setattr(self, name, full)
+        else:
+            self.extra[name] = full
+        return full
+
+
+@dataclass
+class AttentionContext:
+    """What `attend` needs besides q, k, v.
+
+    Attributes:
+        x: the attention input (after ln1) for the new positions `[batch pos d_model]`.
+        allowed: causal & padding mask, True where query i may read key j, `[batch 1 q k]`.
+        q_positions / k_positions: integer positions (padding-aware) `[batch q]` / `[batch k]`.
+        cache: the layer's cache when decoding incrementally, else None.
+    """
+
+    x: Float[Tensor, "batch pos d_model"]
+    allowed: Bool[Tensor, "batch 1 query_pos key_pos"]
+    q_positions: Int[Tensor, "batch query_pos"]
+    k_positions: Int[Tensor, "batch key_pos"]
+    cache: LayerCache | None = None
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over the last axis in >= float32; rows with no allowed key give zeros, not NaN."""
+    work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    pattern = torch.softmax(work, dim=-1).to(scores.dtype)
+    return torch.where(allowed.any(-1, keepdim=True), pattern, torch.zeros_like(pattern))
+
+
+class VariantAttention(nn.Module):
+    """Base class of every attention variant (registered with `register_attention`).
+
+    Subclasses set `stages` (ordered, first to last) and `Options`, and implement `attend`.
+    `hook_attn_scores` (raw scaled content scores, causal mask as -inf) and `hook_pattern` (the
+    effective pattern, `z = pattern @ v`, DESIGN.md contract 4) belong to every catalogue.
+    """
+
+    variant: ClassVar[str] = "?"
+    Options: ClassVar[type] = NoOptions
+    stages: ClassVar[tuple[Stage, ...]] = (
+        Stage("attn_scores", "scaled q.k scores, causal mask as -inf", "pre"),
+        Stage("pattern", "softmax of the scores: the weights on the values", "post", True),
+    )
+
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        H, D, dh = cfg.n_heads, cfg.d_model, cfg.d_head
+        dtype = cfg.dtype
+        self.W_Q = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
+        self.W_K = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
+        self.W_V = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
+        self.W_O = nn.Parameter(torch.empty(H, dh, D, dtype=dtype))
+        self.b_Q = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
+        self.b_K = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
+        self.b_V = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
+        self.b_O = nn.Parameter(torch.zeros(D, dtype=dtype))
+        for name in ("q", "k", "v", "z", "result"):
+            setattr(self, f"hook_{name}", HookPoint())
+        self.rotary = None
+        if cfg.positional_embedding_type == "rotary" and self.uses_rotary():
+            self.rotary = Rotary(dh, cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base,
+                                 cfg.rotary_adjacent_pairs)
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names) or not {"attn_scores", "pattern"} <= set(names):
+            raise TypeError(f"{type(self).__name__}.stages must be unique and include "
+                            f"'attn_scores' and 'pattern', got {names}")
+        for stage in self.stages:
+            setattr(self, stage.hook_name, HookPoint())
+        self.opts = cfg.attn_cfg
+
+    # -- variant interface ---------------------------------------------------------------
+    @classmethod
+    def make_options(cls, value: Any, cfg) -> Any:
+        """Turn None / a dict / an Options instance into a validated `cls.Options`."""
+        if value is None:
+            value = cls.Options()
+        elif isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls.Options)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"unknown options {unknown} for attention {cls.variant!r}; "
+                                 f"known: {sorted(known)}")
+            value = cls.Options(**value)
+        elif not isinstance(value, cls.Options):
+            raise ValueError(f"attn_cfg for {cls.variant!r} must be a dict or "
+                             f"{cls.Options.__name__}, got {type(value).__name__}")
+        check = getattr(value, "validate", None)
+        if check is not None:
+            check(cfg)
+        return value
+
+    def uses_rotary(self) -> bool:
+        """Whether this layer applies the model's rotary embedding (override per variant)."""
+        return True
+
+    def attend(self, q: Float[Tensor, "batch query_pos head_index d_head"],
+               k: Float[Tensor, "batch key_pos head_index d_head"],
+               v: Float[Tensor, "batch key_pos head_index d_head"],
+               ctx: AttentionContext) -> Float[Tensor, "batch query_pos head_index d_head"]:
+        """Return z. Must pass its maps through the stage hooks, ending with hook_pattern."""
+        raise NotImplementedError
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 style: N(0, initializer_range) weights, zero biases. Variants extend this."""
+        std = self.cfg.initializer_range
+        for w in (self.W_Q, self.W_K, self.W_V, self.W_O):
+            nn.init.normal_(w, std=std, generator=generator)
+
+    # -- shared machinery ----------------------------------------------------------------
+    def forward(self, x: Float[Tensor, "batch pos d_model"], allowed: Tensor,
+                q_positions: Tensor, k_positions: Tensor,
+                cache: LayerCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
+        k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, q_positions))
+            k = self.hook_rot_k(self.rotary(k, q_positions))
+        if cache is not None:
+            k, v = cache.append("k", k), cache.append("v", v)
+        ctx = AttentionContext(x, allowed, q_positions, k_positions, cache)
+        z = self.hook_z(self.attend(q, k, v, ctx))
+        return self.project_out(self.heads_to_output(z, ctx))
+
+    def heads_to_output(self, z: Tensor, ctx: AttentionContext) -> Tensor:
+        """Per-head transform between hook_z and W_O (identity; MTA's group norm overrides)."""
+        return z
+
+    def project_out(self, z: Float[Tensor, "batch pos head_index d_head"]) -> Tensor:
+        if self.cfg.use_attn_result:
+            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
+            return result.sum(-2) + self.b_O
+        return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
+
+    def content_scores(self, q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
+        """Scaled q.k scores `[batch head_index q k]` with disallowed entries at -inf."""
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
+        return scores.masked_fill(~allowed, float("-inf"))
+
+    def map_hooks(self) -> list[HookPoint]:
+        """The HookPoints of this layer's map stages (for the pay-for-what-you-look-at dispatch)."""
+        return [getattr(self, s.hook_name) for s in self.stages if s.is_map]
+
+    def maps_observed(self) -> bool:
+        """True while any hook is attached to one of this layer's map stages."""
+        return any(hp.fwd_hooks or hp.bwd_hooks for hp in self.map_hooks())
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """`[head_index d_model d_model]` content QK circuit, W_Q W_K^T (right-multiplied)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """`[head_index d_model d_model]` OV circuit, W_V W_O (right-multiplied)."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+
+def mha_attend(self: VariantAttention, q: Tensor, k: Tensor, v: Tensor,
+               ctx: AttentionContext) -> Tensor:
+    """Standard causal softmax attention through hook_attn_scores and hook_pattern."""
+    scores = self.hook_attn_scores(self.content_scores(q, k, ctx.allowed))
+    pattern = self.hook_pattern(masked_softmax(scores, ctx.allowed))
+    return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+

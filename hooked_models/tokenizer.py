@@ -1,0 +1,50 @@
+"""A character-level tokenizer that needs no download: id 0 is BOS, then one id per character.
+
+Example:
+    >>> tok = CharTokenizer("abc")
+    >>> tok.encode("cab")
+    [3, 1, 2]
+    >>> tok.decode([0, 3, 1])
+    '<bos>ca'
+"""
+
+from __future__ import annotations
+
+import string
+
+DEFAULT_ALPHABET = string.printable[:-5] + "\n"  # printable ASCII without \t\r\x0b\x0c
+
+
+class CharTokenizer:
+    bos_token = "<bos>"
+    bos_token_id = 0
+
+    def __init__(self, alphabet: str = DEFAULT_ALPHABET):
+        if len(set(alphabet)) != len(alphabet):
+            raise ValueError("tokenizer alphabet has repeated characters")
+        if not alphabet:
+            raise ValueError("tokenizer alphabet is empty")
+        self.alphabet = alphabet
+        self._ids = {c: i + 1 for i, c in enumerate(alphabet)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.alphabet) + 1
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[c] for c in text]
+        except KeyError as err:
+            raise ValueError(f"character {err.args[0]!r} is not in the tokenizer alphabet "
+                             f"{self.alphabet!r}") from None
+
+    def decode(self, ids) -> str:
+        return "".join(self.id_to_str(int(i)) for i in ids)
+
+    def id_to_str(self, i: int) -> str:
+        if i == self.bos_token_id:
+            return self.bos_token
+        if not 0 < i <= len(self.alphabet):
+            raise ValueError(f"token id {i} is outside the tokenizer vocabulary "
+                             f"[0, {self.vocab_size})")
+        return self.alphabet[i - 1]

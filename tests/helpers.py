@@ -1,0 +1,73 @@
+"""Shared test utilities: tiny models, and the property checks every variant must pass."""
+
+from __future__ import annotations
+
+import torch
+
+from hooked_models import HookedVariantTransformer, VariantConfig
+
+
+def tiny_cfg(attention: str = "mha", **overrides) -> VariantConfig:
+    """A 2-layer, 4-head, d_model 32 config (float32, seed 0) for fast tests."""
+    base = dict(d_model=32, d_head=8, n_layers=2, n_ctx=32, d_vocab=50, seed=0,
+                attention=attention, act_fn="gelu")
+    base.update(overrides)
+    return VariantConfig(**base)
+
+
+def tiny_model(attention: str = "mha", **overrides) -> HookedVariantTransformer:
+    return HookedVariantTransformer(tiny_cfg(attention, **overrides)).eval()
+
+
+def random_tokens(model, batch: int = 2, pos: int = 12, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
+
+
+def _pos_dims(model, name: str, tensor: torch.Tensor, seq_len: int) -> list[int]:
+    """Axes of `tensor` (a cached activation) that index positions of the input."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[0] == "blocks" and parts[2] == "attn":
+        stage = parts[3].removeprefix("hook_")
+        for s in model.stages(int(parts[1])):
+            if s.name == stage:
+                dims = s.shape.split()
+                return [i for i, d in enumerate(dims) if d in ("pos", "query_pos")]
+    if tensor.ndim >= 2 and tensor.shape[1] == seq_len:
+        return [1]
+    return []
+
+
+def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = 1e-6) -> int:
+    """Changing token `t` changes nothing at positions < t: logits and every cached activation.
+
+    Returns how many activations were compared (so a test can check the sweep was not empty).
+    """
+    changed = tokens.clone()
+    changed[:, t] = (changed[:, t] + 1) % model.cfg.d_vocab
+    with torch.no_grad():
+        logits_a, cache_a = model.run_with_cache(tokens)
+        logits_b, cache_b = model.run_with_cache(changed)
+    torch.testing.assert_close(logits_a[:, :t], logits_b[:, :t], atol=atol, rtol=0)
+    seq_len = tokens.shape[1]
+    compared = 0
+    for name, a in cache_a.items():
+        b = cache_b[name]
+        for dim in _pos_dims(model, name, a, seq_len):
+            idx = [slice(None)] * a.ndim
+            idx[dim] = slice(0, t)
+            torch.testing.assert_close(a[tuple(idx)], b[tuple(idx)], atol=atol, rtol=0,
+                                       msg=lambda m, n=name: f"{n} leaks the future: {m}")
+            compared += 1
+    return compared
+
+
+def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = 1e-5) -> None:
+    """DESIGN.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer."""
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        pattern, v, z = cache["pattern", layer], cache["v", layer], cache["z", layer]
+        recon = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+        torch.testing.assert_close(recon, z, atol=atol, rtol=1e-4,
+                                   msg=lambda m, layer=layer: f"layer {layer}: {m}")

@@ -199,6 +199,7 @@ class VariantAttention(nn.Module):
         q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
         k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
         v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+        q, k = self.prepare_qk(q, k)
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, q_positions))
             k = self.hook_rot_k(self.rotary(k, q_positions))
@@ -207,6 +208,10 @@ class VariantAttention(nn.Module):
         ctx = AttentionContext(x, allowed, q_positions, k_positions, cache)
         z = self.hook_z(self.attend(q, k, v, ctx))
         return self.project_out(self.heads_to_output(z, ctx))
+
+    def prepare_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Transform q, k after hook_q/hook_k and before rotary (identity; DCMHA's QK-norm)."""
+        return q, k
 
     def heads_to_output(self, z: Tensor, ctx: AttentionContext) -> Tensor:
         """Per-head transform between hook_z and W_O (identity; MTA's group norm overrides)."""

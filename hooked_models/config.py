@@ -100,8 +100,9 @@ class VariantConfig(TransformerLensConfig):
         if self.attn_scale is None:
             self.attn_scale = math.sqrt(self.d_head)
         if self.tokenizer_alphabet is not None and len(self.tokenizer_alphabet) + 1 > self.d_vocab:
-            raise ValueError(f"tokenizer_alphabet needs d_vocab >= {len(self.tokenizer_alphabet) + 1}"
-                             f" (alphabet + BOS), got d_vocab={self.d_vocab}")
+            need = len(self.tokenizer_alphabet) + 1
+            raise ValueError(f"tokenizer_alphabet needs d_vocab >= {need} (alphabet + BOS), "
+                             f"got d_vocab={self.d_vocab}")
         # Resolve the variant and its options through the registry (plug-in point).
         from hooked_models.attention import get_attention_class
 

@@ -114,7 +114,11 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
             loss_per_token: return the `[batch pos-1]` losses instead of their mean.
         """
         if return_type not in ("logits", "loss", "both", None):
-            raise ValueError(f"return_type={return_type!r}; choose 'logits', 'loss', 'both' or None")
+            raise ValueError(f"return_type={return_type!r}; "
+                             "choose 'logits', 'loss', 'both' or None")
+        if isinstance(input, list) and not all(isinstance(t, str) for t in input):
+            raise ValueError("input must be a string, a list of strings or a tensor of token ids; "
+                             "got a list with non-string items")
         if isinstance(input, (str, list)):
             if attention_mask is None and not isinstance(input, str):
                 attention_mask = self.padding_mask(input)

@@ -42,8 +42,9 @@ class Rotary(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([-x2, x1], dim=-1)
 
-    def forward(self, x: Float[Tensor, "batch pos head_index d_head"],
-                positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos head_index d_head"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos head_index d_head"], positions: Int[Tensor, "batch pos"]
+    ) -> Float[Tensor, "batch pos head_index d_head"]:
         if positions.max() >= self.cos.shape[0]:
             raise ValueError(f"rotary position {int(positions.max())} exceeds the table of "
                              f"{self.cos.shape[0]} positions (n_ctx)")

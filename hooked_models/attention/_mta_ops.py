@@ -1,0 +1,139 @@
+"""Plain-torch building blocks of Multi-Token Attention (Golovneva et al. 2025, arXiv 2504.00927).
+
+Pure functions on `[batch head_index query_pos key_pos]` maps, used by `mta.MultiTokenAttention`
+and readable on their own as the specification of each step:
+
+- `key_query_conv`: the per-head 2-D convolution over (query, key) of Eqs. 5-6, queries padded
+  from the past only, keys padded on both sides (or one side, `pad_key`);
+- `head_mix`: the head-mixing convolution of Eq. 7 over groups of c_h heads;
+- `init_kernel`: the official initialisations of the key-query kernel;
+- `depth_scale`: the DIFF-Transformer factor 1 - lambda_init(layer) of the group norm.
+
+Kernel layout (as the official `mta_kernel`): `[head_index, 1, c_q, c_k]`; entry `[h, 0, a, b]`
+multiplies the input at query `i - (c_q - 1) + a` and key `j - pad_left + b`, so row `c_q - 1` is
+the current query and column `pad_left` (the centre for "both") is the same key. In the paper's
+indices of Eq. 4, `theta[i', j'] = kernel[c_q - 1 - i', pad_left - j']`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+INIT_METHODS = ("identity", "zero", "const", "uniform", "normal", "diagonal")
+PAD_KEYS = ("both", "left", "right")
+
+
+def key_padding(c_k: int, pad_key: str) -> tuple[int, int]:
+    """(left, right) zero padding of the key axis for a kernel of width `c_k`."""
+    if pad_key == "both":
+        return (c_k - 1) // 2, (c_k - 1) // 2
+    return (c_k - 1, 0) if pad_key == "left" else (0, c_k - 1)
+
+
+def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
+                   kernel: Float[Tensor, "head_index 1 c_q c_k"],
+                   allowed: Bool[Tensor, "batch 1 query_pos key_pos"],
+                   pad_key: str = "both") -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """Depthwise 2-D convolution of each head's map, `Conv2d_theta(Mask_0(maps))` (Eqs. 5, 6).
+
+    Disallowed entries (future keys, padding) are zeroed first (Mask_0), so they cannot leak into
+    the output; the query axis is zero-padded by `c_q - 1` rows from the past only (causal), the
+    key axis per `pad_key`. Returns the raw convolution output, `[batch head q k]`; its entries at
+    disallowed positions are meaningless and are masked by the caller (Mask_-inf or Mask_0).
+
+    Example:
+        >>> maps = torch.randn(1, 2, 4, 4)
+        >>> ok = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
+        >>> eye = torch.zeros(2, 1, 3, 5); eye[:, 0, -1, 2] = 1
+        >>> torch.equal(key_query_conv(maps, eye, ok), maps.masked_fill(~ok, 0))
+        True
+    """
+    n_heads, _, c_q, c_k = kernel.shape
+    left, right = key_padding(c_k, pad_key)
+    batch, _, n_q, n_k = maps.shape
+    # One zero-filled buffer holds Mask_0(maps) and the padding: a single pass over the map.
+    # channels_last makes oneDNN's depthwise convolution several times faster on CPU.
+    buf = maps.new_empty((batch, n_heads, n_q + c_q - 1, n_k + left + right))
+    if maps.device.type == "cpu":
+        buf = buf.contiguous(memory_format=torch.channels_last)
+    buf.zero_()
+    buf[:, :, c_q - 1:, left:left + n_k] = maps.masked_fill(~allowed, 0.0)
+    out = F.conv2d(buf, kernel.to(maps.dtype), groups=n_heads)
+    return out.contiguous()
+
+
+def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],
+             kernel: Float[Tensor, "n_groups c_h c_h"]
+             ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """Mix heads within non-overlapping groups of c_h heads (Eq. 7).
+
+    `kernel[g, n, m]` is the weight of input head `g*c_h + n` in output head `g*c_h + m`
+    (the official `head_kernel` layout): `A_new[m] = sum_n A[n] kernel[g, n, m]`. One group
+    (c_h = n_heads) is a fully connected mix (the official `wpsm`/`wposm` Linear has weight
+    `kernel[0].T`). Returns the mixed maps, same shape. Mixing acts entry-wise in (q, k), so it
+    maps zeros at disallowed positions to zeros.
+    """
+    batch, n_heads, n_q, n_k = maps.shape
+    n_groups, c_h, _ = kernel.shape
+    grouped = maps.reshape(batch, n_groups, c_h, n_q * n_k)
+    mixed = torch.matmul(kernel.transpose(-1, -2).to(maps.dtype), grouped)
+    return mixed.reshape(batch, n_heads, n_q, n_k)
+
+
+def identity_kernel(n_heads: int, c_q: int, c_k: int, pad_key: str = "both",
+                    dtype=torch.float32) -> Tensor:
+    """`[n_heads 1 c_q c_k]` kernel that copies the current query's score for the same key."""
+    kernel = torch.zeros(n_heads, 1, c_q, c_k, dtype=dtype)
+    kernel[:, 0, c_q - 1, key_padding(c_k, pad_key)[0]] = 1.0
+    return kernel
+
+
+def init_kernel(kernel: Tensor, method: str, pad_key: str = "both",
+                generator: torch.Generator | None = None) -> None:
+    """Initialise a `[head 1 c_q c_k]` key-query kernel in place (official `init_method`s).
+
+    "identity" (default): the current query, same key, so the layer starts as plain attention;
+    "zero"; "const" (0.3); "uniform" U(-1, 1); "normal" N(0, 0.3) truncated at 3 sd (the official
+    "normal" branch crashes, see notes 1.12.3; this is its evident intent); "diagonal": ones on
+    the diagonal that ends at the identity tap, i.e. query i - d paired with key j - d
+    ("sequence matching"; equals the official pattern for `pad_key="both"`).
+    """
+    _, _, c_q, c_k = kernel.shape
+    with torch.no_grad():
+        if method == "identity":
+            kernel.copy_(identity_kernel(kernel.shape[0], c_q, c_k, pad_key, kernel.dtype))
+        elif method == "zero":
+            kernel.zero_()
+        elif method == "const":
+            kernel.fill_(0.3)
+        elif method == "uniform":
+            kernel.uniform_(-1.0, 1.0, generator=generator)
+        elif method == "normal":
+            torch.nn.init.trunc_normal_(kernel, std=0.3, a=-0.9, b=0.9, generator=generator)
+        elif method == "diagonal":
+            kernel.zero_()
+            centre = key_padding(c_k, pad_key)[0]
+            for a in range(c_q):
+                b = centre - (c_q - 1 - a)
+                if 0 <= b < c_k:
+                    kernel[:, 0, a, b] = 1.0
+        else:
+            raise ValueError(f"init_method={method!r}; choose one of {list(INIT_METHODS)}")
+
+
+def depth_scale(layer: int) -> float:
+    """DIFF-Transformer group-norm factor `1 - lambda_init`, lambda_init = 0.8 - 0.6 exp(-0.3 l)."""
+    return 1.0 - (0.8 - 0.6 * math.exp(-0.3 * layer))
+
+
+def rms_norm(x: Float[Tensor, "... d_head"], weight: Float[Tensor, "d_head"],
+             eps: float) -> Float[Tensor, "... d_head"]:
+    """`x / sqrt(mean(x^2) + eps) * weight` over the last axis, computed in >= float32."""
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight

@@ -1,0 +1,333 @@
+"""Multi-Token Attention (Golovneva, Wang, Weston, Sukhbaatar 2025, arXiv 2504.00927): "mta".
+
+Per layer, with `A_hat = q k^T / sqrt(d_head)` (rotary already applied, as in the official code):
+
+    L = Mask_-inf(Mix_pre(Mask_-inf(Conv_pre(Mask_0(A_hat)))))     Eqs. 5, 7 (pre-softmax)
+    A = Softmax(L)
+    P = Mix_post(Mask_0(Conv_post(Mask_0(A))))                     Eqs. 6, 7 (post-softmax)
+    z = P v;  out = [gate *] GroupRMSNorm(z) [* (1 - lambda_l)] W_O     paper 3.3, notes 1.4
+
+Every step is a hook (`stages`): the pre-softmax maps carry -inf at disallowed entries like
+`hook_attn_scores`; `hook_pattern` is P, so `z = pattern @ v` holds (DESIGN.md contract 4) while its
+rows need not sum to one. Steps that are switched off are identities, and cost nothing.
+
+Placement (paper 4.2, official `mta_layers`): the key-query convolutions run on `conv_layers`
+(default every 4th layer from layer 2 in models of >= 8 layers, else every layer); head mixing,
+norm and gate run in every layer.
+
+Per-head results: TransformerLens's `ActivationCache.compute_head_results` multiplies hook_z by W_O,
+which ignores the norm and gate. Build MTA models with `use_attn_result=True` when you need
+per-head results: `hook_result` is then `hook_head_out @ W_O` (the normed, gated heads), and
+`stack_head_results` reads it.
+
+Incremental decoding keeps the last `(c_q - 1) + (c_q' - 1)` queries in the layer cache
+(`LayerCache.extra["q"]`), because the query-axis kernels need the score rows of past queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from hooked_models.attention._mta_ops import (
+    INIT_METHODS,
+    PAD_KEYS,
+    depth_scale,
+    head_mix,
+    identity_kernel,
+    init_kernel,
+    key_query_conv,
+    rms_norm,
+)
+from hooked_models.attention.base import (
+    AttentionContext,
+    LayerCache,
+    Stage,
+    VariantAttention,
+    masked_softmax,
+)
+from hooked_models.attention.registry import register_attention
+
+HEADS = "batch pos head_index d_head"
+
+
+@dataclass
+class MTAOptions:
+    """Options of the "mta" variant; names follow the official `MTATransformerArgs`.
+
+    Defaults are the released `configs/*_mta.yaml` block (both convolutions 6 x 11, both head
+    mixings fully connected, group norm with a scalar sigmoid gate).
+
+    Attributes:
+        query_kernel_size: c_q of the pre-softmax key-query convolution (Eq. 5); None: off.
+        key_kernel_size: c_k of the pre-softmax convolution; None: off (both or neither).
+        after_sm_query_kernel_size: c_q of the post-softmax convolution (Eq. 6); None: off.
+        after_sm_key_kernel_size: c_k of the post-softmax convolution; None: off.
+        pad_key: zero padding of the key axis: "both" (paper; c_k must be odd), "left", "right".
+        mta_layers: layers (0-based) with the key-query convolutions: a list of ints, a string
+            "2,6,10" (official format), "all", or None (auto: every 4th layer from layer 2 when
+            n_layers >= 8, as in the paper's 20/24-layer models; every layer otherwise).
+        init_method: pre-softmax kernel init, one of "identity", "zero", "const" (0.3), "uniform",
+            "normal", "diagonal". The post-softmax kernel and the head mixings always start at
+            identity (the official code asserts this).
+        pre_sm_head_kernel_size: c_h of pre-softmax head mixing (Eq. 7 on the logits): an int
+            dividing n_heads, "all" (= n_heads, the official `pre_sm_linear_head`) or None: off.
+        head_kernel_size: c_h of post-softmax head mixing (official name): int, "all" (= the
+            official `post_sm_linear_head`) or None: off.
+        group_norm: RMSNorm of each head's output over d_head (weight shared by heads, official
+            `subln`).
+        layer_norm_rescale: multiply the group norm by 1 - (0.8 - 0.6 exp(-0.3 layer)) (the
+            paper's depth scaling; needs group_norm).
+        add_gating: multiply each head's output by sigmoid(w . out + b), a scalar per head and
+            position (official `gate_1d`), computed from the (normed) head output.
+        norm_eps: epsilon of the group norm (official 1e-5).
+    """
+
+    query_kernel_size: int | None = 6
+    key_kernel_size: int | None = 11
+    after_sm_query_kernel_size: int | None = 6
+    after_sm_key_kernel_size: int | None = 11
+    pad_key: str = "both"
+    mta_layers: list[int] | str | None = None
+    init_method: str = "identity"
+    pre_sm_head_kernel_size: int | str | None = "all"
+    head_kernel_size: int | str | None = "all"
+    group_norm: bool = True
+    layer_norm_rescale: bool = False
+    add_gating: bool = True
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        layers = self.mta_layers
+        if isinstance(layers, str) and layers.strip() != "all":
+            try:
+                layers = [int(x) for x in layers.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"mta_layers={self.mta_layers!r}: expected 'all' or comma-"
+                                 "separated layer indices like '2,6,10'") from None
+        elif isinstance(layers, tuple):
+            layers = list(layers)
+        self.mta_layers = layers
+
+    def validate(self, cfg) -> None:
+        """Raise ValueError naming the offending option and the allowed values."""
+        for q_name, k_name in (("query_kernel_size", "key_kernel_size"),
+                               ("after_sm_query_kernel_size", "after_sm_key_kernel_size")):
+            cq, ck = getattr(self, q_name), getattr(self, k_name)
+            if (cq is None) != (ck is None):
+                raise ValueError(f"{q_name}={cq!r} and {k_name}={ck!r}: set both or neither")
+            for name, size in ((q_name, cq), (k_name, ck)):
+                if size is not None and (not isinstance(size, int) or isinstance(size, bool)
+                                         or size < 1):
+                    raise ValueError(f"{name} must be a positive int or None, got {size!r}")
+            if ck is not None and self.pad_key == "both" and ck % 2 == 0:
+                raise ValueError(f"{k_name}={ck} must be odd with pad_key='both'")
+        if self.pad_key not in PAD_KEYS:
+            raise ValueError(f"pad_key={self.pad_key!r}; choose one of {list(PAD_KEYS)}")
+        if self.init_method not in INIT_METHODS:
+            raise ValueError(f"init_method={self.init_method!r}; choose one of "
+                             f"{list(INIT_METHODS)}")
+        for name in ("pre_sm_head_kernel_size", "head_kernel_size"):
+            size = getattr(self, name)
+            if size is None or size == "all":
+                continue
+            if (not isinstance(size, int) or isinstance(size, bool) or size < 1
+                    or cfg.n_heads % size):
+                raise ValueError(f"{name}={size!r} must be None, 'all' or a positive divisor of "
+                                 f"n_heads={cfg.n_heads}")
+        layers = self.mta_layers
+        if layers is not None and layers != "all":
+            if not isinstance(layers, list) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in layers):
+                raise ValueError(f"mta_layers={layers!r}: expected a list of ints, a string "
+                                 "'2,6,10', 'all' or None")
+            bad = [x for x in layers if not 0 <= x < cfg.n_layers]
+            if bad:
+                raise ValueError(f"mta_layers {bad} are outside [0, n_layers={cfg.n_layers})")
+        if self.layer_norm_rescale and not self.group_norm:
+            raise ValueError("layer_norm_rescale=True needs group_norm=True (it scales the norm)")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+
+    def conv_layers(self, n_layers: int) -> list[int]:
+        """The layers that get the key-query convolutions (resolves None and "all")."""
+        if self.mta_layers == "all" or (self.mta_layers is None and n_layers < 8):
+            return list(range(n_layers))
+        if self.mta_layers is None:
+            return list(range(2, n_layers, 4))
+        return sorted(set(self.mta_layers))
+
+    def group_size(self, name: str, n_heads: int) -> int | None:
+        """c_h of `name` ("pre_sm_head_kernel_size" or "head_kernel_size"), "all" -> n_heads."""
+        size = getattr(self, name)
+        return n_heads if size == "all" else size
+
+
+@register_attention("mta")
+class MultiTokenAttention(VariantAttention):
+    """Multi-Token Attention: key-query convolutions, head mixing, gated group norm.
+
+    Parameters (present only when their step is on; layouts as the official code):
+    `mta_kernel` / `mta_kernel_after_sm` `[head_index 1 c_q c_k]`, `pre_sm_head_kernel` /
+    `head_kernel` `[n_groups c_h c_h]` (input head, output head), `subln_w` `[d_head]`,
+    `W_gate` `[d_head]`, `b_gate` `[1]`.
+
+    Example:
+        >>> from hooked_models import VariantConfig, HookedVariantTransformer
+        >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=1, n_ctx=16, d_vocab=50, seed=0,
+        ...                     attention="mta", attn_cfg={"query_kernel_size": 2,
+        ...                     "key_kernel_size": 3, "head_kernel_size": 2})
+        >>> model = HookedVariantTransformer(cfg)
+        >>> [s.name for s in model.stages(0)][:6]
+        ['attn_scores', 'pre_sm_conv', 'pre_sm_mix', 'softmax', 'post_sm_conv', 'pattern']
+    """
+
+    Options = MTAOptions
+    stages = (
+        Stage("attn_scores", "scaled q.k scores A_hat, causal mask as -inf", "pre"),
+        Stage("pre_sm_conv", "after the pre-softmax key-query convolution (Eq. 5), -inf masked",
+              "pre"),
+        Stage("pre_sm_mix", "after pre-softmax head mixing: the logits entering the softmax",
+              "pre"),
+        Stage("softmax", "softmax of the mixed logits", "post", row_stochastic=True),
+        Stage("post_sm_conv", "after the post-softmax key-query convolution (Eq. 6), Mask_0",
+              "post"),
+        Stage("pattern", "after post-softmax head mixing (Eq. 7): the weights on the values",
+              "post"),
+        Stage("z", "head outputs pattern @ v, before the group norm", "post", shape=HEADS),
+        Stage("normed", "head outputs after the group RMSNorm (and depth scaling)", "post",
+              shape=HEADS),
+        Stage("gate", "sigmoid gate per head and position (only when add_gating)", "post",
+              shape="batch pos head_index"),
+        Stage("head_out", "per-head vectors entering W_O (normed, gated)", "post", shape=HEADS),
+    )
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        opts: MTAOptions = self.opts
+        H, dh, dtype = cfg.n_heads, cfg.d_head, cfg.dtype
+        self.has_conv = layer in opts.conv_layers(cfg.n_layers)
+        self.mta_kernel = self.mta_kernel_after_sm = None
+        self.pre_sm_head_kernel = self.head_kernel = None
+        self.q_window = 0  # past queries the query-axis kernels read (cached when decoding)
+        if self.has_conv and opts.query_kernel_size is not None:
+            self.mta_kernel = nn.Parameter(torch.empty(
+                H, 1, opts.query_kernel_size, opts.key_kernel_size, dtype=dtype))
+            self.q_window += opts.query_kernel_size - 1
+        if self.has_conv and opts.after_sm_query_kernel_size is not None:
+            self.mta_kernel_after_sm = nn.Parameter(torch.empty(
+                H, 1, opts.after_sm_query_kernel_size, opts.after_sm_key_kernel_size,
+                dtype=dtype))
+            self.q_window += opts.after_sm_query_kernel_size - 1
+        for attr, name in (("pre_sm_head_kernel", "pre_sm_head_kernel_size"),
+                           ("head_kernel", "head_kernel_size")):
+            c_h = opts.group_size(name, H)
+            if c_h is not None:
+                setattr(self, attr, nn.Parameter(torch.empty(H // c_h, c_h, c_h, dtype=dtype)))
+        self.subln_w = nn.Parameter(torch.ones(dh, dtype=dtype)) if opts.group_norm else None
+        if opts.add_gating:
+            self.W_gate = nn.Parameter(torch.empty(dh, dtype=dtype))
+            self.b_gate = nn.Parameter(torch.zeros(1, dtype=dtype))
+        self.norm_scale = depth_scale(layer) if opts.layer_norm_rescale else 1.0
+        self._init_mta()
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Base W_Q..W_O init, then the MTA parameters (identity kernels and mixings, unit norm
+        weight, gate weight trunc-normal with std d_model^-0.5 as in the official code)."""
+        super().init_weights(generator)
+        self._init_mta(generator)
+
+    def _init_mta(self, generator: torch.Generator | None = None) -> None:
+        opts: MTAOptions = self.opts
+        with torch.no_grad():
+            if self.mta_kernel is not None:
+                init_kernel(self.mta_kernel, opts.init_method, opts.pad_key, generator)
+            if self.mta_kernel_after_sm is not None:
+                _, _, c_q, c_k = self.mta_kernel_after_sm.shape
+                self.mta_kernel_after_sm.copy_(identity_kernel(
+                    self.cfg.n_heads, c_q, c_k, opts.pad_key, self.mta_kernel_after_sm.dtype))
+            for kernel in (self.pre_sm_head_kernel, self.head_kernel):
+                if kernel is not None:
+                    kernel.copy_(torch.eye(kernel.shape[-1], dtype=kernel.dtype).expand_as(kernel))
+            if self.subln_w is not None:
+                self.subln_w.fill_(1.0)
+            if opts.add_gating:
+                std = self.cfg.d_model ** -0.5
+                nn.init.trunc_normal_(self.W_gate, std=std, a=-3 * std, b=3 * std,
+                                      generator=generator)
+                self.b_gate.zero_()
+
+    # -- attention maps (Eqs. 5-7) ---------------------------------------------------------
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        """Return z `[batch pos head_index d_head]` = pattern @ v, through every map stage."""
+        allowed = ctx.allowed
+        n_past = 0
+        if ctx.cache is not None and self.q_window:
+            q, allowed, n_past = self._extend_queries(q, allowed, ctx.cache)
+        not_allowed = ~allowed
+        neg_inf = float("-inf")
+        opts: MTAOptions = self.opts
+
+        def hook(point, maps: Tensor) -> Tensor:
+            return self._hook_new_rows(point, maps, n_past)
+
+        scores = hook(self.hook_attn_scores, self.content_scores(q, k, allowed))
+        if self.mta_kernel is not None:   # Eq. 5: Mask_-inf(Conv(Mask_0(A_hat)))
+            scores = key_query_conv(scores, self.mta_kernel, allowed, opts.pad_key)
+            scores = scores.masked_fill(not_allowed, neg_inf)
+        scores = hook(self.hook_pre_sm_conv, scores)
+        if self.pre_sm_head_kernel is not None:   # Eq. 7 on the logits
+            scores = head_mix(scores.masked_fill(not_allowed, 0.0), self.pre_sm_head_kernel)
+            scores = scores.masked_fill(not_allowed, neg_inf)
+        scores = hook(self.hook_pre_sm_mix, scores)
+        maps = hook(self.hook_softmax, masked_softmax(scores, allowed))
+        if self.mta_kernel_after_sm is not None:   # Eq. 6: Mask_0(Conv(Mask_0(A)))
+            maps = key_query_conv(maps, self.mta_kernel_after_sm, allowed, opts.pad_key)
+            maps = maps.masked_fill(not_allowed, 0.0)
+        maps = hook(self.hook_post_sm_conv, maps)
+        if self.head_kernel is not None:   # Eq. 7 on the weights
+            maps = head_mix(maps, self.head_kernel)
+        pattern = hook(self.hook_pattern, maps)[:, :, n_past:]
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def _extend_queries(self, q: Tensor, allowed: Tensor, cache: LayerCache):
+        """Prepend up to `q_window` cached past queries (and their mask rows); store the new
+        window. Returns (queries, allowed, number of past rows prepended)."""
+        past = cache.extra.get("q")
+        full = q if past is None else torch.cat([past, q], dim=1)
+        cache.extra["q"] = full[:, -self.q_window:]
+        n_past = full.shape[1] - q.shape[1]
+        if n_past == 0:
+            return q, allowed, 0
+        n_keys = allowed.shape[-1]
+        q_idx = torch.arange(n_keys - full.shape[1], n_keys, device=q.device)
+        causal = torch.arange(n_keys, device=q.device)[None, :] <= q_idx[:, None]
+        # The last row of `allowed` (the newest query) permits exactly the valid keys.
+        allowed = causal[None, None] & allowed[:, :, -1:, :]
+        return full, allowed, n_past
+
+    @staticmethod
+    def _hook_new_rows(point, maps: Tensor, n_past: int) -> Tensor:
+        """Call a map hook on the rows of the new queries only (when decoding with a window of
+        past queries); without hooks attached this is free."""
+        if n_past == 0:
+            return point(maps)
+        if not (point.fwd_hooks or point.bwd_hooks):
+            return maps
+        return torch.cat([maps[:, :, :n_past], point(maps[:, :, n_past:])], dim=2)
+
+    # -- head outputs: group norm and gate (paper 3.3) --------------------------------------
+    def heads_to_output(self, z: Tensor, ctx: AttentionContext) -> Tensor:
+        """Return the per-head vectors for W_O: [sigmoid gate *] RMSNorm(z) [* (1 - lambda)]."""
+        out = z
+        if self.subln_w is not None:
+            out = rms_norm(z, self.subln_w, self.opts.norm_eps)
+            if self.norm_scale != 1.0:
+                out = out * self.norm_scale
+        out = self.hook_normed(out)
+        if self.opts.add_gating:
+            gate = self.hook_gate(torch.sigmoid(out @ self.W_gate + self.b_gate))
+            out = out * gate[..., None]
+        return self.hook_head_out(out)

@@ -5,7 +5,7 @@ setup:
 	bash scripts/setup.sh
 
 serve: setup
-	.venv/bin/attnlens serve
+	.venv/bin/attnlens demo
 
 test: setup
 	bash scripts/test.sh

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
 from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
 from hooked_models.attention.mta import MTAOptions, MultiTokenAttention
+
+from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
 
 MTA_PARAMS = ("mta_kernel", "mta_kernel_after_sm", "pre_sm_head_kernel", "head_kernel",
               "subln_w", "W_gate", "b_gate")
@@ -39,7 +40,7 @@ def randomize_mta(model, seed=0, scale=0.3):
 
 
 def S(cache, stage, layer):
-    """A layer's MTA stage from an ActivationCache (TransformerLens shorthands only know its own)."""
+    """A layer's MTA stage from a cache (TransformerLens shorthands know only its own names)."""
     return cache[f"blocks.{layer}.attn.hook_{stage}"]
 
 
@@ -284,7 +285,8 @@ def test_gradcheck_float64_reaches_every_mta_parameter():
               if n in MTA_PARAMS}
 
     def f(*values):
-        return functional_call(attn, dict(zip(names, values)), (x, allowed, q_pos, k_pos))
+        weights = dict(zip(names, values, strict=True))
+        return functional_call(attn, weights, (x, allowed, q_pos, k_pos))
 
     inputs = tuple(params[n] for n in names)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5)
@@ -314,7 +316,8 @@ def test_incremental_decoding_matches_full_forward(opts, pos_type):
                                        S(full_cache, stage, 1)[:, :, start:end, :end])
         start = end
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
-    for lc, block in zip(cache.layers, model.blocks):   # only a window of past queries is kept
+    # only a window of past queries is kept
+    for lc, block in zip(cache.layers, model.blocks, strict=True):
         kept = lc.extra.get("q")
         assert (kept is None) == (block.attn.q_window == 0)
         assert kept is None or kept.shape[1] == block.attn.q_window

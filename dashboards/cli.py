@@ -56,8 +56,9 @@ def cmd_demo(args) -> int:
 
     t0 = time.time()
     losses = train(model, sample, steps=args.steps, batch_size=32, lr=3e-3, seed=args.seed)
+    uniform = torch.log(torch.tensor(cfg.d_vocab - 1.0))
     print(f"trained {args.steps} steps in {time.time() - t0:.1f}s: loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f} on the second copy (uniform guess: {torch.log(torch.tensor(63.)):.3f})")
+          f"{losses[-1]:.3f} on the second copy (uniform guess: {uniform:.3f})")
     eval_toks = repeated_tokens(64, half, cfg.d_vocab, seed=1234)
     table = head_table(model, eval_toks, half)
     pd.set_option("display.float_format", "{:.3f}".format)

@@ -186,6 +186,14 @@ class VariantAttention(nn.Module):
         """Return z. Must pass its maps through the stage hooks, ending with hook_pattern."""
         raise NotImplementedError
 
+    def link_layers(self, layers: list["VariantAttention"]) -> None:
+        """Called once by the model, before `init_weights`, with every layer's attention in order.
+
+        A variant that shares a parameter across layers overrides this and keeps the tensor
+        registered on one layer only, referenced (not registered) by the others, so state_dict
+        and safetensors hold it once. Default: nothing is shared.
+        """
+
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 style: N(0, initializer_range) weights, zero biases. Variants extend this."""
         std = self.cfg.initializer_range
@@ -227,6 +235,16 @@ class VariantAttention(nn.Module):
         """Scaled q.k scores `[batch head_index q k]` with disallowed entries at -inf."""
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
         return scores.masked_fill(~allowed, float("-inf"))
+
+    def head_mixing(self) -> dict[str, Tensor | None]:
+        """Static cross-head mixing, for composed circuits (DCMHA Theorems 2.1 / 2.2).
+
+        Returns {"pre": M or None, "post": M or None}, each M `[head_index head_index]` with
+        `mixed[:, g] = sum_h M[h, g] * unmixed[:, h]` applied to the scores ("pre", before the
+        softmax) or to the probabilities ("post"). None means no static mixing at that stage.
+        Variants with head mixing (MTA, DCMHA's static part) override this.
+        """
+        return {"pre": None, "post": None}
 
     def map_hooks(self) -> list[HookPoint]:
         """The HookPoints of this layer's map stages (for the pay-for-what-you-look-at dispatch)."""

@@ -44,8 +44,9 @@ def main(argv=None) -> None:
             tokens, names_filter="blocks.1.attn.hook_pattern"), args.repeats)
         full = median_time(lambda: model.run_with_cache(tokens), args.repeats)
     print(f"# core hook overhead ({args.attention})\n")
-    print(f"- date: {datetime.date.today()}, device: CPU ({platform.processor() or platform.machine()}"
-          f", {torch.get_num_threads()} threads), torch {torch.__version__}")
+    cpu = platform.processor() or platform.machine()
+    print(f"- date: {datetime.date.today()}, device: CPU ({cpu}, {torch.get_num_threads()} "
+          f"threads), torch {torch.__version__}")
     print(f"- model: 2 layers, d_model 256, 8 heads; input 8 x 256 tokens; median of "
           f"{args.repeats}\n")
     print("| run | ms | ratio to forward |\n|---|---:|---:|")

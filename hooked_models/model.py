@@ -66,6 +66,8 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(TransformerBlock(cfg, layer) for layer in range(cfg.n_layers))
+        for block in self.blocks:  # cross-layer sharing seam (e.g. CoPE's shared embeddings)
+            block.attn.link_layers([b.attn for b in self.blocks])
         self.ln_final = make_norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights()

@@ -266,3 +266,13 @@ def test_incremental_decoding_parity(attn_cfg):
         assert kw.shape == (2, 10, 2, G, M, M)
     assert torch.equal(model.generate(tokens[:, :5], max_new_tokens=5),
                        model.generate(tokens[:, :5], max_new_tokens=5, use_cache=False))
+
+
+def test_left_padding_matches_unpadded():
+    model = dcmha(FULL, **ROPE)
+    tokens = random_tokens(model, batch=1, pos=7)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], 1)
+    mask = torch.tensor([[0, 0, 0] + [1] * 7])
+    out, cache = model.run_with_cache(padded, attention_mask=mask)
+    torch.testing.assert_close(out[:, 3:], model(tokens), atol=1e-5, rtol=1e-5)
+    assert (cache["pattern", 0][:, :, :3] == 0).all() and not cache["pattern", 0].isnan().any()

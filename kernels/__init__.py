@@ -1,0 +1,14 @@
+"""Triton kernels for attnlens, one folder per op (DESIGN.md contract 5: pay for what you look at).
+
+Each op folder holds `reference.py` (the plain-torch spec), `triton_*.py` (the kernels),
+`function.py` (an autograd.Function) and the dispatch that decides when the fused path applies:
+
+- `kernels.flash_attention`: fused causal softmax attention returning the row log-sum-exp
+  (the "mha" fast path).
+- `kernels.dispatch`: backend resolution for `cfg.backend` and `patterns_for`, which recomputes
+  chosen pattern rows from the saved log-sum-exp.
+- `kernels.bench`: `python -m kernels.bench` prints time / memory / TFLOP/s tables.
+
+Importing `kernels` does not import triton; the op modules do. Kernels run compiled on CUDA, or
+on the CPU interpreter when `TRITON_INTERPRET=1` is set before they are imported.
+"""

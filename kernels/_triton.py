@@ -1,0 +1,115 @@
+"""Shared plumbing for the Triton kernels: availability, interpreter mode, launch configs.
+
+Triton decides when a `@triton.jit` function is *decorated* whether it will run compiled (GPU)
+or on the numpy interpreter (`TRITON_INTERPRET=1`). So the mode is read once, when this module
+is imported, and a process cannot mix the two. Everything GPU-only (`triton.autotune` with
+several configs, `torch.cuda.*`) stays behind `on_gpu()`: without a GPU a single config is used.
+
+Example:
+    >>> from kernels._triton import interpreting
+    >>> isinstance(interpreting(), bool)
+    True
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton is a Linux-only dependency
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+
+
+def _interpret_flag() -> bool:
+    if triton is not None:
+        knobs = getattr(triton, "knobs", None)
+        if knobs is not None:
+            return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+INTERPRET: bool = triton is not None and _interpret_flag()
+
+
+def available() -> bool:
+    """True when triton is importable."""
+    return triton is not None
+
+
+def interpreting() -> bool:
+    """True when kernels run on Triton's CPU interpreter (TRITON_INTERPRET=1 at import time)."""
+    return INTERPRET
+
+
+def on_gpu() -> bool:
+    """True when kernels are compiled for a CUDA GPU (not interpreted)."""
+    return triton is not None and not INTERPRET and torch.cuda.is_available()
+
+
+def can_run(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels can run on tensor `t` (CUDA, or any device when interpreting)."""
+    if triton is None:
+        return False
+    return INTERPRET or t.is_cuda
+
+
+def why_not(t: torch.Tensor) -> str:
+    """A one-line reason why `can_run(t)` is False (for error messages)."""
+    if triton is None:
+        return "triton is not installed"
+    return (f"tensors are on {t.device.type!r}; the Triton kernels need a CUDA device, or the "
+            "CPU interpreter (set TRITON_INTERPRET=1 before importing triton or attnlens)")
+
+
+# Dtypes the kernels accept; bf16 is computed in fp32 under the interpreter (it cannot do bf16).
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel computes in for inputs of `dtype` (bf16 -> fp32 when interpreting)."""
+    if dtype == torch.bfloat16 and INTERPRET:
+        return torch.float32
+    return dtype
+
+
+def next_pow2(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= max(n, minimum) (tl.arange and tl.dot need powers of two >= 16)."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+class LazyAutotune:
+    """`triton.autotune(configs(), key)(kernel)`, built on first use, only ever used on a GPU.
+
+    Without a GPU, multi-config autotuning crashes ("0 active drivers"), so callers launch the
+    plain kernel with one explicit config instead (see `on_gpu`).
+    """
+
+    def __init__(self, kernel, configs, key: list[str]):
+        self.kernel, self.configs, self.key = kernel, configs, key
+        self._tuned = None
+
+    def __getitem__(self, grid):
+        if self._tuned is None:
+            self._tuned = triton.autotune(configs=self.configs(), key=self.key)(self.kernel)
+        return self._tuned[grid]
+
+
+__all__ = [
+    "INTERPRET",
+    "SUPPORTED_DTYPES",
+    "LazyAutotune",
+    "available",
+    "can_run",
+    "interpreting",
+    "kernel_dtype",
+    "next_pow2",
+    "on_gpu",
+    "tl",
+    "triton",
+    "why_not",
+]

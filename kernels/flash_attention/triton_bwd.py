@@ -1,0 +1,208 @@
+"""Fused causal attention, backward: recompute the probabilities tile by tile from the saved LSE.
+
+With `P = exp(scale * Q K^T - lse)` recomputed per tile and `delta_i = sum_d O_id dO_id`:
+
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta + dlse),  dQ = scale dS K,  dK = scale dS^T Q
+
+(`dlse`, the incoming gradient of the returned log-sum-exp, is folded into `delta`.) Three
+kernels, no atomics, so the result is deterministic on GPU too:
+
+1. `_bwd_preprocess`: delta `[batch head query_pos]` (float32), one program per query tile.
+2. `_bwd_dkdv`: one program per key tile, sweeping the query tiles that can see it.
+3. `_bwd_dq`: one program per query tile, sweeping its visible key tiles.
+
+Layouts as in `triton_fwd`; dq, dk, dv are written in the inputs' dtype, accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._triton import LazyAutotune, next_pow2, on_gpu, tl, triton
+from kernels.flash_attention.triton_fwd import LOG2E, _dot
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DLSE, DELTA, so_b, so_t, so_h, so_d, sdo_b, sdo_t, sdo_h, sdo_d,
+                    H, T_Q, D, HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < T_Q)[:, None] & (offs_d < D)[None, :]
+    o = tl.load(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                 mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
+    tl.store(DELTA + pid_bh * T_Q + offs_m, delta, mask=offs_m < T_Q)
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
+              sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+              sdo_b, sdo_t, sdo_h, sdo_d, sdk_b, sdk_t, sdk_h, sdk_d,
+              sdv_b, sdv_t, sdv_h, sdv_d, skv_b,
+              H, T_Q, T_K, Q_OFFSET, D, sm_scale, qk_scale, T_BUCKET,
+              CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_valid = offs_n < T_K
+    d_valid = offs_d < D
+    nd_mask = n_valid[:, None] & d_valid[None, :]
+    k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d,
+                mask=nd_mask, other=0.0)
+    v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
+                mask=nd_mask, other=0.0)
+    keep_n = n_valid
+    if HAS_KVALID:
+        keep_n = keep_n & (tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0) != 0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    q_base = b * sq_b + h * sq_h
+    do_base = b * sdo_b + h * sdo_h
+    lo = 0
+    if CAUSAL:   # first query that sees key start_n is start_n - Q_OFFSET
+        lo = (tl.maximum(start_n - Q_OFFSET, 0) // BLOCK_M) * BLOCK_M
+    for start_m in range(lo, T_Q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < T_Q
+        qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
+                     mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
+        do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                     mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
+        lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
+        keep = keep_n[:, None] & m_valid[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
+        st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
+        pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)
+        dv += _dot(pt.to(do.dtype), do, IEEE)
+        dpt = _dot(v, tl.trans(do), IEEE)                                      # [N, M]
+        dst = pt * (dpt - delta[None, :])
+        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
+    dk *= sm_scale
+    tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
+             dk.to(DK.dtype.element_ty), mask=nd_mask)
+    tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :] * sdv_d,
+             dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
+            sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+            sdo_b, sdo_t, sdo_h, sdo_d, sdq_b, sdq_t, sdq_h, sdq_d, skv_b,
+            H, T_Q, T_K, Q_OFFSET, D, sm_scale, qk_scale, T_BUCKET,
+            CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < T_Q
+    d_valid = offs_d < D
+    md_mask = m_valid[:, None] & d_valid[None, :]
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
+                mask=md_mask, other=0.0)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                 mask=md_mask, other=0.0)
+    lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    k_base = b * sk_b + h * sk_h
+    v_base = b * sv_b + h * sv_h
+    hi = T_K
+    if CAUSAL:
+        hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < T_K
+        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+        vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+        keep = n_valid[None, :] & m_valid[:, None]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+        if HAS_KVALID:
+            kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
+            keep = keep & (kv[None, :] != 0)
+        s = _dot(q, kt, IEEE) * qk_scale
+        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
+        dp = _dot(do, vt, IEEE)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    dq *= sm_scale
+    tl.store(DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
+             dq.to(DQ.dtype.element_ty), mask=md_mask)
+
+
+def _gpu_configs():
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in ((64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 4, 3),
+                                 (128, 64, 8, 2), (64, 128, 8, 2), (32, 32, 4, 3))]
+
+
+_KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "HAS_KVALID", "IEEE"]
+_dkdv_tuned = LazyAutotune(_bwd_dkdv, _gpu_configs, _KEY)
+_dq_tuned = LazyAutotune(_bwd_dq, _gpu_configs, _KEY)
+
+
+def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, scale: float,
+             key_valid: torch.Tensor | None = None, causal: bool = True,
+             dlse: torch.Tensor | None = None, block_m: int | None = None,
+             block_n: int | None = None):
+    """Launch the three backward kernels; returns `(dq, dk, dv)` shaped like q, k, v."""
+    B, T_Q, H, D = q.shape
+    T_K = k.shape[1]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if T_Q == 0 or T_K == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    BLOCK_D = next_pow2(D)
+    delta = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    has_dlse = dlse is not None
+    dl = dlse.float().contiguous() if has_dlse else delta
+    _bwd_preprocess[(math.ceil(T_Q / 64), B * H)](
+        out, do, dl, delta, *out.stride(), *do.stride(), H, T_Q, D, HAS_DLSE=has_dlse,
+        BLOCK_M=64, BLOCK_D=BLOCK_D)
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    if kv.dtype == torch.bool:
+        kv = kv.to(torch.int8)
+    common = (H, T_Q, T_K, T_K - T_Q, D, scale, scale * LOG2E, next_pow2(T_Q, 64))
+    meta = dict(CAUSAL=causal, HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32,
+                BLOCK_D=BLOCK_D)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, kv, *strides, *dk.stride(), *dv.stride(),
+                 kv.stride(0), *common)
+    dq_args = (q, k, v, do, lse, delta, dq, kv, *strides, *dq.stride(), kv.stride(0), *common)
+    if block_m is None and on_gpu():
+        _dkdv_tuned[lambda M: (triton.cdiv(T_K, M["BLOCK_N"]), B * H)](*dkdv_args, **meta)
+        _dq_tuned[lambda M: (triton.cdiv(T_Q, M["BLOCK_M"]), B * H)](*dq_args, **meta)
+    else:
+        bm, bn = block_m or 16, block_n or 16
+        _bwd_dkdv[(math.ceil(T_K / bn), B * H)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        _bwd_dq[(math.ceil(T_Q / bm), B * H)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+    return dq, dk, dv
+
+
+__all__ = ["attn_bwd"]

@@ -1,0 +1,170 @@
+"""Fused causal attention, forward: online softmax over key tiles (FlashAttention-2 schedule).
+
+One program owns a tile of BLOCK_M query rows of one (batch, head) and keeps it resident; it
+sweeps the key tiles left to right with a running row max `m` and row sum `l` (base 2: scores are
+pre-multiplied by log2(e)), so no `[query, key]` tile ever leaves the chip. Key tiles entirely
+below the causal diagonal run unmasked ("off-band"); only the tiles crossing the diagonal or the
+sequence end are masked ("on-band"). Any sequence length works: loads and stores are masked.
+
+Layout: q, k, v, out `[batch pos head_index d_head]` (any strides), lse `[batch head_index
+query_pos]` float32, natural log. Causal attention puts query i at key position
+`T_K - T_Q + i` (KV-cache decoding); `key_valid [batch key_pos]` (optional) masks padding keys.
+A row with no allowed key gets output 0 and lse -inf (as `masked_softmax`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._triton import LazyAutotune, next_pow2, on_gpu, tl, triton
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """tl.dot; exact fp32 products (no TF32) when IEEE, so fp32 matches the reference."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
+               offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, qk_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr,
+               BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into (acc, m_i, l_i); MASKED adds the bound/causal mask."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < T_K
+        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        s = _dot(q, kt, IEEE) * qk_scale                       # [BLOCK_M, BLOCK_N], log2 units
+        if MASKED:
+            keep = n_valid[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+            s = tl.where(keep, s, float("-inf"))
+        if HAS_KVALID:
+            kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
+            s = tl.where(kv[None, :] != 0, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen only masked keys keeps m = -inf; shift by 0 there, not by -inf.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def attn_fwd_kernel(Q, K, V, O, LSE, KVALID,
+                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d,
+                    sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, so_d, skv_b,
+                    H, T_Q, T_K, Q_OFFSET, D, qk_scale, T_BUCKET,
+                    CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
+
+    `T_BUCKET` (a power of two >= T_Q) is unused by the body: it is the autotune key, so that
+    lengths of the same bucket share a tuned config.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < T_Q
+    d_valid = offs_d < D
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    k_base = b * sk_b + h * sk_h
+    v_base = b * sv_b + h * sv_h
+    kv_ptr = KVALID + b * skv_b
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if CAUSAL:
+        # Keys < lo are visible to every row of the tile and lie inside the sequence.
+        lo = ((Q_OFFSET + pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
+        lo = tl.maximum(lo, 0)
+        hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
+    else:
+        lo = (T_K // BLOCK_N) * BLOCK_N
+        hi = T_K
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
+                               sv_t, sv_d, offs_m, offs_d, d_valid, 0, lo, T_K, Q_OFFSET,
+                               qk_scale, False, CAUSAL, HAS_KVALID, BLOCK_N, IEEE)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
+                               sv_t, sv_d, offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET,
+                               qk_scale, True, CAUSAL, HAS_KVALID, BLOCK_N, IEEE)
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d,
+             out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    ln2 = 0.6931471805599453
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * ln2)
+    tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=m_valid)
+
+
+def _gpu_configs():
+    cfgs = []
+    for bm, bn, warps, stages in ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3),
+                                  (128, 32, 4, 4), (64, 32, 4, 4), (128, 128, 8, 2)):
+        cfgs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps,
+                                  num_stages=stages))
+    return cfgs
+
+
+_fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
+                          key=["T_BUCKET", "BLOCK_D", "CAUSAL", "HAS_KVALID", "IEEE"])
+
+
+def _launch_key(T_Q: int) -> int:
+    return next_pow2(T_Q, 64)
+
+
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+             key_valid: torch.Tensor | None = None, causal: bool = True,
+             block_m: int | None = None, block_n: int | None = None,
+             out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    """Launch the forward kernel; returns `(out [b q h d], lse [b h q] float32)`.
+
+    `block_m`/`block_n` force one tile config (tests); by default a GPU autotunes over a few
+    configs and the interpreter uses 16 x 16 tiles. `out`/`lse` may be passed preallocated.
+    """
+    B, T_Q, H, D = q.shape
+    T_K = k.shape[1]
+    if out is None:
+        out = torch.empty_like(q)
+    if lse is None:
+        lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    if kv.dtype == torch.bool:
+        kv = kv.to(torch.int8)
+    args = (q, k, v, out, lse, kv, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale * LOG2E, _launch_key(T_Q))
+    meta = dict(CAUSAL=causal, HAS_KVALID=key_valid is not None,
+                IEEE=q.dtype == torch.float32, BLOCK_D=next_pow2(D))
+    if T_Q == 0:
+        return out, lse
+    if block_m is None and on_gpu():
+        grid = lambda META: (triton.cdiv(T_Q, META["BLOCK_M"]), B * H)  # noqa: E731
+        _fwd_tuned[grid](*args, **meta)
+    else:
+        bm, bn = block_m or 16, block_n or 16
+        attn_fwd_kernel[(math.ceil(T_Q / bm), B * H)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+    return out, lse
+
+
+__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel"]

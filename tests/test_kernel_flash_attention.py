@@ -1,0 +1,138 @@
+"""Fused causal attention kernels vs the plain-torch reference (TRITON_INTERPRET=1 on CPU).
+
+Every kernel output and gradient buffer starts as NaN (torch.empty/empty_like are poisoned), so
+an element a kernel forgets to write shows up. Sizes are tiny: the interpreter runs each program
+instance in Python.
+"""
+
+import pytest
+import torch
+
+from kernels import _triton
+
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
+                                                     or torch.cuda.is_available())),
+                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
+]
+
+from kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
+from kernels.flash_attention.triton_fwd import attn_fwd  # noqa: E402
+
+DEVICE = "cpu" if _triton.interpreting() else "cuda"
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
+       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@pytest.fixture(autouse=True)
+def nan_empty(monkeypatch):
+    """Poison uninitialised float allocations with NaN (as FLA's conftest does)."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def _inputs(T_q, T_k, d=16, heads=2, batch=1, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda T: (torch.randn(batch, T, heads, d, generator=g)  # noqa: E731
+                      .to(DEVICE, dtype).requires_grad_())
+    return make(T_q), make(T_k), make(T_k)
+
+
+def _finite(x):
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _check(q, k, v, scale=0.3, key_valid=None, causal=True, block_m=16, block_n=16):
+    """Compare out, lse and (dq, dk, dv) of a loss using both out and lse."""
+    dtype = q.dtype
+    out, lse = flash_attention(q, k, v, scale, key_valid, causal, block_m, block_n)
+    ref_out, ref_lse = attention_reference(q, k, v, scale, key_valid, causal)
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out.float(), ref_out.float(), **TOL[dtype])
+    torch.testing.assert_close(lse, ref_lse.float(), **TOL[torch.float32 if dtype == torch.float32
+                                                           else torch.float16])
+    g = torch.Generator().manual_seed(1)
+    d_out = torch.randn(out.shape, generator=g).to(DEVICE, dtype)
+    d_lse = torch.randn(lse.shape, generator=g).to(DEVICE)
+    loss = lambda o, l: (o.float() * d_out.float()).sum() + (_finite(l) * d_lse).sum()  # noqa
+    grads = torch.autograd.grad(loss(out, lse), (q, k, v))
+    ref = torch.autograd.grad(loss(ref_out, ref_lse), (q, k, v))
+    for name, a, b in zip("qkv", grads, ref, strict=True):
+        assert not a.isnan().any(), f"d{name} has unwritten (NaN) elements"
+        torch.testing.assert_close(a.float(), b.float(), **TOL[dtype],
+                                   msg=lambda m, n=name: f"d{n}: {m}")
+    return out, lse
+
+
+@pytest.mark.parametrize("T", [1, 17, 33, 50])
+def test_fp32_ragged_lengths(T):
+    _check(*_inputs(T, T))
+
+
+@pytest.mark.parametrize("T", [17, 50])
+def test_fp16(T):
+    _check(*_inputs(T, T, dtype=torch.float16))
+
+
+def test_head_dim_not_power_of_two_and_rectangular_tiles():
+    _check(*_inputs(40, 40, d=24, heads=1), block_m=16, block_n=32)
+
+
+def test_d_head_32_two_batches():
+    _check(*_inputs(20, 20, d=32, heads=1, batch=2))
+
+
+def test_queries_aligned_to_last_keys_with_padding_keys():
+    """KV-cache shape (5 new queries after 32 cached keys) plus a key-padding mask."""
+    q, k, v = _inputs(5, 37, batch=2)
+    key_valid = torch.rand(2, 37, generator=torch.Generator().manual_seed(3)) > 0.3
+    _check(q, k, v, key_valid=key_valid.to(DEVICE))
+
+
+def test_rows_without_keys_give_zero_and_minus_inf():
+    """Left padding: the first queries can read no key -> output 0, lse -inf, no NaN grads."""
+    q, k, v = _inputs(20, 20)
+    key_valid = torch.ones(1, 20, dtype=torch.bool, device=DEVICE)
+    key_valid[0, :3] = False
+    out, lse = _check(q, k, v, key_valid=key_valid)
+    assert (out[0, :3] == 0).all() and torch.isneginf(lse[0, :, :3]).all()
+
+
+def test_non_causal():
+    _check(*_inputs(9, 30), causal=False)
+
+
+def test_bf16_runs_in_fp32_under_the_interpreter():
+    q, k, v = _inputs(17, 17, dtype=torch.bfloat16)
+    out, lse = flash_attention(q, k, v, block_m=16, block_n=16)
+    ref, _ = attention_reference(q, k, v)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+
+
+def test_forward_writes_every_element_of_preallocated_outputs():
+    q, k, v = (t.detach() for t in _inputs(33, 33))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 33), float("nan"), device=DEVICE)
+    attn_fwd(q, k, v, 0.25, out=out, lse=lse, block_m=16, block_n=16)
+    ref_out, ref_lse = attention_reference(q, k, v, 0.25)
+    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
+    torch.testing.assert_close(lse, ref_lse, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda q, k, v: (q[0], k, v), "batch pos head_index d_head"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), "dtype"),
+    (lambda q, k, v: (q, k[:, :3], v[:, :3]), "query_pos <= key_pos"),
+    (lambda q, k, v: (q, k, v[..., :8]), "must share"),
+])
+def test_bad_inputs_raise_value_error(bad, match):
+    q, k, v = (t.detach() for t in _inputs(5, 5))
+    with pytest.raises(ValueError, match=match):
+        flash_attention(*bad(q, k, v))

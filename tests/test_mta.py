@@ -107,6 +107,9 @@ def test_causal_and_pattern_identity_all_combinations(pre_conv, post_conv):
         tokens = random_tokens(model, pos=10)
         assert assert_causal(model, tokens, t=6) >= 20, opts
         assert_pattern_identity(model, tokens)
+        # the unhooked fast path (masks applied lazily, in place) gives the same logits
+        torch.testing.assert_close(model(tokens), model.run_with_cache(tokens)[0],
+                                   atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("pad_key", ["left", "right"])
@@ -316,6 +319,12 @@ def test_incremental_decoding_matches_full_forward(opts, pos_type):
                                        S(full_cache, stage, 1)[:, :, start:end, :end])
         start = end
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
+    fast, start = [], 0   # again without hooks (the unobserved path)
+    cache_fast = KVCache(model.cfg.n_layers)
+    for end in (5, 6, 9, 14):
+        fast.append(model(tokens[:, start:end], past_kv_cache=cache_fast))
+        start = end
+    torch.testing.assert_close(torch.cat(fast, 1), full, atol=1e-5, rtol=1e-5)
     # only a window of past queries is kept
     for lc, block in zip(cache.layers, model.blocks, strict=True):
         kept = lc.extra.get("q")

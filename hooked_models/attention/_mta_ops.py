@@ -43,28 +43,36 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
 
     Disallowed entries (future keys, padding) are zeroed first (Mask_0), so they cannot leak into
     the output; the query axis is zero-padded by `c_q - 1` rows from the past only (causal), the
-    key axis per `pad_key`. Returns the raw convolution output, `[batch head q k]`; its entries at
-    disallowed positions are meaningless and are masked by the caller (Mask_-inf or Mask_0).
+    key axis per `pad_key`. Returns a new tensor `[batch head q k]` holding the raw convolution;
+    its entries at disallowed positions are meaningless: the caller masks them (Mask_-inf before
+    a softmax, Mask_0 after one).
 
     Example:
         >>> maps = torch.randn(1, 2, 4, 4)
         >>> ok = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
         >>> eye = torch.zeros(2, 1, 3, 5); eye[:, 0, -1, 2] = 1
-        >>> torch.equal(key_query_conv(maps, eye, ok), maps.masked_fill(~ok, 0))
+        >>> torch.equal(key_query_conv(maps, eye, ok).masked_fill(~ok, 0), maps.masked_fill(~ok, 0))
         True
     """
     n_heads, _, c_q, c_k = kernel.shape
     left, right = key_padding(c_k, pad_key)
     batch, _, n_q, n_k = maps.shape
-    # One zero-filled buffer holds Mask_0(maps) and the padding: a single pass over the map.
-    # channels_last makes oneDNN's depthwise convolution several times faster on CPU.
-    buf = maps.new_empty((batch, n_heads, n_q + c_q - 1, n_k + left + right))
+    # One buffer holds the zero padding and Mask_0(maps), written in a single pass. On CPU it is
+    # channels-last (heads innermost), the layout oneDNN's depthwise convolution runs fastest on.
+    shape = (batch, n_heads, n_q + c_q - 1, n_k + left + right)
     if maps.device.type == "cpu":
-        buf = buf.contiguous(memory_format=torch.channels_last)
-    buf.zero_()
-    buf[:, :, c_q - 1:, left:left + n_k] = maps.masked_fill(~allowed, 0.0)
-    out = F.conv2d(buf, kernel.to(maps.dtype), groups=n_heads)
-    return out.contiguous()
+        buf = maps.new_empty((shape[0], shape[2], shape[3], shape[1])).permute(0, 3, 1, 2)
+    else:
+        buf = maps.new_empty(shape)
+    buf[:, :, :c_q - 1].zero_()
+    buf[:, :, c_q - 1:, :left].zero_()
+    buf[:, :, c_q - 1:, left + n_k:].zero_()
+    inner = buf[:, :, c_q - 1:, left:left + n_k]
+    if torch.is_grad_enabled() and (maps.requires_grad or kernel.requires_grad):
+        inner.copy_(maps).masked_fill_(~allowed, 0.0)   # out= below has no autograd
+    else:
+        torch.where(allowed, maps, maps.new_zeros(()), out=inner)
+    return F.conv2d(buf, kernel.to(maps.dtype), groups=n_heads).contiguous()
 
 
 def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],

@@ -261,7 +261,14 @@ class MultiTokenAttention(VariantAttention):
 
     # -- attention maps (Eqs. 5-7) ---------------------------------------------------------
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        """Return z `[batch pos head_index d_head]` = pattern @ v, through every map stage."""
+        """Return z `[batch pos head_index d_head]` = pattern @ v, through every map stage.
+
+        Hooked maps follow the catalogue: -inf at disallowed entries before the softmax, 0 after.
+        A stage without a hook is not materialised in that form: entries at disallowed positions
+        only need the right value where the next step reads them (the convolution zeroes them
+        itself, head mixing acts entry-wise, the softmax needs -inf), so the masking passes run
+        once, in place, on tensors no hook has seen.
+        """
         allowed = ctx.allowed
         n_past = 0
         if ctx.cache is not None and self.q_window:
@@ -270,27 +277,56 @@ class MultiTokenAttention(VariantAttention):
         neg_inf = float("-inf")
         opts: MTAOptions = self.opts
 
+        def observed(point) -> bool:
+            return bool(point.fwd_hooks or point.bwd_hooks)
+
         def hook(point, maps: Tensor) -> Tensor:
             return self._hook_new_rows(point, maps, n_past)
 
-        scores = hook(self.hook_attn_scores, self.content_scores(q, k, allowed))
-        if self.mta_kernel is not None:   # Eq. 5: Mask_-inf(Conv(Mask_0(A_hat)))
+        # A_hat = q k^T / sqrt(d) (same ops as content_scores); `finite`: disallowed entries hold
+        # finite values (not yet -inf), and the tensor is ours to mask in place.
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).div_(self.cfg.attn_scale)
+        finite = True
+        if observed(self.hook_attn_scores):
+            scores = hook(self.hook_attn_scores, scores.masked_fill_(not_allowed, neg_inf))
+            finite = False
+        if self.mta_kernel is not None:   # Eq. 5: Conv(Mask_0(A_hat)), Mask_-inf below
             scores = key_query_conv(scores, self.mta_kernel, allowed, opts.pad_key)
-            scores = scores.masked_fill(not_allowed, neg_inf)
-        scores = hook(self.hook_pre_sm_conv, scores)
-        if self.pre_sm_head_kernel is not None:   # Eq. 7 on the logits
-            scores = head_mix(scores.masked_fill(not_allowed, 0.0), self.pre_sm_head_kernel)
-            scores = scores.masked_fill(not_allowed, neg_inf)
-        scores = hook(self.hook_pre_sm_mix, scores)
-        maps = hook(self.hook_softmax, masked_softmax(scores, allowed))
+            finite = True
+        if observed(self.hook_pre_sm_conv):
+            if finite:
+                scores = scores.masked_fill_(not_allowed, neg_inf)
+            scores, finite = hook(self.hook_pre_sm_conv, scores), False
+        if self.pre_sm_head_kernel is not None:   # Eq. 7 on the logits (entry-wise)
+            if not finite:
+                scores = scores.masked_fill(not_allowed, 0.0)
+            scores, finite = head_mix(scores, self.pre_sm_head_kernel), True
+        if finite:
+            scores = scores.masked_fill_(not_allowed, neg_inf)   # Mask_-inf
+        if observed(self.hook_pre_sm_mix):
+            scores = hook(self.hook_pre_sm_mix, scores)
+        maps = self._softmax(scores, allowed)
+        if observed(self.hook_softmax):
+            maps = hook(self.hook_softmax, maps)
         if self.mta_kernel_after_sm is not None:   # Eq. 6: Mask_0(Conv(Mask_0(A)))
             maps = key_query_conv(maps, self.mta_kernel_after_sm, allowed, opts.pad_key)
-            maps = maps.masked_fill(not_allowed, 0.0)
-        maps = hook(self.hook_post_sm_conv, maps)
-        if self.head_kernel is not None:   # Eq. 7 on the weights
+            maps = maps.masked_fill_(not_allowed, 0.0)
+        if observed(self.hook_post_sm_conv):
+            maps = hook(self.hook_post_sm_conv, maps)
+        if self.head_kernel is not None:   # Eq. 7 on the weights; keeps zeros at zero
             maps = head_mix(maps, self.head_kernel)
         pattern = hook(self.hook_pattern, maps)[:, :, n_past:]
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    @staticmethod
+    def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+        """Softmax over keys in >= float32 (`masked_softmax`, without its pass when every row
+        has an allowed key)."""
+        rows_ok = allowed.any(-1, keepdim=True)
+        if bool(rows_ok.all()):
+            work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+            return torch.softmax(work, dim=-1).to(scores.dtype)
+        return masked_softmax(scores, allowed)
 
     def _extend_queries(self, q: Tensor, allowed: Tensor, cache: LayerCache):
         """Prepend up to `q_window` cached past queries (and their mask rows); store the new

@@ -276,3 +276,12 @@ def test_left_padding_matches_unpadded():
     out, cache = model.run_with_cache(padded, attention_mask=mask)
     torch.testing.assert_close(out[:, 3:], model(tokens), atol=1e-5, rtol=1e-5)
     assert (cache["pattern", 0][:, :, :3] == 0).all() and not cache["pattern", 0].isnan().any()
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = dcmha(FULL, **ROPE)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = HookedVariantTransformer.from_pretrained(tmp_path / "ckpt")
+    assert loaded.cfg.attn_cfg == model.cfg.attn_cfg
+    tokens = random_tokens(model)
+    torch.testing.assert_close(loaded(tokens), model(tokens))

@@ -19,7 +19,8 @@ with heads split into G groups of M = H/G (head h = g*M + m) that compose only w
 Parameter names and shapes are the release's, so `hooked_models.converters.dcformer` copies them.
 
 Options (`DCMHAOptions`): rank, groups, hidden size K, query-wise only, static B, QK-norm (RMS over
-d_head with a learned scale, before rotary), window attention on chosen layers.
+d_head with a learned scale, before rotary), window attention on chosen layers. The rotary
+fraction is the model's `cfg.rotary_dim` (first dims rotated in "half" pairs, as DCPythia's 25%).
 
 Incremental decoding caches, per key, the merged key-wise matrix B + W_k(s) for both phases
 (`LayerCache.extra["kw"]`, `[batch key_pos 2 group head head]`), as the release's `KVKWCache`.
@@ -322,8 +323,8 @@ class DCMHAttention(VariantAttention):
             prefix = f"blocks.{self.layer}.attn.hook_"
             dyn = {n: source[prefix + n] for n in self.generate_weights_names()}
         T = next(iter(dyn.values())).shape[1]
-        if not (0 <= s <= t < T):
-            raise ValueError(f"need 0 <= s <= t < {T}, got t={t}, s={s}")
+        if not (0 <= t < T and 0 <= s < T):
+            raise ValueError(f"t and s must lie in [0, {T}), got t={t}, s={s}")
         mat = base_matrix(self, phase).to(dyn[f"{phase}_qw1"].dtype)
         sides = (("q", t),) + ((("k", s),) if not self.opts.query_wise else ())
         for side, pos in sides:

@@ -246,6 +246,17 @@ class VariantAttention(nn.Module):
         """
         return {"pre": None, "post": None}
 
+    def head_mixing_at(self, source: Any, t: int, s: int) -> dict[str, Tensor | None]:
+        """Cross-head mixing at one (query t, key s) pair of a given input (dynamic composition).
+
+        `source` is the attention input x `[batch pos d_model]` or an `ActivationCache` / dict
+        holding this layer's hooks for that input. Returns {"pre": M or None, "post": M or None},
+        each M `[batch head_index head_index]` (or `[1 ...]` when it does not depend on the input)
+        in the convention of `head_mixing`. Default: the static `head_mixing()` at every pair.
+        Variants whose mixing depends on the input (DCMHA) override this.
+        """
+        return {k: None if m is None else m[None] for k, m in self.head_mixing().items()}
+
     def map_hooks(self) -> list[HookPoint]:
         """The HookPoints of this layer's map stages (for the pay-for-what-you-look-at dispatch)."""
         return [getattr(self, s.hook_name) for s in self.stages if s.is_map]

@@ -4,6 +4,7 @@
                                   then print its head table (previous-token, induction, duplicate
                                   scores) and an ablation check
     attnlens stages               print every registered variant's stage catalogue
+    attnlens serve [--port 8050]  the dashboard on the bundled models (hooked_models/zoo)
 """
 
 from __future__ import annotations
@@ -88,6 +89,32 @@ def cmd_stages(args) -> int:
     return 0
 
 
+def build_store(names: list[str] | None = None):
+    """A ModelStore with the bundled zoo models (all, or `names`)."""
+    from dashboards.store import ModelStore
+    from hooked_models import zoo
+    from hooked_models.zoo.recipes import default_text
+
+    names = names or zoo.available()
+    if not names:
+        raise SystemExit("no bundled models found in hooked_models/zoo; train one with "
+                         "`python -m hooked_models.zoo.train mha`")
+    store = ModelStore()
+    for name in names:
+        store.add(name, zoo.load(name, device="cpu"), default_text())
+    return store
+
+
+def cmd_serve(args) -> int:
+    from dashboards.app import create_app
+
+    store = build_store(args.models)
+    app = create_app(store)
+    print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
+    app.run(host=args.host, port=args.port, debug=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlens", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(fn=cmd_demo)
     stages = sub.add_parser("stages", help="print the stage catalogue of every variant")
     stages.set_defaults(fn=cmd_stages)
+    serve = sub.add_parser("serve", help="run the dashboard on the bundled models")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8050)
+    serve.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
+    serve.set_defaults(fn=cmd_serve)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,33 @@
+"""Bundled toy models: small checkpoints trained here (see `train.py`), one per variant.
+
+Each lives in `hooked_models/zoo/<name>/` as `config.json` + `model.safetensors` + `card.json`
+(task, training command, metrics written by `python -m hooked_models.zoo.evaluate`).
+
+Example:
+    >>> from hooked_models.zoo import available, load
+    >>> model = load("induction-mha")                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ZOO_DIR = Path(__file__).parent
+
+
+def available() -> list[str]:
+    """Names of the bundled checkpoints (directories holding a config.json)."""
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def path(name: str) -> Path:
+    if name not in available():
+        raise ValueError(f"no bundled model {name!r}; available: {available()}")
+    return ZOO_DIR / name
+
+
+def load(name: str, device: str | None = None):
+    """The bundled model `name` as a HookedVariantTransformer (its card in `model.card`)."""
+    from hooked_models.model import HookedVariantTransformer
+
+    return HookedVariantTransformer.from_pretrained(path(name), device=device)

@@ -1,0 +1,119 @@
+"""The Dash app in a real headless Chromium (Debian's chromium + chromium-driver)."""
+
+import shutil
+import socket
+import threading
+
+import pytest
+
+from dashboards.app import create_app
+from dashboards.store import ModelStore
+
+from helpers import tiny_model
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store():
+    store = ModelStore()
+    store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "the cat. the cat.")
+    store.add("tiny-mha-rotary", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48,
+                                            positional_embedding_type="rotary"), "abc abc")
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    from werkzeug.serving import make_server
+
+    app = create_app(store)
+    port = _free_port()
+    srv = make_server("127.0.0.1", port, app.server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.fail("chromium and chromedriver are required (apt-get install chromium "
+                    "chromium-driver); .ci/run installs them")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _wait(driver, script, timeout=60):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script))
+
+
+def _count_heatmaps(graph_id):
+    return (f"const g = document.querySelector('#{graph_id} .js-plotly-plot');"
+            f"return g && g.data ? g.data.filter(t => t.type === 'heatmap').length : 0;")
+
+
+def test_explorer_shows_every_stage_and_reacts(server, browser, store):
+    browser.get(server)
+    _wait(browser, "return document.title === 'attnlens'")
+    n_stages = len([s for s in store.get("tiny-mha").stages(0) if s.is_map])
+    assert _wait(browser, _count_heatmaps("explorer-graph")) == n_stages
+    # The hover labels are the input's tokens: BOS + 17 characters.
+    n_x = browser.execute_script(
+        "return document.querySelector('#explorer-graph .js-plotly-plot').data[0].x.length")
+    assert n_x == len("the cat. the cat.") + 1
+
+    text = browser.find_element("id", "explorer-text")
+    text.clear()
+    text.send_keys("abcabc\n")
+    _wait(browser, "const g = document.querySelector('#explorer-graph .js-plotly-plot');"
+                   "return g && g.data && g.data.length && g.data[0].x.length === 7")
+
+    text.clear()
+    text.send_keys("ABC!\n")
+    msg = _wait(browser, "const e = document.getElementById('explorer-error');"
+                         "return e && e.innerText.length ? e.innerText : null")
+    assert "not in the tokenizer alphabet" in msg
+
+
+def test_induction_tab(server, browser, store):
+    browser.get(server)
+    _wait(browser, "return document.title === 'attnlens'")
+    tabs = browser.find_elements("css selector", ".tab")
+    next(t for t in tabs if t.text == "Induction heads").click()
+    assert _wait(browser, _count_heatmaps("heads-graph")) == 3
+    shape = _wait(browser, "const g = document.querySelector('#heads-graph .js-plotly-plot');"
+                           "return g && g.data && g.data[1] && g.data[1].y"
+                           " ? [g.data[1].y.length, g.data[1].x.length] : null")  # layers x heads
+    cfg = store.get("tiny-mha").cfg
+    assert shape == [cfg.n_layers, cfg.n_heads]
+
+
+def test_store_errors(store):
+    with pytest.raises(ValueError, match="unknown model"):
+        store.get("nope")
+    with pytest.raises(ValueError, match="reads at most 48"):
+        store.tokens("tiny-mha", "a" * 60)

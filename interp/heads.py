@@ -1,8 +1,12 @@
 """Vectorised head detectors over `[batch head_index query_pos key_pos]` maps of any stage.
 
 Each score follows TransformerLens's `detect_head(..., error_measure="mul")`: the fraction of a
-head's attention mass that falls on the detection pattern's (query, key) pairs, averaged over the
-batch. They accept any map of the stage catalogue, not only hook_pattern.
+head's attention mass that falls on the detection pattern's (query, key) pairs, per sequence, then
+averaged over the batch. The denominator is the absolute mass, which equals TransformerLens's on
+non-negative maps and keeps the score in [-1, 1] on signed maps (MTA's convolved maps, DCMHA's
+composed weights). The functions take any map of the stage catalogue; `detect_heads` runs them on
+every layer and head of a model at a chosen stage (pre-softmax stages are scored through their
+softmax, see `interp._common.to_distribution`).
 
 Example:
     >>> pattern = torch.eye(5)[None, None].repeat(1, 2, 1, 1)  # attends to itself
@@ -12,25 +16,58 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp._common import (
+    as_tokens,
+    check_head,
+    check_layer,
+    find_stage,
+    head_label,
+    layers_with_stage,
+    run_cache,
+    to_distribution,
+)
+from interp.tasks.induction import repeated_tokens
 
-def _mass_on(pattern: Tensor, detection: Tensor) -> Tensor:
-    """Fraction of each head's mass on `detection` (`[batch q k]` or `[q k]`), mean over batch."""
+
+def _mass_on(pattern: Tensor, detection: Tensor, exclude_bos: bool = False,
+             exclude_current_token: bool = False) -> Tensor:
+    """Fraction of each head's mass on `detection` (`[batch q k]` or `[q k]`), mean over batch.
+
+    `exclude_bos` / `exclude_current_token` drop key 0 / the diagonal from numerator and
+    denominator, as TransformerLens's `detect_head` does.
+    """
     if detection.ndim == 2:
         detection = detection[None]
     detection = detection[:, None].to(pattern.dtype)
+    if exclude_bos or exclude_current_token:
+        keep = torch.ones(pattern.shape[-2:], dtype=pattern.dtype, device=pattern.device)
+        if exclude_bos:
+            keep[:, 0] = 0
+        if exclude_current_token:
+            keep.fill_diagonal_(0)
+        pattern = pattern * keep
     on = (pattern * detection).sum((-2, -1))
-    total = pattern.sum((-2, -1)).clamp(min=torch.finfo(pattern.dtype).tiny)
+    total = pattern.abs().sum((-2, -1)).clamp(min=torch.finfo(pattern.dtype).tiny)
     return (on / total).mean(0)
 
 
-def previous_token_scores(pattern: Float[Tensor, "batch head_index query_pos key_pos"]) -> Tensor:
+def previous_token_detection(n: int) -> Tensor:
+    """`[q k]` 1 on the sub-diagonal (key = query - 1)."""
+    return torch.diag(torch.ones(n - 1), -1)
+
+
+def previous_token_scores(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+                          **kw) -> Tensor:
     """`[head_index]` fraction of attention on the previous token (the sub-diagonal)."""
-    T = pattern.shape[-1]
-    return _mass_on(pattern, torch.diag(torch.ones(T - 1), -1))
+    return _mass_on(pattern, previous_token_detection(pattern.shape[-1]).to(pattern.device), **kw)
 
 
 def duplicate_token_detection(tokens: Int[Tensor, "batch pos"]) -> Tensor:
@@ -50,14 +87,17 @@ def induction_detection(tokens: Int[Tensor, "batch pos"]) -> Tensor:
     return torch.tril(shifted, diagonal=-1)
 
 
-def duplicate_token_scores(pattern: Tensor, tokens: Tensor) -> Tensor:
+def duplicate_token_scores(pattern: Tensor, tokens: Tensor, **kw) -> Tensor:
     """`[head_index]` fraction of attention on earlier copies of the current token."""
-    return _mass_on(pattern, duplicate_token_detection(tokens.to(pattern.device)))
+    return _mass_on(pattern, duplicate_token_detection(tokens.to(pattern.device)), **kw)
 
 
-def induction_scores(pattern: Tensor, tokens: Tensor) -> Tensor:
-    """`[head_index]` fraction of attention on tokens that followed earlier copies (any input)."""
-    return _mass_on(pattern, induction_detection(tokens.to(pattern.device)))
+def induction_scores(pattern: Tensor, tokens: Tensor, **kw) -> Tensor:
+    """`[head_index]` fraction of attention on tokens that followed earlier copies (any input).
+
+    This is Olsson et al.'s prefix-matching score generalised to any sequence.
+    """
+    return _mass_on(pattern, induction_detection(tokens.to(pattern.device)), **kw)
 
 
 def repeated_induction_scores(pattern: Tensor, half_len: int, bos: bool = True) -> Tensor:
@@ -69,3 +109,176 @@ def repeated_induction_scores(pattern: Tensor, half_len: int, bos: bool = True) 
     q = torch.arange(start, pattern.shape[-2])
     k = q - half_len + 1
     return pattern[..., q, k].mean((0, -1))
+
+
+def _scorable(maps: Tensor, stage) -> Tensor:
+    """Pre-softmax stages through their softmax; post-softmax stages as they are (signed)."""
+    return to_distribution(maps, stage) if stage.softmax == "pre" else maps
+
+
+# name -> score(maps, tokens, **kw): the detectors `detect_heads` knows (a registry, not eval).
+DETECTORS: dict[str, Callable[..., Tensor]] = {
+    "previous_token": lambda maps, tokens, **kw: previous_token_scores(maps, **kw),
+    "duplicate_token": duplicate_token_scores,
+    "induction": induction_scores,
+}
+
+
+def stage_maps(model, tokens, stage: str = "pattern", layers: Iterable[int] | None = None,
+               fwd_hooks=()) -> dict[int, Tensor]:
+    """`{layer: [batch head q k]}` of map stage `stage` for `tokens` (layers that have it).
+
+    Example:
+        >>> maps = stage_maps(model, tokens, "softmax")        # doctest: +SKIP
+    """
+    tokens = as_tokens(model, tokens)
+    layers = layers_with_stage(model, stage) if layers is None else [check_layer(model, x)
+                                                                     for x in layers]
+    if not layers:
+        raise ValueError(f"no layer of this {model.cfg.attention!r} model has a stage {stage!r}; "
+                         f"stages: {[s.name for s in model.stages(0)]}")
+    for layer in layers:
+        if not find_stage(model, layer, stage).is_map:
+            raise ValueError(f"stage {stage!r} is not a [batch head query key] map")
+    names = {layer: model.stage_hook_name(layer, stage) for layer in layers}
+    store = run_cache(model, tokens, list(names.values()), fwd_hooks)
+    return {layer: store[name] for layer, name in names.items()}
+
+
+def detect_heads(model, tokens, detectors: Iterable[str] = tuple(DETECTORS),
+                 stage: str = "pattern", exclude_bos: bool = False,
+                 exclude_current_token: bool = False, fwd_hooks=()) -> pd.DataFrame:
+    """Score every head of every layer that has `stage` with each detector.
+
+    Args:
+        model: a `HookedVariantTransformer`.
+        tokens: `[batch pos]` ids, or text.
+        detectors: names from `DETECTORS` ("previous_token", "duplicate_token", "induction").
+        stage: any map stage of the catalogue ("pattern", MTA's "softmax", DCMHA's "probs", ...).
+            Pre-softmax stages are scored through their softmax.
+        exclude_bos, exclude_current_token: as TransformerLens's `detect_head`.
+        fwd_hooks: extra hooks during the forward (e.g. an ablation, see `ablate_heads`).
+
+    Returns:
+        DataFrame indexed by head label ("L1H3") with columns `layer`, `head`, `stage` and one
+        score per detector. On `hook_pattern` these equal `detect_head(..., "mul")`.
+
+    Example:
+        >>> detect_heads(model, tokens).loc["L1H2", "induction"]   # doctest: +SKIP
+        0.83
+    """
+    detectors = list(detectors)
+    unknown = [d for d in detectors if d not in DETECTORS]
+    if unknown:
+        raise ValueError(f"unknown detectors {unknown}; choose from {list(DETECTORS)}")
+    tokens = as_tokens(model, tokens)
+    maps = stage_maps(model, tokens, stage, fwd_hooks=fwd_hooks)
+    kw = dict(exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+    rows = []
+    for layer, m in maps.items():
+        dist = _scorable(m, find_stage(model, layer, stage))
+        scores = {d: DETECTORS[d](dist, tokens, **kw).cpu() for d in detectors}
+        for h in range(model.cfg.n_heads):
+            rows.append({"head_label": head_label(layer, h), "layer": layer, "head": h,
+                         "stage": stage, **{d: float(s[h]) for d, s in scores.items()}})
+    return pd.DataFrame(rows).set_index("head_label")
+
+
+def induction_table(model, batch: int = 8, half_len: int | None = None, seed: int = 0,
+                    stage: str = "pattern", fwd_hooks=()) -> pd.DataFrame:
+    """Head scores on `[BOS] r r` repeated random tokens (Olsson et al.'s probe).
+
+    Returns a DataFrame indexed by head label with columns `layer`, `head`, `stage`,
+    `previous_token`, `duplicate_token`, `induction` (the prefix-matching detector) and
+    `induction_stripe` (mean attention on the exact stripe key = query - half_len + 1).
+
+    Example:
+        >>> induction_table(model, half_len=10)["induction_stripe"].idxmax()  # doctest: +SKIP
+        'L1H2'
+    """
+    half = half_len or max(2, (model.cfg.n_ctx - 1) // 2)
+    if 1 + 2 * half > model.cfg.n_ctx:
+        raise ValueError(f"half_len={half} needs {1 + 2 * half} positions; n_ctx="
+                         f"{model.cfg.n_ctx}")
+    tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed).to(model.W_E.device)
+    table = detect_heads(model, tokens, stage=stage, fwd_hooks=fwd_hooks)
+    maps = stage_maps(model, tokens, stage, fwd_hooks=fwd_hooks)
+    stripe = []
+    for layer, m in maps.items():
+        dist = _scorable(m, find_stage(model, layer, stage))
+        stripe.extend(float(x) for x in repeated_induction_scores(dist, half).cpu())
+    table["induction_stripe"] = stripe
+    return table
+
+
+def ablation_hooks(model, heads: Iterable[tuple[int, int]], how: str = "zero",
+                   hook: str = "z", tokens: Tensor | None = None) -> list:
+    """Forward hooks that knock out `heads` [(layer, head), ...] at `hook` ("z" or "v").
+
+    `how` is "zero" or "mean" (the head's mean activation over batch and positions of `tokens`,
+    or of the ablated input itself when `tokens` is None).
+
+    Example:
+        >>> with model.hooks(fwd_hooks=ablation_hooks(model, [(0, 1)])):   # doctest: +SKIP
+        ...     logits = model(tokens)
+    """
+    if how not in ("zero", "mean"):
+        raise ValueError(f"how={how!r}; choose 'zero' or 'mean'")
+    if hook not in ("z", "v"):
+        raise ValueError(f"hook={hook!r}; choose 'z' or 'v'")
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(check_layer(model, layer), []).append(check_head(model, head))
+    means: dict[int, Tensor] = {}
+    if how == "mean" and tokens is not None:
+        names = {layer: f"blocks.{layer}.attn.hook_{hook}" for layer in by_layer}
+        store = run_cache(model, as_tokens(model, tokens), list(names.values()))
+        means = {layer: store[n].mean((0, 1)) for layer, n in names.items()}
+
+    def make(layer: int, idx: list[int]):
+        def fn(act: Tensor, hook) -> Tensor:
+            act = act.clone()
+            if how == "zero":
+                act[:, :, idx] = 0
+            else:
+                fill = means[layer] if layer in means else act.mean((0, 1))
+                act[:, :, idx] = fill[idx].to(act.dtype)
+            return act
+        return fn
+
+    return [(f"blocks.{layer}.attn.hook_{hook}", make(layer, idx))
+            for layer, idx in by_layer.items()]
+
+
+@contextmanager
+def ablate_heads(model, heads: Iterable[tuple[int, int]], how: str = "zero", hook: str = "z"):
+    """Context manager: run the model with `heads` knocked out (hooks removed afterwards)."""
+    with model.hooks(fwd_hooks=ablation_hooks(model, heads, how, hook)):
+        yield model
+
+
+def induction_ablation(model, heads: Iterable[tuple[int, int]], batch: int = 8,
+                       half_len: int | None = None, seed: int = 0, stage: str = "pattern",
+                       how: str = "zero", hook: str = "z") -> pd.DataFrame:
+    """Induction scores of the heads in later layers, before and after knocking out `heads`.
+
+    The check of Olsson et al.: ablating a previous-token head (K-composition source) lowers the
+    induction score of the heads it feeds. Returns a DataFrame indexed by head label (heads in
+    layers after the first ablated layer) with `induction_stripe` `before`, `after` and `delta`.
+
+    Example:
+        >>> induction_ablation(model, [(0, 3)]).sort_values("delta").head(1)  # doctest: +SKIP
+    """
+    heads = list(heads)
+    if not heads:
+        raise ValueError("give at least one (layer, head) to ablate")
+    first = min(layer for layer, _ in heads)
+    before = induction_table(model, batch, half_len, seed, stage)
+    after = induction_table(model, batch, half_len, seed, stage,
+                            fwd_hooks=ablation_hooks(model, heads, how, hook))
+    keep = before["layer"] > first
+    out = before.loc[keep, ["layer", "head"]].copy()
+    out["before"] = before.loc[keep, "induction_stripe"]
+    out["after"] = after.loc[keep, "induction_stripe"]
+    out["delta"] = out["after"] - out["before"]
+    return out

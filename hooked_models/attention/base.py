@@ -214,8 +214,50 @@ class VariantAttention(nn.Module):
         if cache is not None:
             k, v = cache.append("k", k), cache.append("v", v)
         ctx = AttentionContext(x, allowed, q_positions, k_positions, cache)
-        z = self.hook_z(self.attend(q, k, v, ctx))
+        z = self.maybe_fused(q, k, v, ctx)
+        if z is None:
+            z = self.attend(q, k, v, ctx)
+        z = self.hook_z(z)
         return self.project_out(self.heads_to_output(z, ctx))
+
+    # -- pay for what you look at (DESIGN.md contract 5) ------------------------------------
+    # Set by `kernels.dispatch.patterns_for`: while True, `fused_attend` keeps what it needs to
+    # recompute pattern rows (e.g. q, k and the row log-sum-exp) in `fused_state`.
+    keep_fused_state: bool = False
+    fused_state: Any = None
+
+    def fused_attend(self, q: Float[Tensor, "batch query_pos head_index d_head"],
+                     k: Float[Tensor, "batch key_pos head_index d_head"],
+                     v: Float[Tensor, "batch key_pos head_index d_head"],
+                     ctx: AttentionContext) -> Tensor | None:
+        """z from a fused kernel that never materialises a `[query, key]` map, or None.
+
+        Override in a variant that has kernels (see `kernels/`); return None for calls the
+        kernel does not cover (dtype, mask shape, options), which then take `attend`. Only
+        called when `cfg.backend` allows it and no hook is attached to a map stage. When
+        `self.keep_fused_state` is True, store in `self.fused_state` an object whose
+        `pattern(heads, queries)` recomputes exact pattern rows (`kernels.dispatch`).
+        """
+        return None
+
+    def has_fused_path(self) -> bool:
+        """Whether this variant overrides `fused_attend`."""
+        return type(self).fused_attend is not VariantAttention.fused_attend
+
+    def maybe_fused(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """The dispatch: `fused_attend(...)` when the backend allows it and no map is observed.
+
+        backend "torch": never; "auto": on CUDA tensors; "triton": on CUDA, or on CPU under the
+        Triton interpreter (TRITON_INTERPRET=1), else ValueError. A hook on any map stage of this
+        layer (including `run_with_cache` asking for one) switches it to `attend`.
+        """
+        if self.cfg.backend == "torch" or not self.has_fused_path():
+            return None
+        from kernels.dispatch import fused_backend_enabled
+
+        if not fused_backend_enabled(self.cfg.backend, q) or self.maps_observed():
+            return None
+        return self.fused_attend(q, k, v, ctx)
 
     def prepare_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Transform q, k after hook_q/hook_k and before rotary (identity; DCMHA's QK-norm)."""

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from hooked_models.attention.base import VariantAttention, mha_attend
+from torch import Tensor
+
+from hooked_models.attention.base import AttentionContext, VariantAttention, mha_attend
 from hooked_models.attention.registry import register_attention
 
 
 @register_attention("mha")
 class MultiHeadAttention(VariantAttention):
     """softmax(q k^T / sqrt(d_head) + causal mask) v, with the two standard stages.
+
+    With `cfg.backend` "triton" (or "auto" on CUDA) and no hook on `hook_attn_scores` /
+    `hook_pattern`, the layer runs the fused kernel (`kernels.flash_attention`), which never
+    materialises the `[query, key]` map.
 
     Example:
         >>> from hooked_models import VariantConfig, HookedVariantTransformer
@@ -19,3 +25,14 @@ class MultiHeadAttention(VariantAttention):
     """
 
     attend = mha_attend
+
+    def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """Fused causal attention (`kernels.flash_attention`); None if the call does not fit."""
+        from kernels.flash_attention.dispatch import fused_causal_attention
+
+        res = fused_causal_attention(q, k, v, ctx.allowed, 1.0 / self.cfg.attn_scale,
+                                     keep_state=self.keep_fused_state)
+        if res is None:
+            return None
+        z, self.fused_state = res
+        return z

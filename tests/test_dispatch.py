@@ -1,0 +1,186 @@
+"""Pay for what you look at (DESIGN.md contract 5): the backend dispatch and `patterns_for`.
+
+Runs the fused kernels on the Triton CPU interpreter (TRITON_INTERPRET=1, set by conftest).
+"""
+
+import pytest
+import torch
+
+from kernels import _triton
+from kernels.dispatch import capture_fused_state, fused_backend_enabled, patterns_for
+
+from helpers import random_tokens, tiny_model
+
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
+                                                     or torch.cuda.is_available())),
+                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
+]
+
+SMALL = dict(d_model=32, d_head=16, n_layers=2, n_ctx=32, positional_embedding_type="rotary")
+
+
+def model(backend="triton", **overrides):
+    return tiny_model("mha", backend=backend, **{**SMALL, **overrides})
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts per path: 'fused' kernel launches and 'torch' materialising attends, per layer."""
+    import hooked_models.attention.mha as mha
+    import kernels.flash_attention.dispatch as fd
+
+    log = []
+    fused, attend = fd.flash_attention, mha.MultiHeadAttention.attend
+
+    def spy_fused(*a, **kw):
+        log.append("fused")
+        return fused(*a, **kw)
+
+    def spy_attend(self, *a, **kw):
+        log.append(f"torch{self.layer}")
+        return attend(self, *a, **kw)
+
+    monkeypatch.setattr(fd, "flash_attention", spy_fused)
+    monkeypatch.setattr(mha.MultiHeadAttention, "attend", spy_attend)
+    return log
+
+
+def test_triton_backend_equals_torch_logits_and_gradients():
+    tokens = random_tokens(model(), batch=2, pos=30)
+    fused, ref = model("triton"), model("torch")
+    loss_f = fused(tokens, return_type="loss")
+    loss_r = ref(tokens, return_type="loss")
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_fp16_model_close_to_torch():
+    tokens = random_tokens(model(), batch=1, pos=20)
+    fused = model("triton", dtype=torch.float16)
+    ref = model("torch", dtype=torch.float16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens).float(), ref(tokens).float(), atol=2e-2,
+                                   rtol=2e-2)
+
+
+def test_padding_and_kv_cache_decoding_match_torch():
+    fused, ref = model("triton"), model("torch")
+    with torch.no_grad():
+        # left padding: the first query rows have no valid key (zeros on both paths)
+        mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+        tokens = random_tokens(fused, batch=2, pos=10)
+        torch.testing.assert_close(fused(tokens, attention_mask=mask),
+                                   ref(tokens, attention_mask=mask), atol=1e-5, rtol=1e-5)
+        prompt = random_tokens(fused, batch=1, pos=6)
+        torch.testing.assert_close(fused.generate(prompt, 4), ref.generate(prompt, 4))
+
+
+def test_no_hooks_runs_fused_everywhere(calls):
+    m = model()
+    m(random_tokens(m, batch=1, pos=8))
+    assert calls == ["fused", "fused"]
+
+
+def test_map_hook_switches_only_its_layer_and_detaching_switches_back(calls):
+    m = model()
+    tokens = random_tokens(m, batch=1, pos=8)
+    seen = []
+    m.add_hook("blocks.1.attn.hook_pattern", lambda t, hook: seen.append(t.shape))
+    m(tokens)
+    assert calls == ["fused", "torch1"] and seen == [(1, 4 // 2, 8, 8)]
+    m.reset_hooks()
+    calls.clear()
+    m(tokens)
+    assert calls == ["fused", "fused"]
+
+
+def test_non_map_hooks_keep_the_fused_path(calls):
+    m = model()
+    tokens = random_tokens(m, batch=1, pos=8)
+    names = ["blocks.0.attn.hook_q", "blocks.0.attn.hook_z", "blocks.1.attn.hook_rot_k",
+             "blocks.1.hook_resid_post"]
+    _, cache = m.run_with_cache(tokens, names_filter=names)
+    assert calls == ["fused", "fused"]
+    assert set(cache.keys()) == set(names)
+
+
+def test_run_with_cache_asking_for_a_map_materialises_that_layer(calls):
+    m = model()
+    tokens = random_tokens(m, batch=1, pos=8)
+    _, cache = m.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_attn_scores"])
+    assert calls == ["torch0", "fused"]
+    calls.clear()
+    logits, cache = m.run_with_cache(tokens)                  # everything: both materialise
+    assert calls == ["torch0", "torch1"]
+    torch.testing.assert_close(logits, model("torch")(tokens), atol=1e-5, rtol=1e-5)
+    calls.clear()
+    m(tokens)                                                 # hooks are gone again
+    assert calls == ["fused", "fused"]
+
+
+def test_auto_backend_is_torch_on_cpu(calls):
+    m = model("auto")
+    m(random_tokens(m, batch=1, pos=8))
+    assert calls == ["torch0", "torch1"]
+
+
+def test_float64_falls_back_to_torch(calls):
+    m = model(dtype=torch.float64)
+    m(random_tokens(m, batch=1, pos=8))
+    assert calls == ["torch0", "torch1"]
+
+
+def test_triton_backend_without_interpreter_on_cpu_raises(monkeypatch):
+    monkeypatch.setattr(_triton, "INTERPRET", False)
+    m = model()
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        m(random_tokens(m, batch=1, pos=4))
+    assert fused_backend_enabled("torch", torch.zeros(1)) is False
+    assert fused_backend_enabled("auto", torch.zeros(1)) is False
+
+
+def test_patterns_for_equals_the_materialised_pattern_without_a_materialising_pass(calls):
+    m = model()
+    tokens = random_tokens(m, batch=2, pos=12)
+    rows = patterns_for(m, tokens, layers=[0, 1], heads=[1], queries=[0, 5, -1])
+    assert "torch0" not in calls and "torch1" not in calls
+    _, cache = model("torch").run_with_cache(tokens)
+    for layer in (0, 1):
+        expected = cache["pattern", layer][:, [1]][:, :, [0, 5, 11]]
+        assert rows[layer].shape == (2, 1, 3, 12)
+        torch.testing.assert_close(rows[layer], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_patterns_for_from_saved_state_and_with_padding():
+    m = model()
+    tokens = random_tokens(m, batch=2, pos=10)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+    states = capture_fused_state(m, tokens, layers=1, attention_mask=mask)
+    assert m.blocks[1].attn.fused_state is None and not m.blocks[1].attn.keep_fused_state
+    rows = patterns_for(m, states, heads=slice(None), queries=slice(0, 10, 3))
+    _, cache = model("torch").run_with_cache(tokens, attention_mask=mask)
+    torch.testing.assert_close(rows[1], cache["pattern", 1][:, :, 0:10:3], atol=1e-6, rtol=1e-5)
+
+
+def test_patterns_for_falls_back_on_the_torch_backend(calls):
+    m = model("torch")
+    tokens = random_tokens(m, batch=1, pos=9)
+    rows = patterns_for(m, tokens, layers=0, heads=0, queries=[3, 8])
+    _, cache = m.run_with_cache(tokens)
+    torch.testing.assert_close(rows[0], cache["pattern", 0][:, [0]][:, :, [3, 8]])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(layers=[5]), "layer"), (dict(heads=[9]), "heads"), (dict(queries=[100]), "queries"),
+])
+def test_patterns_for_bad_selection_raises(kwargs, match):
+    m = model()
+    with pytest.raises(ValueError, match=match):
+        patterns_for(m, random_tokens(m, batch=1, pos=4), **kwargs)

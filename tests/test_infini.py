@@ -165,6 +165,13 @@ def test_causal(rule, t):
     changed[:, t] += 1
     with torch.no_grad():   # the fast path too
         torch.testing.assert_close(model(tokens)[:, :t], model(changed)[:, :t], atol=1e-6, rtol=0)
+        _, a = model.run_with_cache(tokens)
+        _, b = model.run_with_cache(changed)
+    for name in ("memory", "memory_z"):   # states of segments that end before t are unchanged
+        for layer in range(model.cfg.n_layers):
+            key = f"blocks.{layer}.attn.hook_{name}"
+            torch.testing.assert_close(a[key][:, :t // 4], b[key][:, :t // 4], atol=1e-6, rtol=0)
+            assert not torch.allclose(a[key][:, t // 4], b[key][:, t // 4])
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -7,6 +7,7 @@ import torch
 from torch.func import functional_call
 
 from hooked_models import HookedVariantTransformer, VariantConfig
+from hooked_models.attention import _cope_ops as cope_ops
 from hooked_models.attention._cope_ops import (
     context_positions,
     interpolate_position_logits,
@@ -249,7 +250,10 @@ def test_gradcheck_layer_float64():
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
-def test_gradcheck_ops_and_interpolation_weight_carries_gradient():
+@pytest.mark.parametrize("block", [None, 7], ids=["one_block", "many_blocks"])
+def test_gradcheck_ops_and_interpolation_weight_carries_gradient(block, monkeypatch):
+    if block is not None:  # rows are processed in blocks of ~BLOCK_ELEMENTS elements
+        monkeypatch.setattr(cope_ops, "BLOCK_ELEMENTS", block)
     gen = torch.Generator().manual_seed(0)
     gates = torch.rand(2, 2, 5, 5, dtype=torch.float64, generator=gen).tril().requires_grad_()
     assert torch.autograd.gradcheck(lambda g: context_positions(g, 3), (gates,))
@@ -263,7 +267,10 @@ def test_gradcheck_ops_and_interpolation_weight_carries_gradient():
     torch.testing.assert_close(pos.grad, slope)
 
 
-def test_gradients_match_reference():
+@pytest.mark.parametrize("block", [None, 30], ids=["one_block", "many_blocks"])
+def test_gradients_match_reference(block, monkeypatch):
+    if block is not None:
+        monkeypatch.setattr(cope_ops, "BLOCK_ELEMENTS", block)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
                for _ in range(3))

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-# Elements per block of rows: 2^18 fp32 = 1 MiB, so a block's temporaries stay in cache.
-BLOCK_ELEMENTS = 1 << 18
+# Elements per block of rows (2^20: 4 MiB in fp32). The temporaries are a few blocks, whatever
+# T is; blocks this large keep the number of parallel regions low on a loaded CPU.
+BLOCK_ELEMENTS = 1 << 20
 
 
 def _row_blocks(x: Tensor) -> list[slice]:

@@ -200,6 +200,12 @@ class CoPEAttention(VariantAttention):
         return FactoredMatrix(self.W_Q, self.W_K_gate.transpose(-2, -1))
 
     # -- forward -------------------------------------------------------------------------
+    def content_scores(self, q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
+        """Scaled q.k scores `[batch head_index q k]`, disallowed at -inf (the base class's
+        values, computed in place on the fresh product to spare two [q, k] temporaries)."""
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        return scores.div_(self.cfg.attn_scale).masked_fill_(~allowed, float("-inf"))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         """Return z `[batch query_pos head_index d_head]` = pattern @ v (module docstring)."""
         allowed = ctx.allowed
@@ -230,8 +236,9 @@ class CoPEAttention(VariantAttention):
             gate_logits = self.content_scores(q, self.gate_keys(ctx), ctx.allowed)
         else:
             gate_logits = scores  # the appendix reuses the attention logits
-        # sigma(-inf) = 0 already; the where also holds if a hook un-masked the scores.
-        return torch.where(ctx.allowed, torch.sigmoid(gate_logits), 0.0)
+            if self.hook_attn_scores.fwd_hooks:  # a hook may have un-masked the scores
+                return torch.where(ctx.allowed, torch.sigmoid(gate_logits), 0.0)
+        return torch.sigmoid(gate_logits)  # sigma(-inf) = 0 exactly for disallowed keys
 
     def gate_keys(self, ctx: AttentionContext) -> Tensor:
         """sep-keys: x W_K_gate + b_K_gate (rotated like k under RoPE), past keys from cache."""

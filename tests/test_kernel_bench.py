@@ -1,0 +1,22 @@
+"""`python -m kernels.bench`: exits cleanly without a GPU, and runs tiny sizes with --cpu."""
+
+import pytest
+import torch
+
+from kernels import _triton, bench
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_without_gpu_prints_a_message_and_exits_zero(capsys):
+    assert bench.main([]) == 0
+    assert "no CUDA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(not (_triton.available() and _triton.interpreting()),
+                    reason="needs TRITON_INTERPRET=1")
+def test_cpu_smoke_run_prints_a_table(capsys):
+    assert bench.main(["--cpu", "--T", "17", "--d", "16", "--reps", "1", "--ops", "flash"]) == 0
+    out = capsys.readouterr().out
+    assert "| 17 | 16 | fused |" in out and "| 17 | 16 | sdpa |" in out
+    assert "device: CPU" in out and "command: python -m kernels.bench --cpu" in out

@@ -5,7 +5,7 @@ setup:
 	bash scripts/setup.sh
 
 serve: setup
-	.venv/bin/attnlens demo
+	.venv/bin/attnlens serve
 
 test: setup
 	bash scripts/test.sh

@@ -2,6 +2,7 @@
 
     python -m hooked_models.benchmarks.infini [--lengths 4096 16384 65536] [--segment-len 512]
         [--d-model 128] [--heads 4] [--layers 2] [--chunk 2048] [--update linear] [--threads N]
+        [--repeats 3]
 
 Target (issue 6): streaming through `InfiniStream` costs the same per token however long the
 stream has grown (tokens/s flat, total time linear in length), and peak memory does not grow
@@ -77,6 +78,7 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument("--update", default="linear", choices=["linear", "delta"])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -87,12 +89,17 @@ def main(argv=None) -> None:
     common = [f"--segment-len={args.segment_len}", f"--d-model={args.d_model}",
               f"--heads={args.heads}", f"--layers={args.layers}", f"--chunk={args.chunk}",
               f"--update={args.update}"] + ([f"--threads={args.threads}"] if args.threads else [])
-    results = []
-    for length in args.lengths:
-        out = subprocess.run([sys.executable, "-m", "hooked_models.benchmarks.infini",
-                              f"--worker={length}", *common],
-                             check=True, capture_output=True, text=True).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    runs = {length: [] for length in args.lengths}
+    for _ in range(args.repeats):   # round-robin, so drifting load hits every length alike
+        for length in args.lengths:
+            out = subprocess.run([sys.executable, "-m", "hooked_models.benchmarks.infini",
+                                  f"--worker={length}", *common],
+                                 check=True, capture_output=True, text=True).stdout
+            runs[length].append(json.loads(out.strip().splitlines()[-1]))
+    results = []   # per length, the run with the median total time
+    for rs in runs.values():
+        rs = sorted(rs, key=lambda r: r["seconds"])
+        results.append(dict(rs[len(rs) // 2], min_s=rs[0]["seconds"], max_s=rs[-1]["seconds"]))
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     threads = args.threads or torch.get_num_threads()
@@ -103,14 +110,17 @@ def main(argv=None) -> None:
     print(f"- torch {torch.__version__}")
     print(f"- model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
           f"segment_len {args.segment_len}, {args.update} update, rotary, float32, batch 1; "
-          f"fed in chunks of {args.chunk} tokens under inference_mode; one process per length")
+          f"fed in chunks of {args.chunk} tokens under inference_mode; one process per run; "
+          f"{args.repeats} runs per length (round-robin), the median run shown")
     print(f"- command: python -m hooked_models.benchmarks.infini "
           f"{' '.join(sys.argv[1:] if argv is None else argv)}\n")
-    print("| streamed tokens | total s | tokens/s | tokens/s, last quarter | median us/token "
-          "(per chunk) | peak RSS MiB | RSS growth while streaming MiB | stream state KiB |")
+    print("| streamed tokens | total s (min-max) | tokens/s | tokens/s, last quarter | "
+          "median us/token (per chunk) | peak RSS MiB | RSS growth while streaming MiB | "
+          "stream state KiB |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['length']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | "
+        print(f"| {r['length']} | {r['seconds']:.2f} ({r['min_s']:.2f}-{r['max_s']:.2f}) | "
+              f"{r['tokens_per_s']:.0f} | "
               f"{r['tail_tokens_per_s']:.0f} | {r['median_us_per_token']:.0f} | "
               f"{r['peak_rss_mib']:.0f} | "
               f"{r['peak_rss_mib'] - r['baseline_rss_mib']:.0f} | {r['state_kib']:.0f} |")

@@ -7,8 +7,9 @@
 Prints one markdown table per op, ready for docs/benchmarks.md: forward and forward+backward time
 (median over CUDA-event-timed repeats), peak memory above the inputs, and achieved TFLOP/s.
 FLOPs count the two attention matmuls, causal (halved): fwd `2 * 2 * B * H * T^2 * D / 2`,
-fwd+bwd 3.5x that. A case that runs out of memory prints "OOM". Without a GPU (and without
---cpu) it prints a message and exits 0.
+fwd+bwd 3.5x that (Infini: causal within segments of 1024, the memory not counted). A case
+that runs out of memory prints "OOM". Without a GPU (and without --cpu) it prints a message
+and exits 0.
 """
 
 from __future__ import annotations
@@ -59,12 +60,39 @@ def cope_cases(B, H, T, D, dtype, device, npos: int = 64) -> dict[str, Callable]
             "fused": (make, lambda q, k, v, E: cope_attention(q, k, v, E)[0])}
 
 
-OPS = {"flash": flash_cases, "cope": cope_cases}
+INFINI_SEGMENT = 1024
 
 
-def register_op(name: str, cases: Callable) -> None:
-    """Add an op to the benchmark (`cases(B, H, T, D, dtype, device) -> {impl: (make, fn)}`)."""
+def infini_cases(B, H, T, D, dtype, device, segment_len: int = INFINI_SEGMENT):
+    from kernels.infini import infini_attention, infini_reference
+
+    gate = torch.full((H,), 0.5, device=device)
+
+    def make():
+        return [torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(3)]
+
+    def reference(q, k, v):   # the variant's spec runs in float32 (its memory dtype)
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        return infini_reference(q32, k32, q32, k32, v32, segment_len, gate, "linear",
+                                D ** 0.5)[0].to(dtype)
+
+    return {"reference": (make, reference),
+            "fused": (make, lambda q, k, v: infini_attention(q, k, q, k, v, segment_len, gate,
+                                                             "linear", D ** 0.5)[0])}
+
+
+OPS = {"flash": flash_cases, "cope": cope_cases, "infini": infini_cases}
+# FLOPs of the attention matmuls, forward: causal T^2 (halved); Infini: causal within segments.
+FLOPS = {"infini": lambda B, H, T, D: 2 * 2 * B * H * T * min(T, INFINI_SEGMENT) * D * 0.5}
+
+
+def register_op(name: str, cases: Callable, flops: Callable | None = None) -> None:
+    """Add an op to the benchmark (`cases(B, H, T, D, dtype, device) -> {impl: (make, fn)}`,
+    `flops(B, H, T, D)` the forward FLOPs, default causal attention's)."""
     OPS[name] = cases
+    if flops is not None:
+        FLOPS[name] = flops
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -138,7 +166,8 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> lis
     print("\n".join(lines), flush=True)
     for T in Ts:
         for D in Ds:
-            flops = 2 * 2 * B * H * T * T * D * 0.5
+            flops = FLOPS.get(name, lambda B, H, T, D: 2 * 2 * B * H * T * T * D * 0.5)(
+                B, H, T, D)
             for impl, (make, fn) in OPS[name](B, H, T, D, dtype, device).items():
                 row = []
                 for backward in (False, True):

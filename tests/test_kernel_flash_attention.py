@@ -48,11 +48,13 @@ def _finite(x):
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
-def _check(q, k, v, scale=0.3, key_valid=None, causal=True, block_m=16, block_n=16):
+def _check(q, k, v, scale=0.3, key_valid=None, causal=True, block_m=16, block_n=16,
+           segment_len=None):
     """Compare out, lse and (dq, dk, dv) of a loss using both out and lse."""
     dtype = q.dtype
-    out, lse = flash_attention(q, k, v, scale, key_valid, causal, block_m, block_n)
-    ref_out, ref_lse = attention_reference(q, k, v, scale, key_valid, causal)
+    out, lse = flash_attention(q, k, v, scale, key_valid, causal, block_m, block_n,
+                               segment_len)
+    ref_out, ref_lse = attention_reference(q, k, v, scale, key_valid, causal, segment_len)
     assert not out.isnan().any() and not lse.isnan().any()
     torch.testing.assert_close(out.float(), ref_out.float(), **TOL[dtype])
     torch.testing.assert_close(lse, ref_lse.float(), **TOL[torch.float32 if dtype == torch.float32
@@ -102,6 +104,18 @@ def test_rows_without_keys_give_zero_and_minus_inf():
     key_valid[0, :3] = False
     out, lse = _check(q, k, v, key_valid=key_valid)
     assert (out[0, :3] == 0).all() and torch.isneginf(lse[0, :, :3]).all()
+
+
+@pytest.mark.parametrize("T, seg, block_n", [(50, 4, 16), (50, 20, 16), (45, 33, 32)])
+def test_segment_causal_block_diagonal(T, seg, block_n):
+    """Infini-attention's local attention: segments shorter, longer than and across tiles."""
+    _check(*_inputs(T, T), segment_len=seg, block_n=block_n)
+
+
+def test_segments_with_kv_offset_and_padding_keys():
+    q, k, v = _inputs(9, 40)
+    key_valid = torch.rand(1, 40, generator=torch.Generator().manual_seed(4)) > 0.3
+    _check(q, k, v, key_valid=key_valid.to(DEVICE), segment_len=13)
 
 
 def test_non_causal():

@@ -21,22 +21,23 @@ class FlashAttentionFunction(torch.autograd.Function):
     """autograd.Function over `attn_fwd`/`attn_bwd`; saves q, k, v, out and lse (O(T) extra)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, key_valid, causal, block_m, block_n):
-        out, lse = attn_fwd(q, k, v, scale, key_valid, causal, block_m, block_n)
+    def forward(ctx, q, k, v, scale, key_valid, causal, block_m, block_n, segment_len=None):
+        out, lse = attn_fwd(q, k, v, scale, key_valid, causal, block_m, block_n,
+                            segment_len=segment_len)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.key_valid = key_valid
-        ctx.config = (scale, causal, block_m, block_n)
+        ctx.config = (scale, causal, block_m, block_n, segment_len)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, block_m, block_n = ctx.config
+        scale, causal, block_m, block_n, segment_len = ctx.config
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = attn_bwd(dout.contiguous(), q, k, v, out, lse, scale, ctx.key_valid,
-                              causal, dlse, block_m, block_n)
-        return dq, dk, dv, None, None, None, None, None
+                              causal, dlse, block_m, block_n, segment_len)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor | None,
@@ -69,7 +70,8 @@ def flash_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
                     v: Float[Tensor, "batch key_pos head_index d_head"],
                     scale: float | None = None, key_valid: Tensor | None = None,
                     causal: bool = True, block_m: int | None = None,
-                    block_n: int | None = None) -> tuple[Tensor, Tensor]:
+                    block_n: int | None = None, segment_len: int | None = None,
+                    ) -> tuple[Tensor, Tensor]:
     """Fused softmax attention; returns `(out [batch query_pos head_index d_head],
     lse [batch head_index query_pos] float32)`, both differentiable.
 
@@ -77,8 +79,12 @@ def flash_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
     `d_head ** -0.5`), causal with the queries aligned to the last keys, `key_valid [batch
     key_pos]` masking keys, rows with no allowed key giving 0 (lse -inf). Any length, any
     d_head; fp16/bf16/fp32 (bf16 runs in fp32 under the interpreter, which lacks bf16).
+    `segment_len` (causal only): each query reads only the keys of its own segment of that
+    many positions (block-diagonal causal, Infini-attention's local attention).
     """
     check_inputs(q, k, v, key_valid, causal)
+    if segment_len is not None and (not causal or int(segment_len) < 1):
+        raise ValueError(f"segment_len={segment_len!r} needs causal=True and a positive int")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     dtype = q.dtype
@@ -86,7 +92,8 @@ def flash_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
     if key_valid is not None:
         key_valid = key_valid.to(device=q.device, dtype=torch.int8).contiguous()
     out, lse = FlashAttentionFunction.apply(q.to(work), k.to(work), v.to(work), float(scale),
-                                            key_valid, bool(causal), block_m, block_n)
+                                            key_valid, bool(causal), block_m, block_n,
+                                            None if segment_len is None else int(segment_len))
     return out.to(dtype), lse
 
 

@@ -22,16 +22,21 @@ from torch import Tensor
 
 
 def allowed_mask(n_q: int, n_k: int, key_valid: Tensor | None = None, causal: bool = True,
-                 device=None) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+                 device=None, segment_len: int | None = None,
+                 ) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
     """True where query i may read key j.
 
     Causal attention aligns the queries with the *last* `n_q` keys (query i sits at position
     `n_k - n_q + i`, as when decoding with a KV cache). `key_valid [batch key_pos]` masks keys
-    (padding) for every query.
+    (padding) for every query. `segment_len` (causal only) restricts each query to the keys of
+    its own segment (positions `p // segment_len`): Infini-attention's local attention.
     """
     if causal:
         q_idx = torch.arange(n_k - n_q, n_k, device=device)
-        allowed = torch.arange(n_k, device=device)[None, :] <= q_idx[:, None]
+        k_idx = torch.arange(n_k, device=device)
+        allowed = k_idx[None, :] <= q_idx[:, None]
+        if segment_len:
+            allowed = allowed & (k_idx[None, :] // segment_len == q_idx[:, None] // segment_len)
     else:
         allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
     allowed = allowed[None, None]
@@ -53,18 +58,22 @@ def attention_reference(q: Float[Tensor, "batch query_pos head_index d_head"],
                         k: Float[Tensor, "batch key_pos head_index d_head"],
                         v: Float[Tensor, "batch key_pos head_index d_head"],
                         scale: float | None = None, key_valid: Tensor | None = None,
-                        causal: bool = True) -> tuple[Tensor, Tensor]:
+                        causal: bool = True, segment_len: int | None = None,
+                        ) -> tuple[Tensor, Tensor]:
     """Softmax attention; returns `(out [batch query_pos head_index d_head] in q's dtype,
     lse [batch head_index query_pos] float32 (float64 for float64 inputs))`.
 
     `lse` is `-inf` on rows with no allowed key, whose output is 0 (as `masked_softmax`).
+    `segment_len`: block-diagonal causal attention (see `allowed_mask`).
     """
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    allowed = allowed_mask(q.shape[1], k.shape[1], key_valid, causal, q.device)
+    allowed = allowed_mask(q.shape[1], k.shape[1], key_valid, causal, q.device, segment_len)
     scores = attention_scores(q, k, scale, allowed)
-    lse = torch.logsumexp(scores, dim=-1)
     has_key = allowed.any(-1)
+    # logsumexp of an all -inf row is -inf, with a zero (not NaN) gradient
+    lse = torch.logsumexp(scores.masked_fill(~has_key[..., None], 0.0), dim=-1)
+    lse = lse.masked_fill(~has_key, float("-inf"))
     pattern = torch.where(has_key[..., None], torch.exp(scores - lse[..., None]),
                           torch.zeros_like(scores))
     out = torch.einsum("bhqk,bkhd->bqhd", pattern, v.to(pattern.dtype))

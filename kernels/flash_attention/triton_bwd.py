@@ -50,9 +50,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
               sdo_b, sdo_t, sdo_h, sdo_d, sdk_b, sdk_t, sdk_h, sdk_d,
               sdv_b, sdv_t, sdv_h, sdv_d, skv_b,
-              H, T_Q, T_K, Q_OFFSET, D, sm_scale, qk_scale, T_BUCKET,
-              CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+              H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
+              CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr):
     """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -76,9 +77,13 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
     q_base = b * sq_b + h * sq_h
     do_base = b * sdo_b + h * sdo_h
     lo = 0
+    hi = T_Q
     if CAUSAL:   # first query that sees key start_n is start_n - Q_OFFSET
         lo = (tl.maximum(start_n - Q_OFFSET, 0) // BLOCK_M) * BLOCK_M
-    for start_m in range(lo, T_Q, BLOCK_M):
+    if SEGMENTED:   # the last query that sees this tile is in its last key's segment
+        seg_end = ((tl.minimum(start_n + BLOCK_N, T_K) - 1) // SEG_LEN + 1) * SEG_LEN
+        hi = tl.minimum(T_Q, seg_end - Q_OFFSET)
+    for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < T_Q
         qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
@@ -90,6 +95,8 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
         keep = keep_n[:, None] & m_valid[None, :]
         if CAUSAL:
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
+        if SEGMENTED:
+            keep = keep & (offs_n[:, None] // SEG_LEN == (offs_m[None, :] + Q_OFFSET) // SEG_LEN)
         st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
         pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)
         dv += _dot(pt.to(do.dtype), do, IEEE)
@@ -107,9 +114,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
             sdo_b, sdo_t, sdo_h, sdo_d, sdq_b, sdq_t, sdq_h, sdq_d, skv_b,
-            H, T_Q, T_K, Q_OFFSET, D, sm_scale, qk_scale, T_BUCKET,
-            CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+            H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
+            CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
+            IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -129,10 +137,13 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
+    lo = 0
     hi = T_K
     if CAUSAL:
         hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
+    if SEGMENTED:   # keys start at the first row's segment
+        lo = ((Q_OFFSET + pid_m * BLOCK_M) // SEG_LEN * SEG_LEN // BLOCK_N) * BLOCK_N
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T_K
         kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
@@ -142,6 +153,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
         keep = n_valid[None, :] & m_valid[:, None]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+        if SEGMENTED:
+            keep = keep & (offs_n[None, :] // SEG_LEN == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
         if HAS_KVALID:
             kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
             keep = keep & (kv[None, :] != 0)
@@ -161,7 +174,7 @@ def _gpu_configs():
                                  (128, 64, 8, 2), (64, 128, 8, 2), (32, 32, 4, 3))]
 
 
-_KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "HAS_KVALID", "IEEE"]
+_KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
 _dkdv_tuned = LazyAutotune(_bwd_dkdv, _gpu_configs, _KEY)
 _dq_tuned = LazyAutotune(_bwd_dq, _gpu_configs, _KEY)
 
@@ -170,8 +183,11 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
              out: torch.Tensor, lse: torch.Tensor, scale: float,
              key_valid: torch.Tensor | None = None, causal: bool = True,
              dlse: torch.Tensor | None = None, block_m: int | None = None,
-             block_n: int | None = None):
-    """Launch the three backward kernels; returns `(dq, dk, dv)` shaped like q, k, v."""
+             block_n: int | None = None, segment_len: int | None = None):
+    """Launch the three backward kernels; returns `(dq, dk, dv)` shaped like q, k, v.
+
+    `out` is the attention output the loss saw through `do` (for `delta = rowsum(out * do)`).
+    """
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -188,9 +204,10 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                                              device=q.device)
     if kv.dtype == torch.bool:
         kv = kv.to(torch.int8)
-    common = (H, T_Q, T_K, T_K - T_Q, D, scale, scale * LOG2E, next_pow2(T_Q, 64))
-    meta = dict(CAUSAL=causal, HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32,
-                BLOCK_D=BLOCK_D)
+    common = (H, T_Q, T_K, T_K - T_Q, D, segment_len or 1, scale, scale * LOG2E,
+              next_pow2(T_Q, 64))
+    meta = dict(CAUSAL=causal, SEGMENTED=bool(segment_len), HAS_KVALID=key_valid is not None,
+                IEEE=q.dtype == torch.float32, BLOCK_D=BLOCK_D)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, kv, *strides, *dk.stride(), *dv.stride(),
                  kv.stride(0), *common)

@@ -34,10 +34,11 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-               offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, qk_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr,
-               BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """Accumulate key tiles [lo, hi) into (acc, m_i, l_i); MASKED adds the bound/causal mask."""
+               offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
+               HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into (acc, m_i, l_i); MASKED adds the bound/causal (and
+    same-segment) mask."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T_K
@@ -48,6 +49,9 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
             keep = n_valid[None, :]
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+            if SEGMENTED:
+                seg_q = (offs_m[:, None] + Q_OFFSET) // SEG_LEN
+                keep = keep & (offs_n[None, :] // SEG_LEN == seg_q)
             s = tl.where(keep, s, float("-inf"))
         if HAS_KVALID:
             kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
@@ -66,14 +70,20 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
 
 
 @triton.jit
-def attn_fwd_kernel(Q, K, V, O, LSE, KVALID,
+def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d,
                     sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, so_d, skv_b,
-                    H, T_Q, T_K, Q_OFFSET, D, qk_scale, T_BUCKET,
-                    CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+                    H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, qk_scale, T_BUCKET,
+                    CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
+                    HAS_MIX: tl.constexpr, STORE_DOT: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
 
+    SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
+    j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
+    HAS_MIX (the gate in the epilogue): O = G * AMEM + (1 - G) * softmax-attention, with AMEM
+    laid out like O and G `[batch query_pos H]` contiguous; STORE_DOT also writes the unmixed
+    attention to ADOT (laid out like O) for the backward.
     `T_BUCKET` (a power of two >= T_Q) is unused by the body: it is the autotune key, so that
     lengths of the same bucket share a tuned config.
     """
@@ -93,24 +103,46 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Key tiles in [start, u_lo) and [u_hi, hi) are masked; [u_lo, u_hi) is visible to every
+    # row of the tile (in the sequence, causal, same segment) and runs unmasked.
+    start = 0
     if CAUSAL:
-        # Keys < lo are visible to every row of the tile and lie inside the sequence.
-        lo = ((Q_OFFSET + pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
-        lo = tl.maximum(lo, 0)
-        hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
+        first = Q_OFFSET + pid_m * BLOCK_M                 # key position of the first row
+        u_hi = tl.maximum((first // BLOCK_N) * BLOCK_N, 0)
+        hi = tl.minimum(T_K, first + BLOCK_M)
+        u_lo = start
+        if SEGMENTED:
+            last = Q_OFFSET + tl.minimum(pid_m * BLOCK_M + BLOCK_M, T_Q) - 1
+            start = ((first // SEG_LEN) * SEG_LEN // BLOCK_N) * BLOCK_N
+            u_lo = tl.cdiv((last // SEG_LEN) * SEG_LEN, BLOCK_N) * BLOCK_N
+            u_hi = tl.maximum(u_hi, u_lo)
     else:
-        lo = (T_K // BLOCK_N) * BLOCK_N
+        u_lo = start
+        u_hi = (T_K // BLOCK_N) * BLOCK_N
         hi = T_K
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
-                               sv_t, sv_d, offs_m, offs_d, d_valid, 0, lo, T_K, Q_OFFSET,
-                               qk_scale, False, CAUSAL, HAS_KVALID, BLOCK_N, IEEE)
+                               sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K, Q_OFFSET,
+                               SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
+                               IEEE)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
-                               sv_t, sv_d, offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET,
-                               qk_scale, True, CAUSAL, HAS_KVALID, BLOCK_N, IEEE)
+                               sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K, Q_OFFSET,
+                               SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED, HAS_KVALID,
+                               BLOCK_N, IEEE)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
+                               sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
+                               SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
+                               IEEE)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d,
-             out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    md_mask = m_valid[:, None] & d_valid[None, :]
+    o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d
+    if HAS_MIX:   # Infini-attention's gate (Eq. 10) in the epilogue
+        if STORE_DOT:
+            tl.store(ADOT + o_off, out.to(ADOT.dtype.element_ty), mask=md_mask)
+        a_mem = tl.load(AMEM + o_off, mask=md_mask, other=0.0).to(tl.float32)
+        g = tl.load(G + (b * T_Q + offs_m) * H + h, mask=m_valid, other=0.0).to(tl.float32)
+        out = g[:, None] * a_mem + (1.0 - g[:, None]) * out
+    tl.store(O + o_off, out.to(O.dtype.element_ty), mask=md_mask)
     ln2 = 0.6931471805599453
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * ln2)
     tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=m_valid)
@@ -126,7 +158,8 @@ def _gpu_configs():
 
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
-                          key=["T_BUCKET", "BLOCK_D", "CAUSAL", "HAS_KVALID", "IEEE"])
+                          key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",
+                               "HAS_MIX", "STORE_DOT", "IEEE"])
 
 
 def _launch_key(T_Q: int) -> int:
@@ -136,25 +169,36 @@ def _launch_key(T_Q: int) -> int:
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              key_valid: torch.Tensor | None = None, causal: bool = True,
              block_m: int | None = None, block_n: int | None = None,
-             out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+             segment_len: int | None = None, mix: tuple | None = None):
     """Launch the forward kernel; returns `(out [b q h d], lse [b h q] float32)`.
 
     `block_m`/`block_n` force one tile config (tests); by default a GPU autotunes over a few
     configs and the interpreter uses 16 x 16 tiles. `out`/`lse` may be passed preallocated.
+    `segment_len`: block-diagonal causal attention over segments of that many key positions.
+    `mix = (a_mem, g, a_dot)`: write `g * a_mem + (1 - g) * attention` (`a_mem` contiguous like
+    q, `g [b q h]`), and the unmixed attention into `a_dot` unless it is None.
     """
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format) if mix else \
+            torch.empty_like(q)
     if lse is None:
         lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
     if kv.dtype == torch.bool:
         kv = kv.to(torch.int8)
-    args = (q, k, v, out, lse, kv, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale * LOG2E, _launch_key(T_Q))
-    meta = dict(CAUSAL=causal, HAS_KVALID=key_valid is not None,
+    a_mem, g, a_dot = mix if mix is not None else (out, lse, None)
+    if mix is not None:
+        assert a_mem.is_contiguous() and g.is_contiguous() and out.is_contiguous()
+        assert a_dot is None or a_dot.is_contiguous()
+    args = (q, k, v, out, lse, kv, a_mem, g, out if a_dot is None else a_dot,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), kv.stride(0), H, T_Q, T_K,
+            T_K - T_Q, D, segment_len or 1, scale * LOG2E, _launch_key(T_Q))
+    meta = dict(CAUSAL=causal, SEGMENTED=bool(segment_len), HAS_KVALID=key_valid is not None,
+                HAS_MIX=mix is not None, STORE_DOT=a_dot is not None,
                 IEEE=q.dtype == torch.float32, BLOCK_D=next_pow2(D))
     if T_Q == 0:
         return out, lse

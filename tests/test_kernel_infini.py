@@ -1,0 +1,102 @@
+"""Infini-attention on the fused kernels vs the variant's segment pass (TRITON_INTERPRET=1).
+
+Checks the mixed output, the final memory and the gradients of q, k, v (rotated and not) and
+of the gate logits, for both update rules, ragged lengths, segments shorter and longer than a
+tile, padding slots, truncated BPTT, fp16, and the no-grad (inference) epilogue.
+"""
+
+import pytest
+import torch
+
+from kernels import _triton
+
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
+                                                     or torch.cuda.is_available())),
+                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
+]
+
+from kernels.infini import infini_attention, infini_reference  # noqa: E402
+
+DEVICE = "cpu" if _triton.interpreting() else "cuda"
+
+
+@pytest.fixture(autouse=True)
+def nan_empty(monkeypatch):
+    """Poison uninitialised float allocations with NaN (as FLA's conftest does)."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def _inputs(T, batch=1, heads=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ts = [torch.randn(batch, T, heads, d, generator=g).to(DEVICE).requires_grad_()
+          for _ in range(5)]
+    beta = torch.randn(heads, generator=g).to(DEVICE).requires_grad_()
+    return ts, beta
+
+
+def _check(T, N, rule, valid=None, detach_every=0, dtype=torch.float32, batch=1):
+    ts, beta = _inputs(T, batch)
+    tol = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    out, (M, z) = infini_attention(*(t.to(dtype) for t in ts), N, torch.sigmoid(beta), rule,
+                                   4.0, valid, detach_every, block_m=16, block_n=16)
+    ref, (ref_M, ref_z) = infini_reference(*ts, N, torch.sigmoid(beta), rule, 4.0, valid,
+                                           detach_every)
+    assert out.dtype == dtype and not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref, **tol)
+    torch.testing.assert_close(M, ref_M, **tol)
+    torch.testing.assert_close(z, ref_z, **tol)
+    d_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    wrt = (*ts, beta)
+    grads = torch.autograd.grad((out.float() * d_out).sum(), wrt)
+    ref_grads = torch.autograd.grad((ref * d_out).sum(), wrt)
+    for name, a, b in zip(("dqr", "dkr", "dq", "dk", "dv", "dbeta"), grads, ref_grads,
+                          strict=True):
+        assert not a.isnan().any(), name
+        torch.testing.assert_close(a.float(), b, **tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("rule", ["linear", "delta"])
+@pytest.mark.parametrize("T, N", [(37, 16), (50, 20), (23, 4)])
+def test_matches_the_segment_pass(T, N, rule):
+    _check(T, N, rule)
+
+
+def test_padding_slots_and_two_batches():
+    valid = torch.rand(2, 30, generator=torch.Generator().manual_seed(2)) > 0.25
+    _check(30, 8, "delta", valid=valid.to(DEVICE), batch=2)
+
+
+def test_truncated_bptt():
+    _check(40, 8, "linear", detach_every=2)
+
+
+def test_fp16():
+    _check(40, 16, "linear", dtype=torch.float16)
+
+
+def test_single_segment_is_plain_causal_attention():
+    from kernels.flash_attention import attention_reference
+
+    ts, beta = _inputs(20)
+    with torch.no_grad():   # also the inference epilogue (A_dot never written)
+        out, _ = infini_attention(*ts, 32, torch.sigmoid(beta), "linear", 4.0)
+        ref, _ = attention_reference(ts[0], ts[1], ts[4], scale=0.25)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+
+
+def test_bad_arguments_raise_value_error():
+    ts, beta = _inputs(8)
+    with pytest.raises(ValueError, match="rule"):
+        infini_attention(*ts, 4, beta, "other")
+    with pytest.raises(ValueError, match="segment_len"):
+        infini_attention(*ts, 0, beta)
+    with pytest.raises(ValueError, match="gate"):
+        infini_attention(*ts, 4, beta[:1])

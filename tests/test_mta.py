@@ -9,6 +9,7 @@ import torch
 from torch.func import functional_call
 
 from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
+from hooked_models.attention import _mta_ops as mta_ops
 from hooked_models.attention.mta import MTAOptions, MultiTokenAttention
 
 from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
@@ -127,6 +128,26 @@ def test_left_padding_is_invisible():
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], 1)
     torch.testing.assert_close(model(padded, attention_mask=mask)[:, 3:], model(tokens),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pad_key", ["both", "left"])
+def test_banded_block_convolution(monkeypatch, pad_key):
+    """The CPU path convolves blocks of query rows up to their last readable key: with tiny
+    blocks (so several run at T=13) the model is unchanged, causal, and decodes alike."""
+    opts = dict(ALL_ON, pad_key=pad_key, key_kernel_size=5 if pad_key == "both" else 4)
+    model = mta_model(seed=6, **opts)
+    tokens = random_tokens(model, pos=13)
+    mask = torch.ones_like(tokens)
+    mask[1, :2] = 0
+    whole = model(tokens, attention_mask=mask)
+    monkeypatch.setattr(mta_ops, "BLOCK_ROWS", 3)
+    torch.testing.assert_close(model(tokens, attention_mask=mask), whole, atol=1e-6, rtol=1e-6)
+    assert assert_causal(model, tokens, t=8) >= 20
+    cache = KVCache(model.cfg.n_layers)
+    steps = [model(tokens[:, :9], attention_mask=mask[:, :9], past_kv_cache=cache),
+             model(tokens[:, 9:], attention_mask=mask, past_kv_cache=cache)]
+    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], whole[mask.bool()],
                                atol=1e-5, rtol=1e-5)
 
 
@@ -274,9 +295,11 @@ def test_eq4_equals_eq5_only_for_single_query_kernel():
 
 
 # -- gradients ----------------------------------------------------------------------------------
-def test_gradcheck_float64_reaches_every_mta_parameter():
+def test_gradcheck_float64_reaches_every_mta_parameter(monkeypatch):
     model = mta_model(seed=2, **dict(ALL_ON, layer_norm_rescale=True), n_layers=1,
                       dtype="float64")
+    monkeypatch.setattr(mta_ops, "BLOCK_ROWS", 2)   # through the banded blocks too
+
     attn = model.blocks[0].attn
     names = [n for n, _ in attn.named_parameters() if n in MTA_PARAMS]
     assert sorted(names) == sorted(MTA_PARAMS)

@@ -26,6 +26,8 @@ from torch import Tensor
 
 INIT_METHODS = ("identity", "zero", "const", "uniform", "normal", "diagonal")
 PAD_KEYS = ("both", "left", "right")
+# Query rows per block of the banded CPU convolution (see key_query_conv); 64-256 are alike.
+BLOCK_ROWS = 128
 
 
 def key_padding(c_k: int, pad_key: str) -> tuple[int, int]:
@@ -38,14 +40,19 @@ def key_padding(c_k: int, pad_key: str) -> tuple[int, int]:
 def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
                    kernel: Float[Tensor, "head_index 1 c_q c_k"],
                    allowed: Bool[Tensor, "batch 1 query_pos key_pos"],
-                   pad_key: str = "both") -> Float[Tensor, "batch head_index query_pos key_pos"]:
+                   pad_key: str = "both", block_rows: int | None = None
+                   ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Depthwise 2-D convolution of each head's map, `Conv2d_theta(Mask_0(maps))` (Eqs. 5, 6).
 
     Disallowed entries (future keys, padding) are zeroed first (Mask_0), so they cannot leak into
     the output; the query axis is zero-padded by `c_q - 1` rows from the past only (causal), the
-    key axis per `pad_key`. Returns a new tensor `[batch head q k]` holding the raw convolution;
-    its entries at disallowed positions are meaningless: the caller masks them (Mask_-inf before
-    a softmax, Mask_0 after one).
+    key axis per `pad_key`. Returns a new tensor `[batch head q k]` holding the convolution at
+    every allowed entry; entries at disallowed positions are meaningless (finite): the caller
+    masks them (Mask_-inf before a softmax, Mask_0 after one).
+
+    `block_rows` (default: BLOCK_ROWS on CPU, all rows elsewhere) convolves blocks of query rows,
+    each only up to the last key any of its rows may read, which skips most of the causal upper
+    triangle (a loop over a few blocks, not over positions); allowed entries are unchanged.
 
     Example:
         >>> maps = torch.randn(1, 2, 4, 4)
@@ -54,25 +61,52 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
         >>> torch.equal(key_query_conv(maps, eye, ok).masked_fill(~ok, 0), maps.masked_fill(~ok, 0))
         True
     """
+    n_q, n_k = maps.shape[-2:]
+    kernel = kernel.to(maps.dtype)
+    if block_rows is None:
+        block_rows = BLOCK_ROWS if maps.device.type == "cpu" else n_q
+    if n_q <= block_rows:
+        return _conv_rows(maps, kernel, allowed, pad_key, 0, n_q, n_k).contiguous()
+    out = maps.new_empty(maps.shape[:2] + (n_q, n_k))
+    for r0 in range(0, n_q, block_rows):
+        r1 = min(n_q, r0 + block_rows)
+        reachable = allowed[:, :, r0:r1].any(-2).any(0).any(0).nonzero()
+        k_end = int(reachable.max()) + 1 if reachable.numel() else 0
+        if k_end:
+            out[:, :, r0:r1, :k_end] = _conv_rows(maps, kernel, allowed, pad_key, r0, r1, k_end)
+        out[:, :, r0:r1, k_end:] = 0.0
+    return out
+
+
+def _conv_rows(maps: Tensor, kernel: Tensor, allowed: Tensor, pad_key: str, r0: int, r1: int,
+               k_end: int) -> Tensor:
+    """`Conv2d(Mask_0(maps))` for query rows [r0, r1) and keys [0, k_end); may be channels-last.
+
+    One buffer holds the zero padding and Mask_0 of the rows and keys the outputs read, written
+    in a single pass. On CPU it is channels-last (heads innermost), the layout oneDNN's depthwise
+    convolution runs fastest on.
+    """
     n_heads, _, c_q, c_k = kernel.shape
     left, right = key_padding(c_k, pad_key)
-    batch, _, n_q, n_k = maps.shape
-    # One buffer holds the zero padding and Mask_0(maps), written in a single pass. On CPU it is
-    # channels-last (heads innermost), the layout oneDNN's depthwise convolution runs fastest on.
-    shape = (batch, n_heads, n_q + c_q - 1, n_k + left + right)
+    batch, n_k = maps.shape[0], maps.shape[-1]
+    src0 = max(0, r0 - (c_q - 1))            # first input row (zero rows above it)
+    top = (c_q - 1) - (r0 - src0)
+    cols = min(n_k, k_end + right)           # input keys [0, cols)
+    shape = (batch, n_heads, (r1 - r0) + c_q - 1, k_end + left + right)
     if maps.device.type == "cpu":
         buf = maps.new_empty((shape[0], shape[2], shape[3], shape[1])).permute(0, 3, 1, 2)
     else:
         buf = maps.new_empty(shape)
-    buf[:, :, :c_q - 1].zero_()
-    buf[:, :, c_q - 1:, :left].zero_()
-    buf[:, :, c_q - 1:, left + n_k:].zero_()
-    inner = buf[:, :, c_q - 1:, left:left + n_k]
+    buf[:, :, :top].zero_()
+    buf[:, :, top:, :left].zero_()
+    buf[:, :, top:, left + cols:].zero_()
+    inner = buf[:, :, top:, left:left + cols]
+    src, ok = maps[:, :, src0:r1, :cols], allowed[:, :, src0:r1, :cols]
     if torch.is_grad_enabled() and (maps.requires_grad or kernel.requires_grad):
-        inner.copy_(maps).masked_fill_(~allowed, 0.0)   # out= below has no autograd
+        inner.copy_(src).masked_fill_(~ok, 0.0)   # out= below has no autograd
     else:
-        torch.where(allowed, maps, maps.new_zeros(()), out=inner)
-    return F.conv2d(buf, kernel.to(maps.dtype), groups=n_heads).contiguous()
+        torch.where(ok, src, maps.new_zeros(()), out=inner)
+    return F.conv2d(buf, kernel, groups=n_heads)
 
 
 def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],

@@ -304,6 +304,18 @@ class DCMHAttention(VariantAttention):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     # -- analysis helper -------------------------------------------------------------------
+    def head_mixing(self) -> dict[str, Tensor | None]:
+        """The static part of Compose: B `[head_index head_index]` (block-diagonal over groups)
+        when `static_proj`; with the released identity base there is no static mixing (None)."""
+        if not self.opts.static_proj:
+            return {"pre": None, "post": None}
+        return {p: torch.block_diag(*base_matrix(self, p).unbind(0)) for p in PHASES}
+
+    def head_mixing_at(self, source, t: int, s: int) -> dict[str, Tensor | None]:
+        """The full mixing `B + W_q(t) + W_k(s)` of each phase, `[batch head head]`
+        (`mixing_matrix`); `source` is the attention input x or a cache of this layer's hooks."""
+        return {p: self.mixing_matrix(source, t, s, p) for p in PHASES}
+
     def mixing_matrix(self, source, t: int, s: int, phase: str = "pre") -> Tensor:
         """The effective head-mixing matrix `B + W_q(t) + W_k(s)` `[batch head_index head_index]`.
 

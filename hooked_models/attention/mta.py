@@ -354,6 +354,17 @@ class MultiTokenAttention(VariantAttention):
             return maps
         return torch.cat([maps[:, :, :n_past], point(maps[:, :, n_past:])], dim=2)
 
+    # -- analysis seam ----------------------------------------------------------------------
+    def head_mixing(self) -> dict[str, Tensor | None]:
+        """The head-mixing kernels (Eq. 7) as `[head_index head_index]` matrices.
+
+        Block-diagonal over the groups of c_h heads, in the convention of `head_mix`
+        (`A_new[m] = sum_n M[n, m] A[n]`); "pre" mixes the logits, "post" the weights.
+        """
+        return {phase: None if kernel is None else torch.block_diag(*kernel.unbind(0))
+                for phase, kernel in (("pre", self.pre_sm_head_kernel),
+                                      ("post", self.head_kernel))}
+
     # -- head outputs: group norm and gate (paper 3.3) --------------------------------------
     def heads_to_output(self, z: Tensor, ctx: AttentionContext) -> Tensor:
         """Return the per-head vectors for W_O: [sigmoid gate *] RMSNorm(z) [* (1 - lambda)]."""

@@ -43,7 +43,8 @@ Phase = Literal["pre", "post"]
 
 def mixing_matrices(model, layer: int) -> dict[str, Tensor | None]:
     """The static `{"pre": M or None, "post": M or None}` of `layer` (`[head head]` each)."""
-    return model.blocks[check_layer(model, layer)].attn.head_mixing()
+    mix = model.blocks[check_layer(model, layer)].attn.head_mixing()
+    return {k: None if m is None else m.detach() for k, m in mix.items()}
 
 
 def _qk_from_mixing(W_Q: Tensor, W_K: Tensor, M: Tensor | None) -> FactoredMatrix:

@@ -184,3 +184,95 @@ def test_patterns_for_bad_selection_raises(kwargs, match):
     m = model()
     with pytest.raises(ValueError, match=match):
         patterns_for(m, random_tokens(m, batch=1, pos=4), **kwargs)
+
+
+# -- CoPE: the fused CoPE kernel on CoPE layers, the causal kernel on the others ---------------
+def _cope_has_kernels():
+    from hooked_models import get_attention_class
+    from hooked_models.attention.base import VariantAttention
+
+    return get_attention_class("cope").fused_attend is not VariantAttention.fused_attend
+
+
+def cope(backend, **attn_cfg):
+    m = tiny_model("cope", backend=backend, attn_cfg=attn_cfg, **SMALL)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for block in m.blocks:
+            if "pos_emb" in block.attn._parameters:
+                block.attn.pos_emb.copy_(torch.randn(block.attn.pos_emb.shape, generator=g))
+    return m
+
+
+@pytest.fixture
+def cope_calls(monkeypatch):
+    import kernels.cope.dispatch as cd
+    import kernels.flash_attention.dispatch as fd
+    from hooked_models import get_attention_class
+
+    log = []
+    cls = get_attention_class("cope")
+    cope_fn, flash_fn, attend = cd.cope_attention, fd.flash_attention, cls.attend
+    monkeypatch.setattr(cd, "cope_attention", lambda *a, **kw: log.append("cope") or
+                        cope_fn(*a, **kw))
+    monkeypatch.setattr(fd, "flash_attention", lambda *a, **kw: log.append("flash") or
+                        flash_fn(*a, **kw))
+    monkeypatch.setattr(cls, "attend", lambda self, *a, **kw: log.append(f"torch{self.layer}")
+                        or attend(self, *a, **kw))
+    return log
+
+
+needs_cope_wiring = pytest.mark.skipif(not _cope_has_kernels(),
+                                       reason="CoPEAttention has no fused_attend yet")
+
+
+@needs_cope_wiring
+@pytest.mark.parametrize("attn_cfg", [dict(npos_max=6), dict(scaling="repo", every=2)],
+                         ids=["saturating", "repo_every2"])
+def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
+    fused, ref = cope("triton", **attn_cfg), cope("torch", **attn_cfg)
+    tokens = random_tokens(fused, batch=2, pos=20)
+    loss_f = fused(tokens, return_type="loss")
+    assert cope_calls == (["cope", "cope"] if attn_cfg.get("every", 1) == 1
+                          else ["flash", "cope"])
+    loss_r = ref(tokens, return_type="loss")
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@needs_cope_wiring
+def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
+    m = cope("triton")
+    tokens = random_tokens(m, batch=1, pos=8)
+    m.add_hook("blocks.0.attn.hook_positions", lambda t, hook: t)
+    m(tokens)
+    assert cope_calls == ["torch0", "cope"]
+    m.reset_hooks()
+    cope_calls.clear()
+    m.add_hook("blocks.1.attn.hook_pos_table", lambda t, hook: t)   # not a map, but not fused
+    m(tokens)
+    assert cope_calls == ["cope", "torch1"]
+    cope_calls.clear()
+    cope("triton", relative=True)(tokens)
+    assert cope_calls == ["torch0", "torch1"]
+
+
+@needs_cope_wiring
+def test_cope_patterns_for_and_padding_match_torch():
+    fused, ref = cope("triton", npos_max=6), cope("torch", npos_max=6)
+    tokens = random_tokens(fused, batch=2, pos=12)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12])
+    rows = patterns_for(fused, tokens, layers=[0, 1], heads=[1], queries=[0, 6, -1],
+                        attention_mask=mask)
+    logits, cache = ref.run_with_cache(tokens, attention_mask=mask)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens, attention_mask=mask), logits, atol=1e-5,
+                                   rtol=1e-5)
+    for layer in (0, 1):
+        torch.testing.assert_close(rows[layer], cache["pattern", layer][:, [1]][:, :, [0, 6, 11]],
+                                   atol=1e-6, rtol=1e-5)

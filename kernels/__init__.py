@@ -4,7 +4,11 @@ Each op folder holds `reference.py` (the plain-torch spec), `triton_*.py` (the k
 `function.py` (an autograd.Function) and the dispatch that decides when the fused path applies:
 
 - `kernels.flash_attention`: fused causal softmax attention returning the row log-sum-exp
-  (the "mha" fast path).
+  (the "mha" fast path; also key padding, KV-cache offsets and block-diagonal segments).
+- `kernels.cope`: fused CoPE (gates, contextual positions, interpolated position logits
+  in-kernel; no `[T, T]` tensor in forward or backward).
+- `kernels.infini`: Infini-attention: segment-causal local attention with the gate in the
+  kernel epilogue, plus a batched compressive-memory pass.
 - `kernels.dispatch`: backend resolution for `cfg.backend` and `patterns_for`, which recomputes
   chosen pattern rows from the saved log-sum-exp.
 - `kernels.bench`: `python -m kernels.bench` prints time / memory / TFLOP/s tables.

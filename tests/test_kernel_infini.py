@@ -100,3 +100,17 @@ def test_bad_arguments_raise_value_error():
         infini_attention(*ts, 0, beta)
     with pytest.raises(ValueError, match="gate"):
         infini_attention(*ts, 4, beta[:1])
+
+
+def test_dispatch_takes_segment_pass_arguments_and_declines_float64():
+    from kernels.infini.dispatch import fused_segment_pass
+
+    ts, beta = _inputs(12)
+    ts = [t.detach() for t in ts]
+    gate = torch.sigmoid(beta.detach())
+    valid = torch.ones(1, 12, dtype=torch.bool, device=DEVICE)
+    out, (M, z) = fused_segment_pass(*ts, valid, 5, gate, "delta", 4.0)
+    ref, (ref_M, _) = infini_reference(*ts, 5, gate, "delta", 4.0, valid)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(M, ref_M, atol=2e-5, rtol=1e-5)
+    assert fused_segment_pass(*(t.double() for t in ts), None, 5, gate.double()) is None

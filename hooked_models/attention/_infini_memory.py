@@ -99,9 +99,12 @@ def local_attention(qr: Float[Tensor, "batch q head_index d_head"],
     scores = torch.einsum("bqhd,bkhd->bhqk", qr, kr) / scale
     q_idx = torch.arange(q_offset, q_offset + n_q, device=qr.device)
     allowed = (torch.arange(n_k, device=qr.device)[None, :] <= q_idx[:, None])[None, None]
-    if key_valid is not None:
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if key_valid is None:   # every query may read itself: no empty rows
+        pattern = torch.softmax(scores, dim=-1)
+    else:
         allowed = allowed & key_valid[:, None, None, :]
-    pattern = masked_softmax(scores.masked_fill(~allowed, float("-inf")), allowed)
+        pattern = masked_softmax(scores.masked_fill(~allowed, float("-inf")), allowed)
     return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
 

@@ -5,6 +5,9 @@
                                   scores) and an ablation check
     attnlens stages               print every registered variant's stage catalogue
     attnlens serve [--port 8050]  the dashboard on the bundled models (hooked_models/zoo)
+    attnlens analyze CHECKPOINT --analysis induction diversity gating circuits --out DIR
+                                  write analysis tables (CSV/JSON) and figures (HTML; PNG with
+                                  kaleido) for a checkpoint directory (see docs/analyses.md)
 """
 
 from __future__ import annotations
@@ -115,6 +118,20 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    from interp.analyze import run_analyses
+
+    model = HookedVariantTransformer.from_pretrained(args.checkpoint, device=args.device)
+    manifest = run_analyses(model, args.analysis, args.out, batch=args.batch,
+                            half_len=args.half_len, seed=args.seed, png=not args.no_png)
+    n = sum(len(v) for v in manifest["files"].values())
+    print(f"wrote {n} files to {args.out} (manifest.json lists them)")
+    for analysis, notes in manifest["notes"].items():
+        for note in notes:
+            print(f"  {analysis}: {note}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlens", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +149,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
     serve.set_defaults(fn=cmd_serve)
+    from interp.analyze import ANALYSES
+
+    analyze = sub.add_parser("analyze", help="write analysis tables and figures for a checkpoint")
+    analyze.add_argument("checkpoint", help="checkpoint directory (config.json, safetensors)")
+    analyze.add_argument("--analysis", nargs="+", choices=ANALYSES,
+                         default=["induction", "diversity", "gating", "circuits"])
+    analyze.add_argument("--out", required=True, help="output directory")
+    analyze.add_argument("--batch", type=int, default=8, help="probe sequences")
+    analyze.add_argument("--half-len", type=int, default=None,
+                         help="length of the repeated half of the probe (default: fits n_ctx)")
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--device", default="cpu")
+    analyze.add_argument("--no-png", action="store_true", help="HTML figures only")
+    analyze.set_defaults(fn=cmd_analyze)
     args = parser.parse_args(argv)
     return args.fn(args)
 

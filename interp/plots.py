@@ -1,0 +1,241 @@
+"""Plotly figures for the analyses of `interp` (they draw what the analyses return).
+
+Every function takes an analysis result (a tidy DataFrame or a tensor) and returns a
+`plotly.graph_objects.Figure`; `save_figure` writes HTML, and PNG when kaleido is installed.
+
+Example:
+    >>> from interp.heads import induction_table
+    >>> fig = head_heatmap(induction_table(model), "induction_stripe")   # doctest: +SKIP
+    >>> save_figure(fig, "out/induction")                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+CLASS_COLOURS = {"high": "#d62728", "memory specialist": "#d62728", "low": "#1f77b4",
+                 "local specialist": "#1f77b4", "mixer": "#2ca02c", "intermediate": "#7f7f7f",
+                 "excite": "#d62728", "inhibit": "#1f77b4", "neutral": "#7f7f7f",
+                 "identity": "#7f7f7f", "diagonal": "#9467bd", "priming": "#ff7f0e",
+                 "edge": "#17becf", "mixed": "#8c564b"}
+
+
+def _grid(df: pd.DataFrame, column: str) -> pd.DataFrame:
+    return df.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
+
+
+def head_heatmap(df: pd.DataFrame, column: str, title: str | None = None,
+                 zmid: float | None = None) -> go.Figure:
+    """Layer x head heatmap of `column` of a per-head table (columns `layer`, `head`)."""
+    grid = _grid(df, column)
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=[f"H{h}" for h in grid.columns], y=[f"L{x}" for x in grid.index],
+        colorscale="RdBu_r" if zmid is not None else "Viridis", zmid=zmid,
+        hovertemplate="%{y}%{x}: %{z:.3f}<extra>" + column + "</extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or column, height=120 + 40 * len(grid), margin=dict(t=50))
+    return fig
+
+
+def head_table_figure(df: pd.DataFrame, columns: list[str], title: str = "") -> go.Figure:
+    """Side-by-side layer x head heatmaps, one per score column (e.g. detector scores)."""
+    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=columns,
+                        horizontal_spacing=0.06)
+    for i, col in enumerate(columns):
+        grid = _grid(df, col)
+        fig.add_trace(go.Heatmap(
+            z=grid.to_numpy(), x=[f"H{h}" for h in grid.columns],
+            y=[f"L{x}" for x in grid.index], coloraxis="coloraxis",
+            hovertemplate="%{y}%{x}: %{z:.3f}<extra>" + col + "</extra>"), row=1, col=i + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1),
+                      height=160 + 40 * df["layer"].nunique(), margin=dict(t=60))
+    return fig
+
+
+def ablation_figure(df: pd.DataFrame) -> go.Figure:
+    """Induction score of each later head before and after an ablation (`induction_ablation`)."""
+    fig = go.Figure([go.Bar(name="before", x=list(df.index), y=df["before"]),
+                     go.Bar(name="after ablation", x=list(df.index), y=df["after"])])
+    fig.update_layout(barmode="group", title="Induction score before / after ablation",
+                      yaxis_title="induction stripe score")
+    return fig
+
+
+def composition_figure(table: pd.DataFrame, mode: str = "K") -> go.Figure:
+    """Source head x destination head composition scores, diverging around the baseline."""
+    t = table[table["mode"] == mode]
+    grid = t.pivot_table(index="source", columns="dest", values="score")
+    base = float(t["baseline"].iloc[0]) if len(t) else 0.0
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale="RdBu_r",
+        zmid=base, hovertemplate="%{y} -> %{x}: %{z:.3f}<extra>" + mode + "</extra>"))
+    fig.update_yaxes(autorange="reversed", title="writer (earlier layer)")
+    fig.update_xaxes(title="reader (later layer)")
+    fig.update_layout(title=f"{mode}-composition (colour centred on random baseline "
+                            f"{base:.3f})", height=200 + 18 * len(grid))
+    return fig
+
+
+def copying_figure(df: pd.DataFrame) -> go.Figure:
+    """Copying score (OV eigenvalue positivity) of every head as a layer x head heatmap."""
+    fig = head_heatmap(df, "copying", "Copying score sum(lambda)/sum(|lambda|)", zmid=0.0)
+    fig.data[0].update(zmin=-1, zmax=1)
+    return fig
+
+
+def diversity_figure(curves: pd.DataFrame) -> go.Figure:
+    """Cumulative captured variance vs number of components, one line per layer; the
+    random-init baseline dashed; one panel per circuit (`head_diversity`)."""
+    circuits = list(dict.fromkeys(curves["circuit"]))
+    fig = make_subplots(rows=1, cols=len(circuits), subplot_titles=[c.upper() for c in circuits],
+                        shared_yaxes=True)
+    for i, c in enumerate(circuits):
+        part = curves[curves["circuit"] == c]
+        for (layer, source), g in part.groupby(["layer", "source"]):
+            random = source == "random"
+            fig.add_trace(go.Scatter(
+                x=g["k"], y=g["captured"], mode="lines",
+                name="random init" if random else f"L{layer}", legendgroup=str(layer),
+                showlegend=i == 0, line=dict(dash="dash", color="black") if random else None),
+                row=1, col=i + 1)
+        fig.add_hline(y=0.9, line=dict(dash="dot", color="grey"), row=1, col=i + 1)
+    fig.update_xaxes(title="components k")
+    fig.update_yaxes(title="cumulative captured variance", range=[0, 1.02], col=1)
+    fig.update_layout(title="Head diversity (lower curve = more diverse heads)")
+    return fig
+
+
+def gate_figure(df: pd.DataFrame) -> go.Figure:
+    """Mean gate per head (with min-max range), one panel per gate stage, coloured by class."""
+    stages = list(dict.fromkeys(df["stage"])) or ["(no gates)"]
+    fig = make_subplots(rows=len(stages), cols=1, subplot_titles=stages, shared_xaxes=False)
+    for i, stage in enumerate(stages):
+        part = df[df["stage"] == stage]
+        for cls, g in part.groupby("class"):
+            fig.add_trace(go.Scatter(
+                x=g["head_label"], y=g["mean"], mode="markers", name=cls,
+                marker=dict(size=10, color=CLASS_COLOURS.get(cls)), showlegend=i == 0,
+                error_y=dict(type="data", symmetric=False, array=g["max"] - g["mean"],
+                             arrayminus=g["mean"] - g["min"])), row=i + 1, col=1)
+    fig.update_layout(title="Gate values per head", height=260 * len(stages))
+    return fig
+
+
+def memory_figure(df: pd.DataFrame) -> go.Figure:
+    """Infini-attention: gate vs memory contribution ratio per head, coloured by class."""
+    fig = go.Figure()
+    for cls, g in df.groupby("class"):
+        fig.add_trace(go.Scatter(x=g["gate"], y=g["memory_ratio"], mode="markers+text",
+                                 text=list(g.index), textposition="top center", name=cls,
+                                 marker=dict(size=11, color=CLASS_COLOURS.get(cls))))
+    fig.update_xaxes(title="gate sigmoid(beta)", range=[-0.05, 1.05])
+    fig.update_yaxes(title="|g A_mem| / |A|")
+    fig.update_layout(title="Memory vs local specialisation")
+    return fig
+
+
+def mixing_figure(M: torch.Tensor, layer: int, phase: str) -> go.Figure:
+    """Heatmap of a `[head head]` mixing matrix: row = source head, column = mixed head."""
+    H = M.shape[0]
+    labels = [f"L{layer}H{h}" for h in range(H)]
+    fig = go.Figure(go.Heatmap(z=M.detach().double().numpy(), x=labels, y=labels,
+                               colorscale="RdBu_r", zmid=0.0,
+                               hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title="source head")
+    fig.update_xaxes(title="mixed head")
+    fig.update_layout(title=f"Layer {layer} {phase}-softmax head mixing")
+    return fig
+
+
+def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
+                  title: str = "") -> go.Figure:
+    """Small multiples of `[head c_q c_k]` key-query kernels (rows: query offset, current
+    query at the bottom; columns: key offset)."""
+    H = kernels.shape[0]
+    titles = [f"H{h}" + (f" ({classes[h]})" if classes else "") for h in range(H)]
+    cols = min(H, 4)
+    rows = (H + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
+    vmax = float(kernels.abs().max()) or 1.0
+    for h in range(H):
+        fig.add_trace(go.Heatmap(z=kernels[h].double().numpy(), colorscale="RdBu_r",
+                                 zmin=-vmax, zmax=vmax, showscale=h == 0),
+                      row=h // cols + 1, col=h % cols + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, height=200 * rows)
+    return fig
+
+
+def stage_change_figure(df: pd.DataFrame, metric: str = "js") -> go.Figure:
+    """Heads x stage transitions heatmap of a `catalogue_changes` / `stage_change` table."""
+    d = df.reset_index() if "head_label" not in df.columns else df
+    step = d["source"] + " -> " + d["target"]
+    grid = d.assign(step=step).pivot_table(index="head_label", columns="step", values=metric,
+                                           sort=False)
+    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
+                               colorscale="Magma",
+                               hovertemplate="%{y} %{x}: %{z:.3f}<extra>" + metric
+                                             + "</extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=f"Stage-to-stage change ({metric})", height=200 + 16 * len(grid))
+    return fig
+
+
+def positional_attention_figure(maps: torch.Tensor, head: int, batch: int = 0,
+                                labels: list[str] | None = None) -> go.Figure:
+    """CoPE positional-only attention softmax(q.e[p]) of one head (`positional_attention`)."""
+    z = maps[batch, head].double().numpy()
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=labels, colorscale="Blues", zmin=0))
+    fig.update_yaxes(autorange="reversed", title="query")
+    fig.update_xaxes(title="key")
+    fig.update_layout(title=f"Positional-only attention, head {head}")
+    return fig
+
+
+def write_plotlyjs(directory: str | Path) -> Path:
+    """Write plotly's `plotly.min.js` into `directory` (once) and return its path."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(directory) / "plotly.min.js"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(get_plotlyjs(), encoding="utf-8")
+    return path
+
+
+def kaleido_available() -> bool:
+    """Whether plotly can write PNG (needs the optional `kaleido` package)."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def save_figure(fig: go.Figure, path: str | Path, png: bool = True,
+                plotlyjs: str | bool = "directory") -> list[Path]:
+    """Write `path`.html and `path`.png (when kaleido is installed and `png`).
+
+    By default the HTML loads `plotly.min.js` from its own directory (written once beside it),
+    so a folder of figures works offline without repeating the 3.5 MB library; `plotlyjs` is
+    passed to `write_html(include_plotlyjs=...)` (True: inline, or a path ending in ".js").
+    Returns the paths written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    html = path.with_suffix(".html")
+    fig.write_html(html, include_plotlyjs=plotlyjs)
+    written = [html]
+    if png and kaleido_available():
+        try:
+            fig.write_image(path.with_suffix(".png"))
+            written.append(path.with_suffix(".png"))
+        except Exception:  # noqa: BLE001 - kaleido without a browser: keep the HTML
+            pass
+    return written

@@ -24,12 +24,15 @@ VARIANTS: dict[str, dict] = {
     "mta": dict(positional_embedding_type="rotary"),
     "cope": dict(positional_embedding_type="none"),
     "dcmha": dict(positional_embedding_type="rotary"),
-    "infini": dict(positional_embedding_type="rotary"),
+    # Segments of 16 tokens: the second copy is mostly in later segments, so the memory matters.
+    "infini": dict(positional_embedding_type="rotary",
+                   attn_cfg={"segment_len": 16, "update": "delta"}),
 }
 
 
 def config(variant: str, attn_cfg: dict | None = None, seed: int = 0) -> VariantConfig:
     extra = dict(VARIANTS[variant])
+    attn_cfg = {**extra.pop("attn_cfg", {}), **(attn_cfg or {})} or None
     return VariantConfig(
         d_model=64, d_head=16, n_layers=2, n_ctx=N_CTX, d_vocab=len(ALPHABET) + 1,
         attn_only=True, attention=variant, attn_cfg=attn_cfg, tokenizer_alphabet=ALPHABET,

@@ -458,6 +458,15 @@ def test_config_roundtrip_and_init_methods():
             assert attn.mta_kernel.abs().max() <= 0.9
 
 
+def test_checkpoint_roundtrip(tmp_path):
+    model = mta_model(**dict(ALL_ON, mta_layers=[1], layer_norm_rescale=True))
+    model.save_pretrained(tmp_path / "mta")
+    again = HookedVariantTransformer.from_pretrained(tmp_path / "mta")
+    assert again.cfg == model.cfg and again.cfg.attn_cfg.mta_layers == [1]
+    tokens = random_tokens(model)
+    torch.testing.assert_close(again(tokens), model(tokens))
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"key_kernel_size": 4}, "must be odd"),
     ({"query_kernel_size": None}, "set both or neither"),

@@ -220,13 +220,40 @@ class CoPEAttention(VariantAttention):
             if self.opts.scaling == "repo":
                 table = table / self.cfg.attn_scale
             table = self.hook_pos_table(table).permute(0, 2, 1, 3)
-            pos_logits = self.hook_pos_logits(interpolate_position_logits(table, positions))
+            in_range = not self.hook_positions.fwd_hooks  # else a hook may move positions
+            pos_logits = self.hook_pos_logits(
+                interpolate_position_logits(table, positions, in_range))
             logits = logits + pos_logits                                           # eq. 6
         if logits is scores:
             logits = logits.clone()  # hook_attn_logits must not alias hook_attn_scores
         logits = self.hook_attn_logits(logits)
         pattern = self.hook_pattern(safe_softmax(logits, allowed))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """Fused kernels when no map is hooked (`kernels.cope`; `kernels.flash_attention` on a
+        layer without CoPE); None for what they do not cover: relative logits, separate gate
+        keys, value gates, a hooked `hook_pos_table`."""
+        opts = self.opts
+        if opts.relative or opts.sep_keys or opts.val_gates:
+            return None
+        scale = 1.0 / self.cfg.attn_scale
+        if self.has_cope:
+            if self.hook_pos_table.fwd_hooks or self.hook_pos_table.bwd_hooks:
+                return None
+            from kernels.cope.dispatch import fused_cope_attention
+
+            res = fused_cope_attention(q, k, v, self.E, ctx.allowed, scale, opts.scaling,
+                                       keep_state=self.keep_fused_state)
+        else:
+            from kernels.flash_attention.dispatch import fused_causal_attention
+
+            res = fused_causal_attention(q, k, v, ctx.allowed, scale,
+                                         keep_state=self.keep_fused_state)
+        if res is None:
+            return None
+        z, self.fused_state = res
+        return z
 
     def gates(self, q: Tensor, v: Tensor, scores: Tensor, ctx: AttentionContext) -> Tensor:
         """g_ij = sigmoid(gate logit) `[batch head_index q k]`, exactly 0 where not allowed."""

@@ -109,7 +109,8 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
 
     Entry `[l1, h1, l2, h2]` is `||L R||_F / (||L||_F ||R||_F)` with `L = OV[l1, h1]` (the
     writer) and `R = QK[l2, h2]` (Q), `QK[l2, h2]^T` (K) or `OV[l2, h2]` (V), computed from the
-    factored forms; entries with `l2 <= l1` are 0 (as TransformerLens). `ov` / `qk` override the
+    factored forms; entries with `l2 <= l1` are 0 (as TransformerLens), and so are pairs with a
+    zero circuit (0/0 in the formula). `ov` / `qk` override the
     circuits, e.g. with the composed circuits of `interp.composed`.
     """
     if mode not in MODES:
@@ -119,6 +120,7 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
     right = {"Q": qk, "K": qk.T, "V": left}[mode]
     with torch.no_grad():
         scores = _tl_composition_scores(left, right, broadcast_dims=True)
+    scores = torch.nan_to_num(scores, nan=0.0)   # a zero circuit composes with nothing
     L = scores.shape[0]
     later = torch.arange(L)[:, None] < torch.arange(L)[None, :]
     return torch.where(later[:, None, :, None].to(scores.device), scores,

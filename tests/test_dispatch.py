@@ -276,3 +276,65 @@ def test_cope_patterns_for_and_padding_match_torch():
     for layer in (0, 1):
         torch.testing.assert_close(rows[layer], cache["pattern", layer][:, [1]][:, :, [0, 6, 11]],
                                    atol=1e-6, rtol=1e-5)
+
+
+# -- Infini-attention: the unhooked segment pass on the fused kernels --------------------------
+def _infini_has_kernels():
+    from hooked_models import get_attention_class
+
+    return hasattr(get_attention_class("infini"), "_segment_pass")
+
+
+def infini(backend, update="linear", **overrides):
+    m = tiny_model("infini", backend=backend, attn_cfg={"segment_len": 8, "update": update},
+                   **{**SMALL, **overrides})
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.beta.copy_(torch.randn(block.attn.beta.shape, generator=g))
+    return m
+
+
+@pytest.fixture
+def infini_calls(monkeypatch):
+    import kernels.infini.dispatch as idp
+
+    log = []
+    fn = idp.infini_attention
+    monkeypatch.setattr(idp, "infini_attention", lambda *a, **kw: log.append("fused") or
+                        fn(*a, **kw))
+    return log
+
+
+@pytest.mark.skipif(not _infini_has_kernels(), reason="InfiniAttention is not wired yet")
+@pytest.mark.parametrize("update", ["linear", "delta"])
+def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
+    fused, ref = infini("triton", update), infini("torch", update)
+    tokens = random_tokens(fused, batch=2, pos=21)
+    loss_f = fused(tokens, return_type="loss")
+    assert infini_calls == ["fused", "fused"]
+    loss_r = ref(tokens, return_type="loss")
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.skipif(not _infini_has_kernels(), reason="InfiniAttention is not wired yet")
+def test_infini_hooks_padding_and_auto(infini_calls):
+    fused, ref = infini("triton"), infini("torch")
+    tokens = random_tokens(fused, batch=2, pos=14)
+    mask = torch.tensor([[0, 0, 0] + [1] * 11, [1] * 14])
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens, attention_mask=mask),
+                                   ref(tokens, attention_mask=mask), atol=1e-5, rtol=1e-5)
+        assert infini_calls == ["fused", "fused"]
+        infini_calls.clear()
+        fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_gate"])
+        assert infini_calls == ["fused"]           # layer 1 materialises its maps
+        infini_calls.clear()
+        infini("auto")(tokens)
+        assert infini_calls == []

@@ -47,8 +47,8 @@ class _ContextPositions(torch.autograd.Function):
         work = _count_dtype(gates.dtype)
         out = torch.empty(gates.shape, dtype=work, device=gates.device)
         for rows in _row_blocks(gates):
-            out[..., rows, :] = _reverse_cumsum(gates[..., rows, :].to(work))
-        out.clamp_(max=p_max)
+            # Clamped while the block is contiguous and in cache, then copied into place.
+            out[..., rows, :] = _reverse_cumsum(gates[..., rows, :].to(work)).clamp_(max=p_max)
         ctx.save_for_backward(gates)
         ctx.p_max = p_max
         return out
@@ -67,9 +67,14 @@ class _ContextPositions(torch.autograd.Function):
         return grad, None
 
 
-def _floor_and_weight(p: Tensor, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """floor(p) as int64 index (p clamped to [0, n-1]) and the ceiling weight w = p - floor(p)."""
-    p = p.clamp(0, n - 1)
+def _floor_and_weight(p: Tensor, n: int, dtype: torch.dtype,
+                      clamp: bool = True) -> tuple[Tensor, Tensor]:
+    """floor(p) as int64 index (p clamped to [0, n-1]) and the ceiling weight w = p - floor(p).
+
+    `clamp=False` skips the clamp for positions known to lie in [0, n-1] already.
+    """
+    if clamp:
+        p = p.clamp(0, n - 1)
     lo = p.long()  # truncation == floor for p >= 0; carries no gradient (paper appendix)
     return lo, (p - lo).to(dtype)
 
@@ -83,12 +88,12 @@ class _InterpolatedLogits(torch.autograd.Function):
     """out[..., i, j] = (1 - w) * table[..., i, floor(p_ij)] + w * table[..., i, ceil(p_ij)]."""
 
     @staticmethod
-    def forward(ctx, table: Tensor, positions: Tensor) -> Tensor:
+    def forward(ctx, table: Tensor, positions: Tensor, in_range: bool) -> Tensor:
         n = table.shape[-1]
         out = torch.empty(positions.shape, dtype=table.dtype, device=table.device)
         diff = _forward_diff(table)
         for rows in _row_blocks(positions):
-            lo, w = _floor_and_weight(positions[..., rows, :], n, table.dtype)
+            lo, w = _floor_and_weight(positions[..., rows, :], n, table.dtype, not in_range)
             # table[floor] + w * (table[floor+1] - table[floor]) == eq. 7 (also when p is whole).
             torch.addcmul(table[..., rows, :].gather(-1, lo), w,
                           diff[..., rows, :].gather(-1, lo), out=out[..., rows, :])
@@ -117,7 +122,7 @@ class _InterpolatedLogits(torch.autograd.Function):
                 block = grad_table[..., rows, :]
                 block.scatter_add_(-1, lo, g * (1 - w))
                 block.scatter_add_(-1, (lo + 1).clamp_(max=n - 1), g * w)
-        return grad_table, grad_pos
+        return grad_table, grad_pos, None
 
 
 def context_positions(gates: Tensor, npos_max: int) -> Tensor:
@@ -138,12 +143,15 @@ def context_positions(gates: Tensor, npos_max: int) -> Tensor:
     return _ContextPositions.apply(gates, float(npos_max - 1))
 
 
-def interpolate_position_logits(table: Tensor, positions: Tensor) -> Tensor:
+def interpolate_position_logits(table: Tensor, positions: Tensor,
+                                in_range: bool = False) -> Tensor:
     """q_i.e[p_ij] by linear interpolation of the integer-position table (paper eq. 7).
 
     Args:
         table: `[..., query_pos, npos]` with table[..., i, n] = q_i.e[n] for every integer n.
         positions: `[..., query_pos, key_pos]` (same leading dims), clamped to [0, npos-1].
+        in_range: promise that positions already lie in [0, npos-1] (as `context_positions`
+            returns them), which skips the clamp.
 
     Returns:
         `[..., query_pos, key_pos]`: (p - floor p) table[ceil p] + (1 - p + floor p) table[floor p].
@@ -154,7 +162,7 @@ def interpolate_position_logits(table: Tensor, positions: Tensor) -> Tensor:
         >>> interpolate_position_logits(table, torch.tensor([[0.5, 1.25, 7.0]]))
         tensor([[ 5., 15., 30.]])
     """
-    return _InterpolatedLogits.apply(table, positions)
+    return _InterpolatedLogits.apply(table, positions, in_range)
 
 
 def safe_softmax(logits: Tensor, allowed: Tensor) -> Tensor:

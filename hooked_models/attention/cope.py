@@ -220,7 +220,9 @@ class CoPEAttention(VariantAttention):
             if self.opts.scaling == "repo":
                 table = table / self.cfg.attn_scale
             table = self.hook_pos_table(table).permute(0, 2, 1, 3)
-            pos_logits = self.hook_pos_logits(interpolate_position_logits(table, positions))
+            in_range = not self.hook_positions.fwd_hooks  # else a hook may move positions
+            pos_logits = self.hook_pos_logits(
+                interpolate_position_logits(table, positions, in_range))
             logits = logits + pos_logits                                           # eq. 6
         if logits is scores:
             logits = logits.clone()  # hook_attn_logits must not alias hook_attn_scores

@@ -113,7 +113,12 @@ def diversity_figure(curves: pd.DataFrame) -> go.Figure:
 
 def gate_figure(df: pd.DataFrame) -> go.Figure:
     """Mean gate per head (with min-max range), one panel per gate stage, coloured by class."""
-    stages = list(dict.fromkeys(df["stage"])) or ["(no gates)"]
+    if not len(df):
+        fig = go.Figure()
+        fig.add_annotation(text="no per-head gate stage in this model's catalogue",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        return fig
+    stages = list(dict.fromkeys(df["stage"]))
     fig = make_subplots(rows=len(stages), cols=1, subplot_titles=stages, shared_xaxes=False)
     for i, stage in enumerate(stages):
         part = df[df["stage"] == stage]

@@ -78,7 +78,7 @@ def test_mta_mixing_pairs_table():
     _randomise([model.blocks[0].attn.head_kernel])
     pairs = composed.mixing_pairs(model, 0, "post")
     assert len(pairs) == 16 and set(pairs.columns) >= {"qk_head", "ov_head", "weight"}
-    M = model.blocks[0].attn.head_kernel[0]
+    M = model.blocks[0].attn.head_kernel[0].detach()
     row = pairs[(pairs.qk_head == "L0H1") & (pairs.ov_head == "L0H3")]
     assert float(row.weight.iloc[0]) == pytest.approx(float(M[1, 3]))
 

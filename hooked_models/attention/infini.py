@@ -232,11 +232,29 @@ class InfiniAttention(VariantAttention):
                        for t in tensors]
             slot_valid = torch.zeros(b, L, dtype=torch.bool, device=q.device)
             slot_valid[bi, pi] = True
-        out, _ = mem.segment_pass(*tensors, slot_valid, self.opts.segment_len, self.gate,
-                                  self.opts.update, self.cfg.attn_scale, self.opts.detach_every)
+        out, _ = self._segment_pass(*tensors, slot_valid, self.opts.segment_len, self.gate,
+                                    self.opts.update, self.cfg.attn_scale,
+                                    self.opts.detach_every)
         if not aligned:
             out = out.new_zeros(b, T, *out.shape[2:]).index_put((bi, ti), out[bi, pi])
         return out.to(q.dtype)
+
+    def _segment_pass(self, qr, kr, q, k, v, valid, *args):
+        """`_infini_memory.segment_pass`, on the fused kernels (`kernels.infini`) when
+        `cfg.backend` allows it; only reached while no stage is hooked (see `attend`)."""
+        if self.cfg.backend != "torch":
+            from kernels.dispatch import fused_backend_enabled
+
+            if fused_backend_enabled(self.cfg.backend, q):
+                from kernels.infini.dispatch import fused_segment_pass
+
+                # Local attention in the model's dtype (q, k, v came from it: no rounding).
+                dtype = self.W_Q.dtype
+                res = fused_segment_pass(*(t.to(dtype) for t in (qr, kr, q, k, v)), valid,
+                                         *args)
+                if res is not None:
+                    return res
+        return mem.segment_pass(qr, kr, q, k, v, valid, *args)
 
     def _attend_materialised(self, q, k, v, qr, kr, pos, valid, allowed) -> Tensor:
         """Every stage as a whole-context tensor; z = pattern @ v (+ live A_dot/A_mem edits)."""

@@ -78,11 +78,20 @@ def _induction(model, w: _Writer, batch: int, half: int, seed: int) -> None:
     if model.cfg.n_layers > 1:
         prev = first["previous_token"].idxmax()
         layer, head = int(first.loc[prev, "layer"]), int(first.loc[prev, "head"])
-        ablated = heads.induction_ablation(model, [(layer, head)], batch, half, seed)
-        w.table("induction", "ablation", ablated)
+        # z, and the first post-softmax map when steps follow it (mixing lets other heads
+        # borrow the head's weights, which zeroing its z does not remove)
+        post = [s.name for s in model.stages(layer) if s.is_map and s.softmax == "post"]
+        hooks = ["z"] + ([post[0]] if post and post[0] != "pattern" else [])
+        frames = []
+        for hook in hooks:
+            ablated = heads.induction_ablation(model, [(layer, head)], batch, half, seed,
+                                               hook=hook)
+            frames.append(ablated.assign(ablated=prev, hook=hook).reset_index())
+        ablated = pd.concat(frames, ignore_index=True)
+        w.table("induction", "ablation", ablated, index=False)
         w.figure("induction", "ablation", plots.ablation_figure(ablated))
-        w.note("induction", f"ablation: zeroed hook_z of {prev}, the strongest layer-0 "
-                            "previous-token head")
+        w.note("induction", f"ablation: {prev}, the strongest layer-0 previous-token head, "
+                            f"knocked out at {', '.join('hook_' + h for h in hooks)}")
 
 
 def _diversity(model, w: _Writer, seed: int) -> None:

@@ -213,10 +213,14 @@ def induction_table(model, batch: int = 8, half_len: int | None = None, seed: in
 
 def ablation_hooks(model, heads: Iterable[tuple[int, int]], how: str = "zero",
                    hook: str = "z", tokens: Tensor | None = None) -> list:
-    """Forward hooks that knock out `heads` [(layer, head), ...] at `hook` ("z" or "v").
+    """Forward hooks that knock out `heads` [(layer, head), ...] at `hook`.
 
-    `how` is "zero" or "mean" (the head's mean activation over batch and positions of `tokens`,
-    or of the ablated input itself when `tokens` is None).
+    `hook` is "z" or "v" (the head's output or values), or the name of any map stage of the
+    catalogue (the head's map `[batch head q k]` at that stage is replaced). Knocking a head out
+    at a map stage before a mixing step removes what other heads borrow from it, which zeroing
+    its z does not (MTA head mixing, DCMHA Compose). `how` is "zero" or "mean" (the head's mean
+    activation over batch and positions of `tokens`, or of the ablated input itself when
+    `tokens` is None); on pre-softmax stages "zero" makes the head attend uniformly.
 
     Example:
         >>> with model.hooks(fwd_hooks=ablation_hooks(model, [(0, 1)])):   # doctest: +SKIP
@@ -224,35 +228,49 @@ def ablation_hooks(model, heads: Iterable[tuple[int, int]], how: str = "zero",
     """
     if how not in ("zero", "mean"):
         raise ValueError(f"how={how!r}; choose 'zero' or 'mean'")
-    if hook not in ("z", "v"):
-        raise ValueError(f"hook={hook!r}; choose 'z' or 'v'")
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(check_layer(model, layer), []).append(check_head(model, head))
+    names, axis = {}, {}
+    for layer in by_layer:
+        if hook in ("z", "v"):
+            names[layer], axis[layer] = f"blocks.{layer}.attn.hook_{hook}", 2
+        else:
+            stage = find_stage(model, layer, hook)
+            if not stage.is_map:
+                raise ValueError(f"hook={hook!r}: choose 'z', 'v' or a map stage")
+            names[layer], axis[layer] = model.stage_hook_name(layer, hook), 1
     means: dict[int, Tensor] = {}
     if how == "mean" and tokens is not None:
-        names = {layer: f"blocks.{layer}.attn.hook_{hook}" for layer in by_layer}
         store = run_cache(model, as_tokens(model, tokens), list(names.values()))
-        means = {layer: store[n].mean((0, 1)) for layer, n in names.items()}
+        means = {layer: _mean_over(store[n], axis[layer]) for layer, n in names.items()}
 
     def make(layer: int, idx: list[int]):
         def fn(act: Tensor, hook) -> Tensor:
             act = act.clone()
+            view = act.movedim(axis[layer], 0)
             if how == "zero":
-                act[:, :, idx] = 0
+                view[idx] = 0
             else:
-                fill = means[layer] if layer in means else act.mean((0, 1))
-                act[:, :, idx] = fill[idx].to(act.dtype)
+                fill = means[layer] if layer in means else _mean_over(act, axis[layer])
+                view[idx] = fill[idx].to(act.dtype)
             return act
         return fn
 
-    return [(f"blocks.{layer}.attn.hook_{hook}", make(layer, idx))
-            for layer, idx in by_layer.items()]
+    return [(names[layer], make(layer, idx)) for layer, idx in by_layer.items()]
+
+
+def _mean_over(act: Tensor, axis: int) -> Tensor:
+    """Per-head mean: over batch and positions for `[b p h d]`, over batch for maps."""
+    if axis == 2:
+        return act.mean((0, 1))                       # [head d]
+    return act.nan_to_num(neginf=0.0).mean(0)         # [head q k]
 
 
 @contextmanager
 def ablate_heads(model, heads: Iterable[tuple[int, int]], how: str = "zero", hook: str = "z"):
-    """Context manager: run the model with `heads` knocked out (hooks removed afterwards)."""
+    """Context manager: run the model with `heads` knocked out (hooks removed afterwards);
+    arguments as `ablation_hooks`."""
     with model.hooks(fwd_hooks=ablation_hooks(model, heads, how, hook)):
         yield model
 
@@ -263,8 +281,10 @@ def induction_ablation(model, heads: Iterable[tuple[int, int]], batch: int = 8,
     """Induction scores of the heads in later layers, before and after knocking out `heads`.
 
     The check of Olsson et al.: ablating a previous-token head (K-composition source) lowers the
-    induction score of the heads it feeds. Returns a DataFrame indexed by head label (heads in
-    layers after the first ablated layer) with `induction_stripe` `before`, `after` and `delta`.
+    induction score of the heads it feeds. `how` and `hook` are as `ablation_hooks` (e.g.
+    `hook="probs"` ablates a DCMHA head's weights before they are composed into other heads).
+    Returns a DataFrame indexed by head label (heads in layers after the first ablated layer)
+    with `induction_stripe` `before`, `after` and `delta`.
 
     Example:
         >>> induction_ablation(model, [(0, 3)]).sort_values("delta").head(1)  # doctest: +SKIP

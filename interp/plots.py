@@ -59,9 +59,16 @@ def head_table_figure(df: pd.DataFrame, columns: list[str], title: str = "") -> 
 
 
 def ablation_figure(df: pd.DataFrame) -> go.Figure:
-    """Induction score of each later head before and after an ablation (`induction_ablation`)."""
-    fig = go.Figure([go.Bar(name="before", x=list(df.index), y=df["before"]),
-                     go.Bar(name="after ablation", x=list(df.index), y=df["after"])])
+    """Induction score of each later head before and after an ablation (`induction_ablation`;
+    a `hook` column, if present, gives one "after" bar per ablation site)."""
+    d = df.reset_index() if "head_label" not in df.columns else df
+    first = d.drop_duplicates("head_label")
+    bars = [go.Bar(name="before", x=first["head_label"], y=first["before"])]
+    groups = d.groupby("hook", sort=False) if "hook" in d.columns else [("z", d)]
+    for hook, g in groups:
+        bars.append(go.Bar(name=f"after ablating at hook_{hook}", x=g["head_label"],
+                           y=g["after"]))
+    fig = go.Figure(bars)
     fig.update_layout(barmode="group", title="Induction score before / after ablation",
                       yaxis_title="induction stripe score")
     return fig

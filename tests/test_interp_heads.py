@@ -155,3 +155,21 @@ def test_bad_inputs_raise():
         heads.ablation_hooks(model, [(5, 0)])
     with pytest.raises(ValueError, match="half_len"):
         heads.induction_table(model, half_len=40)
+
+
+def test_ablation_at_a_map_stage_removes_borrowed_weights():
+    """L0H1 borrows L0H0's previous-token weights through MTA's post-softmax head mixing and
+    has the same OV: zeroing L0H0's z leaves induction intact, ablating its `softmax` map
+    (before the mixing) removes it."""
+    model = build_induction_model("mta")
+    a0 = model.blocks[0].attn
+    with torch.no_grad():
+        a0.head_kernel.copy_(torch.tensor([[[1.0, 1.0], [0.0, 0.0]]]))
+        a0.W_V[1].copy_(a0.W_V[0])
+        a0.W_O[1].copy_(a0.W_O[0])
+    by_z = heads.induction_ablation(model, [(0, 0)], batch=4, half_len=HALF, hook="z")
+    by_map = heads.induction_ablation(model, [(0, 0)], batch=4, half_len=HALF, hook="softmax")
+    assert by_z.loc["L1H0", "after"] > 0.9
+    assert by_map.loc["L1H0", "after"] < 0.3
+    with pytest.raises(ValueError, match="map stage"):
+        heads.ablation_hooks(model, [(0, 0)], hook="gate")

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -51,8 +52,12 @@ def factor_gram(A: Tensor, B: Tensor, dtype: torch.dtype = torch.float32) -> Ten
     H, D, r = A.shape
     a = A.detach().to(dtype).permute(1, 0, 2).reshape(D, H * r)     # concatenated left factors
     b = B.detach().to(dtype).reshape(H * r, B.shape[-1])              # stacked right factors
-    P = a.T @ a                                                       # (A_h^T A_g)_ij
-    S = b @ b.T                                                       # (B_h B_g^T)_ij
+    if a.device.type == "cpu":
+        # numpy turns `x.T @ x` into one symmetric rank-k update (BLAS syrk): half the flops.
+        an, bn = np.ascontiguousarray(a.numpy()), np.ascontiguousarray(b.numpy())
+        P, S = torch.from_numpy(an.T @ an), torch.from_numpy(bn @ bn.T)
+    else:
+        P, S = a.T @ a, b @ b.T                                       # (A_h^T A_g), (B_h B_g^T)
     return (P.double() * S.double()).reshape(H, r, H, r).sum((1, 3))
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from interp.tasks import counting, flip_flop, selective_copy
-from interp.tasks.counting import answer_error_rate, counting_batch
+from interp.tasks._batch import answer_error_rate
+from interp.tasks.counting import counting_batch
 from interp.tasks.flip_flop import flip_flop_batch, flip_flop_error_rate
 from interp.tasks.selective_copy import selective_copy_batch, selective_copy_error_rate
 

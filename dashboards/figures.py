@@ -28,18 +28,3 @@ def stage_grid(maps, head: int, labels: list[str], batch: int = 0) -> go.Figure:
     fig.update_layout(height=380 * rows, margin=dict(l=40, r=20, t=60, b=40))
     return fig
 
-
-def head_score_heatmaps(tables: dict[str, torch.Tensor]) -> go.Figure:
-    """Side-by-side `[layer head]` heatmaps, one per score (e.g. previous-token, induction)."""
-    names = list(tables)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.08)
-    for i, name in enumerate(names):
-        t = tables[name]
-        fig.add_trace(go.Heatmap(
-            z=t.numpy(), x=[f"H{h}" for h in range(t.shape[1])],
-            y=[f"L{layer}" for layer in range(t.shape[0])], zmin=0, zmax=1,
-            colorscale="Viridis", showscale=i == len(names) - 1,
-            hovertemplate="%{y}%{x}: %{z:.3f}<extra>" + name + "</extra>"), row=1, col=i + 1)
-    fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=320, margin=dict(l=40, r=20, t=50, b=40))
-    return fig

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +15,16 @@ class ModelStore:
 
     models: dict = field(default_factory=dict)
     default_text: dict = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @contextmanager
+    def using(self, name: str):
+        """Hold the model for one computation. Hooks are attached to the model object itself,
+        so two callbacks running at once (Dash serves requests on threads) must not interleave
+        their forward passes, or one would cache the other's activations."""
+        model = self.get(name)
+        with self._lock:
+            yield model
 
     def add(self, name: str, model, text: str) -> None:
         self.models[name] = model.eval()

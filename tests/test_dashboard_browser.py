@@ -28,8 +28,9 @@ def _free_port() -> int:
 def store():
     store = ModelStore()
     store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "the cat. the cat.")
-    store.add("tiny-mha-rotary", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48,
-                                            positional_embedding_type="rotary"), "abc abc")
+    store.add("tiny-infini", tiny_model("infini", tokenizer_alphabet=ALPHABET, n_ctx=48,
+                                        positional_embedding_type="rotary",
+                                        attn_cfg={"segment_len": 8}), "abc abc abc abc")
     return store
 
 
@@ -99,17 +100,51 @@ def test_explorer_shows_every_stage_and_reacts(server, browser, store):
     assert "not in the tokenizer alphabet" in msg
 
 
-def test_induction_tab(server, browser, store):
+def _open_tab(browser, server, title):
     browser.get(server)
     _wait(browser, "return document.title === 'attnlens'")
     tabs = browser.find_elements("css selector", ".tab")
-    next(t for t in tabs if t.text == "Induction heads").click()
-    assert _wait(browser, _count_heatmaps("heads-graph")) == 3
+    next(t for t in tabs if t.text == title).click()
+
+
+def _choose(browser, dropdown_id, option_text):
+    """Pick `option_text` in a dcc.Dropdown (Dash 4: a button opening a listbox)."""
+    browser.find_element("id", dropdown_id).click()
+    option = _wait(browser, "return [...document.querySelectorAll('[role=option]')]"
+                            f".find(o => o.innerText.trim() === '{option_text}') || null")
+    option.click()
+
+
+def test_induction_tab(server, browser, store):
+    _open_tab(browser, server, "Induction heads")
+    assert _wait(browser, _count_heatmaps("heads-graph")) == 4
     shape = _wait(browser, "const g = document.querySelector('#heads-graph .js-plotly-plot');"
                            "return g && g.data && g.data[1] && g.data[1].y"
                            " ? [g.data[1].y.length, g.data[1].x.length] : null")  # layers x heads
     cfg = store.get("tiny-mha").cfg
     assert shape == [cfg.n_layers, cfg.n_heads]
+
+
+def test_diversity_tab(server, browser, store):
+    _open_tab(browser, server, "Head diversity")
+    n = _wait(browser, "const g = document.querySelector('#diversity-graph .js-plotly-plot');"
+                       "return g && g.data && g.data.length ? g.data.length : 0")
+    cfg = store.get("tiny-mha").cfg
+    # QK and OV panels: one curve per layer plus the random baseline.
+    assert n == 2 * (cfg.n_layers + 1)
+    assert "k90" in browser.find_element("id", "diversity-summary").text
+
+
+def test_gating_tab_shows_infini_memory_heads(server, browser, store):
+    _open_tab(browser, server, "Gating")
+    _wait(browser, "const e = document.getElementById('gating-memory');"
+                   "return e && e.style.display === 'none'")  # MHA has no memory
+    _choose(browser, "gating-model", "tiny-infini")
+    labels = _wait(browser, "const g = document.querySelector('#gating-memory .js-plotly-plot');"
+                            "return g && g.data && g.data.length"
+                            " ? g.data.flatMap(t => t.text) : null")
+    cfg = store.get("tiny-infini").cfg
+    assert len(labels) == cfg.n_layers * cfg.n_heads and "L1H3" in labels
 
 
 def test_store_errors(store):

@@ -1,5 +1,5 @@
-"""Dashboard pages: each module has TITLE, `layout(store)` and `register(app, store)`."""
+"""Dashboard pages: each module has TITLE, ID, `layout(store)` and `register(app, store)`."""
 
-from dashboards.pages import explorer, heads
+from dashboards.pages import diversity, explorer, gating, heads
 
-PAGES = [explorer, heads]
+PAGES = [explorer, heads, diversity, gating]

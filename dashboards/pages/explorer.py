@@ -52,7 +52,8 @@ def register(app, store):
             tokens, labels = store.tokens(name, text)
         except ValueError as err:
             return {}, str(err), ""
-        maps = stage_maps(model, tokens, layer)
+        with store.using(name):
+            maps = stage_maps(model, tokens, layer)
         catalogue = html.Ul([html.Li(f"hook_{s.name}: {s.description}")
                              for s in model.stages(layer)])
         return stage_grid(maps, head, labels), "", catalogue

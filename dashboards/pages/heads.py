@@ -1,50 +1,48 @@
-"""Induction-head study: previous-token, induction and duplicate-token scores of every head."""
+"""Induction-head study: previous-token, duplicate-token and induction scores of every head,
+on any map stage of the catalogue, with a knock-out check."""
 
 from __future__ import annotations
 
-import torch
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import head_score_heatmaps
-from interp.heads import (
-    duplicate_token_scores,
-    previous_token_scores,
-    repeated_induction_scores,
-)
-from interp.tasks.induction import repeated_tokens
+from interp import heads
+from interp._common import map_stage_names
+from interp.plots import head_table_figure
 
 TITLE = "Induction heads"
 ID = "heads"
-
-
-def score_tables(model, batch: int = 16, half_len: int | None = None, seed: int = 0):
-    """`{score name: [n_layers n_heads]}` on `[BOS] r r` repeated random tokens."""
-    half = half_len or max(2, (model.cfg.n_ctx - 1) // 2)
-    tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed)
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=names)
-    patterns = [cache[n] for n in names]
-    return {
-        "previous token": torch.stack([previous_token_scores(p) for p in patterns]),
-        "induction": torch.stack([repeated_induction_scores(p, half) for p in patterns]),
-        "duplicate token": torch.stack([duplicate_token_scores(p, tokens) for p in patterns]),
-    }
+SCORES = ["previous_token", "induction_stripe", "induction", "duplicate_token"]
 
 
 def layout(store):
+    first = store.names[0]
     return html.Div([
         html.Div([html.Label("model"),
-                  dcc.Dropdown(store.names, store.names[0], id="heads-model", clearable=False,
-                               style={"width": "260px"})],
+                  dcc.Dropdown(store.names, first, id="heads-model", clearable=False,
+                               style={"width": "260px"}),
+                  html.Label("stage"),
+                  dcc.Dropdown(map_stage_names(store.get(first)), "pattern", id="heads-stage",
+                               clearable=False, style={"width": "200px"})],
                  style={"display": "flex", "gap": "10px", "alignItems": "center"}),
-        html.P("Mean attention mass on the previous token, on the induction stripe of "
-               "repeated random tokens, and on earlier copies of the current token."),
+        html.P("Mean attention mass of each head on the previous token, on the induction stripe "
+               "of repeated random tokens ([BOS] r r), on tokens that followed earlier copies "
+               "(prefix matching) and on earlier copies of the current token. Stages after "
+               "cross-head mixing are not probability distributions, so scores can leave [0, 1]."),
         dcc.Loading(dcc.Graph(id="heads-graph")),
     ])
 
 
 def register(app, store):
-    @app.callback(Output("heads-graph", "figure"), Input("heads-model", "value"))
-    def _update(name):
-        return head_score_heatmaps(score_tables(store.get(name)))
+    @app.callback(Output("heads-stage", "options"), Output("heads-stage", "value"),
+                  Input("heads-model", "value"))
+    def _stages(name):
+        return map_stage_names(store.get(name)), "pattern"
+
+    @app.callback(Output("heads-graph", "figure"), Input("heads-model", "value"),
+                  Input("heads-stage", "value"))
+    def _update(name, stage):
+        with store.using(name) as model:
+            if stage not in map_stage_names(model):
+                stage = "pattern"
+            table = heads.induction_table(model, batch=16, stage=stage)
+        return head_table_figure(table, SCORES, title=f"{name}: hook_{stage}")

@@ -1,0 +1,35 @@
+"""Head diversity: cumulative captured variance of each layer's stacked QK and OV circuits."""
+
+from __future__ import annotations
+
+from dash import Input, Output, dcc, html
+
+from interp.diversity import diversity_summary, head_diversity
+from interp.plots import diversity_figure
+
+TITLE = "Head diversity"
+ID = "diversity"
+
+
+def layout(store):
+    return html.Div([
+        html.Div([html.Label("model"),
+                  dcc.Dropdown(store.names, store.names[0], id="diversity-model",
+                               clearable=False, style={"width": "260px"}),
+                  dcc.Checklist([{"label": " composed circuits (static head mixing)",
+                                  "value": "composed"}], [], id="diversity-composed")],
+                 style={"display": "flex", "gap": "10px", "alignItems": "center"}),
+        html.P("How many principal components the heads of a layer need: a curve that reaches "
+               "90% at small k means redundant heads (Cordonnier et al. 2020). The dashed line "
+               "is a random-init layer of the same shape."),
+        dcc.Loading([dcc.Graph(id="diversity-graph"), html.Pre(id="diversity-summary")]),
+    ])
+
+
+def register(app, store):
+    @app.callback(Output("diversity-graph", "figure"), Output("diversity-summary", "children"),
+                  Input("diversity-model", "value"), Input("diversity-composed", "value"))
+    def _update(name, composed):
+        with store.using(name) as model:
+            curves = head_diversity(model, composed="composed" in (composed or []))
+        return diversity_figure(curves), diversity_summary(curves).to_string()

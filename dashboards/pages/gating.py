@@ -1,0 +1,48 @@
+"""Gating specialization: every per-head gate of the catalogue, and Infini-attention's
+memory-vs-local split of each head on the model's default input."""
+
+from __future__ import annotations
+
+from dash import Input, Output, dcc, html
+
+from interp.gating import gate_values
+from interp.infini import memory_layers, memory_specialisation
+from interp.plots import gate_figure, memory_figure
+
+TITLE = "Gating"
+ID = "gating"
+
+
+def layout(store):
+    return html.Div([
+        html.Div([html.Label("model"),
+                  dcc.Dropdown(store.names, store.names[0], id="gating-model",
+                               clearable=False, style={"width": "260px"})],
+                 style={"display": "flex", "gap": "10px", "alignItems": "center"}),
+        dcc.Input(id="gating-text", type="text", debounce=True, placeholder="input text",
+                  style={"width": "100%", "marginTop": "8px"}),
+        html.Div(id="gating-error", style={"color": "#b00020"}),
+        dcc.Loading([dcc.Graph(id="gating-gates"), dcc.Graph(id="gating-memory")]),
+    ])
+
+
+def register(app, store):
+    @app.callback(Output("gating-text", "value"), Input("gating-model", "value"))
+    def _default_text(name):
+        return store.default_text[name]
+
+    @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
+                  Output("gating-memory", "style"), Output("gating-error", "children"),
+                  Input("gating-model", "value"), Input("gating-text", "value"))
+    def _update(name, text):
+        model = store.get(name)
+        try:
+            tokens, _ = store.tokens(name, text)
+        except ValueError as err:
+            return {}, {}, {"display": "none"}, str(err)
+        with store.using(name):
+            gates = gate_figure(gate_values(model, tokens))
+            if not memory_layers(model):
+                return gates, {}, {"display": "none"}, ""
+            memory = memory_specialisation(model, tokens)
+        return gates, memory_figure(memory), {}, ""

@@ -27,23 +27,21 @@ def test_card_metrics_are_reproduced(name):
 
 def test_induction_circuit_in_the_mha_model():
     """The trained model has a previous-token head in layer 0 feeding induction heads in layer 1:
-    zeroing that head's values collapses the layer-1 induction scores."""
-    from dashboards.pages.heads import score_tables
+    zeroing that head's output collapses the layer-1 induction scores."""
+    from interp.heads import ablate_heads, induction_table
 
     model = zoo.load("induction-mha")
-    tables = score_tables(model, half_len=15)
-    prev_head = int(tables["previous token"][0].argmax())
-    assert tables["previous token"][0, prev_head] > 0.5
-    assert tables["induction"][1].max() > 0.8
-
-    def knock_out(v, hook):
-        v[:, :, prev_head] = 0
-        return v
-
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_v", knock_out)]):
-        ablated = score_tables(model, half_len=15)
-    assert (ablated["induction"][1] < tables["induction"][1] - 0.3).all()
-    assert torch.equal(ablated["previous token"][0], tables["previous token"][0])
+    table = induction_table(model, half_len=15)
+    layer0, layer1 = table[table.layer == 0], table[table.layer == 1]
+    prev = layer0["previous_token"].idxmax()
+    assert layer0.loc[prev, "previous_token"] > 0.5
+    assert layer1["induction_stripe"].max() > 0.8
+    with ablate_heads(model, [(0, int(layer0.loc[prev, "head"]))]):
+        ablated = induction_table(model, half_len=15)
+    drop = layer1["induction_stripe"] - ablated[ablated.layer == 1]["induction_stripe"]
+    assert (drop > 0.3).all()
+    assert torch.equal(torch.tensor(ablated[ablated.layer == 0]["previous_token"].to_numpy()),
+                       torch.tensor(layer0["previous_token"].to_numpy()))
 
 
 def test_unknown_zoo_name():

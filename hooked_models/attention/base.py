@@ -106,7 +106,10 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last axis in >= float32; rows with no allowed key give zeros, not NaN."""
     work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     pattern = torch.softmax(work, dim=-1).to(scores.dtype)
-    return torch.where(allowed.any(-1, keepdim=True), pattern, torch.zeros_like(pattern))
+    has_key = allowed.any(-1, keepdim=True)
+    if bool(has_key.all()):  # the usual case: no fully masked row, nothing to zero
+        return pattern
+    return pattern.masked_fill(~has_key, 0.0)
 
 
 class VariantAttention(nn.Module):
@@ -275,8 +278,9 @@ class VariantAttention(nn.Module):
 
     def content_scores(self, q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
         """Scaled q.k scores `[batch head_index q k]` with disallowed entries at -inf."""
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
-        return scores.masked_fill(~allowed, float("-inf"))
+        # In place on the fresh einsum output: one [b h q k] allocation instead of three.
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).div_(self.cfg.attn_scale)
+        return scores.masked_fill_(~allowed, float("-inf"))
 
     def head_mixing(self) -> dict[str, Tensor | None]:
         """Static cross-head mixing, for composed circuits (DCMHA Theorems 2.1 / 2.2).

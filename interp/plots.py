@@ -135,6 +135,8 @@ def gate_figure(df: pd.DataFrame) -> go.Figure:
                 marker=dict(size=10, color=CLASS_COLOURS.get(cls)), showlegend=i == 0,
                 error_y=dict(type="data", symmetric=False, array=g["max"] - g["mean"],
                              arrayminus=g["mean"] - g["min"])), row=i + 1, col=1)
+    # Heads in layer/head order, not grouped by class.
+    fig.update_xaxes(categoryorder="array", categoryarray=list(dict.fromkeys(df["head_label"])))
     fig.update_layout(title="Gate values per head", height=260 * len(stages))
     return fig
 

@@ -47,3 +47,11 @@ def test_induction_circuit_in_the_mha_model():
 def test_unknown_zoo_name():
     with pytest.raises(ValueError, match="no bundled model 'nope'"):
         zoo.load("nope")
+
+
+def test_default_dashboard_text_fits_every_bundled_model():
+    from hooked_models.zoo.recipes import default_text
+
+    for name in NAMES:
+        model = zoo.load(name)
+        assert model.to_tokens(default_text()).shape[1] <= model.cfg.n_ctx

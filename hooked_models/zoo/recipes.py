@@ -47,4 +47,6 @@ def sample(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor
 
 
 def default_text() -> str:
-    return "the cat sat on the mat. the cat sat on the mat."
+    """A repeated run of random-looking letters: the bundled models' task, inside their n_ctx."""
+    half = "kqzwxrnbmfhdpsjvl"
+    return half + half

@@ -77,16 +77,7 @@ def test_impossible_draws_raise():
         FindBlockTask(block_length=2, query_length=1, n_blocks=6, vocab_size=3).generate(1)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP contention on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_models_for_the_task_train_on_the_answer(one_thread):
+def test_models_for_the_task_train_on_the_answer():
     task = FindBlockTask(**CPU_TASK)
     assert task.mta_options()["query_kernel_size"] == 2
     assert task.mta_options()["key_kernel_size"] == 2 * CPU_TASK["block_length"] - 1

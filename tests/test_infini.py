@@ -13,14 +13,6 @@ RULES = ["linear", "delta"]
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (badly so on a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 def infini(segment_len=4, update="linear", pos="none", betas=True, **overrides):
     model = tiny_model("infini", positional_embedding_type=pos,
                        attn_cfg={"segment_len": segment_len, "update": update}, **overrides)

@@ -8,14 +8,6 @@ from hooked_models.streaming import InfiniStream
 from helpers import random_tokens, tiny_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (badly so on a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 def infini(segment_len=5, update="linear", pos="rotary", **overrides):
     model = tiny_model("infini", positional_embedding_type=pos,
                        attn_cfg={"segment_len": segment_len, "update": update}, **overrides)

@@ -8,32 +8,13 @@ evaluated in fp32 on the same fp16 inputs (the fp16 reference itself is the less
 import pytest
 import torch
 
-from kernels import _triton
+from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
-pytestmark = [
-    pytest.mark.kernels,
-    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
-                                                     or torch.cuda.is_available())),
-                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
-]
+pytestmark = KERNEL_MARKS
 
 from hooked_models.attention._cope_reference import cope_reference  # noqa: E402
 from kernels.cope import cope_attention, cope_attention_reference, cope_pattern_rows  # noqa: E402
 from kernels.flash_attention.reference import allowed_mask  # noqa: E402
-
-DEVICE = "cpu" if _triton.interpreting() else "cuda"
-
-
-@pytest.fixture(autouse=True)
-def nan_empty(monkeypatch):
-    """Poison uninitialised float allocations with NaN (as FLA's conftest does)."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
 
 
 def _inputs(T_q, T_k, npos, d=16, heads=2, batch=1, dtype=torch.float32, seed=0):

@@ -8,33 +8,16 @@ instance in Python.
 import pytest
 import torch
 
-from kernels import _triton
+from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
-pytestmark = [
-    pytest.mark.kernels,
-    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
-                                                     or torch.cuda.is_available())),
-                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
-]
+pytestmark = KERNEL_MARKS
 
 from kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
 from kernels.flash_attention.triton_fwd import attn_fwd  # noqa: E402
 
-DEVICE = "cpu" if _triton.interpreting() else "cuda"
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
-
-@pytest.fixture(autouse=True)
-def nan_empty(monkeypatch):
-    """Poison uninitialised float allocations with NaN (as FLA's conftest does)."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
 
 
 def _inputs(T_q, T_k, d=16, heads=2, batch=1, dtype=torch.float32, seed=0):

@@ -8,30 +8,11 @@ tile, padding slots, truncated BPTT, fp16, and the no-grad (inference) epilogue.
 import pytest
 import torch
 
-from kernels import _triton
+from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
-pytestmark = [
-    pytest.mark.kernels,
-    pytest.mark.skipif(not (_triton.available() and (_triton.interpreting()
-                                                     or torch.cuda.is_available())),
-                       reason="needs triton with a GPU or TRITON_INTERPRET=1"),
-]
+pytestmark = KERNEL_MARKS
 
 from kernels.infini import infini_attention, infini_reference  # noqa: E402
-
-DEVICE = "cpu" if _triton.interpreting() else "cuda"
-
-
-@pytest.fixture(autouse=True)
-def nan_empty(monkeypatch):
-    """Poison uninitialised float allocations with NaN (as FLA's conftest does)."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
 
 
 def _inputs(T, batch=1, heads=2, d=16, seed=0):

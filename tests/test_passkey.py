@@ -20,13 +20,6 @@ from helpers import tiny_model
 TOK = CharTokenizer()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.mark.parametrize("length", [400, 517, 2000])
 def test_prompt_shape_and_exact_length(length):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -18,11 +17,11 @@ from kernels._triton import SUPPORTED_DTYPES, on_gpu
 from kernels.cope.function import cope_attention
 from kernels.cope.reference import cope_pattern_rows
 from kernels.cope.triton_fwd import MAX_NPOS
-from kernels.flash_attention.dispatch import key_valid_from_allowed
+from kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
 
 
 @dataclass
-class CoPEState:
+class CoPEState(LseState):
     """What one fused CoPE call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
 
     Attributes:
@@ -38,18 +37,6 @@ class CoPEState:
     key_valid: Tensor | None
     scale: float
     scaling: str
-
-    @property
-    def n_heads(self) -> int:
-        return self.lse.shape[1]
-
-    @property
-    def n_queries(self) -> int:
-        return self.lse.shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.lse.device
 
     def pattern(self, heads: Tensor, queries: Tensor) -> Float[Tensor, "batch head query key"]:
         """Exact rows of `hook_pattern` `[batch len(heads) len(queries) key_pos]`."""

@@ -20,8 +20,27 @@ from kernels.flash_attention.function import flash_attention
 from kernels.flash_attention.reference import pattern_rows
 
 
+class LseState:
+    """Shape facts shared by the states a fused layer saves for `patterns_for` (row lse
+    `[batch head_index query_pos]` in `self.lse`)."""
+
+    lse: Tensor
+
+    @property
+    def n_heads(self) -> int:
+        return self.lse.shape[1]
+
+    @property
+    def n_queries(self) -> int:
+        return self.lse.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.lse.device
+
+
 @dataclass
-class FlashState:
+class FlashState(LseState):
     """What one fused call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
 
     Attributes:
@@ -36,18 +55,6 @@ class FlashState:
     lse: Tensor
     key_valid: Tensor | None
     scale: float
-
-    @property
-    def n_heads(self) -> int:
-        return self.lse.shape[1]
-
-    @property
-    def n_queries(self) -> int:
-        return self.lse.shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.lse.device
 
     def pattern(self, heads: Tensor, queries: Tensor) -> Float[Tensor, "batch head query key"]:
         """Exact rows of `hook_pattern` `[batch len(heads) len(queries) key_pos]` (q's dtype)."""

@@ -17,69 +17,39 @@ import sys
 import time
 
 import pandas as pd
-import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig, available_variants
+from hooked_models import HookedVariantTransformer, available_variants
 from hooked_models.attention import get_attention_class
 from hooked_models.trainer import train
-from interp.heads import duplicate_token_scores, previous_token_scores, repeated_induction_scores
-from interp.tasks.induction import repeated_tokens, second_half_loss_mask
-
-
-def head_table(model, tokens: torch.Tensor, half_len: int) -> pd.DataFrame:
-    """One row per head (`L0H1`): previous-token, induction and duplicate-token scores."""
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-    rows = []
-    for layer in range(model.cfg.n_layers):
-        pattern = cache["pattern", layer]
-        scores = {
-            "previous_token": previous_token_scores(pattern),
-            "induction": repeated_induction_scores(pattern, half_len),
-            "duplicate_token": duplicate_token_scores(pattern, tokens),
-        }
-        for h in range(model.cfg.n_heads):
-            rows.append({"head": f"L{layer}H{h}", **{k: float(v[h]) for k, v in scores.items()}})
-    return pd.DataFrame(rows).set_index("head")
+from interp import heads
 
 
 def cmd_demo(args) -> int:
-    half = args.half_len
-    cfg = VariantConfig(d_model=64, d_head=16, n_layers=2, n_ctx=2 * half + 1, d_vocab=64,
-                        attn_only=True, attention=args.attention, seed=args.seed,
-                        positional_embedding_type="standard")
-    model = HookedVariantTransformer(cfg)
-    print(f"attnlens demo: 2-layer attention-only {cfg.attention!r} model, "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters")
+    """Train the bundled induction recipe from scratch and show the circuit it learns."""
+    from hooked_models.zoo.evaluate import induction_metrics
+    from hooked_models.zoo.recipes import config, sample
 
-    def sample(batch, gen):
-        # A random repeat length per batch, so a fixed positional offset cannot solve the task
-        # and the model has to learn real induction (previous-token head + induction head).
-        n = int(torch.randint(half // 2, half + 1, (1,), generator=gen))
-        toks = repeated_tokens(batch, n, cfg.d_vocab, generator=gen)
-        return toks, second_half_loss_mask(batch, n)
-
+    model = HookedVariantTransformer(config(args.attention, seed=args.seed))
+    print(f"attnlens demo: 2-layer attention-only {args.attention!r} model, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters, trained on the second "
+          f"copy of [BOS] r r (random letters)")
     t0 = time.time()
-    losses = train(model, sample, steps=args.steps, batch_size=32, lr=3e-3, seed=args.seed)
-    uniform = torch.log(torch.tensor(cfg.d_vocab - 1.0))
-    print(f"trained {args.steps} steps in {time.time() - t0:.1f}s: loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f} on the second copy (uniform guess: {uniform:.3f})")
-    eval_toks = repeated_tokens(64, half, cfg.d_vocab, seed=1234)
-    table = head_table(model, eval_toks, half)
+    train(model, sample, steps=args.steps, batch_size=32, lr=3e-3, seed=args.seed)
+    metrics = induction_metrics(model)
+    print(f"trained {args.steps} steps in {time.time() - t0:.1f}s; held-out second-copy loss "
+          f"{metrics['second_copy_loss']:.3f}, accuracy {metrics['second_copy_accuracy']:.3f}")
+    table = heads.induction_table(model, batch=32, half_len=15)
     pd.set_option("display.float_format", "{:.3f}".format)
-    print("\nHead table (mean attention mass on each pattern, 64 held-out sequences):")
-    print(table.to_string())
-    prev = table.loc[[i for i in table.index if i.startswith("L0")], "previous_token"].idxmax()
-    ind = table.loc[[i for i in table.index if i.startswith("L1")], "induction"].idxmax()
-    h = int(prev.split("H")[1])
-
-    def ablate(v, hook):
-        v[:, :, h] = 0
-        return v
-
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_v", ablate)]):
-        ablated = head_table(model, eval_toks, half)
-    print(f"\nAblating {prev} (strongest previous-token head) moves {ind}'s induction score "
-          f"{table.loc[ind, 'induction']:.3f} -> {ablated.loc[ind, 'induction']:.3f}")
+    print("\nHead table (attention mass on each pattern, 32 held-out sequences of 15 + 15):")
+    print(table[["previous_token", "induction_stripe", "duplicate_token"]].to_string())
+    layer0, layer1 = table[table.layer == 0], table[table.layer == 1]
+    prev = layer0["previous_token"].idxmax()
+    ind = layer1["induction_stripe"].idxmax()
+    with heads.ablate_heads(model, [(0, int(layer0.loc[prev, "head"]))]):
+        ablated = heads.induction_table(model, batch=32, half_len=15)
+    print(f"\nKnocking out {prev} (the strongest previous-token head) moves {ind}'s induction "
+          f"score {table.loc[ind, 'induction_stripe']:.3f} -> "
+          f"{ablated.loc[ind, 'induction_stripe']:.3f}")
     return 0
 
 
@@ -137,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a toy model and print its head table")
-    demo.add_argument("--steps", type=int, default=300)
-    demo.add_argument("--half-len", type=int, default=16)
+    demo.add_argument("--steps", type=int, default=1500)
     demo.add_argument("--attention", default="mha", help=f"one of {available_variants()}")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(fn=cmd_demo)

@@ -1,0 +1,19 @@
+"""The `attnlens` command line: demo and stages (analyze and serve are tested elsewhere)."""
+
+from dashboards.cli import main
+from hooked_models import available_variants
+
+
+def test_demo_prints_head_table_and_ablation(capsys):
+    assert main(["demo", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Head table" in out and "L1H3" in out and "Knocking out L0H" in out
+    assert "accuracy" in out
+
+
+def test_stages_lists_every_variant(capsys):
+    assert main(["stages"]) == 0
+    out = capsys.readouterr().out
+    for name in available_variants():
+        assert f"\n{name}:" in out
+    assert "hook_pattern" in out

@@ -187,11 +187,6 @@ def test_patterns_for_bad_selection_raises(kwargs, match):
 
 
 # -- CoPE: the fused CoPE kernel on CoPE layers, the causal kernel on the others ---------------
-def _cope_has_kernels():
-    from hooked_models import get_attention_class
-    from hooked_models.attention.base import VariantAttention
-
-    return get_attention_class("cope").fused_attend is not VariantAttention.fused_attend
 
 
 def cope(backend, **attn_cfg):
@@ -222,11 +217,8 @@ def cope_calls(monkeypatch):
     return log
 
 
-needs_cope_wiring = pytest.mark.skipif(not _cope_has_kernels(),
-                                       reason="CoPEAttention has no fused_attend yet")
 
 
-@needs_cope_wiring
 @pytest.mark.parametrize("attn_cfg", [dict(npos_max=6), dict(scaling="repo", every=2)],
                          ids=["saturating", "repo_every2"])
 def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
@@ -245,7 +237,6 @@ def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
-@needs_cope_wiring
 def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
     m = cope("triton")
     tokens = random_tokens(m, batch=1, pos=8)
@@ -262,7 +253,6 @@ def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
     assert cope_calls == ["torch0", "torch1"]
 
 
-@needs_cope_wiring
 def test_cope_patterns_for_and_padding_match_torch():
     fused, ref = cope("triton", npos_max=6), cope("torch", npos_max=6)
     tokens = random_tokens(fused, batch=2, pos=12)
@@ -279,10 +269,6 @@ def test_cope_patterns_for_and_padding_match_torch():
 
 
 # -- Infini-attention: the unhooked segment pass on the fused kernels --------------------------
-def _infini_has_kernels():
-    from hooked_models import get_attention_class
-
-    return hasattr(get_attention_class("infini"), "_segment_pass")
 
 
 def infini(backend, update="linear", **overrides):
@@ -306,7 +292,6 @@ def infini_calls(monkeypatch):
     return log
 
 
-@pytest.mark.skipif(not _infini_has_kernels(), reason="InfiniAttention is not wired yet")
 @pytest.mark.parametrize("update", ["linear", "delta"])
 def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
     fused, ref = infini("triton", update), infini("torch", update)
@@ -323,7 +308,6 @@ def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.skipif(not _infini_has_kernels(), reason="InfiniAttention is not wired yet")
 def test_infini_hooks_padding_and_auto(infini_calls):
     fused, ref = infini("triton"), infini("torch")
     tokens = random_tokens(fused, batch=2, pos=14)

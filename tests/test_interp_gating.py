@@ -57,7 +57,6 @@ def test_classify_gate():
         "excite", "inhibit", "neutral"]
 
 
-@pytest.mark.skipif("infini" not in available_variants(), reason="infini not registered")
 def test_infini_memory_classes_and_ratio():
     model = tiny_model("infini", attn_cfg={"segment_len": 4})
     tokens = random_tokens(model, pos=12)

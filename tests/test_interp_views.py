@@ -64,8 +64,6 @@ def test_kernel_table_reads_the_model():
 @pytest.fixture(scope="module")
 def open_cope():
     """CoPE with every gate open (q.k large via the biases): positions = relative positions."""
-    if "cope" not in available_variants():
-        pytest.skip("cope not registered")
     model = tiny_model("cope")
     with torch.no_grad():
         for b in model.blocks:

@@ -28,7 +28,7 @@ import torch
 
 from kernels._triton import next_pow2, tl, triton
 from kernels.cope.triton_fwd import _cope_tile, _pos_table, _tile_bounds, default_blocks
-from kernels.flash_attention.triton_fwd import _dot
+from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 
 
 @triton.jit
@@ -59,17 +59,10 @@ def cope_bwd_kernel(Q, K, V, E, DO, LSE, DELTA, DQ, DK, DV, DZ, KVALID,
     contiguous (DK, DV zero-initialised), DZ fp32 `[batch*head, T_Q, NPOS_BLOCK]` zeros."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < T_Q
-    d_valid = offs_d < D
-    md_mask = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
-                mask=md_mask, other=0.0)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                 mask=md_mask, other=0.0)
+    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
+                                                             BLOCK_D)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     # Rows past T_Q and rows with no allowed key (lse -inf) get +inf: their probabilities are 0.
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=float("inf"))
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2) * 1.4426950408889634

@@ -19,7 +19,7 @@ import math
 import torch
 
 from kernels._triton import next_pow2, on_gpu, tl, triton
-from kernels.flash_attention.triton_fwd import _dot
+from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 
 # Largest position table a program keeps in registers on a GPU ([BLOCK_M, NPOS] fp32).
 MAX_NPOS = 256
@@ -85,14 +85,9 @@ def cope_fwd_kernel(Q, K, V, E, O, LSE, KVALID,
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < T_Q
-    d_valid = offs_d < D
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
+                                                             BLOCK_D)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h

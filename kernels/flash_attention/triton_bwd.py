@@ -21,7 +21,7 @@ import math
 import torch
 
 from kernels._triton import LazyAutotune, next_pow2, on_gpu, tl, triton
-from kernels.flash_attention.triton_fwd import LOG2E, _dot
+from kernels.flash_attention.triton_fwd import LOG2E, _dot, _load_tile, _tile
 
 
 @triton.jit
@@ -57,18 +57,11 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
     """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
     start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_valid = offs_n < T_K
-    d_valid = offs_d < D
-    nd_mask = n_valid[:, None] & d_valid[None, :]
-    k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d,
-                mask=nd_mask, other=0.0)
-    v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
-                mask=nd_mask, other=0.0)
+    b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = _tile(pid_n, pid_bh, H, T_K, D, BLOCK_N,
+                                                             BLOCK_D)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, sk_t, offs_d, sk_d, nd_mask)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, sv_t, offs_d, sv_d, nd_mask)
     keep_n = n_valid
     if HAS_KVALID:
         keep_n = keep_n & (tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0) != 0)
@@ -121,17 +114,10 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < T_Q
-    d_valid = offs_d < D
-    md_mask = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
-                mask=md_mask, other=0.0)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                 mask=md_mask, other=0.0)
+    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
+                                                             BLOCK_D)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -33,6 +33,24 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _tile(pid_tile, pid_bh, H, T, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The prologue every kernel shares: batch and head of program `pid_bh`, the positions
+    `offs` of its tile `pid_tile` along a length-T axis and the head dims, their validity, and
+    the `[BLOCK BLOCK_D]` load mask."""
+    offs = pid_tile * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = offs < T
+    d_valid = offs_d < D
+    return pid_bh // H, pid_bh % H, offs, offs_d, valid, d_valid, valid[:, None] & d_valid[None, :]
+
+
+@triton.jit
+def _load_tile(ptr, offs, s_t, offs_d, s_d, mask):
+    """`[BLOCK BLOCK_D]` rows `offs` of a strided `[pos d_head]` slice, 0 where masked."""
+    return tl.load(ptr + offs[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0)
+
+
+@triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
                offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
@@ -89,14 +107,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < T_Q
-    d_valid = offs_d < D
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
+                                                             BLOCK_D)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
@@ -134,7 +147,6 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                                IEEE)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    md_mask = m_valid[:, None] & d_valid[None, :]
     o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d
     if HAS_MIX:   # Infini-attention's gate (Eq. 10) in the epilogue
         if STORE_DOT:

@@ -47,18 +47,23 @@ def calls(monkeypatch):
     return log
 
 
-def test_triton_backend_equals_torch_logits_and_gradients():
-    tokens = random_tokens(model(), batch=2, pos=30)
-    fused, ref = model("triton"), model("torch")
-    loss_f = fused(tokens, return_type="loss")
+def assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol):
+    """The fused model's loss `loss_f` and its parameter gradients equal the torch model's."""
     loss_r = ref(tokens, return_type="loss")
     torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
     loss_f.backward()
     loss_r.backward()
     for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
                                      strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4,
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=grad_atol, rtol=1e-4,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_triton_backend_equals_torch_logits_and_gradients():
+    tokens = random_tokens(model(), batch=2, pos=30)
+    fused, ref = model("triton"), model("torch")
+    loss_f = fused(tokens, return_type="loss")
+    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=1e-5)
 
 
 def test_fp16_model_close_to_torch():
@@ -227,14 +232,7 @@ def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
     loss_f = fused(tokens, return_type="loss")
     assert cope_calls == (["cope", "cope"] if attn_cfg.get("every", 1) == 1
                           else ["flash", "cope"])
-    loss_r = ref(tokens, return_type="loss")
-    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
-    loss_f.backward()
-    loss_r.backward()
-    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
-                                     strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=2e-5)
 
 
 def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
@@ -298,14 +296,7 @@ def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
     tokens = random_tokens(fused, batch=2, pos=21)
     loss_f = fused(tokens, return_type="loss")
     assert infini_calls == ["fused", "fused"]
-    loss_r = ref(tokens, return_type="loss")
-    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
-    loss_f.backward()
-    loss_r.backward()
-    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
-                                     strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=2e-5)
 
 
 def test_infini_hooks_padding_and_auto(infini_calls):

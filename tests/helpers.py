@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
 
 
 def tiny_cfg(attention: str = "mha", **overrides) -> VariantConfig:
@@ -71,3 +71,13 @@ def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = 1e-5) -> 
         recon = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
         torch.testing.assert_close(recon, z, atol=atol, rtol=1e-4,
                                    msg=lambda m, layer=layer: f"layer {layer}: {m}")
+
+
+def decode_stepwise(model, tokens: torch.Tensor, prefix: int):
+    """Logits of `tokens` computed as one cached prefill of `prefix` tokens followed by one
+    cached step per remaining token; returns `(logits [batch pos d_vocab], the KVCache)`."""
+    cache = KVCache(model.cfg.n_layers)
+    steps = [model(tokens[:, :prefix], past_kv_cache=cache)]
+    steps += [model(tokens[:, t:t + 1], past_kv_cache=cache)
+              for t in range(prefix, tokens.shape[1])]
+    return torch.cat(steps, 1), cache

@@ -15,9 +15,14 @@ from hooked_models.attention._cope_ops import (
 )
 from hooked_models.attention._cope_reference import cope_reference
 from hooked_models.attention.base import AttentionContext
-from hooked_models.model import KVCache
 
-from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
+from helpers import (
+    assert_causal,
+    assert_pattern_identity,
+    decode_stepwise,
+    random_tokens,
+    tiny_model,
+)
 
 OPTION_SETS = [
     dict(),
@@ -349,10 +354,8 @@ def test_incremental_decoding_matches_full_forward(opts):
     tokens = random_tokens(model, pos=10)
     with torch.no_grad():
         full = model(tokens)
-        cache = KVCache(model.cfg.n_layers)
-        steps = [model(tokens[:, :6], past_kv_cache=cache)]
-        steps += [model(tokens[:, t:t + 1], past_kv_cache=cache) for t in range(6, 10)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+        stepwise, _ = decode_stepwise(model, tokens, prefix=6)
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bad, match", [

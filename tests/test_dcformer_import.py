@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from hooked_models import KVCache
 from hooked_models.converters.dcformer import from_dcformer
+
+from helpers import decode_stepwise
 
 CONFIG = {
     "architectures": ["DCFormer"],
@@ -153,10 +154,8 @@ def test_forward_matches_naive_release(released):
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     for layer, pattern in enumerate(patterns):
         torch.testing.assert_close(cache["pattern", layer], pattern, atol=1e-5, rtol=1e-4)
-    cached = KVCache(model.cfg.n_layers)
-    steps = [model(idx[:, :6], past_kv_cache=cached)] + [
-        model(idx[:, t:t + 1], past_kv_cache=cached) for t in range(6, 10)]
-    torch.testing.assert_close(torch.cat(steps, 1), ref, atol=1e-4, rtol=1e-4)
+    stepwise, _ = decode_stepwise(model, idx, prefix=6)
+    torch.testing.assert_close(stepwise, ref, atol=1e-4, rtol=1e-4)
 
 
 def test_split_wq_wk_wv_and_sharded_index(released, tmp_path):

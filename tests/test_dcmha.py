@@ -12,9 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hooked_models import HookedVariantTransformer, KVCache
+from hooked_models import HookedVariantTransformer
 
-from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
+from helpers import (
+    assert_causal,
+    assert_pattern_identity,
+    decode_stepwise,
+    random_tokens,
+    tiny_model,
+)
 
 FULL = dict(groups=2, static_proj=True, qk_norm=True, window_size=2, window_type="LG")
 ROPE = dict(positional_embedding_type="rotary", normalization_type="RMS")
@@ -251,12 +257,8 @@ def test_gradcheck_float64_every_generator_parameter():
 def test_incremental_decoding_parity(attn_cfg):
     model = dcmha(attn_cfg, **ROPE)
     tokens = random_tokens(model, batch=2, pos=10)
-    full = model(tokens)
-    cache = KVCache(model.cfg.n_layers)
-    pieces = [model(tokens[:, :4], past_kv_cache=cache)]
-    for t in range(4, 10):
-        pieces.append(model(tokens[:, t:t + 1], past_kv_cache=cache))
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
+    stepwise, cache = decode_stepwise(model, tokens, prefix=4)
+    torch.testing.assert_close(stepwise, model(tokens), atol=1e-5, rtol=1e-5)
     kw = cache.layers[0].extra.get("kw")
     if attn_cfg.get("query_wise"):
         assert kw is None

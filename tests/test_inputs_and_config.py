@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from hooked_models import CharTokenizer, HookedVariantTransformer, KVCache, VariantConfig
+from hooked_models import CharTokenizer, HookedVariantTransformer, VariantConfig
 
-from helpers import random_tokens, tiny_cfg, tiny_model
+from helpers import decode_stepwise, random_tokens, tiny_cfg, tiny_model
 
 
 def test_config_json_round_trip():
@@ -108,12 +108,8 @@ def test_return_types():
 def test_incremental_decoding_parity(pos_type):
     model = tiny_model(positional_embedding_type=pos_type)
     tokens = random_tokens(model, batch=2, pos=10)
-    full = model(tokens)
-    cache = KVCache(model.cfg.n_layers)
-    pieces = [model(tokens[:, :4], past_kv_cache=cache)]
-    for t in range(4, 10):
-        pieces.append(model(tokens[:, t:t + 1], past_kv_cache=cache))
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
+    stepwise, _ = decode_stepwise(model, tokens, prefix=4)
+    torch.testing.assert_close(stepwise, model(tokens), atol=1e-5, rtol=1e-5)
     gen_cached = model.generate(tokens[:, :5], max_new_tokens=6)
     gen_plain = model.generate(tokens[:, :5], max_new_tokens=6, use_cache=False)
     assert torch.equal(gen_cached, gen_plain)

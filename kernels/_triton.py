@@ -77,6 +77,13 @@ def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+def kernel_key_valid(key_valid: torch.Tensor | None, device) -> torch.Tensor | None:
+    """A `[batch key_pos]` padding mask as the kernels read it (int8, contiguous, on `device`)."""
+    if key_valid is None:
+        return None
+    return key_valid.to(device=device, dtype=torch.int8).contiguous()
+
+
 def next_pow2(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= max(n, minimum) (tl.arange and tl.dot need powers of two >= 16)."""
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
@@ -107,6 +114,7 @@ __all__ = [
     "can_run",
     "interpreting",
     "kernel_dtype",
+    "kernel_key_valid",
     "next_pow2",
     "on_gpu",
     "tl",

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype
+from kernels._triton import kernel_dtype, kernel_key_valid
 from kernels.cope.triton_bwd import cope_bwd
 from kernels.cope.triton_fwd import cope_fwd
 from kernels.flash_attention.function import check_inputs
@@ -66,8 +66,7 @@ def cope_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
         scale = q.shape[-1] ** -0.5
     dtype = q.dtype
     work = kernel_dtype(dtype)
-    if key_valid is not None:
-        key_valid = key_valid.to(device=q.device, dtype=torch.int8).contiguous()
+    key_valid = kernel_key_valid(key_valid, q.device)
     e_scale = float(scale) if scaling == "repo" else 1.0
     out, lse = CoPEFunction.apply(q.to(work), k.to(work), v.to(work), pos_emb.to(work),
                                   float(scale), e_scale, key_valid, block_m, block_n)

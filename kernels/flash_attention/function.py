@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES, can_run, kernel_dtype, why_not
+from kernels._triton import SUPPORTED_DTYPES, can_run, kernel_dtype, kernel_key_valid, why_not
 from kernels.flash_attention.triton_bwd import attn_bwd
 from kernels.flash_attention.triton_fwd import attn_fwd
 
@@ -89,8 +89,7 @@ def flash_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
         scale = q.shape[-1] ** -0.5
     dtype = q.dtype
     work = kernel_dtype(dtype)
-    if key_valid is not None:
-        key_valid = key_valid.to(device=q.device, dtype=torch.int8).contiguous()
+    key_valid = kernel_key_valid(key_valid, q.device)
     out, lse = FlashAttentionFunction.apply(q.to(work), k.to(work), v.to(work), float(scale),
                                             key_valid, bool(causal), block_m, block_n,
                                             None if segment_len is None else int(segment_len))

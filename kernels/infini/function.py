@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype
+from kernels._triton import kernel_dtype, kernel_key_valid
 from kernels.flash_attention.function import check_inputs
 from kernels.flash_attention.triton_bwd import attn_bwd
 from kernels.flash_attention.triton_fwd import attn_fwd
@@ -98,9 +98,7 @@ def infini_attention(qr: Float[Tensor, "batch pos head_index d_head"],
                                          detach_every)
     g = gate.to(md)[None, None, :] * nonempty.to(md)                  # Eq. 10, off while empty
     work = kernel_dtype(v.dtype)
-    key_valid = None
-    if valid is not None:
-        key_valid = valid.to(device=v.device, dtype=torch.int8).contiguous()
+    key_valid = kernel_key_valid(valid, v.device)
     out = InfiniLocalMixFunction.apply(qr.to(work), kr.to(work), v.to(work), a_mem, g,
                                        1.0 / float(scale), segment_len, key_valid, block_m,
                                        block_n)

@@ -75,8 +75,6 @@ class TokenizationMixin:
         tokens = torch.as_tensor(tokens)
         if tokens.ndim == 2:
             return [self.to_string(row) for row in tokens]
-        if isinstance(tok, CharTokenizer):
-            return tok.decode(tokens.tolist())
         return tok.decode(tokens.tolist())
 
     def to_str_tokens(self, text, prepend_bos: bool | None = None) -> list[str]:

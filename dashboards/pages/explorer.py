@@ -5,7 +5,7 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 
 from dashboards.figures import stage_grid
-from interp.stage_maps import stage_maps
+from interp.layer_stages import layer_stage_maps
 
 TITLE = "Stage explorer"
 ID = "explorer"
@@ -53,7 +53,7 @@ def register(app, store):
         except ValueError as err:
             return {}, str(err), ""
         with store.using(name):
-            maps = stage_maps(model, tokens, layer)
+            maps = layer_stage_maps(model, tokens, layer)
         catalogue = html.Ul([html.Li(f"hook_{s.name}: {s.description}")
                              for s in model.stages(layer)])
         return stage_grid(maps, head, labels), "", catalogue

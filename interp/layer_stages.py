@@ -1,7 +1,9 @@
-"""Every map stage of a layer, in catalogue order, from one forward pass.
+"""Every map stage of one layer, in catalogue order, from one forward pass (the stage explorer).
+
+`interp.heads.stage_maps` is the transpose: one stage across layers.
 
 Example:
-    >>> maps = stage_maps(model, tokens, layer=0)        # doctest: +SKIP
+    >>> maps = layer_stage_maps(model, tokens, layer=0)        # doctest: +SKIP
     >>> [(m.stage.name, tuple(m.values.shape)) for m in maps]
     [('attn_scores', (1, 4, 7, 7)), ('pattern', (1, 4, 7, 7))]
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from hooked_models.attention import Stage
+from interp._common import check_layer, run_cache
 
 
 @dataclass
@@ -24,12 +27,10 @@ class StageMap:
     values: torch.Tensor
 
 
-def stage_maps(model, tokens: torch.Tensor, layer: int) -> list[StageMap]:
+def layer_stage_maps(model, tokens: torch.Tensor, layer: int) -> list[StageMap]:
     """All map stages of `layer` (catalogue order) for `tokens`, caching only those hooks."""
-    if not 0 <= layer < model.cfg.n_layers:
-        raise ValueError(f"layer {layer} is outside [0, {model.cfg.n_layers})")
+    layer = check_layer(model, layer)
     stages = [s for s in model.stages(layer) if s.is_map]
     names = [model.stage_hook_name(layer, s) for s in stages]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=names)
-    return [StageMap(layer, s, cache[n]) for s, n in zip(stages, names, strict=True)]
+    store = run_cache(model, tokens, names)
+    return [StageMap(layer, s, store[n]) for s, n in zip(stages, names, strict=True)]

@@ -1,0 +1,50 @@
+"""`make bench` / `python -m hooked_models.bench`: one entry point over every benchmark script."""
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hooked_models.benchmarks
+from hooked_models import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_benchmark_script_is_registered():
+    scripts = {f"hooked_models.benchmarks.{m.name}"
+               for m in pkgutil.iter_modules(hooked_models.benchmarks.__path__)}
+    registered = {b.module for b in bench.BENCHMARKS}
+    assert scripts | {"kernels.bench"} == registered
+
+
+def test_makefile_bench_target_runs_this_module():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-m hooked_models.bench" in makefile
+
+
+def test_unknown_name_is_refused_with_the_known_names(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--only", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "core" in err
+
+
+def test_quick_run_prints_each_table_and_exits_zero():
+    out = subprocess.run([sys.executable, "-m", "hooked_models.bench", "--quick", "--only",
+                          "core", "diversity", "kernels"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "# core hook overhead" in out.stdout and "| plain forward |" in out.stdout
+    assert "# head diversity" in out.stdout
+    assert "<!-- kernels: exit 0" in out.stdout
+
+
+def test_a_failing_script_is_named_and_fails_the_run(monkeypatch, capsys):
+    broken = bench.Benchmark("broken", "hooked_models.benchmarks.no_such_module", "x", ())
+    monkeypatch.setattr(bench, "BENCHMARKS", (broken,))
+    assert bench.main([]) == 1
+    assert "FAILED benchmarks: broken" in capsys.readouterr().err

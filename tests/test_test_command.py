@@ -1,0 +1,65 @@
+"""The README's test command sets itself up: chromium is installed with apt when missing."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "ensure_browser.sh"
+
+
+def fake_path(tmp_path, tools: dict[str, str]) -> str:
+    """A PATH with the basic utilities plus stub `tools` (name -> shell body)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "id", "cat", "env", "true", "chmod", "printf"):
+        os.symlink(shutil.which(name), bin_dir / name)
+    for name, body in tools.items():
+        stub = bin_dir / name
+        stub.write_text(f"#!/bin/bash\n{body}\n")
+        stub.chmod(0o755)
+    return str(bin_dir)
+
+
+def run(path: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                          env={"PATH": path, **env}, timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the apt branch runs as root here")
+def test_missing_browser_is_installed_with_apt(tmp_path):
+    log = tmp_path / "apt.log"
+    bin_dir = tmp_path / "bin"
+    # The stub apt-get records its arguments and "installs" both programs into the fake PATH.
+    body = (f'echo "$@" >> {log}\n'
+            f'if [ "$1" = install ] || [ "$3" = install ]; then\n'
+            f'  printf "#!/bin/bash\\n" > {bin_dir}/chromium; chmod +x {bin_dir}/chromium\n'
+            f'  printf "#!/bin/bash\\n" > {bin_dir}/chromedriver; chmod +x {bin_dir}/chromedriver\n'
+            f'fi')
+    out = run(fake_path(tmp_path, {"apt-get": body}))
+    assert out.returncode == 0, out.stderr
+    calls = log.read_text()
+    assert "update" in calls and "install -y -qq chromium chromium-driver" in calls
+
+
+def test_without_apt_it_says_what_to_do_and_fails(tmp_path):
+    out = run(fake_path(tmp_path, {}))
+    assert out.returncode == 1
+    assert "apt-get install chromium chromium-driver" in out.stderr
+    assert "ATTNLENS_SKIP_BROWSER=1" in out.stderr
+
+
+def test_opting_out_passes_and_the_test_command_deselects_browser_tests(tmp_path):
+    out = run(fake_path(tmp_path, {}), ATTNLENS_SKIP_BROWSER="1")
+    assert out.returncode == 0
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    assert "bash scripts/ensure_browser.sh" in test_sh and '-m "not browser"' in test_sh
+
+
+def test_present_browser_needs_nothing(tmp_path):
+    out = run(fake_path(tmp_path, {"chromium": "true", "chromedriver": "true",
+                                   "apt-get": "exit 9"}))
+    assert out.returncode == 0 and out.stderr == ""

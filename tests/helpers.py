@@ -6,9 +6,14 @@ import torch
 
 from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
 
+# Exactness is checked in float64: its rounding (~1e-16 relative) accumulated over the tiny
+# models' few layers of sums of <= 64 terms of size <= ~10 stays far below this, while float32
+# rounding in a cancellation (e.g. composed DCMHA scores) can reach 4e-5 and differ by CPU.
+EXACT = dict(atol=1e-10, rtol=0)
+
 
 def tiny_cfg(attention: str = "mha", **overrides) -> VariantConfig:
-    """A 2-layer, 4-head, d_model 32 config (float32, seed 0) for fast tests."""
+    """A 2-layer, 4-head, d_model 32 config (float32 unless `dtype` is given, seed 0)."""
     base = dict(d_model=32, d_head=8, n_layers=2, n_ctx=32, d_vocab=50, seed=0,
                 attention=attention, act_fn="gelu")
     base.update(overrides)
@@ -38,11 +43,18 @@ def _pos_dims(model, name: str, tensor: torch.Tensor, seq_len: int) -> list[int]
     return []
 
 
-def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = 1e-6) -> int:
+def _require_float64(model) -> None:
+    if model.cfg.dtype != torch.float64:
+        raise ValueError(f"exactness checks need a float64 model, got dtype {model.cfg.dtype}")
+
+
+def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = EXACT["atol"]) -> int:
     """Changing token `t` changes nothing at positions < t: logits and every cached activation.
 
     Returns how many activations were compared (so a test can check the sweep was not empty).
+    The model must be float64 (see EXACT).
     """
+    _require_float64(model)
     changed = tokens.clone()
     changed[:, t] = (changed[:, t] + 1) % model.cfg.d_vocab
     with torch.no_grad():
@@ -62,14 +74,16 @@ def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = 1e-6) -> in
     return compared
 
 
-def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = 1e-5) -> None:
-    """DESIGN.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer."""
+def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = EXACT["atol"]) -> None:
+    """DESIGN.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer
+    (float64 model, see EXACT)."""
+    _require_float64(model)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     for layer in range(model.cfg.n_layers):
         pattern, v, z = cache["pattern", layer], cache["v", layer], cache["z", layer]
         recon = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
-        torch.testing.assert_close(recon, z, atol=atol, rtol=1e-4,
+        torch.testing.assert_close(recon, z, atol=atol, rtol=0,
                                    msg=lambda m, layer=layer: f"layer {layer}: {m}")
 
 

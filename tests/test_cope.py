@@ -17,6 +17,7 @@ from hooked_models.attention._cope_reference import cope_reference
 from hooked_models.attention.base import AttentionContext
 
 from helpers import (
+    EXACT,
     assert_causal,
     assert_pattern_identity,
     decode_stepwise,
@@ -26,19 +27,21 @@ from helpers import (
 
 OPTION_SETS = [
     dict(),
-    dict(scaling="repo"),
+    dict(scaling="paper"),
     dict(sep_keys=True),
     dict(val_gates=True),
     dict(relative=True, rel_npos=5),
     dict(every=2, shared=True, relative=True),
     dict(npos_max=3),
 ]
-IDS = ["default", "repo", "sep_keys", "val_gates", "relative", "every2_shared", "npos3"]
+IDS = ["default", "paper", "sep_keys", "val_gates", "relative", "every2_shared", "npos3"]
 
 
 def cope_model(attn_cfg=None, seed=0, **overrides):
-    """A tiny CoPE model whose position embeddings are random (they are zero-initialised)."""
+    """A tiny CoPE model, float64 unless `dtype` is given (exactness checks), whose position
+    embeddings are random (they are zero-initialised)."""
     overrides.setdefault("n_ctx", 16)
+    overrides.setdefault("dtype", "float64")
     model = tiny_model("cope", attn_cfg=attn_cfg or {}, seed=seed, **overrides)
     gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
@@ -58,14 +61,14 @@ def test_all_gates_one_is_relative_position_attention(scaling):
     T = 10
     cope = cope_model(dict(scaling=scaling), attn_only=True)
     tokens = random_tokens(cope, pos=T)
-    ones = causal_allowed(1, T).to(torch.float32)
+    ones = causal_allowed(1, T).to(torch.float64)
     for l in range(2):
         cope.add_hook(f"blocks.{l}.attn.hook_gates", lambda g, hook: ones.expand_as(g).clone())
     with torch.no_grad():
         forced, cache = cope.run_with_cache(tokens)
     cope.reset_hooks()
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    expected = torch.where(j <= i, i - j + 1, 0).float()
+    expected = torch.where(j <= i, i - j + 1, 0).double()
     torch.testing.assert_close(cache["blocks.0.attn.hook_positions"],
                                expected.expand(2, 4, T, T), atol=0, rtol=0)
 
@@ -79,13 +82,13 @@ def test_all_gates_one_is_relative_position_attention(scaling):
         state[f"blocks.{l}.attn.pos_emb"] = torch.zeros_like(e)  # no CoPE term left
     rel.load_state_dict(state)
     with torch.no_grad():
-        torch.testing.assert_close(rel(tokens), forced, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rel(tokens), forced, **EXACT)
 
 
 def test_naive_relative_attention_matches_forced_gates():
     """Independent check: softmax(q.k/sqrt(d) + q.e[i-j+1]) v from the cached q, k, v."""
     T = 7
-    model = cope_model(attn_only=True, n_layers=1)
+    model = cope_model(dict(scaling="paper"), attn_only=True, n_layers=1)
     tokens = random_tokens(model, batch=1, pos=T)
     force = ("blocks.0.attn.hook_gates",
              lambda g, hook: causal_allowed(1, T).to(g.dtype).expand_as(g).clone())
@@ -100,7 +103,7 @@ def test_naive_relative_attention_matches_forced_gates():
             s = torch.stack([q[i, h] @ k[j, h] / math.sqrt(8) + q[i, h] @ e[:, i - j + 1]
                              for j in range(i + 1)])
             out = (torch.softmax(s, 0)[:, None] * v[: i + 1, h]).sum(0)
-            torch.testing.assert_close(z[i, h], out, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(z[i, h], out, **EXACT)
 
 
 # -- causality, effective pattern, reference ----------------------------------------------
@@ -126,8 +129,8 @@ def test_causal_pattern_identity_and_reference(opts):
                                  scaling=attn.opts.scaling, gate_k=gate_k, bias=bias)
         for name, ref in maps.items():
             torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_{name}"], ref,
-                                       atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
-        torch.testing.assert_close(cache["z", l], z, atol=1e-5, rtol=1e-5)
+                                       **EXACT, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(cache["z", l], z, **EXACT)
 
 
 def test_cope_with_rope_is_causal_and_exact():
@@ -160,9 +163,9 @@ def naive_cope_head(q, k, v, e, gate_k, scale, scaling, npos, r=None):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("opts", [dict(), dict(scaling="repo", npos_max=3), dict(sep_keys=True),
+@pytest.mark.parametrize("opts", [dict(), dict(scaling="paper", npos_max=3), dict(sep_keys=True),
                                   dict(val_gates=True), dict(relative=True, rel_npos=3)],
-                         ids=["default", "repo_npos3", "sep_keys", "val_gates", "relative"])
+                         ids=["default", "paper_npos3", "sep_keys", "val_gates", "relative"])
 def test_naive_equations_agree(opts):
     model = cope_model(opts, n_layers=1, attn_only=True, dtype="float64")
     T = 6
@@ -178,7 +181,7 @@ def test_naive_equations_agree(opts):
     for h in range(4):
         want = naive_cope_head(q[:, h], k[:, h], v[:, h], attn.E, gate_k[:, h], math.sqrt(8),
                                attn.opts.scaling, attn.npos_max, r)
-        torch.testing.assert_close(z[:, h], want, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(z[:, h], want, **EXACT)
 
 
 # -- masking, saturation, NaN -------------------------------------------------------------
@@ -200,7 +203,7 @@ def test_padding_fully_masked_rows_and_saturation_have_no_nan():
         gates, pattern = cache[f"blocks.{l}.attn.hook_gates"], cache["pattern", l]
         assert (gates[0, :, :, :4] == 0).all() and (pattern[0, :, :4] == 0).all()
         torch.testing.assert_close(pattern[0, :, 4:].sum(-1), torch.ones(4, 8,
-                                   dtype=torch.float64))
+                                   dtype=torch.float64), **EXACT)
         assert cache[f"blocks.{l}.attn.hook_positions"].max() <= 2
     assert cache["blocks.1.attn.hook_positions"].max() == 2  # saturated at npos_max - 1
 
@@ -219,7 +222,7 @@ def test_positions_beyond_npos_max_clamp_values_and_gradients():
     p.sum().backward()
     # d sum(p) / d g_it counts the j <= t whose p_ij has not saturated (unclamped p <= 3).
     unsaturated = (gates.detach().flip(-1).cumsum(-1).flip(-1) <= 3).double()
-    torch.testing.assert_close(gates.grad, unsaturated.cumsum(-1))
+    torch.testing.assert_close(gates.grad, unsaturated.cumsum(-1), **EXACT)
 
 
 def test_safe_softmax_dead_rows():
@@ -269,7 +272,7 @@ def test_gradcheck_ops_and_interpolation_weight_carries_gradient(block, monkeypa
     interpolate_position_logits(table, pos).sum().backward()
     lo, hi = pos.detach().floor().long(), pos.detach().ceil().long()
     slope = table.detach().gather(-1, hi) - table.detach().gather(-1, lo)
-    torch.testing.assert_close(pos.grad, slope)
+    torch.testing.assert_close(pos.grad, slope, **EXACT)
 
 
 @pytest.mark.parametrize("block", [None, 30], ids=["one_block", "many_blocks"])
@@ -280,8 +283,8 @@ def test_gradients_match_reference(block, monkeypatch):
     q, k, v = (torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
                for _ in range(3))
     e = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
-    model = cope_model(dict(npos_max=5), dtype="float64", d_model=12, d_head=4, n_heads=3,
-                       n_layers=1)
+    model = cope_model(dict(npos_max=5, scaling="paper"), dtype="float64", d_model=12,
+                       d_head=4, n_heads=3, n_layers=1)
     attn = model.blocks[0].attn
     allowed = causal_allowed(2, 6)
     ctx = AttentionContext(torch.zeros(2, 6, 12), allowed, torch.arange(6).expand(2, 6),
@@ -293,9 +296,9 @@ def test_gradients_match_reference(block, monkeypatch):
     grads_fast = torch.autograd.grad(z_fast.pow(2).sum(), (q, k, v, attn.pos_emb))
     z_ref, _ = cope_reference(q, k, v, e, allowed)
     grads_ref = torch.autograd.grad(z_ref.pow(2).sum(), (q, k, v, e))
-    torch.testing.assert_close(z_fast, z_ref)
+    torch.testing.assert_close(z_fast, z_ref, **EXACT)
     for a, b in zip(grads_fast, grads_ref, strict=True):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, **EXACT)
 
 
 # -- options ------------------------------------------------------------------------------
@@ -308,7 +311,7 @@ def test_scalings_are_the_same_family():
     repo.load_state_dict(state)
     tokens = random_tokens(paper)
     with torch.no_grad():
-        torch.testing.assert_close(repo(tokens), paper(tokens), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(repo(tokens), paper(tokens), **EXACT)
         assert not torch.allclose(cope_model(dict(scaling="repo"))(tokens), paper(tokens))
 
 
@@ -330,21 +333,23 @@ def test_every_k_layers_and_shared_embeddings_round_trip(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens), model(tokens))
         assert loaded.blocks[3].attn.E is loaded.blocks[1].attn.pos_emb
-        loaded.blocks[1].attn.pos_emb.add_(1.0)  # one tensor: layer 3 moves with layer 1
-        assert not torch.allclose(loaded(tokens), model(tokens))
+        # one tensor: layer 3 moves with layer 1. (Adding a constant to E would shift every
+        # key's position logit by the same q.1 and leave the softmax unchanged; scale it.)
+        loaded.blocks[1].attn.pos_emb.mul_(2.0)
+        assert (loaded(tokens) - model(tokens)).abs().max() > 1e-3
 
 
 def test_non_cope_layers_without_relative_are_mha():
     cope = cope_model(dict(every=2), n_layers=2)
-    mha = tiny_model("mha", n_layers=2, n_ctx=16)
+    mha = tiny_model("mha", n_layers=2, n_ctx=16, dtype="float64")
     state = {k: v for k, v in cope.state_dict().items() if not k.endswith("pos_emb")}
     mha.load_state_dict(state)
     tokens = random_tokens(cope)
     with torch.no_grad():
         _, c1 = cope.run_with_cache(tokens)
         _, c2 = mha.run_with_cache(tokens)
-    torch.testing.assert_close(c1["pattern", 0], c2["pattern", 0])
-    torch.testing.assert_close(c1["attn_scores", 0], c2["attn_scores", 0])
+    torch.testing.assert_close(c1["pattern", 0], c2["pattern", 0], **EXACT)
+    torch.testing.assert_close(c1["attn_scores", 0], c2["attn_scores", 0], **EXACT)
 
 
 @pytest.mark.parametrize("opts", [dict(sep_keys=True), dict(relative=True, every=2)],
@@ -355,11 +360,11 @@ def test_incremental_decoding_matches_full_forward(opts):
     with torch.no_grad():
         full = model(tokens)
         stepwise, _ = decode_stepwise(model, tokens, prefix=6)
-    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stepwise, full, **EXACT)
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(sep_keys=True, val_gates=True), "exclusive"),
+    (dict(rel_extend=True), "needs relative=True"),
     (dict(every=3), "every"),
     (dict(scaling="nodiv"), "scaling"),
     (dict(npos_max=0), "npos_max"),

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from hooked_models import HookedVariantTransformer
 
 from helpers import (
+    EXACT,
     assert_causal,
     assert_pattern_identity,
     decode_stepwise,
@@ -27,8 +28,8 @@ ROPE = dict(positional_embedding_type="rotary", normalization_type="RMS")
 
 
 def dcmha(attn_cfg=None, **overrides) -> HookedVariantTransformer:
-    """A tiny DCMHA model whose dynamic weights are large enough to matter."""
-    model = tiny_model("dcmha", attn_cfg=attn_cfg or {}, **overrides)
+    """A tiny float64 DCMHA model whose dynamic weights are large enough to matter."""
+    model = tiny_model("dcmha", attn_cfg=attn_cfg or {}, **{"dtype": "float64", **overrides})
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -45,7 +46,8 @@ def dcmha(attn_cfg=None, **overrides) -> HookedVariantTransformer:
 # -- reductions --------------------------------------------------------------------------------
 def _mha_twin(model):
     mha = tiny_model("mha", **{k: getattr(model.cfg, k) for k in
-                               ("positional_embedding_type", "normalization_type", "n_layers")})
+                               ("positional_embedding_type", "normalization_type", "n_layers",
+                                "dtype")})
     state = {k: v for k, v in model.state_dict().items() if k in mha.state_dict()}
     mha.load_state_dict(state, strict=True)
     return mha
@@ -62,12 +64,12 @@ def test_zero_dynamic_weights_equal_mha(overrides):
     tokens = random_tokens(model)
     logits, cache = model.run_with_cache(tokens)
     ref, ref_cache = mha.run_with_cache(tokens)
-    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref, **EXACT)
     for layer in range(model.cfg.n_layers):
         for stage in ("attn_scores", "composed_scores", "probs", "pattern"):
             torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_{stage}"],
                                        ref_cache["pattern" if stage in ("probs", "pattern")
-                                                 else "attn_scores", layer], atol=1e-6, rtol=1e-5)
+                                                 else "attn_scores", layer], **EXACT)
 
 
 def test_hook_ablation_of_every_dynamic_weight_gives_mha():
@@ -78,13 +80,13 @@ def test_hook_ablation_of_every_dynamic_weight_gives_mha():
     assert len(names) == 2 * 12
     tokens = random_tokens(model)
     ablated = model.run_with_hooks(tokens, fwd_hooks=[(n, lambda t, hook: 0 * t) for n in names])
-    torch.testing.assert_close(ablated, _mha_twin(model)(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ablated, _mha_twin(model)(tokens), **EXACT)
     assert not torch.allclose(model(tokens), ablated, atol=1e-3)
 
 
 def test_query_wise_equals_zeroed_key_channels():
     full = dcmha({"groups": 2}, **ROPE)
-    qw = tiny_model("dcmha", attn_cfg={"groups": 2, "query_wise": True}, **ROPE)
+    qw = tiny_model("dcmha", attn_cfg={"groups": 2, "query_wise": True}, dtype="float64", **ROPE)
     with torch.no_grad():
         for block in full.blocks:
             M = block.attn.heads_per_group
@@ -96,7 +98,7 @@ def test_query_wise_equals_zeroed_key_channels():
     assert "pre_kw1" not in names and "post_kdd" not in names and "post_qdd" in names
     assert "blocks.0.attn.hook_pre_kw1" not in qw.hook_dict
     tokens = random_tokens(full)
-    torch.testing.assert_close(qw(tokens), full(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(qw(tokens), full(tokens), **EXACT)
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def test_causal_and_pattern_identity(attn_cfg):
     model = dcmha(attn_cfg, **ROPE)
     tokens = random_tokens(model)
     assert assert_causal(model, tokens, t=6) > 20
-    assert_pattern_identity(model, tokens, atol=1e-6)
+    assert_pattern_identity(model, tokens)
 
 
 def test_catalogue_and_window():
@@ -115,9 +117,9 @@ def test_catalogue_and_window():
     assert [s.row_stochastic for s in stages[:4]] == [False, False, True, False]
     assert stages[4].shape == "batch pos group rank head_index"
     _, cache = model.run_with_cache(random_tokens(model))
-    torch.testing.assert_close(cache["blocks.0.attn.hook_probs"].sum(-1),
-                               torch.ones(2, 4, 12))
-    assert not torch.allclose(cache["pattern", 0].sum(-1), torch.ones(2, 4, 12))
+    ones = torch.ones(2, 4, 12, dtype=torch.float64)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_probs"].sum(-1), ones, **EXACT)
+    assert not torch.allclose(cache["pattern", 0].sum(-1), ones)
     q, k = torch.meshgrid(torch.arange(12), torch.arange(12), indexing="ij")
     far = (q - k > 2) | (k > q)
     assert (cache["pattern", 0][..., far] == 0).all()  # layer 0 is local (window 2: 3 keys)
@@ -150,8 +152,8 @@ def _naive_weights(attn, x_t):
     K = attn.dw1.shape[-1]
     out = {}
     for c, key in enumerate([("pre", "q"), ("pre", "k"), ("post", "q"), ("post", "k")]):
-        w1, w2 = torch.zeros(G, R, M), torch.zeros(G, R, M)
-        dd = torch.zeros(G, M)
+        w1, w2 = torch.zeros(G, R, M, dtype=x_t.dtype), torch.zeros(G, R, M, dtype=x_t.dtype)
+        dd = torch.zeros(G, M, dtype=x_t.dtype)
         for g in range(G):
             hidden = [F.gelu(sum(x_t[d] * attn.dw1[d, g, c, kk] for d in range(len(x_t))))
                       for kk in range(K)]
@@ -171,9 +173,10 @@ def _naive_matrix(attn, wq, wk, phase):
     """B + W_q(t) + W_k(s) as a full [H, H] block-diagonal matrix."""
     G, M = attn.opts.groups, attn.heads_per_group
     H = G * M
-    mat = torch.zeros(H, H)
+    dtype = attn.dd.dtype
+    mat = torch.zeros(H, H, dtype=dtype)
     for g in range(G):
-        block = torch.eye(M)
+        block = torch.eye(M, dtype=dtype)
         if attn.opts.static_proj:
             block = block + getattr(attn, f"W_{phase}_static")[g]
         for w1, w2, dd in (wq[(phase, "q")], wk[(phase, "k")]):
@@ -206,30 +209,29 @@ def test_naive_loop_oracle():
         window = 2  # layer 0 is local
         for t in range(T):
             keys = [s for s in range(T) if 0 <= t - s <= window]
-            logits = torch.zeros(H, len(keys))
+            logits = torch.zeros(H, len(keys), dtype=x.dtype)
             for j, s in enumerate(keys):
                 raw = torch.stack([q[t][h] @ k[s][h] / math.sqrt(dh) for h in range(H)])
                 pre = _naive_matrix(attn, dyn[t], dyn[s], "pre")
                 logits[:, j] = pre.T @ raw
                 torch.testing.assert_close(attn.mixing_matrix(cache, t, s, "pre")[0], pre,
-                                           atol=1e-5, rtol=1e-5)
+                                           **EXACT)
             probs = torch.softmax(logits, dim=-1)
             final = torch.zeros_like(probs)
             for j, s in enumerate(keys):
                 final[:, j] = _naive_matrix(attn, dyn[t], dyn[s], "post").T @ probs[:, j]
             torch.testing.assert_close(cache["blocks.0.attn.hook_composed_scores"][0, :, t, keys],
-                                       logits, atol=1e-5, rtol=1e-5)
+                                       logits, **EXACT)
             torch.testing.assert_close(cache["blocks.0.attn.hook_probs"][0, :, t, keys], probs,
-                                       atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(cache["pattern", 0][0, :, t, keys], final,
-                                       atol=1e-5, rtol=1e-5)
+                                       **EXACT)
+            torch.testing.assert_close(cache["pattern", 0][0, :, t, keys], final, **EXACT)
             for h in range(H):
                 z = sum(final[h, j] * v[s][h] for j, s in enumerate(keys))
-                torch.testing.assert_close(cache["z", 0][0, t, h], z, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(cache["z", 0][0, t, h], z, **EXACT)
     assert not torch.allclose(cache["blocks.0.attn.hook_probs"], cache["pattern", 0], atol=1e-2)
     # the helper also works from the attention input
     torch.testing.assert_close(attn.mixing_matrix(x[None], 5, 3, "post")[0],
-                               _naive_matrix(attn, dyn[5], dyn[3], "post"), atol=1e-5, rtol=1e-5)
+                               _naive_matrix(attn, dyn[5], dyn[3], "post"), **EXACT)
 
 
 # -- gradcheck ---------------------------------------------------------------------------------
@@ -258,7 +260,7 @@ def test_incremental_decoding_parity(attn_cfg):
     model = dcmha(attn_cfg, **ROPE)
     tokens = random_tokens(model, batch=2, pos=10)
     stepwise, cache = decode_stepwise(model, tokens, prefix=4)
-    torch.testing.assert_close(stepwise, model(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stepwise, model(tokens), **EXACT)
     kw = cache.layers[0].extra.get("kw")
     if attn_cfg.get("query_wise"):
         assert kw is None
@@ -276,7 +278,7 @@ def test_left_padding_matches_unpadded():
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], 1)
     mask = torch.tensor([[0, 0, 0] + [1] * 7])
     out, cache = model.run_with_cache(padded, attention_mask=mask)
-    torch.testing.assert_close(out[:, 3:], model(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, 3:], model(tokens), **EXACT)
     assert (cache["pattern", 0][:, :, :3] == 0).all() and not cache["pattern", 0].isnan().any()
 
 

@@ -21,7 +21,14 @@ from hooked_models.converters.hf import (  # noqa: E402
     neox_state_dict,
 )
 
+# float32 parity (the imported model keeps HF's dtype): logits reach ~5 and are sums over
+# d_model=64 / d_mlp=256 products, so two float32 orderings differ by up to ~1e-5; 1e-4 leaves
+# room for other CPUs. float64 parity (the exactness check) uses EXACT, except for GPT-NeoX:
+# its HF code computes rotary angles and the softmax in float32 even in a float64 model, so
+# probabilities and cos/sin carry float32 rounding (6e-8 relative), reaching logits ~5 as <~1e-6.
 ATOL = 1e-4
+EXACT = dict(atol=1e-10, rtol=0)
+NEOX_ATOL_FLOAT64 = 2e-6
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -63,16 +70,25 @@ def tokens(vocab: int = 100, batch: int = 2, pos: int = 20, seed: int = 1) -> to
     return torch.randint(0, vocab, (batch, pos), generator=g)
 
 
-def assert_parity(hf, model: HookedVariantTransformer, toks: torch.Tensor) -> None:
-    """Logits and every layer's attention pattern agree (fp32, atol 1e-4)."""
+def assert_parity(hf, model: HookedVariantTransformer, toks: torch.Tensor,
+                  atol: float = ATOL) -> None:
+    """Logits and every layer's attention pattern agree (fp32: atol 1e-4; fp64: pass 1e-10)."""
+    assert model.cfg.dtype == next(hf.parameters()).dtype
     with torch.no_grad():
         out = hf(toks, output_attentions=True)
         logits, cache = model.run_with_cache(toks)
-    torch.testing.assert_close(logits, out.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits, out.logits, atol=atol, rtol=0)
     assert len(out.attentions) == model.cfg.n_layers
     for layer, hf_pattern in enumerate(out.attentions):
-        torch.testing.assert_close(cache["pattern", layer], hf_pattern, atol=ATOL, rtol=0,
+        torch.testing.assert_close(cache["pattern", layer], hf_pattern, atol=atol, rtol=0,
                                    msg=lambda m, layer=layer: f"layer {layer} pattern: {m}")
+
+
+def assert_parity_float32_and_float64(hf, toks: torch.Tensor, atol64=EXACT["atol"]) -> None:
+    """Parity in the HF model's float32, then with both models in float64 (within `atol64`)."""
+    assert_parity(hf, from_hf(hf), toks)
+    hf = hf.double()
+    assert_parity(hf, from_hf(hf), toks, atol=atol64)
 
 
 def test_gpt2_parity():
@@ -84,8 +100,8 @@ def test_gpt2_parity():
     assert cfg.eps == hf.config.layer_norm_epsilon and cfg.d_mlp == 256
     assert torch.equal(model.b_U, torch.zeros(100))
     # tied unembedding
-    torch.testing.assert_close(model.W_U, hf.transformer.wte.weight.T)
-    assert_parity(hf, model, tokens())
+    torch.testing.assert_close(model.W_U, hf.transformer.wte.weight.T, atol=0, rtol=0)
+    assert_parity_float32_and_float64(hf, tokens())
 
 
 @pytest.mark.parametrize("parallel", [True, False])
@@ -96,17 +112,17 @@ def test_neox_parity(parallel):
     assert cfg.positional_embedding_type == "rotary"
     assert cfg.rotary_dim == 4 and cfg.rotary_adjacent_pairs is False  # 25% of d_head=16
     assert cfg.parallel_attn_mlp is parallel
-    assert_parity(hf, model, tokens())
+    assert_parity_float32_and_float64(hf, tokens(), atol64=NEOX_ATOL_FLOAT64)
 
 
 def test_neox_untied_unembed_and_qkv_layout():
     hf = make_neox(True)
     model = from_hf(hf)
-    torch.testing.assert_close(model.W_U, hf.lm_head.weight.T)
+    torch.testing.assert_close(model.W_U, hf.lm_head.weight.T, atol=0, rtol=0)
     assert not torch.allclose(model.W_U, model.W_E.T)
     # q, k, v are interleaved per head: rows [h, 3, d_head] of query_key_value
     w = hf.gpt_neox.layers[0].attention.query_key_value.weight.reshape(4, 3, 16, 64)
-    torch.testing.assert_close(model.blocks[0].attn.W_K[2], w[2, 1].T)
+    torch.testing.assert_close(model.blocks[0].attn.W_K[2], w[2, 1].T, atol=0, rtol=0)
 
 
 def test_helpers_map_every_key():
@@ -124,13 +140,18 @@ def test_helpers_map_every_key():
     assert all(state[k].shape == ours[k].shape for k in ours)
 
 
-@pytest.mark.parametrize("make", [make_gpt2, lambda: make_neox(False)], ids=["gpt2", "neox"])
-def test_from_local_directory(tmp_path, make):
+@pytest.mark.parametrize("make, atol64", [(make_gpt2, EXACT["atol"]),
+                                          (lambda: make_neox(False), NEOX_ATOL_FLOAT64)],
+                         ids=["gpt2", "neox"])
+def test_from_local_directory(tmp_path, make, atol64):
     hf = make()
     hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
     model = from_hf(str(tmp_path / "hf"))
     assert model.tokenizer is None  # no tokenizer files were written
     assert_parity(hf, model, tokens(seed=3))
+    hf64 = hf.double()
+    hf64.save_pretrained(tmp_path / "hf64", safe_serialization=True)
+    assert_parity(hf64, from_hf(str(tmp_path / "hf64")), tokens(seed=3), atol=atol64)
 
 
 def test_local_directory_loads_tokenizer(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 from hooked_models import CharTokenizer, HookedVariantTransformer, VariantConfig
 
-from helpers import decode_stepwise, random_tokens, tiny_cfg, tiny_model
+from helpers import EXACT, decode_stepwise, random_tokens, tiny_cfg, tiny_model
 
 
 def test_config_json_round_trip():
@@ -92,24 +92,25 @@ def test_bad_hook_names_and_return_type():
 
 
 def test_return_types():
-    model = tiny_model()
+    model = tiny_model()   # float32: the loss is computed in float32 whatever the model's dtype
     tokens = random_tokens(model)
     logits, loss = model(tokens, return_type="both")
     assert model(tokens, return_type=None) is None
-    torch.testing.assert_close(model(tokens, return_type="loss"), loss)
+    torch.testing.assert_close(model(tokens, return_type="loss"), loss, atol=0, rtol=0)
     per_tok = model(tokens, return_type="loss", loss_per_token=True)
     assert per_tok.shape == (2, 11)
     flat = logits[:, :-1].reshape(-1, 50)
     manual = torch.nn.functional.cross_entropy(flat, tokens[:, 1:].flatten())
-    torch.testing.assert_close(loss, manual)
+    # a float32 mean of 22 log-probabilities of size ~4: rounding well below 1e-5
+    torch.testing.assert_close(loss, manual, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("pos_type", ["standard", "rotary"])
 def test_incremental_decoding_parity(pos_type):
-    model = tiny_model(positional_embedding_type=pos_type)
+    model = tiny_model(positional_embedding_type=pos_type, dtype="float64")
     tokens = random_tokens(model, batch=2, pos=10)
     stepwise, _ = decode_stepwise(model, tokens, prefix=4)
-    torch.testing.assert_close(stepwise, model(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stepwise, model(tokens), **EXACT)
     gen_cached = model.generate(tokens[:, :5], max_new_tokens=6)
     gen_plain = model.generate(tokens[:, :5], max_new_tokens=6, use_cache=False)
     assert torch.equal(gen_cached, gen_plain)
@@ -117,12 +118,12 @@ def test_incremental_decoding_parity(pos_type):
 
 @pytest.mark.parametrize("pos_type", ["standard", "rotary"])
 def test_left_padding_matches_unpadded(pos_type):
-    model = tiny_model(positional_embedding_type=pos_type)
+    model = tiny_model(positional_embedding_type=pos_type, dtype="float64")
     tokens = random_tokens(model, batch=1, pos=6)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], 1)
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
     out = model(padded, attention_mask=mask)[:, 3:]
-    torch.testing.assert_close(out, model(tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, model(tokens), **EXACT)
     _, cache = model.run_with_cache(padded, attention_mask=mask)
     assert not torch.isnan(cache["pattern", 0]).any()
     assert (cache["pattern", 0][:, :, :3] == 0).all()  # fully masked rows are zeros, not NaN

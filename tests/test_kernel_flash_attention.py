@@ -15,6 +15,10 @@ pytestmark = KERNEL_MARKS
 from kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
 from kernels.flash_attention.triton_fwd import attn_fwd  # noqa: E402
 
+# The interpreter has no float64, so kernels are checked in float32 (and fp16/bf16) against the
+# float32 reference: outputs are softmax averages of randn values (|v| <~ 4) and gradients sums of
+# O(1) terms over <= ~70 keys, so a different float32 order (6e-8 per operation) moves them by
+# <~1e-5 (observed <= 3.2e-6); fp16 / bf16 keep 11 / 8 mantissa bits (1e-3 / 8e-3 relative).
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 

@@ -25,6 +25,9 @@ def _inputs(T, batch=1, heads=2, d=16, seed=0):
 
 def _check(T, N, rule, valid=None, detach_every=0, dtype=torch.float32, batch=1):
     ts, beta = _inputs(T, batch)
+    # float32 (no float64 under the interpreter): outputs <~4 and memories summed over <= 50
+    # tokens of O(1) terms, so float32 reordering gives <~1e-5 (observed <= 7.6e-6); fp16: 1e-3
+    # relative rounding per operation over segment sums (observed 5.7e-3).
     tol = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     out, (M, z) = infini_attention(*(t.to(dtype) for t in ts), N, torch.sigmoid(beta), rule,
                                    4.0, valid, detach_every, block_m=16, block_n=16)
@@ -70,6 +73,7 @@ def test_single_segment_is_plain_causal_attention():
     with torch.no_grad():   # also the inference epilogue (A_dot never written)
         out, _ = infini_attention(*ts, 32, torch.sigmoid(beta), "linear", 4.0)
         ref, _ = attention_reference(ts[0], ts[1], ts[4], scale=0.25)
+    # softmax averages of randn values over <= 20 keys in float32 (observed 2.4e-7)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 
 

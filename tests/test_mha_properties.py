@@ -3,13 +3,14 @@
 import pytest
 import torch
 
-from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
+from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_model
 
 
 @pytest.mark.parametrize("pos_type", ["standard", "rotary", "none"])
 @pytest.mark.parametrize("norm", ["LN", "RMS", None])
 def test_causal_and_pattern_identity(pos_type, norm):
-    model = tiny_model(positional_embedding_type=pos_type, normalization_type=norm)
+    model = tiny_model(positional_embedding_type=pos_type, normalization_type=norm,
+                       dtype="float64")
     tokens = random_tokens(model)
     assert assert_causal(model, tokens, t=7) > 10
     assert_pattern_identity(model, tokens)
@@ -17,7 +18,7 @@ def test_causal_and_pattern_identity(pos_type, norm):
 
 def test_naive_attention_matches():
     """A loop over positions implementing softmax(q.k/sqrt(d)) v agrees with the model's z."""
-    model = tiny_model(n_layers=1, attn_only=True)
+    model = tiny_model(n_layers=1, attn_only=True, dtype="float64")
     tokens = random_tokens(model, batch=1, pos=6)
     _, cache = model.run_with_cache(tokens)
     attn = model.blocks[0].attn
@@ -31,4 +32,4 @@ def test_naive_attention_matches():
             s = torch.stack([q[i] @ k[j] / model.cfg.d_head**0.5 for j in range(i + 1)])
             w = torch.softmax(s, 0)
             z = sum(w[j] * v[j] for j in range(i + 1))
-            torch.testing.assert_close(cache["z", 0][0, i, h], z, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache["z", 0][0, i, h], z, **EXACT)

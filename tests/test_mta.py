@@ -12,22 +12,13 @@ from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
 from hooked_models.attention import _mta_ops as mta_ops
 from hooked_models.attention.mta import MTAOptions, MultiTokenAttention
 
-from helpers import assert_causal, assert_pattern_identity, random_tokens, tiny_model
+from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_model
 
 MTA_PARAMS = ("mta_kernel", "mta_kernel_after_sm", "pre_sm_head_kernel", "head_kernel",
               "subln_w", "W_gate", "b_gate")
 ALL_ON = dict(query_kernel_size=3, key_kernel_size=5, after_sm_query_kernel_size=2,
               after_sm_key_kernel_size=3, pre_sm_head_kernel_size=2, head_kernel_size="all",
               mta_layers="all")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP contention on a shared CPU (40x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def randomize_mta(model, seed=0, scale=0.3):
@@ -46,7 +37,8 @@ def S(cache, stage, layer):
 
 
 def mta_model(seed=0, **opts):
-    overrides = {k: opts.pop(k) for k in list(opts) if k in (
+    """A tiny randomised MTA model, float64 unless `dtype` is given (exactness checks)."""
+    overrides = {"dtype": "float64"} | {k: opts.pop(k) for k in list(opts) if k in (
         "n_layers", "positional_embedding_type", "attn_only", "dtype", "use_attn_result",
         "normalization_type", "n_ctx")}
     return randomize_mta(tiny_model("mta", attn_cfg=opts, **overrides), seed)
@@ -61,30 +53,31 @@ def mta_model(seed=0, **opts):
 ])
 def test_identity_init_reproduces_mha(pos_type, opts):
     """Identity kernels and mixings with the same W_Q..W_O give the mha model exactly."""
-    mha = tiny_model("mha", positional_embedding_type=pos_type)
-    mta = tiny_model("mta", positional_embedding_type=pos_type,
+    mha = tiny_model("mha", positional_embedding_type=pos_type, dtype="float64")
+    mta = tiny_model("mta", positional_embedding_type=pos_type, dtype="float64",
                      attn_cfg=dict(opts, group_norm=False, add_gating=False))
     missing, unexpected = mta.load_state_dict(mha.state_dict(), strict=False)
     assert not unexpected and all(m.split(".")[-1] in MTA_PARAMS for m in missing)
     tokens = random_tokens(mha, pos=14)
     logits_a, cache_a = mha.run_with_cache(tokens)
     logits_b, cache_b = mta.run_with_cache(tokens)
-    torch.testing.assert_close(logits_b, logits_a, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits_b, logits_a, **EXACT)
     for layer in range(mha.cfg.n_layers):
         pattern = cache_a["pattern", layer]
         for stage in ("softmax", "post_sm_conv", "pattern"):
             torch.testing.assert_close(cache_b[f"blocks.{layer}.attn.hook_{stage}"], pattern,
-                                       atol=1e-6, rtol=1e-6)
+                                       **EXACT)
         torch.testing.assert_close(S(cache_b, "pre_sm_mix", layer), cache_a["attn_scores", layer],
-                                   atol=1e-6, rtol=1e-6)
+                                   **EXACT)
 
 
 def test_identity_init_same_seed_is_mha():
     """Without a gate, an identity-initialised MTA model draws the same weights as mha."""
-    mha = tiny_model("mha")
-    mta = tiny_model("mta", attn_cfg=dict(ALL_ON, group_norm=False, add_gating=False))
+    mha = tiny_model("mha", dtype="float64")
+    mta = tiny_model("mta", attn_cfg=dict(ALL_ON, group_norm=False, add_gating=False),
+                     dtype="float64")
     tokens = random_tokens(mha)
-    torch.testing.assert_close(mta(tokens), mha(tokens), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mta(tokens), mha(tokens), **EXACT)
 
 
 # -- causality and the effective pattern, for every combination of options ----------------------
@@ -109,8 +102,7 @@ def test_causal_and_pattern_identity_all_combinations(pre_conv, post_conv):
         assert assert_causal(model, tokens, t=6) >= 20, opts
         assert_pattern_identity(model, tokens)
         # the unhooked fast path (masks applied lazily, in place) gives the same logits
-        torch.testing.assert_close(model(tokens), model.run_with_cache(tokens)[0],
-                                   atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(model(tokens), model.run_with_cache(tokens)[0], **EXACT)
 
 
 @pytest.mark.parametrize("pad_key", ["left", "right"])
@@ -127,8 +119,7 @@ def test_left_padding_is_invisible():
     tokens = random_tokens(model, batch=1, pos=9)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], 1)
-    torch.testing.assert_close(model(padded, attention_mask=mask)[:, 3:], model(tokens),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model(padded, attention_mask=mask)[:, 3:], model(tokens), **EXACT)
 
 
 @pytest.mark.parametrize("pad_key", ["both", "left"])
@@ -142,13 +133,12 @@ def test_banded_block_convolution(monkeypatch, pad_key):
     mask[1, :2] = 0
     whole = model(tokens, attention_mask=mask)
     monkeypatch.setattr(mta_ops, "BLOCK_ROWS", 3)
-    torch.testing.assert_close(model(tokens, attention_mask=mask), whole, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(model(tokens, attention_mask=mask), whole, **EXACT)
     assert assert_causal(model, tokens, t=8) >= 20
     cache = KVCache(model.cfg.n_layers)
     steps = [model(tokens[:, :9], attention_mask=mask[:, :9], past_kv_cache=cache),
              model(tokens[:, 9:], attention_mask=mask, past_kv_cache=cache)]
-    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], whole[mask.bool()],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], whole[mask.bool()], **EXACT)
 
 
 # -- an independent naive implementation of Eqs. 4-7 --------------------------------------------
@@ -271,7 +261,7 @@ def test_naive_reference_agrees(opts):
             want = _as_tensor(value).to(got.dtype)
             if got.shape[-2:] == (7, 7) and stage != "z":   # maps: compare allowed entries
                 got, want = got[:, allowed], want[:, allowed]
-            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4,
+            torch.testing.assert_close(got, want, **EXACT,
                                        msg=lambda m, s=stage, layer=layer: f"L{layer} {s}: {m}")
 
 
@@ -283,14 +273,14 @@ def test_eq4_equals_eq5_only_for_single_query_kernel():
     tokens = random_tokens(one, batch=1, pos=6)
     _, cache = one.run_with_cache(tokens)
     x = cache["blocks.0.ln1.hook_normalized"][0]
-    eq4 = torch.tensor(naive_layer(one.blocks[0].attn, x, "eq4")["pre_sm_conv"])
-    eq5 = torch.tensor(naive_layer(one.blocks[0].attn, x, "eq5")["pre_sm_conv"])
-    torch.testing.assert_close(eq4, eq5)
+    eq4 = _as_tensor(naive_layer(one.blocks[0].attn, x, "eq4")["pre_sm_conv"])
+    eq5 = _as_tensor(naive_layer(one.blocks[0].attn, x, "eq5")["pre_sm_conv"])
+    torch.testing.assert_close(eq4, eq5, **EXACT)
     many = mta_model(seed=1, **ALL_ON, n_layers=1)
     _, cache = many.run_with_cache(tokens)
     x = cache["blocks.0.ln1.hook_normalized"][0]
-    eq4 = torch.tensor(naive_layer(many.blocks[0].attn, x, "eq4")["pre_sm_conv"])
-    eq5 = torch.tensor(naive_layer(many.blocks[0].attn, x, "eq5")["pre_sm_conv"])
+    eq4 = _as_tensor(naive_layer(many.blocks[0].attn, x, "eq4")["pre_sm_conv"])
+    eq5 = _as_tensor(naive_layer(many.blocks[0].attn, x, "eq5")["pre_sm_conv"])
     assert (eq4 - eq5).abs().max() > 1e-3
 
 
@@ -339,15 +329,15 @@ def test_incremental_decoding_matches_full_forward(opts, pos_type):
         pieces.append(logits)
         for stage in ("pre_sm_conv", "pattern"):   # hooks see the new query rows only
             torch.testing.assert_close(S(step_cache, stage, 1),
-                                       S(full_cache, stage, 1)[:, :, start:end, :end])
+                                       S(full_cache, stage, 1)[:, :, start:end, :end], **EXACT)
         start = end
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(pieces, 1), full, **EXACT)
     fast, start = [], 0   # again without hooks (the unobserved path)
     cache_fast = KVCache(model.cfg.n_layers)
     for end in (5, 6, 9, 14):
         fast.append(model(tokens[:, start:end], past_kv_cache=cache_fast))
         start = end
-    torch.testing.assert_close(torch.cat(fast, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(fast, 1), full, **EXACT)
     # only a window of past queries is kept
     for lc, block in zip(cache.layers, model.blocks, strict=True):
         kept = lc.extra.get("q")
@@ -366,8 +356,7 @@ def test_incremental_decoding_with_left_padding_and_generate():
     for t in range(4, 10):
         steps.append(model(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1],
                            past_kv_cache=cache))
-    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], **EXACT)
     prompt = tokens[:, :5]
     torch.testing.assert_close(model.generate(prompt, 6, use_cache=True),
                                model.generate(prompt, 6, use_cache=False))
@@ -389,7 +378,8 @@ def test_stage_catalogue_and_row_sums():
     for stage in model.stages(0):
         act = cache[f"blocks.0.attn.hook_{stage.name}"]
         assert act.ndim == len(stage.shape.split()), stage.name
-    torch.testing.assert_close(S(cache, "softmax", 0).sum(-1), torch.ones(2, 4, 12))
+    torch.testing.assert_close(S(cache, "softmax", 0).sum(-1),
+                               torch.ones(2, 4, 12, dtype=torch.float64), **EXACT)
     assert (cache["pattern", 0].sum(-1) - 1).abs().max() > 1e-3   # mixed: not a distribution
     assert torch.isinf(S(cache, "pre_sm_mix", 0)[0, 0, 0, 1])          # pre-softmax: -inf masked
 
@@ -413,19 +403,19 @@ def test_head_results_use_normed_heads():
         result = cache["result", layer]
         attn_out = cache[f"blocks.{layer}.hook_attn_out"]
         torch.testing.assert_close(result.sum(-2) + model.blocks[layer].attn.b_O, attn_out,
-                                   atol=1e-5, rtol=1e-5)
+                                   **EXACT)
         head_out = cache[f"blocks.{layer}.attn.hook_head_out"]
         torch.testing.assert_close(
-            result, torch.einsum("bphd,hdm->bphm", head_out, model.W_O[layer]))
+            result, torch.einsum("bphd,hdm->bphm", head_out, model.W_O[layer]), **EXACT)
     stack = cache.stack_head_results(layer=-1)
     assert stack.shape[0] == 2 * model.cfg.n_heads
 
 
 def test_placement_and_parameters():
-    opts = MTAOptions()
-    assert opts.conv_layers(24) == [2, 6, 10, 14, 18, 22]
-    assert opts.conv_layers(20) == [2, 6, 10, 14, 18]
-    assert opts.conv_layers(4) == [0, 1, 2, 3]
+    opts = MTAOptions()   # official default: every layer; "paper": every 4th from layer 2
+    assert opts.conv_layers(24) == list(range(24)) and opts.conv_layers(4) == [0, 1, 2, 3]
+    assert MTAOptions(mta_layers="paper").conv_layers(24) == [2, 6, 10, 14, 18, 22]
+    assert MTAOptions(mta_layers="paper").conv_layers(20) == [2, 6, 10, 14, 18]
     assert MTAOptions(mta_layers="1, 3").conv_layers(8) == [1, 3]
     model = tiny_model("mta", n_layers=3, attn_cfg=dict(mta_layers=[1], head_kernel_size=2))
     for layer, block in enumerate(model.blocks):
@@ -469,7 +459,6 @@ def test_checkpoint_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("bad, match", [
     ({"key_kernel_size": 4}, "must be odd"),
-    ({"query_kernel_size": None}, "set both or neither"),
     ({"query_kernel_size": 0}, "positive int"),
     ({"head_kernel_size": 3}, "divisor of n_heads=4"),
     ({"pre_sm_head_kernel_size": "some"}, "divisor"),
@@ -479,7 +468,7 @@ def test_checkpoint_roundtrip(tmp_path):
     ({"pad_key": "middle"}, "pad_key"),
     ({"group_norm": False, "layer_norm_rescale": True}, "needs group_norm"),
     ({"norm_eps": 0}, "norm_eps"),
-    ({"gate_1d": False}, "unknown options"),
+    ({"gate_1d": 0}, "bool"),
 ])
 def test_bad_options_raise(bad, match):
     with pytest.raises(ValueError, match=match):

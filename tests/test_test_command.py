@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,16 @@ def test_present_browser_needs_nothing(tmp_path):
     out = run(fake_path(tmp_path, {"chromium": "true", "chromedriver": "true",
                                    "apt-get": "exit 9"}))
     assert out.returncode == 0 and out.stderr == ""
+
+
+def test_thread_count_follows_attnlens_test_threads():
+    """conftest sets torch's thread count from ATTNLENS_TEST_THREADS (default 1) and refuses
+    a value that is not a positive integer, naming it."""
+    import torch
+
+    assert torch.get_num_threads() == int(os.environ.get("ATTNLENS_TEST_THREADS", "1"))
+    env = {**os.environ, "ATTNLENS_TEST_THREADS": "two"}
+    run = subprocess.run([sys.executable, "-c", "import conftest"], cwd=ROOT / "tests", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "ValueError: ATTNLENS_TEST_THREADS='two'" in run.stderr

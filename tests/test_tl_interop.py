@@ -6,14 +6,15 @@ from transformer_lens import ActivationCache, FactoredMatrix, patching
 from transformer_lens.head_detector import detect_head
 from transformer_lens.model_protocol import TransformerLensModel, TransformerLensModelWithWeights
 
-from helpers import random_tokens, tiny_model
+from helpers import EXACT, random_tokens, tiny_model
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=64)
+    """float64, so TransformerLens's tools can be checked exactly against our activations."""
+    return tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=64, dtype="float64")
 
 
 def test_protocols_and_cache_type(model):
@@ -24,7 +25,7 @@ def test_protocols_and_cache_type(model):
     assert isinstance(model.QK, FactoredMatrix) and isinstance(model.OV, FactoredMatrix)
     L, H, D = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model
     assert model.QK.shape == (L, H, D, D) and model.OV.shape == (L, H, D, D)
-    torch.testing.assert_close(model.QK.AB[1, 2], model.W_Q[1, 2] @ model.W_K[1, 2].T)
+    torch.testing.assert_close(model.QK.AB[1, 2], model.W_Q[1, 2] @ model.W_K[1, 2].T, **EXACT)
 
 
 def test_hook_names_and_shapes(model):
@@ -62,7 +63,7 @@ def test_detect_head_matches_manual_scores(model):
         pattern = cache["pattern", layer][0]
         sub = pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1)
         manual = sub / pattern.sum((-2, -1))
-        torch.testing.assert_close(scores[layer], manual, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scores[layer], manual.to(scores.dtype), **EXACT)
     dup = detect_head(model, text, "duplicate_token_head")
     ind = detect_head(model, text, "induction_head")
     assert dup.shape == ind.shape == (model.cfg.n_layers, model.cfg.n_heads)
@@ -74,10 +75,10 @@ def test_decompose_and_accumulated_resid(model):
     _, cache = model.run_with_cache(tokens)
     parts, labels = cache.decompose_resid(return_labels=True)
     assert labels[:2] == ["embed", "pos_embed"] and labels[-1] == "1_mlp_out"
-    torch.testing.assert_close(parts.sum(0), cache["resid_post", -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(parts.sum(0), cache["resid_post", -1], **EXACT)
     accum = cache.accumulated_resid(incl_mid=True)
-    torch.testing.assert_close(accum[-1], cache["resid_post", -1])
-    torch.testing.assert_close(accum[0], cache["resid_pre", 0])
+    torch.testing.assert_close(accum[-1], cache["resid_post", -1], **EXACT)
+    torch.testing.assert_close(accum[0], cache["resid_pre", 0], **EXACT)
 
 
 def test_stack_head_results_sum_to_attn_out(model):
@@ -89,16 +90,17 @@ def test_stack_head_results_sum_to_attn_out(model):
     for layer in range(model.cfg.n_layers):
         heads_sum = stack[layer * H:(layer + 1) * H].sum(0)
         expected = cache["attn_out", layer] - model.blocks[layer].attn.b_O
-        torch.testing.assert_close(heads_sum, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(heads_sum, expected, **EXACT)
 
 
 def test_attn_result_hook_matches_stack():
-    model = tiny_model(use_attn_result=True)
+    model = tiny_model(use_attn_result=True, dtype="float64")
     tokens = random_tokens(model, pos=8)
     _, cache = model.run_with_cache(tokens)
     result = cache["result", 0]
     assert result.shape == (2, 8, model.cfg.n_heads, model.cfg.d_model)
-    torch.testing.assert_close(result.sum(-2) + model.blocks[0].attn.b_O, cache["attn_out", 0])
+    torch.testing.assert_close(result.sum(-2) + model.blocks[0].attn.b_O, cache["attn_out", 0],
+                               **EXACT)
 
 
 def test_logit_attrs_sum_to_logits(model):
@@ -109,7 +111,7 @@ def test_logit_attrs_sum_to_logits(model):
     attrs = cache.logit_attrs(stack, tokens=answer, pos_slice=-1)
     # ln_final has w=1, b=0 at init, so the components' attributions add up to logit - b_U.
     expected = logits[0, -1, answer] - model.b_U[answer]
-    torch.testing.assert_close(attrs.sum(0), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(attrs.sum(0), expected, **EXACT)
 
 
 def test_activation_patching_restores_clean(model):
@@ -124,11 +126,15 @@ def test_activation_patching_restores_clean(model):
 
     result = patching.get_act_patch_resid_pre(model, corrupt, clean_cache, metric)
     assert result.shape == (model.cfg.n_layers, 8)
+    # TransformerLens stores patching results in a float32 tensor whatever the model's dtype: the
+    # float64 metric must equal it up to that rounding (1 float32 ulp, relative 1.2e-7).
+    assert result.dtype == torch.float32
+    ulp = dict(atol=0, rtol=2 ** -23)
     # Patching the clean residual at the corrupted position of layer 0 restores the clean run.
-    torch.testing.assert_close(result[0, 2], metric(clean_logits), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result[0, 2], metric(clean_logits).float(), **ulp)
     # Patching a position before the corruption changes nothing.
     corrupt_logits = model(corrupt)
-    torch.testing.assert_close(result[0, 0], metric(corrupt_logits), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result[0, 0], metric(corrupt_logits).float(), **ulp)
 
 
 def test_hook_that_raises_leaves_no_hook(model):
@@ -157,4 +163,4 @@ def test_ablation_via_hooks_changes_output(model):
     base = model(tokens)
     ablated = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_v", zero)])
     assert not torch.allclose(base, ablated)
-    torch.testing.assert_close(model(tokens), base)
+    torch.testing.assert_close(model(tokens), base, **EXACT)

@@ -121,6 +121,10 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm block: attention (the registered variant) then an optional MLP."""
 
+    # TransformerLens's logit lens / accumulated_resid(apply_ln=True) read this flag: each block
+    # outputs one [batch pos d_model] residual stream, the one ln_final -> unembed reads.
+    hook_out_is_single_residual_stream = True
+
     def __init__(self, cfg, layer: int):
         super().__init__()
         self.cfg = cfg

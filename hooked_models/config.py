@@ -52,6 +52,8 @@ class VariantConfig(TransformerLensConfig):
         parallel_attn_mlp: GPT-NeoX style block, resid_post = resid + attn(ln1 x) + mlp(ln2 x).
         attn_scale: scores are divided by this (default sqrt(d_head)).
         backend: "torch", "triton" or "auto" (Triton on CUDA when the variant has kernels).
+        n_key_value_heads (TransformerLens's field): grouped-query attention with this many
+            key/value heads, each shared by n_heads / n_key_value_heads query heads; None: MHA.
         seed: seeds the weight initialisation when set.
         tokenizer_alphabet: characters of the built-in character tokenizer (None: no tokenizer).
     """
@@ -81,6 +83,11 @@ class VariantConfig(TransformerLensConfig):
         super().__post_init__()
         if self.n_heads <= 0:
             raise ValueError(f"n_heads must be positive, got {self.n_heads}")
+        kv = self.n_key_value_heads
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0
+                               or self.n_heads % kv):
+            raise ValueError(f"n_key_value_heads={kv!r} must be None or a positive divisor of "
+                             f"n_heads={self.n_heads} (grouped-query attention)")
         _choice("positional_embedding_type", self.positional_embedding_type, POSITIONAL_TYPES)
         _choice("normalization_type", self.normalization_type, NORMALIZATION_TYPES)
         _choice("act_fn", self.act_fn, ACTIVATIONS)
@@ -99,6 +106,12 @@ class VariantConfig(TransformerLensConfig):
                              f"got {self.rotary_dim}")
         if self.attn_scale is None:
             self.attn_scale = math.sqrt(self.d_head)
+        # Both divide: 0, negative, NaN or inf would give NaN/inf outputs silently.
+        for name in ("attn_scale", "eps"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if self.tokenizer_alphabet is not None and len(self.tokenizer_alphabet) + 1 > self.d_vocab:
             need = len(self.tokenizer_alphabet) + 1
             raise ValueError(f"tokenizer_alphabet needs d_vocab >= {need} (alphabet + BOS), "

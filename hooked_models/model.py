@@ -91,9 +91,12 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
             for block in self.blocks:
                 block.attn.init_weights(gen)
 
-    def to(self, *args, **kwargs):
-        out = super().to(*args, **kwargs)
+    def _apply(self, fn, recurse=True):
+        # to(), half(), float(), double(), bfloat16(), cuda() and cpu() all end here: keep the
+        # config (saved as config.json) in step with where the weights live and their dtype.
+        out = super()._apply(fn, recurse)
         self.cfg.device = str(self.W_E.device)
+        self.cfg.dtype = self.W_E.dtype
         return out
 
     # -- forward ---------------------------------------------------------------------------
@@ -121,6 +124,8 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         if isinstance(input, list) and not all(isinstance(t, str) for t in input):
             raise ValueError("input must be a string, a list of strings or a tensor of token ids; "
                              "got a list with non-string items")
+        if isinstance(input, list) and not input:
+            raise ValueError("input is an empty list; pass at least one string")
         if isinstance(input, (str, list)):
             if attention_mask is None and not isinstance(input, str):
                 attention_mask = self.padding_mask(input)
@@ -220,9 +225,21 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
     @torch.no_grad()
     def generate(self, input: str | Tensor, max_new_tokens: int, temperature: float = 0.0,
                  use_cache: bool = True, seed: int | None = None) -> Tensor:
-        """Greedy (temperature 0) or sampled continuation; returns `[batch pos+new]` ids."""
+        """Greedy (temperature 0) or sampled continuation; returns `[batch pos+new]` ids.
+
+        `use_cache` is ignored (each step re-runs the whole prefix, with the same result) when a
+        layer's attention keeps no KV cache (`supports_kv_cache`, e.g. Infini-attention).
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not 0 <= temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), "
+                             f"got {temperature!r}")
         tokens = self.to_tokens(input) if isinstance(input, str) else self._check_tokens(input)
         gen = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
+        use_cache = use_cache and all(b.attn.supports_kv_cache for b in self.blocks)
         cache = KVCache(self.cfg.n_layers) if use_cache else None
         step_in = tokens
         for _ in range(max_new_tokens):
@@ -258,11 +275,25 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         if isinstance(names, (list, tuple)):
             for n in names:
                 self._check_hook_name(n)
+        names_filter = self._with_head_results(names)
         out, cache = super().run_with_cache(*model_args, names_filter=names_filter,
                                             remove_batch_dim=remove_batch_dim, **kwargs)
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
         return out, cache
+
+    def _with_head_results(self, names):
+        """`names` (None, a list or a predicate), also selecting `attn.hook_result` wherever it
+        selects `attn.hook_z` of a layer whose head result is not hook_z @ W_O (MTA's norm and
+        gate): TransformerLens's stack_head_results would otherwise rebuild it wrongly."""
+        if names is None:
+            return None
+        select = names.__contains__ if isinstance(names, (list, tuple)) else names
+        z_of = {f"blocks.{b.layer}.attn.hook_result": f"blocks.{b.layer}.attn.hook_z"
+                for b in self.blocks if b.attn.transforms_heads()}
+        if not z_of:
+            return names
+        return lambda name: bool(select(name)) or (name in z_of and bool(select(z_of[name])))
 
     def stages(self, layer: int = 0) -> tuple[Stage, ...]:
         """The ordered stage catalogue of `layer`'s attention (DESIGN.md contract 3)."""
@@ -278,6 +309,8 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
 
     # -- weights (stacked over layers, TransformerLens layout) ------------------------------
     def _stack(self, attr: str) -> Tensor:
+        # Under GQA, `attn.W_K`/`W_V`/`b_K`/`b_V` are already the per-query-head (expanded)
+        # views, so every stacked weight has n_heads heads and QK/OV pair heads correctly.
         return torch.stack([getattr(b.attn, attr) for b in self.blocks])
 
     W_Q = property(lambda self: self._stack("W_Q"), doc="[n_layers n_heads d_model d_head]")
@@ -340,16 +373,19 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         return total
 
     # -- checkpoints -----------------------------------------------------------------------
-    def save_pretrained(self, directory, card: dict | None = None) -> None:
-        """Write `config.json` + `model.safetensors` (+ `card.json`) atomically."""
+    def save_pretrained(self, directory, card: dict | None = None, weights_dtype=None) -> None:
+        """Write `config.json` + `model.safetensors` (+ `card.json`, + `tokenizer.json` for a
+        trained tokenizer), each atomically, touching no other file in `directory`;
+        `weights_dtype=torch.float16` halves the file. A path that is a plain file raises."""
         from hooked_models.checkpoint import save_checkpoint
 
-        save_checkpoint(self, directory, card=card)
+        save_checkpoint(self, directory, card=card, weights_dtype=weights_dtype)
 
     @classmethod
     def from_pretrained(cls, directory, device: str | None = None,
                         tokenizer=None) -> "HookedVariantTransformer":
-        """Load a directory written by `save_pretrained` (safetensors only, never pickle)."""
+        """Load a directory written by `save_pretrained` (safetensors only, never pickle), in
+        eval mode; a corrupt file raises ValueError naming it (a corrupt card.json warns)."""
         from hooked_models.checkpoint import load_checkpoint
 
         return load_checkpoint(cls, directory, device=device, tokenizer=tokenizer)

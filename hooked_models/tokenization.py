@@ -64,24 +64,43 @@ class TokenizationMixin:
         if prepend_bos is None:
             prepend_bos = self.cfg.default_prepend_bos
         texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ValueError("padding_mask expects a string or a non-empty list of strings, "
+                             "got an empty list")
         lengths = [len(self._encode(t)) + int(prepend_bos) for t in texts]
         width = max(lengths)
         return torch.tensor([[1] * n + [0] * (width - n) for n in lengths],
                             device=self.cfg.device)
 
     def to_string(self, tokens) -> str | list[str]:
-        """Decode `[pos]` ids to a string, or `[batch pos]` ids to a list of strings."""
+        """Decode one id or `[pos]` ids to a string, or `[batch pos]` ids to a list of strings."""
         tok = self._require_tokenizer()
         tokens = torch.as_tensor(tokens)
         if tokens.ndim == 2:
             return [self.to_string(row) for row in tokens]
-        return tok.decode(tokens.tolist())
+        if tokens.ndim > 2:
+            raise ValueError(f"to_string takes one id, [pos] or [batch pos] ids, got shape "
+                             f"{tuple(tokens.shape)}")
+        ids = tokens.reshape(-1).tolist()
+        if isinstance(tok, CharTokenizer):
+            return "".join(self._char_text(tok, i) for i in ids)
+        return tok.decode(ids)
+
+    def _char_text(self, tok: CharTokenizer, i: int) -> str:
+        # A model may have more ids (d_vocab) than its character tokenizer: those ids are valid
+        # model outputs with no text, so label them instead of failing (e.g. in test_prompt's
+        # top-k list).
+        if tok.vocab_size <= i < self.cfg.d_vocab:
+            return f"<unused:{i}>"
+        return tok.id_to_str(int(i))
 
     def to_str_tokens(self, text, prepend_bos: bool | None = None) -> list[str]:
         """One string per token, for axis labels (`text` may be a string or `[pos]` ids)."""
         if isinstance(text, str):
             text = self.to_tokens(text, prepend_bos=prepend_bos)[0]
         ids = torch.as_tensor(text)
+        if ids.ndim == 0:  # one id, as HF's to_str_tokens accepts
+            ids = ids[None]
         if ids.ndim == 2:
             if ids.shape[0] != 1:
                 raise ValueError("to_str_tokens takes one sequence, got a batch of "
@@ -89,7 +108,7 @@ class TokenizationMixin:
             ids = ids[0]
         tok = self._require_tokenizer()
         if isinstance(tok, CharTokenizer):
-            return [tok.id_to_str(int(i)) for i in ids]
+            return [self._char_text(tok, int(i)) for i in ids]
         return [tok.decode([int(i)]) for i in ids]
 
     def to_single_token(self, string: str) -> int:

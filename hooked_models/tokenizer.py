@@ -6,6 +6,8 @@ Example:
     [3, 1, 2]
     >>> tok.decode([0, 3, 1])
     '<bos>ca'
+    >>> tok.decode(2)
+    'b'
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class CharTokenizer:
                              f"{self.alphabet!r}") from None
 
     def decode(self, ids) -> str:
+        """Text of a sequence of ids; a single id (int or 0-d tensor) decodes as HF's do."""
+        if isinstance(ids, int) or getattr(ids, "ndim", None) == 0:
+            ids = [ids]
         return "".join(self.id_to_str(int(i)) for i in ids)
 
     def id_to_str(self, i: int) -> str:

@@ -4,12 +4,13 @@ A variant subclasses `VariantAttention`, declares its ordered map `stages` (DESI
 and an `Options` dataclass, and implements `attend(q, k, v, ctx) -> z`. The base class owns the
 TransformerLens-layout weights (`W_Q/W_K/W_V [head_index d_model d_head]`, `W_O [head_index d_head
 d_model]`, biases), the q/k/v/rot/z/result hooks, one HookPoint per declared stage, masking,
-rotary positions and the KV cache, so every variant gets them identically.
+rotary positions, the KV cache and grouped-query attention (`cfg.n_key_value_heads`: k and v are
+computed, hooked, rotated and cached with kv_heads heads and expanded to n_heads once, before
+`attend`), so every variant gets them identically.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
+from hooked_models.attention.options import check_option_names
 from hooked_models.rotary import Rotary
 
 MAP_SHAPE = "batch head_index query_pos key_pos"
@@ -31,7 +33,8 @@ class Stage:
     Attributes:
         name: hook suffix; the hook is `blocks.{l}.attn.hook_{name}`.
         description: one line for docs, plots and the dashboard.
-        softmax: whether the stage is before ("pre") or after ("post") the softmax.
+        softmax: whether the stage is before ("pre") or after ("post") the softmax, or
+            "neither": a side quantity that is not a logit nor weights (CoPE's gates, positions).
         row_stochastic: rows are probability distributions (False for e.g. MTA's post-softmax
             convolution or DCMHA's post-composition maps).
         shape: the dimension names of the hooked tensor.
@@ -39,7 +42,7 @@ class Stage:
 
     name: str
     description: str
-    softmax: Literal["pre", "post"]
+    softmax: Literal["pre", "post", "neither"]
     row_stochastic: bool = False
     shape: str = MAP_SHAPE
 
@@ -112,6 +115,29 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     return pattern.masked_fill(~has_key, 0.0)
 
 
+class _KVWeight:
+    """`W_K`, `W_V`, `b_K`, `b_V` of a `VariantAttention`: per query head, `[head_index ...]`.
+
+    Without GQA this returns the parameter itself. Under GQA it returns the stored `_W_K`...
+    `[kv_heads ...]` repeat_interleaved over the heads of each group, like TransformerLens's
+    GroupedQueryAttention.W_K: a fresh tensor, so edit (or read the gradient of) `_W_K` instead.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, module: "VariantAttention | None", owner: type | None = None):
+        if module is None:
+            return self
+        params = module._parameters
+        if self.name in params:
+            return params[self.name]
+        grouped = params.get("_" + self.name)
+        if grouped is None:  # not registered yet (nn.Module's own hasattr checks)
+            raise AttributeError(self.name)
+        return grouped.repeat_interleave(module.kv_group, dim=0)
+
+
 class VariantAttention(nn.Module):
     """Base class of every attention variant (registered with `register_attention`).
 
@@ -127,19 +153,31 @@ class VariantAttention(nn.Module):
         Stage("pattern", "softmax of the scores: the weights on the values", "post", True),
     )
 
+    W_K, W_V, b_K, b_V = _KVWeight(), _KVWeight(), _KVWeight(), _KVWeight()
+    # Whether `forward` accepts the model's `past_kv_cache` (a LayerCache); `generate` re-runs
+    # the whole prefix each step for a variant that sets this False.
+    supports_kv_cache: ClassVar[bool] = True
+
     def __init__(self, cfg, layer: int):
         super().__init__()
         self.cfg = cfg
         self.layer = layer
         H, D, dh = cfg.n_heads, cfg.d_model, cfg.d_head
         dtype = cfg.dtype
+        # Grouped-query attention (TransformerLens's GroupedQueryAttention): query head h reads
+        # key/value head h // kv_group. Under GQA the K/V parameters are `_W_K, _W_V, _b_K,
+        # _b_V` `[kv_heads ...]` and `W_K`... are per-query-head views (`_KVWeight`); without
+        # it they are plain parameters named `W_K`..., so existing checkpoints load unchanged.
+        self.kv_heads = cfg.n_key_value_heads or H
+        self.kv_group = H // self.kv_heads
+        kv, Hk = ("_" if self.kv_heads != H else ""), self.kv_heads
         self.W_Q = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
-        self.W_K = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
-        self.W_V = nn.Parameter(torch.empty(H, D, dh, dtype=dtype))
+        self.register_parameter(kv + "W_K", nn.Parameter(torch.empty(Hk, D, dh, dtype=dtype)))
+        self.register_parameter(kv + "W_V", nn.Parameter(torch.empty(Hk, D, dh, dtype=dtype)))
         self.W_O = nn.Parameter(torch.empty(H, dh, D, dtype=dtype))
         self.b_Q = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
-        self.b_K = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
-        self.b_V = nn.Parameter(torch.zeros(H, dh, dtype=dtype))
+        self.register_parameter(kv + "b_K", nn.Parameter(torch.zeros(Hk, dh, dtype=dtype)))
+        self.register_parameter(kv + "b_V", nn.Parameter(torch.zeros(Hk, dh, dtype=dtype)))
         self.b_O = nn.Parameter(torch.zeros(D, dtype=dtype))
         for name in ("q", "k", "v", "z", "result"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -164,11 +202,11 @@ class VariantAttention(nn.Module):
         if value is None:
             value = cls.Options()
         elif isinstance(value, dict):
-            known = {f.name for f in dataclasses.fields(cls.Options)}
-            unknown = sorted(set(value) - known)
-            if unknown:
-                raise ValueError(f"unknown options {unknown} for attention {cls.variant!r}; "
-                                 f"known: {sorted(known)}")
+            # Official option names first (aliases), then unknown names are explained.
+            from_official = getattr(cls.Options, "from_official", None)
+            if from_official is not None:
+                value = from_official(value)
+            check_option_names(cls.Options, value, cls.variant)
             value = cls.Options(**value)
         elif not isinstance(value, cls.Options):
             raise ValueError(f"attn_cfg for {cls.variant!r} must be a dict or "
@@ -200,28 +238,48 @@ class VariantAttention(nn.Module):
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 style: N(0, initializer_range) weights, zero biases. Variants extend this."""
         std = self.cfg.initializer_range
-        for w in (self.W_Q, self.W_K, self.W_V, self.W_O):
+        for w in (self.W_Q, self.kv_param("W_K"), self.kv_param("W_V"), self.W_O):
             nn.init.normal_(w, std=std, generator=generator)
 
     # -- shared machinery ----------------------------------------------------------------
     def forward(self, x: Float[Tensor, "batch pos d_model"], allowed: Tensor,
                 q_positions: Tensor, k_positions: Tensor,
                 cache: LayerCache | None = None) -> Float[Tensor, "batch pos d_model"]:
-        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
-        k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
-        v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+        q, k, v = self.project_qkv(x)
         q, k = self.prepare_qk(q, k)
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, q_positions))
             k = self.hook_rot_k(self.rotary(k, q_positions))
-        if cache is not None:
+        if cache is not None:  # the cache holds the kv_heads keys/values, as HF's does
             k, v = cache.append("k", k), cache.append("v", v)
+        k, v = self.expand_kv(k), self.expand_kv(v)
         ctx = AttentionContext(x, allowed, q_positions, k_positions, cache)
         z = self.maybe_fused(q, k, v, ctx)
         if z is None:
             z = self.attend(q, k, v, ctx)
         z = self.hook_z(z)
         return self.project_out(self.heads_to_output(z, ctx))
+
+    def project_qkv(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor, Tensor]:
+        """Hooked q `[batch pos head_index d_head]` and k, v `[batch pos kv_heads d_head]`.
+
+        Under GQA, hook_k / hook_v carry the un-repeated kv_heads tensors, as TransformerLens
+        does (`expand_kv` makes the per-query-head copies after hooks, rotary and the cache).
+        """
+        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
+        k = torch.einsum("bpm,hmd->bphd", x, self.kv_param("W_K")) + self.kv_param("b_K")
+        v = torch.einsum("bpm,hmd->bphd", x, self.kv_param("W_V")) + self.kv_param("b_V")
+        return q, self.hook_k(k), self.hook_v(v)
+
+    def kv_param(self, name: str) -> nn.Parameter:
+        """The stored "W_K"/"W_V"/"b_K"/"b_V" parameter: `[kv_heads ...]` under GQA."""
+        params = self._parameters
+        return params[name] if name in params else params["_" + name]
+
+    def expand_kv(self, t: Float[Tensor, "batch pos kv_heads d_head"]
+                  ) -> Float[Tensor, "batch pos head_index d_head"]:
+        """One copy of each key/value head per query head of its group (no-op without GQA)."""
+        return t if self.kv_group == 1 else t.repeat_interleave(self.kv_group, dim=2)
 
     # -- pay for what you look at (DESIGN.md contract 5) ------------------------------------
     # Set by `kernels.dispatch.patterns_for`: while True, `fused_attend` keeps what it needs to
@@ -270,8 +328,16 @@ class VariantAttention(nn.Module):
         """Per-head transform between hook_z and W_O (identity; MTA's group norm overrides)."""
         return z
 
+    def transforms_heads(self) -> bool:
+        """Whether `heads_to_output` is overridden, i.e. the head result is not hook_z @ W_O."""
+        return type(self).heads_to_output is not VariantAttention.heads_to_output
+
     def project_out(self, z: Float[Tensor, "batch pos head_index d_head"]) -> Tensor:
-        if self.cfg.use_attn_result:
+        # TransformerLens rebuilds missing head results as hook_z @ W_O, which is wrong when a
+        # per-head transform sits between them (MTA's norm/gate). Such a layer therefore fires
+        # hook_result whenever it is observed (e.g. by run_with_cache), as if use_attn_result.
+        observed = self.hook_result.fwd_hooks or self.hook_result.bwd_hooks
+        if self.cfg.use_attn_result or (observed and self.transforms_heads()):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(-2) + self.b_O
         return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
@@ -313,7 +379,8 @@ class VariantAttention(nn.Module):
 
     @property
     def QK(self) -> FactoredMatrix:
-        """`[head_index d_model d_model]` content QK circuit, W_Q W_K^T (right-multiplied)."""
+        """`[head_index d_model d_model]` content QK circuit, W_Q W_K^T (right-multiplied; under
+        GQA with the per-query-head W_K, so head h pairs with its group's key head)."""
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
 
     @property

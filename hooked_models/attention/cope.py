@@ -6,20 +6,22 @@ Per head, with the scaled content scores s_ij = q_i.k_j / sqrt(d) (causal/paddin
     p_ij = min(sum_{t=j}^{i} g_it, npos-1)   contextual positions                (eq. 4)
     z_i[n] = q_i.e[n]  for n = 0..npos-1      one [T, npos] table per head        (eq. 7)
     q_i.e[p_ij] = (p - floor p) z_i[ceil p] + (1 - p + floor p) z_i[floor p]      (eq. 7)
-    a_ij = softmax_j(s_ij + q_i.e[p_ij])      "paper" scaling (appendix code)     (eq. 6)
     a_ij = softmax_j((q_i.k_j + q_i.e[p_ij]) / sqrt(d))   "repo" scaling (official code default)
+    a_ij = softmax_j(s_ij + q_i.e[p_ij])      "paper" scaling (appendix code, --cope-nodiv) (eq. 6)
 
 e is `[d_head, npos_max]` per layer, shared by the heads and zero-initialised. The two scalings
 give the same function family (rescale e by sqrt(d)) but their weights are not interchangeable;
 `hook_pos_logits` always shows the term as added to the scores (so /sqrt(d) under "repo").
-Options mirror the official flags: sep-keys, val-gates, CoPE on every k-th layer, embeddings
-shared across layers, and CoPE+relative positions; with `positional_embedding_type="rotary"`
-the gates and logits use the rotated q, k (CoPE+RoPE).
+Options mirror the official flags (their names are accepted as aliases, see `CoPEOptions`):
+sep-keys, val-gates, CoPE on every k-th layer, embeddings shared across layers, and CoPE+relative
+positions (optionally extended past rel_npos); with `positional_embedding_type="rotary"` the
+gates and logits use the rotated q, k (CoPE+RoPE).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +35,7 @@ from hooked_models.attention._cope_ops import (
 )
 from hooked_models.attention._cope_reference import SCALINGS
 from hooked_models.attention.base import AttentionContext, Stage, VariantAttention
+from hooked_models.attention.options import official_bool, rename_official
 from hooked_models.attention.registry import register_attention
 
 
@@ -50,29 +53,61 @@ class CoPEOptions:
     Attributes:
         npos_max: number of position embeddings; positions saturate at npos_max - 1
             [--cope-npos]; None: n_ctx + 1, so nothing saturates within the context.
-        scaling: "paper" (appendix: q.k/sqrt(d) + q.e[p]; the repo's --cope-nodiv) or "repo"
-            (official default: (q.k + q.e[p]) / sqrt(d)).
+        scaling: "repo" (official default: (q.k + q.e[p]) / sqrt(d)) or "paper" (appendix
+            code: q.k/sqrt(d) + q.e[p]; the official --cope-nodiv). Same function family (e
+            rescaled by sqrt(d)), but trained weights are not interchangeable.
         sep_keys: gates from a separate key projection W_K_gate [--cope-sep-key].
         val_gates: gates from q.v instead of q.k [--cope-val-gates]; only the gates change,
             the values are still weighted by the softmax alone, so z == pattern @ v stays exact.
+            With sep_keys too, the value gates win, as in the official code (which builds the
+            separate key projection and never reads it; we do not build W_K_gate then).
         every: CoPE only on layers l with (l + 1) % every == 0 [--cope-layers]; the other
             layers are the model's base positional scheme (plus relative positions if set).
         shared: one e for every CoPE layer [--cope-shared], registered on the first CoPE layer.
         relative: add learned relative-position logits q_i.r[i-j] / sqrt(d) (the repo's
-            "cope+rel"; r is `[d_head, rel_npos]`, distances >= rel_npos add 0).
+            "cope+rel"; r is `[d_head, rel_npos]`, distances >= rel_npos add 0 unless
+            rel_extend).
         rel_npos: number of relative distances; None: n_ctx [--rel-pos-max].
+        rel_extend: distances >= rel_npos use the farthest embedding r[rel_npos-1] instead of
+            adding 0 [--rel-pos-extend]; needs relative.
         rel_shared: one r for all layers, as the repo does; registered on layer 0.
+
+    Official names accepted (`from_official`): cope_sep_key, cope_val_gates, cope_npos,
+    cope_nodiv (True: scaling "paper", False: "repo"), cope_layers, cope_shared, rel_pos_max,
+    rel_pos_extend, pos_emb ("cope": relative False, "cope+rel": relative True).
     """
 
     npos_max: int | None = None
-    scaling: str = "paper"
+    scaling: str = "repo"
     sep_keys: bool = False
     val_gates: bool = False
     every: int = 1
     shared: bool = False
     relative: bool = False
     rel_npos: int | None = None
+    rel_extend: bool = False
     rel_shared: bool = True
+
+    aliases: ClassVar[tuple[str, ...]] = (
+        "cope_sep_key", "cope_val_gates", "cope_npos", "cope_nodiv", "cope_layers", "cope_shared",
+        "rel_pos_max", "rel_pos_extend", "pos_emb")
+
+    @classmethod
+    def from_official(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Rename the official flags (`aliases`) to our fields; a flag given with a disagreeing
+        field raises ValueError."""
+        return rename_official(values, {
+            "cope_sep_key": ("sep_keys", official_bool("cope_sep_key")),
+            "cope_val_gates": ("val_gates", official_bool("cope_val_gates")),
+            "cope_npos": ("npos_max", lambda n: n),
+            "cope_nodiv": ("scaling",
+                           lambda b: "paper" if official_bool("cope_nodiv")(b) else "repo"),
+            "cope_layers": ("every", lambda n: n),
+            "cope_shared": ("shared", official_bool("cope_shared")),
+            "rel_pos_max": ("rel_npos", lambda n: n),
+            "rel_pos_extend": ("rel_extend", official_bool("rel_pos_extend")),
+            "pos_emb": ("relative", _relative_from_pos_emb),
+        }, "cope")
 
     def validate(self, cfg) -> None:
         _positive_int("npos_max", self.npos_max)
@@ -81,23 +116,34 @@ class CoPEOptions:
         if self.scaling not in SCALINGS:
             raise ValueError(f"cope option scaling={self.scaling!r}; choose one of "
                              f"{list(SCALINGS)}")
-        for name in ("sep_keys", "val_gates", "shared", "relative", "rel_shared"):
+        for name in ("sep_keys", "val_gates", "shared", "relative", "rel_extend", "rel_shared"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"cope option {name} must be a bool, got "
                                  f"{getattr(self, name)!r}")
-        if self.sep_keys and self.val_gates:
-            raise ValueError("cope options sep_keys and val_gates are exclusive (gates come "
-                             "either from a separate key projection or from the values)")
+        if self.rel_extend and not self.relative:
+            raise ValueError("cope option rel_extend=True extends relative positions: it needs "
+                             "relative=True")
         if self.every > cfg.n_layers:
             raise ValueError(f"cope option every={self.every} leaves no CoPE layer among "
                              f"n_layers={cfg.n_layers}; choose every in [1, {cfg.n_layers}]")
 
 
+def _relative_from_pos_emb(pos_emb: Any) -> bool:
+    """The official --pos-emb choice as our `relative` flag (only the CoPE choices apply)."""
+    choices = {"cope": False, "cope+rel": True}
+    if pos_emb not in choices:
+        raise ValueError(f"cope option pos_emb={pos_emb!r}: attention='cope' takes 'cope' or "
+                         "'cope+rel' (other schemes: VariantConfig.positional_embedding_type)")
+    return choices[pos_emb]
+
+
 MAP = "batch head_index query_pos key_pos"
 COPE_STAGES = (
     Stage("attn_scores", "scaled content scores q.k/sqrt(d), causal/padding mask as -inf", "pre"),
-    Stage("gates", "g = sigmoid(q.k/sqrt(d)) (or q.k_gate, q.v), 0 for disallowed keys", "pre"),
-    Stage("positions", "p_ij = sum of gates from key j to query i, clamped to npos_max-1", "pre"),
+    Stage("gates", "g = sigmoid(q.k/sqrt(d)) (or q.k_gate, q.v), 0 for disallowed keys",
+          "neither"),
+    Stage("positions", "p_ij = sum of gates from key j to query i, clamped to npos_max-1",
+          "neither"),
     Stage("pos_logits", "interpolated q_i.e[p_ij] as added to the scores (/sqrt(d) if repo)",
           "pre"),
     Stage("rel_logits", "relative-position logits q_i.r[i-j]/sqrt(d) (option relative)", "pre"),
@@ -142,7 +188,7 @@ class CoPEAttention(VariantAttention):
         if self.has_cope:
             self.pos_emb = nn.Parameter(torch.zeros(dh, self.npos_max, dtype=dtype))
             self.hook_pos_table = HookPoint()
-            if opts.sep_keys:
+            if opts.sep_keys and not opts.val_gates:   # value gates win (official code)
                 self.W_K_gate = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_model, dh,
                                                          dtype=dtype))
                 self.b_K_gate = nn.Parameter(torch.zeros(cfg.n_heads, dh, dtype=dtype))
@@ -278,14 +324,17 @@ class CoPEAttention(VariantAttention):
         return k_gate
 
     def relative_logits(self, q: Tensor, ctx: AttentionContext) -> Tensor:
-        """q_i.r[i-j] / sqrt(d) `[batch head_index q k]`, 0 beyond rel_npos and for j > i.
+        """q_i.r[i-j] / sqrt(d) `[batch head_index q k]`, 0 for j > i and beyond rel_npos
+        (with rel_extend, distances >= rel_npos read r[rel_npos-1], the official --rel-pos-extend).
 
         Distances count real tokens (padding-aware positions), so padding does not shift them.
         """
         n = self.rel_npos
         table = torch.einsum("bqhd,dn->bhqn", q, self.R) / self.cfg.attn_scale
-        table = torch.cat([table, table.new_zeros(table.shape[:-1] + (1,))], dim=-1)
+        table = torch.cat([table, table.new_zeros(table.shape[:-1] + (1,))], dim=-1)  # [n]: 0
         dist = ctx.q_positions[:, :, None] - ctx.k_positions[:, None, :]
+        if self.opts.rel_extend:
+            dist = dist.clamp(max=n - 1)
         index = torch.where((dist >= 0) & (dist < n), dist, n)[:, None]
         return table.gather(-1, index.expand(-1, table.shape[1], -1, -1))
 

@@ -134,6 +134,10 @@ class InfiniAttention(VariantAttention):
     """
 
     Options = InfiniOptions
+    # The trainer gives these their own learning rate and no weight decay (a decayed beta
+    # would be pulled to a 0.5 gate regardless of what the head learns).
+    gate_parameter_names = ("beta",)
+    supports_kv_cache = False  # refuses past_kv_cache: it would keep every past key
     stages = (
         Stage("attn_scores", "local q.k scores (rotary within the segment); -inf outside the "
               "query's segment and in the future", "pre"),
@@ -179,10 +183,9 @@ class InfiniAttention(VariantAttention):
             raise ValueError("infini attention does not support past_kv_cache (it would keep every "
                              "past key); stream with hooked_models.streaming.InfiniStream, or call "
                              "generate(..., use_cache=False)")
-        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
-        k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
-        v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+        q, k, v = self.project_qkv(x)
         q, k = self.prepare_qk(q, k)
+        k, v = self.expand_kv(k), self.expand_kv(v)  # GQA: the memory is kept per query head
         if cache is not None:
             z, ctx = self._stream(q, k, v, cache), None
         else:
@@ -194,7 +197,10 @@ class InfiniAttention(VariantAttention):
     def _rotate(self, q: Tensor, k: Tensor, within: Tensor) -> tuple[Tensor, Tensor]:
         if self.rotary is None:
             return q, k
-        return (self.hook_rot_q(self.rotary(q, within)), self.hook_rot_k(self.rotary(k, within)))
+        # GQA: rotate and hook the kv_heads keys (k[:, :, ::kv_group] undoes expand_kv exactly),
+        # so hook_rot_k has hook_k's shape in every variant.
+        k_rot = self.hook_rot_k(self.rotary(k[:, :, ::self.kv_group], within))
+        return self.hook_rot_q(self.rotary(q, within)), self.expand_kv(k_rot)
 
     def _stages_observed(self) -> bool:
         return any(hp.fwd_hooks or hp.bwd_hooks

@@ -11,14 +11,14 @@ Every step is a hook (`stages`): the pre-softmax maps carry -inf at disallowed e
 `hook_attn_scores`; `hook_pattern` is P, so `z = pattern @ v` holds (DESIGN.md contract 4) while its
 rows need not sum to one. Steps that are switched off are identities, and cost nothing.
 
-Placement (paper 4.2, official `mta_layers`): the key-query convolutions run on `conv_layers`
-(default every 4th layer from layer 2 in models of >= 8 layers, else every layer); head mixing,
-norm and gate run in every layer.
+Placement (official `mta_layers`): the key-query convolutions run on `conv_layers` (default every
+layer, as the official code; `mta_layers="paper"`: every 4th layer from layer 2, paper 4.2); head
+mixing, norm and gate run in every layer. Options: `_mta_options.MTAOptions`.
 
 Per-head results: TransformerLens's `ActivationCache.compute_head_results` multiplies hook_z by W_O,
-which ignores the norm and gate. Build MTA models with `use_attn_result=True` when you need
-per-head results: `hook_result` is then `hook_head_out @ W_O` (the normed, gated heads), and
-`stack_head_results` reads it.
+which ignores the norm and gate. So `hook_result` (`hook_head_out @ W_O`, the normed, gated heads)
+fires whenever it is observed, not only under `use_attn_result=True`, and `run_with_cache` caches
+it with hook_z; `stack_head_results` then reads it (`VariantAttention.project_out`).
 
 Incremental decoding keeps the last `(c_q - 1) + (c_q' - 1)` queries in the layer cache
 (`LayerCache.extra["q"]`), because the query-axis kernels need the score rows of past queries.
@@ -26,14 +26,10 @@ Incremental decoding keeps the last `(c_q - 1) + (c_q' - 1)` queries in the laye
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from hooked_models.attention._mta_ops import (
-    INIT_METHODS,
-    PAD_KEYS,
     depth_scale,
     head_mix,
     identity_kernel,
@@ -41,6 +37,7 @@ from hooked_models.attention._mta_ops import (
     key_query_conv,
     rms_norm,
 )
+from hooked_models.attention._mta_options import MTAOptions
 from hooked_models.attention.base import (
     AttentionContext,
     LayerCache,
@@ -53,116 +50,8 @@ from hooked_models.attention.registry import register_attention
 HEADS = "batch pos head_index d_head"
 
 
-@dataclass
-class MTAOptions:
-    """Options of the "mta" variant; names follow the official `MTATransformerArgs`.
-
-    Defaults are the released `configs/*_mta.yaml` block (both convolutions 6 x 11, both head
-    mixings fully connected, group norm with a scalar sigmoid gate).
-
-    Attributes:
-        query_kernel_size: c_q of the pre-softmax key-query convolution (Eq. 5); None: off.
-        key_kernel_size: c_k of the pre-softmax convolution; None: off (both or neither).
-        after_sm_query_kernel_size: c_q of the post-softmax convolution (Eq. 6); None: off.
-        after_sm_key_kernel_size: c_k of the post-softmax convolution; None: off.
-        pad_key: zero padding of the key axis: "both" (paper; c_k must be odd), "left", "right".
-        mta_layers: layers (0-based) with the key-query convolutions: a list of ints, a string
-            "2,6,10" (official format), "all", or None (auto: every 4th layer from layer 2 when
-            n_layers >= 8, as in the paper's 20/24-layer models; every layer otherwise).
-        init_method: pre-softmax kernel init, one of "identity", "zero", "const" (0.3), "uniform",
-            "normal", "diagonal". The post-softmax kernel and the head mixings always start at
-            identity (the official code asserts this).
-        pre_sm_head_kernel_size: c_h of pre-softmax head mixing (Eq. 7 on the logits): an int
-            dividing n_heads, "all" (= n_heads, the official `pre_sm_linear_head`) or None: off.
-        head_kernel_size: c_h of post-softmax head mixing (official name): int, "all" (= the
-            official `post_sm_linear_head`) or None: off.
-        group_norm: RMSNorm of each head's output over d_head (weight shared by heads, official
-            `subln`).
-        layer_norm_rescale: multiply the group norm by 1 - (0.8 - 0.6 exp(-0.3 layer)) (the
-            paper's depth scaling; needs group_norm).
-        add_gating: multiply each head's output by sigmoid(w . out + b), a scalar per head and
-            position (official `gate_1d`), computed from the (normed) head output.
-        norm_eps: epsilon of the group norm (official 1e-5).
-    """
-
-    query_kernel_size: int | None = 6
-    key_kernel_size: int | None = 11
-    after_sm_query_kernel_size: int | None = 6
-    after_sm_key_kernel_size: int | None = 11
-    pad_key: str = "both"
-    mta_layers: list[int] | str | None = None
-    init_method: str = "identity"
-    pre_sm_head_kernel_size: int | str | None = "all"
-    head_kernel_size: int | str | None = "all"
-    group_norm: bool = True
-    layer_norm_rescale: bool = False
-    add_gating: bool = True
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        layers = self.mta_layers
-        if isinstance(layers, str) and layers.strip() != "all":
-            try:
-                layers = [int(x) for x in layers.split(",") if x.strip()]
-            except ValueError:
-                raise ValueError(f"mta_layers={self.mta_layers!r}: expected 'all' or comma-"
-                                 "separated layer indices like '2,6,10'") from None
-        elif isinstance(layers, tuple):
-            layers = list(layers)
-        self.mta_layers = layers
-
-    def validate(self, cfg) -> None:
-        """Raise ValueError naming the offending option and the allowed values."""
-        for q_name, k_name in (("query_kernel_size", "key_kernel_size"),
-                               ("after_sm_query_kernel_size", "after_sm_key_kernel_size")):
-            cq, ck = getattr(self, q_name), getattr(self, k_name)
-            if (cq is None) != (ck is None):
-                raise ValueError(f"{q_name}={cq!r} and {k_name}={ck!r}: set both or neither")
-            for name, size in ((q_name, cq), (k_name, ck)):
-                if size is not None and (not isinstance(size, int) or isinstance(size, bool)
-                                         or size < 1):
-                    raise ValueError(f"{name} must be a positive int or None, got {size!r}")
-            if ck is not None and self.pad_key == "both" and ck % 2 == 0:
-                raise ValueError(f"{k_name}={ck} must be odd with pad_key='both'")
-        if self.pad_key not in PAD_KEYS:
-            raise ValueError(f"pad_key={self.pad_key!r}; choose one of {list(PAD_KEYS)}")
-        if self.init_method not in INIT_METHODS:
-            raise ValueError(f"init_method={self.init_method!r}; choose one of "
-                             f"{list(INIT_METHODS)}")
-        for name in ("pre_sm_head_kernel_size", "head_kernel_size"):
-            size = getattr(self, name)
-            if size is None or size == "all":
-                continue
-            if (not isinstance(size, int) or isinstance(size, bool) or size < 1
-                    or cfg.n_heads % size):
-                raise ValueError(f"{name}={size!r} must be None, 'all' or a positive divisor of "
-                                 f"n_heads={cfg.n_heads}")
-        layers = self.mta_layers
-        if layers is not None and layers != "all":
-            if not isinstance(layers, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in layers):
-                raise ValueError(f"mta_layers={layers!r}: expected a list of ints, a string "
-                                 "'2,6,10', 'all' or None")
-            bad = [x for x in layers if not 0 <= x < cfg.n_layers]
-            if bad:
-                raise ValueError(f"mta_layers {bad} are outside [0, n_layers={cfg.n_layers})")
-        if self.layer_norm_rescale and not self.group_norm:
-            raise ValueError("layer_norm_rescale=True needs group_norm=True (it scales the norm)")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-
-    def conv_layers(self, n_layers: int) -> list[int]:
-        """The layers that get the key-query convolutions (resolves None and "all")."""
-        if self.mta_layers == "all" or (self.mta_layers is None and n_layers < 8):
-            return list(range(n_layers))
-        if self.mta_layers is None:
-            return list(range(2, n_layers, 4))
-        return sorted(set(self.mta_layers))
-
-    def group_size(self, name: str, n_heads: int) -> int | None:
-        """c_h of `name` ("pre_sm_head_kernel_size" or "head_kernel_size"), "all" -> n_heads."""
-        size = getattr(self, name)
-        return n_heads if size == "all" else size
+GATE_PER_DIM = Stage("gate", "sigmoid gate per head, position and dimension (gate_1d=False)",
+                     "post", shape=HEADS)
 
 
 @register_attention("mta")
@@ -172,7 +61,8 @@ class MultiTokenAttention(VariantAttention):
     Parameters (present only when their step is on; layouts as the official code):
     `mta_kernel` / `mta_kernel_after_sm` `[head_index 1 c_q c_k]`, `pre_sm_head_kernel` /
     `head_kernel` `[n_groups c_h c_h]` (input head, output head), `subln_w` `[d_head]`,
-    `W_gate` `[d_head]`, `b_gate` `[1]`.
+    `W_gate` `[d_head]`, `b_gate` `[1]` (gate_1d; else `W_gate [d_head d_head]` right-multiplied,
+    `b_gate [d_head]`).
 
     Example:
         >>> from hooked_models import VariantConfig, HookedVariantTransformer
@@ -205,6 +95,9 @@ class MultiTokenAttention(VariantAttention):
     )
 
     def __init__(self, cfg, layer: int):
+        if cfg.attn_cfg.add_gating and not cfg.attn_cfg.gate_1d:
+            # The gate has a d_head axis: this layer's catalogue says so (interp reads shapes).
+            self.stages = tuple(GATE_PER_DIM if s.name == "gate" else s for s in self.stages)
         super().__init__(cfg, layer)
         opts: MTAOptions = self.opts
         H, dh, dtype = cfg.n_heads, cfg.d_head, cfg.dtype
@@ -227,9 +120,10 @@ class MultiTokenAttention(VariantAttention):
             if c_h is not None:
                 setattr(self, attr, nn.Parameter(torch.empty(H // c_h, c_h, c_h, dtype=dtype)))
         self.subln_w = nn.Parameter(torch.ones(dh, dtype=dtype)) if opts.group_norm else None
-        if opts.add_gating:
-            self.W_gate = nn.Parameter(torch.empty(dh, dtype=dtype))
-            self.b_gate = nn.Parameter(torch.zeros(1, dtype=dtype))
+        if opts.add_gating:   # official Linear(d_head, 1) (gate_1d) or Linear(d_head, d_head)
+            shape = (dh,) if opts.gate_1d else (dh, dh)
+            self.W_gate = nn.Parameter(torch.empty(shape, dtype=dtype))
+            self.b_gate = nn.Parameter(torch.zeros(1 if opts.gate_1d else dh, dtype=dtype))
         self.norm_scale = depth_scale(layer) if opts.layer_norm_rescale else 1.0
         self._init_mta()
 
@@ -375,6 +269,7 @@ class MultiTokenAttention(VariantAttention):
                 out = out * self.norm_scale
         out = self.hook_normed(out)
         if self.opts.add_gating:
+            # gate_1d: [b p h] one scalar per head; else [b p h d_head] one per dimension.
             gate = self.hook_gate(torch.sigmoid(out @ self.W_gate + self.b_gate))
-            out = out * gate[..., None]
+            out = out * (gate[..., None] if self.opts.gate_1d else gate)
         return self.hook_head_out(out)

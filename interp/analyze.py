@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from interp import circuits, composed, cope, diversity, gating, heads, infini, mta, plots
 from interp import stage_change as change
-from interp._common import map_stage_names
+from interp._common import check_int, map_stage_names
 from interp.tasks.induction import repeated_tokens
 
 ANALYSES = ("induction", "diversity", "gating", "circuits", "stages", "views")
@@ -59,7 +59,13 @@ class _Writer:
 
 def probe_tokens(model, batch: int = 8, half_len: int | None = None, seed: int = 0):
     """`[BOS] r r` repeated random tokens that fit the context, and their half length."""
-    half = half_len or max(2, min(32, (model.cfg.n_ctx - 1) // 2))
+    check_int("batch", batch)
+    check_int("seed", seed, minimum=0)
+    half = (max(2, min(32, (model.cfg.n_ctx - 1) // 2)) if half_len is None
+            else check_int("half_len", half_len))
+    if 1 + 2 * half > model.cfg.n_ctx:
+        raise ValueError(f"half_len={half} needs {1 + 2 * half} positions; n_ctx="
+                         f"{model.cfg.n_ctx}")
     toks = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed).to(model.W_E.device)
     return toks, half
 

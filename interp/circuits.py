@@ -24,13 +24,35 @@ from torch import Tensor
 from transformer_lens import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as _tl_composition_scores
 
-from interp._common import check_head, check_layer, head_label
+from interp._common import (
+    check_attention_weights,
+    check_finite,
+    check_head,
+    check_int,
+    check_layer,
+    head_label,
+)
 
 Mode = Literal["Q", "K", "V"]
 MODES = ("Q", "K", "V")
 
 
+# what the circuits read: every layer's attention (QK, OV, head mixing) and the vocabulary maps
+CIRCUIT_WEIGHTS = ("embed.W_E", "unembed.W_U")
+
+
+def _check_circuits(model, ov: FactoredMatrix | None = None,
+                    qk: FactoredMatrix | None = None) -> None:
+    """Non-finite weights (or given circuit factors) raise here, not inside eig/norms."""
+    check_attention_weights(model, extra=CIRCUIT_WEIGHTS)
+    for name, fm in (("ov", ov), ("qk", qk)):
+        if fm is not None:
+            check_finite(f"{name}.A", fm.A)
+            check_finite(f"{name}.B", fm.B)
+
+
 def _select(fm: FactoredMatrix, layer: int | None, head: int | None, model) -> FactoredMatrix:
+    _check_circuits(model)
     if layer is None:
         if head is not None:
             raise ValueError("give a layer together with a head")
@@ -86,6 +108,7 @@ def copying_scores(model, ov: FactoredMatrix | None = None) -> pd.DataFrame:
     Returns a DataFrame indexed by head label with `layer`, `head`, `copying`,
     `eig_sum` (= the trace) and `eig_abs_sum`.
     """
+    _check_circuits(model, ov)
     ov = model.OV if ov is None else ov
     with torch.no_grad():
         ue = (model.W_U @ model.W_E).double()                        # [d_model d_model], once
@@ -115,6 +138,7 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
+    _check_circuits(model, ov, qk)
     left = model.OV if ov is None else ov
     qk = model.QK if qk is None else qk
     right = {"Q": qk, "K": qk.T, "V": left}[mode]
@@ -140,6 +164,12 @@ def composition_baseline(d_model: int, d_head: int, n_samples: int = 300, seed: 
         >>> 0.0 < mean < 1.0
         True
     """
+    check_int("d_model", d_model)
+    check_int("d_head", d_head)
+    check_int("n_samples", n_samples, minimum=2)   # a std needs two samples
+    check_int("seed", seed, minimum=0)
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> Tensor:
@@ -169,6 +199,12 @@ def composition_table(model, modes=MODES, n_baseline: int = 300, seed: int = 0,
         >>> t = composition_table(model, modes=["K"])               # doctest: +SKIP
         >>> t.sort_values("z").tail(1)[["source", "dest", "score"]]
     """
+    modes = list(modes)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"modes {bad}; choose from {list(MODES)}")
+    check_int("n_baseline", n_baseline, minimum=2)
+    check_int("seed", seed, minimum=0)
     rows = []
     r = (model.QK if qk is None else qk).A.shape[-1]   # inner dimension (H d_head if composed)
     for mode in modes:

@@ -33,17 +33,26 @@ from transformer_lens import FactoredMatrix
 from interp._common import (
     as_tokens,
     attention_input_name,
+    check_attention_weights,
+    check_int,
     check_layer,
     head_label,
     run_cache,
 )
 
 Phase = Literal["pre", "post"]
+PHASES = ("pre", "post")
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r}; choose one of {list(PHASES)}")
 
 
 def mixing_matrices(model, layer: int) -> dict[str, Tensor | None]:
     """The static `{"pre": M or None, "post": M or None}` of `layer` (`[head head]` each)."""
-    mix = model.blocks[check_layer(model, layer)].attn.head_mixing()
+    check_attention_weights(model, [check_layer(model, layer)])
+    mix = model.blocks[layer].attn.head_mixing()
     return {k: None if m is None else m.detach() for k, m in mix.items()}
 
 
@@ -115,6 +124,9 @@ def mixing_pairs(model, layer: int, phase: Phase = "post", tol: float = 0.0) -> 
     circuit, with weight `weight`"; for "pre", "head `source`'s scores enter head `target`'s
     logits". Entries with |weight| <= tol are dropped. Empty when the layer does not mix.
     """
+    _check_phase(phase)
+    if not tol >= 0:   # also refuses NaN
+        raise ValueError(f"tol={tol!r} must be a number >= 0")
     M = mixing_matrices(model, layer)[phase]
     cols = (["qk_head", "ov_head"] if phase == "post" else ["source", "target"])
     if M is None:
@@ -192,6 +204,9 @@ def borrowing_table(model, tokens, layer: int, phase: Phase = "post",
     Returns a long DataFrame with `target`, `source`, `mean_weight`, `mean_abs_weight`,
     `is_self`; empty if the layer does not mix at `phase`.
     """
+    _check_phase(phase)
+    check_int("max_pairs", max_pairs)
+    check_int("seed", seed, minimum=0)
     tokens = as_tokens(model, tokens)
     layer = check_layer(model, layer)
     T = tokens.shape[1]

@@ -21,7 +21,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import as_tokens, check_layer, has_stage, head_label, run_cache
+from interp._common import (
+    as_tokens,
+    check_fraction,
+    check_int,
+    check_layer,
+    has_stage,
+    head_label,
+    run_cache,
+)
 
 NEEDED = ("gates", "positions", "pos_logits")
 
@@ -62,6 +70,8 @@ def gate_openers(model, tokens, top: int | None = 10) -> pd.DataFrame:
     `mean_gate`, `count` (number of (query, key) pairs), sorted by head then descending gate;
     `top` keeps that many tokens per head (None: all).
     """
+    if top is not None:
+        check_int("top", top)
     tokens = as_tokens(model, tokens)
     layers = _require(model)
     store = _maps(model, tokens, layers, ["gates"])
@@ -97,6 +107,7 @@ def counted_units(model, tokens, threshold: float = 0.5) -> pd.DataFrame:
     whole input; equals the length for relative positions) and `relative_likeness`
     (`last_position / length`: 1 when every token counts, as relative PE).
     """
+    check_fraction("threshold", threshold)
     tokens = as_tokens(model, tokens)
     layers = _require(model)
     store = _maps(model, tokens, layers, ["gates", "positions"])

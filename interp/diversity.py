@@ -29,7 +29,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import check_layer
+from interp._common import (
+    check_attention_weights,
+    check_finite,
+    check_fraction,
+    check_int,
+    check_layer,
+)
 
 Circuit = Literal["qk", "ov"]
 CIRCUITS = ("qk", "ov")
@@ -49,6 +55,8 @@ def factor_gram(A: Tensor, B: Tensor, dtype: torch.dtype = torch.float32) -> Ten
         ...                rtol=1e-6)
         True
     """
+    check_finite("A", A)
+    check_finite("B", B)
     H, D, r = A.shape
     a = A.detach().to(dtype).permute(1, 0, 2).reshape(D, H * r)     # concatenated left factors
     b = B.detach().to(dtype).reshape(H * r, B.shape[-1])              # stacked right factors
@@ -69,9 +77,9 @@ def circuit_gram(model, layer: int, circuit: Circuit = "qk", composed: bool = Fa
     from `attn.head_mixing()`): `M^T G M` for pre-softmax mixing of QK, `M G M^T` for the OV
     circuits paired with each head's pattern under post-softmax mixing.
     """
-    if circuit not in CIRCUITS:
-        raise ValueError(f"circuit={circuit!r}; choose one of {list(CIRCUITS)}")
-    attn = model.blocks[check_layer(model, layer)].attn
+    _check_circuit(circuit)
+    check_attention_weights(model, [check_layer(model, layer)])
+    attn = model.blocks[layer].attn
     if circuit == "qk":
         G = factor_gram(attn.W_Q, attn.W_K.transpose(-1, -2), dtype)
     else:
@@ -85,6 +93,11 @@ def circuit_gram(model, layer: int, circuit: Circuit = "qk", composed: bool = Fa
     return G
 
 
+def _check_circuit(circuit: str) -> None:
+    if circuit not in CIRCUITS:
+        raise ValueError(f"circuit={circuit!r}; choose one of {list(CIRCUITS)}")
+
+
 def captured_variance(gram: Tensor) -> Tensor:
     """`[H]` cumulative captured variance after k = 1..H components, from a Gram matrix.
 
@@ -92,6 +105,7 @@ def captured_variance(gram: Tensor) -> Tensor:
         >>> captured_variance(torch.eye(4))
         tensor([0.2500, 0.5000, 0.7500, 1.0000], dtype=torch.float64)
     """
+    check_finite("gram", gram)   # eigvalsh would fail with a bare linear-algebra error
     eig = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp(min=0)
     total = eig.sum(-1, keepdim=True)
     return eig.cumsum(-1) / total.clamp(min=torch.finfo(torch.float64).tiny)
@@ -99,6 +113,7 @@ def captured_variance(gram: Tensor) -> Tensor:
 
 def k_at(curve: Tensor, threshold: float = 0.9) -> int:
     """Smallest k whose cumulative captured variance reaches `threshold` (1-based)."""
+    check_fraction("threshold", threshold, open_low=True)
     reached = (curve >= threshold - 1e-9).nonzero()
     return int(reached[0, 0]) + 1 if len(reached) else len(curve)
 
@@ -106,6 +121,8 @@ def k_at(curve: Tensor, threshold: float = 0.9) -> int:
 def random_gram(n_heads: int, d_model: int, d_head: int, generator: torch.Generator,
                 dtype: torch.dtype = torch.float32) -> Tensor:
     """Gram matrix of one random-init layer (i.i.d. Gaussian factors; scale does not matter)."""
+    for name, value in (("n_heads", n_heads), ("d_model", d_model), ("d_head", d_head)):
+        check_int(name, value)
     A = torch.randn(n_heads, d_model, d_head, generator=generator)
     B = torch.randn(n_heads, d_head, d_model, generator=generator)
     return factor_gram(A, B, dtype)
@@ -132,8 +149,9 @@ def head_diversity(model, circuits: Iterable[str] = CIRCUITS, composed: bool = F
     """
     circuits = list(circuits)
     for c in circuits:
-        if c not in CIRCUITS:
-            raise ValueError(f"circuit={c!r}; choose one of {list(CIRCUITS)}")
+        _check_circuit(c)
+    check_int("n_baseline", n_baseline, minimum=0)
+    check_int("seed", seed, minimum=0)
     layers = range(model.cfg.n_layers) if layers is None else [check_layer(model, x)
                                                                 for x in layers]
     rows = []
@@ -162,7 +180,7 @@ def diversity_summary(curves: pd.DataFrame, thresholds: Iterable[float] = (0.9, 
     Returns a DataFrame with columns `layer`, `circuit`, `n_heads`, `k90` (`k95`, ...),
     `mean_captured`, and `baseline_k90`, ..., `baseline_mean_captured` when the curves have one.
     """
-    thresholds = list(thresholds)
+    thresholds = [check_fraction("threshold", t, open_low=True) for t in thresholds]
 
     def stats(group: pd.DataFrame) -> dict:
         curve = torch.tensor(group.sort_values("k")["captured"].to_numpy())
@@ -184,6 +202,8 @@ def diversity_summary(curves: pd.DataFrame, thresholds: Iterable[float] = (0.9, 
 
 def max_k(n_heads: int, threshold: float = 0.9) -> int:
     """k at `threshold` for n_heads orthogonal heads of equal norm (the most diverse layer)."""
+    check_int("n_heads", n_heads)
+    check_fraction("threshold", threshold, open_low=True)
     return max(1, math.ceil(threshold * n_heads - 1e-9))
 
 
@@ -193,7 +213,9 @@ def head_spectra(model, layer: int, circuit: Circuit = "qk") -> pd.DataFrame:
 
     Returns a long DataFrame with `layer`, `head`, `circuit`, `k` (1..d_head) and `captured`.
     """
-    attn = model.blocks[check_layer(model, layer)].attn
+    _check_circuit(circuit)
+    check_attention_weights(model, [check_layer(model, layer)])
+    attn = model.blocks[layer].attn
     A, B = ((attn.W_Q, attn.W_K.transpose(-1, -2)) if circuit == "qk"
             else (attn.W_V, attn.W_O))
     with torch.no_grad():

@@ -21,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from torch import Tensor
 
-from interp._common import as_tokens, head_label, run_cache
+from interp._common import as_tokens, check_fraction, head_label, run_cache
 
 SCALAR_AXES = {"batch", "pos", "query_pos", "segment", "group", "head_index"}
 
@@ -57,6 +59,9 @@ def classify_gate(mean: float, signed: bool, low: float = 0.2, high: float = 0.8
         >>> classify_gate(0.93, signed=False), classify_gate(0.52, signed=False)
         ('high', 'mixer')
     """
+    _check_thresholds(low, high, band, signed_threshold)
+    if not math.isfinite(mean):   # NaN fails every comparison and would read "intermediate"
+        raise ValueError(f"mean gate {mean!r} is not finite; it cannot be classified")
     if signed:
         if mean >= signed_threshold:
             return "excite"
@@ -68,6 +73,15 @@ def classify_gate(mean: float, signed: bool, low: float = 0.2, high: float = 0.8
     return "mixer" if abs(mean - 0.5) <= band else "intermediate"
 
 
+def _check_thresholds(low: float, high: float, band: float, signed_threshold: float) -> None:
+    check_fraction("low", low)
+    check_fraction("high", high)
+    if low > high:
+        raise ValueError(f"low={low!r} must not exceed high={high!r}")
+    check_fraction("band", band, high=0.5)
+    check_fraction("signed_threshold", signed_threshold, open_low=True)
+
+
 def gate_values(model, tokens, **thresholds) -> pd.DataFrame:
     """Per-head statistics of every per-head scalar stage of every layer on `tokens`.
 
@@ -76,6 +90,7 @@ def gate_values(model, tokens, **thresholds) -> pd.DataFrame:
     (values < 0 occur) and `class` (`classify_gate`; `thresholds` are passed on). Empty (with
     these columns) for a model without gates (MHA, CoPE).
     """
+    classify_gate(0.5, False, **thresholds)   # bad thresholds fail before the forward pass
     tokens = as_tokens(model, tokens)
     wanted = {}
     for layer in range(model.cfg.n_layers):

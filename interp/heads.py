@@ -2,11 +2,26 @@
 
 Each score follows TransformerLens's `detect_head(..., error_measure="mul")`: the fraction of a
 head's attention mass that falls on the detection pattern's (query, key) pairs, per sequence, then
-averaged over the batch. The denominator is the absolute mass, which equals TransformerLens's on
-non-negative maps and keeps the score in [-1, 1] on signed maps (MTA's convolved maps, DCMHA's
-composed weights). The functions take any map of the stage catalogue; `detect_heads` runs them on
-every layer and head of a model at a chosen stage (pre-softmax stages are scored through their
-softmax, see `interp._common.to_distribution`).
+averaged over the batch. The functions take any map of the stage catalogue; `detect_heads` runs
+them on every layer and head of a model at a chosen stage (pre-softmax stages are scored through
+their softmax, see `interp._common.to_distribution`).
+
+Where the scores equal `transformer_lens.head_detector.detect_head` (TL 4.3) on `hook_pattern`,
+exactly (same prompt, same `exclude_bos` / `exclude_current_token`, "mul"):
+
+- previous_token and duplicate_token: whenever the head's pattern is non-negative. TL divides by
+  the signed sum of the pattern, we by the absolute mass (so a score stays in [-1, 1] on signed
+  maps); the two coincide on every row-stochastic pattern (MHA, CoPE, Infini's first segment,
+  MTA / DCMHA in their MHA-equivalent settings). On a pattern with negative entries (MTA's
+  post-softmax convolution or head mixing, DCMHA's Compose) ours = TL * sum(p) / sum(|p|):
+  they cannot agree.
+- induction: in addition, no token equals the token just before it (position 1 against BOS too),
+  or `exclude_current_token=True`. TL's induction pattern is its duplicate pattern shifted one key
+  right and then `tril` *with* the diagonal, so after "a a" the query attending to itself counts
+  as induction; ours keeps keys k < q only, because a head attending to the current token is a
+  current-token head, not one that looked up an earlier copy.
+- a list of prompts: TL runs each prompt alone and averages; we score one padded batch, which is
+  the same when every prompt has the same number of tokens.
 
 Example:
     >>> pattern = torch.eye(5)[None, None].repeat(1, 2, 1, 1)  # attends to itself
@@ -26,7 +41,9 @@ from torch import Tensor
 
 from interp._common import (
     as_tokens,
+    check_finite,
     check_head,
+    check_int,
     check_layer,
     find_stage,
     head_label,
@@ -44,6 +61,7 @@ def _mass_on(pattern: Tensor, detection: Tensor, exclude_bos: bool = False,
     `exclude_bos` / `exclude_current_token` drop key 0 / the diagonal from numerator and
     denominator, as TransformerLens's `detect_head` does.
     """
+    check_finite("pattern", pattern)
     if detection.ndim == 2:
         detection = detection[None]
     detection = detection[:, None].to(pattern.dtype)
@@ -61,6 +79,7 @@ def _mass_on(pattern: Tensor, detection: Tensor, exclude_bos: bool = False,
 
 def previous_token_detection(n: int) -> Tensor:
     """`[q k]` 1 on the sub-diagonal (key = query - 1)."""
+    check_int("n", n)
     return torch.diag(torch.ones(n - 1), -1)
 
 
@@ -77,9 +96,11 @@ def duplicate_token_detection(tokens: Int[Tensor, "batch pos"]) -> Tensor:
 
 
 def induction_detection(tokens: Int[Tensor, "batch pos"]) -> Tensor:
-    """`[batch q k]` 1 where key k follows an earlier occurrence of query q's token.
+    """`[batch q k]` 1 where key k < q follows an earlier occurrence of query q's token.
 
-    The duplicate-token mask shifted right by one key (TL's `induction_head` pattern).
+    The duplicate-token mask shifted right by one key, as TL's `induction_head` pattern, but
+    without the diagonal: TL also marks key q itself when token q - 1 equals token q (see the
+    module docstring for when the two scores agree).
     """
     dup = duplicate_token_detection(tokens)
     shifted = torch.zeros_like(dup)
@@ -105,7 +126,11 @@ def repeated_induction_scores(pattern: Tensor, half_len: int, bos: bool = True) 
 
     Query i of the second copy attends to key i - half_len + 1 (the token after its earlier copy).
     """
-    start = int(bos) + half_len
+    check_finite("pattern", pattern)
+    start = int(bos) + check_int("half_len", half_len)
+    if start >= pattern.shape[-2]:
+        raise ValueError(f"half_len={half_len} leaves no second-copy query in a pattern of "
+                         f"{pattern.shape[-2]} positions (bos={bos})")
     q = torch.arange(start, pattern.shape[-2])
     k = q - half_len + 1
     return pattern[..., q, k].mean((0, -1))
@@ -161,7 +186,9 @@ def detect_heads(model, tokens, detectors: Iterable[str] = tuple(DETECTORS),
 
     Returns:
         DataFrame indexed by head label ("L1H3") with columns `layer`, `head`, `stage` and one
-        score per detector. On `hook_pattern` these equal `detect_head(..., "mul")`.
+        score per detector. On `hook_pattern` these equal `detect_head(..., "mul")` under the
+        conditions of the module docstring (non-negative pattern; for induction, no adjacent
+        repeated tokens or `exclude_current_token=True`).
 
     Example:
         >>> detect_heads(model, tokens).loc["L1H2", "induction"]   # doctest: +SKIP
@@ -196,7 +223,10 @@ def induction_table(model, batch: int = 8, half_len: int | None = None, seed: in
         >>> induction_table(model, half_len=10)["induction_stripe"].idxmax()  # doctest: +SKIP
         'L1H2'
     """
-    half = half_len or max(2, (model.cfg.n_ctx - 1) // 2)
+    check_int("batch", batch)
+    check_int("seed", seed, minimum=0)
+    half = max(2, (model.cfg.n_ctx - 1) // 2) if half_len is None else check_int("half_len",
+                                                                                half_len)
     if 1 + 2 * half > model.cfg.n_ctx:
         raise ValueError(f"half_len={half} needs {1 + 2 * half} positions; n_ctx="
                          f"{model.cfg.n_ctx}")
@@ -232,6 +262,10 @@ def ablation_hooks(model, heads: Iterable[tuple[int, int]], how: str = "zero",
     for layer, head in heads:
         by_layer.setdefault(check_layer(model, layer), []).append(check_head(model, head))
     names, axis = {}, {}
+    if hook == "v" and model.blocks[0].attn.kv_group > 1:
+        raise ValueError(f"hook='v' cannot knock out one query head under grouped-query "
+                         f"attention (n_key_value_heads={model.cfg.n_key_value_heads}: hook_v "
+                         f"holds the shared key/value heads); use hook='z' or a map stage")
     for layer in by_layer:
         if hook in ("z", "v"):
             names[layer], axis[layer] = f"blocks.{layer}.attn.hook_{hook}", 2
@@ -292,6 +326,9 @@ def induction_ablation(model, heads: Iterable[tuple[int, int]], batch: int = 8,
     heads = list(heads)
     if not heads:
         raise ValueError("give at least one (layer, head) to ablate")
+    check_int("batch", batch)
+    if half_len is not None:
+        check_int("half_len", half_len)
     first = min(layer for layer, _ in heads)
     before = induction_table(model, batch, half_len, seed, stage)
     after = induction_table(model, batch, half_len, seed, stage,

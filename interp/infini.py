@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from interp._common import as_tokens, has_stage, head_label, run_cache
+from interp._common import as_tokens, check_layer, has_stage, head_label, run_cache
 from interp.gating import classify_gate
 
 NEEDED = ("gate", "a_mem", "mem_weights")
@@ -42,6 +42,7 @@ def memory_specialisation(model, tokens, **thresholds) -> pd.DataFrame:
     tokens had a non-empty memory) and `local_ratio` (mean |(1 - g) A_dot| / |z| over the same
     tokens, when the catalogue has `a_dot`).
     """
+    classify_gate(0.5, False, **thresholds)   # bad thresholds fail before the forward pass
     layers = memory_layers(model)
     if not layers:
         raise ValueError(f"this {model.cfg.attention!r} model has no layer with the stages "
@@ -88,7 +89,10 @@ def set_gates(model, values: torch.Tensor | float, layer: int | None = None) -> 
     A convenience for experiments and tests: beta = logit(values). Raises ValueError if the
     layer has no `beta` parameter.
     """
-    layers = memory_layers(model) if layer is None else [layer]
+    layers = memory_layers(model) if layer is None else [check_layer(model, layer)]
+    v = torch.as_tensor(values)
+    if not ((v >= 0) & (v <= 1)).all():   # NaN fails both comparisons
+        raise ValueError(f"values={values!r}: gates must lie in [0, 1]")
     for x in layers:
         attn = model.blocks[x].attn
         if not hasattr(attn, "beta"):

@@ -29,13 +29,14 @@ import pandas as pd
 from torch import Tensor
 
 from hooked_models.attention._mta_ops import key_padding
-from interp._common import head_label
+from interp._common import check_attention_weights, check_finite, check_fraction, head_label
 
 KERNEL_ATTRS = {"pre": "mta_kernel", "post": "mta_kernel_after_sm"}
 
 
 def key_query_kernels(model) -> dict[tuple[int, str], Tensor]:
     """`{(layer, phase): [head_index c_q c_k]}` for every layer and phase with a kernel."""
+    check_attention_weights(model)
     out = {}
     for layer, block in enumerate(model.blocks):
         for phase, attr in KERNEL_ATTRS.items():
@@ -53,7 +54,7 @@ def kernel_centre(model, layer: int, c_k: int) -> int:
 
 def kernel_features(kernel: Tensor, centre: int) -> dict[str, float]:
     """Energy shares of one `[c_q c_k]` kernel (see module docstring) and its sign balance."""
-    k = kernel.double()
+    k = check_finite("kernel", kernel).double()
     c_q, c_k = k.shape
     energy = k.pow(2)
     total = float(energy.sum()) or 1e-300
@@ -76,6 +77,7 @@ def classify_kernel(kernel: Tensor, centre: int, share: float = 0.8) -> str:
         >>> classify_kernel(k, centre=2)
         'identity'
     """
+    check_fraction("share", share, open_low=True)
     f = kernel_features(kernel, centre)
     if f["identity_share"] >= share:
         return "identity"
@@ -95,6 +97,7 @@ def kernel_table(model, share: float = 0.8) -> pd.DataFrame:
     `identity_share`, `diagonal_share`, `priming_share`, `balance`, `negative_share`; empty
     for a model without key-query kernels.
     """
+    check_fraction("share", share, open_low=True)
     rows = []
     for (layer, phase), kernels in key_query_kernels(model).items():
         centre = kernel_centre(model, layer, kernels.shape[-1])

@@ -27,18 +27,18 @@ def test_gate_table_runs_on_every_variant(variant):
 
 
 def test_gate_values_match_the_hooked_stage():
-    model = tiny_model("mta")
+    model = tiny_model("mta", dtype="float64")
     tokens = random_tokens(model, pos=10)
     _, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_gate")
     gate = cache["blocks.1.attn.hook_gate"]                      # [batch pos head]
     table = gating.gate_values(model, tokens)
     row = table[(table.layer == 1) & (table["head"] == 2)].iloc[0]
-    assert row["mean"] == pytest.approx(float(gate[..., 2].mean()), rel=1e-6)
+    assert row["mean"] == pytest.approx(float(gate[..., 2].mean()), rel=1e-10)
     assert not row["signed"] and 0 <= row["min"] <= row["max"] <= 1
 
 
 def test_grouped_gates_fold_into_heads():
-    model = tiny_model("dcmha", attn_cfg={"groups": 2})
+    model = tiny_model("dcmha", attn_cfg={"groups": 2}, dtype="float64")
     with torch.no_grad():
         model.blocks[0].attn.dd.mul_(100.0)
     tokens = random_tokens(model, pos=10)
@@ -46,7 +46,7 @@ def test_grouped_gates_fold_into_heads():
     dd = cache["blocks.0.attn.hook_post_qdd"]                    # [batch pos group head]
     table = gating.gate_values(model, tokens)
     row = table[(table.layer == 0) & (table.stage == "post_qdd") & (table["head"] == 3)]
-    assert float(row["mean"].iloc[0]) == pytest.approx(float(dd[:, :, 1, 1].mean()), rel=1e-6)
+    assert float(row["mean"].iloc[0]) == pytest.approx(float(dd[:, :, 1, 1].mean()), rel=1e-10)
     assert bool(row["signed"].iloc[0])
 
 
@@ -58,15 +58,15 @@ def test_classify_gate():
 
 
 def test_infini_memory_classes_and_ratio():
-    model = tiny_model("infini", attn_cfg={"segment_len": 4})
+    model = tiny_model("infini", attn_cfg={"segment_len": 4}, dtype="float64")
     tokens = random_tokens(model, pos=12)
-    values = torch.tensor([0.999, 0.001, 0.5, 0.7])
+    values = torch.tensor([0.999, 0.001, 0.5, 0.7], dtype=torch.float64)
     infini.set_gates(model, values)
     table = infini.memory_specialisation(model, tokens)
     assert list(table.loc[[f"L0H{h}" for h in range(4)], "class"]) == [
         "memory specialist", "local specialist", "mixer", "intermediate"]
-    torch.testing.assert_close(torch.tensor(table["gate"].to_numpy()[:4]), values.double(),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(table["gate"].to_numpy()[:4]), values, rtol=1e-10,
+                               atol=0)
     assert (table["memory_tokens"] == 2 * 8).all()                # two segments after the first
     assert table.loc["L0H0", "memory_ratio"] == pytest.approx(1.0, abs=1e-2)
     assert table.loc["L0H1", "memory_ratio"] < 1e-2
@@ -85,7 +85,7 @@ def test_memory_views_refuse_models_without_memory():
 def test_borrowing_from_static_mixing_equals_the_matrix():
     opts = dict(query_kernel_size=None, key_kernel_size=None, after_sm_query_kernel_size=None,
                 after_sm_key_kernel_size=None)
-    model = tiny_model("mta", attn_cfg=opts)
+    model = tiny_model("mta", attn_cfg=opts, dtype="float64")
     with torch.no_grad():
         model.blocks[0].attn.head_kernel.copy_(torch.randn(1, 4, 4,
                                                            generator=torch.Generator()))
@@ -93,5 +93,5 @@ def test_borrowing_from_static_mixing_equals_the_matrix():
     table = composed.borrowing_table(model, tokens, 0, "post")
     M = model.blocks[0].attn.head_kernel[0].detach()
     row = table[(table.target == "L0H2") & (table.source == "L0H0")].iloc[0]
-    assert row["mean_weight"] == pytest.approx(float(M[0, 2]), rel=1e-6)
+    assert row["mean_weight"] == pytest.approx(float(M[0, 2]), rel=1e-10)
     assert len(composed.borrowing_table(tiny_model("mha"), tokens, 0)) == 0

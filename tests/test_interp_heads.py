@@ -20,19 +20,20 @@ from interp import heads
 from interp._common import map_stage_names
 from interp.tasks.induction import repeated_tokens
 
-from helpers import random_tokens, tiny_model
+from helpers import EXACT, random_tokens, tiny_model
 
 V, N_CTX, DH = 100, 24, 100   # a large vocabulary: few repeats inside r
 HALF = 8
 NEUTRAL = {"mta": dict(group_norm=False, add_gating=False), "infini": dict(segment_len=N_CTX)}
 
 
-def build_induction_model(variant: str = "mha", scale: float = 30.0) -> HookedVariantTransformer:
+def build_induction_model(variant: str = "mha", scale: float = 30.0,
+                          dtype: str = "float32") -> HookedVariantTransformer:
     """Hand-built previous-token (L0H0) + induction (L1H0) pair; heads H1 are zero."""
     T, P, R = 0, V, V + N_CTX                      # token, position, previous-token subspaces
     cfg = VariantConfig(d_model=2 * V + N_CTX, d_head=DH, n_heads=2, n_layers=2, n_ctx=N_CTX,
                         d_vocab=V, attn_only=True, normalization_type=None, seed=0,
-                        attention=variant, attn_cfg=NEUTRAL.get(variant))
+                        attention=variant, attn_cfg=NEUTRAL.get(variant), dtype=dtype)
     model = HookedVariantTransformer(cfg).eval()
     c = math.sqrt(scale * math.sqrt(DH))           # c^2 / sqrt(d_head) = scale
     with torch.no_grad():
@@ -108,7 +109,7 @@ def test_induction_before_and_after_mta_convolution():
 
 @pytest.mark.parametrize("variant", available_variants())
 def test_detect_heads_agrees_with_transformer_lens(variant):
-    model = tiny_model(variant, tokenizer_alphabet="abcdefghij ", n_ctx=64)
+    model = tiny_model(variant, tokenizer_alphabet="abcdefghij ", n_ctx=64, dtype="float64")
     text = "abc dab cab abc eab dcab"
     table = heads.detect_heads(model, text)
     for name, tl_name in [("previous_token", "previous_token_head"),
@@ -116,22 +117,22 @@ def test_detect_heads_agrees_with_transformer_lens(variant):
                           ("induction", "induction_head")]:
         ours = torch.tensor(table[name].to_numpy()).view(2, 4)
         theirs = detect_head(model, text, tl_name).to(ours.dtype)
-        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours, theirs, **EXACT)
     ours = heads.detect_heads(model, text, exclude_bos=True, exclude_current_token=True)
     theirs = detect_head(model, text, "previous_token_head", exclude_bos=True,
                          exclude_current_token=True)
     torch.testing.assert_close(torch.tensor(ours["previous_token"].to_numpy()).view(2, 4),
-                               theirs.double(), atol=1e-5, rtol=1e-5)
+                               theirs.double(), **EXACT)
 
 
 def test_pre_softmax_stage_scored_through_softmax():
-    model = tiny_model("mha")
+    model = tiny_model("mha", dtype="float64")
     tokens = random_tokens(model, pos=12)
     a = heads.detect_heads(model, tokens, stage="attn_scores")
     b = heads.detect_heads(model, tokens, stage="pattern")
     cols = list(heads.DETECTORS)
     torch.testing.assert_close(torch.tensor(a[cols].to_numpy()), torch.tensor(b[cols].to_numpy()),
-                               atol=1e-5, rtol=1e-5)
+                               **EXACT)
 
 
 @pytest.mark.parametrize("variant", available_variants())

@@ -21,7 +21,7 @@ from interp import (
     stage_change,
 )
 
-from helpers import random_tokens, tiny_model
+from helpers import EXACT, random_tokens, tiny_model
 
 # -- MTA key-query kernels -------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ def test_kernel_table_reads_the_model():
 @pytest.fixture(scope="module")
 def open_cope():
     """CoPE with every gate open (q.k large via the biases): positions = relative positions."""
-    model = tiny_model("cope")
+    model = tiny_model("cope", dtype="float64")
     with torch.no_grad():
         for b in model.blocks:
             b.attn.W_Q.zero_()
@@ -90,11 +90,11 @@ def test_cope_positional_attention_is_a_causal_softmax(open_cope):
     tokens = random_tokens(open_cope, pos=9)
     pos = cope.positional_attention(open_cope, tokens, layer=0)
     assert pos.shape == (2, 4, 9, 9)
-    torch.testing.assert_close(pos.sum(-1), torch.ones(2, 4, 9))
+    torch.testing.assert_close(pos.sum(-1), torch.ones(2, 4, 9, dtype=torch.float64), **EXACT)
     assert pos.triu(1).abs().max() == 0
     _, cache = open_cope.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pos_logits")
     logits = cache["blocks.0.attn.hook_pos_logits"][0, 1, 5, :6]
-    torch.testing.assert_close(pos[0, 1, 5, :6], torch.softmax(logits, -1))
+    torch.testing.assert_close(pos[0, 1, 5, :6], torch.softmax(logits, -1), **EXACT)
 
 
 def test_cope_views_refuse_models_without_positions():
@@ -109,7 +109,7 @@ def test_cope_views_refuse_models_without_positions():
 def test_js_divergence_known_values():
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     zeros = torch.zeros(2, dtype=torch.float64)
-    torch.testing.assert_close(stage_change.js_divergence(p, p), zeros)
+    torch.testing.assert_close(stage_change.js_divergence(p, p), zeros, **EXACT)
     assert float(stage_change.js_divergence(torch.tensor([1.0, 0]), torch.tensor([0, 1.0]))) == 1
 
 

@@ -29,7 +29,7 @@ class Benchmark:
 
 
 # Every benchmark script of the project. tests/test_bench.py fails when a script under
-# hooked_models/benchmarks/ or kernels/bench.py is missing from this list.
+# hooked_models/benchmarks/, interp/benchmarks/ or kernels/bench.py is missing from this list.
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("core", "hooked_models.benchmarks.core", "hook overhead: forward vs run_with_cache",
               ("--repeats", "2")),
@@ -41,7 +41,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("infini", "hooked_models.benchmarks.infini", "Infini streaming throughput",
               ("--lengths", "256", "--segment-len", "64", "--chunk", "128", "--d-model", "32",
                "--heads", "2", "--layers", "1", "--repeats", "1")),
-    Benchmark("diversity", "hooked_models.benchmarks.diversity", "head-diversity cost",
+    Benchmark("diversity", "interp.benchmarks.diversity", "head-diversity cost",
               ("--layers", "2", "--heads", "4", "--d-model", "64", "--n-baseline", "1")),
     Benchmark("kernels", "kernels.bench", "Triton kernels vs torch / SDPA (needs a GPU)", ()),
 )

@@ -1,20 +1,134 @@
-"""A small, honest training loop for toy models (AdamW, cosine decay, progress bar).
+"""A training loop fit for real runs, and the small `train` API the toy recipes use.
+
+`fit` runs AdamW with per-parameter groups (no weight decay on norms, biases and embeddings;
+attention gates, declared by an attention class's `gate_parameter_names`, get their own learning
+rate and no decay), linear warmup + cosine decay, gradient clipping, bf16 autocast on CUDA,
+periodic evaluation, a tqdm bar with loss and tokens/s, a JSON-lines metrics log, and
+checkpoints that resume exactly: a resumed run reproduces the uninterrupted run's losses.
+
+The loop knows nothing about tasks or analyses: batches come from `sample(batch_size, generator)`
+and evaluations from an `evaluate(model) -> dict` callback (the zoo recipes, one floor up in
+`interp.zoo`, pass validation loss and an induction score there).
 
 Example:
-    >>> from interp.tasks.induction import repeated_tokens
-    >>> losses = train(model, lambda b, g: (repeated_tokens(b, 8, 50, seed=None), None),
-    ...                steps=10)                                  # doctest: +SKIP
+    >>> losses = fit(model, sample, TrainConfig(steps=100), run_dir="out/run")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from hooked_models.train_state import (
+    latest_checkpoint,
+    load_train_state,
+    rewind_metrics,
+    save_train_state,
+)
+
 Batch = tuple[torch.Tensor, torch.Tensor | None]
+Sampler = Callable[[int, torch.Generator], Batch]
+METRICS_FILE = "metrics.jsonl"
+EMBEDDING_PARAMS = ("embed.W_E", "pos_embed.W_pos")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of one run (recorded in the checkpoint and the card).
+
+    Attributes:
+        steps: optimizer steps in the whole run (the cosine reaches its floor at the last one).
+        batch_size: sequences per step.
+        lr: peak learning rate; `min_lr_ratio` * lr is the floor of the cosine.
+        warmup: linear warmup steps.
+        weight_decay, betas: AdamW's (decay only on matrices that are not embeddings).
+        gate_lr: learning rate of gate parameters (None: `lr`); they are never decayed.
+        grad_clip: max global gradient norm (0: off).
+        seed: seeds the batch generator and torch's global RNG.
+        eval_every: run `evaluate` every N steps and at the end (0: only at the end).
+        checkpoint_every: save a resumable checkpoint every N steps and at the end (0: only at
+            the end; needs a run directory).
+        bf16: autocast to bfloat16 on CUDA (ignored on the CPU, which trains in the model dtype).
+    """
+
+    steps: int
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.0
+    warmup: int = 20
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    gate_lr: float | None = None
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    bf16: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.lr <= 0 or (self.gate_lr is not None and self.gate_lr <= 0):
+            raise ValueError(f"lr and gate_lr must be > 0, got {self.lr}, {self.gate_lr}")
+        self.betas = tuple(self.betas)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "progress"}
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the peak lr at 0-based `step`: warmup (step+1)/warmup, then cosine."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+
+
+def gate_parameter_names(model) -> set[str]:
+    """Full names of the parameters that attention classes declare as gates."""
+    names = set()
+    for prefix, module in model.named_modules():
+        for local in getattr(module, "gate_parameter_names", ()):
+            names.add(f"{prefix}.{local}" if prefix else local)
+    return names
+
+
+def param_groups(model, cfg: TrainConfig) -> list[dict]:
+    """AdamW groups "decay", "no_decay" (norms, biases, embeddings) and "gates" (own lr)."""
+    gates = gate_parameter_names(model)
+    groups = {"decay": [], "no_decay": [], "gates": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name in gates:
+            groups["gates"].append(p)
+        # TransformerLens names every bias b_* (b_Q is [head_index d_head], so ndim alone
+        # would miss it); vectors are norm weights and gates.
+        elif p.ndim < 2 or name.rsplit(".", 1)[-1].startswith("b_") \
+                or name in EMBEDDING_PARAMS:
+            groups["no_decay"].append(p)
+        else:
+            groups["decay"].append(p)
+    settings = {"decay": (cfg.lr, cfg.weight_decay), "no_decay": (cfg.lr, 0.0),
+                "gates": (cfg.gate_lr or cfg.lr, 0.0)}
+    return [{"params": ps, "name": g, "base_lr": settings[g][0], "lr": settings[g][0],
+             "weight_decay": settings[g][1]} for g, ps in groups.items() if ps]
 
 
 def masked_next_token_loss(model, tokens: torch.Tensor, loss_mask: torch.Tensor | None):
@@ -29,33 +143,87 @@ def masked_next_token_loss(model, tokens: torch.Tensor, loss_mask: torch.Tensor 
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
-def train(model, sample: Callable[[int, torch.Generator], Batch], steps: int,
-          batch_size: int = 32, lr: float = 1e-3, weight_decay: float = 0.01,
-          warmup: int = 20, seed: int = 0, progress: bool = True) -> list[float]:
-    """Train `model` on batches from `sample(batch_size, generator)`; returns the loss per step."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+def _append_jsonl(path: Path, record: dict) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = True,
+        evaluate: Callable[[object], dict] | None = None, card: dict | None = None) -> list[float]:
+    """Train `model` in place for `cfg.steps` steps; returns the train loss of each step run now.
+
+    With `run_dir`, metrics go to `run_dir/metrics.jsonl` and checkpoints to `run_dir/step-N/`
+    (`latest` names the newest); with `resume`, a run directory that holds a checkpoint is
+    continued from it (weights, optimizer, schedule position, batch generator, metrics log).
+    """
+    run_dir = None if run_dir is None else Path(run_dir)
+    if cfg.checkpoint_every and run_dir is None:
+        raise ValueError("checkpoint_every needs a run_dir to write checkpoints into")
+    device = torch.device(model.cfg.device)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas,
+                            weight_decay=cfg.weight_decay)
+    start, tokens_seen = 0, 0
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(run_dir) if resume else None
+        if ckpt is not None:
+            start, tokens_seen = load_train_state(ckpt, model, opt, gen, cfg.to_dict())
+        rewind_metrics(run_dir / METRICS_FILE, start)
+    if start >= cfg.steps:
+        model.eval()
+        return []
+    use_bf16 = cfg.bf16 and device.type == "cuda"
     model.train()
-    losses = []
-    bar = tqdm(range(steps), disable=not progress, desc="train", leave=False)
-    for _ in bar:
-        tokens, mask = sample(batch_size, gen)
-        loss = masked_next_token_loss(model, tokens.to(model.cfg.device), mask)
+    losses: list[float] = []
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress,
+               desc="train", leave=False)
+    t_last, tok_last = time.perf_counter(), tokens_seen
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_factor(step, cfg)
+        tokens, mask = sample(cfg.batch_size, gen)
+        tokens = tokens.to(device)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss = masked_next_token_loss(model, tokens, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        sched.step()
+        tokens_seen += tokens.numel()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        done = step + 1
+        now = time.perf_counter()
+        tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
+        t_last, tok_last = now, tokens_seen
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tok_s:,.0f}")
+        record = {"step": done, "tokens": tokens_seen, "lr": opt.param_groups[0]["lr"],
+                  "train_loss": losses[-1], "tokens_per_s": round(tok_s, 1)}
+        last = done == cfg.steps
+        if evaluate is not None and (last or (cfg.eval_every and done % cfg.eval_every == 0)):
+            model.eval()
+            with torch.no_grad(), torch.autocast(device_type=device.type,
+                                                 dtype=torch.bfloat16, enabled=use_bf16):
+                record.update(evaluate(model))
+            model.train()
+        if run_dir is not None:
+            _append_jsonl(run_dir / METRICS_FILE, record)
+            if last or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+                save_train_state(run_dir, model, opt, gen, done, tokens_seen, cfg.to_dict(),
+                                 card=card)
     model.eval()
     return losses
+
+
+def train(model, sample: Sampler, steps: int, batch_size: int = 32, lr: float = 1e-3,
+          weight_decay: float = 0.01, warmup: int = 20, seed: int = 0,
+          progress: bool = True) -> list[float]:
+    """Train `model` on batches from `sample(batch_size, generator)`; returns the loss per step.
+
+    The toy recipes' entry point: `fit` with no run directory, no evaluation.
+    """
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                      warmup=warmup, seed=seed, progress=progress)
+    return fit(model, sample, cfg)

@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 import hooked_models.benchmarks
+import interp.benchmarks
 from hooked_models import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_benchmark_script_is_registered():
-    scripts = {f"hooked_models.benchmarks.{m.name}"
-               for m in pkgutil.iter_modules(hooked_models.benchmarks.__path__)}
+    scripts = {f"{pkg.__name__}.{m.name}" for pkg in (hooked_models.benchmarks, interp.benchmarks)
+               for m in pkgutil.iter_modules(pkg.__path__)}
     registered = {b.module for b in bench.BENCHMARKS}
     assert scripts | {"kernels.bench"} == registered
 

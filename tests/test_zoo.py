@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hooked_models import zoo
-from hooked_models.zoo.evaluate import induction_metrics
+from interp.zoo.induction import induction_metrics
 
 NAMES = zoo.available()
 

@@ -1,7 +1,7 @@
-"""Bundled toy models: small checkpoints trained here (see `train.py`), one per variant.
+"""Bundled toy models: small checkpoints trained here (by `interp.zoo`), one per variant.
 
 Each lives in `hooked_models/zoo/<name>/` as `config.json` + `model.safetensors` + `card.json`
-(task, training command, metrics written by `python -m hooked_models.zoo.evaluate`).
+(task, training command, metrics written by `python -m interp.zoo.evaluate`).
 
 Example:
     >>> from hooked_models.zoo import available, load
@@ -27,7 +27,8 @@ def path(name: str) -> Path:
 
 
 def load(name: str, device: str | None = None):
-    """The bundled model `name` as a HookedVariantTransformer (its card in `model.card`)."""
+    """The bundled model `name` as an eval-mode HookedVariantTransformer (its card in
+    `model.card`), ready for TransformerLens's patching, which refuses training-mode models."""
     from hooked_models.model import HookedVariantTransformer
 
     return HookedVariantTransformer.from_pretrained(path(name), device=device)

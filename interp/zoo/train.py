@@ -1,6 +1,6 @@
-"""Train a bundled model and save it into the zoo (then run evaluate --write for its card).
+"""Train a toy induction model and save it into the zoo (then its card is measured).
 
-    python -m hooked_models.zoo.train mha [--steps 1500] [--attn-cfg '{"...": ...}']
+    python -m interp.zoo.train mha [--steps 1500] [--attn-cfg '{"...": ...}']
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import torch
 from hooked_models.model import HookedVariantTransformer
 from hooked_models.trainer import train
 from hooked_models.zoo import ZOO_DIR
-from hooked_models.zoo.evaluate import main as evaluate_main
-from hooked_models.zoo.recipes import VARIANTS, config, sample
+from hooked_models.zoo.recipes import VARIANTS, config
+from interp.zoo.evaluate import main as evaluate_main
+from interp.zoo.induction import sample
 
 
 def main(argv=None) -> None:
@@ -34,7 +35,7 @@ def main(argv=None) -> None:
     losses = train(model, sample, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                    seed=args.seed)
     name = f"induction-{args.variant}"
-    command = "python -m hooked_models.zoo.train " + " ".join(argv or [args.variant])
+    command = "python -m interp.zoo.train " + " ".join(argv or [args.variant])
     card = {"task": "induction: next token on the second copy of [BOS] r r, r random letters, "
                     "repeat length 6..20",
             "train_command": command, "steps": args.steps, "batch_size": args.batch_size,

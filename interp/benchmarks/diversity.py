@@ -1,6 +1,6 @@
 """Benchmark: head diversity (captured variance of stacked QK / OV circuits) on a big model.
 
-    python -m hooked_models.benchmarks.diversity [--layers 32] [--heads 32] [--d-model 2560]
+    python -m interp.benchmarks.diversity [--layers 32] [--heads 32] [--d-model 2560]
         [--device cpu|cuda] [--check]
 
 Target (interp issue): the analysis of a 32-layer, 32-head, d_model 2560 model (DCFormer-2.8B

@@ -1,0 +1,95 @@
+"""The text-language-model zoo: 5 variants x 3 shapes at one shared budget.
+
+Shapes (every variant, d_model 256, 8 heads of 32, n_ctx 512, BPE vocabulary 4096):
+    l1     1 layer, attention only      (the induction control: one layer cannot compose)
+    l2     2 layers, attention only     (the smallest model that can form induction heads)
+    l4mlp  4 layers with MLPs (d_mlp 1024)
+
+Budget (same for all 15): ZOO_TRAIN below, 3,000 steps x 32 x 512 = 49.2M tokens each, about 5
+epochs of the standard library's ~9M training tokens. How that fits 45 minutes of H100 time is
+worked out in `docs/zoo.md` ("Budget"): `attnlens train --zoo text --measure` prints the
+measured tokens/s of each recipe on the machine at hand and the projected wall time.
+
+Variant options are the official defaults except where a small model needs placement: CoPE
+brings its own positions (no rotary); Infini uses 128-token segments (4 per context, so the
+memory is read at every depth of the context) with the delta rule, its gates at their own lr.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hooked_models.config import VariantConfig
+from hooked_models.trainer import TrainConfig
+
+VOCAB_SIZE = 4096
+ARCH = dict(d_model=256, d_head=32, n_heads=8, n_ctx=512)
+SHAPES: dict[str, dict] = {
+    "l1": dict(n_layers=1, attn_only=True),
+    "l2": dict(n_layers=2, attn_only=True),
+    "l4mlp": dict(n_layers=4, attn_only=False, d_mlp=1024),
+}
+VARIANT_OPTIONS: dict[str, dict] = {
+    "mha": dict(positional_embedding_type="rotary"),
+    "mta": dict(positional_embedding_type="rotary"),
+    "cope": dict(positional_embedding_type="none"),
+    "dcmha": dict(positional_embedding_type="rotary"),
+    "infini": dict(positional_embedding_type="rotary",
+                   attn_cfg={"segment_len": 128, "update": "delta"}),
+}
+ZOO_TRAIN = dict(steps=3000, batch_size=32, lr=1e-3, min_lr_ratio=0.1, warmup=200,
+                 weight_decay=0.1, betas=(0.9, 0.95), gate_lr=1e-2, grad_clip=1.0,
+                 eval_every=250, checkpoint_every=250)
+# A pipeline check that runs in seconds on a CPU (`--smoke`): never a zoo model.
+SMOKE = dict(arch=dict(d_model=32, d_head=16, n_heads=2, n_ctx=64, d_mlp=64),
+             train=dict(steps=4, batch_size=4, warmup=1, eval_every=2, checkpoint_every=2),
+             vocab_size=512, max_files=40, val_fraction=0.25,
+             attn_cfg={"infini": {"segment_len": 16}})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    variant: str
+    shape: str
+
+    def config(self, d_vocab: int, seed: int = 0, arch: dict | None = None,
+               attn_cfg: dict | None = None) -> VariantConfig:
+        """The model's config; `arch`/`attn_cfg` override sizes (smoke runs, tests)."""
+        shape = dict(SHAPES[self.shape])
+        sizes = {**ARCH, **(arch or {})}
+        if shape["attn_only"]:
+            sizes.pop("d_mlp", None)
+        else:
+            shape["d_mlp"] = sizes.pop("d_mlp", shape["d_mlp"])
+        options = dict(VARIANT_OPTIONS[self.variant])
+        merged_attn = {**options.pop("attn_cfg", {}), **(attn_cfg or {})} or None
+        return VariantConfig(**sizes, **shape, d_vocab=d_vocab, attention=self.variant,
+                             attn_cfg=merged_attn, act_fn="gelu", normalization_type="LN",
+                             seed=seed, metadata={"task": "text-lm", "recipe": self.name},
+                             **options)
+
+
+RECIPES: dict[str, Recipe] = {
+    f"text-{v}-{s}": Recipe(f"text-{v}-{s}", v, s) for s in SHAPES for v in VARIANT_OPTIONS}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown text recipe {name!r}; choose from {sorted(RECIPES)}")
+    return RECIPES[name]
+
+
+def train_config(overrides: dict | None = None, seed: int = 0, progress: bool = True):
+    return TrainConfig(**{**ZOO_TRAIN, **(overrides or {})}, seed=seed, progress=progress)
+
+
+def flops_per_token(cfg: VariantConfig) -> float:
+    """Training FLOPs per token: 6 x matmul parameters + 6 x L x n_ctx x d_model (QK and AV,
+    Kaplan et al.'s count), ignoring variant extras (MTA's convolutions over the maps, CoPE's
+    gates, DCMHA's composition) whose cost is memory traffic rather than FLOPs."""
+    d, L = cfg.d_model, cfg.n_layers
+    attn = 4 * d * cfg.n_heads * cfg.d_head
+    mlp = 0 if cfg.attn_only else 2 * d * cfg.d_mlp
+    unembed = d * cfg.d_vocab
+    return 6 * (L * (attn + mlp) + unembed) + 6 * L * cfg.n_ctx * cfg.n_heads * cfg.d_head

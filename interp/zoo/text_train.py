@@ -1,0 +1,209 @@
+"""Train, evaluate and release the text-language-model zoo (`attnlens train --zoo text`).
+
+    attnlens train --zoo text --device cuda          all 15 recipes, resumable, into out/zoo-text
+    attnlens train --zoo text --measure              tokens/s per recipe and the projected time
+    attnlens train --zoo text --smoke                the whole pipeline in seconds (never a zoo)
+
+Each recipe trains in `OUT/runs/<name>/` (checkpoints every 250 steps, metrics.jsonl); a killed
+run continues from its last checkpoint when the command is run again. When a run is complete it
+is released to `RELEASE/<name>/`: fp16 weights, tokenizer.json, eval_tokens.safetensors, the
+metrics log and card.json written by the evaluation. RELEASE defaults to `OUT/release`; only a
+full-budget run may be released into `hooked_models/zoo` (`--release-to hooked_models/zoo`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hooked_models.bpe import BPETokenizer, cached_stream, train_bpe
+from hooked_models.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
+from hooked_models.model import HookedVariantTransformer
+from hooked_models.train_state import latest_checkpoint
+from hooked_models.trainer import METRICS_FILE, fit
+from interp.zoo.text_eval import evaluate_windows, induction_probe, save_eval_tokens, val_windows
+from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE, flops_per_token, get_recipe
+from interp.zoo.text_recipes import train_config as make_train_config
+
+
+@dataclass
+class TextData:
+    corpus: Corpus
+    tokenizer: BPETokenizer
+    train: np.ndarray
+    val: np.ndarray
+
+
+def prepare_data(cache_dir, vocab_size: int = VOCAB_SIZE, max_files: int | None = None,
+                 root=None, val_fraction: float = DEFAULT_VAL_FRACTION) -> TextData:
+    """The stdlib corpus, its BPE tokenizer and token streams (all cached under `cache_dir`)."""
+    cache_dir = Path(cache_dir)
+    corpus = Corpus.from_directory(root or stdlib_root(), val_fraction=val_fraction,
+                                   max_files=max_files)
+    tok_path = cache_dir / f"tokenizer-{corpus.fingerprint[:16]}-{vocab_size}.json"
+    if tok_path.is_file():
+        tokenizer = BPETokenizer.from_file(tok_path)
+    else:
+        tokenizer = train_bpe(corpus.texts("train"), vocab_size=vocab_size)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(tok_path)
+    return TextData(corpus, tokenizer, cached_stream(tokenizer, corpus, "train", cache_dir),
+                    cached_stream(tokenizer, corpus, "val", cache_dir))
+
+
+def window_sampler(stream: np.ndarray, n_ctx: int, bos: int):
+    """Batches of `[BOS] + n_ctx-1` tokens from uniformly random offsets of `stream`.
+
+    Every context starts with BOS, like `to_tokens(prepend_bos=True)` at analysis time.
+    """
+    body = n_ctx - 1
+    if len(stream) <= body:
+        raise ValueError(f"training stream has {len(stream)} tokens; need more than {body}")
+    data = torch.from_numpy(stream.astype(np.int64))
+
+    def sample(batch: int, gen: torch.Generator):
+        starts = torch.randint(0, len(data) - body, (batch,), generator=gen)
+        rows = torch.stack([data[s:s + body] for s in starts.tolist()])
+        return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), rows], 1), None
+
+    return sample
+
+
+def build_model(name: str, data: TextData, device: str, seed: int = 0, smoke: bool = False):
+    recipe = get_recipe(name)
+    arch = SMOKE["arch"] if smoke else None
+    attn_cfg = SMOKE["attn_cfg"].get(recipe.variant) if smoke else None
+    cfg = recipe.config(d_vocab=data.tokenizer.vocab_size, seed=seed, arch=arch,
+                        attn_cfg=attn_cfg)
+    cfg.device = device
+    return HookedVariantTransformer(cfg, tokenizer=data.tokenizer)
+
+
+def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: int = 0,
+                 smoke: bool = False, progress: bool = True, command: str | None = None) -> Path:
+    """Train (or resume) recipe `name` in `out_dir/runs/name`; returns that run directory."""
+    model = build_model(name, data, device, seed=seed, smoke=smoke)
+    tcfg = make_train_config(SMOKE["train"] if smoke else None, seed=seed, progress=progress)
+    windows = val_windows(data.val, model.cfg.n_ctx, data.tokenizer.bos_token_id)
+
+    def evaluate(m):
+        losses = m(windows[:16].to(m.W_E.device), return_type="loss")
+        probe = induction_probe(m, batch=4)
+        return {"val_loss": round(float(losses), 4),
+                "induction_score": round(probe["induction_score"], 4),
+                "repeat_loss": round(probe["repeat_loss"], 4)}
+
+    run_dir = Path(out_dir) / "runs" / name
+    card = {"recipe": name, "train_command": command, "device": device}
+    t0 = time.time()
+    fit(model, window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id), tcfg,
+        run_dir=run_dir, evaluate=evaluate, card=card)
+    timing = run_dir / "wall_time.json"
+    spent = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
+    timing.write_text(json.dumps({"seconds": spent + time.time() - t0}))
+    return run_dir
+
+
+def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu",
+            command: str = "", smoke: bool = False) -> Path:
+    """Write the fp16 release of a finished run and its card (measured on the fp16 weights)."""
+    run_dir, out = Path(run_dir), Path(release_dir) / name
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir} holds no checkpoint to release")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    tcfg = state["train_config"]
+    if state["step"] != tcfg["steps"]:
+        raise ValueError(f"{run_dir} stopped at step {state['step']} of {tcfg['steps']}: "
+                         "finish the run (run the command again) before releasing")
+    model = HookedVariantTransformer.from_pretrained(ckpt, device="cpu")
+    model.save_pretrained(out, weights_dtype=torch.float16)
+    save_eval_tokens(out, val_windows(data.val, model.cfg.n_ctx, data.tokenizer.bos_token_id))
+    shutil.copyfile(run_dir / METRICS_FILE, out / METRICS_FILE)
+    released = HookedVariantTransformer.from_pretrained(out, device=device)
+    from interp.zoo.text_eval import load_eval_tokens
+
+    metrics = evaluate_windows(released, load_eval_tokens(out))
+    card = {"kind": "text-lm", "recipe": name, "smoke_test_only": smoke,
+            "train_command": command, "eval_command": f"python -m interp.zoo.evaluate {name}",
+            "seed": tcfg["seed"], "steps": state["step"], "tokens": state["tokens"],
+            "train_config": tcfg, "device": (model.card or {}).get("device"),
+            "device_name": _device_name((model.card or {}).get("device")),
+            "wall_time_s": round(json.loads((run_dir / "wall_time.json").read_text())
+                                 ["seconds"], 1),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "corpus": data.corpus.describe(),
+            "tokenizer": {"kind": "byte-level BPE (HF tokenizers)",
+                          "vocab_size": data.tokenizer.vocab_size,
+                          "sha256": data.tokenizer.sha256},
+            "weights_dtype": "float16", "python": platform.python_version(),
+            "torch": torch.__version__, "metrics": metrics}
+    (out / "card.json").write_text(json.dumps(card, indent=2, sort_keys=True))
+    return out
+
+
+def _device_name(device: str | None) -> str:
+    if device and device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
+
+
+def measure(names, data: TextData, device: str, steps: int = 3, batch: int | None = None,
+            smoke: bool = False) -> list[dict]:
+    """Tokens/s of a few training steps of each recipe (the first step is a warm-up)."""
+    rows = []
+    for name in names:
+        model = build_model(name, data, device, smoke=smoke)
+        tcfg = make_train_config(SMOKE["train"] if smoke else None, progress=False)
+        bsz = batch or tcfg.batch_size
+        sample = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        use_bf16 = device.startswith("cuda")
+        gen = torch.Generator().manual_seed(0)
+        times = []
+        for _ in range(steps + 1):
+            tokens = sample(bsz, gen)[0].to(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                                enabled=use_bf16):
+                loss = model(tokens, return_type="loss")
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        tok_s = bsz * model.cfg.n_ctx * steps / sum(times[1:])
+        budget = tcfg.steps * tcfg.batch_size * model.cfg.n_ctx
+        rows.append({"recipe": name, "parameters": sum(p.numel() for p in model.parameters()),
+                     "flops_per_token": flops_per_token(model.cfg), "tokens_per_s": round(tok_s),
+                     "budget_tokens": budget, "projected_s": round(budget / tok_s)})
+    return rows
+
+
+def train_zoo(out_dir, device: str = "cpu", names=None, seed: int = 0, smoke: bool = False,
+              release_to=None, progress: bool = True, command: str = "") -> list[Path]:
+    """Train every recipe in `names` (default: all 15), resuming finished or partial runs."""
+    names = list(names or RECIPES)
+    for n in names:
+        get_recipe(n)
+    out_dir = Path(out_dir)
+    data = prepare_data(out_dir / "cache", vocab_size=SMOKE["vocab_size"] if smoke else VOCAB_SIZE,
+                        max_files=SMOKE["max_files"] if smoke else None,
+                        val_fraction=SMOKE["val_fraction"] if smoke else DEFAULT_VAL_FRACTION)
+    released = []
+    for name in names:
+        print(f"[attnlens train] {name} on {device}", file=sys.stderr)
+        run_dir = train_recipe(name, data, out_dir, device=device, seed=seed, smoke=smoke,
+                               progress=progress, command=command)
+        released.append(release(name, run_dir, data, release_to or out_dir / "release",
+                                device=device, command=command, smoke=smoke))
+    return released

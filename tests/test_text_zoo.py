@@ -1,0 +1,115 @@
+"""The text-LM zoo pipeline, end to end on the CPU with `--smoke` runs (seconds, never a zoo).
+
+Cards are re-measured within tolerance: the smoke model's here; every shipped text model's in
+`test_every_shipped_text_card_is_reproduced` (none is shipped until the GPU run lands).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dashboards.cli import main as cli_main
+from hooked_models import HookedVariantTransformer, zoo
+from interp.zoo.text_eval import evaluate_windows, icl_positions, load_eval_tokens
+from interp.zoo.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, ZOO_TRAIN, train_config
+from interp.zoo.text_train import prepare_data, release, train_recipe
+
+NAMES = ["text-mha-l1", "text-infini-l2"]
+TOL = 1e-3  # card values are rounded to 4 decimals; float32 on one CPU reproduces them exactly
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo")
+    argv = ["train", "--zoo", "text", "--smoke", "--only", *NAMES, "--out", str(out),
+            "--device", "cpu", "--no-progress"]
+    assert cli_main(argv) == 0
+    return out, argv
+
+
+def test_recipe_table_covers_every_variant_and_shape_at_one_budget():
+    assert len(RECIPES) == 15
+    assert {(r.variant, r.shape) for r in RECIPES.values()} == {
+        (v, s) for v in VARIANT_OPTIONS for s in SHAPES}
+    for shape in SHAPES:
+        cfgs = [RECIPES[f"text-{v}-{shape}"].config(d_vocab=4096) for v in VARIANT_OPTIONS]
+        params = [sum(p.numel() for p in HookedVariantTransformer(c).parameters())
+                  for c in cfgs]
+        assert max(params) / min(params) < 1.05, (shape, params)
+        assert {c.n_ctx for c in cfgs} == {512}
+    big = RECIPES["text-dcmha-l4mlp"].config(d_vocab=4096)
+    assert big.d_model >= 256 and not big.attn_only and 4 <= big.n_layers <= 6
+    assert train_config().steps * train_config().batch_size == \
+        ZOO_TRAIN["steps"] * ZOO_TRAIN["batch_size"]
+
+
+def test_smoke_run_releases_fp16_models_with_complete_cards(smoke_run):
+    out, argv = smoke_run
+    for name in NAMES:
+        rel = out / "release" / name
+        card = json.loads((rel / "card.json").read_text())
+        assert card["kind"] == "text-lm" and card["smoke_test_only"] is True
+        assert card["train_command"] == "attnlens " + " ".join(argv)
+        assert card["tokens"] == 4 * 4 * 64 and card["steps"] == 4 and card["seed"] == 0
+        assert card["device"] == "cpu" and card["wall_time_s"] > 0
+        assert len(card["corpus"]["sha256"]) == 64 and card["tokenizer"]["vocab_size"] <= 512
+        m = card["metrics"]
+        assert m["icl_score"] == pytest.approx(m["loss_late"] - m["loss_early"], abs=2e-4)
+        model = HookedVariantTransformer.from_pretrained(rel)
+        assert len(m["head_table"]) == model.cfg.n_layers * model.cfg.n_heads
+        log = [json.loads(x) for x in (rel / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in log] == [1, 2, 3, 4]
+        assert {"val_loss", "induction_score", "repeat_loss"} <= set(log[1]) and \
+            "val_loss" not in log[0]
+        assert model.to_str_tokens("def f():")[0] == "<|bos|>"
+
+
+def test_cards_are_reproduced_by_re_evaluation(smoke_run):
+    out, _ = smoke_run
+    for name in NAMES:
+        rel = out / "release" / name
+        card = json.loads((rel / "card.json").read_text())
+        measured = evaluate_windows(HookedVariantTransformer.from_pretrained(rel),
+                                    load_eval_tokens(rel))
+        for key in ("val_loss", "icl_score", "induction_score", "repeat_loss"):
+            assert measured[key] == pytest.approx(card["metrics"][key], abs=TOL), key
+
+
+def test_running_the_command_again_resumes_instead_of_retraining(smoke_run):
+    out, argv = smoke_run
+    log = (out / "runs" / NAMES[0] / "metrics.jsonl").read_text()
+    assert cli_main(argv[:5] + [NAMES[0]] + argv[6 + len(NAMES) - 1:]) == 0
+    assert (out / "runs" / NAMES[0] / "metrics.jsonl").read_text() == log
+
+
+def test_an_unfinished_run_is_not_released(tmp_path, smoke_run):
+    out, _ = smoke_run
+    data = prepare_data(out / "cache", vocab_size=512, max_files=40, val_fraction=0.25)
+    run_dir = train_recipe("text-mha-l1", data, tmp_path, smoke=True, progress=False)
+    state_file = next(run_dir.glob("step-*")) / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["step"] = 2
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="stopped at step 2 of 4"):
+        release("text-mha-l1", run_dir, data, tmp_path / "release")
+
+
+def test_icl_positions_follow_olsson_at_512():
+    assert icl_positions(512) == (51, 502)
+    early, late = icl_positions(64)
+    assert 2 <= early < late <= 60
+
+
+def test_every_shipped_text_card_is_reproduced():
+    shipped = [n for n in zoo.available()
+               if json.loads((zoo.path(n) / "card.json").read_text()).get("kind") == "text-lm"]
+    for name in shipped:
+        card = json.loads((zoo.path(name) / "card.json").read_text())
+        assert not card["smoke_test_only"], f"{name} is a smoke run, not a zoo model"
+        measured = evaluate_windows(zoo.load(name), load_eval_tokens(zoo.path(name)))
+        for key in ("val_loss", "icl_score", "induction_score"):
+            assert measured[key] == pytest.approx(card["metrics"][key], abs=5e-3), (name, key)
+    torch.manual_seed(0)  # leaves the global RNG as other tests expect

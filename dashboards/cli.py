@@ -4,7 +4,11 @@
                                   then print its head table (previous-token, induction, duplicate
                                   scores) and an ablation check
     attnlens stages               print every registered variant's stage catalogue
-    attnlens serve [--port 8050]  the dashboard on the bundled models (hooked_models/zoo)
+    attnlens serve [CKPT_DIR_OR_ZOO_NAME ...] [--port 8050]
+                                  the dashboard on those checkpoints (default: the bundled zoo)
+    attnlens train --zoo text [--device cuda] [--only NAME ...] [--measure] [--smoke]
+                                  train (resumably), evaluate and release the text-LM zoo:
+                                  5 variants x (1-, 2-layer attention-only, 4-layer MLP)
     attnlens analyze CHECKPOINT --analysis induction diversity gating circuits --out DIR
                                   write analysis tables (CSV/JSON) and figures (HTML; PNG with
                                   kaleido) for a checkpoint directory (see docs/analyses.md)
@@ -26,8 +30,8 @@ from interp import heads
 
 def cmd_demo(args) -> int:
     """Train the bundled induction recipe from scratch and show the circuit it learns."""
-    from hooked_models.zoo.evaluate import induction_metrics
-    from hooked_models.zoo.recipes import config, sample
+    from hooked_models.zoo.recipes import config
+    from interp.zoo.induction import induction_metrics, sample
 
     model = HookedVariantTransformer(config(args.attention, seed=args.seed))
     print(f"attnlens demo: 2-layer attention-only {args.attention!r} model, "
@@ -62,29 +66,62 @@ def cmd_stages(args) -> int:
     return 0
 
 
-def build_store(names: list[str] | None = None):
-    """A ModelStore with the bundled zoo models (all, or `names`)."""
-    from dashboards.store import ModelStore
+def build_store(sources: list[str] | None = None):
+    """A ModelStore of the checkpoint directories / zoo names in `sources` (default: the zoo)."""
+    from dashboards.store import load_store
     from hooked_models import zoo
-    from hooked_models.zoo.recipes import default_text
 
-    names = names or zoo.available()
-    if not names:
-        raise SystemExit("no bundled models found in hooked_models/zoo; train one with "
-                         "`python -m hooked_models.zoo.train mha`")
-    store = ModelStore()
-    for name in names:
-        store.add(name, zoo.load(name, device="cpu"), default_text())
-    return store
+    sources = sources or zoo.available()
+    if not sources:
+        raise SystemExit("no bundled models found in hooked_models/zoo; pass checkpoint "
+                         "directories: attnlens serve DIR [DIR ...]")
+    try:
+        return load_store(sources)
+    except ValueError as err:
+        raise SystemExit(f"attnlens serve: {err}") from None
 
 
 def cmd_serve(args) -> int:
     from dashboards.app import create_app
 
-    store = build_store(args.models)
+    store = build_store(list(args.sources or []) + list(args.models or []))
     app = create_app(store)
     print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
     app.run(host=args.host, port=args.port, debug=False)
+    return 0
+
+
+def cmd_train(args) -> int:
+    """Thin wrapper over interp.zoo.text_train (see its docstring for the layout)."""
+    import shlex
+
+    import torch
+
+    from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE
+    from interp.zoo.text_train import measure, prepare_data, train_zoo
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = args.only or list(RECIPES)
+    if args.measure:
+        data = prepare_data(f"{args.out}/cache",
+                            vocab_size=SMOKE["vocab_size"] if args.smoke else VOCAB_SIZE,
+                            max_files=SMOKE["max_files"] if args.smoke else None,
+                            val_fraction=SMOKE["val_fraction"] if args.smoke else 0.05)
+        rows = measure(names, data, device, steps=args.measure_steps, batch=args.measure_batch,
+                       smoke=args.smoke)
+        table = pd.DataFrame(rows).set_index("recipe")
+        print(table.to_string())
+        print(f"projected total on {device}: {table.projected_s.sum() / 60:.1f} min "
+              f"(training steps only; evaluation adds about 1%)")
+        return 0
+    command = "attnlens " + shlex.join(args.argv)
+    released = train_zoo(args.out, device=device, names=names, seed=args.seed,
+                         smoke=args.smoke, release_to=args.release_to,
+                         progress=not args.no_progress, command=command)
+    for path in released:
+        print(f"released {path}")
     return 0
 
 
@@ -113,11 +150,34 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(fn=cmd_demo)
     stages = sub.add_parser("stages", help="print the stage catalogue of every variant")
     stages.set_defaults(fn=cmd_stages)
-    serve = sub.add_parser("serve", help="run the dashboard on the bundled models")
+    serve = sub.add_parser("serve", help="run the dashboard on checkpoints or zoo models")
+    serve.add_argument("sources", nargs="*", metavar="CKPT_DIR_OR_ZOO_NAME",
+                       help="checkpoint directories or bundled model names (default: the zoo); "
+                            "the browser can choose only among these")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8050)
-    serve.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
+    serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")
     serve.set_defaults(fn=cmd_serve)
+    from interp.zoo.text_recipes import RECIPES
+
+    tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
+    tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
+    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES), default=None,
+                    help="recipes to train (default: all 15)")
+    tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
+    tr.add_argument("--out", default="out/zoo-text", help="runs, caches and releases go here")
+    tr.add_argument("--release-to", default=None,
+                    help="where finished models are written (default OUT/release; "
+                         "hooked_models/zoo only for full-budget runs)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--smoke", action="store_true",
+                    help="tiny shapes, 40 files, 4 steps: checks the pipeline, never a zoo")
+    tr.add_argument("--measure", action="store_true",
+                    help="print tokens/s of each recipe and the projected time; train nothing")
+    tr.add_argument("--measure-steps", type=int, default=3)
+    tr.add_argument("--measure-batch", type=int, default=None)
+    tr.add_argument("--no-progress", action="store_true")
+    tr.set_defaults(fn=cmd_train)
     from interp.analyze import ANALYSES
 
     analyze = sub.add_parser("analyze", help="write analysis tables and figures for a checkpoint")
@@ -132,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--device", default="cpu")
     analyze.add_argument("--no-png", action="store_true", help="HTML figures only")
     analyze.set_defaults(fn=cmd_analyze)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     return args.fn(args)
 
 

@@ -1,30 +1,63 @@
-"""Plotly figures used by the dashboard pages (thin: they draw what interp computes)."""
+"""Dashboard building blocks around the figures of `interp.plots`: graph components with the
+export settings, and the checks that turn request values into indices (the page boundary).
+
+Request values arrive from the browser and can be crafted: every callback validates them here
+and shows the ValueError's message in the page, never a 500 nor a silently different head.
+"""
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
-import torch
-from plotly.subplots import make_subplots
+import re
+
+from dash import dcc, html
+
+MAX_COMPARED = 5
+EXPORT_FORMATS = ("png", "svg")
 
 
-def stage_grid(maps, head: int, labels: list[str], batch: int = 0) -> go.Figure:
-    """One heatmap per stage for one head; -inf entries (masked) are drawn blank."""
-    titles = [f"{m.stage.name} ({m.stage.softmax}-softmax"
-              f"{', rows sum to 1' if m.stage.row_stochastic else ''})" for m in maps]
-    cols = min(3, len(maps))
-    rows = (len(maps) + cols - 1) // cols
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles,
-                        horizontal_spacing=0.06, vertical_spacing=0.12)
-    for i, m in enumerate(maps):
-        z = m.values[batch, head].float()
-        z = torch.where(torch.isfinite(z), z, torch.full_like(z, float("nan")))
-        fig.add_trace(go.Heatmap(
-            z=z.numpy(), x=labels, y=labels, coloraxis=None, showscale=False,
-            colorscale="Blues" if m.stage.softmax == "post" else "RdBu",
-            zmid=None if m.stage.softmax == "post" else 0.0,
-            hovertemplate="query %{y}<br>key %{x}<br>value %{z:.4f}<extra>" + m.stage.name
-                          + "</extra>"), row=i // cols + 1, col=i % cols + 1)
-    fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=380 * rows, margin=dict(l=40, r=20, t=60, b=40))
-    return fig
+def graph_config(filename: str = "attnlens", fmt: str = "png") -> dict:
+    """plotly config: no "share to cloud" / Chart Studio buttons, no logo, and the camera button
+    exporting `filename`.`fmt` (the whole figure, colour bar included) at 2x scale."""
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"export format {fmt!r} is not one of {EXPORT_FORMATS}")
+    return {"displaylogo": False, "showSendToCloud": False, "showEditInChartStudio": False,
+            "modeBarButtonsToRemove": ["sendDataToCloud", "editInChartStudio"],
+            "toImageButtonOptions": {"format": fmt, "filename": safe_filename(filename),
+                                     "scale": 2}}
 
+
+def safe_filename(name: str) -> str:
+    """`name` with anything but letters, digits, '-', '_' and '.' replaced by '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "attnlens"
+
+
+def graph(graph_id: str, config: dict | None = None, **kwargs) -> dcc.Graph:
+    return dcc.Graph(id=graph_id, config=config or graph_config(), **kwargs)
+
+
+def error_box(box_id: str) -> html.Div:
+    return html.Div(id=box_id, style={"color": "#b00020", "marginTop": "6px",
+                                      "whiteSpace": "pre-wrap"})
+
+
+def check_index(name: str, value, size: int, owner: str = "") -> int:
+    """`value` (an int, or a string of digits from a URL) as an index in [0, size)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+        where = f" of {owner}" if owner else ""
+        raise ValueError(f"{name} {value!r} is not a valid {name}{where}: choose 0 .. {size - 1}")
+    return value
+
+
+def check_models(store, names, minimum: int = 1, maximum: int = MAX_COMPARED) -> list[str]:
+    """`names` (a list, or one name) as known model names, `minimum` .. `maximum` of them."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not minimum <= len(names) <= maximum:
+        raise ValueError(f"choose {minimum} to {maximum} models; got {names!r}")
+    for name in names:
+        store.get(name)  # ValueError naming the model and the available ones
+    if len(set(names)) != len(names):
+        raise ValueError(f"a model is chosen twice: {names}")
+    return names

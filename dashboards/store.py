@@ -1,12 +1,37 @@
-"""The models a dashboard shows, by name, with a way to turn user text into tokens."""
+"""The models a dashboard serves, by name, with a lock each and a guarded way from user text to
+tokens. The browser only ever names a model of the store, never a path.
+
+Example:
+    >>> store = load_store(["induction-mha", "runs/my-ckpt"])     # doctest: +SKIP
+    >>> prompt = store.prompt("induction-mha", "")                 # doctest: +SKIP
+    >>> prompt.note
+    'the prompt is empty: showing the default text'
+"""
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+
+# Requests are refused before tokenising beyond this many characters: a tokenizer's memory
+# grows with its input (a 50 MB prompt once cost 1.8 GB), while the largest context served
+# is a few thousand tokens.
+MAX_PROMPT_CHARS = 20_000
+MAX_PROMPTS = 32             # prompts averaged at once (one per line)
+
+
+@dataclass
+class Prompt:
+    """`tokens` `[batch pos]`, position `labels` ("3:c", from the first prompt), a `note` for
+    the user ("" when nothing to say)."""
+
+    tokens: torch.Tensor
+    labels: list[str]
+    note: str = ""
 
 
 @dataclass
@@ -15,41 +40,100 @@ class ModelStore:
 
     models: dict = field(default_factory=dict)
     default_text: dict = field(default_factory=dict)
-    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _locks: dict = field(default_factory=dict, repr=False)
 
     @contextmanager
     def using(self, name: str):
-        """Hold the model for one computation. Hooks are attached to the model object itself,
-        so two callbacks running at once (Dash serves requests on threads) must not interleave
-        their forward passes, or one would cache the other's activations."""
+        """Hold model `name` for one computation. Hooks are attached to the model object, so
+        two requests on one model must not interleave their forward passes (one would cache
+        the other's activations); requests on different models run in parallel."""
         model = self.get(name)
-        with self._lock:
+        with self._locks[name]:
             yield model
 
     def add(self, name: str, model, text: str) -> None:
+        if name in self.models:
+            raise ValueError(f"model name {name!r} is given twice")
         self.models[name] = model.eval()
         self.default_text[name] = text
+        self._locks[name] = threading.RLock()
 
     @property
     def names(self) -> list[str]:
         return list(self.models)
 
-    def get(self, name: str):
-        if name not in self.models:
+    def get(self, name) -> object:
+        if not isinstance(name, str) or name not in self.models:
             raise ValueError(f"unknown model {name!r}; available: {self.names}")
         return self.models[name]
 
-    def tokens(self, name: str, text: str | None) -> tuple[torch.Tensor, list[str]]:
-        """`[1 pos]` tokens of `text` (the default text when empty) and their labels.
-
-        Raises ValueError (shown to the user) for characters outside the vocabulary or text
-        longer than the model's context.
+    def prompt(self, name: str, text) -> Prompt:
+        """Tokens of `text`: one prompt per non-empty line (several are averaged, cut to the
+        shortest); the default text when empty. ValueError (shown to the user) for text over
+        `MAX_PROMPT_CHARS`, characters outside the tokenizer, or more tokens than the context.
         """
         model = self.get(name)
-        text = text or self.default_text[name]
-        tokens = model.to_tokens(text)
-        if tokens.shape[1] > model.cfg.n_ctx:
-            raise ValueError(f"the text is {tokens.shape[1]} tokens; {name} reads at most "
-                             f"{model.cfg.n_ctx}")
-        labels = [f"{i}:{s}" for i, s in enumerate(model.to_str_tokens(tokens[0]))]
-        return tokens, labels
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise ValueError(f"the prompt must be text, got {type(text).__name__}")
+        if len(text) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the prompt is {len(text):,} characters; the dashboard accepts at "
+                             f"most {MAX_PROMPT_CHARS:,}")
+        lines = [line for line in text.splitlines() if line.strip()]
+        note = ""
+        if not lines:
+            lines, note = [self.default_text[name]], "the prompt is empty: showing the default text"
+        if len(lines) > MAX_PROMPTS:
+            raise ValueError(f"{len(lines)} prompts given; at most {MAX_PROMPTS} are averaged")
+        rows = []
+        for line in lines:
+            tokens = model.to_tokens(line)
+            if tokens.shape[1] > model.cfg.n_ctx:
+                raise ValueError(f"the prompt is {tokens.shape[1]} tokens; {name} reads at most "
+                                 f"{model.cfg.n_ctx}")
+            rows.append(tokens[0])
+        n = min(len(r) for r in rows)
+        if len(rows) > 1:
+            note = (f"averaged over {len(rows)} prompts, each cut to the shortest "
+                    f"({n} tokens)")
+        labels = [f"{i}:{s}" for i, s in enumerate(model.to_str_tokens(rows[0][:n]))]
+        return Prompt(torch.stack([r[:n] for r in rows]), labels, note)
+
+    def tokens(self, name: str, text) -> tuple[torch.Tensor, list[str]]:
+        """`[batch pos]` tokens and labels of `text` (see `prompt`)."""
+        p = self.prompt(name, text)
+        return p.tokens, p.labels
+
+
+def _fallback_text(model) -> str:
+    """Some text every tokenizer can encode: the decoded first ids of the vocabulary."""
+    ids = torch.arange(min(16, model.cfg.d_vocab))
+    return "".join(model.to_str_tokens(ids))
+
+
+def load_store(sources: list[str]) -> ModelStore:
+    """A store of the checkpoint directories and zoo names in `sources` (each model named after
+    its zoo name or its directory's name). ValueError naming a source that is neither."""
+    from hooked_models import zoo
+    from hooked_models.model import HookedVariantTransformer
+    from hooked_models.zoo.recipes import default_text
+
+    store = ModelStore()
+    for source in sources:
+        path = Path(source)
+        if (path / "config.json").is_file():
+            name, model = path.resolve().name, HookedVariantTransformer.from_pretrained(
+                path, device="cpu")
+        elif source in zoo.available():
+            name, model = source, zoo.load(source, device="cpu")
+        else:
+            raise ValueError(f"{source!r} is neither a checkpoint directory (with config.json) "
+                             f"nor a bundled model; bundled: {zoo.available()}")
+        text = default_text()
+        try:
+            ok = model.to_tokens(text).shape[1] <= model.cfg.n_ctx
+        except ValueError:
+            ok = False
+        store.add(name, model, text if ok else _fallback_text(model))
+    return store

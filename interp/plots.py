@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
+
+# Attention-map figures (colour bars, diverging / sequential scales) live in their own file.
+from interp.map_plots import head_grid_figure, map_figure, map_scale, row_column_figure  # noqa: F401
 
 CLASS_COLOURS = {"high": "#d62728", "memory specialist": "#d62728", "low": "#1f77b4",
                  "local specialist": "#1f77b4", "mixer": "#2ca02c", "intermediate": "#7f7f7f",
@@ -53,7 +57,16 @@ def head_table_figure(df: pd.DataFrame, columns: list[str], title: str = "") -> 
             y=[f"L{x}" for x in grid.index], coloraxis="coloraxis",
             hovertemplate="%{y}%{x}: %{z:.3f}<extra>" + col + "</extra>"), row=1, col=i + 1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=title, coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1),
+    # Scores of stages after cross-head mixing can leave [0, 1]: the range fits the values, and
+    # a signed table gets a zero-centred diverging scale.
+    values = df[columns].to_numpy(dtype=float)
+    lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+    if lo < 0:
+        m = max(-lo, hi)
+        axis = dict(colorscale="RdBu_r", cmin=-m, cmax=m, cmid=0.0)
+    else:
+        axis = dict(colorscale="Viridis", cmin=0, cmax=max(hi, 1e-12))
+    fig.update_layout(title=title, coloraxis=axis,
                       height=160 + 40 * df["layer"].nunique(), margin=dict(t=60))
     return fig
 

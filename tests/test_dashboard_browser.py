@@ -77,27 +77,76 @@ def _count_heatmaps(graph_id):
             f"return g && g.data ? g.data.filter(t => t.type === 'heatmap').length : 0;")
 
 
-def test_explorer_shows_every_stage_and_reacts(server, browser, store):
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """Screenshots of every page, kept as test artifacts under pytest's tmp dir."""
+    return tmp_path_factory.mktemp("dashboard-screenshots")
+
+
+def _screenshot(browser, shots, page):
+    path = shots / f"{page}.png"
+    assert browser.save_screenshot(str(path)) and path.stat().st_size > 10_000
+
+
+def _figure(graph_id, expr):
+    """JS returning `expr` over the plotly graph `g` inside `graph_id`, or null until drawn."""
+    return (f"const g = document.querySelector('#{graph_id} .js-plotly-plot');"
+            f"return g && g.data && g.data.length && g.layout ? ({expr}) : null;")
+
+
+def test_compare_page_shows_models_side_by_side(server, browser, store, shots):
     browser.get(server)
     _wait(browser, "return document.title === 'attnlens'")
-    n_stages = len([s for s in store.get("tiny-mha").stages(0) if s.is_map])
-    assert _wait(browser, _count_heatmaps("explorer-graph")) == n_stages
-    # The hover labels are the input's tokens: BOS + 17 characters.
-    n_x = browser.execute_script(
-        "return document.querySelector('#explorer-graph .js-plotly-plot').data[0].x.length")
-    assert n_x == len("the cat. the cat.") + 1
+    assert _wait(browser, "return document.querySelectorAll('.compare-column').length") == 2
+    title = _wait(browser, _figure("compare-zoom-1", "g.layout.title.text"))
+    assert title == "tiny-infini L0H0 hook_pattern"
+    cfg = store.get("tiny-mha").cfg
+    assert _wait(browser, _figure("compare-grid-0", "g.data.length")) == cfg.n_layers * cfg.n_heads
+    # a colour bar on the zoomed map, and no share-to-cloud button in the mode bar
+    assert _wait(browser, _figure("compare-zoom-0", "g.data[0].showscale !== false"))
+    assert not browser.find_elements("css selector", "[data-title*='Chart Studio']")
+    _screenshot(browser, shots, "compare")
 
-    text = browser.find_element("id", "explorer-text")
-    text.clear()
-    text.send_keys("abcabc\n")
-    _wait(browser, "const g = document.querySelector('#explorer-graph .js-plotly-plot');"
-                   "return g && g.data && g.data.length && g.data[0].x.length === 7")
 
+def test_explorer_reacts_to_controls_and_bad_prompts(server, browser, store, shots):
+    _open_tab(browser, server, "Attention explorer")
+    cfg = store.get("tiny-mha").cfg
+    assert _wait(browser, _figure("explorer-grid", "g.data.length")) == cfg.n_layers * cfg.n_heads
+    n_x = _wait(browser, _figure("explorer-zoom", "g.data[0].x.length"))
+    assert n_x == len("the cat. the cat.") + 1      # BOS + 17 characters
+    n_maps = len([s for s in store.get("tiny-mha").stages(0) if s.is_map])
+    assert _wait(browser, "return document.querySelectorAll("
+                          "'#explorer-stages .js-plotly-plot').length") == n_maps
+    _choose(browser, "ctl-head", "3")
+    assert _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('H3')"
+                                                   " ? g.layout.title.text : null")) \
+        == "tiny-mha L0H3 hook_pattern"
+    text = browser.find_element("id", "ctl-prompt")
     text.clear()
-    text.send_keys("ABC!\n")
+    text.send_keys("abcabc")
+    browser.find_element("id", "ctl-run").click()
+    _wait(browser, _figure("explorer-zoom", "g.data[0].x.length === 7"))
+    assert "head=3" in browser.current_url and "prompt=abcabc" in browser.current_url
+    _screenshot(browser, shots, "explorer")
+    text.clear()
+    text.send_keys("ABC!")
+    browser.find_element("id", "ctl-run").click()
     msg = _wait(browser, "const e = document.getElementById('explorer-error');"
                          "return e && e.innerText.length ? e.innerText : null")
     assert "not in the tokenizer alphabet" in msg
+
+
+def test_deep_link_restores_the_view(server, browser, shots):
+    from dashboards.app import make_link
+
+    link = server + "/" + make_link("explorer", ["tiny-infini"], 1, 2, "local_pattern", "abcab")
+    for _ in range(2):   # follow the link, then reload: the same view both times
+        browser.get(link)
+        title = _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('infini')"
+                                                        " ? g.layout.title.text : null"))
+        assert title == "tiny-infini L1H2 hook_local_pattern"
+        assert _wait(browser, _figure("explorer-zoom", "g.data[0].x.length")) == 6
+    _screenshot(browser, shots, "deep-link")
 
 
 def _open_tab(browser, server, title):
@@ -115,7 +164,7 @@ def _choose(browser, dropdown_id, option_text):
     option.click()
 
 
-def test_induction_tab(server, browser, store):
+def test_induction_tab(server, browser, store, shots):
     _open_tab(browser, server, "Induction heads")
     assert _wait(browser, _count_heatmaps("heads-graph")) == 4
     shape = _wait(browser, "const g = document.querySelector('#heads-graph .js-plotly-plot');"
@@ -123,9 +172,10 @@ def test_induction_tab(server, browser, store):
                            " ? [g.data[1].y.length, g.data[1].x.length] : null")  # layers x heads
     cfg = store.get("tiny-mha").cfg
     assert shape == [cfg.n_layers, cfg.n_heads]
+    _screenshot(browser, shots, "heads")
 
 
-def test_diversity_tab(server, browser, store):
+def test_diversity_tab(server, browser, store, shots):
     _open_tab(browser, server, "Head diversity")
     n = _wait(browser, "const g = document.querySelector('#diversity-graph .js-plotly-plot');"
                        "return g && g.data && g.data.length ? g.data.length : 0")
@@ -133,9 +183,10 @@ def test_diversity_tab(server, browser, store):
     # QK and OV panels: one curve per layer plus the random baseline.
     assert n == 2 * (cfg.n_layers + 1)
     assert "k90" in browser.find_element("id", "diversity-summary").text
+    _screenshot(browser, shots, "diversity")
 
 
-def test_gating_tab_shows_infini_memory_heads(server, browser, store):
+def test_gating_tab_shows_infini_memory_heads(server, browser, store, shots):
     _open_tab(browser, server, "Gating")
     _wait(browser, "const e = document.getElementById('gating-memory');"
                    "return e && e.style.display === 'none'")  # MHA has no memory
@@ -145,10 +196,11 @@ def test_gating_tab_shows_infini_memory_heads(server, browser, store):
                             " ? g.data.flatMap(t => t.text) : null")
     cfg = store.get("tiny-infini").cfg
     assert len(labels) == cfg.n_layers * cfg.n_heads and "L1H3" in labels
+    _screenshot(browser, shots, "gating")
 
 
 def test_store_errors(store):
     with pytest.raises(ValueError, match="unknown model"):
         store.get("nope")
     with pytest.raises(ValueError, match="reads at most 48"):
-        store.tokens("tiny-mha", "a" * 60)
+        store.prompt("tiny-mha", "a" * 60)

@@ -1,5 +1,17 @@
-"""Dashboard pages: each module has TITLE, ID, `layout(store)` and `register(app, store)`."""
+"""Dashboard pages, in tab order. To add a page, write a module here with
 
-from dashboards.pages import diversity, explorer, gating, heads
+    TITLE: str                  the tab's label
+    ID: str                     the tab's value and the `page=` of deep links
+    layout(store) -> component  built once at start-up: cheap (no forward pass)
+    register(app, store)        its callbacks; ids prefixed with ID ("explorer-zoom")
 
-PAGES = [explorer, heads, diversity, gating]
+and append it to PAGES. A page reads the shared controls (`ctl-models`, `ctl-applied-prompt`,
+`ctl-layer`, `ctl-head`, `ctl-stage`; see dashboards/app.py) as callback Inputs or keeps its
+own. It calls interp for numbers and interp.plots for figures, checks request values with
+`dashboards.figures` / `dashboards.panels.build_panel`, and shows a ValueError's message in
+the page instead of raising.
+"""
+
+from dashboards.pages import compare, diversity, explorer, gating, heads
+
+PAGES = [compare, explorer, heads, diversity, gating]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
+from dashboards.figures import error_box, graph
 from interp.diversity import diversity_summary, head_diversity
 from interp.plots import diversity_figure
 
@@ -22,14 +23,19 @@ def layout(store):
         html.P("How many principal components the heads of a layer need: a curve that reaches "
                "90% at small k means redundant heads (Cordonnier et al. 2020). The dashed line "
                "is a random-init layer of the same shape."),
-        dcc.Loading([dcc.Graph(id="diversity-graph"), html.Pre(id="diversity-summary")]),
+        error_box("diversity-error"),
+        dcc.Loading([graph("diversity-graph"), html.Pre(id="diversity-summary")]),
     ])
 
 
 def register(app, store):
     @app.callback(Output("diversity-graph", "figure"), Output("diversity-summary", "children"),
+                  Output("diversity-error", "children"),
                   Input("diversity-model", "value"), Input("diversity-composed", "value"))
     def _update(name, composed):
-        with store.using(name) as model:
-            curves = head_diversity(model, composed="composed" in (composed or []))
-        return diversity_figure(curves), diversity_summary(curves).to_string()
+        try:
+            with store.using(name) as model:
+                curves = head_diversity(model, composed="composed" in (composed or []))
+        except ValueError as err:
+            return {}, "", str(err)
+        return diversity_figure(curves), diversity_summary(curves).to_string(), ""

@@ -1,59 +1,100 @@
-"""Stage-by-stage attention explorer: every map stage of the chosen layer, for one head."""
+"""Attention explorer for the first chosen model: a layer x head grid of thumbnails of the chosen
+stage (click one to zoom), the zoomed head at full size, a click on a cell shows that query's row
+and that key's column, and the zoomed head at every stage of its catalogue. Several prompts (one
+per line) are averaged. Export: PNG or SVG through the camera button, CSV of the zoomed map."""
 
 from __future__ import annotations
 
-from dash import Input, Output, dcc, html
+from dash import Input, Output, State, dcc, html, no_update
 
-from dashboards.figures import stage_grid
-from interp.layer_stages import layer_stage_maps
+from dashboards.figures import EXPORT_FORMATS, error_box, graph, graph_config
+from dashboards.panels import build_panel, stage_figures, thumbnails_figure, zoom_figure, zoom_table
+from interp.explore import row_and_column
+from interp.plots import row_column_figure
 
-TITLE = "Stage explorer"
+TITLE = "Attention explorer"
 ID = "explorer"
+SHARED = [Input("ctl-models", "value"), Input("ctl-applied-prompt", "data"),
+          Input("ctl-layer", "value"), Input("ctl-head", "value"), Input("ctl-stage", "value")]
 
 
 def layout(store):
-    first = store.names[0]
-    model = store.get(first)
     return html.Div([
+        html.P("The first chosen model. Thumbnails are block means of every head's map at the "
+               "chosen stage; click one to zoom, click a cell of the zoomed map for its query "
+               "row and key column. Signed stages use a red-blue scale centred on 0."),
+        error_box("explorer-error"),
+        html.Div(id="explorer-note", style={"color": "#555"}),
+        dcc.Loading(graph("explorer-grid")),
         html.Div([
-            html.Label("model"), dcc.Dropdown(store.names, first, id="explorer-model",
-                                              clearable=False, style={"width": "260px"}),
-            html.Label("layer"), dcc.Dropdown(list(range(model.cfg.n_layers)), 0,
-                                              id="explorer-layer", clearable=False,
-                                              style={"width": "90px"}),
-            html.Label("head"), dcc.Dropdown(list(range(model.cfg.n_heads)), 0,
-                                             id="explorer-head", clearable=False,
-                                             style={"width": "90px"}),
+            html.Label("export"),
+            dcc.RadioItems(list(EXPORT_FORMATS), "png", id="explorer-format", inline=True),
+            html.Button("CSV of the zoomed map", id="explorer-csv", n_clicks=0),
+            dcc.Download(id="explorer-download"),
         ], style={"display": "flex", "gap": "10px", "alignItems": "center"}),
-        dcc.Input(id="explorer-text", type="text", debounce=True, placeholder="input text",
-                  value=store.default_text[first], style={"width": "100%", "marginTop": "8px"}),
-        html.Div(id="explorer-error", style={"color": "#b00020", "marginTop": "6px"}),
-        html.Div(id="explorer-stages", style={"marginTop": "6px", "fontSize": "13px"}),
-        dcc.Loading(dcc.Graph(id="explorer-graph")),
+        dcc.Loading(graph("explorer-zoom")),
+        graph("explorer-token", style={"display": "none"}),
+        html.H4("The zoomed head at every stage"),
+        dcc.Loading(html.Div(id="explorer-stages")),
     ])
 
 
-def register(app, store):
-    @app.callback(Output("explorer-layer", "options"), Output("explorer-head", "options"),
-                  Output("explorer-text", "value"), Input("explorer-model", "value"))
-    def _model_changed(name):
-        cfg = store.get(name).cfg
-        return list(range(cfg.n_layers)), list(range(cfg.n_heads)), store.default_text[name]
+def compute(store, names, text, layer, head, stage):
+    """The page's outputs for one request; raises ValueError for bad input."""
+    if not names:
+        raise ValueError("choose a model")
+    name = names[0] if isinstance(names, list) else names
+    panel = build_panel(store, name, text, layer, head, stage)
+    stages = [graph(f"explorer-stage-{s.name}", figure=f)
+              for s, f in zip([s for s, _ in panel.view.zoom], stage_figures(panel), strict=True)]
+    return panel, thumbnails_figure(panel), zoom_figure(panel), stages
 
-    @app.callback(Output("explorer-graph", "figure"), Output("explorer-error", "children"),
-                  Output("explorer-stages", "children"),
-                  Input("explorer-model", "value"), Input("explorer-layer", "value"),
-                  Input("explorer-head", "value"), Input("explorer-text", "value"))
-    def _update(name, layer, head, text):
-        model = store.get(name)
-        layer = min(int(layer or 0), model.cfg.n_layers - 1)
-        head = min(int(head or 0), model.cfg.n_heads - 1)
+
+def register(app, store):
+    @app.callback(Output("explorer-grid", "figure"), Output("explorer-zoom", "figure"),
+                  Output("explorer-zoom", "config"), Output("explorer-stages", "children"),
+                  Output("explorer-error", "children"), Output("explorer-note", "children"),
+                  *SHARED, Input("explorer-format", "value"))
+    def _update(names, text, layer, head, stage, fmt):
         try:
-            tokens, labels = store.tokens(name, text)
+            panel, grid, zoom, stages = compute(store, names, text, layer, head, stage)
+            config = graph_config(panel.filename, fmt)
         except ValueError as err:
-            return {}, str(err), ""
-        with store.using(name):
-            maps = layer_stage_maps(model, tokens, layer)
-        catalogue = html.Ul([html.Li(f"hook_{s.name}: {s.description}")
-                             for s in model.stages(layer)])
-        return stage_grid(maps, head, labels), "", catalogue
+            return {}, {}, graph_config(), [], str(err), ""
+        return grid, zoom, config, stages, "", panel.note
+
+    @app.callback(Output("ctl-layer", "value", allow_duplicate=True),
+                  Output("ctl-head", "value", allow_duplicate=True),
+                  Input("explorer-grid", "clickData"), State("ctl-models", "value"),
+                  prevent_initial_call=True)
+    def _zoom(click, names):
+        try:
+            model = store.get((names or [None])[0])
+            curve = int(click["points"][0]["curveNumber"])
+        except (ValueError, TypeError, KeyError, IndexError):
+            return no_update, no_update
+        return divmod(curve, model.cfg.n_heads)
+
+    @app.callback(Output("explorer-token", "figure"), Output("explorer-token", "style"),
+                  Input("explorer-zoom", "clickData"), *[State(i.component_id, i.component_property)
+                                                         for i in SHARED],
+                  prevent_initial_call=True)
+    def _token(click, names, text, layer, head, stage):
+        try:
+            panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
+            point = click["points"][0]
+            query, key = panel.labels.index(point["y"]), panel.labels.index(point["x"])
+        except (ValueError, TypeError, KeyError, IndexError):
+            return {}, {"display": "none"}
+        row, column = row_and_column(panel.zoom_map, query, key)
+        return row_column_figure(row, column, panel.labels, query, key, panel.stage), {}
+
+    @app.callback(Output("explorer-download", "data"), Input("explorer-csv", "n_clicks"),
+                  *[State(i.component_id, i.component_property) for i in SHARED],
+                  prevent_initial_call=True)
+    def _csv(_clicks, names, text, layer, head, stage):
+        try:
+            panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
+        except ValueError:
+            return no_update
+        return dcc.send_data_frame(zoom_table(panel).to_csv, f"{panel.filename}.csv")

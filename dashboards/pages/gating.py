@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
+from dashboards.figures import graph
 from interp.gating import gate_values
 from interp.infini import memory_layers, memory_specialisation
 from interp.plots import gate_figure, memory_figure
@@ -22,27 +23,26 @@ def layout(store):
         dcc.Input(id="gating-text", type="text", debounce=True, placeholder="input text",
                   style={"width": "100%", "marginTop": "8px"}),
         html.Div(id="gating-error", style={"color": "#b00020"}),
-        dcc.Loading([dcc.Graph(id="gating-gates"), dcc.Graph(id="gating-memory")]),
+        dcc.Loading([graph("gating-gates"), graph("gating-memory")]),
     ])
 
 
 def register(app, store):
     @app.callback(Output("gating-text", "value"), Input("gating-model", "value"))
     def _default_text(name):
-        return store.default_text[name]
+        return store.default_text.get(name, "")
 
     @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
                   Output("gating-memory", "style"), Output("gating-error", "children"),
                   Input("gating-model", "value"), Input("gating-text", "value"))
     def _update(name, text):
-        model = store.get(name)
         try:
-            tokens, _ = store.tokens(name, text)
+            prompt = store.prompt(name, text)
+            with store.using(name) as model:
+                gates = gate_figure(gate_values(model, prompt.tokens))
+                if not memory_layers(model):
+                    return gates, {}, {"display": "none"}, prompt.note
+                memory = memory_specialisation(model, prompt.tokens)
         except ValueError as err:
             return {}, {}, {"display": "none"}, str(err)
-        with store.using(name):
-            gates = gate_figure(gate_values(model, tokens))
-            if not memory_layers(model):
-                return gates, {}, {"display": "none"}, ""
-            memory = memory_specialisation(model, tokens)
-        return gates, memory_figure(memory), {}, ""
+        return gates, memory_figure(memory), {}, prompt.note

@@ -1,0 +1,115 @@
+"""One model's view of the shared controls, shared by the explorer and compare pages: the
+request values checked, the maps computed by `interp.explore`, the figures by `interp.plots`.
+
+No analysis here: this file only wires validated inputs to interp calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboards.figures import check_index, safe_filename
+from hooked_models.attention import Stage
+from interp.explore import (
+    ExploreView,
+    closest_stage,
+    downsample,
+    downsample_labels,
+    explore_maps,
+    find_map_stage,
+    map_stages,
+)
+from interp.plots import head_grid_figure, map_figure
+
+THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
+STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
+FULL = 1024          # the zoomed head itself: full size up to this many tokens
+
+
+@dataclass
+class Panel:
+    """Everything one model shows for one request."""
+
+    name: str
+    layer: int
+    head: int
+    stage: Stage
+    labels: list[str]
+    view: ExploreView
+    note: str = ""
+
+    @property
+    def zoom_map(self):
+        return next(m for s, m in self.view.zoom if s.name == self.stage.name)[self.head]
+
+    @property
+    def filename(self) -> str:
+        return safe_filename(f"{self.name}_L{self.layer}H{self.head}_{self.stage.name}")
+
+
+def wanted_stage(store, names: list[str], stage) -> Stage:
+    """The catalogue entry of `stage` in the first chosen model that has it as a map stage."""
+    for name in names:
+        model = store.get(name)
+        for layer in range(model.cfg.n_layers):
+            for s in map_stages(model, layer):
+                if s.name == stage:
+                    return s
+    raise ValueError(f"stage {stage!r} is not a map stage of {', '.join(names)}")
+
+
+def build_panel(store, name: str, text, layer, head, stage, closest: Stage | None = None
+                ) -> Panel:
+    """Validate the request for model `name` and compute its maps (ValueError for the user).
+
+    With `closest`, a model lacking the stage shows the stage playing the same role
+    (`interp.explore.closest_stage`) and says so; without it, the stage must exist.
+    """
+    model = store.get(name)
+    layer = check_index("layer", layer, model.cfg.n_layers, name)
+    head = check_index("head", head, model.cfg.n_heads, name)
+    if not isinstance(stage, str):
+        raise ValueError(f"stage {stage!r} must be a stage name")
+    note = ""
+    if closest is None:
+        chosen = find_map_stage(model, layer, stage)
+    else:
+        chosen = closest_stage(model, layer, closest)
+        if chosen.name != stage:
+            note = f"{name} has no hook_{stage}; showing its closest stage hook_{chosen.name}"
+    prompt = store.prompt(name, text)
+    with store.using(name):
+        view = explore_maps(model, prompt.tokens, chosen.name, layer)
+    note = "; ".join(n for n in (prompt.note, note) if n)
+    return Panel(name, layer, head, chosen, prompt.labels, view, note)
+
+
+def zoom_figure(panel: Panel) -> go.Figure:
+    m, labels = panel.zoom_map, panel.labels
+    if len(labels) > FULL:
+        m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
+    return map_figure(m, panel.stage, labels,
+                      title=f"{panel.name} L{panel.layer}H{panel.head} hook_{panel.stage.name}")
+
+
+def thumbnails_figure(panel: Panel, cell_px: int = 100) -> go.Figure:
+    grid = [None if g is None else downsample(g, THUMBNAIL) for g in panel.view.grid]
+    return head_grid_figure(grid, panel.stage, title=f"{panel.name}: every head, "
+                            f"hook_{panel.stage.name} (click to zoom)", cell_px=cell_px)
+
+
+def stage_figures(panel: Panel) -> list[go.Figure]:
+    """The zoomed head at every map stage of its layer (downsampled beyond STAGE_VIEW)."""
+    labels = downsample_labels(panel.labels, STAGE_VIEW)
+    return [map_figure(downsample(maps[panel.head], STAGE_VIEW), s, labels, height=420,
+                       title=f"L{panel.layer}H{panel.head} hook_{s.name} ({s.softmax})")
+            for s, maps in panel.view.zoom]
+
+
+def zoom_table(panel: Panel) -> pd.DataFrame:
+    """The zoomed map as a query x key table (rows, columns: position labels) for CSV export."""
+    return pd.DataFrame(panel.zoom_map.double().numpy(), index=panel.labels,
+                        columns=panel.labels)

@@ -1,0 +1,333 @@
+"""Dashboard callbacks through Dash's own HTTP endpoint (as the browser, or a crafted request,
+calls them), the honest map scales of interp.map_plots, and the model store's guards."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
+from dashboards.cli import build_store
+from dashboards.figures import graph_config
+from dashboards.store import MAX_PROMPT_CHARS, ModelStore, load_store
+from hooked_models.attention import get_attention_class
+from interp.explore import closest_stage, downsample, find_map_stage
+from interp.map_plots import MAX_TICKS, head_grid_figure, map_figure, map_scale
+from interp.plots import head_table_figure
+
+from helpers import tiny_model
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
+
+
+@pytest.fixture(scope="module")
+def store():
+    store = ModelStore()
+    for variant in ("mha", "mta", "dcmha", "cope"):
+        store.add(f"tiny-{variant}", tiny_model(variant, tokenizer_alphabet=ALPHABET, n_ctx=48),
+                  "the cat. the cat.")
+    return store
+
+
+@pytest.fixture(scope="module")
+def app(store):
+    return create_app(store)
+
+
+def call(app, output_prefix: str, values: dict, changed: str | None = None):
+    """POST one callback to /_dash-update-component; returns (status, response dict)."""
+    key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))
+    spec = app.callback_map[key]
+
+    def props(items):
+        return [{"id": i["id"], "property": i["property"],
+                 "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
+
+    outputs = [{"id": o.split(".")[0], "property": o.split(".")[1].split("@")[0]}
+               for o in key.strip(".").split("...")]
+    body = {"output": key, "outputs": outputs if key.startswith("..") else outputs[0],
+            "inputs": props(spec["inputs"]), "state": props(spec["state"]),
+            "changedPropIds": [changed] if changed else []}
+    resp = app.server.test_client().post("/_dash-update-component", json=body)
+    return resp.status_code, (resp.get_json() if resp.status_code == 200 else None)
+
+
+def shared(models, layer=0, head=0, stage="pattern", prompt=""):
+    return {"ctl-models.value": models, "ctl-applied-prompt.data": prompt,
+            "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
+            "explorer-format.value": "png"}
+
+
+# -- honest scales (item 3) ------------------------------------------------------------------
+
+def test_cope_gates_and_positions_are_neither_pre_nor_post_softmax():
+    flags = {s.name: s.softmax for s in get_attention_class("cope").stages}
+    assert flags["gates"] == flags["positions"] == "neither"
+    assert flags["attn_logits"] == "pre" and flags["pattern"] == "post"
+
+
+def test_scales_follow_the_catalogue_and_fit_the_values(store):
+    mta = store.get("tiny-mta")
+    signed = find_map_stage(mta, 0, "pattern")            # post-softmax, not row-stochastic
+    values = torch.tensor([[0.2, 0.5], [0.1, 0.3]])
+    s = map_scale(signed, values)
+    assert (s.kind, s.zmin, s.zmax, s.zmid) == ("diverging", -0.5, 0.5, 0.0)
+    soft = find_map_stage(mta, 0, "softmax")
+    s = map_scale(soft, torch.tensor([[1.0, float("-inf")], [0.25, 0.75]]))
+    assert (s.kind, s.zmin, s.zmax) == ("sequential", 0.0, 1.0)
+    scores = find_map_stage(mta, 0, "attn_scores")
+    s = map_scale(scores, torch.tensor([[3.0, float("-inf")], [-1.0, 2.0]]))
+    assert (s.kind, s.zmin, s.zmax) == ("diverging", -3.0, 3.0)  # -inf (mask) ignored
+    gates = find_map_stage(store.get("tiny-cope"), 0, "gates")
+    s = map_scale(gates, torch.tensor([[0.5, 0.0], [0.25, 0.75]]))
+    assert (s.kind, s.zmin, s.zmax) == ("sequential", 0.0, 0.75)
+
+
+def test_map_figure_has_colour_bar_titles_cell_numbers_and_thinned_ticks(store):
+    stage = find_map_stage(store.get("tiny-mha"), 0, "pattern")
+    small = map_figure(torch.eye(5), stage, [f"{i}:a" for i in range(5)])
+    trace = small.data[0]
+    assert trace.showscale is not False and trace.colorbar.title.text == "pattern"
+    assert trace.texttemplate == "%{z:.2f}"
+    assert small.layout.xaxis.title.text == "key" and small.layout.yaxis.title.text == "query"
+    labels = [f"{i}:a" for i in range(512)]
+    big = map_figure(torch.eye(512), stage, labels)
+    assert big.data[0].texttemplate is None
+    assert 8 <= len(big.layout.xaxis.tickvals) <= MAX_TICKS and len(big.data[0].x) == 512
+    with pytest.raises(ValueError, match="labels has 3 entries"):
+        map_figure(torch.eye(4), stage, labels[:3])
+
+
+def test_head_table_range_fits_signed_scores():
+    df = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "a": [-0.4, 1.6], "b": [0.2, 0.3]})
+    axis = head_table_figure(df, ["a", "b"]).layout.coloraxis
+    assert (axis.cmin, axis.cmax, axis.cmid) == (-1.6, 1.6, 0.0)
+
+
+def test_thumbnail_grid_names_each_head_and_shares_one_colour_bar(store):
+    stage = find_map_stage(store.get("tiny-mha"), 0, "pattern")
+    fig = head_grid_figure([torch.rand(4, 6, 6), None], stage)
+    assert [t.name for t in fig.data][:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]
+    assert fig.layout.coloraxis.colorbar.title.text == "pattern"
+
+
+def test_downsample_is_a_block_mean_ignoring_masked_pairs():
+    x = torch.arange(25, dtype=torch.float64).reshape(5, 5)
+    x[0, 1] = float("-inf")
+    out = downsample(x, 3)                     # blocks of 2: a padded 3 x 3 grid
+    assert out.shape == (3, 3)
+    assert out[0, 0].item() == pytest.approx((0 + 5 + 6) / 3, abs=1e-12)
+    assert out[2, 2].item() == pytest.approx(24.0, abs=1e-12)
+    assert out[1, 2].item() == pytest.approx((14 + 19) / 2, abs=1e-12)
+
+
+def test_closest_stage_by_role(store):
+    dcmha, mha, mta = store.get("tiny-dcmha"), store.get("tiny-mha"), store.get("tiny-mta")
+    assert closest_stage(dcmha, 0, find_map_stage(mta, 0, "softmax")).name == "probs"
+    assert closest_stage(mha, 0, find_map_stage(mta, 0, "softmax")).name == "pattern"
+    assert closest_stage(dcmha, 0, find_map_stage(mta, 0, "pre_sm_conv")).name == \
+        "composed_scores"
+    assert closest_stage(mta, 0, find_map_stage(mha, 0, "attn_scores")).name == "attn_scores"
+
+
+# -- the store and the command line (items 8, 10) -------------------------------------------
+
+def test_prompt_guards(store):
+    p = store.prompt("tiny-mha", "")
+    assert "default text" in p.note and p.tokens.shape == (1, len("the cat. the cat.") + 1)
+    with pytest.raises(ValueError, match="not in the tokenizer alphabet"):
+        store.prompt("tiny-mha", "ABC")
+    with pytest.raises(ValueError, match="reads at most 48"):
+        store.prompt("tiny-mha", "a" * 60)
+    p = store.prompt("tiny-mha", "abcdef\nabc\n")
+    assert p.tokens.shape == (2, 4) and "averaged over 2 prompts" in p.note
+
+
+def test_oversized_prompt_is_refused_before_tokenising(store, monkeypatch):
+    model = store.get("tiny-mha")
+
+    def boom(*a, **k):
+        raise AssertionError("tokenizer called")
+    monkeypatch.setattr(model, "to_tokens", boom)
+    with pytest.raises(ValueError, match="at most 20,000"):
+        store.prompt("tiny-mha", "a" * (MAX_PROMPT_CHARS + 1))
+
+
+def test_one_lock_per_model(store):
+    entered = threading.Event()
+    release = threading.Event()
+
+    def hold_mha():
+        with store.using("tiny-mha"):
+            entered.set()
+            release.wait(30)
+    worker = threading.Thread(target=hold_mha)
+    worker.start()
+    entered.wait(30)
+    try:
+        assert store._locks["tiny-mta"].acquire(blocking=False)   # other models stay free
+        store._locks["tiny-mta"].release()
+        assert not store._locks["tiny-mha"].acquire(blocking=False)
+    finally:
+        release.set()
+        worker.join()
+
+
+def test_load_store_from_directories_and_zoo(tmp_path):
+    model = tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48)
+    model.save_pretrained(tmp_path / "my-ckpt")
+    store = load_store([str(tmp_path / "my-ckpt"), "induction-mha"])
+    assert store.names == ["my-ckpt", "induction-mha"]
+    assert store.prompt("my-ckpt", "").tokens.shape[1] > 1
+    with pytest.raises(ValueError, match="neither a checkpoint directory"):
+        load_store([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="neither a checkpoint directory"):
+        build_store([str(tmp_path / "missing")])
+
+
+# -- callbacks through HTTP, bad input included (items 1, 2, 9, 10) -------------------------
+
+def test_compare_page_side_by_side_with_closest_stage(app):
+    status, resp = call(app, "compare-columns", shared(["tiny-mha", "tiny-mta", "tiny-dcmha"],
+                                                       layer=1, head=2, stage="softmax"))
+    assert status == 200
+    out = resp["response"]
+    assert out["compare-error"]["children"] == ""
+    text = json.dumps(out["compare-columns"]["children"])
+    assert "tiny-mha has no hook_softmax; showing its closest stage hook_pattern" in text
+    assert "tiny-dcmha has no hook_softmax; showing its closest stage hook_probs" in text
+    assert "tiny-mta_L1H2_softmax" in text   # the export file name of the MTA column
+
+
+@pytest.mark.parametrize("models, message", [
+    (["tiny-mha"], "choose 2 to 5 models"),
+    (["tiny-mha", "tiny-mha"], "chosen twice"),
+    (["tiny-mha", "/etc/passwd"], "unknown model '/etc/passwd'"),
+    ("tiny-mha", "choose 2 to 5 models"),
+])
+def test_compare_refuses_bad_model_lists(app, models, message):
+    status, resp = call(app, "compare-columns", shared(models))
+    assert status == 200 and message in resp["response"]["compare-error"]["children"]
+
+
+def test_explorer_grid_zoom_and_stages(app, store):
+    status, resp = call(app, "explorer-grid", shared(["tiny-mta"], layer=1, head=3,
+                                                     stage="pattern", prompt="abcab"))
+    out = resp["response"]
+    assert status == 200 and out["explorer-error"]["children"] == ""
+    grid = out["explorer-grid"]["figure"]
+    cfg = store.get("tiny-mta").cfg
+    assert len(grid["data"]) == cfg.n_layers * cfg.n_heads
+    zoom = out["explorer-zoom"]["figure"]
+    assert zoom["data"][0]["x"] == [f"{i}:{c}" for i, c in enumerate(["<bos>"] + list("abcab"))] \
+        or len(zoom["data"][0]["x"]) == 6
+    assert zoom["data"][0]["zmid"] == 0.0                       # MTA's pattern is signed
+    assert out["explorer-zoom"]["config"]["toImageButtonOptions"]["filename"] == \
+        "tiny-mta_L1H3_pattern"
+    n_maps = len([s for s in store.get("tiny-mta").stages(1) if s.is_map])
+    assert len(out["explorer-stages"]["children"]) == n_maps
+
+
+@pytest.mark.parametrize("layer, head, stage, message", [
+    (7, 0, "pattern", "layer 7 is not a valid layer of tiny-mha: choose 0 .. 1"),
+    (0, 4, "pattern", "head 4 is not a valid head of tiny-mha: choose 0 .. 3"),
+    (0, "1; drop", "pattern", "head '1; drop' is not a valid head"),
+    (0, None, "pattern", "head None is not a valid head"),
+    (0, 0, "softmax", "stage 'softmax' is not a map stage of layer 0 (mha)"),
+    (0, 0, ["pattern"], "must be a stage name"),
+])
+def test_explorer_bad_values_give_a_message_not_another_head(app, layer, head, stage, message):
+    status, resp = call(app, "explorer-grid", shared(["tiny-mha"], layer, head, stage))
+    assert status == 200
+    assert message in resp["response"]["explorer-error"]["children"]
+    assert resp["response"]["explorer-zoom"]["figure"] == {}
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("ABC", "not in the tokenizer alphabet"),
+    ("a" * 60, "reads at most 48"),
+    ("", "the prompt is empty: showing the default text"),
+])
+def test_explorer_prompt_messages(app, prompt, message):
+    _, resp = call(app, "explorer-grid", shared(["tiny-mha"], prompt=prompt))
+    out = resp["response"]
+    assert message in out["explorer-error"]["children"] + out["explorer-note"]["children"]
+
+
+def test_oversized_request_is_refused_by_the_server(app):
+    body = json.dumps({"inputs": [{"value": "a" * MAX_REQUEST_BYTES}]})
+    resp = app.server.test_client().post("/_dash-update-component", data=body,
+                                         content_type="application/json")
+    assert resp.status_code == 413
+
+
+def test_thumbnail_click_zooms_that_head(app):
+    values = {"explorer-grid.clickData": {"points": [{"curveNumber": 6}]},
+              "ctl-models.value": ["tiny-mha"]}
+    status, resp = call(app, "ctl-layer.value", values, changed="explorer-grid.clickData")
+    assert status == 200
+    out = resp["response"]
+    assert out["ctl-layer"]["value"] == 1 and out["ctl-head"]["value"] == 2
+
+
+def test_token_click_shows_query_row_and_key_column(app, store):
+    values = shared(["tiny-mha"], layer=1, head=0, prompt="abcd")
+    values["explorer-zoom.clickData"] = {"points": [{"x": "1:a", "y": "3:c"}]}
+    _, resp = call(app, "explorer-token", values, changed="explorer-zoom.clickData")
+    fig = resp["response"]["explorer-token"]["figure"]
+    assert [t["type"] for t in fig["data"]] == ["bar", "bar"]
+    assert "query 3:c attends to (row)" in json.dumps(fig["layout"]["annotations"])
+
+
+def test_csv_export_is_the_zoomed_map(app, store):
+    values = shared(["tiny-mha"], layer=0, head=1, prompt="abc")
+    values["explorer-csv.n_clicks"] = 1
+    _, resp = call(app, "explorer-download", values, changed="explorer-csv.n_clicks")
+    data = resp["response"]["explorer-download"]["data"]
+    assert data["filename"] == "tiny-mha_L0H1_pattern.csv"
+    table = pd.read_csv(__import__("io").StringIO(data["content"]), index_col=0)
+    model = store.get("tiny-mha")
+    _, cache = model.run_with_cache(model.to_tokens("abc"))
+    np.testing.assert_allclose(table.to_numpy(), cache["pattern", 0][0, 1].numpy(), atol=1e-6)
+
+
+def test_deep_link_round_trip_and_sync(app):
+    link = make_link("compare", ["tiny-mha", "tiny-mta"], 1, 2, "softmax", "ab c")
+    assert _parse_link(link) == {"page": "compare", "models": ["tiny-mha", "tiny-mta"],
+                                 "layer": 1, "head": 2, "stage": "softmax", "prompt": "ab c"}
+    values = {"url.search": link, "tabs.value": "explorer", "ctl-models.value": ["tiny-mha"],
+              "ctl-applied-prompt.data": "", "ctl-layer.value": 0, "ctl-head.value": 0,
+              "ctl-stage.value": "pattern"}
+    _, resp = call(app, "url.search", values, changed="url.search")
+    out = resp["response"]
+    assert out["tabs"]["value"] == "compare" and out["ctl-head"]["value"] == 2
+    assert out["ctl-models"]["value"] == ["tiny-mha", "tiny-mta"]
+    assert out["ctl-prompt"]["value"] == "ab c"
+    values["ctl-head.value"] = 3                    # a control changes: the URL follows
+    _, resp = call(app, "url.search", values, changed="ctl-head.value")
+    assert _parse_link(resp["response"]["url"]["search"])["head"] == 3
+
+
+def test_graphs_have_no_cloud_button():
+    cfg = graph_config("a/b c", "svg")
+    assert cfg["showSendToCloud"] is False and "sendDataToCloud" in cfg["modeBarButtonsToRemove"]
+    assert cfg["toImageButtonOptions"] == {"format": "svg", "filename": "a_b_c", "scale": 2}
+    with pytest.raises(ValueError, match="export format 'gif'"):
+        graph_config("x", "gif")
+
+
+def test_existing_pages_report_bad_values(app):
+    _, resp = call(app, "heads-graph", {"heads-model.value": "tiny-mha",
+                                        "heads-stage.value": "softmax"})
+    assert "stage 'softmax' is not a map stage of tiny-mha" in \
+        resp["response"]["heads-error"]["children"]
+    _, resp = call(app, "diversity-graph", {"diversity-model.value": "nope"})
+    assert "unknown model 'nope'" in resp["response"]["diversity-error"]["children"]
+    _, resp = call(app, "gating-gates", {"gating-model.value": "tiny-mha",
+                                         "gating-text.value": ""})
+    assert "default text" in resp["response"]["gating-error"]["children"]

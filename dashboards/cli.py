@@ -62,7 +62,8 @@ def cmd_stages(args) -> int:
         print(f"\n{name}:")
         for s in get_attention_class(name).stages:
             kind = "rows sum to 1" if s.row_stochastic else ""
-            print(f"  hook_{s.name:<22} {s.softmax:>4}-softmax  {kind:<13} {s.description}")
+            where = "not softmax" if s.softmax == "neither" else f"{s.softmax}-softmax"
+            print(f"  hook_{s.name:<22} {where:<12} {kind:<13} {s.description}")
     return 0
 
 

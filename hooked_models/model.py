@@ -213,7 +213,10 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         """Next-token cross-entropy; padded targets are excluded from the mean."""
         if tokens.shape[1] < 2:
             raise ValueError("a loss needs at least two positions")
-        log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
+        logits = logits[:, :-1]
+        if logits.dtype in (torch.float16, torch.bfloat16):   # upcast low precision, keep float64
+            logits = logits.float()
+        log_probs = F.log_softmax(logits, dim=-1)
         losses = -log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
         if per_token:
             return losses

@@ -2,7 +2,8 @@
 
 A "per-head scalar stage" is a catalogue stage whose shape has a `head_index` axis and otherwise
 only batch / position / group axes (no key axis, no feature axis): Infini-attention's memory gate
-`gate [batch head_index]`, MTA's output gate `gate [batch pos head_index]`, DCMHA's dynamic
+`gate [batch head_index]`, MTA's output gate `gate [batch pos head_index]` (or, with
+gate_1d=False, `[batch pos head_index d_head]`: dimensions count as samples), DCMHA's dynamic
 gates `{pre,post}_{q,k}dd [batch pos group head_index]`. `gate_values` summarises every such
 stage per head and classifies it:
 
@@ -29,6 +30,9 @@ from torch import Tensor
 from interp._common import as_tokens, check_fraction, head_label, run_cache
 
 SCALAR_AXES = {"batch", "pos", "query_pos", "segment", "group", "head_index"}
+# A gate stage may also carry a feature axis (MTA's per-dimension gate, gate_1d=False): its
+# values are then more samples of the head's gate, not a stage to skip.
+GATE_FEATURE_AXES = {"d_head"}
 
 
 def head_scalar_stages(model, layer: int) -> list:
@@ -36,7 +40,8 @@ def head_scalar_stages(model, layer: int) -> list:
     out = []
     for s in model.stages(layer):
         dims = s.shape.split()
-        if "head_index" in dims and set(dims) <= SCALAR_AXES:
+        allowed = SCALAR_AXES | GATE_FEATURE_AXES if s.name == "gate" else SCALAR_AXES
+        if "head_index" in dims and set(dims) <= allowed:
             out.append(s)
     return out
 

@@ -17,3 +17,6 @@ def test_stages_lists_every_variant(capsys):
     for name in available_variants():
         assert f"\n{name}:" in out
     assert "hook_pattern" in out
+    assert "neither" not in out
+    gates = next(line for line in out.splitlines() if "hook_gates" in line)
+    assert "not softmax" in gates and "pre-softmax" not in gates

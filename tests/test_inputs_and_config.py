@@ -91,8 +91,20 @@ def test_bad_hook_names_and_return_type():
         model.stage_hook_name(0, "conv")
 
 
+def test_loss_keeps_float64_and_upcasts_half():
+    model = tiny_model(dtype="float64")
+    tokens = random_tokens(model)
+    logits, loss = model(tokens, return_type="both")
+    assert loss.dtype == torch.float64
+    manual = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50),
+                                               tokens[:, 1:].flatten())
+    torch.testing.assert_close(loss, manual, atol=1e-12, rtol=0)
+    half = model.loss_fn(logits.half(), tokens)
+    assert half.dtype == torch.float32
+
+
 def test_return_types():
-    model = tiny_model()   # float32: the loss is computed in float32 whatever the model's dtype
+    model = tiny_model()
     tokens = random_tokens(model)
     logits, loss = model(tokens, return_type="both")
     assert model(tokens, return_type=None) is None

@@ -37,6 +37,20 @@ def test_gate_values_match_the_hooked_stage():
     assert not row["signed"] and 0 <= row["min"] <= row["max"] <= 1
 
 
+def test_per_dimension_gate_counts_dimensions_as_samples():
+    model = tiny_model("mta", attn_cfg={"gate_1d": False}, dtype="float64")
+    tokens = random_tokens(model, pos=10)
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_gate")
+    gate = cache["blocks.0.attn.hook_gate"]                      # [batch pos head d_head]
+    assert gate.shape[-1] == model.cfg.d_head
+    table = gating.gate_values(model, tokens)
+    row = table[(table.layer == 0) & (table.stage == "gate") & (table["head"] == 1)].iloc[0]
+    assert row["mean"] == pytest.approx(float(gate[:, :, 1].mean()), rel=1e-10)
+    assert row["min"] == pytest.approx(float(gate[:, :, 1].min()), rel=1e-10)
+    # a non-gate stage with a feature axis (hook_z) is still not a per-head scalar stage
+    assert "z" not in {s.name for s in gating.head_scalar_stages(model, 0)}
+
+
 def test_grouped_gates_fold_into_heads():
     model = tiny_model("dcmha", attn_cfg={"groups": 2}, dtype="float64")
     with torch.no_grad():

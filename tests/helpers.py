@@ -76,12 +76,15 @@ def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = EXACT["atol
 
 def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = EXACT["atol"]) -> None:
     """DESIGN.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer
-    (float64 model, see EXACT)."""
+    (float64 model, see EXACT); under grouped-query attention v is its group's value head."""
     _require_float64(model)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     for layer in range(model.cfg.n_layers):
         pattern, v, z = cache["pattern", layer], cache["v", layer], cache["z", layer]
+        # grouped-query attention: hook_v holds the key/value heads; query head h reads
+        # value head h // (n_heads / n_key_value_heads)
+        v = v.repeat_interleave(pattern.shape[1] // v.shape[2], dim=2)
         recon = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
         torch.testing.assert_close(recon, z, atol=atol, rtol=0,
                                    msg=lambda m, layer=layer: f"layer {layer}: {m}")

@@ -14,7 +14,14 @@ from hooked_models import HookedVariantTransformer, VariantConfig
 from hooked_models.streaming import InfiniStream
 from kernels import _triton
 
-from helpers import assert_causal, decode_stepwise, random_tokens, tiny_cfg, tiny_model
+from helpers import (
+    assert_causal,
+    assert_pattern_identity,
+    decode_stepwise,
+    random_tokens,
+    tiny_cfg,
+    tiny_model,
+)
 
 H = 4  # tiny_cfg: d_model 32, d_head 8
 KV_NAMES = ("_W_K", "_W_V", "_b_K", "_b_V")
@@ -113,12 +120,7 @@ def test_gqa_causal_and_pattern_times_v(variant):
     model = gqa_model(variant)
     tokens = random_tokens(model, batch=2, pos=12)
     assert assert_causal(model, tokens, t=6, atol=1e-12) > 0
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens)
-    for layer in range(model.cfg.n_layers):
-        v = expand(cache["v", layer], H // 2)
-        z = torch.einsum("bhqk,bkhd->bqhd", cache["pattern", layer], v)
-        torch.testing.assert_close(z, cache["z", layer], atol=1e-12, rtol=0)
+    assert_pattern_identity(model, tokens, atol=1e-12)
 
 
 @pytest.mark.parametrize("variant", CACHED)

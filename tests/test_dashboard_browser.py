@@ -152,8 +152,12 @@ def test_deep_link_restores_the_view(server, browser, shots):
 def _open_tab(browser, server, title):
     browser.get(server)
     _wait(browser, "return document.title === 'attnlens'")
+    # the layout renders after the title: wait for the tab itself, not only for the page
+    script = ("return Array.from(document.querySelectorAll('.tab'))"
+              f".some(t => t.innerText.trim() === {title!r});")
+    _wait(browser, script)
     tabs = browser.find_elements("css selector", ".tab")
-    next(t for t in tabs if t.text == title).click()
+    next(t for t in tabs if t.text.strip() == title).click()
 
 
 def _choose(browser, dropdown_id, option_text):

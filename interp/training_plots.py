@@ -1,0 +1,89 @@
+"""Figures of the text-zoo studies (`interp.zoo.text_studies`): training curves and
+side-by-side comparisons of variants. Like `interp.plots`, each takes a study table and returns
+a plotly Figure.
+
+Example:
+    >>> from interp.zoo.text_studies import released_models, training_logs
+    >>> fig = phase_change_figure(training_logs(released_models("out/zoo-text/release")))
+    ...                                                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+VARIANT_COLOURS = {"mha": "#1f77b4", "mta": "#ff7f0e", "cope": "#2ca02c", "dcmha": "#d62728",
+                   "infini": "#9467bd"}
+SHAPE_DASH = {"l1": "dot", "l2": "solid", "l4mlp": "dash"}
+
+
+def _need(df: pd.DataFrame, columns: list[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {missing}; got {list(df.columns)}")
+
+
+def phase_change_figure(log: pd.DataFrame) -> go.Figure:
+    """Induction score (top) and validation loss (bottom) against tokens seen, one line per
+    model: colour = variant, dash = shape (1-layer controls dotted). The induction phase change
+    shows as a jump in the score with a bump in the loss."""
+    _need(log, ["model", "variant", "shape", "tokens", "induction_score", "val_loss"],
+          "phase_change_figure")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["best head's induction score", "validation loss"])
+    for name, g in log.groupby("model", sort=True):
+        variant, shape = g["variant"].iloc[0], g["shape"].iloc[0]
+        style = dict(color=VARIANT_COLOURS.get(variant), dash=SHAPE_DASH.get(shape, "solid"))
+        for row, column in ((1, "induction_score"), (2, "val_loss")):
+            fig.add_trace(go.Scatter(x=g["tokens"], y=g[column], mode="lines+markers",
+                                     name=name, legendgroup=name, showlegend=row == 1,
+                                     line=style, marker=dict(size=4)), row=row, col=1)
+    fig.update_xaxes(title="tokens seen", row=2, col=1)
+    fig.update_yaxes(title="score", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title="loss (nats/token)", row=2, col=1)
+    fig.update_layout(title="Induction heads across training", height=620)
+    return fig
+
+
+def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
+    """Mean captured variance (lower = more diverse heads) of every model's layers, QK and OV
+    panels side by side, composed circuits hatched, with the random-init baseline as a line."""
+    _need(summary, ["model", "variant", "layer", "circuit", "composed", "mean_captured"],
+          "diversity_comparison_figure")
+    circuits = list(dict.fromkeys(summary["circuit"]))
+    fig = make_subplots(rows=1, cols=len(circuits), shared_yaxes=True,
+                        subplot_titles=[f"{c.upper()} circuits" for c in circuits])
+    for i, c in enumerate(circuits):
+        part = summary[summary["circuit"] == c]
+        for composed, g in part.groupby("composed"):
+            labels = [f"{m} L{x}" for m, x in zip(g["model"], g["layer"], strict=True)]
+            fig.add_trace(go.Bar(
+                x=labels, y=g["mean_captured"],
+                marker=dict(color=[VARIANT_COLOURS.get(v) for v in g["variant"]],
+                            pattern_shape="/" if composed else ""),
+                name="composed" if composed else "per-head", legendgroup=str(composed),
+                showlegend=i == 0), row=1, col=i + 1)
+        if "baseline_mean_captured" in part:
+            base = float(part["baseline_mean_captured"].mean())
+            fig.add_hline(y=base, line=dict(dash="dash", color="black"),
+                          annotation_text="random init", row=1, col=i + 1)
+    fig.update_yaxes(title="mean captured variance (lower = more diverse)", col=1)
+    fig.update_layout(title="Head diversity by variant", barmode="group")
+    return fig
+
+
+def cope_category_figure(table: pd.DataFrame) -> go.Figure:
+    """Mean CoPE gate per head (rows) and key-token category (columns): what each head
+    counts. Sequential scale on [0, 1] with a colour bar."""
+    _need(table, ["model", "head_label", "category", "mean_gate"], "cope_category_figure")
+    table = table.assign(row=table["model"] + " " + table["head_label"])
+    grid = table.pivot_table(index="row", columns="category", values="mean_gate")
+    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
+                               zmin=0, zmax=1, colorscale="Viridis",
+                               colorbar=dict(title="mean gate"),
+                               text=grid.round(2).to_numpy(), texttemplate="%{text}"))
+    fig.update_layout(title="CoPE: what each head counts (mean gate by key token category)",
+                      xaxis_title="key token category", yaxis_title="head")
+    return fig

@@ -1,0 +1,256 @@
+"""The four studies of the text-LM zoo (issue 17 items 4-6), run on released models.
+
+    python -m interp.zoo.text_studies RELEASE_DIR [--out docs/figures/zoo] [--no-png]
+
+RELEASE_DIR holds released text models (`text-<variant>-<shape>/`, as written by
+`attnlens train --zoo text`): `hooked_models/zoo` once the zoo ships, `out/zoo-text/release`
+after a run. Each study returns tidy DataFrames; `run_studies` writes them as CSV beside their
+figures (HTML, and PNG when kaleido works) into OUT, where `interp.zoo.zoo_docs` reads them.
+
+1. Induction (`induction_study`, `training_logs`): the final induction score, second-copy loss
+   and in-context-learning score of every model, and the training log (induction score and
+   validation loss against tokens seen: the phase change, `interp.training_plots`). A model
+   "forms induction heads" when its best head's induction-stripe score reaches
+   `INDUCTION_THRESHOLD`; the 1-layer models are the controls.
+2. Head diversity (`diversity_study`): captured-variance curves of every layer's QK and OV
+   circuits (plain, and composed for variants with static head mixing) with the random-init
+   baseline (`interp.diversity`), summarised by the mean captured variance (DCFormer Fig. 5:
+   lower = more diverse).
+3. Gating (`gating_study`): Infini's memory vs local heads on validation windows longer than a
+   segment (`interp.infini.memory_specialisation`), MTA's output gates and key-query kernel
+   classes, DCMHA's dynamic weights (`interp.gating.gate_values` on the dd stages), CoPE's
+   gates by token category (what it counts: newlines, indentation, identifiers, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from interp.cope import gate_openers
+from interp.diversity import diversity_summary, head_diversity
+from interp.gating import gate_values
+from interp.infini import memory_specialisation
+from interp.mta import kernel_table
+from interp.zoo.text_eval import load_eval_tokens
+
+INDUCTION_THRESHOLD = 0.3
+STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
+NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+)$")
+TOKEN_CATEGORIES = ("newline", "indentation", "identifier", "keyword-like", "number",
+                    "punctuation", "string/other")
+
+
+def released_models(release_dir) -> dict[str, Path]:
+    """`{name: directory}` of the released text models in `release_dir` (sorted by name)."""
+    release_dir = Path(release_dir)
+    if not release_dir.is_dir():
+        raise ValueError(f"release directory {str(release_dir)!r} does not exist")
+    found = {}
+    for d in sorted(release_dir.iterdir()):
+        card = d / "card.json"
+        if NAME.match(d.name) and card.is_file() and \
+                json.loads(card.read_text()).get("kind") == "text-lm":
+            found[d.name] = d
+    return found
+
+
+def _parts(name: str) -> tuple[str, str]:
+    m = NAME.match(name)
+    if not m:
+        raise ValueError(f"{name!r} is not a text-zoo model name (text-<variant>-<shape>)")
+    return m["variant"], m["shape"]
+
+
+def load_card(directory) -> dict:
+    return json.loads((Path(directory) / "card.json").read_text())
+
+
+def training_logs(models: dict[str, Path]) -> pd.DataFrame:
+    """Every validation row of every model's metrics.jsonl: `model`, `variant`, `shape`,
+    `step`, `tokens`, `val_loss`, `induction_score`, `repeat_loss`."""
+    rows = []
+    for name, d in models.items():
+        variant, shape = _parts(name)
+        log = d / "metrics.jsonl"
+        if not log.is_file():
+            raise ValueError(f"{d} has no metrics.jsonl: the training log is released with "
+                             "every text model")
+        for line in log.read_text().splitlines():
+            r = json.loads(line)
+            if "induction_score" in r:
+                rows.append({"model": name, "variant": variant, "shape": shape,
+                             "step": r["step"], "tokens": r.get("tokens"),
+                             "val_loss": r.get("val_loss"),
+                             "induction_score": r["induction_score"],
+                             "repeat_loss": r.get("repeat_loss")})
+    return pd.DataFrame(rows, columns=["model", "variant", "shape", "step", "tokens",
+                                       "val_loss", "induction_score", "repeat_loss"])
+
+
+def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESHOLD
+                    ) -> pd.DataFrame:
+    """One row per model from its card (the eval command's numbers): `induction_score`,
+    `repeat_loss`, `icl_score`, `val_loss`, the best induction head and `forms_induction`."""
+    rows = []
+    for name, d in models.items():
+        variant, shape = _parts(name)
+        m = load_card(d)["metrics"]
+        best = max(m["head_table"], key=lambda h: h["induction_stripe"])
+        rows.append({"model": name, "variant": variant, "shape": shape,
+                     "val_loss": m["val_loss"], "icl_score": m["icl_score"],
+                     "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
+                     "best_head": best["label"],
+                     "forms_induction": m["induction_score"] >= threshold})
+    return pd.DataFrame(rows)
+
+
+def _load(directory):
+    from hooked_models.model import HookedVariantTransformer
+
+    model = HookedVariantTransformer.from_pretrained(directory, device="cpu")
+    return model.float() if model.cfg.dtype != torch.float32 else model
+
+
+def diversity_study(models: dict[str, Path], n_baseline: int = 2) -> tuple[pd.DataFrame,
+                                                                            pd.DataFrame]:
+    """(curves, summary): `head_diversity` of every model (plain circuits, and composed ones
+    for MTA and DCMHA), with a `model`, `variant`, `shape`, `composed` column each."""
+    curves, summaries = [], []
+    for name, d in models.items():
+        variant, shape = _parts(name)
+        model = _load(d)
+        for composed in (False, True) if variant in ("mta", "dcmha") else (False,):
+            c = head_diversity(model, composed=composed, n_baseline=n_baseline)
+            s = diversity_summary(c)
+            for frame in (c, s):
+                frame.insert(0, "composed", composed)
+                frame.insert(0, "shape", shape)
+                frame.insert(0, "variant", variant)
+                frame.insert(0, "model", name)
+            curves.append(c)
+            summaries.append(s)
+    if not curves:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.concat(curves, ignore_index=True), pd.concat(summaries, ignore_index=True)
+
+
+def token_category(text: str) -> str:
+    """A coarse class of a BPE token's text (Python source): see TOKEN_CATEGORIES."""
+    if "\n" in text:
+        return "newline"
+    if text and text.strip() == "":
+        return "indentation"
+    core = text.strip()
+    if core.isidentifier():
+        return "keyword-like" if core in _KEYWORDS else "identifier"
+    if core.replace("_", "").replace(".", "").isdigit():
+        return "number"
+    if core and all(not ch.isalnum() for ch in core):
+        return "punctuation"
+    return "string/other"
+
+
+_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls"}
+
+
+def cope_categories(model, windows: torch.Tensor) -> pd.DataFrame:
+    """Mean CoPE gate per head and token category of the key (what the head counts)."""
+    table = gate_openers(model, windows, top=None)
+    strings = {t: model.tokenizer.decode([t]) for t in table["token"].unique()}
+    table["category"] = table["token"].map(lambda t: token_category(strings[t]))
+    table["weighted"] = table["mean_gate"] * table["count"]
+    grouped = table.groupby(["head_label", "layer", "head", "category"], as_index=False)[
+        ["weighted", "count"]].sum()
+    grouped["mean_gate"] = grouped["weighted"] / grouped["count"]
+    return grouped.drop(columns="weighted")
+
+
+def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dict[str,
+                                                                                 pd.DataFrame]:
+    """Per variant, the gating tables of its models (a `model` column each):
+    `infini_memory`, `mta_gates`, `mta_kernels`, `dcmha_dynamic`, `cope_categories`."""
+    out: dict[str, list[pd.DataFrame]] = {}
+
+    def add(key, frame, name):
+        frame = frame.reset_index() if frame.index.name else frame
+        frame.insert(0, "model", name)
+        out.setdefault(key, []).append(frame)
+
+    for name, d in models.items():
+        variant, _ = _parts(name)
+        if variant == "mha":
+            continue
+        model = _load(d)
+        windows = load_eval_tokens(d)[:n_windows]
+        if variant == "infini":
+            add("infini_memory", memory_specialisation(model, windows), name)
+        elif variant == "mta":
+            gates = gate_values(model, windows)
+            add("mta_gates", gates[gates["stage"] == "gate"], name)
+            add("mta_kernels", kernel_table(model), name)
+        elif variant == "dcmha":
+            gates = gate_values(model, windows)
+            add("dcmha_dynamic", gates[gates["stage"].str.endswith("dd")], name)
+        elif variant == "cope":
+            add("cope_categories", cope_categories(model, windows[:2]), name)
+    return {k: pd.concat(v, ignore_index=True) for k, v in out.items()}
+
+
+def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -> dict:
+    """Run the four studies on the models in `release_dir`; write CSVs and figures to
+    `out_dir`. Returns `{table name: DataFrame}`."""
+    from tqdm.auto import tqdm
+
+    from interp.plots import save_figure
+    from interp.training_plots import (
+        cope_category_figure,
+        diversity_comparison_figure,
+        phase_change_figure,
+    )
+
+    models = released_models(release_dir)
+    if not models:
+        raise ValueError(f"no released text model (text-<variant>-<shape>/ with a text-lm "
+                         f"card) in {str(release_dir)!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = tqdm(total=4, desc="text-zoo studies", disable=not progress)
+    tables = {"induction": induction_study(models), "training_log": training_logs(models)}
+    steps.update()
+    tables["diversity_curves"], tables["diversity"] = diversity_study(models)
+    steps.update()
+    tables.update(gating_study(models))
+    steps.update()
+    for key, frame in tables.items():
+        frame.to_csv(out / f"{key}.csv", index=False)
+    figures = {"phase_change": phase_change_figure(tables["training_log"]),
+               "diversity": diversity_comparison_figure(tables["diversity"])}
+    if "cope_categories" in tables:
+        figures["cope_categories"] = cope_category_figure(tables["cope_categories"])
+    for key, fig in figures.items():
+        save_figure(fig, out / key, png=png)
+    steps.update()
+    steps.close()
+    return tables
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp.zoo.text_studies",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("release_dir", help="directory of released text models")
+    parser.add_argument("--out", default="docs/figures/zoo", help="tables and figures go here")
+    parser.add_argument("--no-png", action="store_true", help="HTML figures only")
+    args = parser.parse_args(argv)
+    tables = run_studies(args.release_dir, args.out, png=not args.no_png)
+    print(tables["induction"].to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The text-zoo studies and the generated docs/zoo.md, on `--smoke` releases of every variant
+(tiny, 4 training steps: the numbers mean nothing, the pipeline is what is checked)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dashboards.cli import main as cli_main
+from interp.zoo import zoo_docs
+from interp.zoo.text_studies import (
+    INDUCTION_THRESHOLD,
+    induction_study,
+    released_models,
+    run_studies,
+    token_category,
+    training_logs,
+)
+
+NAMES = ["text-mha-l1", "text-mha-l2", "text-mta-l2", "text-cope-l2", "text-dcmha-l2",
+         "text-infini-l2"]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo")
+    assert cli_main(["train", "--zoo", "text", "--smoke", "--only", *NAMES, "--out", str(out),
+                     "--device", "cpu", "--no-progress"]) == 0
+    return out / "release"
+
+
+@pytest.fixture(scope="module")
+def studies(release, tmp_path_factory):
+    out = tmp_path_factory.mktemp("studies")
+    return out, run_studies(release, out, png=False, progress=False)
+
+
+def test_released_models_are_found_by_name_and_card(release, tmp_path):
+    assert list(released_models(release)) == sorted(NAMES)
+    (release / "text-mha-l9").mkdir()                      # no card: ignored
+    assert "text-mha-l9" not in released_models(release)
+    with pytest.raises(ValueError, match="does not exist"):
+        released_models(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no released text model"):
+        run_studies(tmp_path, tmp_path / "out", png=False, progress=False)
+
+
+def test_induction_study_reads_the_cards_and_logs(release, studies):
+    models = released_models(release)
+    table = induction_study(models)
+    assert list(table["model"]) == sorted(NAMES)
+    for _, row in table.iterrows():
+        card = json.loads((release / row["model"] / "card.json").read_text())["metrics"]
+        assert row["induction_score"] == card["induction_score"]
+        assert row["forms_induction"] == (card["induction_score"] >= INDUCTION_THRESHOLD)
+        best = max(card["head_table"], key=lambda h: h["induction_stripe"])
+        assert row["best_head"] == best["label"]
+    log = training_logs(models)
+    assert set(log["model"]) == set(NAMES)
+    steps = log.groupby("model")["step"].apply(list).to_dict()
+    assert steps == {n: [2, 4] for n in NAMES}            # eval_every=2 of 4 smoke steps
+    for _, g in log.groupby("model"):
+        assert g["tokens"].is_monotonic_increasing and g["tokens"].iloc[0] > 0
+
+
+def test_diversity_and_gating_tables_cover_every_variant(studies):
+    out, tables = studies
+    summary = tables["diversity"]
+    assert set(summary["variant"]) == {"mha", "mta", "cope", "dcmha", "infini"}
+    assert set(summary[summary["composed"]]["variant"]) == {"mta", "dcmha"}
+    assert summary["mean_captured"].between(0, 1 + 1e-9).all()
+    assert {"infini_memory", "mta_gates", "mta_kernels", "dcmha_dynamic",
+            "cope_categories"} <= set(tables)
+    assert set(tables["infini_memory"]["class"]) <= {"memory specialist", "local specialist",
+                                                     "mixer", "intermediate"}
+    cope = tables["cope_categories"]
+    assert cope["mean_gate"].between(0, 1).all() and (cope["count"] > 0).all()
+    for name in ("induction", "training_log", "diversity", "cope_categories"):
+        assert (out / f"{name}.csv").is_file()
+    for fig in ("phase_change", "diversity", "cope_categories"):
+        assert (out / f"{fig}.html").is_file()
+
+
+def test_token_categories():
+    assert token_category("\n    ") == "newline"
+    assert token_category("    ") == "indentation"
+    assert token_category(" foo") == "identifier"
+    assert token_category(" def") == "keyword-like"
+    assert token_category("42") == "number"
+    assert token_category("):") == "punctuation"
+    assert token_category("'x y") == "string/other"
+
+
+def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
+    out, _ = studies
+    zoo = tmp_path / "zoo"
+    shutil.copytree(zoo_docs.DEFAULTS["zoo"] / "induction-mha", zoo / "induction-mha")
+    for name in NAMES:
+        shutil.copytree(release / name, zoo / name)
+    text = zoo_docs.render(zoo, out, tmp_path / "zoo.md")
+    assert "blocked on GPU time" not in text and f"{len(NAMES)} text language models" in text
+    for name in NAMES:
+        assert f"| `{name}` |" in text
+    assert "### Induction heads across variants" in text and "**cope**" in text
+    assert "### Head diversity" in text and "dcmha composed QK" in text
+    assert "text-infini-l2: gate classes" in text and "text-cope-l2: the category" in text
+
+
+def test_docs_zoo_md_is_current():
+    assert zoo_docs.main(["--check"]) == 0, \
+        "docs/zoo.md is stale: run `python -m interp.zoo.zoo_docs`"

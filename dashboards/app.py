@@ -10,6 +10,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlencode
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from flask_compress import Compress
 
 from dashboards.figures import MAX_COMPARED
 from dashboards.pages import PAGES
@@ -130,6 +131,11 @@ def create_app(store) -> Dash:
         raise ValueError("the dashboard needs at least one model")
     app = Dash(__name__, title="attnlens", suppress_callback_exceptions=True)
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    # Responses compressed (the browser asks for zstd or gzip): a map's masked half is NaN
+    # and compresses to nothing; level 1 costs a few ms (dashboards/benchmarks/explorer.py).
+    app.server.config.update(COMPRESS_ALGORITHM=["zstd", "gzip"], COMPRESS_ZSTD_LEVEL=1,
+                             COMPRESS_LEVEL=1)
+    Compress(app.server)
     app.layout = html.Div([
         dcc.Location(id="url", refresh=False),
         html.H2("attnlens", style={"margin": "6px 0"}),

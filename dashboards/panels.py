@@ -12,13 +12,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.figures import check_index, safe_filename
+from dashboards.map_cache import MAP_CACHE
 from hooked_models.attention import Stage
 from interp.explore import (
     ExploreView,
     closest_stage,
     downsample,
     downsample_labels,
-    explore_maps,
     find_map_stage,
     map_stages,
 )
@@ -40,6 +40,7 @@ class Panel:
     labels: list[str]
     view: ExploreView
     note: str = ""
+    cache_key: tuple = ()   # the `MAP_CACHE` entry holding the maps (memoised figures)
 
     @property
     def zoom_map(self):
@@ -81,10 +82,9 @@ def build_panel(store, name: str, text, layer, head, stage, closest: Stage | Non
         if chosen.name != stage:
             note = f"{name} has no hook_{stage}; showing its closest stage hook_{chosen.name}"
     prompt = store.prompt(name, text)
-    with store.using(name):
-        view = explore_maps(model, prompt.tokens, chosen.name, layer)
+    key, view = MAP_CACHE.view(store, name, prompt.tokens, chosen.name, layer)
     note = "; ".join(n for n in (prompt.note, note) if n)
-    return Panel(name, layer, head, chosen, prompt.labels, view, note)
+    return Panel(name, layer, head, chosen, prompt.labels, view, note, key)
 
 
 def zoom_figure(panel: Panel) -> go.Figure:
@@ -96,9 +96,14 @@ def zoom_figure(panel: Panel) -> go.Figure:
 
 
 def thumbnails_figure(panel: Panel, cell_px: int = 100) -> go.Figure:
-    grid = [None if g is None else downsample(g, THUMBNAIL) for g in panel.view.grid]
-    return head_grid_figure(grid, panel.stage, title=f"{panel.name}: every head, "
-                            f"hook_{panel.stage.name} (click to zoom)", cell_px=cell_px)
+    """Every head's map at the panel's stage, block means onto THUMBNAIL cells; the same for
+    every layer and head, so memoised with the maps (a head or layer change reuses it)."""
+    def build() -> go.Figure:
+        grid = [None if g is None else downsample(g, THUMBNAIL) for g in panel.view.grid]
+        return head_grid_figure(grid, panel.stage, title=f"{panel.name}: every head, "
+                                f"hook_{panel.stage.name} (click to zoom)", cell_px=cell_px)
+
+    return MAP_CACHE.memo(panel.cache_key, ("thumbnails", panel.stage.name, cell_px), build)
 
 
 def stage_figures(panel: Panel) -> list[go.Figure]:

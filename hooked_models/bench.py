@@ -29,7 +29,8 @@ class Benchmark:
 
 
 # Every benchmark script of the project. tests/test_bench.py fails when a script under
-# hooked_models/benchmarks/, interp/benchmarks/ or kernels/bench.py is missing from this list.
+# hooked_models/benchmarks/, interp/benchmarks/, dashboards/benchmarks/ or kernels/bench.py is
+# missing from this list.
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("core", "hooked_models.benchmarks.core", "hook overhead: forward vs run_with_cache",
               ("--repeats", "2")),
@@ -43,6 +44,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                "--heads", "2", "--layers", "1", "--repeats", "1")),
     Benchmark("diversity", "interp.benchmarks.diversity", "head-diversity cost",
               ("--layers", "2", "--heads", "4", "--d-model", "64", "--n-baseline", "1")),
+    Benchmark("explorer", "dashboards.benchmarks.explorer", "dashboard explorer update, 512 tok",
+              ("--variants", "mha", "--tokens", "64", "--layers", "2", "--heads", "2",
+               "--d-model", "32", "--repeats", "1")),
     Benchmark("kernels", "kernels.bench", "Triton kernels vs torch / SDPA (needs a GPU)", ()),
 )
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from hooked_models.attention import Stage
@@ -91,24 +92,52 @@ def _mean_over_batch(maps: Tensor) -> Tensor:
     return mean.masked_fill(masked, float("-inf"))
 
 
+MapKey = tuple[int, str]   # (layer, stage name)
+
+
+def view_keys(model, stage: str, layer: int) -> list[MapKey]:
+    """The (layer, stage) maps `explore_maps` needs: `stage` in every layer that has it, then
+    every map stage of `layer`. ValueError when no layer has `stage`."""
+    keys = [(lay, stage) for lay in range(model.cfg.n_layers)
+            if any(s.name == stage for s in map_stages(model, lay))]
+    if not keys:
+        raise ValueError(f"no layer of this {model.cfg.attention!r} model has a map stage "
+                         f"{stage!r}; allowed: {[s.name for s in map_stages(model, 0)]}")
+    return list(dict.fromkeys(keys + [(layer, s.name) for s in map_stages(model, layer)]))
+
+
+def all_map_keys(model) -> list[MapKey]:
+    """Every (layer, map stage) of the model, layer-major, catalogue order."""
+    return [(lay, s.name) for lay in range(model.cfg.n_layers) for s in map_stages(model, lay)]
+
+
+def map_bytes(model, keys: list[MapKey], n_tokens: int) -> int:
+    """Bytes that the batch-mean maps of `keys` take for an input of `n_tokens` positions."""
+    item = torch.empty((), dtype=model.cfg.dtype).element_size()
+    return len(keys) * model.cfg.n_heads * n_tokens * n_tokens * item
+
+
+def compute_maps(model, tokens: Tensor, keys: list[MapKey]) -> dict[MapKey, Tensor]:
+    """One forward pass caching only the hooks of `keys`: `{(layer, stage): [head q k]}`,
+    averaged over the batch (masked pairs stay -inf)."""
+    names = {key: model.stage_hook_name(*key) for key in keys}
+    cache = run_cache(model, tokens, list(dict.fromkeys(names.values())))
+    return {key: _mean_over_batch(cache[name]) for key, name in names.items()}
+
+
+def assemble_view(model, maps: dict[MapKey, Tensor], stage: str, layer: int) -> ExploreView:
+    """The `ExploreView` of (`stage`, `layer`) from maps holding at least `view_keys(...)`."""
+    grid = [maps.get((lay, stage)) for lay in range(model.cfg.n_layers)]
+    zoom = [(s, maps[(layer, s.name)]) for s in map_stages(model, layer)]
+    return ExploreView(stage, layer, grid, zoom)
+
+
 def explore_maps(model, tokens: Tensor, stage: str, layer: int) -> ExploreView:
     """One forward pass caching `stage` in every layer that has it and every map stage of
     `layer`; maps averaged over the batch. ValueError when no layer has `stage`."""
-    zoom_stages = map_stages(model, layer)
-    names = {}
-    for lay in range(model.cfg.n_layers):
-        if any(s.name == stage for s in map_stages(model, lay)):
-            names[(lay, stage)] = model.stage_hook_name(lay, stage)
-    if not names:
-        raise ValueError(f"no layer of this {model.cfg.attention!r} model has a map stage "
-                         f"{stage!r}; allowed: {[s.name for s in map_stages(model, 0)]}")
-    for s in zoom_stages:
-        names[(layer, s.name)] = model.stage_hook_name(layer, s)
-    cache = run_cache(model, tokens, list(dict.fromkeys(names.values())))
-    grid = [None if (lay, stage) not in names else _mean_over_batch(cache[names[(lay, stage)]])
-            for lay in range(model.cfg.n_layers)]
-    zoom = [(s, _mean_over_batch(cache[names[(layer, s.name)]])) for s in zoom_stages]
-    return ExploreView(stage, layer, grid, zoom)
+    check_layer(model, layer)
+    return assemble_view(model, compute_maps(model, tokens, view_keys(model, stage, layer)),
+                         stage, layer)
 
 
 def downsample(maps: Tensor, size: int) -> Tensor:
@@ -122,16 +151,23 @@ def downsample(maps: Tensor, size: int) -> Tensor:
     """
     if size < 1:
         raise ValueError(f"size={size!r} must be >= 1")
-    work = maps.double().masked_fill(~torch.isfinite(maps), float("nan"))
+    work = maps.double()
+    finite = work.abs() < math.inf        # one pass (isfinite takes three); NaN is False
     q, k = work.shape[-2:]
     f = math.ceil(max(q, k) / size)
     if f == 1:
-        return work
+        return work.masked_fill(~finite, float("nan"))
+    # Sums and counts of the finite entries per block (a zero-padded reshape): the same block
+    # means as nanmean, without its extra passes (thumbnails of every head at 512+ tokens).
     qp, kp = math.ceil(q / f) * f, math.ceil(k / f) * f
-    pad = torch.full((*work.shape[:-2], qp, kp), float("nan"), dtype=work.dtype)
-    pad[..., :q, :k] = work
-    blocks = pad.reshape(*work.shape[:-2], qp // f, f, kp // f, f)
-    return blocks.nanmean(dim=(-3, -1))
+    values, counts = work.masked_fill(~finite, 0.0), finite.to(work.dtype)
+    if (qp, kp) != (q, k):
+        pad = (0, kp - k, 0, qp - q)
+        values, counts = F.pad(values, pad), F.pad(counts, pad)
+    shape = (*work.shape[:-2], qp // f, f, kp // f, f)
+    sums = values.reshape(shape).sum(dim=(-3, -1))
+    n = counts.reshape(shape).sum(dim=(-3, -1))
+    return torch.where(n > 0, sums / n.clamp(min=1), torch.full_like(sums, float("nan")))
 
 
 def row_and_column(map2d: Tensor, query: int, key: int) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import dashboards.benchmarks
 import hooked_models.benchmarks
 import interp.benchmarks
 from hooked_models import bench
@@ -15,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_benchmark_script_is_registered():
-    scripts = {f"{pkg.__name__}.{m.name}" for pkg in (hooked_models.benchmarks, interp.benchmarks)
+    scripts = {f"{pkg.__name__}.{m.name}" for pkg in (hooked_models.benchmarks, interp.benchmarks,
+                                                          dashboards.benchmarks)
                for m in pkgutil.iter_modules(pkg.__path__)}
     registered = {b.module for b in bench.BENCHMARKS}
     assert scripts | {"kernels.bench"} == registered

@@ -1,8 +1,10 @@
 """The Dash app in a real headless Chromium (Debian's chromium + chromium-driver)."""
 
+import os
 import shutil
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -78,9 +80,13 @@ def _count_heatmaps(graph_id):
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    """Screenshots of every page, kept as test artifacts under pytest's tmp dir."""
-    return tmp_path_factory.mktemp("dashboard-screenshots")
+def shots():
+    """Screenshots of every page, kept as test artifacts: out/screenshots/ (gitignored), or
+    $ATTNLENS_SCREENSHOTS."""
+    root = Path(__file__).resolve().parents[1]
+    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _screenshot(browser, shots, page):
@@ -201,6 +207,21 @@ def test_gating_tab_shows_infini_memory_heads(server, browser, store, shots):
     cfg = store.get("tiny-infini").cfg
     assert len(labels) == cfg.n_layers * cfg.n_heads and "L1H3" in labels
     _screenshot(browser, shots, "gating")
+
+
+def test_variants_tab_shows_infini_segments_and_a_message_for_mha(server, browser, store,
+                                                                 shots):
+    _open_tab(browser, server, "Variants")
+    msg = _wait(browser, "const e = document.getElementById('variants-error');"
+                         "return e && e.innerText.length ? e.innerText : null")
+    assert "tiny-mha (mha) has nothing for the cope view" in msg      # first model: MHA
+    _choose(browser, "variants-model", "tiny-infini")
+    n_lines = _wait(browser, _figure("variants-infini-pattern",
+                                     "(g.layout.shapes || []).length || null"))
+    n = len(store.get("tiny-infini").to_tokens(store.default_text["tiny-infini"])[0])
+    assert n_lines == 2 * ((n - 1) // 8)            # a vertical and a horizontal line each
+    assert "segments" in browser.find_element("id", "variants-explain").text
+    _screenshot(browser, shots, "variants")
 
 
 def test_store_errors(store):

@@ -12,6 +12,6 @@ own. It calls interp for numbers and interp.plots for figures, checks request va
 the page instead of raising.
 """
 
-from dashboards.pages import compare, diversity, explorer, gating, heads
+from dashboards.pages import compare, diversity, explorer, gating, heads, variants
 
-PAGES = [compare, explorer, heads, diversity, gating]
+PAGES = [compare, explorer, heads, variants, diversity, gating]

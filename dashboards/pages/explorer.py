@@ -1,13 +1,19 @@
 """Attention explorer for the first chosen model: a layer x head grid of thumbnails of the chosen
 stage (click one to zoom), the zoomed head at full size, a click on a cell shows that query's row
 and that key's column, and the zoomed head at every stage of its catalogue. Several prompts (one
-per line) are averaged. Export: PNG or SVG through the camera button, CSV of the zoomed map."""
+per line) are averaged. Export: PNG or SVG through the camera button, CSV of the zoomed map.
+
+Speed (`dashboards/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
+forward per model and prompt), the thumbnails figure is memoised with them, and a response
+leaves out (`no_update`) the thumbnails and the stage views when the browser already shows
+them for this prompt, stage and head (`explorer-shown` remembers what it shows)."""
 
 from __future__ import annotations
 
 from dash import Input, Output, State, dcc, html, no_update
 
-from dashboards.figures import EXPORT_FORMATS, error_box, graph, graph_config
+from dashboards.figures import EXPORT_FORMATS, check_index, error_box, graph, graph_config
+from dashboards.map_cache import MAP_CACHE
 from dashboards.panels import build_panel, stage_figures, thumbnails_figure, zoom_figure, zoom_table
 from interp.explore import row_and_column
 from interp.plots import row_column_figure
@@ -25,6 +31,7 @@ def layout(store):
                "row and key column. Signed stages use a red-blue scale centred on 0."),
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
+        dcc.Store(id="explorer-shown", data={}),
         dcc.Loading(graph("explorer-grid")),
         html.Div([
             html.Label("export"),
@@ -45,23 +52,59 @@ def compute(store, names, text, layer, head, stage):
         raise ValueError("choose a model")
     name = names[0] if isinstance(names, list) else names
     panel = build_panel(store, name, text, layer, head, stage)
-    stages = [graph(f"explorer-stage-{s.name}", figure=f)
-              for s, f in zip([s for s, _ in panel.view.zoom], stage_figures(panel), strict=True)]
-    return panel, thumbnails_figure(panel), zoom_figure(panel), stages
+    return panel, thumbnails_figure(panel), zoom_figure(panel), stage_graphs(panel)
+
+
+def stage_graphs(panel) -> list:
+    """The zoomed head at every map stage of its layer, memoised with the maps."""
+    def build() -> list:
+        return [graph(f"explorer-stage-{s.name}", figure=f)
+                for s, f in zip([s for s, _ in panel.view.zoom], stage_figures(panel),
+                                strict=True)]
+
+    return MAP_CACHE.memo(panel.cache_key, ("stages", panel.layer, panel.head), build)
+
+
+def shown_keys(panel) -> dict:
+    """What the browser shows after this response: a key for the thumbnails (prompt, stage)
+    and one for the stage views (prompt, layer, head)."""
+    entry = hash(panel.cache_key)
+    return {"grid": f"{entry}|{panel.stage.name}",
+            "stages": f"{entry}|{panel.layer}|{panel.head}"}
 
 
 def register(app, store):
     @app.callback(Output("explorer-grid", "figure"), Output("explorer-zoom", "figure"),
                   Output("explorer-zoom", "config"), Output("explorer-stages", "children"),
-                  Output("explorer-error", "children"), Output("explorer-note", "children"),
-                  *SHARED, Input("explorer-format", "value"))
-    def _update(names, text, layer, head, stage, fmt):
+                  Output("explorer-shown", "data"), Output("explorer-error", "children"),
+                  Output("explorer-note", "children"),
+                  *SHARED, State("explorer-format", "value"), State("explorer-shown", "data"))
+    def _update(names, text, layer, head, stage, fmt, shown):
         try:
             panel, grid, zoom, stages = compute(store, names, text, layer, head, stage)
             config = graph_config(panel.filename, fmt)
         except ValueError as err:
-            return {}, {}, graph_config(), [], str(err), ""
-        return grid, zoom, config, stages, "", panel.note
+            return {}, {}, graph_config(), [], {}, str(err), ""
+        now = shown_keys(panel)
+        shown = shown if isinstance(shown, dict) else {}
+        grid = no_update if shown.get("grid") == now["grid"] else grid
+        stages = no_update if shown.get("stages") == now["stages"] else stages
+        return grid, zoom, config, stages, now, "", panel.note
+
+    @app.callback(Output("explorer-zoom", "config", allow_duplicate=True),
+                  Input("explorer-format", "value"),
+                  *[State(i.component_id, i.component_property) for i in SHARED],
+                  prevent_initial_call=True)
+    def _format(fmt, names, _text, layer, head, stage):
+        """A new export format changes only the camera button: no model run, no map sent."""
+        try:
+            name = (names or [None])[0] if isinstance(names, list) else names
+            model = store.get(name)
+            layer = check_index("layer", layer, model.cfg.n_layers)
+            head = check_index("head", head, model.cfg.n_heads)
+            return graph_config(f"{name}_L{layer}H{head}_{stage}", fmt)
+        except (ValueError, TypeError, IndexError):
+            return no_update
 
     @app.callback(Output("ctl-layer", "value", allow_duplicate=True),
                   Output("ctl-head", "value", allow_duplicate=True),

@@ -12,6 +12,8 @@
     attnlens analyze CHECKPOINT --analysis induction diversity gating circuits --out DIR
                                   write analysis tables (CSV/JSON) and figures (HTML; PNG with
                                   kaleido) for a checkpoint directory (see docs/analyses.md)
+    attnlens convert SRC DST      rewrite pickled .bin/.pt weights (+ their index) as safetensors
+                                  shards + index, reading them with torch.load(weights_only=True)
 """
 
 from __future__ import annotations
@@ -193,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--device", default="cpu")
     analyze.add_argument("--no-png", action="store_true", help="HTML figures only")
     analyze.set_defaults(fn=cmd_analyze)
+    from hooked_models.converters.convert import add_convert_parser
+
+    add_convert_parser(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -182,13 +182,16 @@ def test_missing_directory_refused(tmp_path):
 
 
 def test_unsupported_model_type(tmp_path):
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=50)
-    hf = transformers.LlamaForCausalLM(cfg)
-    with pytest.raises(ValueError, match=r"'llama' is not supported.*'gpt2', 'gpt_neox'"):
+    # Gemma (RMSNorm scaled by 1 + w, GeGLU) is not converted; Llama-family types are
+    # (tests/test_llama_import.py).
+    cfg = transformers.GemmaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=50,
+                                   head_dim=8)
+    hf = transformers.GemmaForCausalLM(cfg)
+    with pytest.raises(ValueError, match=r"'gemma' is not supported.*'gpt2', 'gpt_neox'"):
         from_hf(hf)
     cfg.save_pretrained(tmp_path)  # refused from the config alone, before any weights load
-    with pytest.raises(ValueError, match="'llama' is not supported"):
+    with pytest.raises(ValueError, match="'gemma' is not supported"):
         from_hf(tmp_path)
 
 

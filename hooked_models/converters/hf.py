@@ -1,10 +1,12 @@
-"""Import HuggingFace GPT-2 and GPT-NeoX (Pythia) causal LMs as "mha" `HookedVariantTransformer`s.
+"""Import HuggingFace GPT-2, GPT-NeoX (Pythia) and Llama-family causal LMs as "mha" models.
 
 `from_hf` takes a local directory (safetensors weights only; nothing is downloaded, nothing is
 unpickled) or an in-memory `transformers` model, and returns a model whose logits and every
-attention pattern match the HuggingFace forward pass. The helpers convert a HuggingFace config
-into a `VariantConfig` and a HuggingFace state dict into attnlens names and TransformerLens layout
-(`W_Q/W_K/W_V [head_index d_model d_head]`, `W_O [head_index d_head d_model]`, right-multiplied).
+attention pattern match the HuggingFace forward pass (Llama, Mistral and Qwen2 use the
+converters of `hooked_models.converters.llama`, whose `from_llama` reads safetensors shards
+directly). The helpers convert a HuggingFace config into a `VariantConfig` and a HuggingFace
+state dict into attnlens names and TransformerLens layout (`W_Q/W_K/W_V [head_index d_model
+d_head]`, `W_O [head_index d_head d_model]`, right-multiplied).
 
 Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -25,6 +27,8 @@ import torch
 from torch import Tensor
 
 from hooked_models.config import VariantConfig
+from hooked_models.converters._shards import pickle_refusal
+from hooked_models.converters.llama import LLAMA_FAMILY, llama_config, llama_state_dict
 from hooked_models.model import HookedVariantTransformer
 
 # HuggingFace activation names (transformers.activations.ACT2FN) -> attnlens act_fn.
@@ -210,6 +214,7 @@ def neox_state_dict(hf_state: dict[str, Tensor], cfg: VariantConfig) -> dict[str
 _CONVERTERS: dict[str, tuple[Callable, Callable]] = {
     "gpt2": (gpt2_config, gpt2_state_dict),
     "gpt_neox": (neox_config, neox_state_dict),
+    **{name: (llama_config, llama_state_dict) for name in LLAMA_FAMILY},
 }
 SUPPORTED_MODEL_TYPES = tuple(_CONVERTERS)
 
@@ -234,10 +239,7 @@ def _load_local(path: Path):
     _converters_for(getattr(hf_config, "model_type", None))  # fail before loading weights
     if not any(path.glob("*.safetensors")):
         if any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth")):
-            raise ValueError(f"{path} holds only pickle (.bin/.pt) weights, which attnlens never "
-                             "loads; convert them to safetensors first (e.g. load them yourself "
-                             "if you trust them and call save_pretrained(dir, "
-                             "safe_serialization=True))")
+            raise pickle_refusal(path)
         raise ValueError(f"{path} has no *.safetensors weights")
     hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                     use_safetensors=True)

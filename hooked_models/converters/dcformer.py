@@ -1,4 +1,4 @@
-"""Import released DCFormer checkpoints (Caiyun-AI DCFormer-2.8B layout) as "dcmha" models.
+"""Import released DCFormer checkpoints (DCFormer-2.8B and DCPythia-6.9B) as "dcmha" models.
 
 The layout is the May-2024 release (`Caiyun-AI/DCFormer-2.8B` on HuggingFace = GitHub commit
 `9769ae6:pytorch/dcformer/modeling_dcformer.py`; variants.md section 3.5), *not* the Dec-2024
@@ -32,11 +32,29 @@ buffer holds w; pitfall 7). The release's inference path composes even if `use_d
 so does this import. With `query_wise: true` the release's prefill still adds the key-wise terms
 while its decode drops them; attnlens drops them in both (as the JAX code and decode do).
 
-Weights are read from safetensors only, never unpickled. The released `pytorch_model.bin` is a
-pickle: convert it once yourself, in an environment you trust, e.g.
+DCPythia-6.9B (`Caiyun-AI/DCPythia-6.9B`, `model_type: dcpythia`, GitHub
+`pytorch/dcpythia/{config.json,modeling_dcpythia.py}`; variants.md section 3.5) is the same
+attention in a Pythia body; its differences, all read from its config and mapped here:
 
-    sd = torch.load("pytorch_model.bin", weights_only=True)
-    safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, "model.safetensors")
+    LayerNorm (nn.LayerNorm, eps norm_eps) with biases:
+        attention_norm / ffn_norm / norm .weight, .bias -> ln1 / ln2 / ln_final .w, .b
+    use_linear_bias (default true): wqkv.bias [3D] -> attn.b_Q/b_K/b_V,  wo.bias -> attn.b_O
+    GELU MLP (exact erf GELU, not gated): feed_forward.w1 .weight/.bias -> mlp.W_in / b_in,
+                                          feed_forward.w2 .weight/.bias -> mlp.W_out / b_out
+    use_parallel_residual (default true): x + attn(ln1 x) + mlp(ln2 x)
+    rotary_pct (default 0.25): only the first int(head_dim * rotary_pct) dims rotate ("half"
+        pairs within them, written interleaved by the release: the same harmless permutation)
+    intermediate_size default 4 * dim; output.weight has no bias (as in Pythia)
+
+The release is published as three pickle shards `pytorch_model-0000{1,2,3}-of-00003.bin` with
+`pytorch_model.bin.index.json` (DCFormer-2.8B: one `pytorch_model.bin`).
+
+Weights are read from safetensors only (one file, several, or shards listed by
+`model.safetensors.index.json`), never unpickled. Convert the released pickles once with
+
+    attnlens convert DCPythia-6.9B-download/ checkpoints/DCPythia-6.9B
+
+which reads them with `torch.load(weights_only=True)` and writes safetensors shards + index.
 
 Example:
     >>> model = from_dcformer("checkpoints/DCFormer-2.8B")   # doctest: +SKIP
@@ -58,9 +76,11 @@ from torch import Tensor
 
 from hooked_models.attention.dcmha import WINDOW_ALIASES
 from hooked_models.config import VariantConfig
+from hooked_models.converters._shards import PICKLE_SUFFIXES as _PICKLE_SUFFIXES
+from hooked_models.converters._shards import pickle_refusal, read_safetensors_dir
 from hooked_models.model import HookedVariantTransformer
 
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+MODEL_TYPES = ("dcformer", "dcpythia")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 _IGNORED = re.compile(r"(^|\.)(dyn_w_proj\.(dw_m|qkw_m|sw)|kv_cache\.[^.]+|freqs_cis|causal_mask)$")
 _IDENTITY_BUFFERS = re.compile(r"\.dyn_w_proj\.(pre|post)_proj\.w$")
@@ -72,7 +92,7 @@ def _find_multiple(n: int, k: int) -> int:
 
 def dcformer_config(config: dict[str, Any], qkw_shape: tuple[int, ...] | None = None,
                     **overrides) -> VariantConfig:
-    """A `VariantConfig` for a DCFormer `config.json` dict.
+    """A `VariantConfig` for a DCFormer or DCPythia `config.json` dict.
 
     `qkw_shape`, the shape `[G, 4, K, 2R, M]` of a layer's `dyn_w_proj.qkw`, sets groups, hidden
     size and rank (the release fixes G=1, K=4H, R=2, which are used without it). `overrides` go
@@ -80,9 +100,10 @@ def dcformer_config(config: dict[str, Any], qkw_shape: tuple[int, ...] | None = 
     release layout cannot express.
     """
     model_type = config.get("model_type", "dcformer")
-    if model_type != "dcformer":
-        raise ValueError(f"from_dcformer reads model_type 'dcformer' (DCFormer-2.8B layout), got "
-                         f"{model_type!r}")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"from_dcformer reads model_type 'dcformer' (DCFormer-2.8B layout) or "
+                         f"'dcpythia' (DCPythia-6.9B layout), got {model_type!r}")
+    pythia = model_type == "dcpythia"
     try:
         dim, n_head, n_layer = int(config["dim"]), int(config["n_head"]), int(config["n_layer"])
         vocab = int(config["vocab_size"])
@@ -113,16 +134,25 @@ def dcformer_config(config: dict[str, Any], qkw_shape: tuple[int, ...] | None = 
         attn_cfg.update(groups=G, dw_hidden_dim=K, rank=twice_r // 2)
     else:
         attn_cfg.update(groups=1, dw_hidden_dim=4 * n_head, rank=2)
-    inter = config.get("intermediate_size") or _find_multiple(int(2 * 4 * dim / 3), 256)
+    if pythia:  # DCPythiaConfig's defaults: a Pythia body (LayerNorm, GELU MLP, parallel)
+        inter = config.get("intermediate_size") or 4 * dim
+        body: dict[str, Any] = dict(
+            normalization_type="LN", gated_mlp=False, act_fn="gelu",
+            parallel_attn_mlp=bool(config.get("use_parallel_residual", True)),
+            rotary_dim=int(head_dim * config.get("rotary_pct", 0.25)))
+    else:
+        inter = config.get("intermediate_size") or _find_multiple(int(2 * 4 * dim / 3), 256)
+        body = dict(normalization_type="RMS", gated_mlp=True, act_fn="silu",
+                    rotary_dim=int(head_dim * config.get("rotary_pct", 1.0)))
     kwargs: dict[str, Any] = dict(
         d_model=dim, d_head=head_dim, n_heads=n_head, n_layers=n_layer, d_vocab=vocab,
         n_ctx=int(config.get("block_size", 2048)), d_mlp=int(inter), attention="dcmha",
         attn_cfg=attn_cfg, positional_embedding_type="rotary",
-        rotary_dim=int(head_dim * config.get("rotary_pct", 1.0)),
         rotary_base=float(config.get("rope_base", 10000)), rotary_adjacent_pairs=False,
-        normalization_type="RMS", eps=float(config.get("norm_eps", 1e-5)), gated_mlp=True,
-        act_fn="silu",
-        metadata={"source": "dcformer", "bos_token_id": config.get("bos_token_id"),
+        eps=float(config.get("norm_eps", 1e-5)), **body,
+        metadata={"source": "dcformer", "model_type": model_type,
+                  "linear_bias": bool(pythia and config.get("use_linear_bias", True)),
+                  "bos_token_id": config.get("bos_token_id"),
                   "eos_token_id": config.get("eos_token_id")},
     )
     kwargs.update(overrides)
@@ -131,18 +161,23 @@ def dcformer_config(config: dict[str, Any], qkw_shape: tuple[int, ...] | None = 
 
 def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
                         tie_word_embeddings: bool = False) -> dict[str, Tensor]:
-    """Map a DCFormer state dict (release names) to attnlens names and TransformerLens layout.
+    """Map a DCFormer / DCPythia state dict (release names) to attnlens names and layout.
 
-    Returns the attnlens state dict in `cfg.dtype`. Raises ValueError naming every unknown or
-    missing DCFormer tensor (the ignored ones are listed in the module docstring).
+    `cfg` (from `dcformer_config`) says which layout: DCPythia's when
+    `cfg.metadata["model_type"] == "dcpythia"`. Returns the attnlens state dict in `cfg.dtype`.
+    Raises ValueError naming every unknown or missing tensor (the ignored ones are listed in
+    the module docstring).
     """
     H, D, dh, L = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_layers
+    pythia = cfg.metadata.get("model_type") == "dcpythia"
+    biases = bool(cfg.metadata.get("linear_bias", False))
     todo = dict(state)
     missing: list[str] = []
 
-    def take(name: str) -> Tensor | None:
+    def take(name: str, required: bool = True) -> Tensor | None:
         if name not in todo:
-            missing.append(name)
+            if required:
+                missing.append(name)
             return None
         return todo.pop(name).to(cfg.dtype)
 
@@ -160,6 +195,8 @@ def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
 
     put("embed.W_E", take("tok_embeddings.weight"))
     put("ln_final.w", take("norm.weight"))
+    if pythia:
+        put("ln_final.b", take("norm.bias"))
     if "output.weight" in todo or not tie_word_embeddings:
         put("unembed.W_U", take("output.weight"), lambda w: w.T)
     else:
@@ -170,6 +207,9 @@ def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
         a = p + "attention."
         put(b + "ln1.w", take(p + "attention_norm.weight"))
         put(b + "ln2.w", take(p + "ffn_norm.weight"))
+        if pythia:
+            put(b + "ln1.b", take(p + "attention_norm.bias"))
+            put(b + "ln2.b", take(p + "ffn_norm.bias"))
         if a + "wqkv.weight" in todo or a + "wq.weight" not in todo:
             wqkv = take(a + "wqkv.weight")
             parts = None if wqkv is None else wqkv.split(H * dh, dim=0)
@@ -183,19 +223,33 @@ def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
             for name, w in zip("QKV", parts, strict=True):
                 out[f"{b}attn.W_{name}"] = heads_in(w).contiguous()
         put(b + "attn.W_O", take(a + "wo.weight"), lambda w: w.T.reshape(H, dh, D))
-        for name in ("Q", "K", "V"):
-            out[f"{b}attn.b_{name}"] = zeros(H, dh)
-        out[b + "attn.b_O"] = zeros(D)
+        if a + "wqkv.bias" in todo or a + "wq.bias" not in todo:
+            bqkv = take(a + "wqkv.bias", required=biases)
+            b_parts = None if bqkv is None else list(bqkv.split(H * dh))
+        else:  # the release's load_hook concatenates wq, wk, wv biases too
+            b_parts = [take(a + f"w{n}.bias") for n in "qkv"]
+        for name, bias in zip("QKV", b_parts or [None] * 3, strict=True):
+            out[f"{b}attn.b_{name}"] = zeros(H, dh) if bias is None else \
+                bias.reshape(H, dh).contiguous()
+        b_o = take(a + "wo.bias", required=biases)
+        out[b + "attn.b_O"] = zeros(D) if b_o is None else b_o
         if cfg.attn_cfg.qk_norm:
             put(b + "attn.q_norm_scale", take(a + "q_norm.scale"))
             put(b + "attn.k_norm_scale", take(a + "k_norm.scale"))
         for name in ("dw1", "qkw", "dd"):
             put(f"{b}attn.{name}", take(f"{a}dyn_w_proj.{name}"))
-        put(b + "mlp.W_gate", take(p + "feed_forward.w1.weight"), lambda w: w.T)
-        put(b + "mlp.W_in", take(p + "feed_forward.w3.weight"), lambda w: w.T)
-        put(b + "mlp.W_out", take(p + "feed_forward.w2.weight"), lambda w: w.T)
-        out[b + "mlp.b_in"] = zeros(cfg.d_mlp)
-        out[b + "mlp.b_out"] = zeros(D)
+        f = p + "feed_forward."
+        if pythia:  # GELU MLP w2(gelu(w1 x))
+            put(b + "mlp.W_in", take(f + "w1.weight"), lambda w: w.T)
+            put(b + "mlp.W_out", take(f + "w2.weight"), lambda w: w.T)
+            b_in, b_out = take(f + "w1.bias", biases), take(f + "w2.bias", biases)
+        else:       # SwiGLU w2(silu(w1 x) * w3 x)
+            put(b + "mlp.W_gate", take(f + "w1.weight"), lambda w: w.T)
+            put(b + "mlp.W_in", take(f + "w3.weight"), lambda w: w.T)
+            put(b + "mlp.W_out", take(f + "w2.weight"), lambda w: w.T)
+            b_in = b_out = None
+        out[b + "mlp.b_in"] = zeros(cfg.d_mlp) if b_in is None else b_in
+        out[b + "mlp.b_out"] = zeros(D) if b_out is None else b_out
     unknown = []
     for name, value in todo.items():
         if _IDENTITY_BUFFERS.search(name):
@@ -206,7 +260,8 @@ def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
         elif not _IGNORED.search(name):
             unknown.append(name)
     if missing or unknown:
-        raise ValueError("DCFormer checkpoint does not match the released layout: "
+        raise ValueError(f"{cfg.metadata.get('model_type', 'dcformer')} checkpoint does not "
+                         "match the released layout: "
                          + (f"missing tensors {missing}" if missing else "")
                          + (" | " if missing and unknown else "")
                          + (f"unknown tensors {sorted(unknown)}" if unknown else ""))
@@ -214,55 +269,31 @@ def dcformer_state_dict(state: dict[str, Tensor], cfg: VariantConfig,
 
 
 def _refuse_pickle(path: Path) -> None:
-    raise ValueError(f"{path} holds pickle weights ({path.suffix}), which attnlens never loads; "
-                     "convert them to safetensors first (see hooked_models.converters.dcformer's "
-                     "docstring: torch.load(..., weights_only=True) then "
-                     "safetensors.torch.save_file, in an environment you trust)")
+    raise pickle_refusal(path)
 
 
 def load_dcformer_weights(directory: Path) -> dict[str, Tensor]:
     """All tensors of a DCFormer directory: sharded (`*.safetensors.index.json`) or not."""
-    indexes = sorted(directory.glob("*.safetensors.index.json"))
-    if indexes:
-        weight_map = json.loads(indexes[0].read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{indexes[0]} has no 'weight_map'")
-        files = sorted(set(weight_map.values()))
-        absent = [f for f in files if not (directory / f).is_file()]
-        if absent:
-            raise ValueError(f"{indexes[0].name} names missing shard files {absent}")
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
-    if not files:
-        pickles = [p for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES]
-        if pickles:
-            _refuse_pickle(pickles[0])
-        raise ValueError(f"{directory} has no *.safetensors weights")
-    state: dict[str, Tensor] = {}
-    for name in files:
-        shard = load_file(str(directory / name), device="cpu")
-        dup = sorted(set(shard) & set(state))
-        if dup:
-            raise ValueError(f"tensors {dup[:5]} appear in more than one shard ({name})")
-        state.update(shard)
-    return state
+    return read_safetensors_dir(directory)
 
 
 def from_dcformer(path, device: str | None = None, dtype: torch.dtype | str = torch.float32,
                   tokenizer=None) -> HookedVariantTransformer:
-    """Load a local DCFormer checkpoint as a "dcmha" `HookedVariantTransformer` (never downloads).
+    """Load a local DCFormer-2.8B or DCPythia-6.9B checkpoint as a "dcmha" model (no downloads).
 
     Args:
         path: a directory with the release's `config.json` and safetensors weights (one file,
             several, or shards listed by a `*.safetensors.index.json`), or one `.safetensors`
-            file whose directory holds `config.json`. Pickle files (`.bin`, ...) are refused.
+            file whose directory holds `config.json`. Pickle files (`.bin`, ...) are refused
+            with a pointer to `attnlens convert`.
         device: where the model lives (default: the config's default device).
         dtype: parameter dtype (default float32; the release ships float16).
         tokenizer: a tokenizer object; by default the directory's HuggingFace tokenizer files are
             loaded (locally) when present and `transformers` is installed.
 
-    Returns the model in eval mode: RMSNorm + SwiGLU blocks, "half" rotary, DCMHA attention with
-    the release's options (section 3 of variants.md). Raises ValueError for a missing path, pickle
+    Returns the model in eval mode: RMSNorm + SwiGLU blocks (DCPythia: LayerNorm + GELU MLP,
+    parallel residual, 25% rotary), "half" rotary, DCMHA attention with the release's options
+    (section 3 of variants.md). Raises ValueError for a missing path, pickle
     weights, an unsupported config or tensors that do not match the layout.
     """
     path = Path(path)
@@ -302,4 +333,5 @@ def from_dcformer(path, device: str | None = None, dtype: torch.dtype | str = to
     return model.eval()
 
 
-__all__ = ["dcformer_config", "dcformer_state_dict", "from_dcformer", "load_dcformer_weights"]
+__all__ = ["MODEL_TYPES", "dcformer_config", "dcformer_state_dict", "from_dcformer",
+           "load_dcformer_weights"]

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -151,6 +152,9 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
                        torch.zeros_like(scores))
 
 
+# Memoised: a pure function of its arguments that costs about 1 s, asked for again by every
+# composition table of a model with these sizes (the dashboard's circuits page).
+@functools.lru_cache(maxsize=64)
 def composition_baseline(d_model: int, d_head: int, n_samples: int = 300, seed: int = 0,
                          mode: Mode = "K") -> tuple[float, float]:
     """(mean, std) composition score of random rank-d_head pairs (ARENA's baseline).

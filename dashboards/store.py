@@ -40,6 +40,7 @@ class ModelStore:
 
     models: dict = field(default_factory=dict)
     default_text: dict = field(default_factory=dict)
+    directories: dict = field(default_factory=dict)   # name -> checkpoint directory, if any
     _locks: dict = field(default_factory=dict, repr=False)
 
     @contextmanager
@@ -51,11 +52,13 @@ class ModelStore:
         with self._locks[name]:
             yield model
 
-    def add(self, name: str, model, text: str) -> None:
+    def add(self, name: str, model, text: str, directory: Path | None = None) -> None:
         if name in self.models:
             raise ValueError(f"model name {name!r} is given twice")
         self.models[name] = model.eval()
         self.default_text[name] = text
+        if directory is not None:
+            self.directories[name] = Path(directory)
         self._locks[name] = threading.RLock()
 
     @property
@@ -125,8 +128,10 @@ def load_store(sources: list[str]) -> ModelStore:
         if (path / "config.json").is_file():
             name, model = path.resolve().name, HookedVariantTransformer.from_pretrained(
                 path, device="cpu")
+            directory = path.resolve()
         elif source in zoo.available():
             name, model = source, zoo.load(source, device="cpu")
+            directory = zoo.path(source)
         else:
             raise ValueError(f"{source!r} is neither a checkpoint directory (with config.json) "
                              f"nor a bundled model; bundled: {zoo.available()}")
@@ -135,5 +140,5 @@ def load_store(sources: list[str]) -> ModelStore:
             ok = model.to_tokens(text).shape[1] <= model.cfg.n_ctx
         except ValueError:
             ok = False
-        store.add(name, model, text if ok else _fallback_text(model))
+        store.add(name, model, text if ok else _fallback_text(model), directory)
     return store

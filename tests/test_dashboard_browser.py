@@ -176,10 +176,9 @@ def _choose(browser, dropdown_id, option_text):
 
 def test_induction_tab(server, browser, store, shots):
     _open_tab(browser, server, "Induction heads")
-    assert _wait(browser, _count_heatmaps("heads-graph")) == 4
-    shape = _wait(browser, "const g = document.querySelector('#heads-graph .js-plotly-plot');"
-                           "return g && g.data && g.data[1] && g.data[1].y"
-                           " ? [g.data[1].y.length, g.data[1].x.length] : null")  # layers x heads
+    assert _wait(browser, _count_heatmaps("heads-scores-0")) == 4     # 3 detectors + stripe
+    shape = _wait(browser, _figure("heads-scores-0", "g.data[1].y && g.data[1].x"
+                                   " ? [g.data[1].y.length, g.data[1].x.length] : null"))
     cfg = store.get("tiny-mha").cfg
     assert shape == [cfg.n_layers, cfg.n_heads]
     _screenshot(browser, shots, "heads")

@@ -322,8 +322,9 @@ def test_graphs_have_no_cloud_button():
 
 
 def test_existing_pages_report_bad_values(app):
-    _, resp = call(app, "heads-graph", {"heads-model.value": "tiny-mha",
-                                        "heads-stage.value": "softmax"})
+    _, resp = call(app, "heads-scores", {"tabs.value": "heads", "ctl-models.value": ["tiny-mha"],
+                                         "ctl-stage.value": "softmax", "heads-half.value": 6,
+                                         "heads-probe.value": "random"})
     assert "stage 'softmax' is not a map stage of tiny-mha" in \
         resp["response"]["heads-error"]["children"]
     _, resp = call(app, "diversity-graph", {"diversity-model.value": "nope"})

@@ -12,6 +12,15 @@ own. It calls interp for numbers and interp.plots for figures, checks request va
 the page instead of raising.
 """
 
-from dashboards.pages import compare, diversity, explorer, gating, heads, variants
+from dashboards.pages import (
+    circuits,
+    compare,
+    diversity,
+    explorer,
+    gating,
+    heads,
+    outputs,
+    variants,
+)
 
-PAGES = [compare, explorer, heads, variants, diversity, gating]
+PAGES = [compare, explorer, outputs, heads, circuits, variants, diversity, gating]

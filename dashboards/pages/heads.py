@@ -1,57 +1,233 @@
-"""Induction-head study: previous-token, duplicate-token and induction scores of every head,
-on any map stage of the catalogue, with a knock-out check."""
+"""Induction heads: on a probe the user chooses (repeated random tokens of a chosen length, or the
+prompt), every chosen model's previous-token / duplicate-token / induction scores at the chosen
+stage; the first model's K-composition between heads; the head of the shared layer / head
+controls knocked out at any stage, with the scores and the loss before and after; and, for
+models with a training log, the induction score across training."""
 
 from __future__ import annotations
 
-from dash import Input, Output, dcc, html, no_update
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
 
-from dashboards.figures import error_box, graph
-from interp import heads
+from dashboards.figures import check_index, check_models, error_box, graph
 from interp._common import map_stage_names
-from interp.plots import head_table_figure
+from interp.circuit_plots import composition_vs_baseline_figure
+from interp.circuits import composition_table
+from interp.induction_study import (
+    METRICS_FILE,
+    ablation_effect,
+    make_probe,
+    probe_scores,
+    training_curve,
+)
+from interp.output_plots import ablation_effect_figure, scores_figure, training_curve_figure
 
 TITLE = "Induction heads"
 ID = "heads"
-SCORES = ["previous_token", "induction_stripe", "induction", "duplicate_token"]
+PROBE_BATCH = 8
+SCORES = ["previous_token", "duplicate_token", "induction"]
+HOW = ("zero", "mean")
 
 
 def layout(store):
-    first = store.names[0]
+    label = {"style": {"fontWeight": "bold"}}
+    row = {"display": "flex", "gap": "8px", "alignItems": "center", "flexWrap": "wrap"}
     return html.Div([
-        html.Div([html.Label("model"),
-                  dcc.Dropdown(store.names, first, id="heads-model", clearable=False,
-                               style={"width": "260px"}),
-                  html.Label("stage"),
-                  dcc.Dropdown(map_stage_names(store.get(first)), "pattern", id="heads-stage",
-                               clearable=False, style={"width": "200px"})],
-                 style={"display": "flex", "gap": "10px", "alignItems": "center"}),
-        html.P("Mean attention mass of each head on the previous token, on the induction stripe "
-               "of repeated random tokens ([BOS] r r), on tokens that followed earlier copies "
-               "(prefix matching) and on earlier copies of the current token. Stages after "
-               "cross-head mixing are not probability distributions, so scores can leave [0, 1]."),
+        html.P("Scores: the share of each head's attention on the previous token, on earlier "
+               "copies of the current token (duplicate) and on the token after an earlier copy "
+               "(induction: the head that lets a model continue a repeated text). The random "
+               "probe is [BOS] r r with r random tokens; 'stripe' is the attention on exactly "
+               "the token after the earlier copy. Stages after cross-head mixing are not "
+               "probability distributions, so their scores can leave [0, 1]."),
+        html.Div([html.Label("probe", **label),
+                  dcc.RadioItems([{"label": "repeated random tokens", "value": "random"},
+                                  {"label": "the prompt", "value": "text"}], "random",
+                                 id="heads-probe", inline=True),
+                  html.Label("random tokens per copy", **label),
+                  dcc.Input(id="heads-half", type="number", min=2, step=1, value=10,
+                            debounce=True, style={"width": "80px"})], style=row),
         error_box("heads-error"),
-        dcc.Loading(graph("heads-graph")),
+        html.Div(id="heads-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        dcc.Loading(html.Div(id="heads-scores")),
+        html.H4("Knock a head out"),
+        html.P("The first chosen model with the head of the layer / head controls knocked out "
+               "(set to zero or to its mean) at the chosen point: its output z, its values v, "
+               "or any attention map stage (before a head-mixing step this also removes what "
+               "other heads borrow from it). Bars: every head's score before and after; the "
+               "title gives the probe's loss before and after."),
+        html.Div([html.Label("knock out at", **label),
+                  dcc.Dropdown(["z", "v"], "z", id="heads-ablate-at", clearable=False,
+                               style={"width": "200px"}),
+                  dcc.RadioItems(list(HOW), "zero", id="heads-ablate-how", inline=True),
+                  html.Label("score shown", **label),
+                  dcc.Dropdown(SCORES + ["induction_stripe"], "induction",
+                               id="heads-ablate-score", clearable=False,
+                               style={"width": "200px"})], style=row),
+        error_box("heads-ablate-error"),
+        dcc.Loading(graph("heads-ablation")),
+        html.H4("K-composition between heads (first chosen model)"),
+        html.P("How much an earlier head's output (OV) feeds a later head's keys (QK), from the "
+               "weights alone, minus the score of random matrices of the same sizes: red is "
+               "more composition than chance. Induction heads read the previous-token head "
+               "this way."),
+        dcc.Loading(graph("heads-composition")),
+        html.H4("Induction score across training"),
+        html.Div(id="heads-training-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        dcc.Loading(graph("heads-training")),
     ])
 
 
-def register(app, store):
-    @app.callback(Output("heads-stage", "options"), Output("heads-stage", "value"),
-                  Input("heads-model", "value"))
-    def _stages(name):
-        if name not in store.models:
-            return no_update, no_update
-        return map_stage_names(store.get(name)), "pattern"
+def probe_for(store, name, kind, half, text):
+    """The probe of model `name` from the page's values (ValueError for the user)."""
+    if kind == "text":
+        prompt = store.prompt(name, text)
+        return make_probe(store.get(name), "text", tokens=prompt.tokens), prompt.note
+    if kind != "random":
+        raise ValueError(f"probe {kind!r} is not one of ['random', 'text']")
+    model = store.get(name)
+    longest = (model.cfg.n_ctx - 1) // 2
+    if not isinstance(half, int) or isinstance(half, bool) or not 2 <= half <= longest:
+        raise ValueError(f"random tokens per copy {half!r}: {name} fits 2 .. {longest}")
+    return make_probe(model, "random", half_len=half, batch=PROBE_BATCH), ""
 
-    @app.callback(Output("heads-graph", "figure"), Output("heads-error", "children"),
-                  Input("heads-model", "value"), Input("heads-stage", "value"))
-    def _update(name, stage):
+
+def check_stage(model, name, stage) -> str:
+    if not isinstance(stage, str) or stage not in map_stage_names(model):
+        raise ValueError(f"stage {stage!r} is not a map stage of {name}; its map stages: "
+                         f"{map_stage_names(model)}")
+    return stage
+
+
+def scores(store, names, text, kind, half, stage) -> tuple[list, str]:
+    """One score figure per model; notes for models that cannot answer."""
+    names = check_models(store, names)
+    figures, notes = [], []
+    for i, name in enumerate(names):
         try:
             model = store.get(name)
-            if stage not in map_stage_names(model):  # never a silently different stage
-                raise ValueError(f"stage {stage!r} is not a map stage of {name}; allowed: "
-                                 f"{map_stage_names(model)}")
+            check_stage(model, name, stage)
+            probe, note = probe_for(store, name, kind, half, text)
             with store.using(name):
-                table = heads.induction_table(model, batch=16, stage=stage)
+                table = probe_scores(model, probe, stage)
+        except ValueError as err:
+            notes.append(f"{name}: {err}")
+            continue
+        if note:
+            notes.append(f"{name}: {note}")
+        columns = SCORES + (["induction_stripe"] if "induction_stripe" in table else [])
+        figures.append(graph(f"heads-scores-{i}", figure=scores_figure(
+            table, columns, title=f"{name}: hook_{stage}, {probe_label(probe)}")))
+    if not figures:
+        raise ValueError("\n".join(notes))
+    return figures, "\n".join(notes)
+
+
+def probe_label(probe) -> str:
+    if probe.kind == "random":
+        return f"{probe.batch} x [BOS] r r, {probe.half_len} random tokens per copy"
+    return f"the prompt ({probe.tokens.shape[1]} tokens)"
+
+
+def ablation(store, names, text, kind, half, stage, layer, head, at, how, score):
+    names = check_models(store, names)
+    name = names[0]
+    model = store.get(name)
+    layer = check_index("layer", layer, model.cfg.n_layers, name)
+    head = check_index("head", head, model.cfg.n_heads, name)
+    check_stage(model, name, stage)
+    if at not in ["z", "v", *map_stage_names(model)]:
+        raise ValueError(f"knock-out point {at!r} is not z, v or a map stage of {name}")
+    if how not in HOW:
+        raise ValueError(f"knock-out {how!r} is not one of {list(HOW)}")
+    probe, _ = probe_for(store, name, kind, half, text)
+    with store.using(name):
+        table, loss = ablation_effect(model, probe, [(layer, head)], hook=at, how=how,
+                                      stage=stage)
+    return ablation_effect_figure(table, loss, score, title=(
+        f"{name}: L{layer}H{head} set to {'its mean' if how == 'mean' else 'zero'} at hook_{at}; "
+        f"{score} at hook_{stage}"))
+
+
+def composition(store, names):
+    name = check_models(store, names)[0]
+    with store.using(name) as model:
+        table = composition_table(model, modes=["K"])
+    return composition_vs_baseline_figure(table, modes=["K"], title=f"{name}: K-composition "
+                                          "minus the random baseline")
+
+
+def training(store, names) -> tuple[dict, str]:
+    curves, notes = {}, []
+    for name in check_models(store, names):
+        directory = store.directories.get(name)
+        if directory is None:
+            notes.append(f"{name}: no checkpoint directory, so no training log")
+            continue
+        if not (directory / METRICS_FILE).is_file():
+            notes.append(f"{name}: no training log ({METRICS_FILE}) beside its checkpoint")
+            continue
+        try:
+            curves[name] = training_curve(directory)
+        except ValueError as err:   # name the model, not the server's paths
+            notes.append(f"{name}: {str(err).replace(str(directory), name)}")
+    return (training_curve_figure(curves) if curves else {}), "\n".join(notes)
+
+
+def register(app, store):
+    @app.callback(Output("heads-ablate-at", "options"), Output("heads-ablate-at", "value"),
+                  Input("ctl-models", "value"), State("heads-ablate-at", "value"))
+    def _points(names, current):
+        if not isinstance(names, list) or not names or not isinstance(names[0], str) \
+                or names[0] not in store.models:
+            raise PreventUpdate
+        points = ["z", "v", *map_stage_names(store.get(names[0]))]
+        return points, (current if current in points else "z")
+
+    shared = [Input("tabs", "value"), Input("ctl-models", "value"),
+              Input("ctl-applied-prompt", "data"), Input("heads-probe", "value"),
+              Input("heads-half", "value"), Input("ctl-stage", "value")]
+
+    @app.callback(Output("heads-scores", "children"), Output("heads-error", "children"),
+                  Output("heads-note", "children"), *shared)
+    def _scores(tab, names, text, kind, half, stage):
+        if tab != ID:   # nothing computed for a hidden tab (nor at page load)
+            raise PreventUpdate
+        try:
+            figures, note = scores(store, names, text, kind, half, stage)
+        except ValueError as err:
+            return [], str(err), ""
+        return figures, "", note
+
+    @app.callback(Output("heads-ablation", "figure"), Output("heads-ablate-error", "children"),
+                  *shared, Input("ctl-layer", "value"), Input("ctl-head", "value"),
+                  Input("heads-ablate-at", "value"), Input("heads-ablate-how", "value"),
+                  Input("heads-ablate-score", "value"))
+    def _ablation(tab, names, text, kind, half, stage, layer, head, at, how, score):
+        if tab != ID:
+            raise PreventUpdate
+        try:
+            return ablation(store, names, text, kind, half, stage, layer, head, at, how,
+                            score), ""
         except ValueError as err:
             return {}, str(err)
-        return head_table_figure(table, SCORES, title=f"{name}: hook_{stage}"), ""
+
+    @app.callback(Output("heads-composition", "figure"), Output("heads-training", "figure"),
+                  Output("heads-training", "style"), Output("heads-training-note", "children"),
+                  Input("tabs", "value"), Input("ctl-models", "value"))
+    def _weights(tab, names):
+        if tab != ID:
+            raise PreventUpdate
+        notes = []
+        try:
+            comp = composition(store, names)
+        except ValueError as err:
+            comp = {}
+            notes.append(f"composition: {err}")
+        try:
+            curve, note = training(store, names)
+            notes.append(note)
+        except ValueError as err:
+            curve = {}
+            notes.append(str(err))
+        style = {} if curve else {"display": "none"}     # no empty axes without a log
+        return comp, curve, style, "\n".join(n for n in notes if n)

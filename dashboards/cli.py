@@ -14,6 +14,9 @@
                                   kaleido) for a checkpoint directory (see docs/analyses.md)
     attnlens convert SRC DST      rewrite pickled .bin/.pt weights (+ their index) as safetensors
                                   shards + index, reading them with torch.load(weights_only=True)
+    attnlens sweep SPEC [--out DIR] [--ray [ADDRESS]] [--workers N]
+                                  run a sweep spec (models x prompt sets x analyses, YAML/JSON)
+                                  in shards, resumably; merged Parquet table + summary figures
 """
 
 from __future__ import annotations
@@ -142,6 +145,20 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from interp.sweep import run_sweep
+
+    try:
+        result = run_sweep(args.spec, out=args.out, ray=args.ray, workers=args.workers,
+                           progress=not args.no_progress, png=not args.no_png)
+    except ValueError as err:
+        raise SystemExit(f"attnlens sweep: {err}") from None
+    print(f"{result.shards} shards ({result.ran} run, {result.skipped} already done) in "
+          f"{result.seconds:.1f}s; merged table {result.out / 'merged.parquet'} "
+          f"({len(result.merged)} rows), {len(result.figures)} figure files")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlens", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     from hooked_models.converters.convert import add_convert_parser
 
     add_convert_parser(sub)
+    sweep = sub.add_parser("sweep", help="run an analysis sweep spec (in-process or on Ray)")
+    sweep.add_argument("spec", help="sweep spec (.yaml, .yml or .json; see interp/sweep/spec.py)")
+    sweep.add_argument("--out", default=None, help="sweep folder (default: the spec's 'out')")
+    sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="run shards as Ray tasks: on the cluster at ADDRESS, or a local "
+                            "one when no address is given (needs attnlens[ray])")
+    sweep.add_argument("--workers", type=int, default=2, help="Ray workers (actors)")
+    sweep.add_argument("--no-png", action="store_true", help="HTML figures only")
+    sweep.add_argument("--no-progress", action="store_true")
+    sweep.set_defaults(fn=cmd_sweep)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv

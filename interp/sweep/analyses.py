@@ -1,0 +1,78 @@
+"""The analyses a sweep can run: names -> functions of interp returning tidy tables.
+
+Each entry says whether it reads prompts (`uses_prompts`: it runs once per prompt shard, on
+groups of equal-length prompts) or only the weights (one shard per model), which columns
+identify a row (`keys`) and how a column summarises over shards (`summary`: "mean" is the mean
+weighted by the number of prompts, which for these analyses equals the value on all prompts
+at once, "min", "max", "any"). Columns not named in `summary` are kept in the merged table but
+not summarised.
+
+Example:
+    >>> ANALYSES["heads"].fn(model, tokens, stage="pattern")       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from interp import circuits, diversity, gating, heads
+
+
+@dataclass(frozen=True)
+class Analysis:
+    fn: Callable[..., pd.DataFrame]
+    uses_prompts: bool
+    keys: tuple[str, ...]
+    summary: dict[str, str] = field(default_factory=dict)
+    what: str = ""
+
+    def arguments(self) -> list[str]:
+        """Argument names a spec may pass (those after model / tokens)."""
+        params = list(inspect.signature(self.fn).parameters.values())[1 + self.uses_prompts:]
+        return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _heads(model, tokens, detectors=tuple(heads.DETECTORS), stage: str = "pattern",
+           exclude_bos: bool = False, exclude_current_token: bool = False) -> pd.DataFrame:
+    return heads.detect_heads(model, tokens, detectors, stage, exclude_bos,
+                              exclude_current_token).reset_index()
+
+
+def _gates(model, tokens, low: float = 0.2, high: float = 0.8, band: float = 0.15,
+           signed_threshold: float = 0.25) -> pd.DataFrame:
+    table = gating.gate_values(model, tokens, low=low, high=high, band=band,
+                               signed_threshold=signed_threshold)
+    return table.astype({"layer": "int64", "head": "int64", "signed": "bool"})
+
+
+def _composition(model, modes=circuits.MODES, n_baseline: int = 300,
+                 seed: int = 0) -> pd.DataFrame:
+    return circuits.composition_table(model, list(modes), n_baseline, seed)
+
+
+def _diversity(model, circuits=diversity.CIRCUITS, composed: bool = False,
+               n_baseline: int = 2, seed: int = 0, thresholds=(0.9, 0.95)) -> pd.DataFrame:
+    curves = diversity.head_diversity(model, list(circuits), composed=composed,
+                                      n_baseline=n_baseline, seed=seed)
+    return diversity.diversity_summary(curves, list(thresholds))
+
+
+_DETECTOR_MEANS = {d: "mean" for d in heads.DETECTORS}
+
+ANALYSES: dict[str, Analysis] = {
+    "heads": Analysis(_heads, True, ("head_label", "layer", "head", "stage"), _DETECTOR_MEANS,
+                      "head detectors (interp.heads.detect_heads) on the prompts"),
+    "gates": Analysis(_gates, True, ("head_label", "layer", "head", "stage"),
+                      {"mean": "mean", "frac_low": "mean", "frac_high": "mean", "min": "min",
+                       "max": "max", "signed": "any"},
+                      "per-head gate statistics (interp.gating.gate_values)"),
+    "composition": Analysis(_composition, False, ("source", "dest", "mode"),
+                            {"score": "mean", "z": "mean"},
+                            "Q/K/V composition scores (interp.circuits.composition_table)"),
+    "diversity": Analysis(_diversity, False, ("layer", "circuit"), {},
+                          "head diversity k90/k95 (interp.diversity)"),
+}

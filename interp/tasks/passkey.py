@@ -65,6 +65,54 @@ class PasskeyBatch:
     depth: float
 
 
+class PasskeyTokenizer:
+    """Word-level tokenizer of the passkey prompt: one id per word, punctuation mark and digit.
+
+    Small models trained from scratch on passkey retrieval need short sequences; the paper's
+    subword tokenizers also split numbers into digits, as this one does. Words are the prompt's
+    own (`INTRO`, `FILLER`, `KEY_LINE`, `QUESTION`); id 0 is BOS. Whitespace separates words
+    and is not a token, so `encode(" ")` is empty.
+
+    Example:
+        >>> tok = PasskeyTokenizer()
+        >>> tok.decode(tok.encode(" The pass key is 905."))
+        'The pass key is 9 0 5 .'
+    """
+
+    bos_token = "<bos>"
+    bos_token_id = 0
+
+    def __init__(self):
+        texts = (INTRO, FILLER, KEY_LINE.format(key=""), QUESTION)
+        words = dict.fromkeys(w for text in texts for w in self._split(text))
+        self.words: tuple[str, ...] = (self.bos_token, *"0123456789", *words)
+        self._ids = {w: i for i, w in enumerate(self.words)}
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        out = []
+        for word in text.split():
+            core = word.rstrip(".?")
+            out += list(core) if core.isdigit() else ([core] if core else [])
+            out += list(word[len(core):])
+        return out
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[w] for w in self._split(text)]
+        except KeyError as err:
+            raise ValueError(f"word {err.args[0]!r} is not in the passkey vocabulary") from None
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, int) or getattr(ids, "ndim", None) == 0:
+            ids = [ids]
+        return " ".join(self.words[int(i)] for i in ids)
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     try:   # HuggingFace tokenizers: no special tokens inside the prompt
         return list(tokenizer.encode(text, add_special_tokens=False))
@@ -175,4 +223,5 @@ def evaluate_passkey(model, lengths, depths=(0.0, 0.5, 1.0), n: int = 8, n_digit
     return pd.DataFrame(rows)
 
 
-__all__ = ["PasskeyBatch", "evaluate_passkey", "passkey_accuracy", "passkey_task", "predict"]
+__all__ = ["PasskeyBatch", "PasskeyTokenizer", "evaluate_passkey", "passkey_accuracy",
+           "passkey_task", "predict"]

@@ -121,6 +121,12 @@ class MapCache:
             entry.memo.setdefault(what, build())
         return entry.memo[what]
 
+    def cached_maps(self, key: tuple) -> dict:
+        """A copy of entry `key`'s `{(layer, stage): [head q k]}` maps ({} if evicted)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return dict(entry.maps) if entry is not None else {}
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

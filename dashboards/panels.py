@@ -16,13 +16,15 @@ from dashboards.map_cache import MAP_CACHE
 from hooked_models.attention import Stage
 from interp.explore import (
     ExploreView,
+    all_map_keys,
     closest_stage,
     downsample,
     downsample_labels,
     find_map_stage,
     map_stages,
 )
-from interp.plots import head_grid_figure, map_figure
+from interp.map_plots import head_mosaic_figure, map_figure_dict
+from interp.plots import head_grid_figure
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
@@ -87,17 +89,18 @@ def build_panel(store, name: str, text, layer, head, stage, closest: Stage | Non
     return Panel(name, layer, head, chosen, prompt.labels, view, note, key)
 
 
-def zoom_figure(panel: Panel) -> go.Figure:
+def zoom_figure(panel: Panel) -> dict:
+    """The zoomed head at full size (block means beyond FULL tokens), as a figure dict."""
     m, labels = panel.zoom_map, panel.labels
     if len(labels) > FULL:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
-    return map_figure(m, panel.stage, labels,
-                      title=f"{panel.name} L{panel.layer}H{panel.head} hook_{panel.stage.name}")
+    return map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
+                           f"H{panel.head} hook_{panel.stage.name}")
 
 
 def thumbnails_figure(panel: Panel, cell_px: int = 100) -> go.Figure:
-    """Every head's map at the panel's stage, block means onto THUMBNAIL cells; the same for
-    every layer and head, so memoised with the maps (a head or layer change reuses it)."""
+    """Every head's map at the panel's stage, one subplot per head, block means onto THUMBNAIL
+    cells (the compare page); memoised with the maps (a head or layer change reuses it)."""
     def build() -> go.Figure:
         grid = [None if g is None else downsample(g, THUMBNAIL) for g in panel.view.grid]
         return head_grid_figure(grid, panel.stage, title=f"{panel.name}: every head, "
@@ -106,11 +109,44 @@ def thumbnails_figure(panel: Panel, cell_px: int = 100) -> go.Figure:
     return MAP_CACHE.memo(panel.cache_key, ("thumbnails", panel.stage.name, cell_px), build)
 
 
-def stage_figures(panel: Panel) -> list[go.Figure]:
+def _tiles(key: tuple, stage: str, grid: list) -> list:
+    """`downsample(grid[layer], THUMBNAIL)` per layer, memoised in map-cache entry `key`."""
+    return MAP_CACHE.memo(key, ("tiles", stage), lambda: [
+        None if g is None else downsample(g, THUMBNAIL) for g in grid])
+
+
+def warm_tiles(store, panel: Panel) -> None:
+    """Thumbnail tiles of every other map stage, when the map cache holds all of the model's
+    maps (after a prefetching forward): a new prompt pays once, so that a stage change only
+    lays out tiles. Does nothing when some maps are missing."""
+    model = store.get(panel.name)
+    keys = all_map_keys(model)
+    maps = MAP_CACHE.cached_maps(panel.cache_key)
+    if any(k not in maps for k in keys):
+        return
+    for stage in dict.fromkeys(s for _, s in keys):
+        if stage != panel.stage.name:
+            _tiles(panel.cache_key, stage, [maps.get((layer, stage))
+                                            for layer in range(model.cfg.n_layers)])
+
+
+def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
+    """Every head's map at the panel's stage as ONE heatmap of THUMBNAIL x THUMBNAIL block-mean
+    tiles (`interp.map_plots.head_mosaic_figure`, the explorer); memoised with the maps."""
+    def build() -> dict:
+        tiles = _tiles(panel.cache_key, panel.stage.name, panel.view.grid)
+        return head_mosaic_figure(panel.view.grid, panel.stage, THUMBNAIL, cell_px=cell_px,
+                                  title=f"{panel.name}: every head, hook_{panel.stage.name} "
+                                  "(click a tile to zoom)", tiles=tiles)
+
+    return MAP_CACHE.memo(panel.cache_key, ("mosaic", panel.stage.name, cell_px), build)
+
+
+def stage_figures(panel: Panel) -> list[dict]:
     """The zoomed head at every map stage of its layer (downsampled beyond STAGE_VIEW)."""
     labels = downsample_labels(panel.labels, STAGE_VIEW)
-    return [map_figure(downsample(maps[panel.head], STAGE_VIEW), s, labels, height=420,
-                       title=f"L{panel.layer}H{panel.head} hook_{s.name} ({s.softmax})")
+    return [map_figure_dict(downsample(maps[panel.head], STAGE_VIEW), s, labels, height=420,
+                            title=f"L{panel.layer}H{panel.head} hook_{s.name} ({s.softmax})")
             for s, maps in panel.view.zoom]
 
 

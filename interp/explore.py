@@ -151,23 +151,31 @@ def downsample(maps: Tensor, size: int) -> Tensor:
     """
     if size < 1:
         raise ValueError(f"size={size!r} must be >= 1")
-    work = maps.double()
-    finite = work.abs() < math.inf        # one pass (isfinite takes three); NaN is False
-    q, k = work.shape[-2:]
+    q, k = maps.shape[-2:]
     f = math.ceil(max(q, k) / size)
     if f == 1:
-        return work.masked_fill(~finite, float("nan"))
-    # Sums and counts of the finite entries per block (a zero-padded reshape): the same block
-    # means as nanmean, without its extra passes (thumbnails of every head at 512+ tokens).
+        work = maps.double()
+        return work.masked_fill(~torch.isfinite(work), float("nan"))
+    # Sums (accumulated in float64, so exact as the float64 block means) and counts of the
+    # finite entries per block, one map at a time (a map stays in cache: a whole [head q k]
+    # stack per pass is ~2x slower), each block reduced along queries (whole rows added, the
+    # fast direction) then keys.
     qp, kp = math.ceil(q / f) * f, math.ceil(k / f) * f
-    values, counts = work.masked_fill(~finite, 0.0), finite.to(work.dtype)
-    if (qp, kp) != (q, k):
-        pad = (0, kp - k, 0, qp - q)
-        values, counts = F.pad(values, pad), F.pad(counts, pad)
-    shape = (*work.shape[:-2], qp // f, f, kp // f, f)
-    sums = values.reshape(shape).sum(dim=(-3, -1))
-    n = counts.reshape(shape).sum(dim=(-3, -1))
-    return torch.where(n > 0, sums / n.clamp(min=1), torch.full_like(sums, float("nan")))
+    flat = maps.reshape(-1, q, k)
+    sums = torch.empty(flat.shape[0], qp // f, kp // f, dtype=torch.float64)
+    counts = torch.empty(flat.shape[0], qp // f, kp // f, dtype=torch.int32)
+    for i, m in enumerate(flat):
+        values = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0)
+        finite = m.abs() < math.inf               # False exactly where m is -inf, inf or NaN
+        if (qp, kp) != (q, k):
+            pad = (0, kp - k, 0, qp - q)
+            values, finite = F.pad(values, pad), F.pad(finite, pad)
+        by_query = values.reshape(qp // f, f, kp).sum(1, dtype=torch.float64)
+        sums[i] = by_query.reshape(qp // f, kp // f, f).sum(-1)
+        n_query = finite.reshape(qp // f, f, kp).sum(1, dtype=torch.int32)
+        counts[i] = n_query.reshape(qp // f, kp // f, f).sum(-1)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.full_like(sums, math.nan))
+    return means.reshape(*maps.shape[:-2], qp // f, kp // f)
 
 
 def row_and_column(map2d: Tensor, query: int, key: int) -> tuple[Tensor, Tensor]:

@@ -8,21 +8,30 @@ The scale comes from the stage catalogue (`Stage.softmax`, `Stage.row_stochastic
     pre- or post-softmax, otherwise    -> diverging around 0, -m .. m with m = max |value|
     neither (CoPE gates, positions)    -> sequential min(0, min) .. max, diverging if signed
 
+The dashboard's hot paths use the plain-dict forms (`map_figure_dict`, `head_mosaic_figure`:
+every head as one heatmap of block-mean tiles; `mosaic_head` maps a click back to its head),
+whose arrays are plotly's typed float32 `{dtype, bdata, shape}`: no plotly validation, and JSON
+at the speed of one string (dashboards/benchmarks/explorer.py).
+
 Example:
     >>> fig = map_figure(maps[0, 3], stage, labels, title="L1H3 pattern")   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import base64
 import math
+import re
 from dataclasses import dataclass
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
 from hooked_models.attention import Stage
+from interp.explore import downsample
 
 SEQUENTIAL = "Blues"
 DIVERGING = "RdBu_r"
@@ -47,14 +56,24 @@ class MapScale:
         return 0.0 if self.kind == "diverging" else None
 
     def heatmap_args(self) -> dict:
-        return dict(colorscale=self.colorscale, zmin=self.zmin, zmax=self.zmax, zmid=self.zmid)
+        args = dict(colorscale=self.colorscale, zmin=self.zmin, zmax=self.zmax, zmid=self.zmid)
+        return {k: v for k, v in args.items() if v is not None}
 
 
-def map_scale(stage: Stage, values: Tensor) -> MapScale:
-    """The colour scale for `values` (any shape; -inf / NaN ignored) of `stage`."""
-    finite = values[torch.isfinite(values)].double()
-    lo = float(finite.min()) if finite.numel() else 0.0
-    hi = float(finite.max()) if finite.numel() else 1.0
+def _finite_or_nan(values: Tensor) -> np.ndarray:
+    """`values` as a numpy array of its own float dtype, NaN where not finite (masked)."""
+    v = values.detach().cpu()
+    v = v if v.is_floating_point() else v.double()
+    return v.masked_fill(~torch.isfinite(v), float("nan")).numpy()
+
+
+def _scale_of(stage: Stage, a: np.ndarray) -> MapScale:
+    """`map_scale` of an array whose masked entries are already NaN (one pass each way)."""
+    flat = a.ravel()
+    lo = float(np.fmin.reduce(flat)) if flat.size else math.nan     # fmin/fmax skip NaN
+    hi = float(np.fmax.reduce(flat)) if flat.size else math.nan
+    if math.isnan(lo):                                              # nothing finite
+        lo, hi = 0.0, 1.0
     signed_stage = not stage.row_stochastic and stage.softmax in ("pre", "post")
     if signed_stage or lo < 0:
         m = max(abs(lo), abs(hi)) or 1.0
@@ -63,12 +82,28 @@ def map_scale(stage: Stage, values: Tensor) -> MapScale:
     return MapScale("sequential", 0.0, top)
 
 
-def _blank_masked(z: Tensor):
-    """NaN where masked (-inf) or not finite: plotly leaves those cells empty."""
-    z = z.double()
-    # float32 halves the figure's payload (plotly sends arrays as typed binary) and still
-    # carries 7 significant digits, more than any colour or hover label shows.
-    return torch.where(torch.isfinite(z), z, torch.full_like(z, float("nan"))).float().numpy()
+def map_scale(stage: Stage, values: Tensor) -> MapScale:
+    """The colour scale for `values` (any shape; -inf / NaN ignored) of `stage`."""
+    return _scale_of(stage, _finite_or_nan(values))
+
+
+def _blank_masked(z: Tensor) -> np.ndarray:
+    """NaN where masked (-inf) or not finite: plotly leaves those cells empty.
+
+    float32 halves the figure's payload (plotly sends arrays as typed binary) and still
+    carries 7 significant digits, more than any colour or hover label shows."""
+    return _finite_or_nan(z.detach().float())
+
+
+def typed_array(values: Tensor | np.ndarray) -> dict:
+    """`values` (1-d or 2-d) as plotly's typed binary array `{dtype, bdata, shape}` of float32,
+    NaN where not finite: what plotly itself sends for a numpy array, built without walking
+    the figure, so a dict figure holding it is JSON-encoded at the speed of one string.
+    A numpy array is taken as already blanked (`_blank_masked`)."""
+    z = values if isinstance(values, np.ndarray) else _blank_masked(values)
+    data = np.ascontiguousarray(z, np.float32).tobytes()         # no copy when already f4
+    return {"dtype": "f4", "bdata": base64.b64encode(data).decode(),
+            "shape": ", ".join(str(n) for n in z.shape)}
 
 
 def token_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
@@ -87,6 +122,31 @@ def stage_caption(stage: Stage) -> str:
     return f"hook_{stage.name} ({flags.get(stage.softmax, stage.softmax)}{rows})"
 
 
+def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str = "",
+                    scale: MapScale | None = None, height: int = 520) -> dict:
+    """`map_figure` as a plain plotly figure dict (z as a typed float32 array): no plotly
+    validation, for the dashboard's hot paths. Same arguments and checks as `map_figure`."""
+    q, k = map2d.shape
+    if len(labels) != q or q != k:
+        raise ValueError(f"labels has {len(labels)} entries for a {q} x {k} map; need {q} x {q}")
+    z = _blank_masked(map2d)
+    # the scale from the float32 values sent when they are the map's own (min/max exact)
+    scale = scale or (_scale_of(stage, z) if map2d.dtype == torch.float32
+                      else map_scale(stage, map2d))
+    text = dict(texttemplate="%{z:.2f}", textfont=dict(size=9)) if q <= MAX_TEXT_CELLS else {}
+    trace = dict(type="heatmap", z=typed_array(z), x=list(labels), y=list(labels),
+                 **scale.heatmap_args(), **text,
+                 colorbar=dict(title=dict(text=stage.name, side="right"), thickness=14),
+                 hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra>" + stage.name
+                 + "</extra>")
+    layout = dict(
+        xaxis=dict(title=dict(text="key"), tickangle=-90, **token_ticks(labels)),
+        yaxis=dict(title=dict(text="query"), autorange="reversed", **token_ticks(labels)),
+        title=dict(text=title or stage_caption(stage), font=dict(size=13)),
+        height=height, margin=dict(l=60, r=20, t=50, b=60))
+    return {"data": [trace], "layout": layout}
+
+
 def map_figure(map2d: Tensor, stage: Stage, labels: list[str], title: str = "",
                scale: MapScale | None = None, height: int = 520) -> go.Figure:
     """One `[query key]` map with its colour bar, axis titles and token labels.
@@ -94,20 +154,9 @@ def map_figure(map2d: Tensor, stage: Stage, labels: list[str], title: str = "",
     `labels` name the positions (unique, e.g. "3:c"); numbers are drawn in cells for inputs up to
     `MAX_TEXT_CELLS` tokens. `scale` defaults to `map_scale(stage, map2d)`.
     """
-    q, k = map2d.shape
-    if len(labels) != q or q != k:
-        raise ValueError(f"labels has {len(labels)} entries for a {q} x {k} map; need {q} x {q}")
-    scale = scale or map_scale(stage, map2d)
-    text = dict(texttemplate="%{z:.2f}", textfont=dict(size=9)) if q <= MAX_TEXT_CELLS else {}
-    fig = go.Figure(go.Heatmap(
-        z=_blank_masked(map2d), x=labels, y=labels, **scale.heatmap_args(), **text,
-        colorbar=dict(title=dict(text=stage.name, side="right"), thickness=14),
-        hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra>" + stage.name + "</extra>"))
-    fig.update_xaxes(title="key", **token_ticks(labels), tickangle=-90)
-    fig.update_yaxes(title="query", autorange="reversed", **token_ticks(labels))
-    fig.update_layout(title=dict(text=title or stage_caption(stage), font=dict(size=13)),
-                      height=height, margin=dict(l=60, r=20, t=50, b=60))
-    return fig
+    fig = map_figure_dict(map2d, stage, labels, title, scale, height)
+    fig["data"][0]["z"] = _blank_masked(map2d)       # a numpy array for figure users
+    return go.Figure(fig)
 
 
 def head_grid_figure(grid: list[Tensor | None], stage: Stage, title: str = "",
@@ -142,6 +191,87 @@ def head_grid_figure(grid: list[Tensor | None], stage: Stage, title: str = "",
         height=60 + cell_px * n_layers, width=90 + cell_px * n_heads,
         margin=dict(l=30, r=30, t=60, b=10))
     return fig
+
+
+def _block_labels(prefix: str, n: int, f: int) -> list[str]:
+    """'{prefix}{a}' or '{prefix}{a}-{b}' for each block of `f` positions out of `n`."""
+    ends = [min(a + f, n) - 1 for a in range(0, n, f)]
+    return [f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}"
+            for a, b in zip(range(0, n, f), ends, strict=True)]
+
+
+def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
+                       title: str = "", cell_px: int = 100,
+                       tiles: list[Tensor | None] | None = None) -> dict:
+    """Thumbnails of every head as ONE heatmap (a plain figure dict): rows = layers, columns =
+    heads, each tile `interp.explore.downsample(map, size)` (block means, masked pairs
+    ignored), tiles separated by a one-cell NaN gutter, one colour bar (diverging around 0 for
+    signed stages). One trace instead of layers x heads subplots is what keeps the update fast.
+
+    `grid[layer]` is the full `[head q k]` map or None where the layer lacks the stage (an
+    empty tile). Cells are named on the axes, "L{layer} q{a}-{b}" down and "H{head} k{a}-{b}"
+    across (the positions a block averages), so hover says which head and block a value is and
+    `mosaic_head` maps a click back to its (layer, head). `tiles`, when given, are
+    `downsample(grid[layer], size)` computed beforehand (the dashboard caches them).
+    """
+    present = [g for g in grid if g is not None]
+    if not present:
+        raise ValueError(f"no layer has stage {stage.name!r}")
+    n_layers, (n_heads, n, _) = len(grid), present[0].shape
+    if size < 1:
+        raise ValueError(f"size={size!r} must be >= 1")
+    f = math.ceil(n / size)
+    if tiles is None:
+        tiles = [None if g is None else downsample(g, size) for g in grid]
+    if [x is None for x in tiles] != [g is None for g in grid]:
+        raise ValueError("tiles must be None exactly where grid is None")
+    t = next(x for x in tiles if x is not None).shape[-1]
+    scale = map_scale(stage, torch.stack([x for x in tiles if x is not None]))
+    z = torch.full((n_layers * (t + 1) - 1, n_heads * (t + 1) - 1), float("nan"),
+                   dtype=torch.float64)
+    for layer, maps in enumerate(tiles):
+        if maps is not None:
+            rows = z[layer * (t + 1):layer * (t + 1) + t]
+            for head in range(n_heads):
+                rows[:, head * (t + 1):head * (t + 1) + t] = maps[head]
+    x, y = [], []
+    for head in range(n_heads):
+        x += _block_labels(f"H{head} k", n, f) + ([f"H{head}|"] if head < n_heads - 1 else [])
+    for layer in range(n_layers):
+        y += _block_labels(f"L{layer} q", n, f) + ([f"L{layer}|"] if layer < n_layers - 1 else [])
+    mid = t // 2
+    trace = dict(type="heatmap", z=typed_array(z), x=x, y=y, **scale.heatmap_args(),
+                 colorbar=dict(title=dict(text=stage.name, side="right"), thickness=12),
+                 name="heads",     # gaps hover too: a click on a masked cell still zooms
+                 hovertemplate="%{y}<br>%{x}<br>%{z:.4f}<extra>" + stage.name + "</extra>")
+    axis = dict(tickmode="array", showgrid=False, zeroline=False)
+    layout = dict(
+        xaxis=dict(axis, title=dict(text="head"),
+                   tickvals=[x[h * (t + 1) + mid] for h in range(n_heads)],
+                   ticktext=[f"H{h}" for h in range(n_heads)]),
+        yaxis=dict(axis, title=dict(text="layer"), autorange="reversed",
+                   tickvals=[y[la * (t + 1) + mid] for la in range(n_layers)],
+                   ticktext=[f"L{la}" for la in range(n_layers)]),
+        title=dict(text=title or f"every head: {stage_caption(stage)} (click to zoom)",
+                   font=dict(size=13)),
+        height=100 + cell_px * n_layers, width=110 + cell_px * n_heads,
+        margin=dict(l=60, r=30, t=50, b=50))
+    return {"data": [trace], "layout": layout}
+
+
+_MOSAIC_X, _MOSAIC_Y = re.compile(r"H(\d+) k\d"), re.compile(r"L(\d+) q\d")
+
+
+def mosaic_head(point: dict) -> tuple[int, int]:
+    """(layer, head) of a click on `head_mosaic_figure` (plotly's clickData point, with the
+    cell's axis labels as "x" and "y"); ValueError on a gutter or a malformed point."""
+    if not isinstance(point, dict):
+        raise ValueError(f"click point {point!r} is not a dict")
+    hx = _MOSAIC_X.match(str(point.get("x")))
+    ly = _MOSAIC_Y.match(str(point.get("y")))
+    if hx is None or ly is None:
+        raise ValueError(f"click at x={point.get('x')!r}, y={point.get('y')!r} is not on a head")
+    return int(ly.group(1)), int(hx.group(1))
 
 
 def row_column_figure(row: Tensor, column: Tensor, labels: list[str], query: int, key: int,

@@ -117,7 +117,10 @@ def test_compare_page_shows_models_side_by_side(server, browser, store, shots):
 def test_explorer_reacts_to_controls_and_bad_prompts(server, browser, store, shots):
     _open_tab(browser, server, "Attention explorer")
     cfg = store.get("tiny-mha").cfg
-    assert _wait(browser, _figure("explorer-grid", "g.data.length")) == cfg.n_layers * cfg.n_heads
+    # every head in ONE heatmap: layer and head ticks, tiles of block means
+    assert _wait(browser, _figure("explorer-grid", "g.data.length")) == 1
+    assert _wait(browser, _figure("explorer-grid", "g._fullLayout.xaxis.ticktext.length")) \
+        == cfg.n_heads
     n_x = _wait(browser, _figure("explorer-zoom", "g.data[0].x.length"))
     assert n_x == len("the cat. the cat.") + 1      # BOS + 17 characters
     n_maps = len([s for s in store.get("tiny-mha").stages(0) if s.is_map])
@@ -133,6 +136,11 @@ def test_explorer_reacts_to_controls_and_bad_prompts(server, browser, store, sho
     browser.find_element("id", "ctl-run").click()
     _wait(browser, _figure("explorer-zoom", "g.data[0].x.length === 7"))
     assert "head=3" in browser.current_url and "prompt=abcabc" in browser.current_url
+    _click_tile(browser, "explorer-grid", layer=1, head=2)
+    assert _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('L1H2')"
+                                                   " ? g.layout.title.text : null")) \
+        == "tiny-mha L1H2 hook_pattern"
+    assert "layer=1" in browser.current_url and "head=2" in browser.current_url
     _screenshot(browser, shots, "explorer")
     text.clear()
     text.send_keys("ABC!")
@@ -164,6 +172,23 @@ def _open_tab(browser, server, title):
     _wait(browser, script)
     tabs = browser.find_elements("css selector", ".tab")
     next(t for t in tabs if t.text.strip() == title).click()
+
+
+def _click_tile(browser, graph_id, layer, head):
+    """A real mouse click on the middle of tile (layer, head) of a thumbnail mosaic
+    (interp.map_plots.head_mosaic_figure): the cell found from its axis labels."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    find = _figure(graph_id, (
+        f"(() => {{ const xa = g._fullLayout.xaxis, ya = g._fullLayout.yaxis;"
+        f" const xs = g.data[0].x, ys = g.data[0].y;"
+        f" const x = xs.filter(v => v.startsWith('H{head} k')),"
+        f" y = ys.filter(v => v.startsWith('L{layer} q'));"
+        f" const px = xa.d2p(x[x.length >> 1]), py = ya.d2p(y[y.length >> 1]);"
+        f" return [px - xa._length / 2, py - ya._length / 2]; }})()"))
+    dx, dy = _wait(browser, find)
+    drag = browser.find_element("css selector", f"#{graph_id} .nsewdrag")
+    ActionChains(browser).move_to_element_with_offset(drag, int(dx), int(dy)).click().perform()
 
 
 def _choose(browser, dropdown_id, option_text):

@@ -222,7 +222,9 @@ def test_explorer_grid_zoom_and_stages(app, store):
     assert status == 200 and out["explorer-error"]["children"] == ""
     grid = out["explorer-grid"]["figure"]
     cfg = store.get("tiny-mta").cfg
-    assert len(grid["data"]) == cfg.n_layers * cfg.n_heads
+    assert len(grid["data"]) == 1                               # one heatmap of every head
+    assert grid["layout"]["xaxis"]["ticktext"] == [f"H{h}" for h in range(cfg.n_heads)]
+    assert grid["layout"]["yaxis"]["ticktext"] == [f"L{la}" for la in range(cfg.n_layers)]
     zoom = out["explorer-zoom"]["figure"]
     assert zoom["data"][0]["x"] == [f"{i}:{c}" for i, c in enumerate(["<bos>"] + list("abcab"))] \
         or len(zoom["data"][0]["x"]) == 6
@@ -267,12 +269,17 @@ def test_oversized_request_is_refused_by_the_server(app):
 
 
 def test_thumbnail_click_zooms_that_head(app):
-    values = {"explorer-grid.clickData": {"points": [{"curveNumber": 6}]},
+    values = {"explorer-grid.clickData": {"points": [{"x": "H2 k4-5", "y": "L1 q0"}]},
               "ctl-models.value": ["tiny-mha"]}
     status, resp = call(app, "ctl-layer.value", values, changed="explorer-grid.clickData")
     assert status == 200
     out = resp["response"]
     assert out["ctl-layer"]["value"] == 1 and out["ctl-head"]["value"] == 2
+    # a gutter between tiles, a head the model lacks, or a crafted point: nothing changes
+    for point in ({"x": "H2|", "y": "L1 q0"}, {"x": "H9 k0", "y": "L0 q0"}, {"curveNumber": 6}):
+        values["explorer-grid.clickData"] = {"points": [point]}
+        status, resp = call(app, "ctl-layer.value", values, changed="explorer-grid.clickData")
+        assert status == 204 or resp["response"] == {}
 
 
 def test_token_click_shows_query_row_and_key_column(app, store):

@@ -8,7 +8,9 @@ the same prompt) is answered in under 150 ms at 512 tokens, with a small payload
 downsampled, only the zoomed head at full size. Each request goes through the Dash endpoint
 (`/_dash-update-component`, Flask test client, `Accept-Encoding: zstd, gzip` as a browser
 sends it), so a time includes validation, the maps (cached per model and prompt by
-`dashboards.map_cache`), the figures, JSON and compression. The models have the text zoo's
+`dashboards.map_cache`), the figures (the thumbnails as ONE heatmap, every figure a plain dict
+with typed float32 arrays: `interp.map_plots.head_mosaic_figure`, `map_figure_dict`), JSON
+(orjson through plotly) and compression. The models have the text zoo's
 `l4mlp` shape (4 layers with MLPs, d_model 256, 8 heads, n_ctx 512) with random weights and a
 character tokenizer, so a 511-character prompt is 512 tokens; weights do not change the cost.
 
@@ -117,6 +119,11 @@ def measure(variant: str, args, rng: random.Random) -> list[dict]:
              "raw_kb": statistics.median(r[2] for r in runs) / 1024} for name, runs in rows.items()]
 
 
+def _load() -> float:
+    """The 1-minute load average (other jobs on a shared machine inflate every time)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="mha,mta,cope,dcmha,infini")
@@ -132,15 +139,15 @@ def main(argv=None) -> None:
         parser.error(f"unknown variant(s) {unknown}; choose from {sorted(OPTIONS)}")
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
+    load_before = _load()
     rows = [r for v in args.variants.split(",") for r in measure(v, args, rng)]
 
     print(f"# dashboard explorer update ({args.tokens} tokens, {args.layers} layers x "
           f"{args.heads} heads, d_model {args.d_model})\n")
     cpu = platform.processor() or platform.machine()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"- date: {datetime.datetime.now():%Y-%m-%dT%H:%M}, device: CPU ({cpu}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, load average "
-          f"{load:.1f}), torch {torch.__version__}")
+          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, 1-minute load "
+          f"average {load_before:.1f} before / {_load():.1f} after), torch {torch.__version__}")
     print(f"- median of {args.repeats} requests each; target: head / layer / stage updates "
           f"<= {TARGET_MS:.0f} ms\n")
     print("| variant | update | ms | sent KiB (zstd) | JSON KiB |")

@@ -4,7 +4,9 @@ and that key's column, and the zoomed head at every stage of its catalogue. Seve
 per line) are averaged. Export: PNG or SVG through the camera button, CSV of the zoomed map.
 
 Speed (`dashboards/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
-forward per model and prompt), the thumbnails figure is memoised with them, and a response
+forward per model and prompt); the thumbnails are ONE heatmap (tiles with NaN gutters, a click
+mapped back to its head by the cell's axis labels), memoised with the maps; every figure is a
+plain dict with typed float32 arrays (no plotly validation, no per-number JSON); a response
 leaves out (`no_update`) the thumbnails and the stage views when the browser already shows
 them for this prompt, stage and head (`explorer-shown` remembers what it shows)."""
 
@@ -14,8 +16,16 @@ from dash import Input, Output, State, dcc, html, no_update
 
 from dashboards.figures import EXPORT_FORMATS, check_index, error_box, graph, graph_config
 from dashboards.map_cache import MAP_CACHE
-from dashboards.panels import build_panel, stage_figures, thumbnails_figure, zoom_figure, zoom_table
+from dashboards.panels import (
+    build_panel,
+    mosaic_figure,
+    stage_figures,
+    warm_tiles,
+    zoom_figure,
+    zoom_table,
+)
 from interp.explore import row_and_column
+from interp.map_plots import mosaic_head
 from interp.plots import row_column_figure
 
 TITLE = "Attention explorer"
@@ -52,7 +62,9 @@ def compute(store, names, text, layer, head, stage):
         raise ValueError("choose a model")
     name = names[0] if isinstance(names, list) else names
     panel = build_panel(store, name, text, layer, head, stage)
-    return panel, thumbnails_figure(panel), zoom_figure(panel), stage_graphs(panel)
+    grid = mosaic_figure(panel)
+    warm_tiles(store, panel)          # a new prompt: every stage's tiles, once
+    return panel, grid, zoom_figure(panel), stage_graphs(panel)
 
 
 def stage_graphs(panel) -> list:
@@ -111,12 +123,15 @@ def register(app, store):
                   Input("explorer-grid", "clickData"), State("ctl-models", "value"),
                   prevent_initial_call=True)
     def _zoom(click, names):
+        """A click on a thumbnail tile zooms that (layer, head); gutters and bad data: nothing."""
         try:
             model = store.get((names or [None])[0])
-            curve = int(click["points"][0]["curveNumber"])
+            layer, head = mosaic_head(click["points"][0])
         except (ValueError, TypeError, KeyError, IndexError):
             return no_update, no_update
-        return divmod(curve, model.cfg.n_heads)
+        if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.n_heads):
+            return no_update, no_update
+        return layer, head
 
     @app.callback(Output("explorer-token", "figure"), Output("explorer-token", "style"),
                   Input("explorer-zoom", "clickData"), *[State(i.component_id, i.component_property)

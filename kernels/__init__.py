@@ -1,12 +1,14 @@
 """Triton kernels for attnlens, one folder per op (DESIGN.md contract 5: pay for what you look at).
 
-Each op folder holds `reference.py` (the plain-torch spec), `triton_*.py` (the kernels),
+Each op folder holds `reference.py` (the plain-torch spec; `naive.py` where the model imports
+the same equations: `kernels.cope.naive`, `kernels.infini.naive`), `triton_*.py` (the kernels),
 `function.py` (an autograd.Function) and the dispatch that decides when the fused path applies:
 
 - `kernels.flash_attention`: fused causal softmax attention returning the row log-sum-exp
   (the "mha" fast path; also key padding, KV-cache offsets and block-diagonal segments).
 - `kernels.cope`: fused CoPE (gates, contextual positions, interpolated position logits
-  in-kernel; no `[T, T]` tensor in forward or backward).
+  in-kernel; no `[T, T]` tensor in forward or backward), with every official option: separate
+  gate keys, value gates, CoPE+rel relative logits (rel_extend too).
 - `kernels.infini`: Infini-attention: segment-causal local attention with the gate in the
   kernel epilogue, plus a batched compressive-memory pass.
 - `kernels.dispatch`: backend resolution for `cfg.backend` and `patterns_for`, which recomputes

@@ -95,6 +95,26 @@ def register_op(name: str, cases: Callable, flops: Callable | None = None) -> No
         FLOPS[name] = flops
 
 
+def cope_options_cases(B, H, T, D, dtype, device, npos: int = 64, rel_npos: int = 128):
+    """CoPE with the official options on: value gates and CoPE+rel (--rel-pos-extend)."""
+    from kernels.cope import cope_attention, cope_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        E = torch.randn(D, npos, device=device, dtype=dtype) * 0.1
+        R = torch.randn(D, rel_npos, device=device, dtype=dtype) * 0.1
+        return [t.requires_grad_() for t in (*qkv, E, R)]
+
+    def run(fn):
+        return lambda q, k, v, E, R: fn(q, k, v, E, gate_k=v, rel_emb=R, rel_extend=True)[0]
+
+    return {"reference": (make, run(cope_attention_reference)),
+            "fused": (make, run(cope_attention))}
+
+
+register_op("cope_options", cope_options_cases)
+
+
 # -- timing ------------------------------------------------------------------------------------
 def _time_cuda(fn: Callable[[], object], reps: int) -> float:
     times = []

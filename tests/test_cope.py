@@ -294,7 +294,7 @@ def test_gradients_match_reference(block, monkeypatch):
     attn.pos_emb.requires_grad_(True)
     z_fast = attn.attend(q, k, v, ctx)
     grads_fast = torch.autograd.grad(z_fast.pow(2).sum(), (q, k, v, attn.pos_emb))
-    z_ref, _ = cope_reference(q, k, v, e, allowed)
+    z_ref, _ = cope_reference(q, k, v, e, allowed, scaling="paper")
     grads_ref = torch.autograd.grad(z_ref.pow(2).sum(), (q, k, v, e))
     torch.testing.assert_close(z_fast, z_ref, **EXACT)
     for a, b in zip(grads_fast, grads_ref, strict=True):

@@ -241,7 +241,7 @@ def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
     assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=2e-5)
 
 
-def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
+def test_cope_map_hook_and_hooked_pos_table_take_the_torch_path(cope_calls):
     m = cope("triton")
     tokens = random_tokens(m, batch=1, pos=8)
     m.add_hook("blocks.0.attn.hook_positions", lambda t, hook: t)
@@ -252,9 +252,82 @@ def test_cope_map_hook_and_uncovered_options_take_the_torch_path(cope_calls):
     m.add_hook("blocks.1.attn.hook_pos_table", lambda t, hook: t)   # not a map, but not fused
     m(tokens)
     assert cope_calls == ["cope", "torch1"]
-    cope_calls.clear()
-    cope("triton", relative=True)(tokens)
-    assert cope_calls == ["torch0", "torch1"]
+
+
+# Every official option on the fused path (issue 16 item 3): sep-keys, val-gates (winning over
+# sep-keys), CoPE+rel with and without --rel-pos-extend, and CoPE on every 2nd layer with
+# relative logits on all (layer 0: relative logits only, still the CoPE kernel).
+COPE_OPTIONS = {
+    "sep_keys": dict(sep_keys=True, npos_max=6),
+    "val_gates_win": dict(val_gates=True, sep_keys=True),
+    "relative": dict(relative=True, rel_npos=5),
+    "rel_extend_every2": dict(relative=True, rel_npos=5, rel_extend=True, every=2,
+                              scaling="paper"),
+}
+
+
+def randomise_rel_emb(*models):
+    for m in models:
+        g = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for block in m.blocks:
+                for name in ("rel_emb", "W_K_gate"):
+                    if name in block.attn._parameters:
+                        p = block.attn._parameters[name]
+                        p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+@pytest.mark.parametrize("name", list(COPE_OPTIONS))
+def test_cope_options_take_the_fused_path_and_equal_torch(name, cope_calls):
+    attn_cfg = COPE_OPTIONS[name]
+    fused, ref = cope("triton", **attn_cfg), cope("torch", **attn_cfg)
+    randomise_rel_emb(fused, ref)
+    tokens = random_tokens(fused, batch=2, pos=14)
+    mask = torch.tensor([[0, 0] + [1] * 12, [1] * 14])       # padding-aware relative distances
+    loss_f = fused(tokens, return_type="loss", attention_mask=mask)
+    assert cope_calls == ["cope", "cope"]
+    loss_r = ref(tokens, return_type="loss", attention_mask=mask)
+    # float32 as in assert_same_loss_and_grads (loss ~4, gradients summed over 28 positions)
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (pname, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                      strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=pname: f"{n}: {m}")
+    rows = patterns_for(fused, tokens, layers=[0, 1], heads=[0], queries=[2, -1],
+                        attention_mask=mask)
+    with torch.no_grad():
+        _, cache = ref.run_with_cache(tokens, attention_mask=mask)
+    for layer in (0, 1):
+        torch.testing.assert_close(rows[layer], cache["pattern", layer][:, [0]][:, :, [2, 13]],
+                                   atol=1e-6, rtol=1e-5)
+
+
+def test_cope_options_decode_with_a_kv_cache_like_torch(cope_calls):
+    attn_cfg = dict(relative=True, rel_npos=4, rel_extend=True, sep_keys=True)
+    fused, ref = cope("triton", **attn_cfg), cope("torch", **attn_cfg)
+    randomise_rel_emb(fused, ref)
+    prompt = random_tokens(fused, batch=1, pos=6)
+    with torch.no_grad():
+        out = fused.generate(prompt, 3)
+        assert set(cope_calls) == {"cope"}
+        torch.testing.assert_close(out, ref.generate(prompt, 3))
+
+
+def test_cope_table_too_long_for_a_gpu_warns_once_and_falls_back(monkeypatch, cope_calls):
+    import kernels.cope.dispatch as cd
+
+    monkeypatch.setattr(cd, "on_gpu", lambda: True)
+    monkeypatch.setattr(cd, "MAX_NPOS", 4)
+    monkeypatch.setattr(cd, "_WARNED", set())
+    m = cope("triton", relative=True, rel_npos=5, npos_max=3)
+    tokens = random_tokens(m, batch=1, pos=8)
+    with pytest.warns(UserWarning, match="CoPE option rel_npos") as record:
+        m(tokens)
+        m(tokens)
+    assert len(record) == 1
+    assert cope_calls == ["torch0", "torch1"] * 2
 
 
 def test_cope_patterns_for_and_padding_match_torch():

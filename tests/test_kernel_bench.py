@@ -20,3 +20,14 @@ def test_cpu_smoke_run_prints_a_table(capsys):
     out = capsys.readouterr().out
     assert "| 17 | 16 | fused |" in out and "| 17 | 16 | sdpa |" in out
     assert "device: CPU" in out and "command: python -m kernels.bench --cpu" in out
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(not (_triton.available() and _triton.interpreting()),
+                    reason="needs TRITON_INTERPRET=1")
+def test_cope_options_row_runs_fused_and_reference(capsys):
+    assert bench.main(["--cpu", "--T", "9", "--d", "16", "--reps", "1",
+                       "--ops", "cope_options"]) == 0
+    out = capsys.readouterr().out
+    assert "### cope_options" in out
+    assert "| 9 | 16 | fused |" in out and "| 9 | 16 | reference |" in out

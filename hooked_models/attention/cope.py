@@ -277,20 +277,27 @@ class CoPEAttention(VariantAttention):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """Fused kernels when no map is hooked (`kernels.cope`; `kernels.flash_attention` on a
-        layer without CoPE); None for what they do not cover: relative logits, separate gate
-        keys, value gates, a hooked `hook_pos_table`."""
+        """Fused kernels when no map is hooked: `kernels.cope` for every option (separate gate
+        keys, value gates, relative logits; `kernels.flash_attention` on a plain layer without
+        CoPE); None when the call does not fit them (float64, a hooked `hook_pos_table`)."""
         opts = self.opts
-        if opts.relative or opts.sep_keys or opts.val_gates:
-            return None
         scale = 1.0 / self.cfg.attn_scale
-        if self.has_cope:
-            if self.hook_pos_table.fwd_hooks or self.hook_pos_table.bwd_hooks:
+        if self.has_cope or opts.relative:
+            if self.has_cope and (self.hook_pos_table.fwd_hooks or self.hook_pos_table.bwd_hooks):
                 return None
             from kernels.cope.dispatch import fused_cope_attention
 
-            res = fused_cope_attention(q, k, v, self.E, ctx.allowed, scale, opts.scaling,
-                                       keep_state=self.keep_fused_state)
+            gate_k = None
+            if self.has_cope and opts.val_gates:      # value gates win (see CoPEOptions)
+                gate_k = v
+            elif self.has_cope and opts.sep_keys:
+                gate_k = self.gate_keys(ctx)
+            rel = dict(rel_emb=self.R, q_positions=ctx.q_positions,
+                       k_positions=ctx.k_positions, rel_extend=opts.rel_extend) \
+                if opts.relative else {}
+            res = fused_cope_attention(q, k, v, self.E if self.has_cope else None, ctx.allowed,
+                                       scale, opts.scaling, keep_state=self.keep_fused_state,
+                                       gate_k=gate_k, **rel)
         else:
             from kernels.flash_attention.dispatch import fused_causal_attention
 

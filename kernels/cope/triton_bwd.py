@@ -18,6 +18,11 @@ forward does (so p is bitwise the forward's), twice: the first sweep sums `u` ov
 (`U_i`), the second uses `dg_it = U_i - sum_{j > t} u_ij`. dK, dV (rows of other programs) and
 dZ (duplicate indices within a tile) are accumulated with fp32 atomics; dZ is `[batch * head,
 query_pos, npos]`, O(T * npos), and the two small products with E run in torch afterwards.
+
+With separate gate keys (sep-keys, val-gates) the gate term `dg g (1 - g)` goes to dQ through the
+gate keys and to dGK = scale sum_i (dg g (1 - g))_ij q_i instead of joining ds. Relative logits
+add `dZR[i, idx_ij] += dlogit_ij` (fp32 atomics, `[batch * head, query_pos, rel_npos]`) and
+dQ += scale dZR R^T, dR = scale sum_i q_i dZR_i^T, in torch afterwards like dE.
 """
 
 from __future__ import annotations
@@ -27,36 +32,50 @@ import math
 import torch
 
 from kernels._triton import next_pow2, tl, triton
-from kernels.cope.triton_fwd import _cope_tile, _pos_table, _tile_bounds, default_blocks
+from kernels.cope.triton_fwd import (
+    _cope_tile,
+    _tables,
+    _tile_bounds,
+    default_blocks,
+    launch_args,
+)
 from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 
 
 @triton.jit
-def _cope_grad_tile(q, do, Z, c_i, lse2, delta, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
-                    sv_t, sv_d, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX,
-                    NPOS, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """Recompute one tile; returns `(p, dlogit, u, g, w, lo, hi, keep, c_i)`."""
-    logit, s, g, w, lo, hi, keep, c_i = _cope_tile(
-        q, Z, c_i, K, kv_ptr, k_base, sk_t, sk_d, offs_m, offs_d, d_valid, start_n, T_K,
-        Q_OFFSET, scale, P_MAX, NPOS, HAS_KVALID, BLOCK_N, IEEE)
+def _cope_grad_tile(q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base,
+                    v_base, sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid,
+                    start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID: tl.constexpr,
+                    HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr, HAS_REL: tl.constexpr,
+                    REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Recompute one tile; returns `(p, dlogit, u, g, w, lo, hi, keep, c_i, ridx)`."""
+    logit, s, g, w, lo, hi, keep, c_i, ridx = _cope_tile(
+        q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d, qpos,
+        offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID,
+        HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
                  mask=(offs_n < T_K)[None, :] & d_valid[:, None], other=0.0)
     p = tl.where(keep, tl.math.exp2(logit * 1.4426950408889634 - lse2[:, None]), 0.0)
     dlogit = p * (_dot(do, vt, IEEE) - delta[:, None])
-    u = dlogit * (tl.gather(Z, hi, 1) - tl.gather(Z, lo, 1))
-    return p, dlogit, u, g, w, lo, hi, keep, c_i
+    u = dlogit
+    if HAS_COPE:
+        u = dlogit * (tl.gather(Z, hi, 1) - tl.gather(Z, lo, 1))
+    return p, dlogit, u, g, w, lo, hi, keep, c_i, ridx
 
 
 @triton.jit
-def cope_bwd_kernel(Q, K, V, E, DO, LSE, DELTA, DQ, DK, DV, DZ, KVALID,
-                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                    sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                    H, T_Q, T_K, Q_OFFSET, D, NPOS, scale, e_scale, P_MAX,
-                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NPOS_BLOCK: tl.constexpr):
-    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`. DQ/DK/DV are fp32 `[batch pos head d]`
-    contiguous (DK, DV zero-initialised), DZ fp32 `[batch*head, T_Q, NPOS_BLOCK]` zeros."""
+def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, DGK, DZ, DZR,
+                    KVALID, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                    sg_b, sg_t, sg_h, sg_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                    H, T_Q, T_K, Q_OFFSET, D, NPOS, RNPOS, scale, e_scale, P_MAX,
+                    HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
+                    HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, IEEE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr):
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`. DQ/DK/DV/DGK are fp32 `[batch pos head d]`
+    contiguous (DK, DV, DGK zero-initialised), DZ fp32 `[batch*head, T_Q, NPOS_BLOCK]` and DZR
+    fp32 `[batch*head, T_Q, RNPOS_BLOCK]` zeros."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
@@ -67,84 +86,117 @@ def cope_bwd_kernel(Q, K, V, E, DO, LSE, DELTA, DQ, DK, DV, DZ, KVALID,
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=float("inf"))
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2) * 1.4426950408889634
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
-    Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
+    Z, ZR = _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE, HAS_REL,
+                    NPOS_BLOCK, RNPOS_BLOCK, IEEE)
+    qpos = offs_m
+    if HAS_REL:
+        qpos = tl.load(QPOS + b * T_Q + offs_m, mask=m_valid, other=0)
     k_base = b * sk_b + h * sk_h
+    g_base = b * sg_b + h * sg_h
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
+    kpos_ptr = KPOS + b * T_K
     last, n_tiles = _tile_bounds(pid_m, T_K, Q_OFFSET, BLOCK_M, BLOCK_N)
 
-    # Sweep 1: U_i = sum_j u_ij over the whole row.
+    # Sweep 1 (CoPE only): U_i = sum_j u_ij over the whole row.
     c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     u_row = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for i in range(0, n_tiles):
-        p, dlogit, u, g, w, lo, hi, keep, c_i = _cope_grad_tile(
-            q, do, Z, c_i, lse2, delta, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-            offs_m, offs_d, d_valid, last - i * BLOCK_N, T_K, Q_OFFSET, scale, P_MAX, NPOS,
-            HAS_KVALID, BLOCK_N, IEEE)
-        u_row += tl.sum(u, 1)
+    if HAS_COPE:
+        for i in range(0, n_tiles):
+            p, dlogit, u, g, w, lo, hi, keep, c_i, ridx = _cope_grad_tile(
+                q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base,
+                v_base, sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid,
+                last - i * BLOCK_N, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID,
+                HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
+            u_row += tl.sum(u, 1)
 
     # Sweep 2: gradients, with dg_it = U_i - sum_{j > t} u_ij.
     c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     u_right = tl.zeros([BLOCK_M], dtype=tl.float32)       # sum of u over tiles already visited
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dz_rows = DZ + pid_bh * T_Q * NPOS_BLOCK + offs_m[:, None] * NPOS_BLOCK
+    dzr_rows = DZR + pid_bh * T_Q * RNPOS_BLOCK + offs_m[:, None] * RNPOS_BLOCK
     for i in range(0, n_tiles):
         start_n = last - i * BLOCK_N
-        p, dlogit, u, g, w, lo, hi, keep, c_i = _cope_grad_tile(
-            q, do, Z, c_i, lse2, delta, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-            offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, HAS_KVALID,
-            BLOCK_N, IEEE)
-        right_of_t = u_right[:, None] + tl.cumsum(u, axis=1, reverse=True) - u
-        dg = u_row[:, None] - right_of_t
-        u_right += tl.sum(u, 1)
-        ds = dlogit + dg * g * (1.0 - g)
+        p, dlogit, u, g, w, lo, hi, keep, c_i, ridx = _cope_grad_tile(
+            q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base, v_base,
+            sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid, start_n, T_K,
+            Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL,
+            REL_EXTEND, BLOCK_N, IEEE)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         nd_mask = (offs_n < T_K)[:, None] & d_valid[None, :]
+        kv_off = ((b * T_K + offs_n[:, None]) * H + h) * D + offs_d[None, :]
+        live = keep & m_valid[:, None]
+        ds = dlogit
+        if HAS_COPE:
+            right_of_t = u_right[:, None] + tl.cumsum(u, axis=1, reverse=True) - u
+            dg = u_row[:, None] - right_of_t
+            u_right += tl.sum(u, 1)
+            dsg = dg * g * (1.0 - g)
+            if HAS_GK:
+                gk = tl.load(GK + g_base + offs_n[:, None] * sg_t + offs_d[None, :] * sg_d,
+                             mask=nd_mask, other=0.0)
+                dq += _dot(dsg.to(gk.dtype), gk, IEEE)
+                dgk = _dot(tl.trans(dsg.to(q.dtype)), q, IEEE) * scale
+                tl.atomic_add(DGK + kv_off, dgk, mask=nd_mask)
+            else:
+                ds = ds + dsg
+            tl.atomic_add(dz_rows + lo, dlogit * (1.0 - w), mask=live)
+            tl.atomic_add(dz_rows + hi, dlogit * w, mask=live)
+        if HAS_REL:
+            tl.atomic_add(dzr_rows + ridx, dlogit, mask=live & (ridx < RNPOS))
         k = tl.load(K + k_base + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d,
                     mask=nd_mask, other=0.0)
         dq += _dot(ds.to(k.dtype), k, IEEE)
         dk = _dot(tl.trans(ds.to(q.dtype)), q, IEEE) * scale
         dv = _dot(tl.trans(p.to(do.dtype)), do, IEEE)
-        kv_off = ((b * T_K + offs_n[:, None]) * H + h) * D + offs_d[None, :]
         tl.atomic_add(DK + kv_off, dk, mask=nd_mask)
         tl.atomic_add(DV + kv_off, dv, mask=nd_mask)
-        live = keep & m_valid[:, None]
-        tl.atomic_add(dz_rows + lo, dlogit * (1.0 - w), mask=live)
-        tl.atomic_add(dz_rows + hi, dlogit * w, mask=live)
     dq = dq * scale
     tl.store(DQ + ((b * T_Q + offs_m[:, None]) * H + h) * D + offs_d[None, :], dq, mask=md_mask)
 
 
 def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_valid=None,
-             dlse=None, block_m: int | None = None, block_n: int | None = None):
-    """Launch the backward; returns `(dq, dk, dv, dpos_emb)` in the inputs' dtypes."""
+             dlse=None, block_m: int | None = None, block_n: int | None = None, gate_k=None,
+             rel_emb=None, q_positions=None, k_positions=None, rel_extend: bool = False):
+    """Launch the backward; returns `(dq, dk, dv, dpos_emb, dgate_k, drel_emb)` in the inputs'
+    dtypes (None for absent inputs)."""
     B, T_Q, H, D = q.shape
-    T_K, npos = k.shape[1], pos_emb.shape[-1]
+    T_K = k.shape[1]
+    E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos = launch_args(
+        q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid)
     f32 = dict(device=q.device, dtype=torch.float32)
     dq = torch.empty(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
-    NPB = next_pow2(npos)
-    dz = torch.zeros(B * H, T_Q, NPB, **f32)
-    if T_Q == 0:
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), torch.zeros_like(pos_emb)
-    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()     # [B, H, T_Q]
-    if dlse is not None:
-        delta = delta - dlse.float()
-    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
-                                                             device=q.device)
-    bm, bn, warps = default_blocks(npos)
-    bm, bn = block_m or bm, block_n or bn
-    E = pos_emb.contiguous()
-    cope_bwd_kernel[(math.ceil(T_Q / bm), B * H)](
-        q, k, v, E, do, lse, delta, dq, dk, dv, dz, kv, *q.stride(), *k.stride(), *v.stride(),
-        *do.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos, scale, e_scale,
-        float(npos - 1), HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), NPOS_BLOCK=NPB, num_warps=warps)
-    dz = dz[..., :npos].view(B, H, T_Q, npos)
-    Ef = E.float()
-    dq += e_scale * torch.einsum("bhqn,dn->bqhd", dz, Ef)
-    dE = e_scale * torch.einsum("bqhd,bhqn->dn", q.float(), dz)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dE.to(pos_emb.dtype)
+    dgk = torch.zeros(B, T_K, H, D, **f32) if gate_k is not None else dk
+    dz = torch.zeros(B * H, T_Q, sizes["NPOS_BLOCK"] if pos_emb is not None else 1, **f32)
+    dzr = torch.zeros(B * H, T_Q, sizes["RNPOS_BLOCK"] if rel_emb is not None else 1, **f32)
+    if T_Q > 0:
+        delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()   # [B, H, T_Q]
+        if dlse is not None:
+            delta = delta - dlse.float()
+        bm, bn, warps = default_blocks(max(npos, rnpos + 1))
+        bm, bn = block_m or bm, block_n or bn
+        cope_bwd_kernel[(math.ceil(T_Q / bm), B * H)](
+            q, k, v, E, GK, R, QPOS, KPOS, do, lse, delta, dq, dk, dv, dgk, dz, dzr, KV,
+            *q.stride(), *k.stride(), *v.stride(), *GK.stride(), *do.stride(), KV.stride(0),
+            H, T_Q, T_K, T_K - T_Q, D, npos, rnpos, scale, e_scale, float(npos - 1), **flags,
+            REL_EXTEND=rel_extend, IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_D=next_pow2(D), **sizes, num_warps=warps)
+    else:
+        dq.zero_()
+    qf = q.float()
+    dE = dR = None
+    if pos_emb is not None:
+        dzv = dz[..., :npos].view(B, H, T_Q, npos)
+        dq += e_scale * torch.einsum("bhqn,dn->bqhd", dzv, pos_emb.float())
+        dE = (e_scale * torch.einsum("bqhd,bhqn->dn", qf, dzv)).to(pos_emb.dtype)
+    if rel_emb is not None:
+        dzrv = dzr[..., :rnpos].view(B, H, T_Q, rnpos)
+        dq += scale * torch.einsum("bhqn,dn->bqhd", dzrv, rel_emb.float())
+        dR = (scale * torch.einsum("bqhd,bhqn->dn", qf, dzrv)).to(rel_emb.dtype)
+    dGK = dgk.to(gate_k.dtype) if gate_k is not None else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dE, dGK, dR
 
 
 __all__ = ["cope_bwd", "cope_bwd_kernel"]

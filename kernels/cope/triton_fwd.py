@@ -8,8 +8,14 @@ One program owns BLOCK_M query rows of one (batch, head). It first computes the 
 by `tl.gather` on the register table, then the online softmax (the order of the key tiles does
 not matter to it). No `[query, key]` tensor is written; the row log-sum-exp is.
 
-The table lives in registers, so `npos` is bounded (`MAX_NPOS` on GPU); longer tables take the
-materialising path. Layouts as in `kernels.flash_attention.triton_fwd`.
+The official options run in the same loop (constexpr flags, so a plain call pays nothing):
+separate gate keys (sep-keys; val-gates passes v) replace `s` inside the sigmoid only; CoPE+rel
+adds `ZR[i, pos_i - pos_j]` from a second register table `ZR = scale * q R` with a zero column
+for distances outside [0, rel_npos) (rel_extend clamps distances to rel_npos - 1 first); a layer
+without CoPE but with relative logits runs with the CoPE term off.
+
+The tables live in registers, so `npos` and `rel_npos` are bounded (`MAX_NPOS` on GPU); longer
+tables take the materialising path. Layouts as in `kernels.flash_attention.triton_fwd`.
 """
 
 from __future__ import annotations
@@ -36,14 +42,17 @@ def _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _cope_tile(q, Z, c_i, K, kv_ptr, k_base, sk_t, sk_d, offs_m, offs_d, d_valid, start_n,
-               T_K, Q_OFFSET, scale, P_MAX, NPOS, HAS_KVALID: tl.constexpr,
-               BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """One key tile's CoPE logits; shared verbatim by forward and backward (bitwise-equal p).
+def _cope_tile(q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d,
+               qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS,
+               RNPOS, HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
+               HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr,
+               IEEE: tl.constexpr):
+    """One key tile's logits; shared verbatim by forward and backward (bitwise-equal p).
 
-    Returns `(logit, s, g, w, lo, hi, keep, c_i)`: total logits (-inf where not allowed),
-    content scores, gates, interpolation weight, floor / ceil indices, the allowed mask and the
-    updated gate carry.
+    Returns `(logit, s, g, w, lo, hi, keep, c_i, ridx)`: total logits (-inf where not allowed),
+    content scores, gates, interpolation weight, floor / ceil indices, the allowed mask, the
+    updated gate carry and the relative-table column of every pair (RNPOS: the zero column).
+    Without CoPE (HAS_COPE False) g, w, lo, hi are placeholders; without HAS_REL so is ridx.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < T_K
@@ -54,17 +63,37 @@ def _cope_tile(q, Z, c_i, K, kv_ptr, k_base, sk_t, sk_d, offs_m, offs_d, d_valid
     if HAS_KVALID:
         kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
         keep = keep & (kv[None, :] != 0)
-    g = tl.where(keep, tl.sigmoid(s), 0.0)                               # eq. 3
-    p = c_i[:, None] + tl.cumsum(g, axis=1, reverse=True)                # eq. 4
-    c_i = c_i + tl.sum(g, 1)
-    p = tl.minimum(p, P_MAX)
-    lo = p.to(tl.int32)                                                  # floor: p >= 0
-    w = p - lo.to(tl.float32)
-    hi = tl.minimum(lo + 1, NPOS - 1)
-    z_lo = tl.gather(Z, lo, 1)
-    z_hi = tl.gather(Z, hi, 1)
-    logit = tl.where(keep, s + z_lo + w * (z_hi - z_lo), float("-inf"))  # eq. 7
-    return logit, s, g, w, lo, hi, keep, c_i
+    logit = s
+    g = s
+    w = s
+    lo = keep.to(tl.int32)
+    hi = lo
+    if HAS_COPE:
+        if HAS_GK:      # sep-keys / val-gates: gates from q . k_gate (eq. 3 with other keys)
+            gt = tl.load(GK + g_base + offs_n[None, :] * sg_t + offs_d[:, None] * sg_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+            g = tl.where(keep, tl.sigmoid(_dot(q, gt, IEEE) * scale), 0.0)
+        else:
+            g = tl.where(keep, tl.sigmoid(s), 0.0)                       # eq. 3
+        p = c_i[:, None] + tl.cumsum(g, axis=1, reverse=True)            # eq. 4
+        c_i = c_i + tl.sum(g, 1)
+        p = tl.minimum(p, P_MAX)
+        lo = p.to(tl.int32)                                              # floor: p >= 0
+        w = p - lo.to(tl.float32)
+        hi = tl.minimum(lo + 1, NPOS - 1)
+        z_lo = tl.gather(Z, lo, 1)
+        z_hi = tl.gather(Z, hi, 1)
+        logit = logit + z_lo + w * (z_hi - z_lo)                         # eq. 7
+    ridx = lo
+    if HAS_REL:         # CoPE+rel: q_i . r[pos_i - pos_j] from the register table ZR
+        kpos = tl.load(kpos_ptr + offs_n, mask=n_valid, other=0)
+        dist = qpos[:, None] - kpos[None, :]
+        if REL_EXTEND:
+            dist = tl.minimum(dist, RNPOS - 1)
+        ridx = tl.where((dist >= 0) & (dist < RNPOS), dist, RNPOS)
+        logit = logit + tl.gather(ZR, ridx, 1)
+    logit = tl.where(keep, logit, float("-inf"))
+    return logit, s, g, w, lo, hi, keep, c_i, ridx
 
 
 @triton.jit
@@ -76,22 +105,44 @@ def _tile_bounds(pid_m, T_K, Q_OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def cope_fwd_kernel(Q, K, V, E, O, LSE, KVALID,
+def _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE: tl.constexpr,
+            HAS_REL: tl.constexpr, NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr,
+            IEEE: tl.constexpr):
+    """The register tables `(Z, ZR)` of one query tile (each a `[BLOCK_M, 1]` dummy if unused)."""
+    Z = tl.zeros([q.shape[0], 1], dtype=tl.float32)
+    ZR = Z
+    if HAS_COPE:
+        Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
+    if HAS_REL:     # column RNPOS (and beyond) is 0: distances outside [0, RNPOS) add nothing
+        ZR = _pos_table(q, R, scale, offs_d, d_valid, RNPOS, RNPOS_BLOCK, IEEE)
+    return Z, ZR
+
+
+@triton.jit
+def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
                     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d,
-                    sv_b, sv_t, sv_h, sv_d, so_b, so_t, so_h, so_d, skv_b,
-                    H, T_Q, T_K, Q_OFFSET, D, NPOS, scale, e_scale, P_MAX,
-                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NPOS_BLOCK: tl.constexpr):
+                    sv_b, sv_t, sv_h, sv_d, sg_b, sg_t, sg_h, sg_d, so_b, so_t, so_h, so_d,
+                    skv_b, H, T_Q, T_K, Q_OFFSET, D, NPOS, RNPOS, scale, e_scale, P_MAX,
+                    HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
+                    HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, IEEE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
                                                              BLOCK_D)
     q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
-    Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
+    Z, ZR = _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE, HAS_REL,
+                    NPOS_BLOCK, RNPOS_BLOCK, IEEE)
+    qpos = offs_m
+    if HAS_REL:
+        qpos = tl.load(QPOS + b * T_Q + offs_m, mask=m_valid, other=0)
     k_base = b * sk_b + h * sk_h
+    g_base = b * sg_b + h * sg_h
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
+    kpos_ptr = KPOS + b * T_K
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -99,9 +150,10 @@ def cope_fwd_kernel(Q, K, V, E, O, LSE, KVALID,
     last, n_tiles = _tile_bounds(pid_m, T_K, Q_OFFSET, BLOCK_M, BLOCK_N)
     for i in range(0, n_tiles):                      # from the diagonal leftwards
         start_n = last - i * BLOCK_N
-        logit, s, g, w, lo, hi, keep, c_i = _cope_tile(
-            q, Z, c_i, K, kv_ptr, k_base, sk_t, sk_d, offs_m, offs_d, d_valid, start_n,
-            T_K, Q_OFFSET, scale, P_MAX, NPOS, HAS_KVALID, BLOCK_N, IEEE)
+        logit, s, g, w, lo, hi, keep, c_i, ridx = _cope_tile(
+            q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d,
+            qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS,
+            HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
         x = logit * 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(x, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -129,26 +181,54 @@ def default_blocks(npos: int) -> tuple[int, int, int]:
     return (64 if next_pow2(npos) <= 128 else 32), 64, 4
 
 
+def launch_args(q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid):
+    """The optional inputs as kernel arguments: `(E, GK, R, QPOS, KPOS, KV, flags, sizes)`.
+
+    Absent inputs become 1-element dummies (never read: their constexpr flag is off).
+    """
+    dummy = torch.zeros(1, device=q.device, dtype=q.dtype)
+    idummy = torch.zeros(1, 1, device=q.device, dtype=torch.int32)
+    E = dummy if pos_emb is None else pos_emb.contiguous()
+    R = dummy if rel_emb is None else rel_emb.contiguous()
+    GK = k if gate_k is None else gate_k
+    has_rel = rel_emb is not None
+    QPOS = q_positions.to(torch.int32).contiguous() if has_rel else idummy
+    KPOS = k_positions.to(torch.int32).contiguous() if has_rel else idummy
+    KV = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    npos = 1 if pos_emb is None else pos_emb.shape[-1]
+    rnpos = 1 if rel_emb is None else rel_emb.shape[-1]
+    flags = dict(HAS_KVALID=key_valid is not None, HAS_COPE=pos_emb is not None,
+                 HAS_GK=gate_k is not None, HAS_REL=has_rel)
+    sizes = dict(NPOS_BLOCK=next_pow2(npos), RNPOS_BLOCK=next_pow2(rnpos + 1))
+    return E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos
+
+
 def cope_fwd(q, k, v, pos_emb, scale: float, e_scale: float, key_valid=None,
-             block_m: int | None = None, block_n: int | None = None):
-    """Launch the forward; returns `(out [b q h d], lse [b h q] float32)`."""
+             block_m: int | None = None, block_n: int | None = None, gate_k=None, rel_emb=None,
+             q_positions=None, k_positions=None, rel_extend: bool = False):
+    """Launch the forward; returns `(out [b q h d], lse [b h q] float32)`.
+
+    `pos_emb` None: no CoPE term (a CoPE+rel layer without CoPE); `gate_k`: keys of the gates
+    (default k); `rel_emb` with integer `q_positions [b q]`, `k_positions [b k]`: relative logits.
+    """
     B, T_Q, H, D = q.shape
-    T_K, npos = k.shape[1], pos_emb.shape[-1]
+    T_K = k.shape[1]
     out = torch.empty_like(q)
     lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
     if T_Q == 0:
         return out, lse
-    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
-                                                             device=q.device)
-    bm, bn, warps = default_blocks(npos)
+    E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos = launch_args(
+        q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid)
+    bm, bn, warps = default_blocks(max(npos, rnpos + 1))
     bm, bn = block_m or bm, block_n or bn
-    E = pos_emb.contiguous()
     cope_fwd_kernel[(math.ceil(T_Q / bm), B * H)](
-        q, k, v, E, out, lse, kv, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos, scale, e_scale, float(npos - 1),
-        HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_D=next_pow2(D), NPOS_BLOCK=next_pow2(npos), num_warps=warps)
+        q, k, v, E, GK, R, QPOS, KPOS, out, lse, KV, *q.stride(), *k.stride(), *v.stride(),
+        *GK.stride(), *out.stride(), KV.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos, rnpos,
+        scale, e_scale, float(npos - 1), **flags, REL_EXTEND=rel_extend,
+        IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), **sizes,
+        num_warps=warps)
     return out, lse
 
 
-__all__ = ["MAX_NPOS", "cope_fwd", "cope_fwd_kernel", "default_blocks"]
+__all__ = ["MAX_NPOS", "cope_fwd", "cope_fwd_kernel", "default_blocks", "launch_args"]

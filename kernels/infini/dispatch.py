@@ -1,9 +1,9 @@
 """When an Infini-attention layer's segment pass fits the fused kernels.
 
 The variant materialises its whole-context maps only while one of its stages is hooked; its
-unhooked path is the segment pass (`_infini_memory.segment_pass`), which this replaces when the
-backend allows (`kernels.dispatch.fused_backend_enabled`). Covered: fp16/bf16/fp32, both
-update rules, truncated BPTT, padding slots. Not covered (None): float64.
+unhooked path is the segment pass (`kernels.infini.naive.segment_pass`), which this replaces
+when the backend allows (`kernels.dispatch.fused_backend_enabled`). Covered: fp16/bf16/fp32,
+both update rules, truncated BPTT, padding slots. Not covered (None): float64.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Infini-attention's compressive memory for every segment at once (batched torch, autograd).
 
 The memory read by segment s is built from segments < s only, so the linear rule (Eq. 8) is an
-exclusive cumulative sum over segments of `sigma(K_s)^T V_s`: one batched GEMM over all segments,
-a cumsum, and one batched retrieval GEMM (Eq. 7) with the segments folded into the batch. The
-delta rule (Eq. 9) subtracts what the memory already returns, so it is sequential over segments:
-a loop of S steps, each batched over batch and heads. `retrieve`, `update`, `sigma` are the
-variant's own functions (`hooked_models.attention._infini_memory`): one spec. Cost O(T d^2) and
-O(S H d^2) memory; no `[query, key]` tensor.
+exclusive cumulative sum over segments of `sigma(K_s)^T V_s`: one batched GEMM over all
+segments, a cumsum, and one batched retrieval GEMM (Eq. 7) with the segments folded into the
+batch. The delta rule (Eq. 9) subtracts what the memory already returns, so it is sequential
+over segments: a loop of S steps, each batched over batch and heads. `retrieve`, `update`,
+`sigma` are the spec's own functions (`kernels.infini.naive`, which the variant imports): one
+spec. Cost O(T d^2) and O(S H d^2) memory; no `[query, key]` tensor.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+from kernels.infini import naive as mem
 
 
 def memory_pass(q: Float[Tensor, "batch pos head_index d_key"],
@@ -37,8 +39,6 @@ def memory_pass(q: Float[Tensor, "batch pos head_index d_key"],
         (M, z))`: A_mem (Eq. 7, 0 where the memory is empty), whether each token's memory holds
         anything, and the memory after the last segment.
     """
-    from hooked_models.attention import _infini_memory as mem
-
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     N = segment_len

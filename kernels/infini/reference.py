@@ -1,9 +1,9 @@
 """Plain-torch Infini-attention segment pass: the spec of the fused path.
 
-One spec: this is the variant's functional reference,
-`hooked_models.attention._infini_memory.segment_pass` (paper Eqs. 6-10: causal softmax inside each
-segment, read of the compressive memory built from the previous segments, per-head gate, linear
-or delta update), re-exported with the argument order of `kernels.infini.infini_attention`.
+One spec: this is `kernels.infini.naive.segment_pass`, which the variant imports too (paper
+Eqs. 6-10: causal softmax inside each segment, read of the compressive memory built from the
+previous segments, per-head gate, linear or delta update), re-exported with the argument order
+of `kernels.infini.infini_attention`.
 
 Example:
     >>> q = k = v = torch.randn(1, 10, 2, 8)
@@ -17,6 +17,8 @@ from __future__ import annotations
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from kernels.infini.naive import segment_pass
+
 
 def infini_reference(qr: Float[Tensor, "batch pos head_index d_head"],
                      kr: Float[Tensor, "batch pos head_index d_head"],
@@ -26,14 +28,12 @@ def infini_reference(qr: Float[Tensor, "batch pos head_index d_head"],
                      segment_len: int, gate: Float[Tensor, "head_index"], rule: str = "linear",
                      scale: float = 1.0, valid: Bool[Tensor, "batch pos"] | None = None,
                      detach_every: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """`(A [batch pos head_index d_head], (M, z))` as `_infini_memory.segment_pass`.
+    """`(A [batch pos head_index d_head], (M, z))` as `naive.segment_pass`.
 
     `qr`, `kr`: queries / keys with the local positional encoding; `q`, `k` without (the memory
     never sees positions). `scale` divides the local scores (the model's attn_scale); `gate` is
     sigmoid(beta) per head. All tensors in the memory dtype, as the variant calls it.
     """
-    from hooked_models.attention._infini_memory import segment_pass
-
     return segment_pass(qr, kr, q, k, v, valid, segment_len, gate, rule, scale, detach_every)
 
 

@@ -382,3 +382,24 @@ def test_config_json_round_trip():
                         attention="cope", attn_cfg=dict(npos_max=5, scaling="repo"))
     again = VariantConfig.from_json(cfg.to_json())
     assert again == cfg and again.attn_cfg.npos_max == 5 and again.attn_cfg.scaling == "repo"
+
+
+def test_nan_weight_gives_nan_output_not_an_index_error():
+    """A NaN gate makes NaN positions; the interpolation must not index with them (it used to
+    raise 'index -9223372036854775808 is out of bounds'). The output is NaN, and interp names
+    the tensor."""
+    from interp.cope import counted_units
+
+    model = tiny_model("cope", positional_embedding_type="none", dtype="float64")
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = float("nan")
+    tokens = random_tokens(model)
+    assert model(tokens).isnan().any()
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.W_Q.*non-finite"):
+        counted_units(model, tokens)
+    q = torch.randn(1, 5, 2, 4, dtype=torch.float64)
+    q[0, 2, 0, 0] = float("nan")
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    z, _ = cope_reference(q, q.clone().nan_to_num(), torch.randn(1, 5, 2, 4, dtype=torch.float64),
+                          torch.randn(4, 6, dtype=torch.float64), allowed)
+    assert z[0, 2, 0].isnan().all() and not z[0, :2].isnan().any()

@@ -75,7 +75,9 @@ def _floor_and_weight(p: Tensor, n: int, dtype: torch.dtype,
     """
     if clamp:
         p = p.clamp(0, n - 1)
-    lo = p.long()  # truncation == floor for p >= 0; carries no gradient (paper appendix)
+    # truncation == floor for p >= 0; carries no gradient (paper appendix). A NaN position
+    # (NaN weights or inputs) indexes 0 and stays NaN through w, instead of an index error.
+    lo = p.nan_to_num(nan=0.0).long()
     return lo, (p - lo).to(dtype)
 
 

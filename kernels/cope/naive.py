@@ -73,7 +73,10 @@ def cope_reference(
     fixed = torch.einsum("bqhd,dn->bhqn", q, pos_emb)           # eq. 7: q_i.e[n], all n
     if scaling == "repo":
         fixed = fixed / scale
-    ceil, floor = positions.ceil().long(), positions.floor().long()   # no gradient
+    # NaN positions (from NaN weights or inputs) index entry 0 and stay NaN through w: the
+    # output is NaN, as for any other NaN, instead of an out-of-range gather
+    index = positions.detach().nan_to_num(nan=0.0)
+    ceil, floor = index.ceil().long(), index.floor().long()         # no gradient
     w = positions - floor                                       # differentiable
     pos_logits = fixed.gather(-1, ceil) * w + fixed.gather(-1, floor) * (1 - w)   # eq. 7
     logits = scores + pos_logits if bias is None else scores + bias + pos_logits

@@ -107,7 +107,7 @@ def cope_pattern_rows(q: Float[Tensor, "batch query_pos head_index d_head"],
         table = torch.einsum("bqhd,dn->bhqn", qs, pos_emb.to(work))
         if scaling == "repo":
             table = table * scale
-        lo = p.floor().long()
+        lo = p.detach().nan_to_num(nan=0.0).floor().long()   # NaN p stays NaN through w
         w = p - lo
         hi = (lo + 1).clamp(max=npos - 1)
         logits = logits + table.gather(-1, lo) * (1 - w) + table.gather(-1, hi) * w

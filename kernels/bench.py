@@ -82,7 +82,23 @@ def infini_cases(B, H, T, D, dtype, device, segment_len: int = INFINI_SEGMENT):
                                                              "linear", D ** 0.5)[0])}
 
 
-OPS = {"flash": flash_cases, "cope": cope_cases, "infini": infini_cases}
+def mta_cases(B, H, T, D, dtype, device, c_q: int = 6, c_k: int = 11):
+    """MTA maps with the official sizes: both convolutions c_q x c_k, full head mixings."""
+    from kernels.mta import mta_attention, mta_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        kernels = [torch.randn(H, 1, c_q, c_k, device=device, dtype=dtype) * 0.1
+                   for _ in range(2)]
+        mixes = [torch.eye(H, device=device, dtype=dtype)[None] + 0.1 * torch.randn(
+            1, H, H, device=device, dtype=dtype) for _ in range(2)]
+        return [t.requires_grad_() for t in (*qkv, kernels[0], mixes[0], kernels[1], mixes[1])]
+
+    return {"reference": (make, lambda *a: mta_attention_reference(*a)[0]),
+            "fused": (make, lambda *a: mta_attention(*a)[0])}
+
+
+OPS = {"flash": flash_cases, "cope": cope_cases, "infini": infini_cases, "mta": mta_cases}
 # FLOPs of the attention matmuls, forward: causal T^2 (halved); Infini: causal within segments.
 FLOPS = {"infini": lambda B, H, T, D: 2 * 2 * B * H * T * min(T, INFINI_SEGMENT) * D * 0.5}
 

@@ -212,6 +212,22 @@ class MultiTokenAttention(VariantAttention):
         pattern = hook(self.hook_pattern, maps)[:, :, n_past:]
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
+    def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """z from the fused MTA kernels (`kernels.mta`) when no map is hooked; None (take
+        `attend`) while decoding with a KV cache or for dtypes / masks they do not cover."""
+        if ctx.cache is not None:
+            return None
+        from kernels.mta.dispatch import fused_mta_attention
+
+        params = (self.mta_kernel, self.pre_sm_head_kernel, self.mta_kernel_after_sm,
+                  self.head_kernel)
+        res = fused_mta_attention(q, k, v, ctx.allowed, params, self.opts.pad_key,
+                                  1.0 / self.cfg.attn_scale, keep_state=self.keep_fused_state)
+        if res is None:
+            return None
+        z, self.fused_state = res
+        return z
+
     @staticmethod
     def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:
         """Softmax over keys in >= float32 (`masked_softmax`, without its pass when every row

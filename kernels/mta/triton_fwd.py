@@ -1,0 +1,260 @@
+"""Fused Multi-Token Attention, forward: two passes, all heads of a query tile in one program.
+
+Pass 1 (`mta_lse_kernel`) computes the row log-sum-exp of the logits L (after the pre-softmax
+key-query convolution and head mixing); pass 2 (`mta_out_kernel`) forms the probabilities
+`A = exp(L - lse)` tile by tile, applies the post-softmax convolution, Mask_0 and head mixing,
+and multiplies by V. Neither writes a `[query, key]` map to memory: both sweep the key tiles of
+one query tile (causal: only up to the diagonal) with all heads `[H, rows, keys]` resident.
+
+Halos. An output entry (i, j) of a `c_q x c_k` convolution reads rows i - (c_q - 1) .. i and
+keys j - left .. j + right. Triton cannot shift register tensors, so a program computes the
+input of each convolution on a window enlarged by the halo (raw scores one head at a time),
+writes it to a small per-program staging buffer (`[H, window]`, O(T) in all, not O(T^2)), and
+reads the `c_q * c_k` shifted views back with ordinary masked loads, mixing the heads as it
+goes (`_conv_mix_from_stage`). Pass 2 needs L, hence raw
+scores, on a window enlarged by both halos. The causal and padding masks are applied exactly
+where the torch path applies them: Mask_0 before each convolution, Mask_-inf on L, Mask_0 after
+the post-softmax convolution. A step that is off is given as an identity (1 x 1 kernel,
+identity mixing), which computes the same numbers.
+
+Layout: q, k, v, out `[batch pos head_index d_head]` (any strides); conv kernels fp32
+`[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
+over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empty rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._triton import next_pow2, tl, triton
+from kernels.flash_attention.triton_fwd import _dot
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID: tl.constexpr):
+    """`[R, C]` bool: query row `rows` may see key `cols` (in range, causal, not padding)."""
+    r_ok = (rows >= 0) & (rows < T_Q)
+    c_ok = (cols >= 0) & (cols < T_K)
+    ok = r_ok[:, None] & c_ok[None, :] & (cols[None, :] <= rows[:, None] + Q_OFFSET)
+    if HAS_KVALID:
+        kv = tl.load(kv_ptr + cols, mask=c_ok, other=0)
+        ok = ok & (kv[None, :] != 0)
+    return ok
+
+
+@triton.jit
+def _conv_mix_from_stage(stage, TH, W, H, offs_h, h_valid, CQ, CK, ok, HB: tl.constexpr,
+                         SR: tl.constexpr, SC: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    """Convolution then head mixing of a staged `[HB, SR, SC]` input (row-major at `stage`):
+
+        conv[n, r, c] = ok[r, c] * sum_{a, b} TH[n, a, b] stage[n, r + a, c + b]
+        out[m, r, c]  = sum_n W[n, m] conv[n, r, c]
+
+    returns `out [HB, R, C]` fp32. One input head at a time: registers hold `[R, C]` per head
+    and the `[HB, R, C]` result, never an `[HB, HB, R, C]` product."""
+    offs_r = tl.arange(0, R)
+    offs_c = tl.arange(0, C)
+    out = tl.zeros([HB, R, C], dtype=tl.float32)
+    for n in range(0, H):
+        base = stage + n * (SR * SC)
+        conv = tl.zeros([R, C], dtype=tl.float32)
+        for a in range(0, CQ):
+            r = offs_r + a
+            for b in range(0, CK):
+                th = tl.load(TH + (n * CQ + a) * CK + b)
+                c = offs_c + b
+                win = tl.load(base + r[:, None] * SC + c[None, :],
+                              mask=(r < SR)[:, None] & (c < SC)[None, :], other=0.0)
+                conv += th * win
+        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
+        out += w[:, None, None] * tl.where(ok, conv, 0.0)[None, :, :]
+    return out
+
+
+@triton.jit
+def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_ptr,
+            TH, W, H, offs_h, h_valid, offs_d, d_valid, row0, col0, T_Q, T_K, Q_OFFSET,
+            scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+            HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr,
+            SC: tl.constexpr):
+    """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
+    Mask_0(scale q k^T)))). The raw scores are computed on the window enlarged by the halo
+    (`SR >= R + CQ - 1` rows from `row0 - (CQ - 1)`, `SC >= C + CK - 1` keys from `col0 - LEFT`)
+    and staged at `stage` `[HB, SR, SC]` fp32."""
+    rows = row0 - (CQ - 1) + tl.arange(0, SR)
+    cols = col0 - LEFT + tl.arange(0, SC)
+    r_in = (rows >= 0) & (rows < T_Q)
+    c_in = (cols >= 0) & (cols < T_K)
+    ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+    offs_sr = tl.arange(0, SR)
+    offs_sc = tl.arange(0, SC)
+    for n in range(0, H):                     # one head at a time: `[SR, SC]` in registers
+        q = tl.load(Q + q_base + n * sq_h + rows[:, None] * sq_t + offs_d[None, :] * sq_d,
+                    mask=r_in[:, None] & d_valid[None, :], other=0.0)
+        kt = tl.load(K + k_base + n * sk_h + cols[None, :] * sk_t + offs_d[:, None] * sk_d,
+                     mask=c_in[None, :] & d_valid[:, None], other=0.0)
+        s = tl.where(ok, _dot(q, kt, IEEE) * scale, 0.0)                 # Mask_0(scale q k^T)
+        tl.store(stage + n * (SR * SC) + offs_sr[:, None] * SC + offs_sc[None, :], s)
+    tl.debug_barrier()
+    out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
+                      kv_ptr, HAS_KVALID)
+    logits = _conv_mix_from_stage(stage, TH, W, H, offs_h, h_valid, CQ, CK, out_ok, HB, SR, SC,
+                                  R, C)                                            # Eqs. 5, 7
+    tl.debug_barrier()                                  # the stage is rewritten next tile
+    return tl.where(out_ok[None, :, :], logits, float("-inf"))                     # Mask_-inf
+
+
+@triton.jit
+def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
+                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
+                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
+                   HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   SR: tl.constexpr, SC: tl.constexpr):
+    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < D
+    m0 = pid_m * BLOCK_M
+    stage = STAGE + (b * tl.num_programs(0) + pid_m) * (HB * SR * SC)
+    m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
+    for n0 in range(0, n_end, BLOCK_N):
+        x = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage,
+                    KVALID + b * skv_b, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0, n0,
+                    T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
+                    BLOCK_M, BLOCK_N, SR, SC) * LOG2E
+        m_new = tl.maximum(m_i, tl.max(x, 2))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
+        m_i = m_new
+    empty = l_i == 0.0
+    lse = tl.where(empty, float("-inf"),
+                   (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse,
+             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+
+
+@triton.jit
+def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
+                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                   so_b, so_t, so_h, so_d, skv_b,
+                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
+                   HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
+
+    A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
+    keys the post-softmax convolution reads, staged in STAGE2; its logits stage their raw
+    scores in STAGE1 (`SR x SC`)."""
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < D
+    m0 = pid_m * BLOCK_M
+    prog = b * tl.num_programs(0) + pid_m
+    stage1 = STAGE1 + prog * (HB * SR * SC)
+    stage2 = STAGE2 + prog * (HB * AR * AC)
+    kv_ptr = KVALID + b * skv_b
+    a_rows = m0 - (CQ2 - 1) + tl.arange(0, AR)
+    a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
+    # Rows outside the sequence and empty rows (lse -inf) get +inf: their probabilities are 0.
+    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
+                  mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    offs_ar = tl.arange(0, AR)
+    offs_ac = tl.arange(0, AC)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
+    for n0 in range(0, n_end, BLOCK_N):
+        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
+                         kv_ptr, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0 - (CQ2 - 1),
+                         n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
+                         HB, AR, AC, SR, SC)
+        probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
+        tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
+                 + offs_ac[None, None, :], probs)
+        tl.debug_barrier()
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+        pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
+                                       AR, AC, BLOCK_M, BLOCK_N)                  # Eqs. 6, 7
+        tl.debug_barrier()
+        v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h + offs_n[None, :, None] * sv_t
+                    + offs_d[None, None, :] * sv_d,
+                    mask=h_valid[:, None, None] & (offs_n < T_K)[None, :, None]
+                    & d_valid[None, None, :], other=0.0)
+        acc += _dot(pattern.to(v.dtype), v, IEEE)
+    tl.store(O + b * so_b + offs_h[:, None, None] * so_h + offs_m[None, :, None] * so_t
+             + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
+             mask=h_valid[:, None, None] & (offs_m < T_Q)[None, :, None]
+             & d_valid[None, None, :])
+
+
+def default_blocks() -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): all heads of a tile live in one program (`[H, rows + halo, keys +
+    halo]` fp32 tensors), so tiles stay small; to be tuned on a GPU."""
+    return 16, 16
+
+
+def _window(n: int) -> int:
+    return next_pow2(n)
+
+
+def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
+            scale: float, key_valid=None, block_m: int | None = None,
+            block_n: int | None = None):
+    """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
+
+    Kernels: fp32 `[H, c_q, c_k]` contiguous; mixings fp32 `[H, H]` contiguous (identities for
+    steps that are off); `left`, `left2`: key padding on the left of each convolution."""
+    B, T_Q, H, D = q.shape
+    T_K = k.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    if T_Q == 0:
+        return out, lse
+    bm, bn = default_blocks()
+    bm, bn = block_m or bm, block_n or bn
+    cq, ck = pre_kernel.shape[1:]
+    cq2, ck2 = post_kernel.shape[1:]
+    HB, BD = next_pow2(H, minimum=1), next_pow2(D)
+    n_m = math.ceil(T_Q / bm)
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD)
+    # Pass 1: logits on the tile itself; raw scores on the tile + the pre-softmax halo.
+    sr1, sc1 = _window(bm + cq - 1), _window(bn + ck - 1)
+    stage = torch.empty(B * n_m * HB * sr1 * sc1, **f32)
+    mta_lse_kernel[(n_m, B)](
+        q, k, lse, kv, stage, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, SR=sr1, SC=sc1, **common)
+    # Pass 2: probabilities on the tile + the post-softmax halo, logits on that + pre halo.
+    ar, ac = _window(bm + cq2 - 1), _window(bn + ck2 - 1)
+    sr2, sc2 = _window(ar + cq - 1), _window(ac + ck - 1)
+    stage1 = torch.empty(B * n_m * HB * sr2 * sc2, **f32)
+    stage2 = torch.empty(B * n_m * HB * ar * ac, **f32)
+    mta_out_kernel[(n_m, B)](
+        q, k, v, out, lse, kv, stage1, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
+        SR=sr2, SC=sc2, **common)
+    return out, lse
+
+
+__all__ = ["default_blocks", "mta_fwd", "mta_lse_kernel", "mta_out_kernel"]

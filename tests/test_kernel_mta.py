@@ -1,0 +1,286 @@
+"""Fused Multi-Token Attention (kernels.mta) vs its plain-torch spec, on the Triton interpreter.
+
+1. The spec (`mta_attention_reference`) is the model's torch path: float64, exact.
+2. The fused forward (fp32 / fp16) matches the spec evaluated in float64 (fp32 inputs) or fp32
+   (fp16 inputs) for every option combination: both convolutions at the official 6 x 11, pad_key
+   left / right, grouped and full mixings, each step off, non-power-of-two heads, ragged lengths,
+   padding keys, queries aligned to the last keys. Outputs are NaN-prefilled (kernel_common).
+3. The fused backward's gradients (q, k, v and the four MTA parameters, through out and lse)
+   equal the spec's float64 autograd, across option combinations.
+4. Dispatch: a backend="triton" MTA model equals the torch model; a map hook switches the layer
+   to the torch path; `patterns_for` rows from the saved lse equal the cached hook_pattern.
+
+fp32 tolerance: a logit sums c_q * c_k <= 66 convolution taps then H <= 4 mixing terms of size
+<~5, so float32 rounding (6e-8 relative) reaches ~1e-5 in a logit and ~1e-5 relative in
+probabilities and z (observed <= 2e-6 absolute): atol = rtol = 5e-5 leaves margin.
+"""
+
+import pytest
+import torch
+
+from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+
+pytestmark = KERNEL_MARKS
+
+from kernels.dispatch import patterns_for  # noqa: E402
+from kernels.mta import mta_attention, mta_attention_reference, mta_pattern_rows  # noqa: E402
+from kernels.mta.function import check_mta_params  # noqa: E402
+
+from helpers import EXACT, random_tokens, tiny_model  # noqa: E402
+
+FP32 = dict(atol=5e-5, rtol=5e-5)
+OFFICIAL = dict(pre=(6, 11), post=(6, 11), pre_mix=1, post_mix=1)
+ALL_ON = dict(pre=(3, 5), post=(2, 3), pre_mix=2, post_mix=1)      # 4 heads: groups of 2 / all
+
+
+def _params(H, pre=None, post=None, pre_mix=None, post_mix=None, seed=0):
+    """Random (pre_kernel, pre_mix, post_kernel, post_mix): kernels `(c_q, c_k)`, mixings by
+    their number of groups; None leaves a step off."""
+    g = torch.Generator().manual_seed(seed)
+
+    def kern(size):
+        return None if size is None else torch.randn(H, 1, *size, generator=g) * 0.4
+
+    def mix(groups):
+        if groups is None:
+            return None
+        c_h = H // groups
+        return torch.eye(c_h).expand(groups, c_h, c_h) + 0.4 * torch.randn(groups, c_h, c_h,
+                                                                          generator=g)
+    return kern(pre), mix(pre_mix), kern(post), mix(post_mix)
+
+
+def _qkv(T_q, T_k, H, d=16, batch=1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, T, H, d, generator=g) for T in (T_q, T_k, T_k)]
+
+
+def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
+           dtype=torch.float32, block_n=None):
+    q, k, v = _qkv(T_q, T_k, H, d, batch)
+    params = _params(H, **opts)
+    out, lse = mta_attention(*(t.to(DEVICE, dtype) for t in (q, k, v)),
+                             *(None if p is None else p.to(DEVICE) for p in params),
+                             pad_key=pad_key, scale=d ** -0.5, key_valid=key_valid,
+                             block_n=block_n)
+    assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
+    # fp16: the spec in fp32 on the same fp16-rounded inputs; fp32: the spec in float64.
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ref_in = [t.to(dtype).to(ref_dtype) for t in (q, k, v)]
+    ref_out, ref_lse = mta_attention_reference(
+        *ref_in, *(None if p is None else p.to(ref_dtype) for p in params), pad_key, d ** -0.5,
+        key_valid)
+    tol = FP32 if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.to(ref_dtype), ref_out.to(DEVICE), **tol)
+    torch.testing.assert_close(lse.to(ref_dtype), ref_lse.to(DEVICE), **tol)
+
+
+# -- 1. the spec is the model's torch path ---------------------------------------------------
+@pytest.mark.parametrize("attn_cfg", [
+    dict(query_kernel_size=3, key_kernel_size=5, after_sm_query_kernel_size=2,
+         after_sm_key_kernel_size=3, pre_sm_head_kernel_size=2, head_kernel_size="all"),
+    {},                                                     # official defaults: 6 x 11, "all"
+    dict(pad_key="left", key_kernel_size=4, after_sm_key_kernel_size=2, head_kernel_size=None),
+    dict(pad_key="right", query_kernel_size=None, pre_sm_head_kernel_size=None),
+])
+def test_reference_is_the_models_torch_path(attn_cfg):
+    from test_mta import randomize_mta
+
+    model = randomize_mta(tiny_model("mta", dtype="float64", attn_cfg=attn_cfg))
+    tokens = random_tokens(model, batch=2, pos=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0                                         # left padding: empty query rows
+    _, cache = model.run_with_cache(tokens, attention_mask=mask)
+    for layer, block in enumerate(model.blocks):
+        a = block.attn
+        q, k, v = (cache[f"blocks.{layer}.attn.hook_{n}"] for n in "qkv")
+        z, _, pattern = mta_attention_reference(
+            q, k, v, a.mta_kernel, a.pre_sm_head_kernel, a.mta_kernel_after_sm, a.head_kernel,
+            a.opts.pad_key, 1.0 / model.cfg.attn_scale, mask.bool(), return_maps=True)
+        torch.testing.assert_close(pattern, cache[f"blocks.{layer}.attn.hook_pattern"], **EXACT)
+        torch.testing.assert_close(z, cache[f"blocks.{layer}.attn.hook_z"], **EXACT)
+
+
+def test_pattern_rows_from_saved_lse_are_exact_in_float64():
+    q, k, _ = (t.double() for t in _qkv(14, 14, 4))
+    params = tuple(None if p is None else p.double() for p in _params(4, **ALL_ON))
+    key_valid = torch.ones(1, 14, dtype=torch.bool)
+    key_valid[0, 5] = False
+    _, lse, pattern = mta_attention_reference(q, k, k, *params, "both", 0.25, key_valid,
+                                              return_maps=True)
+    heads, queries = torch.tensor([3, 0]), torch.tensor([0, 2, 7, 13])
+    rows = mta_pattern_rows(q, k, lse, *params, "both", 0.25, heads, queries, key_valid)
+    torch.testing.assert_close(rows, pattern[:, heads][:, :, queries], **EXACT)
+
+
+# -- 2. fused forward vs the spec --------------------------------------------------------------
+@pytest.mark.parametrize("T, H, opts, pad_key", [
+    (20, 2, OFFICIAL, "both"),                 # the released 6 x 11 kernels, full mixings
+    (33, 4, ALL_ON, "both"),                   # three query tiles, grouped pre-mixing
+    (17, 2, dict(pre=(2, 4), post=(3, 2)), "left"),
+    (17, 2, dict(pre=(2, 4), post_mix=1), "right"),
+    (18, 3, dict(post=(3, 3), pre_mix=1), "both"),   # 3 heads (padded to 4 in the kernel)
+    (19, 2, {}, "both"),                       # every step off: plain causal attention
+])
+def test_fp32_forward_matches_spec(T, H, opts, pad_key):
+    _check(T, T, H, opts, pad_key)
+
+
+def test_padding_keys_two_batches_wide_key_tiles_and_head_dim_24():
+    key_valid = torch.rand(2, 21, generator=torch.Generator().manual_seed(3)) > 0.3
+    key_valid[1, :4] = False                   # empty query rows in batch 1
+    _check(21, 21, 2, ALL_ON | dict(pre_mix=1), d=24, batch=2, key_valid=key_valid.to(DEVICE),
+           block_n=32)
+
+
+def test_queries_aligned_to_the_last_keys():
+    _check(5, 21, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1))
+
+
+def test_fp16():
+    _check(20, 20, 2, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), dtype=torch.float16)
+
+
+# -- 3. gradients --------------------------------------------------------------------------------
+@pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
+    (18, 18, 2, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), "both", 1),
+    pytest.param(20, 20, 2, OFFICIAL, "both", 1, marks=pytest.mark.slow),        # 6 x 11
+    pytest.param(33, 33, 4, ALL_ON, "left", 1, marks=pytest.mark.slow),  # 3 tiles, groups
+    (12, 12, 3, dict(pre=(2, 4), post=(3, 2), post_mix=1), "right", 2),   # 3 heads, padding
+    (5, 21, 2, dict(pre=(3, 3), post=(2, 3), pre_mix=1), "both", 1),     # aligned to the end
+    (9, 9, 2, {}, "both", 1),                  # plain attention
+])
+def test_fused_gradients_equal_the_specs(T_q, T_k, H, opts, pad_key, batch):
+    q, k, v = _qkv(T_q, T_k, H, batch=batch)
+    params = [p for p in _params(H, **opts)]
+    key_valid = None
+    if batch == 2:
+        key_valid = torch.ones(2, T_k, dtype=torch.bool)
+        key_valid[1, :3] = False               # empty query rows
+        key_valid[0, 7] = False
+    present = [p is not None for p in params]
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v, *params) if t is not None]
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, *params) if t is not None]
+
+    def full(ts):
+        it = iter(ts[3:])
+        return (*ts[:3], *(next(it) if on else None for on in present))
+
+    out, lse = mta_attention(*full(leaves), pad_key=pad_key, scale=0.25, key_valid=key_valid)
+    ref_out, ref_lse = mta_attention_reference(*full(ref_leaves), pad_key, 0.25, key_valid)
+    g = torch.Generator().manual_seed(5)
+    d_out, d_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    fin = torch.isfinite(ref_lse)
+    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
+                              ref_leaves)
+    names = ["dq", "dk", "dv"] + [n for n, on in zip(("dpre", "dpre_mix", "dpost", "dpost_mix"),
+                                                     present, strict=True) if on]
+    for name, a, b in zip(names, grads, ref, strict=True):
+        assert a.dtype == torch.float32 and not a.isnan().any(), name
+        # Parameter gradients sum <= T^2 * H terms of size <~1: scale the tolerance by them.
+        torch.testing.assert_close(a.double() / max(1.0, b.abs().max().item()),
+                                   b / max(1.0, b.abs().max().item()), **FP32,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_fp16_gradients_close_to_spec():
+    q, k, v = (t.half() for t in _qkv(18, 18, 2))
+    params = _params(2, pre=(2, 3), post=(2, 3), post_mix=1)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out, _ = mta_attention(*leaves, *params, scale=0.25)
+    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = mta_attention_reference(*ref_leaves, *params, "both", 0.25)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
+    for a, b in zip(grads, ref, strict=True):
+        assert a.dtype == torch.float16 and not a.isnan().any()
+        torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+
+
+def test_bad_parameter_shapes_name_the_parameter():
+    q, k, v = _qkv(4, 4, 2)
+    with pytest.raises(ValueError, match="pre_kernel must be"):
+        mta_attention(q, k, v, torch.ones(3, 1, 2, 3), None, None, None)
+    with pytest.raises(ValueError, match="post_mix must be"):
+        check_mta_params(2, None, None, None, torch.ones(1, 3, 3), "both")
+    with pytest.raises(ValueError, match="needs it odd"):
+        check_mta_params(2, torch.ones(2, 1, 2, 4), None, None, None, "both")
+
+
+# -- 4. the model's dispatch ---------------------------------------------------------------------
+MODEL_CFG = dict(d_head=16, attn_cfg=dict(query_kernel_size=3, key_kernel_size=5,
+                                          after_sm_query_kernel_size=2,
+                                          after_sm_key_kernel_size=3,
+                                          pre_sm_head_kernel_size=2, head_kernel_size="all"))
+
+
+def _model(backend):
+    from test_mta import randomize_mta
+
+    return randomize_mta(tiny_model("mta", backend=backend, **MODEL_CFG))
+
+
+def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
+    import kernels.mta.dispatch as md
+
+    launches = []
+    monkeypatch.setattr(md, "mta_attention",
+                        lambda *a, **kw: launches.append(1) or mta_attention(*a, **kw))
+    fused, ref = _model("triton"), _model("torch")
+    tokens = random_tokens(fused, batch=2, pos=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :2] = 0
+    loss_f = fused(tokens, attention_mask=mask, return_type="loss")
+    loss_r = ref(tokens, attention_mask=mask, return_type="loss")
+    assert len(launches) == 2                                   # both layers fused
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
+    import hooked_models.attention.mta as mta_mod
+
+    attends = []
+    attend = mta_mod.MultiTokenAttention.attend
+    monkeypatch.setattr(mta_mod.MultiTokenAttention, "attend",
+                        lambda self, *a: attends.append(self.layer) or attend(self, *a))
+    fused = _model("triton")
+    tokens = random_tokens(fused, batch=1, pos=17)
+    _, cache = fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_pre_sm_mix"])
+    assert attends == [1]                                       # only the hooked layer
+    attends.clear()
+    rows = patterns_for(fused, tokens, layers=[0, 1], heads=[1, 0], queries=[0, 9, -1])
+    assert attends == []                                        # no materialising pass
+    _, cache = _model("torch").run_with_cache(tokens)
+    for layer in (0, 1):
+        want = cache[f"blocks.{layer}.attn.hook_pattern"][:, [1, 0]][:, :, [0, 9, 16]]
+        torch.testing.assert_close(rows[layer], want, **FP32)
+
+
+def test_float64_model_and_kv_cache_decoding_fall_back_to_torch():
+    fused, ref = _model("triton"), _model("torch")
+    prompt = random_tokens(fused, batch=1, pos=6)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.generate(prompt, 3), ref.generate(prompt, 3))
+    from test_mta import randomize_mta
+
+    m64 = randomize_mta(tiny_model("mta", backend="triton", dtype="float64", **MODEL_CFG))
+    r64 = randomize_mta(tiny_model("mta", dtype="float64", **MODEL_CFG))
+    torch.testing.assert_close(m64(prompt), r64(prompt), **EXACT)
+
+
+def test_grouped_query_attention_model_matches_torch():
+    from test_mta import randomize_mta
+
+    fused, ref = (randomize_mta(tiny_model("mta", backend=b, n_key_value_heads=1, **MODEL_CFG))
+                  for b in ("triton", "torch"))
+    tokens = random_tokens(fused, batch=1, pos=10)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens), ref(tokens), atol=1e-5, rtol=1e-5)

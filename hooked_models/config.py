@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from transformer_lens.config import TransformerLensConfig
 
+from hooked_models.rotary import normalize_rope_scaling
+
 POSITIONAL_TYPES = ("none", "standard", "rotary")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
@@ -49,6 +51,11 @@ class VariantConfig(TransformerLensConfig):
         positional_embedding_type: "none", "standard" (learned absolute) or "rotary".
         rotary_dim: number of rotated dims per head (default: all of d_head).
         rotary_adjacent_pairs: rotate (0,1),(2,3)... (GPT-J) instead of halves (GPT-NeoX).
+        rope_scaling: rotary frequency scaling, HuggingFace's spelling: None (plain RoPE),
+            {"rope_type": "linear", "factor"}, {"rope_type": "llama3", "factor",
+            "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} or
+            {"rope_type": "dynamic", "factor", "original_max_position_embeddings"}
+            (`hooked_models.rotary`); only with positional_embedding_type="rotary".
         parallel_attn_mlp: GPT-NeoX style block, resid_post = resid + attn(ln1 x) + mlp(ln2 x).
         attn_scale: scores are divided by this (default sqrt(d_head)).
         backend: "torch", "triton" or "auto" (Triton on CUDA when the variant has kernels).
@@ -65,6 +72,7 @@ class VariantConfig(TransformerLensConfig):
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
     rotary_adjacent_pairs: bool = False
+    rope_scaling: dict | None = None
     normalization_type: str | None = "LN"
     act_fn: str = "gelu"
     parallel_attn_mlp: bool = False
@@ -104,6 +112,10 @@ class VariantConfig(TransformerLensConfig):
         ):
             raise ValueError(f"rotary_dim must be even and in [2, d_head={self.d_head}], "
                              f"got {self.rotary_dim}")
+        self.rope_scaling = normalize_rope_scaling(self.rope_scaling)
+        if self.rope_scaling is not None and self.positional_embedding_type != "rotary":
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} needs positional_embedding_type="
+                             f"'rotary', got {self.positional_embedding_type!r}")
         if self.attn_scale is None:
             self.attn_scale = math.sqrt(self.d_head)
         # Both divide: 0, negative, NaN or inf would give NaN/inf outputs silently.

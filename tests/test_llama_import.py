@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 
 import pytest
 import torch
@@ -29,8 +30,11 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
 )
 
+from hooked_models.config import VariantConfig  # noqa: E402
 from hooked_models.converters.hf import from_hf  # noqa: E402
 from hooked_models.converters.llama import from_llama, llama_config  # noqa: E402
+from hooked_models.model import HookedVariantTransformer  # noqa: E402
+from hooked_models.rotary import rotary_inv_freq  # noqa: E402
 
 SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
              num_attention_heads=4, max_position_embeddings=32, rms_norm_eps=1e-5)
@@ -69,6 +73,31 @@ def save_sharded(model, directory):
     return directory
 
 
+def float64_inv_freq(cfg, dim: int, seq_len: int) -> torch.Tensor:
+    """HF's inverse frequencies (modeling_rope_utils) transcribed in float64, per rope type."""
+    rope = cfg.rope_parameters
+    kind, theta = rope.get("rope_type", "default"), rope["rope_theta"]
+    if kind == "dynamic":   # HF's forward from an empty cache: the call's length sets the base
+        seq_len = max(seq_len, cfg.max_position_embeddings)
+        theta = theta * ((rope["factor"] * seq_len / cfg.max_position_embeddings)
+                         - (rope["factor"] - 1)) ** (dim / (dim - 2))
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if kind == "linear":
+        inv = inv / rope["factor"]
+    elif kind == "llama3":
+        factor, old = rope["factor"], rope["original_max_position_embeddings"]
+        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        inv_llama = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv = torch.where(medium, smoothed, inv_llama)
+    else:
+        assert kind in ("default", "dynamic"), kind
+    return inv
+
+
 @pytest.fixture
 def float64_hf(monkeypatch):
     """Replace HF's float32 islands by float64 versions of the same formulas, per family."""
@@ -80,8 +109,7 @@ def float64_hf(monkeypatch):
     def rope_forward(self, x, position_ids):
         cfg = self.config
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        theta = cfg.rope_parameters["rope_theta"]
-        inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        inv = float64_inv_freq(cfg, dim, int(position_ids.max()) + 1)
         freqs = position_ids[..., None].double() * inv
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -180,10 +208,11 @@ def test_sliding_window_caps_the_context(tmp_path, float64_hf):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-     "rope_type='llama3'"),
-    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type='linear'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                        "original_max_position_embeddings": 16}), "rope_type='yarn'"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4,
+                        "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}),
+     "rope_type='longrope'"),
     (dict(mlp_bias=True), "mlp_bias=True"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
 ])
@@ -227,3 +256,74 @@ def test_pickle_directory_points_at_attnlens_convert(tmp_path):
         from_llama(directory)
     with pytest.raises(ValueError, match="not a local directory"):
         from_llama(tmp_path / "absent")
+
+
+# Rope scaling. rope_theta=100 with head_dim 8 gives wavelengths 6.3, 19.9, 62.8 and 199, so the
+# llama3 spec below has one kept, one interpolated-band and two scaled frequencies; sequences run
+# past original_max_position_embeddings (16), and for "dynamic" past max_position_embeddings (32),
+# where dynamic NTK starts to scale.
+ROPE_SCALINGS = {
+    "llama3": dict(rope_type="llama3", factor=4.0, low_freq_factor=0.5, high_freq_factor=2.0,
+                   original_max_position_embeddings=16),
+    "linear": dict(type="linear", factor=2.5),     # the older "type" spelling
+    "dynamic": dict(rope_type="dynamic", factor=2.0),
+}
+LONG = {"llama3": 24, "linear": 24, "dynamic": 40}
+
+
+def make_scaled(kind, tmp_path, seed):
+    hf = make_hf("llama", seed=seed, rope_theta=100.0, rope_scaling=ROPE_SCALINGS[kind])
+    model = from_llama(save_sharded(hf, tmp_path / kind), n_ctx=48 if kind == "dynamic" else None)
+    tokens = torch.randint(0, 61, (2, LONG[kind]), generator=torch.Generator().manual_seed(seed))
+    return hf, model, tokens
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_SCALINGS))
+def test_rope_scaling_matches_hf_exactly(kind, tmp_path, float64_hf):
+    hf, model, tokens = make_scaled(kind, tmp_path, seed=8)
+    spec = ROPE_SCALINGS[kind]
+    assert model.cfg.rope_scaling["rope_type"] == kind
+    assert model.cfg.rope_scaling["factor"] == spec["factor"]
+    compare(model, hf, tokens, atol=1e-10)
+    compare(model, hf, tokens[:, :12], atol=1e-10)          # a short call too
+    # The scaling matters at this length: the same weights with plain RoPE differ.
+    plain = HookedVariantTransformer(VariantConfig.from_dict(
+        model.cfg.to_dict() | {"rope_scaling": None})).eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (plain(tokens) - model(tokens)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_SCALINGS))
+def test_rope_scaling_matches_unmodified_hf_within_float32_rounding(kind, tmp_path):
+    hf, model, tokens = make_scaled(kind, tmp_path, seed=9)
+    assert model.cfg.rope_scaling is not None
+    assert model.blocks[0].attn.rotary.scaling == model.cfg.rope_scaling
+    compare(model, hf, tokens, atol=1e-5)
+
+
+def test_rope_scaling_frequencies_equal_hf_buffers():
+    for spec in ROPE_SCALINGS.values():
+        hf = make_hf("llama", rope_theta=100.0, rope_scaling=spec)
+        ours = rotary_inv_freq(8, 100.0, llama_config(hf.config).rope_scaling)
+        # HF computes them in float32: agreement to float32 rounding.
+        torch.testing.assert_close(ours, hf.model.rotary_emb.inv_freq.double(), atol=0,
+                                   rtol=2e-7)
+
+
+def test_transformers4_style_rope_scaling_maps_too():
+    legacy = type("C", (), dict(SIZES, model_type="llama", num_key_value_heads=2,
+                                rope_theta=100.0, rope_parameters=None,
+                                rope_scaling={"type": "llama3", "factor": 8.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 16}))()
+    cfg = llama_config(legacy)
+    assert cfg.rotary_base == 100.0 and cfg.rope_scaling == {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    legacy.rope_scaling = {"type": "dynamic", "factor": 2.0}
+    cfg = llama_config(legacy, n_ctx=64)                    # dynamic may run past 32
+    assert cfg.n_ctx == 64 and cfg.rope_scaling["original_max_position_embeddings"] == 32
+    legacy.rope_scaling = {"type": "linear"}
+    with pytest.raises(ValueError, match="has no 'factor'"):
+        llama_config(legacy)

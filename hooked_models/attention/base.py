@@ -184,7 +184,7 @@ class VariantAttention(nn.Module):
         self.rotary = None
         if cfg.positional_embedding_type == "rotary" and self.uses_rotary():
             self.rotary = Rotary(dh, cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base,
-                                 cfg.rotary_adjacent_pairs)
+                                 cfg.rotary_adjacent_pairs, scaling=cfg.rope_scaling)
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
         names = [s.name for s in self.stages]

@@ -21,9 +21,12 @@ Names and layout (`nn.Linear` weights are `[out, in]`; attnlens right-multiplies
     model.norm.weight                                 -> ln_final.w
     lm_head.weight [V, D] (absent when tied)          -> unembed.W_U (transposed)
 
-Refused with a ValueError naming the field: rope types other than "default" (Llama-3's
-"llama3", "linear", "dynamic", "yarn": attnlens's rotary has no frequency rescaling yet),
-`mlp_bias=True` (attnlens's gated MLP has no gate bias), and other model types. Mistral's (and
+RoPE scaling maps to `cfg.rope_scaling` (see `hooked_models.rotary`): "linear", Llama-3.1's
+"llama3" and "dynamic" (NTK) convert exactly; with "dynamic", `n_ctx` may exceed
+`max_position_embeddings` (that is its purpose) and the angles follow HF's forward from an empty
+cache, set by each call's longest position. Refused with a ValueError naming the field: other
+rope types ("yarn", "longrope"), `mlp_bias=True` (attnlens's gated MLP has no gate bias), and
+other model types. Mistral's (and
 Qwen2's) sliding window is exact by construction: the converted model's `n_ctx` is capped at the
 window, so every sequence it accepts fits inside the window, where windowed and full causal
 attention coincide; longer inputs raise ValueError instead of being silently attended globally.
@@ -44,6 +47,7 @@ from torch import Tensor
 from hooked_models.config import VariantConfig
 from hooked_models.converters._shards import read_safetensors_dir
 from hooked_models.model import HookedVariantTransformer
+from hooked_models.rotary import ROPE_SCALING_KEYS, normalize_rope_scaling
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -51,19 +55,37 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def _rope(hf_config) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) for transformers 5 (rope_parameters) and 4.x."""
+def _rope(hf_config) -> tuple[float, float, dict[str, Any] | None]:
+    """(rope_theta, partial_rotary_factor, rope_scaling) for transformers 5 and 4.x configs.
+
+    Transformers 5 keeps everything in `rope_parameters`; 4.x in `rope_theta` + `rope_scaling`.
+    Only the keys HuggingFace's own frequency function for that type reads are taken (it ignores
+    the rest, so they change nothing); "dynamic" scales relative to `max_position_embeddings`.
+    """
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    legacy = getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", legacy.get("rope_type",
-                                                                  legacy.get("type", "default"))))
-    if rope_type != "default":
-        raise ValueError(f"rope_type={rope_type!r} (rope scaling) is not supported: attnlens's "
-                         "rotary embedding has no frequency rescaling; only 'default' RoPE "
-                         "converts exactly")
+    legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
+    spec = rope if ("rope_type" in rope or "type" in rope) else legacy
+    rope_type = spec.get("rope_type", spec.get("type", "default"))
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     pct = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
-    return float(theta), float(1.0 if pct is None else pct)
+    scaling = None
+    if rope_type != "default":
+        if rope_type not in ROPE_SCALING_KEYS:
+            raise ValueError(f"rope_type={rope_type!r} (rope scaling) is not supported; "
+                             f"supported: 'default', {list(ROPE_SCALING_KEYS)}")
+        scaling = {"rope_type": rope_type}
+        if rope_type == "dynamic":
+            spec = spec | {"original_max_position_embeddings":
+                           int(hf_config.max_position_embeddings)}
+        elif rope_type == "llama3" and "original_max_position_embeddings" not in spec:
+            spec = spec | {"original_max_position_embeddings":
+                           int(hf_config.max_position_embeddings)}   # HF's fallback
+        for key in ROPE_SCALING_KEYS[rope_type]:
+            if key not in spec:
+                raise ValueError(f"rope_scaling of type {rope_type!r} has no {key!r}")
+            scaling[key] = spec[key]
+        scaling = normalize_rope_scaling(scaling)
+    return float(theta), float(1.0 if pct is None else pct), scaling
 
 
 def _sliding_window(hf_config) -> int | None:
@@ -83,8 +105,9 @@ def llama_config(hf_config, n_ctx: int | None = None, **overrides) -> VariantCon
     """A `VariantConfig` for a HuggingFace `LlamaConfig`, `MistralConfig` or `Qwen2Config`.
 
     `n_ctx` caps the context (default: `max_position_embeddings`, or the sliding window when
-    smaller; each layer tabulates rotary angles for n_ctx positions in float64, so cap it for
-    long-context models). `overrides` go to `VariantConfig` (e.g. `dtype`, `device`).
+    smaller; "dynamic" rope scaling allows more; each layer tabulates rotary angles for n_ctx
+    positions in float64, so cap it for long-context models). `overrides` go to `VariantConfig`
+    (e.g. `dtype`, `device`).
     """
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in LLAMA_FAMILY:
@@ -98,14 +121,19 @@ def llama_config(hf_config, n_ctx: int | None = None, **overrides) -> VariantCon
     H = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or H)
     d_head = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // H)
-    theta, pct = _rope(hf_config)
+    theta, pct, scaling = _rope(hf_config)
     limit = int(hf_config.max_position_embeddings)
+    dynamic = scaling is not None and scaling["rope_type"] == "dynamic"
     window = _sliding_window(hf_config)
     if window is not None:
         limit = min(limit, window)
     if n_ctx is not None:
-        if not isinstance(n_ctx, int) or n_ctx <= 0 or n_ctx > limit:
-            raise ValueError(f"n_ctx={n_ctx!r} must be an int in [1, {limit}] (the model's "
+        # Dynamic NTK exists to run past max_position_embeddings; a sliding window still caps.
+        top = window if dynamic else limit
+        if (not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx <= 0
+                or (top is not None and n_ctx > top)):
+            allowed = "a positive int" if top is None else f"an int in [1, {top}]"
+            raise ValueError(f"n_ctx={n_ctx!r} must be {allowed} (the model's "
                              "max_position_embeddings, or its sliding window)")
         limit = n_ctx
     kwargs: dict[str, Any] = dict(
@@ -113,7 +141,8 @@ def llama_config(hf_config, n_ctx: int | None = None, **overrides) -> VariantCon
         n_key_value_heads=None if kv == H else kv, n_layers=int(hf_config.num_hidden_layers),
         n_ctx=limit, d_vocab=int(hf_config.vocab_size), d_mlp=int(hf_config.intermediate_size),
         attention="mha", positional_embedding_type="rotary", rotary_dim=int(d_head * pct),
-        rotary_base=theta, rotary_adjacent_pairs=False, normalization_type="RMS",
+        rotary_base=theta, rotary_adjacent_pairs=False, rope_scaling=scaling,
+        normalization_type="RMS",
         eps=float(hf_config.rms_norm_eps), act_fn="silu", gated_mlp=True,
         parallel_attn_mlp=False, attn_scale=d_head ** 0.5,
         metadata={"source": "huggingface", "model_type": model_type,
@@ -228,7 +257,8 @@ def from_llama(path_or_model, device: str | None = None, dtype: torch.dtype | st
         tokenizer: overrides the directory's tokenizer.
 
     Raises ValueError for pickle-only weights (use `attnlens convert`), a missing directory, an
-    unsupported config (rope scaling, mlp_bias, model type) or tensors that do not match.
+    unsupported config (yarn/longrope rope scaling, mlp_bias, model type) or tensors that do
+    not match.
     """
     if isinstance(path_or_model, (str, Path)):
         directory = Path(path_or_model)

@@ -77,7 +77,7 @@ def build_store(sources: list[str] | None = None):
     from dashboards.store import load_store
     from hooked_models import zoo
 
-    sources = sources or zoo.available()
+    sources = sources or zoo.available(kind="induction")
     if not sources:
         raise SystemExit("no bundled models found in hooked_models/zoo; pass checkpoint "
                          "directories: attnlens serve DIR [DIR ...]")
@@ -159,7 +159,8 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `attnlens` parser; docs/cli.md is generated from it (`python -m dashboards.docs_gen`)."""
     parser = argparse.ArgumentParser(prog="attnlens", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -225,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--no-png", action="store_true", help="HTML figures only")
     sweep.add_argument("--no-progress", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -8,7 +8,7 @@ import torch
 from hooked_models import zoo
 from interp.zoo.induction import induction_metrics
 
-NAMES = zoo.available()
+NAMES = zoo.available(kind="induction")   # paper-task models: tests/test_paper_zoo.py
 
 
 def test_zoo_is_not_empty():

@@ -10,14 +10,25 @@ Example:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).parent
 
 
-def available() -> list[str]:
-    """Names of the bundled checkpoints (directories holding a config.json)."""
-    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+def available(kind: str | None = None) -> list[str]:
+    """Names of the bundled checkpoints (directories holding a config.json); with `kind`, only
+    those whose card says that kind ("induction" for the toy models, whose cards name none;
+    "paper-task" for the models of docs/reproduction.md; "text-lm")."""
+    names = sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+    if kind is None:
+        return names
+    return [n for n in names if _card_kind(ZOO_DIR / n) == kind]
+
+
+def _card_kind(directory: Path) -> str:
+    card = directory / "card.json"
+    return json.loads(card.read_text()).get("kind", "induction") if card.is_file() else ""
 
 
 def path(name: str) -> Path:

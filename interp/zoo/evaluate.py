@@ -3,7 +3,8 @@
     python -m interp.zoo.evaluate induction-mha [--write]
 
 Toy `induction-*` models are measured on their task (`interp.zoo.induction.induction_metrics`);
-text language models (card "kind": "text-lm") by `interp.zoo.text_eval.evaluate_text_model`.
+text language models (card "kind": "text-lm") by `interp.zoo.text_eval.evaluate_text_model`;
+paper-task models (card "kind": "paper-task") by their recipe's module (`interp.zoo.paper`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def measure(name: str) -> dict:
         from interp.zoo.text_eval import evaluate_text_model
 
         return evaluate_text_model(model, model.card, directory=path(name))
+    if (model.card or {}).get("kind") == "paper-task":
+        from interp.zoo.paper._training import evaluate_model
+
+        return evaluate_model(model)
     return induction_metrics(model)
 
 

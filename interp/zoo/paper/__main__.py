@@ -1,0 +1,87 @@
+"""Command line of the paper-task zoo.
+
+    python -m interp.zoo.paper list [PATTERN...]          recipes, and which are shipped
+    python -m interp.zoo.paper train NAME... [--resume]   train into hooked_models/zoo/NAME + eval
+    python -m interp.zoo.paper eval NAME... [--write]     re-measure; --write stores card metrics
+    python -m interp.zoo.paper report                     docs/reproduction.md + its figures
+
+NAME may be a shell-style pattern ("mta-findblock-first-*"), quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+
+import torch
+
+from hooked_models.zoo import available, load
+from interp.zoo.paper._registry import all_recipes, module_of
+from interp.zoo.paper._training import evaluate_model, write_metrics, zoo_dir
+
+
+def _select(patterns: list[str]) -> list[str]:
+    names = sorted(all_recipes())
+    chosen: list[str] = []
+    for pattern in patterns:
+        hits = fnmatch.filter(names, pattern)
+        if not hits:
+            raise SystemExit(f"no recipe matches {pattern!r}; known: {names}")
+        chosen += [h for h in hits if h not in chosen]
+    return chosen
+
+
+def _eval(names: list[str], write: bool) -> None:
+    shipped = set(available())
+    for name in names:
+        if name not in shipped:
+            raise SystemExit(f"{name} is not shipped (train it first: "
+                             f"python -m interp.zoo.paper train {name} --resume)")
+        metrics = evaluate_model(load(name))
+        print(name, json.dumps(metrics))
+        if write:
+            write_metrics(zoo_dir(name), metrics)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m interp.zoo.paper")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list")
+    p_list.add_argument("names", nargs="*", default=["*"])
+    p_train = sub.add_parser("train")
+    p_train.add_argument("names", nargs="+")
+    p_train.add_argument("--resume", action="store_true",
+                         help="continue from the run's last checkpoint under out/paper-zoo/")
+    p_train.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p_eval = sub.add_parser("eval")
+    p_eval.add_argument("names", nargs="+")
+    p_eval.add_argument("--write", action="store_true", help="store the metrics in card.json")
+    sub.add_parser("report")
+    args = parser.parse_args(argv)
+
+    if args.command == "list":
+        shipped = set(available())
+        recipes = all_recipes()
+        for name in _select(args.names):
+            mark = "shipped" if name in shipped else "-"
+            print(f"{name:50s} {recipes[name].phenomenon:22s} {mark}")
+    elif args.command == "train":
+        torch.set_num_threads(args.threads)
+        recipes = all_recipes()
+        for name in _select(args.names):
+            recipe = recipes[name]
+            print(f"training {name}", file=sys.stderr, flush=True)
+            module_of(recipe).train(recipe, zoo_dir(name), resume=args.resume)
+            _eval([name], write=True)
+    elif args.command == "eval":
+        _eval(_select(args.names), args.write)
+    elif args.command == "report":
+        from interp.zoo.paper.report import write_report
+
+        print(write_report())
+
+
+if __name__ == "__main__":
+    main()

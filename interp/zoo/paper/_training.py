@@ -1,0 +1,131 @@
+"""Shared training and card writing of the paper-task zoo (every phenomenon module uses them).
+
+`train_recipe` builds the recipe's model, runs `hooked_models.trainer.fit` in a resumable run
+directory under `out/paper-zoo/<name>/` (git-ignored) and saves the final model with its card
+into the zoo directory; `write_metrics` stores what the module's `evaluate` measures.
+
+Example:
+    >>> train_recipe(recipe, zoo_path, sample)      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hooked_models.config import VariantConfig
+from hooked_models.model import HookedVariantTransformer
+from hooked_models.trainer import METRICS_FILE, Sampler, TrainConfig, fit
+from hooked_models.zoo import ZOO_DIR
+from interp.zoo.paper._registry import Recipe
+
+KIND = "paper-task"
+RUN_ROOT = Path(__file__).resolve().parents[3] / "out" / "paper-zoo"
+WALL_FILE = "wall_seconds.json"
+CLI = "python -m interp.zoo.paper"
+
+
+def build_model(recipe: Recipe) -> HookedVariantTransformer:
+    """The untrained model of `recipe` (weights seeded by `recipe.seed`)."""
+    metadata = {"task": recipe.task, "recipe": recipe.name}
+    return HookedVariantTransformer(VariantConfig(**recipe.config, seed=recipe.seed,
+                                                  metadata=metadata))
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return f"cpu ({torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)})"
+
+
+def train_config(recipe: Recipe) -> TrainConfig:
+    train = {"checkpoint_every": max(1, recipe.train["steps"] // 5), "progress": False,
+             **recipe.train}
+    return TrainConfig(seed=recipe.seed, **train)
+
+
+def _read_wall(run_dir: Path) -> float:
+    path = run_dir / WALL_FILE
+    return json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
+
+
+def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
+                 run_root: Path | None = None,
+                 evaluate: Callable[[object], dict] | None = None) -> HookedVariantTransformer:
+    """Train `recipe` on batches from `sample` and save it, with a card, into `out_dir`.
+
+    The run directory `run_root/<name>` holds resumable checkpoints; with `resume`, an
+    interrupted run continues where its last checkpoint stopped (same losses as an unbroken
+    run); without it, the run starts over. Wall time accumulates across resumed pieces.
+    Returns the trained model (eval mode).
+    """
+    run_dir = Path(run_root or RUN_ROOT) / recipe.name
+    if not resume and run_dir.exists():
+        for name in (WALL_FILE, "latest"):
+            (run_dir / name).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = build_model(recipe)
+    cfg = train_config(recipe)
+    wall = _read_wall(run_dir)
+    t0 = time.perf_counter()
+    fit(model, sample, cfg, run_dir=run_dir, resume=resume, evaluate=evaluate)
+    wall += time.perf_counter() - t0
+    (run_dir / WALL_FILE).write_text(json.dumps({"seconds": wall}))
+    curve = loss_curve(run_dir)
+    final_loss = curve[-1][1] if curve else None
+    card = {
+        "kind": KIND, "recipe": recipe.name, "phenomenon": recipe.phenomenon,
+        "variant": recipe.variant, "task": recipe.task, "task_args": recipe.task_args,
+        "seed": recipe.seed, "steps": cfg.steps, "train": cfg.to_dict(),
+        "train_command": f"{CLI} train {recipe.name} --resume",
+        "train_seconds": round(wall, 1), "device": device_name(),
+        "final_train_loss": final_loss, "train_loss_curve": curve,
+    }
+    model.save_pretrained(out_dir, card=card)
+    return model
+
+
+def loss_curve(run_dir: Path, points: int = 20) -> list[list[float]]:
+    """`[[last step, mean train loss], ...]` over `points` equal slices of the run's log."""
+    log = Path(run_dir) / METRICS_FILE
+    if not log.is_file():
+        return []
+    losses = [json.loads(line)["train_loss"] for line in log.read_text().splitlines() if line]
+    size = max(1, -(-len(losses) // points))
+    return [[min(i + size, len(losses)), round(sum(chunk) / len(chunk), 4)]
+            for i in range(0, len(losses), size) for chunk in [losses[i:i + size]]]
+
+
+def zoo_dir(name: str) -> Path:
+    return ZOO_DIR / name
+
+
+def write_metrics(directory: Path, metrics: dict[str, float]) -> dict:
+    """Store `metrics` (and the eval command) in `directory/card.json`, atomically."""
+    card_path = Path(directory) / "card.json"
+    card = json.loads(card_path.read_text())
+    if card.get("kind") != KIND:
+        raise ValueError(f"{card_path} is not a paper-task card (kind={card.get('kind')!r})")
+    card["metrics"] = metrics
+    card["eval_command"] = f"{CLI} eval {card['recipe']} --write"
+    tmp = card_path.with_name(f".{card_path.name}.tmp")
+    tmp.write_text(json.dumps(card, indent=2, sort_keys=True))
+    os.replace(tmp, card_path)
+    return card
+
+
+def evaluate_model(model) -> dict[str, float]:
+    """The metrics of a loaded paper-task model, measured by its recipe's module."""
+    from interp.zoo.paper._registry import get_recipe, module_of
+
+    card = getattr(model, "card", None) or {}
+    if card.get("kind") != KIND or "recipe" not in card:
+        raise ValueError(f"model card is not a paper-task card: kind={card.get('kind')!r}")
+    recipe = get_recipe(card["recipe"])
+    with torch.no_grad():
+        return module_of(recipe).evaluate(model, recipe)

@@ -1,0 +1,82 @@
+"""Infini-attention passkey recipe of the paper-task zoo: tokenizer, batches, metrics, report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.tasks.passkey import KEY_LINE, PasskeyTokenizer, passkey_accuracy, passkey_task
+from interp.zoo.paper import infini
+from interp.zoo.paper._training import build_model
+
+
+def test_word_tokenizer_round_trip_and_digits():
+    tok = PasskeyTokenizer()
+    ids = tok.encode(KEY_LINE.format(key="9054"))
+    assert tok.decode(ids) == "The pass key is 9 0 5 4 . Remember it . 9 0 5 4 is the pass key ."
+    assert tok.encode(" ") == [] and tok.encode("12") == [2, 3]
+    assert len(set(tok.words)) == len(tok.words) == tok.vocab_size
+    with pytest.raises(ValueError, match="'banana' is not in the passkey vocabulary"):
+        tok.encode("The banana")
+
+
+def test_passkey_batch_with_word_tokens():
+    tok = PasskeyTokenizer()
+    batch = passkey_task(4, 200, 0.5, tok, seed=0)
+    assert batch.tokens.shape == (4, 200)
+    for row, key, mask in zip(batch.tokens, batch.keys, batch.answer_mask, strict=True):
+        assert tok.decode(row[mask]) == " ".join(key)
+    logits = torch.nn.functional.one_hot(batch.tokens[:, 1:], tok.vocab_size).float()
+    logits = torch.cat([logits, torch.zeros(4, 1, tok.vocab_size)], 1)   # perfect predictions
+    assert passkey_accuracy(logits, batch, exact=True) == 1.0
+
+
+def test_recipes_and_sampler():
+    assert set(infini.RECIPES) == {"infini-passkey-s0", "infini-passkey-s1"}
+    recipe = infini.RECIPES["infini-passkey-s0"]
+    assert recipe.config["n_ctx"] == infini.TRAIN_LENGTH > 2 * infini.SEGMENT_LEN
+    tokens, weights = infini.sampler(recipe)(3, torch.Generator().manual_seed(0))
+    assert tokens.shape == (3, infini.TRAIN_LENGTH)
+    assert weights.shape == (3, infini.TRAIN_LENGTH - 1)
+    # the 5 answer digits weigh answer_weight, every other target 1
+    assert (weights == recipe.task_args["answer_weight"]).sum(1).tolist() == [5, 5, 5]
+    assert int((weights == 1).sum()) == 3 * (infini.TRAIN_LENGTH - 6)
+
+
+def test_evaluate_is_deterministic_and_complete():
+    torch.set_num_threads(1)
+    recipe = infini.RECIPES["infini-passkey-s0"]
+    model = build_model(recipe).eval()
+    metrics = infini.evaluate(model, recipe)
+    for f in infini.FACTORS:
+        assert 0.0 <= metrics[f"acc_x{f}"] <= 1.0
+        for d in infini.DEPTHS:
+            assert f"acc_x{f}_d{d:.2f}" in metrics
+    # an untrained model has every gate at sigmoid(0) = 0.5: all mixers
+    assert metrics["heads_mixer"] == 8 and metrics["gate_L1H3"] == 0.5
+    assert infini.grid(model, n=2).equals(infini.grid(model, n=2))
+
+
+def _card(seed: int, acc_near: float, acc_far: float) -> dict:
+    metrics = {}
+    for f in infini.FACTORS:
+        acc = acc_near if f == 1 else acc_far
+        metrics[f"acc_x{f}"] = acc
+        metrics.update({f"acc_x{f}_d{d:.2f}": acc for d in infini.DEPTHS})
+    metrics.update(heads_memory=2.0, heads_local=1.0, heads_mixer=3.0, heads_intermediate=2.0)
+    return {"seed": seed, "metrics": metrics}
+
+
+def test_findings_reports_the_grid_honestly():
+    text = infini.findings([_card(0, 0.95, 0.2), _card(1, 0.9, 0.1)])
+    assert "| 16x (2560) |" in text and "0.20 / 0.10" in text
+    assert "does **not** reproduce" in text and "2 memory, 1 local, 3 mixer" in text
+    assert "**reproduces**" in infini.findings([_card(0, 1.0, 0.95)])
+    assert "No evaluated" in infini.findings([{"seed": 0}])
+
+
+def test_grid_figure(tmp_path):
+    fig = infini.grid_figure([_card(0, 0.9, 0.3), _card(1, 0.7, 0.1)])
+    z = fig.data[0].z
+    assert len(z) == len(infini.FACTORS) and z[0][0] == pytest.approx(0.8)
+    assert z[-1][-1] == pytest.approx(0.2)

@@ -1,5 +1,5 @@
 # attnlens: `make serve` runs the main job, `make test` runs the tests. Both set up .venv first.
-.PHONY: setup serve test lint bench
+.PHONY: setup serve test lint bench notebooks docs
 
 setup:
 	bash scripts/setup.sh
@@ -15,3 +15,9 @@ lint: setup
 
 bench: setup
 	.venv/bin/python -m hooked_models.bench
+
+notebooks: setup
+	.venv/bin/python notebooks/build_notebooks.py --execute
+
+docs: setup
+	.venv/bin/python -m dashboards.docs_gen

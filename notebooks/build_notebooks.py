@@ -1,104 +1,179 @@
-"""Write the .ipynb notebooks from the cell lists below (keeps them reviewable as code).
+"""Build the notebooks from their sources in notebooks/src/ (one `.py` file each, percent format).
 
-    python notebooks/build_notebooks.py
+    python notebooks/build_notebooks.py --execute   # rebuild, run top to bottom, keep outputs
+    python notebooks/build_notebooks.py --check     # exit 1 naming each notebook that is stale
+    python notebooks/build_notebooks.py --execute 02_induction_heads   # just one
+
+A source is plain Python: `# %%` opens a code cell, `# %% [markdown]` a markdown cell whose lines
+are comments (`# ` stripped). The notebooks are committed with their outputs. Plotly figures are
+stored twice in one output: the interactive JSON (JupyterLab) and a static PNG (GitHub, which
+cannot draw plotly), through the renderer `plotly_mimetype+png` (PNG by kaleido, offline).
+tests/test_notebooks.py checks that the committed notebooks match their sources and carry outputs,
+and executes each one again.
 """
 
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import nbformat
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
+SRC = HERE / "src"
+REFRESH = "python notebooks/build_notebooks.py --execute"
+# The kernel inherits the environment; plotly reads its default renderer from PLOTLY_RENDERER.
+COMMIT_RENDERER = "plotly_mimetype+png"
+MARKDOWN, CODE = "# %% [markdown]", "# %%"
+# Run in each build kernel before the first cell (an IPython startup file): one headless Chrome
+# for all of a notebook's PNGs (kaleido otherwise starts one per figure, ~6 s each).
+KERNEL_STARTUP = """\
+import os
+import warnings
 
-QUICKSTART = [
-    ("md", "# attnlens quickstart\n\nBuild a hooked model, look at its stage catalogue, cache "
-           "activations and run TransformerLens's own tools on it."),
-    ("code", "import torch\n"
-             "from hooked_models import VariantConfig, HookedVariantTransformer, "
-             "available_variants\n"
-             "available_variants()"),
-    ("code", "cfg = VariantConfig(d_model=64, d_head=16, n_layers=2, n_ctx=64, d_vocab=30,\n"
-             "                    tokenizer_alphabet='abcdefghijklmnopqrstuvwxyz .', seed=0)\n"
-             "model = HookedVariantTransformer(cfg)\n"
-             "[(s.name, s.softmax, s.row_stochastic) for s in model.stages(0)]"),
-    ("code", "logits, cache = model.run_with_cache('the cat sat. the cat sat.')\n"
-             "pattern = cache['pattern', 1]\n"
-             "z, v = cache['z', 1], cache['v', 1]\n"
-             "# The effective-pattern identity: z = pattern @ v\n"
-             "assert torch.allclose(torch.einsum('bhqk,bkhd->bqhd', pattern, v), z, atol=1e-6)\n"
-             "pattern.shape"),
-    ("code", "from transformer_lens.head_detector import detect_head\n"
-             "detect_head(model, 'the cat sat. the cat sat.', 'previous_token_head')"),
-    ("code", "parts, labels = cache.decompose_resid(return_labels=True)\n"
-             "assert torch.allclose(parts.sum(0), cache['resid_post', -1], atol=1e-5)\n"
-             "labels"),
-    ("code", "model.QK, model.OV  # FactoredMatrix [n_layers, n_heads, d_model, d_model]"),
-    ("md", "## Every variant has the same interface\n\nThe catalogue tells what each variant "
-           "exposes; `hook_pattern` is always the matrix that multiplies the values."),
-    ("code", "for name in available_variants():\n"
-             "    m = HookedVariantTransformer(VariantConfig(d_model=32, d_head=8, n_layers=1,\n"
-             "        n_ctx=32, d_vocab=30, attention=name, seed=0,\n"
-             "        positional_embedding_type='none' if name == 'cope' else 'rotary'))\n"
-             "    print(f'{name:7s}', [s.name for s in m.stages(0) if s.is_map])"),
-]
+warnings.filterwarnings("ignore", message="The kopts argument is ignored")
+warnings.filterwarnings("ignore", message="IProgress not found")
+if "png" in os.environ.get("PLOTLY_RENDERER", ""):
+    import kaleido
 
-TOUR = [
-    ("md", "# A tour of the bundled models\n\nEach variant was trained on the same task (the "
-           "second copy of `[BOS] r r`, random letters). Same task, different mechanisms: this "
-           "notebook finds them with the same analyses, reading each variant's stage catalogue."),
-    ("code", "import pandas as pd\n"
-             "from hooked_models import zoo\n"
-             "from interp import heads, infini, plots\n"
-             "models = {name: zoo.load(name) for name in zoo.available()}\n"
-             "pd.DataFrame({name: m.card['metrics'] for name, m in models.items()}).T"),
-    ("md", "## MHA: the textbook two-layer circuit\n\nA previous-token head in layer 0 feeds "
-           "induction heads in layer 1; knocking it out removes induction."),
-    ("code", "mha = models['induction-mha']\n"
-             "table = heads.induction_table(mha, half_len=15)\n"
-             "table[['previous_token', 'induction_stripe']]"),
-    ("code", "prev = int(table[table.layer == 0]['previous_token'].idxmax()[-1])\n"
-             "heads.induction_ablation(mha, [(0, prev)], half_len=15)"),
-    ("md", "## MTA: induction in one layer\n\nThe key-query convolution lets a layer-0 head "
-           "match the *previous* key against the query, so layer 0 already attends along the "
-           "induction stripe. Its softmax output (before the post-softmax convolution and head "
-           "mixing) is scored like any pattern."),
-    ("code", "mta = models['induction-mta']\n"
-             "heads.induction_table(mta, half_len=15, stage='softmax')"
-             "[['layer', 'induction_stripe']]"),
-    ("md", "## DCMHA: heads that borrow attention\n\nZeroing a head's output is not enough when "
-           "other heads read its attention weights through the post-softmax Compose; ablating its "
-           "weights before the Compose (stage `probs`) is."),
-    ("code", "dc = models['induction-dcmha']\n"
-             "t = heads.induction_table(dc, half_len=15, stage='probs')\n"
-             "prev = int(t[t.layer == 0]['previous_token'].idxmax()[-1])\n"
-             "by_z = heads.induction_ablation(dc, [(0, prev)], half_len=15)\n"
-             "by_probs = heads.induction_ablation(dc, [(0, prev)], half_len=15,\n"
-             "                                    hook='probs', stage='probs')\n"
-             "cols = ['before', 'after', 'delta']\n"
-             "pd.concat({'zero z (scored on pattern)': by_z[cols],\n"
-             "           'zero probs (scored on probs)': by_probs[cols]}, axis=1)"),
-    ("md", "Knocking out the output leaves the layer-1 induction stripe intact (the composed "
-           "`pattern` rows need not sum to 1, hence values above 1); knocking out the weights "
-           "before the Compose removes it."),
-    ("md", "## Infini-attention: memory specialists\n\nWith 16-token segments most of the "
-           "second copy lies in later segments, so the layer-1 heads learn to read the compressive "
-           "memory (gate near 1)."),
-    ("code", "inf = models['induction-infini']\n"
-             "from hooked_models.zoo.recipes import default_text\n"
-             "spec = infini.memory_specialisation(inf, inf.to_tokens(default_text()))\n"
-             "plots.memory_figure(spec)"),
-    ("code", "spec[['gate', 'class', 'memory_ratio']]"),
-]
+    kaleido.start_sync_server(silence_warnings=True)
+"""
 
 
-def build(cells, path: Path) -> None:
+def parse(text: str, name: str = "source") -> list[tuple[str, str]]:
+    """The cells of a percent-format source as (kind, source) pairs, kind "md" or "code"."""
+    cells: list[tuple[str, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.rstrip()
+        if stripped == MARKDOWN:
+            cells.append(("md", []))
+        elif stripped == CODE:
+            cells.append(("code", []))
+        elif not cells:
+            if stripped:
+                raise ValueError(f"{name} line {number}: text before the first '# %%' marker")
+        elif cells[-1][0] == "md":
+            if stripped and not (stripped == "#" or stripped.startswith("# ")):
+                raise ValueError(f"{name} line {number}: markdown lines must start with '# '")
+            cells[-1][1].append(stripped[2:])
+        else:
+            cells[-1][1].append(line)
+    out = []
+    for kind, lines in cells:
+        source = "\n".join(lines).strip("\n")
+        if not source:
+            raise ValueError(f"{name}: an empty {kind} cell")
+        out.append((kind, source))
+    return out
+
+
+def sources() -> dict[str, Path]:
+    """Notebook stem -> its source file."""
+    return {p.stem: p for p in sorted(SRC.glob("*.py"))}
+
+
+def notebook_from(source: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
     nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "md"
-                else nbformat.v4.new_code_cell(src) for kind, src in cells]
-    nbformat.write(nb, str(path))
+                else nbformat.v4.new_code_cell(src)
+                for kind, src in parse(source.read_text(), source.name)]
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i}"  # stable ids: rebuilding changes no line that did not change
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, renderer: str = COMMIT_RENDERER,
+            timeout: int = 600) -> nbformat.NotebookNode:
+    """Run `nb` top to bottom in a fresh kernel started in notebooks/ (raises on a failing
+    cell); returns it with outputs, without per-run metadata (timings)."""
+    from nbclient import NotebookClient
+
+    saved = {k: os.environ.get(k) for k in ("PLOTLY_RENDERER", "PYTHONPATH", "TQDM_DISABLE",
+                                             "IPYTHONDIR", "OMP_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as ipython_dir:
+        startup = Path(ipython_dir) / "profile_default" / "startup"
+        startup.mkdir(parents=True)
+        (startup / "00-build-notebooks.py").write_text(KERNEL_STARTUP)
+        os.environ.update(PLOTLY_RENDERER=renderer, TQDM_DISABLE="1", IPYTHONDIR=ipython_dir)
+        # One torch thread: inside a kernel, 2 threads on 2 busy cores ran 10x slower (spinning
+        # threads fight the kernel's own); the outputs do not depend on it.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # Cells import the package from the repository root, also when it is not installed.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(HERE.parent), saved["PYTHONPATH"]) if p)
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(HERE)}}).execute()
+        finally:
+            _restore(saved)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    return nb
+
+
+def _restore(saved: dict) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def stale(directory: Path = HERE) -> list[str]:
+    """What is out of date under `directory`: notebooks whose cells differ from their sources,
+    code cells without outputs, notebooks without a source. Empty when all is current."""
+    problems = []
+    srcs = sources()
+    for path in sorted(directory.glob("*.ipynb")):
+        if path.stem not in srcs:
+            problems.append(f"{path.name}: no source notebooks/src/{path.stem}.py")
+    for stem, src in srcs.items():
+        path = directory / f"{stem}.ipynb"
+        if not path.is_file():
+            problems.append(f"{path.name}: missing")
+            continue
+        nb = nbformat.read(str(path), as_version=4)
+        want = [(c.cell_type, c.source) for c in notebook_from(src).cells]
+        have = [(c.cell_type, c.source) for c in nb.cells]
+        if want != have:
+            problems.append(f"{path.name}: cells differ from notebooks/src/{src.name}")
+        empty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and not c.outputs]
+        if empty:
+            problems.append(f"{path.name}: code cells {empty} have no outputs")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="notebook stems (default: all)")
+    ap.add_argument("--execute", action="store_true", help="run them and keep their outputs")
+    ap.add_argument("--check", action="store_true", help="only report what is stale (exit 1)")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = stale()
+        for p in problems:
+            print(f"{p}; refresh with `{REFRESH}`")
+        return 1 if problems else 0
+    srcs = sources()
+    unknown = [n for n in args.names if n not in srcs]
+    if unknown:
+        raise SystemExit(f"no notebook source for {unknown}; sources: {sorted(srcs)}")
+    for stem in args.names or srcs:
+        nb = notebook_from(srcs[stem])
+        start = time.perf_counter()
+        if args.execute:
+            execute(nb)
+        nbformat.write(nb, str(HERE / f"{stem}.ipynb"))
+        print(f"wrote notebooks/{stem}.ipynb ({time.perf_counter() - start:.0f}s)")
+    return 0
 
 
 if __name__ == "__main__":
-    build(QUICKSTART, HERE / "quickstart.ipynb")
-    build(TOUR, HERE / "tour_of_the_zoo.ipynb")
+    sys.exit(main())

@@ -107,7 +107,14 @@ def test_compare_page_shows_models_side_by_side(server, browser, store, shots):
     title = _wait(browser, _figure("compare-zoom-1", "g.layout.title.text"))
     assert title == "tiny-infini L0H0 hook_pattern"
     cfg = store.get("tiny-mha").cfg
-    assert _wait(browser, _figure("compare-grid-0", "g.data.length")) == cfg.n_layers * cfg.n_heads
+    # every head of each model in ONE heatmap, both models on one shared colour range
+    assert _wait(browser, _figure("compare-grid-0", "g.data.length")) == 1
+    assert _wait(browser, _figure("compare-grid-0", "g._fullLayout.xaxis.ticktext.length")) \
+        == cfg.n_heads
+    ranges = [_wait(browser, _figure(f"compare-grid-{i}", "[g.data[0].zmin, g.data[0].zmax]"))
+              for i in (0, 1)]
+    assert ranges[0] == ranges[1]
+    assert _wait(browser, _figure("compare-grid-1", "g.data[0].showscale !== false"))
     # a colour bar on the zoomed map, and no share-to-cloud button in the mode bar
     assert _wait(browser, _figure("compare-zoom-0", "g.data[0].showscale !== false"))
     assert not browser.find_elements("css selector", "[data-title*='Chart Studio']")

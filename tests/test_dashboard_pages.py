@@ -192,7 +192,7 @@ def test_load_store_from_directories_and_zoo(tmp_path):
 
 # -- callbacks through HTTP, bad input included (items 1, 2, 9, 10) -------------------------
 
-def test_compare_page_side_by_side_with_closest_stage(app):
+def test_compare_page_side_by_side_with_closest_stage(app, store):
     status, resp = call(app, "compare-columns", shared(["tiny-mha", "tiny-mta", "tiny-dcmha"],
                                                        layer=1, head=2, stage="softmax"))
     assert status == 200
@@ -202,6 +202,66 @@ def test_compare_page_side_by_side_with_closest_stage(app):
     assert "tiny-mha has no hook_softmax; showing its closest stage hook_pattern" in text
     assert "tiny-dcmha has no hook_softmax; showing its closest stage hook_probs" in text
     assert "tiny-mta_L1H2_softmax" in text   # the export file name of the MTA column
+    # one mosaic heatmap per model, all on one colour range that fits every model's tiles
+    grids = _find_figures(out["compare-columns"]["children"], "compare-grid-")
+    zooms = _find_figures(out["compare-columns"]["children"], "compare-zoom-")
+    assert len(grids) == len(zooms) == 3
+    for figures in (grids, zooms):
+        traces = [f["data"][0] for f in figures]
+        assert all(len(f["data"]) == 1 and t["type"] == "heatmap" for f, t in
+                   zip(figures, traces, strict=True))
+        assert len({(t["zmin"], t["zmax"], t["colorscale"]) for t in traces}) == 1
+        values = np.concatenate([_typed(t["z"]).ravel() for t in traces])
+        top = float(np.nanmax(np.abs(values)))
+        assert "shared" in traces[0]["colorbar"]["title"]["text"]
+        if "zmid" in traces[0]:                       # signed somewhere: +-max |value|
+            assert traces[0]["zmax"] == pytest.approx(top, rel=1e-6)
+            assert traces[0]["zmin"] == -traces[0]["zmax"]
+        else:
+            assert traces[0]["zmin"] == 0 and traces[0]["zmax"] == pytest.approx(top, rel=1e-6)
+    cfg = store.get("tiny-mha").cfg                     # tiles + NaN gutters per head
+    assert _typed(grids[0]["data"][0]["z"]).shape[1] == cfg.n_heads * (18 + 1) - 1
+
+
+def _find_figures(tree, prefix: str) -> list[dict]:
+    """The figures of the graphs whose id starts with `prefix`, in layout order."""
+    found = []
+    if isinstance(tree, list):
+        for child in tree:
+            found += _find_figures(child, prefix)
+    elif isinstance(tree, dict):
+        props = tree.get("props", {})
+        if str(props.get("id", "")).startswith(prefix):
+            found.append(props["figure"])
+        found += _find_figures(props.get("children"), prefix)
+    return found
+
+
+def _typed(z) -> np.ndarray:
+    """A plotly typed array (`{dtype, bdata, shape}`) or nested list as a numpy array."""
+    if isinstance(z, dict):
+        import base64
+        shape = [int(n) for n in str(z["shape"]).split(",")]
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
+    return np.asarray(z, dtype=float)
+
+
+def test_compare_shared_scale_rules():
+    from dashboards.pages.compare import shared_scale, with_scale
+    from interp.map_plots import MapScale
+    seq = {"data": [{"zmin": 0.0, "zmax": 0.5, "colorscale": "Viridis",
+                     "colorbar": {"title": {"text": "pattern"}}}], "layout": {}}
+    div = {"data": [{"zmin": -2.0, "zmax": 2.0, "zmid": 0.0, "colorscale": "RdBu"}],
+           "layout": {}}
+    seq2 = {"data": [{"zmin": 0.0, "zmax": 0.9, "colorscale": "Viridis"}], "layout": {}}
+    assert shared_scale([seq, seq2]) == MapScale("sequential", 0, 0.9)
+    both = shared_scale([seq, div])
+    assert (both.kind, both.zmin, both.zmax) == ("diverging", -2.0, 2.0)
+    assert shared_scale([]) is None
+    drawn = with_scale(seq, both, "shared")
+    assert drawn["data"][0]["zmid"] == 0.0 and drawn["data"][0]["zmin"] == -2.0
+    assert "zmid" not in seq["data"][0] and seq["data"][0]["zmax"] == 0.5   # original kept
+    assert drawn["data"][0]["colorbar"]["title"]["text"] == "pattern (shared)"
 
 
 @pytest.mark.parametrize("models, message", [

@@ -1,16 +1,20 @@
 """Compare: two to five models side by side on the same prompt, at the same layer, head and
 stage (or, where a model lacks the stage, the stage playing the same role in its catalogue):
-each model's layer x head thumbnails above its chosen head at full size."""
+each model's layer x head thumbnails (ONE heatmap per model, `panels.mosaic_figure`) above its
+chosen head at full size. The thumbnails of all models share one colour range, and so do the
+zoomed heads, so that equal colours mean equal values across the columns."""
 
 from __future__ import annotations
 
 from dash import Input, Output, html
 
 from dashboards.figures import check_models, error_box, graph, graph_config
-from dashboards.panels import build_panel, thumbnails_figure, wanted_stage, zoom_figure
+from dashboards.panels import build_panel, mosaic_figure, wanted_stage, zoom_figure
+from interp.map_plots import MapScale
 
 TITLE = "Compare models"
 ID = "compare"
+CELL_PX = 70        # thumbnail tile size (pixels) per head in each model's mosaic
 
 
 def layout(store):
@@ -18,11 +22,35 @@ def layout(store):
         html.P("Each column is one model on the same prompt (tokenised by its own tokenizer). "
                "A model without the chosen stage shows its closest stage: the plain softmax for "
                "a row-stochastic stage, the logits entering the softmax for a pre-softmax one, "
-               "the effective pattern otherwise."),
+               "the effective pattern otherwise. The thumbnails of all columns share one colour "
+               "range, and so do the zoomed heads (red-blue around 0 when any is signed)."),
         error_box("compare-error"),
         html.Div(id="compare-columns", style={"display": "flex", "gap": "12px",
                                               "overflowX": "auto"}),
     ])
+
+
+def shared_scale(figures: list[dict]) -> MapScale | None:
+    """One colour scale covering every figure's own (`interp.map_plots.map_scale`) range:
+    diverging around 0 if any is diverging (then +-the largest |value|), else sequential from 0
+    to the largest top. None for no figures."""
+    traces = [f["data"][0] for f in figures]
+    if not traces:
+        return None
+    if any("zmid" in t for t in traces):
+        m = max(max(abs(t["zmin"]), abs(t["zmax"])) for t in traces)
+        return MapScale("diverging", -m, m)
+    return MapScale("sequential", 0.0, max(t["zmax"] for t in traces))
+
+
+def with_scale(figure: dict, scale: MapScale, note: str) -> dict:
+    """A copy of a one-trace figure dict drawn on `scale` (the memoised original untouched)."""
+    trace = {k: v for k, v in figure["data"][0].items() if k != "zmid"}
+    trace.update(scale.heatmap_args())
+    bar = dict(trace.get("colorbar", {}))
+    bar["title"] = dict(text=f"{bar.get('title', {}).get('text', '')} ({note})", side="right")
+    trace["colorbar"] = bar
+    return {"data": [trace], "layout": figure["layout"]}
 
 
 def compute(store, names, text, layer, head, stage) -> list:
@@ -30,19 +58,32 @@ def compute(store, names, text, layer, head, stage) -> list:
     request that no column can answer (bad model list, unknown stage)."""
     names = check_models(store, names, minimum=2)
     wanted = wanted_stage(store, names, stage)
+    panels = {}
+    for name in names:
+        try:
+            panels[name] = build_panel(store, name, text, layer, head, stage, closest=wanted)
+        except ValueError as err:  # this model cannot answer (e.g. prompt outside its alphabet)
+            panels[name] = err
+    good = {n: p for n, p in panels.items() if not isinstance(p, ValueError)}
+    mosaics = {n: mosaic_figure(p, cell_px=CELL_PX) for n, p in good.items()}
+    zooms = {n: zoom_figure(p) for n, p in good.items()}
+    if len(good) > 1:
+        mosaic_scale = shared_scale(list(mosaics.values()))
+        zoom_scale = shared_scale(list(zooms.values()))
+        mosaics = {n: with_scale(f, mosaic_scale, "shared") for n, f in mosaics.items()}
+        zooms = {n: with_scale(f, zoom_scale, "shared") for n, f in zooms.items()}
     columns = []
     for i, name in enumerate(names):
         children = [html.H4(name, style={"margin": "4px 0"})]
-        try:
-            panel = build_panel(store, name, text, layer, head, stage, closest=wanted)
-        except ValueError as err:  # this model cannot answer (e.g. prompt outside its alphabet)
-            children.append(html.Div(str(err), className="compare-error",
+        panel = panels[name]
+        if isinstance(panel, ValueError):
+            children.append(html.Div(str(panel), className="compare-error",
                                      style={"color": "#b00020"}))
         else:
             children += [
                 html.Div(panel.note, className="compare-note", style={"color": "#555"}),
-                graph(f"compare-grid-{i}", figure=thumbnails_figure(panel, cell_px=70)),
-                graph(f"compare-zoom-{i}", figure=zoom_figure(panel),
+                graph(f"compare-grid-{i}", figure=mosaics[name]),
+                graph(f"compare-zoom-{i}", figure=zooms[name],
                       config=graph_config(panel.filename)),
             ]
         columns.append(html.Div(children, className="compare-column",

@@ -3,6 +3,9 @@
 Layout: a bar of shared controls (models, prompt, layer, head, stage) above one tab per page
 (`dashboards.pages.PAGES`). The URL's query string mirrors the tab and the shared controls, so a
 link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`.
+A page's own controls (its `LINK` table: URL key -> (component id, default)) join the link when
+they differ from their defaults, e.g. `&circuit=pair&query=3&key=1`; a link without them (older
+links) leaves them as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +22,22 @@ from interp.explore import map_stages
 
 # Flask refuses larger request bodies with 413 before any callback (or tokenizer) runs.
 MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 64_000
-LINK_KEYS = ("page", "models", "layer", "head", "stage", "prompt")
+SHARED_KEYS = ("page", "models", "layer", "head", "stage", "prompt")
+
+
+def _page_links() -> dict[str, tuple[str, object]]:
+    """Every page's own linked controls: URL key -> (component id, default value)."""
+    out: dict[str, tuple[str, object]] = {}
+    for page in PAGES:
+        for key, spec in getattr(page, "LINK", {}).items():
+            if key in SHARED_KEYS or key in out:
+                raise ValueError(f"deep-link key {key!r} of page {page.ID!r} is taken")
+            out[key] = spec
+    return out
+
+
+PAGE_LINKS = _page_links()
+LINK_KEYS = SHARED_KEYS + tuple(PAGE_LINKS)
 
 
 def _stage_names(store, names) -> list[str]:
@@ -70,17 +88,25 @@ def _parse_link(search: str | None) -> dict:
     out = {k: v[-1] for k, v in query.items() if k in LINK_KEYS}
     if "models" in out:
         out["models"] = [m for m in out["models"].split(",") if m]
-    for key in ("layer", "head"):
+    numeric = ["layer", "head"] + [k for k, (_, d) in PAGE_LINKS.items() if type(d) is int]
+    for key in numeric:
         if key in out and out[key].strip().isdigit():
             out[key] = int(out[key])
     return out
 
 
-def make_link(page, models, layer, head, stage, prompt) -> str:
-    """The query string of a view (inverse of `_parse_link`)."""
+def make_link(page, models, layer, head, stage, prompt, controls: dict | None = None) -> str:
+    """The query string of a view (inverse of `_parse_link`). `controls`: the pages' own
+    controls by URL key; those at their default (or None, an emptied number box) are left out."""
     values = {"page": page, "models": ",".join(models or []), "layer": layer, "head": head,
               "stage": stage, "prompt": prompt or ""}
-    return "?" + urlencode({k: "" if v is None else v for k, v in values.items()})
+    values = {k: "" if v is None else v for k, v in values.items()}
+    for key, value in (controls or {}).items():
+        if key not in PAGE_LINKS:
+            raise ValueError(f"{key!r} is not a linked control; known: {sorted(PAGE_LINKS)}")
+        if value is not None and value != PAGE_LINKS[key][1]:
+            values[key] = value
+    return "?" + urlencode(values)
 
 
 def _register_shared(app: Dash, store) -> None:
@@ -101,28 +127,31 @@ def _register_shared(app: Dash, store) -> None:
         heads = max(m.cfg.n_heads for m in models)
         return list(range(layers)), list(range(heads)), _stage_names(store, names)
 
-    outputs = ["tabs.value", "ctl-models.value", "ctl-applied-prompt.data", "ctl-layer.value",
-               "ctl-head.value", "ctl-stage.value"]
+    # URL key and component property of every linked control, shared ones first
+    linked = [("page", "tabs.value"), ("models", "ctl-models.value"),
+              ("prompt", "ctl-applied-prompt.data"), ("layer", "ctl-layer.value"),
+              ("head", "ctl-head.value"), ("stage", "ctl-stage.value"),
+              *[(key, f"{cid}.value") for key, (cid, _) in PAGE_LINKS.items()]]
+    keys = [k for k, _ in linked]
 
     @app.callback(Output("url", "search"),
-                  *[Output(*o.split(".")) for o in outputs],
+                  *[Output(*o.split(".")) for _, o in linked],
                   Output("ctl-prompt", "value"),
-                  Input("url", "search"), *[Input(*o.split(".")) for o in outputs])
-    def _sync_link(search, page, models, prompt, layer, head, stage):
-        current = dict(page=page, models=models, prompt=prompt, layer=layer, head=head,
-                       stage=stage)
+                  Input("url", "search"), *[Input(*o.split(".")) for _, o in linked])
+    def _sync_link(search, *values):
+        current = dict(zip(keys, values, strict=True))
         if ctx.triggered_id in (None, "url"):
             link = _parse_link(search)
             if not link:
-                return (no_update,) * 8
-            new = [link.get(k, current[k]) for k in ("page", "models", "prompt", "layer",
-                                                     "head", "stage")]
-            old = [current[k] for k in ("page", "models", "prompt", "layer", "head", "stage")]
-            changed = [n if n != o else no_update for n, o in zip(new, old, strict=True)]
+                return (no_update,) * (len(keys) + 2)
+            changed = [link[k] if k in link and link[k] != current[k] else no_update
+                       for k in keys]
             text = link.get("prompt", no_update)
             return (no_update, *changed, text)
-        search_now = make_link(page, models, layer, head, stage, prompt)
-        return (no_update if search_now == search else search_now,) + (no_update,) * 7
+        search_now = make_link(*[current[k] for k in SHARED_KEYS],
+                               controls={k: current[k] for k in PAGE_LINKS})
+        return (no_update if search_now == search else search_now,) + (no_update,) * (
+            len(keys) + 1)
 
 
 def create_app(store) -> Dash:

@@ -27,6 +27,9 @@ from interp.composed import composed_ov, composed_qk
 TITLE = "Circuits"
 ID = "circuits"
 CIRCUITS = ("plain", "composed", "pair")
+# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+LINK = {"circuit": ("circuits-kind", "plain"), "query": ("circuits-query", 1),
+        "key": ("circuits-key", 0)}
 
 
 def layout(store):
@@ -45,14 +48,14 @@ def layout(store):
                                    "value": "composed"},
                                   {"label": "composed at query / key positions of the prompt "
                                             "(DCMHA's input-dependent mixing)",
-                                   "value": "pair"}], "plain", id="circuits-kind",
+                                   "value": "pair"}], LINK["circuit"][1], id="circuits-kind",
                                  inline=True),
                   html.Label("query", **label),
-                  dcc.Input(id="circuits-query", type="number", min=0, step=1, value=1,
-                            debounce=True, style={"width": "70px"}),
+                  dcc.Input(id="circuits-query", type="number", min=0, step=1,
+                            value=LINK["query"][1], debounce=True, style={"width": "70px"}),
                   html.Label("key", **label),
-                  dcc.Input(id="circuits-key", type="number", min=0, step=1, value=0,
-                            debounce=True, style={"width": "70px"})],
+                  dcc.Input(id="circuits-key", type="number", min=0, step=1,
+                            value=LINK["key"][1], debounce=True, style={"width": "70px"})],
                  style={"display": "flex", "gap": "8px", "alignItems": "center",
                         "flexWrap": "wrap"}),
         error_box("circuits-error"),

@@ -6,6 +6,8 @@ models with a training log, the induction score across training."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
@@ -27,6 +29,17 @@ ID = "heads"
 PROBE_BATCH = 8
 SCORES = ["previous_token", "duplicate_token", "induction"]
 HOW = ("zero", "mean")
+# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+LINK = {"probe": ("heads-probe", "random"), "half": ("heads-half", 10),
+        "ablate_at": ("heads-ablate-at", "z"), "ablate_how": ("heads-ablate-how", "zero"),
+        "ablate_score": ("heads-ablate-score", "induction")}
+
+
+def _all_points(store) -> list[str]:
+    """Knock-out points of any served model: the dropdown's first options, so that a deep
+    link's point is valid when restored (the callback then narrows them to the first model's)."""
+    names = [p for name in store.names for p in map_stage_names(store.get(name))]
+    return list(dict.fromkeys(["z", "v", *names]))
 
 
 def layout(store):
@@ -41,11 +54,12 @@ def layout(store):
                "probability distributions, so their scores can leave [0, 1]."),
         html.Div([html.Label("probe", **label),
                   dcc.RadioItems([{"label": "repeated random tokens", "value": "random"},
-                                  {"label": "the prompt", "value": "text"}], "random",
+                                  {"label": "the prompt", "value": "text"}], LINK["probe"][1],
                                  id="heads-probe", inline=True),
                   html.Label("random tokens per copy", **label),
-                  dcc.Input(id="heads-half", type="number", min=2, step=1, value=10,
-                            debounce=True, style={"width": "80px"})], style=row),
+                  dcc.Input(id="heads-half", type="number", min=2, step=1,
+                            value=LINK["half"][1], debounce=True, style={"width": "80px"})],
+                 style=row),
         error_box("heads-error"),
         html.Div(id="heads-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
         dcc.Loading(html.Div(id="heads-scores")),
@@ -56,11 +70,12 @@ def layout(store):
                "other heads borrow from it). Bars: every head's score before and after; the "
                "title gives the probe's loss before and after."),
         html.Div([html.Label("knock out at", **label),
-                  dcc.Dropdown(["z", "v"], "z", id="heads-ablate-at", clearable=False,
-                               style={"width": "200px"}),
-                  dcc.RadioItems(list(HOW), "zero", id="heads-ablate-how", inline=True),
+                  dcc.Dropdown(_all_points(store), LINK["ablate_at"][1], id="heads-ablate-at",
+                               clearable=False, style={"width": "200px"}),
+                  dcc.RadioItems(list(HOW), LINK["ablate_how"][1], id="heads-ablate-how",
+                                 inline=True),
                   html.Label("score shown", **label),
-                  dcc.Dropdown(SCORES + ["induction_stripe"], "induction",
+                  dcc.Dropdown(SCORES + ["induction_stripe"], LINK["ablate_score"][1],
                                id="heads-ablate-score", clearable=False,
                                style={"width": "200px"})], style=row),
         error_box("heads-ablate-error"),
@@ -175,13 +190,19 @@ def training(store, names) -> tuple[dict, str]:
 
 def register(app, store):
     @app.callback(Output("heads-ablate-at", "options"), Output("heads-ablate-at", "value"),
-                  Input("ctl-models", "value"), State("heads-ablate-at", "value"))
-    def _points(names, current):
+                  Input("ctl-models", "value"), State("heads-ablate-at", "value"),
+                  State("url", "search"))
+    def _points(names, current, search):
+        """The first model's knock-out points; the value is kept while it is one of them (a
+        deep link may set it together with the models), else the link's, else "z"."""
         if not isinstance(names, list) or not names or not isinstance(names[0], str) \
                 or names[0] not in store.models:
             raise PreventUpdate
         points = ["z", "v", *map_stage_names(store.get(names[0]))]
-        return points, (current if current in points else "z")
+        if current in points:
+            return points, current
+        linked = parse_qs((search or "").lstrip("?")).get("ablate_at", [None])[-1]
+        return points, (linked if linked in points else "z")
 
     shared = [Input("tabs", "value"), Input("ctl-models", "value"),
               Input("ctl-applied-prompt", "data"), Input("heads-probe", "value"),

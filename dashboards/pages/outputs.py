@@ -14,6 +14,8 @@ from interp.outputs import MAX_K, next_token_losses, repeat_losses, top_predicti
 TITLE = "Outputs"
 ID = "outputs"
 ROWS = 64           # positions shown per top-k table (from the chosen start position)
+# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+LINK = {"k": ("outputs-k", 5), "start": ("outputs-start", 0)}
 
 
 def layout(store):
@@ -26,11 +28,11 @@ def layout(store):
                "copy far better, so the gap between the dotted and solid lines is its "
                "in-context copying."),
         html.Div([html.Label("top k", **label),
-                  dcc.Dropdown(list(range(1, MAX_K + 1)), 5, id="outputs-k", clearable=False,
-                               style={"width": "80px"}),
+                  dcc.Dropdown(list(range(1, MAX_K + 1)), LINK["k"][1], id="outputs-k",
+                               clearable=False, style={"width": "80px"}),
                   html.Label("table from position", **label),
-                  dcc.Input(id="outputs-start", type="number", min=0, step=1, value=0,
-                            debounce=True, style={"width": "90px"})],
+                  dcc.Input(id="outputs-start", type="number", min=0, step=1,
+                            value=LINK["start"][1], debounce=True, style={"width": "90px"})],
                  style={"display": "flex", "gap": "8px", "alignItems": "center"}),
         error_box("outputs-error"),
         html.Div(id="outputs-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),

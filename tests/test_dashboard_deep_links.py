@@ -1,0 +1,160 @@
+"""Deep links hold the pages' own controls too (Outputs top-k and start, Induction probe and
+knock-out, Circuits kind and query / key positions): callback tests through HTTP, and one
+headless-Chromium test that follows such a link and reads the restored figure."""
+
+from urllib.parse import parse_qs
+
+import pytest
+from dash import no_update
+from test_dashboard_browser import _figure, _wait, browser, server  # noqa: F401 (fixtures)
+from test_dashboard_pages import call, shared
+
+from dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
+from dashboards.pages import PAGES
+from dashboards.store import ModelStore
+
+from helpers import tiny_model
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
+SHARED = {"tabs.value": "explorer", "ctl-models.value": ["tiny-mha"],
+          "ctl-applied-prompt.data": "", "ctl-layer.value": 0, "ctl-head.value": 0,
+          "ctl-stage.value": "pattern"}
+
+
+@pytest.fixture(scope="module")
+def store():
+    store = ModelStore()
+    store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "the cat. the cat.")
+    store.add("tiny-mta", tiny_model("mta", tokenizer_alphabet=ALPHABET, n_ctx=48),
+              "abc abc abc")
+    return store
+
+
+@pytest.fixture(scope="module")
+def app(store):
+    return create_app(store)
+
+
+def _controls_now(**changed) -> dict:
+    """Every linked control's component value: the layout defaults, `changed` by URL key."""
+    values = {f"{cid}.value": default for cid, default in PAGE_LINKS.values()}
+    for key, value in changed.items():
+        values[f"{PAGE_LINKS[key][0]}.value"] = value
+    return values
+
+
+def test_every_page_control_is_linked_with_its_layout_default():
+    assert set(PAGE_LINKS) == {"k", "start", "probe", "half", "ablate_at", "ablate_how",
+                               "ablate_score", "circuit", "query", "key"}
+    layout = {}
+
+    def walk(node):
+        if isinstance(node, (list, tuple)):
+            for child in node:
+                walk(child)
+        elif hasattr(node, "to_plotly_json"):
+            props = node.to_plotly_json()["props"]
+            if "id" in props and "value" in props:
+                layout[props["id"]] = props["value"]
+            walk(props.get("children"))
+
+    store = ModelStore()
+    store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "ab")
+    for page in PAGES:
+        walk(page.layout(store))
+    for cid, default in PAGE_LINKS.values():
+        assert layout[cid] == default, cid
+
+
+def test_link_round_trip_leaves_defaults_out():
+    link = make_link("circuits", ["tiny-mta"], 1, 2, "pattern", "abc",
+                     controls={"circuit": "pair", "query": 3, "key": 1, "k": 5, "half": None})
+    query = parse_qs(link.lstrip("?"))
+    assert "k" not in query and "half" not in query          # default / emptied: left out
+    assert _parse_link(link) == {"page": "circuits", "models": ["tiny-mta"], "layer": 1,
+                                 "head": 2, "stage": "pattern", "prompt": "abc",
+                                 "circuit": "pair", "query": 3, "key": 1}
+    assert _parse_link("?query=-1&probe=text")["query"] == "-1"   # left for the page to refuse
+    with pytest.raises(ValueError, match="'colour' is not a linked control"):
+        make_link("outputs", [], 0, 0, "pattern", "", controls={"colour": "red"})
+
+
+def _sync(app, search, changed="url.search", **controls):
+    values = {"url.search": search, **SHARED, **_controls_now(**controls)}
+    _, resp = call(app, "url.search", values, changed=changed)
+    return resp.get("response", {})
+
+
+def test_link_restores_page_controls_and_controls_update_the_link(app):
+    out = _sync(app, "?page=heads&models=tiny-mta&probe=text&half=6&ablate_at=pattern"
+                     "&ablate_how=mean&ablate_score=previous_token&k=3&start=2"
+                     "&circuit=pair&query=3&key=1")
+    assert out["tabs"]["value"] == "heads"
+    restored = {key: out[cid]["value"] for key, (cid, _) in PAGE_LINKS.items()}
+    assert restored == {"probe": "text", "half": 6, "ablate_at": "pattern", "ablate_how": "mean",
+                        "ablate_score": "previous_token", "k": 3, "start": 2,
+                        "circuit": "pair", "query": 3, "key": 1}
+    # a control changes: the link follows (and keeps the shared controls)
+    out = _sync(app, "?page=explorer", changed="circuits-query.value", circuit="pair", query=4)
+    link = _parse_link(out["url"]["search"])
+    assert link["circuit"] == "pair" and link["query"] == 4 and "key" not in link
+    assert link["models"] == ["tiny-mha"] and link["page"] == "explorer"
+
+
+def test_old_links_leave_page_controls_alone(app):
+    out = _sync(app, "?page=circuits&models=tiny-mha&layer=1", circuit="composed")
+    assert out["tabs"]["value"] == "circuits" and out["ctl-layer"]["value"] == 1
+    for cid, _ in PAGE_LINKS.values():
+        assert out.get(cid, {}).get("value", no_update) is no_update
+
+
+def test_restored_values_drive_the_pages(app):
+    """The values a link restores are what the pages compute with (and bad ones are named)."""
+    values = {**shared(["tiny-mta"], layer=1, head=2, prompt="abcab"), "tabs.value": "circuits",
+              **_controls_now(circuit="pair", query=3, key=1)}
+    _, resp = call(app, "circuits-qk", values)
+    out = resp["response"]
+    assert out["circuits-error"]["children"] == ""
+    assert out["circuits-qk"]["figure"]["layout"]["title"]["text"].endswith(
+        "at query 3, key 1")
+    values = {**values, "tabs.value": "outputs", **_controls_now(k=3)}
+    _, resp = call(app, "outputs-loss", values)
+    titles = str(resp["response"]["outputs-topk"]["children"])
+    assert "top 3 predictions" in titles
+    values = {**values, "tabs.value": "circuits", **_controls_now(circuit="pair", query="-1")}
+    _, resp = call(app, "circuits-qk", values)
+    assert "query position" in resp["response"]["circuits-error"]["children"]
+
+
+def test_knock_out_point_falls_back_to_the_link(app, store):
+    """A linked knock-out point the dropdown dropped (not among its options yet) comes back
+    from the link once the linked model's points are known; one the model lacks gives "z"."""
+    values = {"ctl-models.value": ["tiny-mta"], "heads-ablate-at.value": None,
+              "url.search": "?page=heads&ablate_at=softmax"}
+    _, resp = call(app, "heads-ablate-at", values)
+    assert resp["response"]["heads-ablate-at"]["value"] == "softmax"
+    _, resp = call(app, "heads-ablate-at", {**values, "ctl-models.value": ["tiny-mha"]})
+    assert resp["response"]["heads-ablate-at"]["value"] == "z"
+    from dashboards.pages.heads import _all_points
+    assert {"z", "v", "softmax", "pattern"} <= set(_all_points(store))
+
+
+@pytest.mark.browser
+def test_browser_follows_a_link_with_page_controls(server, browser):  # noqa: F811
+    browser.get(f"{server}/?page=circuits&models=tiny-mta&layer=1&head=2&prompt=abcab"
+                "&circuit=pair&query=3&key=1")
+    title = _wait(browser, _figure("circuits-qk", "g.layout.title.text"))
+    assert title == "tiny-mta L1H2: composed full QK circuit at query 3, key 1"
+    assert browser.find_element(
+        "css selector", "#circuits-kind input[value='pair']").is_selected()
+    assert browser.find_element("id", "circuits-query").get_attribute("value") == "3"
+    assert "circuit=pair" in browser.current_url and "query=3" in browser.current_url
+    browser.get(f"{server}/?page=outputs&models=tiny-mha&k=2")
+    title = _wait(browser, _figure("outputs-topk-0", "g.layout.title.text"))
+    assert title.startswith("tiny-mha: top 2 predictions")
+    # the knock-out point is a stage of the linked model (its options follow the model)
+    browser.get(f"{server}/?page=heads&models=tiny-mta&layer=1&head=3&ablate_at=softmax"
+                "&ablate_how=mean&ablate_score=previous_token&half=6")
+    title = _wait(browser, _figure("heads-ablation", "g.layout.title.text"))
+    assert title.startswith("tiny-mta: L1H3 set to its mean at hook_softmax; previous_token"), \
+        browser.current_url

@@ -152,8 +152,8 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
                        torch.zeros_like(scores))
 
 
-# Memoised: a pure function of its arguments that costs about 1 s, asked for again by every
-# composition table of a model with these sizes (the dashboard's circuits page).
+# Memoised: a pure function of its arguments (a few ms since `factored_composition_scores`;
+# ~1.5 s with SVDs), asked for again by every composition table of a model with these sizes.
 @functools.lru_cache(maxsize=64)
 def composition_baseline(d_model: int, d_head: int, n_samples: int = 300, seed: int = 0,
                          mode: Mode = "K") -> tuple[float, float]:
@@ -185,9 +185,39 @@ def composition_baseline(d_model: int, d_head: int, n_samples: int = 300, seed: 
     qk = FactoredMatrix(rand(d_model, d_head), rand(d_head, d_model))
     right = {"Q": qk, "K": qk.T, "V": FactoredMatrix(rand(d_model, d_head),
                                                      rand(d_head, d_model))}[mode]
-    with torch.no_grad():
-        scores = _tl_composition_scores(left, right, broadcast_dims=False)
+    scores = factored_composition_scores(left, right)
     return float(scores.mean()), float(scores.std())
+
+
+def _gram_left(a: Tensor) -> Tensor:
+    return a.transpose(-1, -2) @ a          # A^T A  [... r r]
+
+
+def _gram_right(b: Tensor) -> Tensor:
+    return b @ b.transpose(-1, -2)          # B B^T  [... r r]
+
+
+def factored_composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
+    """`||L R||_F / (||L||_F ||R||_F)` of factored `L = A1 B1`, `R = A2 B2` (same leading
+    dims), in float64 from inner-dimension Gram matrices, without SVDs or `[d_model d_model]`
+    products: `||A B||_F^2 = sum((A^T A) * (B B^T))` and `L R = A1 (B1 A2) B2`.
+
+    Same value as TransformerLens's `composition_scores(left, right, broadcast_dims=False)`
+    (which takes SVDs of every factor: ~1.5 s per 300 pairs at inner dimension 64).
+    """
+    a1, b1 = left.A.double(), left.B.double()
+    a2, b2 = right.A.double(), right.B.double()
+    if b1.shape[-1] != a2.shape[-2]:
+        raise ValueError(f"left is {tuple(left.shape)} and right {tuple(right.shape)}: "
+                         "left's columns must match right's rows")
+    with torch.no_grad():
+        g1, h2 = _gram_left(a1), _gram_right(b2)
+        c = b1 @ a2                                                      # [... r1 r2]
+        left_sq = (g1 * _gram_right(b1)).sum((-2, -1))
+        right_sq = (_gram_left(a2) * h2).sum((-2, -1))
+        both_sq = ((c.transpose(-1, -2) @ g1 @ c) * h2).sum((-2, -1))
+        # sums of squares are >= 0 up to rounding; clamp before the square root
+        return (both_sq.clamp(min=0) / (left_sq.clamp(min=0) * right_sq.clamp(min=0))).sqrt()
 
 
 def composition_table(model, modes=MODES, n_baseline: int = 300, seed: int = 0,

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from dashboards.figures import check_index, safe_filename
 from dashboards.map_cache import MAP_CACHE
@@ -24,7 +23,6 @@ from interp.explore import (
     map_stages,
 )
 from interp.map_plots import head_mosaic_figure, map_figure_dict
-from interp.plots import head_grid_figure
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
@@ -96,17 +94,6 @@ def zoom_figure(panel: Panel) -> dict:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
     return map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
                            f"H{panel.head} hook_{panel.stage.name}")
-
-
-def thumbnails_figure(panel: Panel, cell_px: int = 100) -> go.Figure:
-    """Every head's map at the panel's stage, one subplot per head, block means onto THUMBNAIL
-    cells (the compare page); memoised with the maps (a head or layer change reuses it)."""
-    def build() -> go.Figure:
-        grid = [None if g is None else downsample(g, THUMBNAIL) for g in panel.view.grid]
-        return head_grid_figure(grid, panel.stage, title=f"{panel.name}: every head, "
-                                f"hook_{panel.stage.name} (click to zoom)", cell_px=cell_px)
-
-    return MAP_CACHE.memo(panel.cache_key, ("thumbnails", panel.stage.name, cell_px), build)
 
 
 def _tiles(key: tuple, stage: str, grid: list) -> list:

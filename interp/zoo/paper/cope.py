@@ -89,12 +89,14 @@ NOTES = {
                      "claim: the next run is CoPE and RoPE for 5-10k steps, several seeds.",
     "cope-counting": "Partly reproduced. With one variable CoPE counts perfectly in "
                      "distribution (0.0% vs RoPE 0.8%) and keeps counting on programs twice as "
-                     "long (7.0% vs RoPE 50.8%). With 3 and 5 variables every scheme stops near "
+                     "long (7.0% vs RoPE 50.8%, NoPE 27.0%, learned absolute 60.6%). With 3 "
+                     "and 5 variables every scheme stops near "
                      "the same in-distribution error (6-8%): CoPE does not reach the paper's "
                      "1.2 / 7.4 vs relative PE 17.8 / 22.4 gap, and out of distribution CoPE is "
                      "only slightly better than RoPE and NoPE (3 variables 30.1 vs 31.3 / 32.0; "
-                     "5 variables 34.4 vs 37.5), while learned absolute positions are far worse "
-                     "on longer programs (64.5%). The loss curves of all schemes are still "
+                     "5 variables 34.4 vs RoPE 37.5 and NoPE 35.6), while learned absolute "
+                     "positions are far worse on longer programs (64.5% and 65.6%). The loss "
+                     "curves of all schemes are still "
                      "falling when our 1000 steps end; the paper trains 100 epochs of 10k "
                      "programs up to 512 statements with 4 layers of d 256. One seed per "
                      "scheme, 256 test programs per split (one program = 0.4%).",

@@ -131,6 +131,26 @@ def cope_options_cases(B, H, T, D, dtype, device, npos: int = 64, rel_npos: int 
 register_op("cope_options", cope_options_cases)
 
 
+def dcmha_cases(B, H, T, D, dtype, device, rank: int = 2):
+    """DCMHA maps with the official options: rank 2, one group, query- and key-wise, B = I."""
+    from kernels.dcmha import ComposeWeights, dcmha_attention, dcmha_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        ws = [0.1 * torch.randn(B, T, 1, *shape, device=device, dtype=dtype)
+              for _ in range(2) for shape in ((rank, H), (rank, H), (H,)) * 2]
+        return [t.requires_grad_() for t in (*qkv, *ws)]
+
+    def run(fn):
+        return lambda q, k, v, *w: fn(q, k, v, ComposeWeights(*w[:6]), ComposeWeights(*w[6:]))[0]
+
+    return {"reference": (make, run(dcmha_attention_reference)),
+            "fused": (make, run(dcmha_attention))}
+
+
+register_op("dcmha", dcmha_cases)
+
+
 # -- timing ------------------------------------------------------------------------------------
 def _time_cuda(fn: Callable[[], object], reps: int) -> float:
     times = []

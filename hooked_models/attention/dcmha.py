@@ -303,6 +303,32 @@ class DCMHAttention(VariantAttention):
         pattern = self.hook_pattern(self.compose(probs, "post", dyn, kw))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
+    def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """z from the fused DCMHA kernels (`kernels.dcmha`) when no map is hooked (the
+        dynamic-weight hooks still fire); None (take `attend`) while decoding with a KV cache,
+        for a window on positions that are not the token indices, or dtypes / masks the
+        kernels do not cover."""
+        if ctx.cache is not None:
+            return None
+        from kernels.dcmha.dispatch import dcmha_call_fits, fused_dcmha_attention
+        from kernels.dcmha.reference import ComposeWeights
+
+        fits, key_valid = dcmha_call_fits(q, k, v, ctx.allowed, self.window,
+                                          (ctx.q_positions, ctx.k_positions))
+        if not fits:
+            return None
+        dyn = {name: getattr(self, f"hook_{name}")(w)
+               for name, w in self.generate_weights(ctx.x).items()}
+        phases = {}
+        for p in PHASES:
+            names = [f"{p}_{side}{n}" for side in "qk" for n in ("w1", "w2", "dd")]
+            static = base_matrix(self, p) if self.opts.static_proj else None
+            phases[p] = ComposeWeights(*(dyn.get(n) for n in names), static=static)
+        z, self.fused_state = fused_dcmha_attention(
+            q, k, v, key_valid, phases["pre"], phases["post"], 1.0 / self.cfg.attn_scale,
+            self.window, keep_state=self.keep_fused_state)
+        return z
+
     # -- analysis helper -------------------------------------------------------------------
     def head_mixing(self) -> dict[str, Tensor | None]:
         """The static part of Compose: B `[head_index head_index]` (block-diagonal over groups)

@@ -1,0 +1,356 @@
+"""Fused DCMHA (kernels.dcmha) vs its plain-torch spec, on the Triton interpreter.
+
+1. The spec (`dcmha_attention_reference`) is the model's torch path: float64, exact, for the
+   official defaults, for groups + static B + QK-norm + window layers with left padding, and
+   query-wise only.
+2. The fused forward (fp32 / fp16) matches the spec in float64 (fp32 inputs) or fp32 (fp16
+   inputs): official defaults (rank 2, one group, key-wise, B = I), groups of 2 with static B
+   and a window, query-wise only, 3 heads (padded to 4), padding keys with empty rows, queries
+   aligned to the last keys, several query and key tiles. Outputs are NaN-prefilled.
+3. The fused backward (two Triton recompute passes) gives the spec's float64 gradients for
+   q, k, v and every compose weight, through out and lse; fp16 gradients are close to the
+   fp32 spec; the plain-torch chunked `recompute_backward` is exact in float64 for any chunk.
+4. Dispatch: a backend="triton" DCMHA model's loss and gradients equal its float64 torch
+   twin's, and spies see the fused forward and backward run in every layer; a map hook
+   switches the layer to the torch path (a dynamic-weight hook does not); `patterns_for`
+   rows from the saved lse equal the cached hook_pattern; float64 and KV-cache decoding stay
+   on torch.
+
+fp32 tolerance: a logit is a sum over d_head <= 24 products (|score| <~ 10) composed by
+1 + 2R + 2 <= 7 terms per head of weights <~ 2, so float32 rounding (6e-8 relative) gives
+~1e-5 absolute in a logit, relative ~1e-5 in probabilities and outputs (|out| <~ 10; observed
+<= 2e-6): atol = rtol = 5e-5 leaves margin.
+"""
+
+import pytest
+import torch
+
+from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+
+pytestmark = KERNEL_MARKS
+
+from kernels.dcmha import (  # noqa: E402
+    ComposeWeights,
+    dcmha_attention,
+    dcmha_attention_reference,
+    dcmha_pattern_rows,
+)
+from kernels.dcmha.dispatch import window_fits  # noqa: E402
+from kernels.dcmha.function import recompute_backward  # noqa: E402
+from kernels.dispatch import patterns_for  # noqa: E402
+
+from helpers import EXACT, random_tokens  # noqa: E402
+
+FP32 = dict(atol=5e-5, rtol=5e-5)
+
+
+def _weights(B, T_q, T_k, H, groups=1, rank=2, key_wise=True, static=False, seed=0,
+             dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    M = H // groups
+
+    def r(*shape):
+        return (0.5 * torch.randn(*shape, generator=g)).to(dtype)
+
+    kw = (r(B, T_k, groups, rank, M), r(B, T_k, groups, rank, M), r(B, T_k, groups, M))
+    return ComposeWeights(r(B, T_q, groups, rank, M), r(B, T_q, groups, rank, M),
+                          r(B, T_q, groups, M), *(kw if key_wise else (None,) * 3),
+                          (torch.eye(M, dtype=dtype) + r(groups, M, M)) if static else None)
+
+
+def _qkv(T_q, T_k, H, d=16, batch=1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, T, H, d, generator=g) for T in (T_q, T_k, T_k)]
+
+
+def _to(w: ComposeWeights, dtype) -> ComposeWeights:
+    return w.map(lambda t: t.to(DEVICE, dtype))
+
+
+def _check(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, dtype=torch.float32,
+           block_n=None, **wopts):
+    q, k, v = _qkv(T_q, T_k, H, d, batch)
+    pre = _weights(batch, T_q, T_k, H, seed=2, **wopts)
+    post = _weights(batch, T_q, T_k, H, seed=3, **wopts)
+    out, lse = dcmha_attention(*(t.to(DEVICE, dtype) for t in (q, k, v)), _to(pre, dtype),
+                               _to(post, dtype), scale=d ** -0.5, window=window,
+                               key_valid=key_valid, block_n=block_n)
+    assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ref_out, ref_lse = dcmha_attention_reference(
+        *(t.to(dtype).to(ref_dtype) for t in (q, k, v)), pre.map(lambda t: t.to(dtype)
+                                                                 .to(ref_dtype)),
+        post.map(lambda t: t.to(dtype).to(ref_dtype)), d ** -0.5, window, key_valid)
+    tol = FP32 if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.to(ref_dtype), ref_out.to(DEVICE), **tol)
+    torch.testing.assert_close(lse.to(ref_dtype), ref_lse.to(DEVICE), **tol)
+
+
+# -- 1. the spec is the model's torch path ---------------------------------------------------
+@pytest.mark.parametrize("attn_cfg", [
+    {},                                                           # official defaults
+    dict(groups=2, static_proj=True, qk_norm=True, window_size=3, window_type="LG"),
+    dict(query_wise=True, rank=1),
+])
+def test_reference_is_the_models_torch_path(attn_cfg, monkeypatch):
+    from test_dcmha import dcmha
+
+    import hooked_models.attention.dcmha as dm
+
+    seen = []
+    attend = dm.DCMHAttention.attend
+    monkeypatch.setattr(dm.DCMHAttention, "attend",
+                        lambda self, q, k, v, ctx: seen.append((self, q, k, v, ctx))
+                        or attend(self, q, k, v, ctx))
+    model = dcmha(attn_cfg, positional_embedding_type="rotary")
+    tokens = random_tokens(model, batch=2, pos=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0                                            # left padding: empty query rows
+    _, cache = model.run_with_cache(tokens, attention_mask=mask)
+    assert len(seen) == model.cfg.n_layers
+    for attn, q, k, v, ctx in seen:
+        dyn = attn.generate_weights(ctx.x)
+        ws = {}
+        for p in ("pre", "post"):
+            names = [f"{p}_{s}{n}" for s in "qk" for n in ("w1", "w2", "dd")]
+            static = dm.base_matrix(attn, p) if attn.opts.static_proj else None
+            ws[p] = ComposeWeights(*(dyn.get(n) for n in names), static=static)
+        if attn.window is not None:
+            assert window_fits(ctx.q_positions, ctx.k_positions, mask.bool())
+        z, _, pattern = dcmha_attention_reference(q, k, v, ws["pre"], ws["post"],
+                                                  1.0 / model.cfg.attn_scale, attn.window,
+                                                  mask.bool(), return_maps=True)
+        name = f"blocks.{attn.layer}.attn.hook_"
+        torch.testing.assert_close(pattern, cache[name + "pattern"], **EXACT)
+        torch.testing.assert_close(z, cache[name + "z"], **EXACT)
+
+
+def test_pattern_rows_from_saved_lse_are_exact_in_float64():
+    q, k, _ = (t.double() for t in _qkv(14, 14, 4))
+    pre, post = (_weights(1, 14, 14, 4, groups=2, static=True, seed=s, dtype=torch.float64)
+                 for s in (2, 3))
+    key_valid = torch.ones(1, 14, dtype=torch.bool)
+    key_valid[0, 5] = False
+    _, lse, pattern = dcmha_attention_reference(q, k, k, pre, post, 0.25, 4, key_valid,
+                                                return_maps=True)
+    heads, queries = torch.tensor([3, 0]), torch.tensor([0, 2, 7, 13])
+    rows = dcmha_pattern_rows(q, k, lse, pre, post, 0.25, heads, queries, 4, key_valid)
+    torch.testing.assert_close(rows, pattern[:, heads][:, :, queries], **EXACT)
+
+
+# -- 2. fused forward vs the spec --------------------------------------------------------------
+@pytest.mark.parametrize("T, H, opts", [
+    (20, 4, {}),                                             # official: rank 2, 1 group, B = I
+    (33, 4, dict(groups=2, static=True, window=5)),          # 3 query tiles, window skips tiles
+    (17, 4, dict(key_wise=False, rank=1, static=True)),      # query-wise only
+    (18, 3, dict(window=0)),                                 # 3 heads; window 0: the diagonal
+])
+def test_fp32_forward_matches_spec(T, H, opts):
+    _check(T, T, H, **opts)
+
+
+def test_padding_keys_two_batches_wide_key_tiles_and_head_dim_24():
+    key_valid = torch.rand(2, 21, generator=torch.Generator().manual_seed(3)) > 0.3
+    key_valid[1, :4] = False                   # empty query rows in batch 1
+    _check(21, 21, 4, d=24, batch=2, key_valid=key_valid.to(DEVICE), block_n=32, groups=2,
+           window=7)
+
+
+def test_queries_aligned_to_the_last_keys():
+    _check(5, 21, 2, window=9)
+
+
+def test_fp16():
+    _check(20, 20, 2, dtype=torch.float16, static=True)
+
+
+# -- 3. gradients --------------------------------------------------------------------------------
+@pytest.mark.parametrize("T_q, T_k, H, batch, window, opts", [
+    (18, 18, 4, 1, None, dict(groups=2, static=True)),
+    (12, 12, 2, 2, 4, {}),                       # padding with empty rows, window
+    (5, 21, 2, 1, 6, dict(key_wise=False, static=True)),   # aligned to the end, query-wise
+    (20, 20, 3, 1, 5, {}),                       # 3 heads (padded to 4), official options
+    (33, 33, 4, 1, None, dict(groups=2, rank=1)),   # 3 query tiles: atomics across programs
+])
+def test_fused_gradients_equal_the_specs(T_q, T_k, H, batch, window, opts):
+    q, k, v = _qkv(T_q, T_k, H, batch=batch)
+    pre = _weights(batch, T_q, T_k, H, seed=2, **opts)
+    post = _weights(batch, T_q, T_k, H, seed=3, **opts)
+    key_valid = None
+    if batch == 2:
+        key_valid = torch.ones(2, T_k, dtype=torch.bool)
+        key_valid[1, :3] = False               # empty query rows
+        key_valid[0, 7] = False
+    flat = [q, k, v, *pre.tensors(), *post.tensors()]
+    present = [t is not None for t in flat]
+
+    def build(ts):
+        it = iter(ts)
+        full = [next(it) if on else None for on in present]
+        return full[:3], ComposeWeights(*full[3:10]), ComposeWeights(*full[10:])
+
+    leaves = [t.to(DEVICE).requires_grad_() for t in flat if t is not None]
+    ref_leaves = [t.double().requires_grad_() for t in flat if t is not None]
+    (q_, k_, v_), pre_, post_ = build(leaves)
+    out, lse = dcmha_attention(q_, k_, v_, pre_, post_, 0.25, window, key_valid)
+    (q_, k_, v_), pre_, post_ = build(ref_leaves)
+    ref_out, ref_lse = dcmha_attention_reference(q_, k_, v_, pre_, post_, 0.25, window,
+                                                 key_valid)
+    g = torch.Generator().manual_seed(5)
+    d_out, d_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    fin = torch.isfinite(ref_lse)
+    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
+                              ref_leaves)
+    for i, (a, b) in enumerate(zip(grads, ref, strict=True)):
+        assert a.dtype == torch.float32 and not a.isnan().any(), i
+        # Key-side and static gradients sum <= T^2 * H terms: scale the tolerance by them.
+        s = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double() / s, b / s, **FP32, msg=lambda m, i=i: f"{i}: {m}")
+
+
+def test_fp16_gradients_close_to_spec():
+    q, k, v = (t.half() for t in _qkv(18, 18, 2))
+    pre, post = (_weights(1, 18, 18, 2, static=True, seed=s) for s in (2, 3))
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out, _ = dcmha_attention(*leaves, pre, post, scale=0.25, window=6)
+    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = dcmha_attention_reference(*ref_leaves, pre, post, 0.25, 6)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
+    for a, b in zip(grads, ref, strict=True):
+        assert a.dtype == torch.float16 and not a.isnan().any()
+        torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+
+
+def test_recompute_backward_is_exact_in_float64_for_any_chunk():
+    """The chunked recomputation is the full gradient exactly (float64, chunk 1 / 4 / all)."""
+    q, k, v = (t.double() for t in _qkv(11, 11, 2))
+    pre, post = (_weights(1, 11, 11, 2, static=True, seed=s, dtype=torch.float64)
+                 for s in (2, 3))
+    leaves = [t.requires_grad_() for t in (q, k, v, *pre.tensors(), *post.tensors())]
+    out, lse = dcmha_attention_reference(*leaves[:3], ComposeWeights(*leaves[3:10]),
+                                         ComposeWeights(*leaves[10:]), 0.3, 3)
+    d_out = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    d_lse = torch.randn(lse.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    want = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), leaves)
+    for chunk in (1, 4, 11):
+        got = recompute_backward(d_out, d_lse, q, k, v, pre, post, 0.3, 3, None, chunk=chunk)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, **EXACT)
+
+
+def test_bad_weight_shapes_name_the_tensor():
+    q, k, v = _qkv(4, 4, 2)
+    good = _weights(1, 4, 4, 2)
+    with pytest.raises(ValueError, match=r"post\.kdd must have shape"):
+        dcmha_attention(q, k, v, good, ComposeWeights(*good.tensors()[:5],
+                                                      torch.ones(1, 4, 1, 3)))
+    with pytest.raises(ValueError, match="kw1, kw2, kdd must be all given"):
+        dcmha_attention(q, k, v, ComposeWeights(*good.tensors()[:4]), good)
+    with pytest.raises(ValueError, match="must share rank"):
+        dcmha_attention(q, k, v, good, _weights(1, 4, 4, 2, key_wise=False))
+    with pytest.raises(ValueError, match="window must be"):
+        dcmha_attention(q, k, v, good, good, window=-1)
+
+
+# -- 4. the model's dispatch ---------------------------------------------------------------------
+FULL = dict(groups=2, static_proj=True, window_size=3, window_type="LG")   # layer 0 local
+
+
+def _model(backend, attn_cfg=FULL, **kw):
+    from test_dcmha import dcmha
+
+    model = dcmha(attn_cfg, backend=backend, dtype=kw.pop("dtype", "float32"), d_head=16,
+                  positional_embedding_type="rotary", **kw)
+    with torch.no_grad():                    # W_Q, W_K were scaled x10 for float64 tests
+        for block in model.blocks:
+            block.attn.W_Q.div_(4)
+    return model
+
+
+def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
+    """Loss and every parameter gradient of a backend="triton" model equal its float64 torch
+    twin's (same weights). Scaled by the largest gradient, the fused model is within 4e-5
+    (observed) and the float32 torch model itself within 2e-4, so 1e-4 tests the fused path
+    at least as tightly as float32 torch can be."""
+    import kernels.dcmha.dispatch as dd
+    import kernels.dcmha.function as df
+
+    launches, backwards = [], []
+    monkeypatch.setattr(dd, "dcmha_attention",
+                        lambda *a, **kw: launches.append(kw["window"]) or dcmha_attention(*a, **kw))
+    bwd = df.dcmha_bwd
+    monkeypatch.setattr(df, "dcmha_bwd", lambda *a: backwards.append(1) or bwd(*a))
+    fused, ref = _model("triton"), _model("torch", dtype="float64")
+    ref.load_state_dict({k: v.double() if v.is_floating_point() else v
+                         for k, v in fused.state_dict().items()})
+    tokens = random_tokens(fused, batch=2, pos=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :2] = 0                                             # left padding
+    loss_f = fused(tokens, attention_mask=mask, return_type="loss")
+    loss_r = ref(tokens, attention_mask=mask, return_type="loss")
+    assert launches == [3, None]                                # both layers fused
+    torch.testing.assert_close(loss_f.double(), loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    assert backwards == [1, 1]                                  # the Triton backward ran
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        s = p_ref.grad.abs().max().item()
+        torch.testing.assert_close(p.grad.double() / s, p_ref.grad / s, atol=1e-4, rtol=0,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
+    import hooked_models.attention.dcmha as dm
+
+    attends = []
+    attend = dm.DCMHAttention.attend
+    monkeypatch.setattr(dm.DCMHAttention, "attend",
+                        lambda self, *a: attends.append(self.layer) or attend(self, *a))
+    fused = _model("triton")
+    tokens = random_tokens(fused, batch=1, pos=17)
+    fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_probs",
+                                               "blocks.0.attn.hook_pre_qw1"])
+    assert attends == [1]                    # a weight hook keeps layer 0 fused
+    attends.clear()
+    rows = patterns_for(fused, tokens, layers=[0, 1], heads=[1, 0], queries=[0, 9, -1])
+    assert attends == []                                        # no materialising pass
+    _, cache = _model("torch").run_with_cache(tokens)
+    for layer in (0, 1):
+        want = cache[f"blocks.{layer}.attn.hook_pattern"][:, [1, 0]][:, :, [0, 9, 16]]
+        torch.testing.assert_close(rows[layer], want, **FP32)
+
+
+def test_float64_model_kv_cache_and_shifted_window_positions_fall_back_to_torch(monkeypatch):
+    import kernels.dcmha.dispatch as dd
+
+    launches = []
+    monkeypatch.setattr(dd, "dcmha_attention",
+                        lambda *a, **kw: launches.append(1) or dcmha_attention(*a, **kw))
+    fused, ref = _model("triton"), _model("torch")
+    prompt = random_tokens(fused, batch=1, pos=6)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.generate(prompt, 3), ref.generate(prompt, 3))
+    assert launches == []                      # generate decodes with a KV cache: torch
+    m64, r64 = _model("triton", dtype="float64"), _model("torch", dtype="float64")
+    torch.testing.assert_close(m64(prompt), r64(prompt), **EXACT)
+    assert launches == []
+    # Right padding: the padded query rows' positions are clamped, so the window on positions
+    # is not a window on indices; the windowed layer takes torch, the global one stays fused.
+    mask = torch.ones(1, 6, dtype=torch.long)
+    mask[0, 4:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(fused(prompt, attention_mask=mask),
+                                   ref(prompt, attention_mask=mask), atol=1e-5, rtol=1e-5)
+    assert launches == [1]
+
+
+def test_bench_row_runs_fused_and_reference(capsys):
+    from kernels import bench
+
+    assert bench.main(["--cpu", "--T", "17", "--d", "16", "--reps", "1", "--ops", "dcmha"]) == 0
+    out = capsys.readouterr().out
+    assert "### dcmha" in out and "| 17 | 16 | fused |" in out and "| 17 | 16 | reference |" in out

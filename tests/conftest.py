@@ -1,6 +1,10 @@
 import os
+import shutil
+import socket
 import sys
+import threading
 
+import pytest
 import torch
 
 # Kernels run on the Triton CPU interpreter when there is no GPU; it must be set before import.
@@ -14,3 +18,48 @@ _THREADS = os.environ.get("ATTNLENS_TEST_THREADS", "1")
 if not _THREADS.isdigit() or int(_THREADS) < 1:
     raise ValueError(f"ATTNLENS_TEST_THREADS={_THREADS!r}: must be a positive integer thread count")
 torch.set_num_threads(int(_THREADS))
+
+
+# -- the dashboard in a real headless Chromium (tests/test_dashboard_browser*.py, deep links) --
+# `server` serves the app of the requesting test module's own `store` fixture.
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    from werkzeug.serving import make_server
+
+    from dashboards.app import create_app
+
+    app = create_app(store)
+    port = _free_port()
+    srv = make_server("127.0.0.1", port, app.server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium + chromium-driver, headless."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.fail("chromium and chromedriver are required (apt-get install chromium "
+                    "chromium-driver); .ci/run installs them")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    yield driver
+    driver.quit()

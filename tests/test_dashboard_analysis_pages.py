@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from dashboard_common import ALPHABET, call
 
 from dashboards.app import _parse_link, create_app, make_link
 from dashboards.store import MAX_PROMPT_CHARS, ModelStore
@@ -28,7 +29,6 @@ from interp.outputs import next_token_losses, repeat_losses, top_predictions
 
 from helpers import tiny_model
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 EXACT = dict(atol=1e-10, rtol=0)
 
 
@@ -60,24 +60,6 @@ def store(log_dir):
 @pytest.fixture(scope="module")
 def app(store):
     return create_app(store)
-
-
-def call(app, output_prefix: str, values: dict, changed: str | None = None):
-    """POST one callback to /_dash-update-component; returns (status, response dict)."""
-    key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))
-    spec = app.callback_map[key]
-
-    def props(items):
-        return [{"id": i["id"], "property": i["property"],
-                 "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
-
-    outputs = [{"id": o.split(".")[0], "property": o.split(".")[1].split("@")[0]}
-               for o in key.strip(".").split("...")]
-    body = {"output": key, "outputs": outputs if key.startswith("..") else outputs[0],
-            "inputs": props(spec["inputs"]), "state": props(spec["state"]),
-            "changedPropIds": [changed] if changed else []}
-    resp = app.server.test_client().post("/_dash-update-component", json=body)
-    return resp.status_code, (resp.get_json() if resp.status_code == 200 else None)
 
 
 def values(page, models=("tiny-mha",), prompt="", layer=0, head=0, stage="pattern", **own):

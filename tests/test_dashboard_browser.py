@@ -1,30 +1,17 @@
 """The Dash app in a real headless Chromium (Debian's chromium + chromium-driver)."""
 
 import os
-import shutil
-import socket
-import threading
 from pathlib import Path
 
 import pytest
+from browser_common import choose, figure, open_tab, screenshot, wait
+from dashboard_common import ALPHABET
 
-from dashboards.app import create_app
 from dashboards.store import ModelStore
 
 from helpers import tiny_model
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def store():
@@ -34,44 +21,6 @@ def store():
                                         positional_embedding_type="rotary",
                                         attn_cfg={"segment_len": 8}), "abc abc abc abc")
     return store
-
-
-@pytest.fixture(scope="module")
-def server(store):
-    from werkzeug.serving import make_server
-
-    app = create_app(store)
-    port = _free_port()
-    srv = make_server("127.0.0.1", port, app.server, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}"
-    srv.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.fail("chromium and chromedriver are required (apt-get install chromium "
-                    "chromium-driver); .ci/run installs them")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    yield driver
-    driver.quit()
-
-
-def _wait(driver, script, timeout=60):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script))
 
 
 def _count_heatmaps(graph_id):
@@ -89,71 +38,60 @@ def shots():
     return path
 
 
-def _screenshot(browser, shots, page):
-    path = shots / f"{page}.png"
-    assert browser.save_screenshot(str(path)) and path.stat().st_size > 10_000
-
-
-def _figure(graph_id, expr):
-    """JS returning `expr` over the plotly graph `g` inside `graph_id`, or null until drawn."""
-    return (f"const g = document.querySelector('#{graph_id} .js-plotly-plot');"
-            f"return g && g.data && g.data.length && g.layout ? ({expr}) : null;")
-
-
 def test_compare_page_shows_models_side_by_side(server, browser, store, shots):
     browser.get(server)
-    _wait(browser, "return document.title === 'attnlens'")
-    assert _wait(browser, "return document.querySelectorAll('.compare-column').length") == 2
-    title = _wait(browser, _figure("compare-zoom-1", "g.layout.title.text"))
+    wait(browser, "return document.title === 'attnlens'")
+    assert wait(browser, "return document.querySelectorAll('.compare-column').length") == 2
+    title = wait(browser, figure("compare-zoom-1", "g.layout.title.text"))
     assert title == "tiny-infini L0H0 hook_pattern"
     cfg = store.get("tiny-mha").cfg
     # every head of each model in ONE heatmap, both models on one shared colour range
-    assert _wait(browser, _figure("compare-grid-0", "g.data.length")) == 1
-    assert _wait(browser, _figure("compare-grid-0", "g._fullLayout.xaxis.ticktext.length")) \
+    assert wait(browser, figure("compare-grid-0", "g.data.length")) == 1
+    assert wait(browser, figure("compare-grid-0", "g._fullLayout.xaxis.ticktext.length")) \
         == cfg.n_heads
-    ranges = [_wait(browser, _figure(f"compare-grid-{i}", "[g.data[0].zmin, g.data[0].zmax]"))
+    ranges = [wait(browser, figure(f"compare-grid-{i}", "[g.data[0].zmin, g.data[0].zmax]"))
               for i in (0, 1)]
     assert ranges[0] == ranges[1]
-    assert _wait(browser, _figure("compare-grid-1", "g.data[0].showscale !== false"))
+    assert wait(browser, figure("compare-grid-1", "g.data[0].showscale !== false"))
     # a colour bar on the zoomed map, and no share-to-cloud button in the mode bar
-    assert _wait(browser, _figure("compare-zoom-0", "g.data[0].showscale !== false"))
+    assert wait(browser, figure("compare-zoom-0", "g.data[0].showscale !== false"))
     assert not browser.find_elements("css selector", "[data-title*='Chart Studio']")
-    _screenshot(browser, shots, "compare")
+    screenshot(browser, shots, "compare")
 
 
 def test_explorer_reacts_to_controls_and_bad_prompts(server, browser, store, shots):
-    _open_tab(browser, server, "Attention explorer")
+    open_tab(browser, server, "Attention explorer")
     cfg = store.get("tiny-mha").cfg
     # every head in ONE heatmap: layer and head ticks, tiles of block means
-    assert _wait(browser, _figure("explorer-grid", "g.data.length")) == 1
-    assert _wait(browser, _figure("explorer-grid", "g._fullLayout.xaxis.ticktext.length")) \
+    assert wait(browser, figure("explorer-grid", "g.data.length")) == 1
+    assert wait(browser, figure("explorer-grid", "g._fullLayout.xaxis.ticktext.length")) \
         == cfg.n_heads
-    n_x = _wait(browser, _figure("explorer-zoom", "g.data[0].x.length"))
+    n_x = wait(browser, figure("explorer-zoom", "g.data[0].x.length"))
     assert n_x == len("the cat. the cat.") + 1      # BOS + 17 characters
     n_maps = len([s for s in store.get("tiny-mha").stages(0) if s.is_map])
-    assert _wait(browser, "return document.querySelectorAll("
-                          "'#explorer-stages .js-plotly-plot').length") == n_maps
-    _choose(browser, "ctl-head", "3")
-    assert _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('H3')"
-                                                   " ? g.layout.title.text : null")) \
+    assert wait(browser, "return document.querySelectorAll("
+                         "'#explorer-stages .js-plotly-plot').length") == n_maps
+    choose(browser, "ctl-head", "3")
+    assert wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('H3')"
+                                                 " ? g.layout.title.text : null")) \
         == "tiny-mha L0H3 hook_pattern"
     text = browser.find_element("id", "ctl-prompt")
     text.clear()
     text.send_keys("abcabc")
     browser.find_element("id", "ctl-run").click()
-    _wait(browser, _figure("explorer-zoom", "g.data[0].x.length === 7"))
+    wait(browser, figure("explorer-zoom", "g.data[0].x.length === 7"))
     assert "head=3" in browser.current_url and "prompt=abcabc" in browser.current_url
     _click_tile(browser, "explorer-grid", layer=1, head=2)
-    assert _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('L1H2')"
-                                                   " ? g.layout.title.text : null")) \
+    assert wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('L1H2')"
+                                                 " ? g.layout.title.text : null")) \
         == "tiny-mha L1H2 hook_pattern"
     assert "layer=1" in browser.current_url and "head=2" in browser.current_url
-    _screenshot(browser, shots, "explorer")
+    screenshot(browser, shots, "explorer")
     text.clear()
     text.send_keys("ABC!")
     browser.find_element("id", "ctl-run").click()
-    msg = _wait(browser, "const e = document.getElementById('explorer-error');"
-                         "return e && e.innerText.length ? e.innerText : null")
+    msg = wait(browser, "const e = document.getElementById('explorer-error');"
+                        "return e && e.innerText.length ? e.innerText : null")
     assert "not in the tokenizer alphabet" in msg
 
 
@@ -163,22 +101,11 @@ def test_deep_link_restores_the_view(server, browser, shots):
     link = server + "/" + make_link("explorer", ["tiny-infini"], 1, 2, "local_pattern", "abcab")
     for _ in range(2):   # follow the link, then reload: the same view both times
         browser.get(link)
-        title = _wait(browser, _figure("explorer-zoom", "g.layout.title.text.includes('infini')"
-                                                        " ? g.layout.title.text : null"))
+        title = wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('infini')"
+                                                      " ? g.layout.title.text : null"))
         assert title == "tiny-infini L1H2 hook_local_pattern"
-        assert _wait(browser, _figure("explorer-zoom", "g.data[0].x.length")) == 6
-    _screenshot(browser, shots, "deep-link")
-
-
-def _open_tab(browser, server, title):
-    browser.get(server)
-    _wait(browser, "return document.title === 'attnlens'")
-    # the layout renders after the title: wait for the tab itself, not only for the page
-    script = ("return Array.from(document.querySelectorAll('.tab'))"
-              f".some(t => t.innerText.trim() === {title!r});")
-    _wait(browser, script)
-    tabs = browser.find_elements("css selector", ".tab")
-    next(t for t in tabs if t.text.strip() == title).click()
+        assert wait(browser, figure("explorer-zoom", "g.data[0].x.length")) == 6
+    screenshot(browser, shots, "deep-link")
 
 
 def _click_tile(browser, graph_id, layer, head):
@@ -186,73 +113,65 @@ def _click_tile(browser, graph_id, layer, head):
     (interp.map_plots.head_mosaic_figure): the cell found from its axis labels."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    find = _figure(graph_id, (
+    find = figure(graph_id, (
         f"(() => {{ const xa = g._fullLayout.xaxis, ya = g._fullLayout.yaxis;"
         f" const xs = g.data[0].x, ys = g.data[0].y;"
         f" const x = xs.filter(v => v.startsWith('H{head} k')),"
         f" y = ys.filter(v => v.startsWith('L{layer} q'));"
         f" const px = xa.d2p(x[x.length >> 1]), py = ya.d2p(y[y.length >> 1]);"
         f" return [px - xa._length / 2, py - ya._length / 2]; }})()"))
-    dx, dy = _wait(browser, find)
+    dx, dy = wait(browser, find)
     drag = browser.find_element("css selector", f"#{graph_id} .nsewdrag")
     ActionChains(browser).move_to_element_with_offset(drag, int(dx), int(dy)).click().perform()
 
 
-def _choose(browser, dropdown_id, option_text):
-    """Pick `option_text` in a dcc.Dropdown (Dash 4: a button opening a listbox)."""
-    browser.find_element("id", dropdown_id).click()
-    option = _wait(browser, "return [...document.querySelectorAll('[role=option]')]"
-                            f".find(o => o.innerText.trim() === '{option_text}') || null")
-    option.click()
-
-
 def test_induction_tab(server, browser, store, shots):
-    _open_tab(browser, server, "Induction heads")
-    assert _wait(browser, _count_heatmaps("heads-scores-0")) == 4     # 3 detectors + stripe
-    shape = _wait(browser, _figure("heads-scores-0", "g.data[1].y && g.data[1].x"
-                                   " ? [g.data[1].y.length, g.data[1].x.length] : null"))
+    open_tab(browser, server, "Induction heads")
+    assert wait(browser, _count_heatmaps("heads-scores-0")) == 4     # 3 detectors + stripe
+    shape = wait(browser, figure("heads-scores-0", "g.data[1].y && g.data[1].x"
+                                 " ? [g.data[1].y.length, g.data[1].x.length] : null"))
     cfg = store.get("tiny-mha").cfg
     assert shape == [cfg.n_layers, cfg.n_heads]
-    _screenshot(browser, shots, "heads")
+    screenshot(browser, shots, "heads")
 
 
 def test_diversity_tab(server, browser, store, shots):
-    _open_tab(browser, server, "Head diversity")
-    n = _wait(browser, "const g = document.querySelector('#diversity-graph .js-plotly-plot');"
-                       "return g && g.data && g.data.length ? g.data.length : 0")
+    open_tab(browser, server, "Head diversity")
+    n = wait(browser, "const g = document.querySelector('#diversity-graph .js-plotly-plot');"
+                      "return g && g.data && g.data.length ? g.data.length : 0")
     cfg = store.get("tiny-mha").cfg
     # QK and OV panels: one curve per layer plus the random baseline.
     assert n == 2 * (cfg.n_layers + 1)
     assert "k90" in browser.find_element("id", "diversity-summary").text
-    _screenshot(browser, shots, "diversity")
+    screenshot(browser, shots, "diversity")
 
 
 def test_gating_tab_shows_infini_memory_heads(server, browser, store, shots):
-    _open_tab(browser, server, "Gating")
-    _wait(browser, "const e = document.getElementById('gating-memory');"
-                   "return e && e.style.display === 'none'")  # MHA has no memory
-    _choose(browser, "gating-model", "tiny-infini")
-    labels = _wait(browser, "const g = document.querySelector('#gating-memory .js-plotly-plot');"
-                            "return g && g.data && g.data.length"
-                            " ? g.data.flatMap(t => t.text) : null")
+    open_tab(browser, server, "Gating")
+    wait(browser, "const e = document.getElementById('gating-memory');"
+                  "return e && e.style.display === 'none'")  # MHA has no memory
+    choose(browser, "gating-model", "tiny-infini")
+    labels = wait(browser, "const g = document.querySelector('#gating-memory .js-plotly-plot');"
+                           "return g && g.data && g.data.length"
+                           " ? g.data.flatMap(t => t.text) : null")
     cfg = store.get("tiny-infini").cfg
     assert len(labels) == cfg.n_layers * cfg.n_heads and "L1H3" in labels
-    _screenshot(browser, shots, "gating")
+    screenshot(browser, shots, "gating")
 
 
 def test_variants_tab_shows_infini_segments_and_a_message_for_mha(server, browser, store,
                                                                  shots):
-    _open_tab(browser, server, "Variants")
-    msg = _wait(browser, "const e = document.getElementById('variants-error');"
-                         "return e && e.innerText.length ? e.innerText : null")
+    open_tab(browser, server, "Variants")
+    msg = wait(browser, "const e = document.getElementById('variants-error');"
+                        "return e && e.innerText.length ? e.innerText : null")
     assert "tiny-mha (mha) has nothing for the cope view" in msg      # first model: MHA
-    _choose(browser, "variants-model", "tiny-infini")
-    n_lines = _wait(browser, _figure("variants-infini-pattern",
-                                     "(g.layout.shapes || []).length || null"))
+    choose(browser, "variants-model", "tiny-infini")
+    n_lines = wait(browser, figure("variants-infini-pattern",
+                                   "(g.layout.shapes || []).length || null"))
     n = len(store.get("tiny-infini").to_tokens(store.default_text["tiny-infini"])[0])
     assert n_lines == 2 * ((n - 1) // 8)            # a vertical and a horizontal line each
     assert "segments" in browser.find_element("id", "variants-explain").text
-    _screenshot(browser, shots, "variants")
+    screenshot(browser, shots, "variants")
 
 
 def test_store_errors(store):

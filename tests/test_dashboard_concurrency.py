@@ -7,15 +7,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_dashboard_pages import call
+from dashboard_common import ALPHABET, call
 
 from dashboards.app import create_app
 from dashboards.map_cache import MAP_CACHE
 from dashboards.store import ModelStore
 
 from helpers import tiny_model
-
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 
 
 @pytest.fixture(scope="module")

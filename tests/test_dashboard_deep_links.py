@@ -5,9 +5,9 @@ headless-Chromium test that follows such a link and reads the restored figure.""
 from urllib.parse import parse_qs
 
 import pytest
+from browser_common import figure, wait
 from dash import no_update
-from test_dashboard_browser import _figure, _wait, browser, server  # noqa: F401 (fixtures)
-from test_dashboard_pages import call, shared
+from dashboard_common import ALPHABET, call, shared
 
 from dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
 from dashboards.pages import PAGES
@@ -15,7 +15,6 @@ from dashboards.store import ModelStore
 
 from helpers import tiny_model
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 SHARED = {"tabs.value": "explorer", "ctl-models.value": ["tiny-mha"],
           "ctl-applied-prompt.data": "", "ctl-layer.value": 0, "ctl-head.value": 0,
           "ctl-stage.value": "pattern"}
@@ -140,21 +139,21 @@ def test_knock_out_point_falls_back_to_the_link(app, store):
 
 
 @pytest.mark.browser
-def test_browser_follows_a_link_with_page_controls(server, browser):  # noqa: F811
+def test_browser_follows_a_link_with_page_controls(server, browser):
     browser.get(f"{server}/?page=circuits&models=tiny-mta&layer=1&head=2&prompt=abcab"
                 "&circuit=pair&query=3&key=1")
-    title = _wait(browser, _figure("circuits-qk", "g.layout.title.text"))
+    title = wait(browser, figure("circuits-qk", "g.layout.title.text"))
     assert title == "tiny-mta L1H2: composed full QK circuit at query 3, key 1"
     assert browser.find_element(
         "css selector", "#circuits-kind input[value='pair']").is_selected()
     assert browser.find_element("id", "circuits-query").get_attribute("value") == "3"
     assert "circuit=pair" in browser.current_url and "query=3" in browser.current_url
     browser.get(f"{server}/?page=outputs&models=tiny-mha&k=2")
-    title = _wait(browser, _figure("outputs-topk-0", "g.layout.title.text"))
+    title = wait(browser, figure("outputs-topk-0", "g.layout.title.text"))
     assert title.startswith("tiny-mha: top 2 predictions")
     # the knock-out point is a stage of the linked model (its options follow the model)
     browser.get(f"{server}/?page=heads&models=tiny-mta&layer=1&head=3&ablate_at=softmax"
                 "&ablate_how=mean&ablate_score=previous_token&half=6")
-    title = _wait(browser, _figure("heads-ablation", "g.layout.title.text"))
+    title = wait(browser, figure("heads-ablation", "g.layout.title.text"))
     assert title.startswith("tiny-mta: L1H3 set to its mean at hook_softmax; previous_token"), \
         browser.current_url

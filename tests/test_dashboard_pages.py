@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from dashboard_common import ALPHABET, call, shared
 
 from dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
 from dashboards.cli import build_store
@@ -21,8 +22,6 @@ from interp.map_plots import MAX_TICKS, head_grid_figure, map_figure, map_scale
 from interp.plots import head_table_figure
 
 from helpers import tiny_model
-
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 
 
 @pytest.fixture(scope="module")
@@ -37,30 +36,6 @@ def store():
 @pytest.fixture(scope="module")
 def app(store):
     return create_app(store)
-
-
-def call(app, output_prefix: str, values: dict, changed: str | None = None):
-    """POST one callback to /_dash-update-component; returns (status, response dict)."""
-    key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))
-    spec = app.callback_map[key]
-
-    def props(items):
-        return [{"id": i["id"], "property": i["property"],
-                 "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
-
-    outputs = [{"id": o.split(".")[0], "property": o.split(".")[1].split("@")[0]}
-               for o in key.strip(".").split("...")]
-    body = {"output": key, "outputs": outputs if key.startswith("..") else outputs[0],
-            "inputs": props(spec["inputs"]), "state": props(spec["state"]),
-            "changedPropIds": [changed] if changed else []}
-    resp = app.server.test_client().post("/_dash-update-component", json=body)
-    return resp.status_code, (resp.get_json() if resp.status_code == 200 else None)
-
-
-def shared(models, layer=0, head=0, stage="pattern", prompt=""):
-    return {"ctl-models.value": models, "ctl-applied-prompt.data": prompt,
-            "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
-            "explorer-format.value": "png"}
 
 
 # -- honest scales (item 3) ------------------------------------------------------------------

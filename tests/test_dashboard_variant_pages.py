@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_dashboard_pages import call
+from dashboard_common import ALPHABET, call
 
 from dashboards.app import create_app
 from dashboards.map_cache import MapCache
@@ -21,7 +21,6 @@ from interp.infini import memory_specialisation
 
 from helpers import tiny_model
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 TEXT = "the cat. the cat. a dog."
 KW = {"infini": dict(positional_embedding_type="rotary", attn_cfg={"segment_len": 8})}
 

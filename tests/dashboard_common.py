@@ -1,0 +1,32 @@
+"""Shared by the dashboard tests: the tokenizer alphabet of their tiny models, and a caller of
+one Dash callback through Dash's own HTTP endpoint (as the browser, or a crafted request,
+calls it)."""
+
+from __future__ import annotations
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
+
+
+def call(app, output_prefix: str, values: dict, changed: str | None = None):
+    """POST one callback to /_dash-update-component; returns (status, response dict)."""
+    key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))
+    spec = app.callback_map[key]
+
+    def props(items):
+        return [{"id": i["id"], "property": i["property"],
+                 "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
+
+    outputs = [{"id": o.split(".")[0], "property": o.split(".")[1].split("@")[0]}
+               for o in key.strip(".").split("...")]
+    body = {"output": key, "outputs": outputs if key.startswith("..") else outputs[0],
+            "inputs": props(spec["inputs"]), "state": props(spec["state"]),
+            "changedPropIds": [changed] if changed else []}
+    resp = app.server.test_client().post("/_dash-update-component", json=body)
+    return resp.status_code, (resp.get_json() if resp.status_code == 200 else None)
+
+
+def shared(models, layer=0, head=0, stage="pattern", prompt=""):
+    """The shared controls' values (model list, prompt, layer, head, stage) of a callback."""
+    return {"ctl-models.value": models, "ctl-applied-prompt.data": prompt,
+            "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
+            "explorer-format.value": "png"}

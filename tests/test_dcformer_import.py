@@ -14,11 +14,15 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from dcformer_release_reference import (
+    assert_matches_release,
+    composed_probs,
+    rms,
+    rope_release,
+)
 from safetensors.torch import save_file
 
 from hooked_models.converters.dcformer import from_dcformer
-
-from helpers import decode_stepwise
 
 CONFIG = {
     "architectures": ["DCFormer"],
@@ -78,20 +82,6 @@ def write_checkpoint(directory, state, cfg=CONFIG):
 
 
 # -- the independent reference -----------------------------------------------------------------
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope_release(x, base):
-    """The release's 'half' mode: pairs (j, j + Dh/2) rotated, results written interleaved."""
-    B, T, N, Dh = x.shape
-    freqs = 1.0 / base ** (torch.arange(0, Dh, 2).double() / Dh)
-    ang = torch.arange(T).double()[:, None] * freqs[None]
-    cos, sin = ang.cos().to(x.dtype)[None, :, None], ang.sin().to(x.dtype)[None, :, None]
-    a, b = x[..., : Dh // 2], x[..., Dh // 2:]
-    return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(3)
-
-
 def naive_dcformer(sd, cfg, idx):
     """Logits and per-layer composed probabilities of the release's prefill forward, in float64
     (float32 rounding in the composition's cancellations reaches 4e-5 and varies by CPU)."""
@@ -103,38 +93,21 @@ def naive_dcformer(sd, cfg, idx):
     patterns = []
     for i in range(cfg["n_layer"]):
         a = f"layers.{i}.attention."
-        h = _rms(x, sd[f"layers.{i}.attention_norm.weight"], eps)
+        h = rms(x, sd[f"layers.{i}.attention_norm.weight"], eps)
         q, k, v = (h @ sd[a + "wqkv.weight"].T).split(D, -1)
         q, k, v = (t.view(B, T, N, Dh) for t in (q, k, v))
-        q = _rope_release(_rms(q, sd[a + "q_norm.scale"], 1e-6), cfg["rope_base"])
-        k = _rope_release(_rms(k, sd[a + "k_norm.scale"], 1e-6), cfg["rope_base"])
+        q = rope_release(rms(q, sd[a + "q_norm.scale"]), cfg["rope_base"])
+        k = rope_release(rms(k, sd[a + "k_norm.scale"]), cfg["rope_base"])
         logits = torch.einsum("btnd,bsnd->bnts", q, k) / Dh ** 0.5
-        # dynamic weights (DynamicWeightProjection.forward, G = 1)
-        hid = F.gelu(torch.einsum("btd,dck->btck", h, sd[a + "dyn_w_proj.dw1"][:, 0]))
-        w = torch.einsum("btck,ckim->btcim", hid, sd[a + "dyn_w_proj.qkw"][0])
-        w1, w2 = w[..., :2, :], w[..., 2:, :]
-        w1 = w1 * torch.rsqrt(w1.pow(2).mean(-1, keepdim=True) + 1e-6)
-        dd = torch.tanh(h @ sd[a + "dyn_w_proj.dd"][:, 0]).view(B, T, 4, N)
-        # per-position N x N matrices W[b, t, c] = w1^T w2 + diag(dd)
-        W = torch.einsum("btcin,btcim->btcnm", w1, w2) + torch.diag_embed(dd)
-        eye = torch.eye(N, dtype=torch.float64)
-        pre = eye + W[:, :, None, 0] + W[:, None, :, 1]     # [b t s n m]
-        post = eye + W[:, :, None, 2] + W[:, None, :, 3]
-        logits = torch.einsum("bnts,btsnm->bmts", logits, pre)
-        row, col = torch.arange(T)[:, None], torch.arange(T)[None]
-        mask = col <= row
-        if i % 2 == 0:  # window_type null: even layers local
-            mask = mask & (col + cfg["window_size"] >= row)
-        logits = torch.where(mask, logits, torch.finfo(torch.float16).min)
-        probs = torch.einsum("bnts,btsnm->bmts", logits.softmax(-1), post)
+        probs = composed_probs(logits, h, sd, a, i, cfg["window_size"])
         patterns.append(probs)
         y = torch.einsum("bnts,bsnd->btnd", probs, v).reshape(B, T, D)
         x = x + y @ sd[a + "wo.weight"].T
         f = f"layers.{i}.feed_forward."
-        h = _rms(x, sd[f"layers.{i}.ffn_norm.weight"], eps)
+        h = rms(x, sd[f"layers.{i}.ffn_norm.weight"], eps)
         x = x + (F.silu(h @ sd[f + "w1.weight"].T) * (h @ sd[f + "w3.weight"].T)) \
             @ sd[f + "w2.weight"].T
-    return _rms(x, sd["norm.weight"], eps) @ sd["output.weight"].T, patterns
+    return rms(x, sd["norm.weight"], eps) @ sd["output.weight"].T, patterns
 
 
 # -- tests -------------------------------------------------------------------------------------
@@ -152,12 +125,7 @@ def test_forward_matches_naive_release(released):
     assert [b.attn.window for b in model.blocks] == [3, None]
     idx = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(0))
     ref, patterns = naive_dcformer(sd, CONFIG, idx)
-    logits, cache = model.run_with_cache(idx)
-    torch.testing.assert_close(logits, ref, atol=1e-10, rtol=0)
-    for layer, pattern in enumerate(patterns):
-        torch.testing.assert_close(cache["pattern", layer], pattern, atol=1e-10, rtol=0)
-    stepwise, _ = decode_stepwise(model, idx, prefix=6)
-    torch.testing.assert_close(stepwise, ref, atol=1e-10, rtol=0)
+    assert_matches_release(model, idx, ref, patterns)
 
 
 def test_split_wq_wk_wv_and_sharded_index(released, tmp_path):

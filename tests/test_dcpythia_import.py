@@ -18,11 +18,15 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from dcformer_release_reference import (
+    assert_matches_release,
+    composed_probs,
+    rms,
+    rope_release,
+)
 
 from dashboards.cli import main as cli_main
 from hooked_models.converters.dcformer import dcformer_config, from_dcformer
-
-from helpers import decode_stepwise
 
 # The published config.json (GitHub pytorch/dcpythia/config.json) at tiny shapes.
 CONFIG = {
@@ -101,22 +105,6 @@ def _ln(x, w, b, eps):
     return F.layer_norm(x, x.shape[-1:], w, b, eps)
 
 
-def _rms(x, w, eps=1e-6):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope_partial(x, rd, base):
-    """The release: the first rd dims rotated in 'half' pairs (j, j + rd/2), written
-    interleaved; the other dims pass through."""
-    T = x.shape[1]
-    freqs = 1.0 / base ** (torch.arange(0, rd, 2).double() / rd)
-    ang = torch.arange(T).double()[:, None] * freqs[None]
-    cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
-    a, b = x[..., : rd // 2], x[..., rd // 2: rd]
-    rot = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(3)
-    return torch.cat([rot, x[..., rd:]], -1)
-
-
 def naive_dcpythia(sd, cfg, idx):
     """Logits and per-layer composed probabilities of the release's prefill, in float64."""
     sd = {name: t.double() for name, t in sd.items()}
@@ -132,25 +120,10 @@ def naive_dcpythia(sd, cfg, idx):
         h = _ln(x, sd[p + "attention_norm.weight"], sd[p + "attention_norm.bias"], eps)
         q, k, v = (h @ sd[a + "wqkv.weight"].T + sd[a + "wqkv.bias"]).split(D, -1)
         q, k, v = (t.view(B, T, N, Dh) for t in (q, k, v))
-        q = _rope_partial(_rms(q, sd[a + "q_norm.scale"]), rd, cfg["rope_base"])
-        k = _rope_partial(_rms(k, sd[a + "k_norm.scale"]), rd, cfg["rope_base"])
+        q = rope_release(rms(q, sd[a + "q_norm.scale"]), cfg["rope_base"], rd)
+        k = rope_release(rms(k, sd[a + "k_norm.scale"]), cfg["rope_base"], rd)
         logits = torch.einsum("btnd,bsnd->bnts", q, k) / Dh ** 0.5
-        hid = F.gelu(torch.einsum("btd,dck->btck", h, sd[a + "dyn_w_proj.dw1"][:, 0]))
-        w = torch.einsum("btck,ckim->btcim", hid, sd[a + "dyn_w_proj.qkw"][0])
-        w1, w2 = w[..., :2, :], w[..., 2:, :]
-        w1 = w1 * torch.rsqrt(w1.pow(2).mean(-1, keepdim=True) + 1e-6)
-        dd = torch.tanh(h @ sd[a + "dyn_w_proj.dd"][:, 0]).view(B, T, 4, N)
-        W = torch.einsum("btcin,btcim->btcnm", w1, w2) + torch.diag_embed(dd)
-        eye = torch.eye(N, dtype=torch.float64)
-        pre = eye + W[:, :, None, 0] + W[:, None, :, 1]     # [b t s n m]
-        post = eye + W[:, :, None, 2] + W[:, None, :, 3]
-        logits = torch.einsum("bnts,btsnm->bmts", logits, pre)
-        row, col = torch.arange(T)[:, None], torch.arange(T)[None]
-        mask = col <= row
-        if i % 2 == 0:  # window_type null: even layers local
-            mask = mask & (col + cfg["window_size"] >= row)
-        logits = torch.where(mask, logits, torch.finfo(torch.float16).min)
-        probs = torch.einsum("bnts,btsnm->bmts", logits.softmax(-1), post)
+        probs = composed_probs(logits, h, sd, a, i, cfg["window_size"])
         patterns.append(probs)
         y = torch.einsum("bnts,bsnd->btnd", probs, v).reshape(B, T, D)
         attn = y @ sd[a + "wo.weight"].T + sd[a + "wo.bias"]
@@ -211,12 +184,7 @@ def test_forward_matches_naive_release(converted):
     assert [b.attn.window for b in model.blocks] == [3, None, 3]
     idx = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(0))
     ref, patterns = naive_dcpythia(sd, CONFIG, idx)
-    logits, cache = model.run_with_cache(idx)
-    torch.testing.assert_close(logits, ref, atol=1e-10, rtol=0)
-    for layer, pattern in enumerate(patterns):
-        torch.testing.assert_close(cache["pattern", layer], pattern, atol=1e-10, rtol=0)
-    stepwise, _ = decode_stepwise(model, idx, prefix=6)
-    torch.testing.assert_close(stepwise, ref, atol=1e-10, rtol=0)
+    assert_matches_release(model, idx, ref, patterns)
     # the default dtype (float32) agrees within float32 rounding of O(1) logits
     torch.testing.assert_close(from_dcformer(out)(idx).double(), ref, atol=2e-4, rtol=0)
 

@@ -1,5 +1,6 @@
 """Dashboard building blocks around the figures of `interp.plots`: graph components with the
-export settings, and the checks that turn request values into indices (the page boundary).
+export settings, the pages' small layout pieces (control rows, number inputs, error and note
+boxes), and the checks that turn request values into indices (the page boundary).
 
 Request values arrive from the browser and can be crafted: every callback validates them here
 and shows the ValueError's message in the page, never a 500 nor a silently different head.
@@ -38,6 +39,28 @@ def graph(graph_id: str, config: dict | None = None, **kwargs) -> dcc.Graph:
 def error_box(box_id: str) -> html.Div:
     return html.Div(id=box_id, style={"color": "#b00020", "marginTop": "6px",
                                       "whiteSpace": "pre-wrap"})
+
+
+def note_box(box_id: str, pre_wrap: bool = True) -> html.Div:
+    """A grey box for a callback's notes (kept line breaks unless `pre_wrap` is False)."""
+    return html.Div(id=box_id, style={"color": "#555", "whiteSpace": "pre-wrap"} if pre_wrap
+                    else {"color": "#555"})
+
+
+def control_row(*items, wrap: bool = True) -> html.Div:
+    """A row of controls; each str among `items` becomes a bold label (for the control after
+    it). Wrapped onto more lines when too wide, unless `wrap` is False."""
+    style = {"display": "flex", "gap": "8px", "alignItems": "center"}
+    if wrap:
+        style["flexWrap"] = "wrap"
+    return html.Div([html.Label(item, style={"fontWeight": "bold"}) if isinstance(item, str)
+                     else item for item in items], style=style)
+
+
+def number_input(input_id: str, value: int, minimum: int = 0, width: str = "70px") -> dcc.Input:
+    """A whole-number input that reports its value on Enter or leaving the box."""
+    return dcc.Input(id=input_id, type="number", min=minimum, step=1, value=value, debounce=True,
+                     style={"width": width})
 
 
 def check_index(name: str, value, size: int, owner: str = "") -> int:

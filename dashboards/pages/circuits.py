@@ -8,7 +8,16 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import check_index, check_models, error_box, graph, graph_config
+from dashboards.figures import (
+    check_index,
+    check_models,
+    control_row,
+    error_box,
+    graph,
+    graph_config,
+    note_box,
+    number_input,
+)
 from interp.circuit_plots import (
     composition_vs_baseline_figure,
     copying_scores_figure,
@@ -33,7 +42,6 @@ LINK = {"circuit": ("circuits-kind", "plain"), "query": ("circuits-query", 1),
 
 
 def layout(store):
-    label = {"style": {"fontWeight": "bold"}}
     return html.Div([
         html.P("From the weights alone (no input needed), for the first chosen model. QK: how "
                "much the head wants a query token to attend to a key token (content only, no "
@@ -42,28 +50,22 @@ def layout(store):
                "Copying: +1 when the head raises the logit of the very token it attends to. "
                "Composition: how much an earlier head's output feeds a later head's query (Q), "
                "key (K) or value (V), minus what random matrices of the same sizes give."),
-        html.Div([html.Label("circuits", **label),
-                  dcc.RadioItems([{"label": "each head's own", "value": "plain"},
-                                  {"label": "composed by static head mixing (MTA, DCMHA)",
-                                   "value": "composed"},
-                                  {"label": "composed at query / key positions of the prompt "
-                                            "(DCMHA's input-dependent mixing)",
-                                   "value": "pair"}], LINK["circuit"][1], id="circuits-kind",
-                                 inline=True),
-                  html.Label("query", **label),
-                  dcc.Input(id="circuits-query", type="number", min=0, step=1,
-                            value=LINK["query"][1], debounce=True, style={"width": "70px"}),
-                  html.Label("key", **label),
-                  dcc.Input(id="circuits-key", type="number", min=0, step=1,
-                            value=LINK["key"][1], debounce=True, style={"width": "70px"})],
-                 style={"display": "flex", "gap": "8px", "alignItems": "center",
-                        "flexWrap": "wrap"}),
+        control_row("circuits",
+                    dcc.RadioItems([{"label": "each head's own", "value": "plain"},
+                                    {"label": "composed by static head mixing (MTA, DCMHA)",
+                                     "value": "composed"},
+                                    {"label": "composed at query / key positions of the prompt "
+                                              "(DCMHA's input-dependent mixing)",
+                                     "value": "pair"}], LINK["circuit"][1],
+                                   id="circuits-kind", inline=True),
+                    "query", number_input("circuits-query", LINK["query"][1]),
+                    "key", number_input("circuits-key", LINK["key"][1])),
         error_box("circuits-error"),
-        html.Div(id="circuits-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        note_box("circuits-note"),
         dcc.Loading(html.Div([graph("circuits-qk"), graph("circuits-ov")],
                              style={"display": "flex", "gap": "12px", "flexWrap": "wrap"})),
         error_box("circuits-heads-error"),
-        html.Div(id="circuits-heads-note", style={"color": "#555"}),
+        note_box("circuits-heads-note", pre_wrap=False),
         dcc.Loading([graph("circuits-copying"), graph("circuits-composition")]),
     ])
 

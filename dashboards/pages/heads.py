@@ -11,7 +11,15 @@ from urllib.parse import parse_qs
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import check_index, check_models, error_box, graph
+from dashboards.figures import (
+    check_index,
+    check_models,
+    control_row,
+    error_box,
+    graph,
+    note_box,
+    number_input,
+)
 from interp._common import map_stage_names
 from interp.circuit_plots import composition_vs_baseline_figure
 from interp.circuits import composition_table
@@ -43,8 +51,6 @@ def _all_points(store) -> list[str]:
 
 
 def layout(store):
-    label = {"style": {"fontWeight": "bold"}}
-    row = {"display": "flex", "gap": "8px", "alignItems": "center", "flexWrap": "wrap"}
     return html.Div([
         html.P("Scores: the share of each head's attention on the previous token, on earlier "
                "copies of the current token (duplicate) and on the token after an earlier copy "
@@ -52,16 +58,14 @@ def layout(store):
                "probe is [BOS] r r with r random tokens; 'stripe' is the attention on exactly "
                "the token after the earlier copy. Stages after cross-head mixing are not "
                "probability distributions, so their scores can leave [0, 1]."),
-        html.Div([html.Label("probe", **label),
-                  dcc.RadioItems([{"label": "repeated random tokens", "value": "random"},
-                                  {"label": "the prompt", "value": "text"}], LINK["probe"][1],
-                                 id="heads-probe", inline=True),
-                  html.Label("random tokens per copy", **label),
-                  dcc.Input(id="heads-half", type="number", min=2, step=1,
-                            value=LINK["half"][1], debounce=True, style={"width": "80px"})],
-                 style=row),
+        control_row("probe",
+                    dcc.RadioItems([{"label": "repeated random tokens", "value": "random"},
+                                    {"label": "the prompt", "value": "text"}],
+                                   LINK["probe"][1], id="heads-probe", inline=True),
+                    "random tokens per copy",
+                    number_input("heads-half", LINK["half"][1], minimum=2, width="80px")),
         error_box("heads-error"),
-        html.Div(id="heads-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        note_box("heads-note"),
         dcc.Loading(html.Div(id="heads-scores")),
         html.H4("Knock a head out"),
         html.P("The first chosen model with the head of the layer / head controls knocked out "
@@ -69,15 +73,15 @@ def layout(store):
                "or any attention map stage (before a head-mixing step this also removes what "
                "other heads borrow from it). Bars: every head's score before and after; the "
                "title gives the probe's loss before and after."),
-        html.Div([html.Label("knock out at", **label),
-                  dcc.Dropdown(_all_points(store), LINK["ablate_at"][1], id="heads-ablate-at",
-                               clearable=False, style={"width": "200px"}),
-                  dcc.RadioItems(list(HOW), LINK["ablate_how"][1], id="heads-ablate-how",
-                                 inline=True),
-                  html.Label("score shown", **label),
-                  dcc.Dropdown(SCORES + ["induction_stripe"], LINK["ablate_score"][1],
-                               id="heads-ablate-score", clearable=False,
-                               style={"width": "200px"})], style=row),
+        control_row("knock out at",
+                    dcc.Dropdown(_all_points(store), LINK["ablate_at"][1],
+                                 id="heads-ablate-at", clearable=False, style={"width": "200px"}),
+                    dcc.RadioItems(list(HOW), LINK["ablate_how"][1], id="heads-ablate-how",
+                                   inline=True),
+                    "score shown",
+                    dcc.Dropdown(SCORES + ["induction_stripe"], LINK["ablate_score"][1],
+                                 id="heads-ablate-score", clearable=False,
+                                 style={"width": "200px"})),
         error_box("heads-ablate-error"),
         dcc.Loading(graph("heads-ablation")),
         html.H4("K-composition between heads (first chosen model)"),
@@ -87,7 +91,7 @@ def layout(store):
                "this way."),
         dcc.Loading(graph("heads-composition")),
         html.H4("Induction score across training"),
-        html.Div(id="heads-training-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        note_box("heads-training-note"),
         dcc.Loading(graph("heads-training")),
     ])
 

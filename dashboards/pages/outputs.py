@@ -7,7 +7,16 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import check_index, check_models, error_box, graph, graph_config
+from dashboards.figures import (
+    check_index,
+    check_models,
+    control_row,
+    error_box,
+    graph,
+    graph_config,
+    note_box,
+    number_input,
+)
 from interp.output_plots import position_loss_figure, repeat_loss_figure, top_k_figure
 from interp.outputs import MAX_K, next_token_losses, repeat_losses, top_predictions
 
@@ -19,7 +28,6 @@ LINK = {"k": ("outputs-k", 5), "start": ("outputs-start", 0)}
 
 
 def layout(store):
-    label = {"style": {"fontWeight": "bold"}}
     return html.Div([
         html.P("Loss: how surprised each model is by each token of the prompt (nats; lower is "
                "better). Top predictions: the k tokens each model finds most likely to come "
@@ -27,15 +35,13 @@ def layout(store):
                "the prompt is repeated; a model that copies from context predicts the second "
                "copy far better, so the gap between the dotted and solid lines is its "
                "in-context copying."),
-        html.Div([html.Label("top k", **label),
-                  dcc.Dropdown(list(range(1, MAX_K + 1)), LINK["k"][1], id="outputs-k",
-                               clearable=False, style={"width": "80px"}),
-                  html.Label("table from position", **label),
-                  dcc.Input(id="outputs-start", type="number", min=0, step=1,
-                            value=LINK["start"][1], debounce=True, style={"width": "90px"})],
-                 style={"display": "flex", "gap": "8px", "alignItems": "center"}),
+        control_row("top k", dcc.Dropdown(list(range(1, MAX_K + 1)), LINK["k"][1],
+                                          id="outputs-k", clearable=False,
+                                          style={"width": "80px"}),
+                    "table from position",
+                    number_input("outputs-start", LINK["start"][1], width="90px"), wrap=False),
         error_box("outputs-error"),
-        html.Div(id="outputs-note", style={"color": "#555", "whiteSpace": "pre-wrap"}),
+        note_box("outputs-note"),
         dcc.Loading([graph("outputs-loss"), graph("outputs-repeat"),
                      html.Div(id="outputs-topk")]),
     ])

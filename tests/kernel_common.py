@@ -1,4 +1,6 @@
-"""What every Triton-kernel test module shares: marks, device, NaN-poisoned allocations."""
+"""What the Triton-kernel test modules share: marks, device, NaN-poisoned allocations, and for
+the model-dispatch tests (which path ran, fused against torch) a call spy and the loss and
+gradient comparison."""
 
 import pytest
 import torch
@@ -26,3 +28,50 @@ def nan_empty(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def spy(monkeypatch, owner, name: str, log: list, entry) -> list:
+    """Wrap `owner.<name>` (a function of a module, or a method of a class) so that each call
+    first appends to `log` `entry(*args, **kwargs)` (a method's args start with self), or
+    `entry` itself when it is not callable, then runs the original. Returns `log`."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        log.append(entry(*args, **kwargs) if callable(entry) else entry)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return log
+
+
+def assert_same_loss_and_grads(loss_f, loss_r, fused, ref, grad_atol):
+    """The fused model's loss `loss_f` and its parameter gradients equal the torch model's
+    (`loss_r`, `ref`; same weights).
+
+    float32 is the point (the kernels have no float64; float64 models take the torch path): the
+    loss ~4 and gradients are sums over a few dozen positions (batch x pos) of O(0.1) terms, so
+    a different float32 order moves them by ~1e-7 (observed <= 1.2e-7); 1e-5 / 2e-5 leave margin.
+    """
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
+    loss_f.backward()
+    loss_r.backward()
+    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
+                                     strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=grad_atol, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def assert_fp16_grads_close(fused, reference, q, k, v):
+    """The q, k, v gradients of the kernel `fused` (fp16 `q`, `k`, `v` moved to DEVICE) are
+    finite fp16 and within 2e-2 of those of `reference` on the same values in float32; both are
+    called with (q, k, v) and return (out, lse)."""
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out, _ = fused(*leaves)
+    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference(*ref_leaves)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
+    for a, b in zip(grads, ref, strict=True):
+        assert a.dtype == torch.float16 and not a.isnan().any()
+        torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)

@@ -10,6 +10,7 @@ from kernels import _triton
 from kernels.dispatch import capture_fused_state, fused_backend_enabled, patterns_for
 
 from helpers import random_tokens, tiny_model
+from kernel_common import assert_same_loss_and_grads, spy
 
 pytestmark = [
     pytest.mark.kernels,
@@ -31,44 +32,17 @@ def calls(monkeypatch):
     import hooked_models.attention.mha as mha
     import kernels.flash_attention.dispatch as fd
 
-    log = []
-    fused, attend = fd.flash_attention, mha.MultiHeadAttention.attend
-
-    def spy_fused(*a, **kw):
-        log.append("fused")
-        return fused(*a, **kw)
-
-    def spy_attend(self, *a, **kw):
-        log.append(f"torch{self.layer}")
-        return attend(self, *a, **kw)
-
-    monkeypatch.setattr(fd, "flash_attention", spy_fused)
-    monkeypatch.setattr(mha.MultiHeadAttention, "attend", spy_attend)
-    return log
-
-
-def assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol):
-    """The fused model's loss `loss_f` and its parameter gradients equal the torch model's.
-
-    float32 is the point (the kernels have no float64; float64 models take the torch path): the
-    loss ~4 and gradients are sums over batch x pos = 40 positions of O(0.1) terms, so a
-    different float32 order moves them by ~1e-7 (observed <= 1.2e-7); 1e-5 / 2e-5 leave margin.
-    """
-    loss_r = ref(tokens, return_type="loss")
-    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
-    loss_f.backward()
-    loss_r.backward()
-    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
-                                     strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=grad_atol, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    log = spy(monkeypatch, fd, "flash_attention", [], "fused")
+    return spy(monkeypatch, mha.MultiHeadAttention, "attend", log,
+               lambda self, *a, **kw: f"torch{self.layer}")
 
 
 def test_triton_backend_equals_torch_logits_and_gradients():
     tokens = random_tokens(model(), batch=2, pos=30)
     fused, ref = model("triton"), model("torch")
     loss_f = fused(tokens, return_type="loss")
-    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=1e-5)
+    assert_same_loss_and_grads(loss_f, ref(tokens, return_type="loss"), fused, ref,
+                               grad_atol=1e-5)
 
 
 def test_fp16_model_close_to_torch():
@@ -216,16 +190,10 @@ def cope_calls(monkeypatch):
     import kernels.flash_attention.dispatch as fd
     from hooked_models import get_attention_class
 
-    log = []
-    cls = get_attention_class("cope")
-    cope_fn, flash_fn, attend = cd.cope_attention, fd.flash_attention, cls.attend
-    monkeypatch.setattr(cd, "cope_attention", lambda *a, **kw: log.append("cope") or
-                        cope_fn(*a, **kw))
-    monkeypatch.setattr(fd, "flash_attention", lambda *a, **kw: log.append("flash") or
-                        flash_fn(*a, **kw))
-    monkeypatch.setattr(cls, "attend", lambda self, *a, **kw: log.append(f"torch{self.layer}")
-                        or attend(self, *a, **kw))
-    return log
+    log = spy(monkeypatch, cd, "cope_attention", [], "cope")
+    spy(monkeypatch, fd, "flash_attention", log, "flash")
+    return spy(monkeypatch, get_attention_class("cope"), "attend", log,
+               lambda self, *a, **kw: f"torch{self.layer}")
 
 
 
@@ -238,7 +206,8 @@ def test_cope_triton_equals_torch_logits_and_gradients(attn_cfg, cope_calls):
     loss_f = fused(tokens, return_type="loss")
     assert cope_calls == (["cope", "cope"] if attn_cfg.get("every", 1) == 1
                           else ["flash", "cope"])
-    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=2e-5)
+    assert_same_loss_and_grads(loss_f, ref(tokens, return_type="loss"), fused, ref,
+                               grad_atol=2e-5)
 
 
 def test_cope_map_hook_and_hooked_pos_table_take_the_torch_path(cope_calls):
@@ -286,15 +255,8 @@ def test_cope_options_take_the_fused_path_and_equal_torch(name, cope_calls):
     mask = torch.tensor([[0, 0] + [1] * 12, [1] * 14])       # padding-aware relative distances
     loss_f = fused(tokens, return_type="loss", attention_mask=mask)
     assert cope_calls == ["cope", "cope"]
-    loss_r = ref(tokens, return_type="loss", attention_mask=mask)
-    # float32 as in assert_same_loss_and_grads (loss ~4, gradients summed over 28 positions)
-    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
-    loss_f.backward()
-    loss_r.backward()
-    for (pname, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
-                                      strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, n=pname: f"{n}: {m}")
+    assert_same_loss_and_grads(loss_f, ref(tokens, return_type="loss", attention_mask=mask),
+                               fused, ref, grad_atol=2e-5)
     rows = patterns_for(fused, tokens, layers=[0, 1], heads=[0], queries=[2, -1],
                         attention_mask=mask)
     with torch.no_grad():
@@ -362,11 +324,7 @@ def infini(backend, update="linear", **overrides):
 def infini_calls(monkeypatch):
     import kernels.infini.dispatch as idp
 
-    log = []
-    fn = idp.infini_attention
-    monkeypatch.setattr(idp, "infini_attention", lambda *a, **kw: log.append("fused") or
-                        fn(*a, **kw))
-    return log
+    return spy(monkeypatch, idp, "infini_attention", [], "fused")
 
 
 @pytest.mark.parametrize("update", ["linear", "delta"])
@@ -375,7 +333,8 @@ def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
     tokens = random_tokens(fused, batch=2, pos=21)
     loss_f = fused(tokens, return_type="loss")
     assert infini_calls == ["fused", "fused"]
-    assert_same_loss_and_grads(loss_f, fused, ref, tokens, grad_atol=2e-5)
+    assert_same_loss_and_grads(loss_f, ref(tokens, return_type="loss"), fused, ref,
+                               grad_atol=2e-5)
 
 
 def test_infini_hooks_padding_and_auto(infini_calls):

@@ -25,7 +25,13 @@ fp32 tolerance: a logit is a sum over d_head <= 24 products (|score| <~ 10) comp
 import pytest
 import torch
 
-from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+from kernel_common import (  # noqa: F401
+    DEVICE,
+    KERNEL_MARKS,
+    assert_fp16_grads_close,
+    nan_empty,
+    spy,
+)
 
 pytestmark = KERNEL_MARKS
 
@@ -212,16 +218,9 @@ def test_fused_gradients_equal_the_specs(T_q, T_k, H, batch, window, opts):
 def test_fp16_gradients_close_to_spec():
     q, k, v = (t.half() for t in _qkv(18, 18, 2))
     pre, post = (_weights(1, 18, 18, 2, static=True, seed=s) for s in (2, 3))
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
-    out, _ = dcmha_attention(*leaves, pre, post, scale=0.25, window=6)
-    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
-    ref_out, _ = dcmha_attention_reference(*ref_leaves, pre, post, 0.25, 6)
-    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-    grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
-    ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
-    for a, b in zip(grads, ref, strict=True):
-        assert a.dtype == torch.float16 and not a.isnan().any()
-        torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+    assert_fp16_grads_close(lambda *qkv: dcmha_attention(*qkv, pre, post, scale=0.25, window=6),
+                            lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
+                            q, k, v)
 
 
 def test_recompute_backward_is_exact_in_float64_for_any_chunk():
@@ -278,11 +277,8 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
     import kernels.dcmha.dispatch as dd
     import kernels.dcmha.function as df
 
-    launches, backwards = [], []
-    monkeypatch.setattr(dd, "dcmha_attention",
-                        lambda *a, **kw: launches.append(kw["window"]) or dcmha_attention(*a, **kw))
-    bwd = df.dcmha_bwd
-    monkeypatch.setattr(df, "dcmha_bwd", lambda *a: backwards.append(1) or bwd(*a))
+    launches = spy(monkeypatch, dd, "dcmha_attention", [], lambda *a, **kw: kw["window"])
+    backwards = spy(monkeypatch, df, "dcmha_bwd", [], 1)
     fused, ref = _model("triton"), _model("torch", dtype="float64")
     ref.load_state_dict({k: v.double() if v.is_floating_point() else v
                          for k, v in fused.state_dict().items()})
@@ -306,10 +302,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
     import hooked_models.attention.dcmha as dm
 
-    attends = []
-    attend = dm.DCMHAttention.attend
-    monkeypatch.setattr(dm.DCMHAttention, "attend",
-                        lambda self, *a: attends.append(self.layer) or attend(self, *a))
+    attends = spy(monkeypatch, dm.DCMHAttention, "attend", [], lambda self, *a: self.layer)
     fused = _model("triton")
     tokens = random_tokens(fused, batch=1, pos=17)
     fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_probs",
@@ -327,9 +320,7 @@ def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monke
 def test_float64_model_kv_cache_and_shifted_window_positions_fall_back_to_torch(monkeypatch):
     import kernels.dcmha.dispatch as dd
 
-    launches = []
-    monkeypatch.setattr(dd, "dcmha_attention",
-                        lambda *a, **kw: launches.append(1) or dcmha_attention(*a, **kw))
+    launches = spy(monkeypatch, dd, "dcmha_attention", [], 1)
     fused, ref = _model("triton"), _model("torch")
     prompt = random_tokens(fused, batch=1, pos=6)
     with torch.no_grad():

@@ -18,7 +18,14 @@ probabilities and z (observed <= 2e-6 absolute): atol = rtol = 5e-5 leaves margi
 import pytest
 import torch
 
-from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+from kernel_common import (  # noqa: F401
+    DEVICE,
+    KERNEL_MARKS,
+    assert_fp16_grads_close,
+    assert_same_loss_and_grads,
+    nan_empty,
+    spy,
+)
 
 pytestmark = KERNEL_MARKS
 
@@ -187,16 +194,9 @@ def test_fused_gradients_equal_the_specs(T_q, T_k, H, opts, pad_key, batch):
 def test_fp16_gradients_close_to_spec():
     q, k, v = (t.half() for t in _qkv(18, 18, 2))
     params = _params(2, pre=(2, 3), post=(2, 3), post_mix=1)
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
-    out, _ = mta_attention(*leaves, *params, scale=0.25)
-    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
-    ref_out, _ = mta_attention_reference(*ref_leaves, *params, "both", 0.25)
-    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-    grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
-    ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
-    for a, b in zip(grads, ref, strict=True):
-        assert a.dtype == torch.float16 and not a.isnan().any()
-        torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+    assert_fp16_grads_close(lambda *qkv: mta_attention(*qkv, *params, scale=0.25),
+                            lambda *qkv: mta_attention_reference(*qkv, *params, "both", 0.25),
+                            q, k, v)
 
 
 def test_bad_parameter_shapes_name_the_parameter():
@@ -225,9 +225,7 @@ def _model(backend):
 def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
     import kernels.mta.dispatch as md
 
-    launches = []
-    monkeypatch.setattr(md, "mta_attention",
-                        lambda *a, **kw: launches.append(1) or mta_attention(*a, **kw))
+    launches = spy(monkeypatch, md, "mta_attention", [], 1)
     fused, ref = _model("triton"), _model("torch")
     tokens = random_tokens(fused, batch=2, pos=12)
     mask = torch.ones(2, 12, dtype=torch.long)
@@ -235,22 +233,14 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
     loss_f = fused(tokens, attention_mask=mask, return_type="loss")
     loss_r = ref(tokens, attention_mask=mask, return_type="loss")
     assert len(launches) == 2                                   # both layers fused
-    torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
-    loss_f.backward()
-    loss_r.backward()
-    for (name, p), (_, p_ref) in zip(fused.named_parameters(), ref.named_parameters(),
-                                     strict=True):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert_same_loss_and_grads(loss_f, loss_r, fused, ref, grad_atol=2e-5)
 
 
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
     import hooked_models.attention.mta as mta_mod
 
-    attends = []
-    attend = mta_mod.MultiTokenAttention.attend
-    monkeypatch.setattr(mta_mod.MultiTokenAttention, "attend",
-                        lambda self, *a: attends.append(self.layer) or attend(self, *a))
+    attends = spy(monkeypatch, mta_mod.MultiTokenAttention, "attend", [],
+                  lambda self, *a: self.layer)
     fused = _model("triton")
     tokens = random_tokens(fused, batch=1, pos=17)
     _, cache = fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_pre_sm_mix"])

@@ -173,4 +173,4 @@ def test_ablation_at_a_map_stage_removes_borrowed_weights():
     assert by_z.loc["L1H0", "after"] > 0.9
     assert by_map.loc["L1H0", "after"] < 0.3
     with pytest.raises(ValueError, match="map stage"):
-        heads.ablation_hooks(model, [(0, 0)], hook="gate")
+        heads.ablation_hooks(model, [(0, 0)], hook="normed")

@@ -95,7 +95,9 @@ class MultiTokenAttention(VariantAttention):
     )
 
     def __init__(self, cfg, layer: int):
-        if cfg.attn_cfg.add_gating and not cfg.attn_cfg.gate_1d:
+        if not cfg.attn_cfg.add_gating:   # the catalogue lists only stages that fire
+            self.stages = tuple(s for s in self.stages if s.name != "gate")
+        elif not cfg.attn_cfg.gate_1d:
             # The gate has a d_head axis: this layer's catalogue says so (interp reads shapes).
             self.stages = tuple(GATE_PER_DIM if s.name == "gate" else s for s in self.stages)
         super().__init__(cfg, layer)

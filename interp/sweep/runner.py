@@ -34,13 +34,20 @@ class SweepResult:
     seconds: float
     figures: list[Path] = field(default_factory=list)
     model_loads: list[int] = field(default_factory=list)   # per process (in-process: one)
+    analyses: list[str] = field(default_factory=list)      # the spec's analysis names
 
     def of(self, analysis: str, summary: bool = False) -> pd.DataFrame:
-        """The rows of one analysis (by its spec name), without the other analyses' columns."""
+        """The rows of one analysis (by its spec name), without the other analyses' columns.
+
+        An analysis of the spec that found nothing to report (e.g. "gates" on models without a
+        gate stage) gives an empty table; a name that is not in the spec raises ValueError.
+        """
         table = self.summary if summary else self.merged
         if analysis not in set(table["analysis"]):
+            if analysis in self.analyses:
+                return pd.DataFrame(columns=["analysis"])
             raise ValueError(f"no analysis {analysis!r} in this sweep; it has "
-                             f"{sorted(set(table['analysis']))}")
+                             f"{sorted(set(self.analyses) or set(table['analysis']))}")
         return table[table["analysis"] == analysis].dropna(axis=1, how="all").reset_index(
             drop=True)
 
@@ -102,4 +109,5 @@ def run_sweep(spec, out: str | Path | None = None, ray: str | None = None, worke
     write_parquet(summary, store.out / "summary.parquet")
     written = write_figures(summary, store.out / "figures", png=png) if figures else []
     return SweepResult(store.out, merged, summary, len(shards), len(todo),
-                       len(shards) - len(todo), time.perf_counter() - t0, written, loads)
+                       len(shards) - len(todo), time.perf_counter() - t0, written, loads,
+                       [a["name"] for a in spec["analyses"]])

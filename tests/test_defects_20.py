@@ -1,0 +1,70 @@
+"""Issue 20's defects, one test (or a few) per item: each failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooked_models import zoo
+from interp import gating
+
+from helpers import random_tokens, tiny_cfg, tiny_model
+
+
+# -- item 1: an MTA model without gating lists no gate stage ------------------------------------
+def test_mta_without_gating_lists_no_gate_stage_and_gate_analyses_run(tmp_path):
+    model = zoo.load("mta-findblock-first-mta-s0")
+    assert not model.cfg.attn_cfg.add_gating
+    for layer in range(model.cfg.n_layers):
+        assert "gate" not in [s.name for s in model.stages(layer)]
+    table = gating.gate_values(model, torch.randint(1, 13, (2, 20)))
+    assert len(table) == 0 and "class" in table.columns
+    # every stage of the catalogue fires (what interp, the dashboard and the docs rely on)
+    gated = tiny_model("mta", attn_cfg={"add_gating": False, "group_norm": False})
+    _, cache = gated.run_with_cache(random_tokens(gated))
+    for layer in range(2):
+        for s in gated.stages(layer):
+            assert f"blocks.{layer}.attn.hook_{s.name}" in cache, s.name
+    assert "gate" in [s.name for s in tiny_model("mta").stages(0)]
+
+
+def test_gating_analysis_and_sweep_on_an_mta_model_without_gates(tmp_path):
+    from interp.analyze import run_analyses
+    from interp.sweep import run_sweep
+
+    model = tiny_model("mta", attn_cfg={"add_gating": False}, dtype="float64")
+    manifest = run_analyses(model, ["gating"], tmp_path / "out", batch=2, half_len=4,
+                            png=False, progress=False)
+    assert manifest["notes"]["gating"] == ["no per-head gate stage in this model's catalogue"]
+    model.save_pretrained(tmp_path / "mta")
+    spec = {"models": [str(tmp_path / "mta")],
+            "prompts": [{"name": "rep", "task": "induction", "count": 3, "seed": 0,
+                         "args": {"half_len": 4}}],
+            "analyses": ["gates"], "shard_size": 3}
+    result = run_sweep(spec, out=tmp_path / "sweep", progress=False, figures=False)
+    assert len(result.of("gates")) == 0
+
+
+# -- item 10: a full official MTATransformerArgs dict builds the linear post-softmax mixing -----
+OFFICIAL_MTA_DEFAULTS = dict(
+    use_mta=True, query_kernel_size=1, key_kernel_size=1, pad_key="both", mta_layers=None,
+    after_sm_query_kernel_size=None, after_sm_key_kernel_size=None, init_method="identity",
+    head_kernel_size=None, group_norm=False, layer_norm_rescale=False, curse_norm=False,
+    pre_sm_linear_head=False, post_sm_linear_head=False, add_gating=False, gate_1d=True)
+
+
+@pytest.mark.parametrize("alias, field, param", [
+    ("post_sm_linear_head", "head_kernel_size", "head_kernel"),
+    ("pre_sm_linear_head", "pre_sm_head_kernel_size", "pre_sm_head_kernel")])
+def test_official_args_with_a_linear_head_build_it(alias, field, param):
+    cfg = tiny_cfg("mta", attn_cfg={**OFFICIAL_MTA_DEFAULTS, alias: True})
+    assert getattr(cfg.attn_cfg, field) == "all"
+    attn = tiny_model("mta", attn_cfg={**OFFICIAL_MTA_DEFAULTS, alias: True}).blocks[0].attn
+    assert getattr(attn, param).shape == (1, 4, 4)          # one linear mixing of all 4 heads
+    with pytest.raises(ValueError, match="linear head beside a head convolution"):
+        tiny_cfg("mta", attn_cfg={**OFFICIAL_MTA_DEFAULTS, alias: True, field: 2})
+    plain = tiny_cfg("mta", attn_cfg=OFFICIAL_MTA_DEFAULTS).attn_cfg
+    assert plain.head_kernel_size is None and plain.query_kernel_size == 1
+    for name, value in (("use_mta", False), ("curse_norm", True)):
+        with pytest.raises(ValueError, match=f"only {name}={not value} is accepted"):
+            tiny_cfg("mta", attn_cfg={**OFFICIAL_MTA_DEFAULTS, name: value})

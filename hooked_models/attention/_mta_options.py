@@ -2,7 +2,8 @@
 
 Field names follow the official `MTATransformerArgs` (facebookresearch/RAM, projects/mta/
 mta_transformer.py); its `pre_sm_linear_head` / `post_sm_linear_head` flags are accepted as
-aliases of our head-mixing group sizes (`from_official`).
+aliases of our head-mixing group sizes, and a whole `MTATransformerArgs` dict builds what the
+official code builds from it (`from_official`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ KERNEL_PAIRS = (("query_kernel_size", "key_kernel_size"),
 # alias -> the group-size field it sets ("all" = one fully connected group of n_heads).
 LINEAR_HEAD_ALIASES = {"pre_sm_linear_head": "pre_sm_head_kernel_size",
                        "post_sm_linear_head": "head_kernel_size"}
+# Official flags whose value here is fixed by the variant itself: accepted with that value only.
+OFFICIAL_CONSTANTS = {"use_mta": True, "curse_norm": False}
 
 
 def _is_int(value: Any) -> bool:
@@ -78,33 +81,55 @@ class MTAOptions:
     gate_1d: bool = True
     norm_eps: float = 1e-5
 
-    aliases: ClassVar[tuple[str, ...]] = tuple(LINEAR_HEAD_ALIASES)
+    aliases: ClassVar[tuple[str, ...]] = tuple(LINEAR_HEAD_ALIASES) + tuple(OFFICIAL_CONSTANTS)
     unsupported: ClassVar[dict[str, str]] = {
-        "use_mta": "attention='mta' is use_mta=True; attention='mha' is plain attention",
-        "curse_norm": "it rescales the block's attention and MLP norms, outside the attention",
+        "use_mta": "only use_mta=True is accepted: attention='mta' is use_mta=True; "
+                   "attention='mha' is plain attention",
+        "curse_norm": "only curse_norm=False is accepted: it rescales the block's attention "
+                      "and MLP norms, outside the attention",
         "cache_attention_maps": "every map is a hook: use run_with_cache",
         "dropout": "attention dropout is not modelled",
     }
 
     @classmethod
     def from_official(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """Map the official `pre_sm_linear_head` / `post_sm_linear_head` flags onto our group
-        sizes: True -> "all", False -> None (off). Given together with its field, the flag must
-        agree: True only with "all" (the official code forbids a linear head beside a head
-        convolution), False with anything but "all"."""
+        """Map the official names onto our fields, building what the official code builds.
+
+        `pre_sm_linear_head` / `post_sm_linear_head`: True -> "all" (one linear mixing of every
+        head), False -> None (off). Beside its field, as in a full `MTATransformerArgs` dict:
+        True with the field None (the official default: no head convolution) or "all" builds
+        the linear mixing; True with an int refuses (the official code asserts "linear head can
+        not be combined with head conv"); False keeps the field (a head convolution or off),
+        except "all", which is the linear head the flag turns off.
+
+        `use_mta=True` (attention="mta" is exactly that) and `curse_norm=False` (no rescaling,
+        as here) describe what this variant builds and are dropped; other values of them are
+        refused through `unsupported`.
+        """
         out = dict(values)
+        for name, kept in OFFICIAL_CONSTANTS.items():
+            if name in out and out[name] is kept:
+                del out[name]
         for alias, field in LINEAR_HEAD_ALIASES.items():
             if alias not in out:
                 continue
             linear = out.pop(alias)
             if not isinstance(linear, bool):
                 raise ValueError(f"mta option {alias} must be a bool, got {linear!r}")
-            if field not in out:
-                out[field] = "all" if linear else None
-            elif linear != (out[field] == "all"):
-                raise ValueError(f"mta options {alias}={linear} and {field}={out[field]!r} "
-                                 f"conflict: {alias}=True means {field}='all', False means "
-                                 f"not 'all'; give one of them")
+            given = out.get(field)
+            if linear and given not in (None, "all"):
+                raise ValueError(f"mta options {alias}=True and {field}={given!r} conflict: the "
+                                 f"official code refuses a linear head beside a head "
+                                 f"convolution; give {alias}=True alone (one linear mixing of "
+                                 f"all heads) or {field}={given!r} alone")
+            if not linear and given == "all":
+                raise ValueError(f"mta options {alias}=False and {field}='all' conflict: "
+                                 f"{field}='all' is the linear head that {alias}=False turns "
+                                 "off; give one of them")
+            if linear:
+                out[field] = "all"
+            elif field not in out:
+                out[field] = None
         return out
 
     def __post_init__(self) -> None:

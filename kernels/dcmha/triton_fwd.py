@@ -29,7 +29,9 @@ import torch
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
-LOG2E = 1.4426950408889634
+# A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
+# under the interpreter but is a NameError for the real compiler).
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

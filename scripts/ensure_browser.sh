@@ -18,8 +18,10 @@ if have apt-get; then
   fi
   if [ "$(id -u)" = 0 ] || [ ${#run[@]} -gt 0 ]; then
     echo "attnlens: installing chromium and chromium-driver with apt-get (browser tests)" >&2
-    "${run[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${run[@]}" apt-get install -y -qq chromium chromium-driver >/dev/null
+    # Wait up to 10 minutes for another apt/dpkg process (e.g. unattended-upgrades) to
+    # release its lock instead of failing at once.
+    "${run[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive "${run[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium chromium-driver >/dev/null
     if have chromium && have chromedriver; then exit 0; fi
     echo "attnlens: apt-get ran but chromium/chromedriver are still not on PATH" >&2
     exit 1

@@ -77,3 +77,26 @@ def test_thread_count_follows_attnlens_test_threads():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "ValueError: ATTNLENS_TEST_THREADS='two'" in run.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the apt branch runs as root here")
+@pytest.mark.parametrize("script", ["scripts/ensure_browser.sh", ".ci/run"])
+def test_apt_waits_for_a_dpkg_lock_held_by_another_process(tmp_path, script):
+    """Issue 20 item 11: another apt process holds the lock; without DPkg::Lock::Timeout
+    apt-get fails at once (as the stub does), with it apt-get waits and succeeds."""
+    log, bin_dir = tmp_path / "apt.log", tmp_path / "bin"
+    body = (f'echo "$@" >> {log}\n'
+            'case "$*" in *"DPkg::Lock::Timeout=600"*) ;; *)\n'
+            '  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 7 '
+            '(apt-get)" >&2; exit 100;; esac\n'
+            f'if [ "$3" = install ]; then\n'
+            f'  printf "#!/bin/bash\\n" > {bin_dir}/chromium; chmod +x {bin_dir}/chromium\n'
+            f'  printf "#!/bin/bash\\n" > {bin_dir}/chromedriver; chmod +x {bin_dir}/chromedriver\n'
+            f'fi')
+    path = fake_path(tmp_path, {"apt-get": body, "make": "exit 0"})
+    os.symlink(shutil.which("dirname"), bin_dir / "dirname")
+    out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True,
+                         env={"PATH": path}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[2] for c in calls] == ["update", "install"], calls

@@ -9,9 +9,10 @@
     attnlens train --zoo text [--device cuda] [--only NAME ...] [--measure] [--smoke]
                                   train (resumably), evaluate and release the text-LM zoo:
                                   5 variants x (1-, 2-layer attention-only, 4-layer MLP)
-    attnlens analyze CHECKPOINT --analysis induction diversity gating circuits --out DIR
+    attnlens analyze CKPT_DIR_OR_ZOO_NAME --analysis induction diversity gating circuits --out DIR
                                   write analysis tables (CSV/JSON) and figures (HTML; PNG with
-                                  kaleido) for a checkpoint directory (see docs/analyses.md)
+                                  kaleido) for a checkpoint directory or a bundled model
+                                  (see docs/analyses.md)
     attnlens convert SRC DST      rewrite pickled .bin/.pt weights (+ their index) as safetensors
                                   shards + index, reading them with torch.load(weights_only=True)
     attnlens sweep SPEC [--out DIR] [--ray [ADDRESS]] [--workers N]
@@ -22,8 +23,10 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 
@@ -87,9 +90,28 @@ def build_store(sources: list[str] | None = None):
         raise SystemExit(f"attnlens serve: {err}") from None
 
 
+def check_port(host: str, port: int) -> None:
+    """SystemExit naming the problem and suggesting --port when `host:port` cannot be listened
+    on (taken by another program, a bad host, a privileged port); nothing is started."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            # as Werkzeug's server does: a port left in TIME_WAIT by a closed server is free
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except (OSError, OverflowError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        other = port + 1 if 0 < port < 65535 else 8051
+        raise SystemExit(f"attnlens serve: cannot listen on {host}:{port} ({reason}); another "
+                         "program (perhaps another dashboard) may hold the port: choose a free "
+                         f"one with --port, e.g. attnlens serve --port {other}") from None
+
+
 def cmd_serve(args) -> int:
     from dashboards.app import create_app
 
+    check_port(args.host, args.port)   # before loading models and before saying where it runs
     store = build_store(list(args.sources or []) + list(args.models or []))
     app = create_app(store)
     print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
@@ -131,12 +153,37 @@ def cmd_train(args) -> int:
     return 0
 
 
+def load_model(source: str, device: str | None, command: str):
+    """The model of a checkpoint directory or a zoo name (a directory wins, as in `serve`);
+    SystemExit with a one-line message for a missing path or a checkpoint that fails to load."""
+    from hooked_models import zoo
+
+    path = Path(source)
+    if (path / "config.json").is_file():
+        directory = path
+    elif source in zoo.available():
+        directory = zoo.path(source)
+    elif path.exists():
+        raise SystemExit(f"attnlens {command}: {source} is not a checkpoint directory (it has "
+                         "no config.json)")
+    else:
+        raise SystemExit(f"attnlens {command}: {source!r} is neither an existing checkpoint "
+                         f"directory nor a bundled model; bundled: {', '.join(zoo.available())}")
+    try:
+        return HookedVariantTransformer.from_pretrained(directory, device=device)
+    except ValueError as err:
+        raise SystemExit(f"attnlens {command}: {err}") from None
+
+
 def cmd_analyze(args) -> int:
     from interp.analyze import run_analyses
 
-    model = HookedVariantTransformer.from_pretrained(args.checkpoint, device=args.device)
-    manifest = run_analyses(model, args.analysis, args.out, batch=args.batch,
-                            half_len=args.half_len, seed=args.seed, png=not args.no_png)
+    model = load_model(args.checkpoint, args.device, "analyze")
+    try:
+        manifest = run_analyses(model, args.analysis, args.out, batch=args.batch,
+                                half_len=args.half_len, seed=args.seed, png=not args.no_png)
+    except ValueError as err:
+        raise SystemExit(f"attnlens analyze: {err}") from None
     n = sum(len(v) for v in manifest["files"].values())
     print(f"wrote {n} files to {args.out} (manifest.json lists them)")
     for analysis, notes in manifest["notes"].items():
@@ -202,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     from interp.analyze import ANALYSES
 
     analyze = sub.add_parser("analyze", help="write analysis tables and figures for a checkpoint")
-    analyze.add_argument("checkpoint", help="checkpoint directory (config.json, safetensors)")
+    analyze.add_argument("checkpoint", metavar="CKPT_DIR_OR_ZOO_NAME",
+                         help="checkpoint directory (config.json, safetensors) or bundled model "
+                              "name")
     analyze.add_argument("--analysis", nargs="+", choices=ANALYSES,
                          default=["induction", "diversity", "gating", "circuits"])
     analyze.add_argument("--out", required=True, help="output directory")

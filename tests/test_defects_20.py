@@ -68,3 +68,42 @@ def test_official_args_with_a_linear_head_build_it(alias, field, param):
     for name, value in (("use_mta", False), ("curse_norm", True)):
         with pytest.raises(ValueError, match=f"only {name}={not value} is accepted"):
             tiny_cfg("mta", attn_cfg={**OFFICIAL_MTA_DEFAULTS, name: value})
+
+
+# -- item 2: analyze takes zoo names and names a missing path -----------------------------------
+def test_analyze_takes_a_zoo_name_and_names_a_missing_path(tmp_path, capsys):
+    from dashboards.cli import main
+
+    assert main(["analyze", "induction-dcmha", "--analysis", "circuits", "--out",
+                 str(tmp_path / "o"), "--no-png"]) == 0
+    assert (tmp_path / "o" / "manifest.json").is_file()
+    with pytest.raises(SystemExit) as info:
+        main(["analyze", "no/such/dir", "--out", str(tmp_path / "p")])
+    message = str(info.value.code)
+    assert "'no/such/dir' is neither an existing checkpoint directory nor a bundled model" in (
+        message) and "induction-mha" in message
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="is not a checkpoint directory.*no config.json"):
+        main(["analyze", str(tmp_path / "empty"), "--out", str(tmp_path / "q")])
+
+
+# -- item 12: serve checks its port before saying where it runs ---------------------------------
+def test_serve_refuses_a_taken_port_before_announcing_it(monkeypatch, capsys):
+    import socket
+
+    from dashboards import cli
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("serve went on with a taken port")
+
+    monkeypatch.setattr(cli, "build_store", must_not_run)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(SystemExit) as info:
+            cli.main(["serve", "--port", str(port)])
+    message = str(info.value.code)
+    assert f"cannot listen on 127.0.0.1:{port}" in message and "--port" in message
+    assert "dashboard on" not in capsys.readouterr().out
+    cli.check_port("127.0.0.1", port)      # free again: no error

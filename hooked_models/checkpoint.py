@@ -223,6 +223,9 @@ def check_state_dict(model, state: dict) -> None:
 
 def load_checkpoint(cls, directory, device: str | None = None, tokenizer=None):
     """The model saved in `directory`, in eval mode, with its card (or None) in `model.card`."""
+    from hooked_models.devices import check_device
+
+    check_device(device)   # before reading the weights: say so at once when it is unusable
     directory = Path(directory)
     cfg = read_config(directory)
     weights = directory / WEIGHTS_FILE

@@ -24,6 +24,7 @@ from transformer_lens.hook_points import HookPoint
 from hooked_models.attention import LayerCache, Stage
 from hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
 from hooked_models.config import VariantConfig
+from hooked_models.devices import check_device
 from hooked_models.tokenization import TokenizationMixin
 from hooked_models.tokenizer import CharTokenizer
 
@@ -56,6 +57,7 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
             cfg = VariantConfig.from_dict(cfg)
         if not isinstance(cfg, VariantConfig):
             raise ValueError(f"cfg must be a VariantConfig or dict, got {type(cfg).__name__}")
+        check_device(cfg.device)   # a clear ValueError, not torch's bare AssertionError, later
         self._cfg = cfg
         if tokenizer is None and cfg.tokenizer_alphabet is not None:
             tokenizer = CharTokenizer(cfg.tokenizer_alphabet)

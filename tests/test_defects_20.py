@@ -107,3 +107,22 @@ def test_serve_refuses_a_taken_port_before_announcing_it(monkeypatch, capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in message and "--port" in message
     assert "dashboard on" not in capsys.readouterr().out
     cli.check_port("127.0.0.1", port)      # free again: no error
+
+
+# -- item 8: CUDA asked for where there is none: a ValueError that says so ----------------------
+def test_cuda_without_cuda_says_cuda_is_not_available(monkeypatch):
+    from hooked_models import HookedVariantTransformer
+    from hooked_models.devices import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='cuda': CUDA is not available"):
+        zoo.load("induction-mha", device="cuda")
+    with pytest.raises(ValueError, match="device='cuda:1': CUDA is not available"):
+        HookedVariantTransformer(tiny_cfg(device="cuda:1"))
+    with pytest.raises(ValueError, match="device='gpu0' is not a device name"):
+        check_device("gpu0")
+    check_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"device='cuda:3': there are 1 CUDA device\(s\)"):
+        check_device("cuda:3")

@@ -6,10 +6,15 @@ Works with the built-in `CharTokenizer` (offline) or any HuggingFace tokenizer t
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 
 from hooked_models.tokenizer import CharTokenizer
+
+# How `to_string` labels a model id beyond its character tokenizer (d_vocab > alphabet + 1).
+_UNUSED_LABEL = re.compile(r"<unused:(\d+)>")
 
 
 class TokenizationMixin:
@@ -24,7 +29,15 @@ class TokenizationMixin:
     def _encode(self, text: str) -> list[int]:
         tok = self._require_tokenizer()
         if isinstance(tok, CharTokenizer):
-            return tok.encode(text)
+            # "<bos>" is read by the tokenizer; "<unused:N>" labels (see `_char_text`) of ids
+            # this model has beyond its alphabet are read here, so decoded text reads back.
+            ids, start = [], 0
+            for match in _UNUSED_LABEL.finditer(text):
+                i = int(match.group(1))
+                if tok.vocab_size <= i < self.cfg.d_vocab:
+                    ids += tok.encode(text[start:match.start()]) + [i]
+                    start = match.end()
+            return ids + tok.encode(text[start:])
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     def _bos_id(self) -> int:
@@ -73,7 +86,17 @@ class TokenizationMixin:
                             device=self.cfg.device)
 
     def to_string(self, tokens) -> str | list[str]:
-        """Decode one id or `[pos]` ids to a string, or `[batch pos]` ids to a list of strings."""
+        """Decode one id or `[pos]` ids to a string, or `[batch pos]` ids to a list of strings.
+
+        As TransformerLens's `to_string` (the tokenizer's decode, special tokens kept), BOS is
+        written out ("<bos>" for the character tokenizer), and `to_tokens` reads it back:
+        `to_tokens(to_string(ids), prepend_bos=False)` gives `ids` again (with the default
+        prepend_bos=True a second BOS is prepended, as in TransformerLens).
+
+        Example:
+            >>> model.to_string(model.to_tokens("abc")[0])          # doctest: +SKIP
+            '<bos>abc'
+        """
         tok = self._require_tokenizer()
         tokens = torch.as_tensor(tokens)
         if tokens.ndim == 2:

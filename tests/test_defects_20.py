@@ -126,3 +126,15 @@ def test_cuda_without_cuda_says_cuda_is_not_available(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match=r"device='cuda:3': there are 1 CUDA device\(s\)"):
         check_device("cuda:3")
+
+
+# -- item 4: to_string's text reads back with to_tokens -----------------------------------------
+def test_to_string_round_trips_through_to_tokens():
+    m = tiny_model(tokenizer_alphabet="abc<os>")       # even with "<bos>"'s characters in it
+    tokens = m.to_tokens("abc")[0]
+    assert m.to_string(tokens) == "<bos>abc"
+    assert torch.equal(m.to_tokens(m.to_string(tokens), prepend_bos=False)[0], tokens)
+    assert m.to_tokens(m.to_string(tokens))[0].tolist() == [0] + tokens.tolist()   # TL's rule
+    ids = torch.tensor([[0, 3, 1, 49, 0, 2], [1, 9, 12, 0, 0, 4]])   # 9..49: beyond the alphabet
+    assert torch.equal(m.to_tokens(m.to_string(ids), prepend_bos=False), ids)
+    assert m.to_str_tokens(ids[1]) == ["a", "<unused:9>", "<unused:12>", "<bos>", "<bos>", "<"]

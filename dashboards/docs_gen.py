@@ -25,6 +25,7 @@ OPTION_SETS: list[tuple[str, dict, str]] = [
     ("mta", {}, "defaults (official: convolutions in every layer, head mixing, group norm)"),
     ("mta", {"add_gating": True, "gate_1d": False},
      "`add_gating=True, gate_1d=False`: the gate gets a d_head axis"),
+    ("mta", {"add_gating": False}, "`add_gating=False`: no gate, so no `gate` stage"),
     ("cope", {}, "defaults (CoPE in every layer)"),
     ("cope", {"every": 2}, "`every=2`: only every second layer computes gates and positions"),
     ("cope", {"relative": True}, "`relative=True`: adds relative-position logits"),
@@ -74,6 +75,12 @@ def hooks_markdown() -> str:
         "(`pre`) or after (`post`) the softmax, or `neither` (a side quantity such as CoPE's "
         "gates). Read the same catalogue in code with `model.stages(layer)` or on the command "
         "line with `attnlens stages`.",
+        "",
+        "Every stage is live: a hook that returns an edited tensor changes what follows (e.g. "
+        "zeroing Infini's `hook_gate` knocks its memory out), except where the description says "
+        "*read-only*: such a stage is a record the layer does not read back (Infini's "
+        "`hook_memory`, `hook_memory_z`), and a hook that changes it raises `ValueError` "
+        "instead of being silently ignored.",
         "",
     ]
     for variant in variants:

@@ -138,3 +138,23 @@ def test_to_string_round_trips_through_to_tokens():
     ids = torch.tensor([[0, 3, 1, 49, 0, 2], [1, 9, 12, 0, 0, 4]])   # 9..49: beyond the alphabet
     assert torch.equal(m.to_tokens(m.to_string(ids), prepend_bos=False), ids)
     assert m.to_str_tokens(ids[1]) == ["a", "<unused:9>", "<unused:12>", "<bos>", "<bos>", "<"]
+
+
+# -- item 5: Infini's memory records refuse edits instead of ignoring them ----------------------
+@pytest.mark.parametrize("stage", ["memory", "memory_z"])
+def test_infini_memory_edits_are_refused_not_ignored(stage):
+    model = tiny_model("infini", attn_cfg={"segment_len": 4}, positional_embedding_type="rotary")
+    tokens = random_tokens(model, pos=12)
+    base = model(tokens)
+    name = f"blocks.1.attn.hook_{stage}"
+    for edit in (lambda x, hook: torch.zeros_like(x), lambda x, hook: x.zero_(),
+                 lambda x, hook: x[:, :1]):
+        with pytest.raises(ValueError, match=f"{name} is a read-only record"):
+            model.run_with_hooks(tokens, fwd_hooks=[(name, edit)])
+    for look in (lambda x, hook: None, lambda x, hook: x.clone(), lambda x, hook: x):
+        out = model.run_with_hooks(tokens, fwd_hooks=[(name, look)])
+        torch.testing.assert_close(out, base, atol=1e-5, rtol=0)
+    _, cache = model.run_with_cache(tokens)
+    assert cache[name].shape[1] == 3                                # one record per segment
+    text = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "hooks.md").read_text()
+    assert text.count("read-only") >= 2

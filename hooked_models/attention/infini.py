@@ -27,7 +27,11 @@ whole-context maps: `hook_pattern` is the exact effective weight matrix over all
 `(1 - g) * local softmax + g * memory read weights`, and `z == pattern @ v` (the delta rule is
 linear in the values, so this holds for it too). Every stage up to `pattern` is live: editing
 `attn_scores`, `local_pattern`, `mem_weights`, `gate`, `pattern`, `a_dot` or `a_mem` changes z.
-The memory states are read-only records. Knock the memory out by setting `hook_gate` to 0.
+The memory states `memory` and `memory_z` are read-only records: z is computed from the read
+weights (`mem_weights`), not from M, and an edited M has no per-token weights, so a hook that
+returns (or leaves in place) a changed memory raises ValueError instead of being ignored. Knock
+the memory out by setting `hook_gate` to 0; edit what is read through `hook_mem_weights` or
+`hook_a_mem`.
 
 Example:
     >>> from hooked_models import VariantConfig, HookedVariantTransformer
@@ -149,10 +153,11 @@ class InfiniAttention(VariantAttention):
               "A_mem = mem_weights @ v (Eq. 7; rows sum to 1 under the linear rule)", "post"),
         Stage("a_mem", "A_mem = sigma(q) M / (sigma(q) z), the memory read (Eq. 7)", "post",
               shape=PER_TOKEN),
-        Stage("memory", "memory M after each segment, the last possibly partial (Eq. 8/9)",
-              "post", shape="batch segment head_index d_key d_value"),
-        Stage("memory_z", "normaliser z = sum of sigma(k) after each segment (Eq. 8)", "post",
-              shape="batch segment head_index d_key"),
+        Stage("memory", "memory M after each segment, the last possibly partial (Eq. 8/9); "
+              "read-only: a hook that changes it raises ValueError (edit mem_weights, a_mem or "
+              "gate)", "post", shape="batch segment head_index d_key d_value"),
+        Stage("memory_z", "normaliser z = sum of sigma(k) after each segment (Eq. 8); "
+              "read-only like memory", "post", shape="batch segment head_index d_key"),
         Stage("gate", "sigmoid(beta) per head, the weight of A_mem (Eq. 10)", "post",
               shape="batch head_index"),
         Stage("pattern", "effective weights over the whole context: (1-g) local_pattern + "
@@ -283,8 +288,8 @@ class InfiniAttention(VariantAttention):
         mem_weights = self.hook_mem_weights(W.to(dtype))
         a_mem = torch.einsum("bhqk,bkhd->bqhd", mem_weights, v)
         a_mem_hooked = self.hook_a_mem(a_mem)
-        self.hook_memory(Ms)
-        self.hook_memory_z(zs)
+        _read_only(self.hook_memory, Ms)
+        _read_only(self.hook_memory_z, zs)
 
         gate = self.hook_gate(self.gate.to(dtype).expand(q.shape[0], -1))
         g = gate[:, :, None] * nonempty                                    # [batch head q]
@@ -342,6 +347,27 @@ class InfiniAttention(VariantAttention):
                 state.k_rot, state.k, state.v = k_rot, k_all, v_all
             i = sl.stop
         return torch.cat(outs, 1).to(q.dtype)
+
+
+def _read_only(point, record: Tensor) -> None:
+    """Show `record` to the hooks of `point`; ValueError if one returns or leaves it changed.
+
+    The layer never reads the record back (see the module docstring), so an edit would be
+    ignored silently. Called on the materialising path only, where the copy is small beside the
+    `[query, key]` maps.
+    """
+    kept = record.detach().clone()
+    out = point(record)
+
+    def same(t: Tensor) -> bool:
+        t = t.detach()
+        return t.shape == kept.shape and bool(((t == kept) | (t.isnan() & kept.isnan())).all())
+
+    if not (same(record) and (out is record or same(out))):
+        raise ValueError(f"{point.name or 'hook_memory'} is a read-only record of the compressive "
+                         "memory: a hook changed it, and the layer would ignore the change (z "
+                         "is computed from the read weights). Edit hook_mem_weights or hook_a_mem "
+                         "instead, or set hook_gate to 0 to knock the memory out")
 
 
 __all__ = ["InfiniAttention", "InfiniLayerState", "InfiniOptions"]

@@ -80,9 +80,10 @@ def test_report_section(tmp_path):
                                       ("mha", 0.4, 99, {}))
              for s in (0, 1)]
     text = dcmha.report_section(cards)
-    assert "DCMHA 0.905 +- 0.007 (n=2)" in text and "MHA 0.405" in text
+    assert "DCMHA 0.905, 95% t-interval 0.841 to 0.969 over 2 seeds (0.900 / 0.910)" in text
+    assert "MHA 0.405" in text
     assert "| dcmha | 0 | 1000 | 100 | 0.900 | 0.300 | - | - | - | - |" in text
-    assert "DCMHA is ahead on every seed" in text and "1/3" in text
+    assert "DCMHA is better here" in text and "1/3" in text
     fig = dcmha.accuracy_figure(cards)
     ys = [list(t.y) for t in fig.data]
     assert ys == [pytest.approx(y) for y in ([0.9, 0.91], [0.4, 0.41], [0.3, 0.3])]
@@ -94,4 +95,17 @@ def test_report_section_does_not_rank_single_seeds():
               "metrics": {"accuracy": acc, "n_params": 10}} for v, acc in (("dcmha", 0.33),
                                                                            ("mha", 0.32))]
     text = dcmha.report_section(cards)
-    assert "One seed each" in text and "ahead" not in text and "1/3" not in text
+    assert "One seed on a side, no interval" in text and "better" not in text
+    assert "1/3" not in text
+
+
+def test_comparison_states_the_interval_and_the_winner():
+    """Item 17: every MHA seed above every DCMHA seed, separated at 95%: say MHA is better."""
+    text = dcmha.comparison([0.26, 0.27, 0.265], [0.29, 0.30, 0.295])
+    assert "MHA is better here on every seed" not in text   # separated: the plain verdict
+    assert "MHA is better here: every MHA seed beats every DCMHA seed; MHA - DCMHA = 3.0 " \
+           "points (Welch 95% interval" in text
+    overlap = dcmha.comparison([0.26, 0.30, 0.28], [0.27, 0.31, 0.29])
+    assert "no difference can be claimed" in overlap
+    apart = dcmha.comparison([0.26, 0.27, 0.30], [0.305, 0.31, 0.36])
+    assert "MHA is better here on every seed" in apart and "includes 0" in apart

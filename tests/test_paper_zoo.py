@@ -149,7 +149,7 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     assert isinstance(loaded.cfg, VariantConfig) and loaded.cfg.seed == recipe.seed
 
     metrics = evaluate_model(loaded)
-    assert set(metrics) == {"error_id", "error_ood_sparse", "error_ood_long"}
+    assert set(metrics) == {"error_id", "error_sparse", "error_long_2x", "error_sparse_long_2x"}
     assert all(0.0 <= v <= 1.0 for v in metrics.values())
     assert evaluate_model(loaded) == metrics   # deterministic
     written = write_metrics(tmp_path / "split", metrics)
@@ -185,6 +185,8 @@ def test_mta_evaluate_scores_a_perfect_oracle_zero():
     mod = module_of(recipe)
 
     class Oracle:
+        cfg = type("Cfg", (), {"n_ctx": 10**6})()   # long enough for every probe
+
         def __call__(self, tokens, return_type="logits", loss_per_token=False):
             logits = torch.full((*tokens.shape, 32), -10.0)
             logits[:, :-1].scatter_(-1, tokens[:, 1:, None], 10.0)
@@ -195,6 +197,7 @@ def test_mta_evaluate_scores_a_perfect_oracle_zero():
 
     metrics = mod.evaluate(Oracle(), recipe)
     assert metrics["error"] == 0.0 and metrics["answer_loss"] < 1e-6
+    assert all(metrics[k] == 0.0 for k in mod.ood_tasks(recipe))
 
 
 def test_mta_target_mask_marks_the_target_letters():

@@ -19,7 +19,7 @@ import torch
 
 from hooked_models.zoo import available, load
 from interp.zoo.paper._registry import all_recipes, module_of
-from interp.zoo.paper._training import evaluate_model, write_metrics, zoo_dir
+from interp.zoo.paper._training import EVAL_SEED, evaluate_model, write_metrics, zoo_dir
 
 
 def _select(patterns: list[str]) -> list[str]:
@@ -40,9 +40,9 @@ def _eval(names: list[str], write: bool) -> None:
             raise SystemExit(f"{name} is not shipped (train it first: "
                              f"python -m interp.zoo.paper train {name} --resume)")
         metrics = evaluate_model(load(name))
-        print(name, json.dumps(metrics))
+        print(name, f"eval seed {EVAL_SEED}", json.dumps(metrics), flush=True)
         if write:
-            write_metrics(zoo_dir(name), metrics)
+            write_metrics(zoo_dir(name), metrics, eval_seed=EVAL_SEED)
 
 
 def main(argv=None) -> None:
@@ -58,6 +58,7 @@ def main(argv=None) -> None:
     p_eval = sub.add_parser("eval")
     p_eval.add_argument("names", nargs="+")
     p_eval.add_argument("--write", action="store_true", help="store the metrics in card.json")
+    p_eval.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     sub.add_parser("report")
     args = parser.parse_args(argv)
 
@@ -76,6 +77,7 @@ def main(argv=None) -> None:
             module_of(recipe).train(recipe, zoo_dir(name), resume=args.resume)
             _eval([name], write=True)
     elif args.command == "eval":
+        torch.set_num_threads(args.threads)
         _eval(_select(args.names), args.write)
     elif args.command == "report":
         from interp.zoo.paper.report import write_report

@@ -35,10 +35,11 @@ from interp._common import attention_input_name, run_cache
 from interp.tasks.composition import CompositionVocab, accuracy_by_kind, composition_task
 from interp.tasks.conjunction import conjunction_accuracy, conjunction_task, conjunction_vocab
 from interp.zoo.paper._registry import Recipe
-from interp.zoo.paper._training import train_recipe
+from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
+from interp.zoo.paper._training import draw_seed, replay, train_recipe
 
 D_MODEL, D_MLP = 32, 128
-EVAL_SEED, EVAL_N = 4321, 512
+EVAL_SEED, EVAL_N = HELDOUT_SEED, 2048   # held out: see interp.zoo.paper._training
 TASKS = {"conjunction": (0, 1, 2), "composition": (0,)}   # task -> seeds
 N_CTX = 32
 VOCAB_SIZE = {"conjunction": len(conjunction_vocab()), "composition": len(CompositionVocab())}
@@ -58,28 +59,6 @@ CLAIMS = {
     "dcmha-composition": "Synthetic composition set (DCFormer repo): DCMHA solves two-hop "
                          "in-context questions better than MHA of the same size.",
 }
-
-# Our reading of the shipped runs (written after them; the numbers are in the cards).
-NOTES = {
-    "dcmha-conjunction": (
-        "Not reproduced at our budget. After 1000 steps of 32 questions no model, DCMHA or MHA, "
-        "passes the 1/3 ceiling of additive single-attribute matching, and MHA's layer-1 heads "
-        "spread their weight evenly over the five records that share an attribute with the "
-        "query (selectivity near 1). The DCMHA models do lean on Compose: zeroing the dynamic "
-        "weights costs them 5-22 points, and at the answer layer 1 moves as much pre-softmax "
-        "weight between heads as it keeps on the diagonal, with some heads preferring the "
-        "target (selectivity up to 2.6), but the readout has not turned that into answers. With "
-        "3000 steps MHA passes the ceiling (0.42, through its MLP: its heads still do not "
-        "select the target) and DCMHA does not (0.25). At 35K parameters the generator's "
-        "extra parameters and the multiplicative dynamic weights seem to slow optimisation "
-        "more than composition helps; the paper's gains are at 405M-6.9B parameters after "
-        "billions of tokens. Longer or GPU-sized runs may change this; we have not run them."),
-    "dcmha-composition": (
-        "Undertrained: one seed each, 1000 steps; both near 0.33 (chance: 1/7 for categories, "
-        "1/8 for names), no difference. DCMHA's accuracy does depend on Compose (zeroing it "
-        "drops it to about 0.2)."),
-}
-
 
 def _base_config(task: str) -> dict:
     return dict(d_model=D_MODEL, d_head=8, n_heads=4, n_layers=2, n_ctx=N_CTX,
@@ -149,7 +128,7 @@ def sampler(recipe: Recipe):
     task = recipe.task_args["task"]
 
     def sample(batch: int, gen: torch.Generator):
-        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        seed = draw_seed(gen)
         if task == "conjunction":
             b = conjunction_task(batch, seed=seed)
             return b.tokens, b.answer_mask[:, 1:].float()
@@ -157,6 +136,11 @@ def sampler(recipe: Recipe):
         return tokens, mask
 
     return sample
+
+
+def batch_seeds(recipe: Recipe) -> list[int]:
+    """The data seed of every training batch of `recipe` (replayed, as `sampler` draws them)."""
+    return replay(recipe, draw_seed)
 
 
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:
@@ -253,10 +237,11 @@ def selectivity(metrics: dict, layer: int = 1, n_pairs: int = 2) -> float:
 
 @torch.no_grad()
 def evaluate(model, recipe: Recipe) -> dict[str, float]:
-    """`accuracy` on 512 held-out questions (seed 4321); for DCMHA also `acc_no_compose`,
-    `acc_no_pre`, `acc_no_post` (dynamic weights zeroed) and, on `conjunction`, the
-    borrowing at the answer (`borrow_*`); on `conjunction`, every model's layer-1 heads'
-    attention split (`attn_L1H{h}_{target,colour,shape}`). `n_params`: the parameter count."""
+    """`accuracy` on `EVAL_N` held-out questions (seed `EVAL_SEED`); for DCMHA also
+    `acc_no_compose`, `acc_no_pre`, `acc_no_post` (dynamic weights zeroed) and, on
+    `conjunction`, the borrowing at the answer (`borrow_*`); on `conjunction`, every
+    model's layer-1 heads' attention split (`attn_L1H{h}_{target,colour,shape}`).
+    `n_params`: the parameter count."""
     task = recipe.task_args["task"]
     out = {"accuracy": round(_accuracy(model, task), 4),
            "n_params": float(sum(p.numel() for p in model.parameters()))}
@@ -276,12 +261,31 @@ CEILING = {"conjunction": "1/3 (the best any sum of single-attribute heads can d
            "composition": None}
 
 
-def _stats(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return f"{mean:.3f}"
-    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    return f"{mean:.3f} +- {std:.3f}"
+def comparison(dc: list[float], mha: list[float]) -> str:
+    """The DCMHA vs MHA verdict on held-out accuracy: each side's mean and 95% t-interval,
+    Welch's 95% interval of the difference, and which is better when it excludes 0; with one
+    seed on a side no ordering is claimed."""
+    from interp.zoo.paper.report import acc3, describe, welch_interval
+
+    text = f"DCMHA {describe(dc, fmt=acc3)}; MHA {describe(mha, fmt=acc3)}."
+    if min(len(dc), len(mha)) < 2:
+        return text + " One seed on a side, no interval: too few to call a difference."
+    d, lo, hi = welch_interval(mha, dc)
+    pts = f"{100 * d:.1f} points (Welch 95% interval {100 * lo:.1f} to {100 * hi:.1f})"
+    every = (" every MHA seed beats every DCMHA seed;" if min(mha) > max(dc) else
+             " every DCMHA seed beats every MHA seed;" if min(dc) > max(mha) else "")
+    if lo > 0:
+        return text + f" MHA is better here:{every} MHA - DCMHA = {pts}."
+    if hi < 0:
+        return text + f" DCMHA is better here:{every} MHA - DCMHA = {pts}."
+    if every:
+        ahead, behind = ("MHA", "DCMHA") if min(mha) > max(dc) else ("DCMHA", "MHA")
+        return text + (f" {ahead} is better here on every seed (each {ahead} seed beats each "
+                       f"{behind} seed), by MHA - DCMHA = {pts}; the interval includes 0, "
+                       f"so with {min(len(dc), len(mha))} seeds a side the gap is not "
+                       f"separated from 0 at 95%.")
+    return text + (f" The interval of MHA - DCMHA, {pts}, includes 0: no difference can be "
+                   f"claimed at this budget.")
 
 
 def accuracy_figure(cards: list[dict]):
@@ -300,6 +304,11 @@ def accuracy_figure(cards: list[dict]):
                       yaxis=dict(range=[0, 1], title="accuracy"), width=560, height=380,
                       showlegend=False)
     return fig
+
+
+def _accuracies(cards: list[dict], steps: int, key: str = "accuracy") -> dict[str, list]:
+    return {v: [c["metrics"][key] for c in cards if c.get("variant") == v
+                and c.get("steps", 0) == steps and key in c["metrics"]] for v in ("dcmha", "mha")}
 
 
 def report_section(cards: list[dict], figure_dir=None) -> str:
@@ -328,19 +337,9 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
                      f"{cell('accuracy')} | {cell('acc_no_compose')} | {cell('acc_no_pre')} | "
                      f"{cell('acc_no_post')} | {borrow} | {best} |")
     steps = min(c.get("steps", 0) for c in cards)   # the seeds' budget (longer runs: table)
-    acc = {v: [c["metrics"]["accuracy"] for c in cards if c.get("variant") == v
-               and c.get("steps", 0) == steps] for v in ("dcmha", "mha")}
-    summary = f"at {steps} steps " + "; ".join(f"{v.upper()} {_stats(a)} (n={len(a)})"
-                                                for v, a in acc.items() if a)
+    acc = _accuracies(cards, steps)
+    summary = f"at {steps} steps, " + comparison(acc["dcmha"], acc["mha"])
     verdict = ""
-    if min(len(acc["dcmha"]), len(acc["mha"])) == 1:
-        verdict = " One seed each: too few to call a difference."
-    elif acc["dcmha"] and acc["mha"]:
-        gap = min(acc["dcmha"]) - max(acc["mha"])
-        worse = max(acc["dcmha"]) < min(acc["mha"])
-        verdict = (" DCMHA is ahead on every seed." if gap > 0 else
-                   " MHA is ahead on every seed." if worse else
-                   " The seeds overlap: no difference between DCMHA and MHA at this budget.")
     ceiling = CEILING.get(task)
     ceiling_text = f" Reference: {ceiling}." if ceiling else ""
     figure = ""
@@ -352,18 +351,62 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
             f"(d_mlp {matched_mha_d_mlp()} vs {D_MLP}) by the parameters of DCMHA's dynamic "
             f"weight generator. Held-out accuracy ({EVAL_N} questions); 'Compose off' zeroes "
             f"DCMHA's dynamic weights in both phases (exactly MHA with the same weights), "
-            f"'pre off' / 'post off' in one phase; the borrowing column is the mean |mixing "
+            f"'pre off' / 'post off' in one phase (eval seed {cards[0].get('eval_seed')}); "
+            f"the borrowing column is the mean |mixing "
             f"weight| between different heads vs the diagonal, layer 1, pre-softmax, at the "
             f"answer's query and the target record; 'target selectivity' is, for the best "
             f"layer-1 head, the effective pattern's mass on the target record over its mean "
             f"mass on a distractor record (1: no preference, as single-attribute or additive "
             f"matching gives).\n\n" + "\n".join(lines) + figure
-            + f"\n\nAccuracy: {summary}.{verdict}{ceiling_text}")
+            + f"\n\nAccuracy: {summary}{verdict}{ceiling_text}")
+
+
+def reading(phenomenon: str, cards: list[dict]) -> str:
+    """Our reading of the DCMHA vs MHA runs, every number computed from `cards`."""
+    from interp.zoo.paper.report import acc2, describe, span
+
+    cards = [c for c in cards if c.get("metrics")]
+    if not cards:
+        return ""
+    batch = cards[0].get("train", {}).get("batch_size", "?")
+    params = round(max(c["metrics"]["n_params"] for c in cards) / 1000)
+    steps = sorted({c["steps"] for c in cards})
+    base = steps[0]
+    acc = _accuracies(cards, base)
+    dc = [c for c in cards if c["variant"] == "dcmha" and c["steps"] == base]
+    cost = [c["metrics"]["accuracy"] - c["metrics"]["acc_no_compose"] for c in dc
+            if "acc_no_compose" in c["metrics"]]
+    lines = [f"At {base} steps of {batch} questions: {comparison(acc['dcmha'], acc['mha'])}"]
+    if phenomenon == "dcmha-conjunction":
+        third = 1 / 3
+        above = [c for c in cards if c["steps"] == base and c["metrics"]["accuracy"] > third]
+        lines.append("No model passes the 1/3 ceiling of additive single-attribute matching, "
+                     "so neither has learned the conjunction; the paper's DCMHA advantage is "
+                     "not reproduced at our budget." if not above else
+                     f"{len(above)} model(s) pass the 1/3 ceiling of additive matching.")
+        sel_mha = [selectivity(c["metrics"]) for c in cards
+                   if c["variant"] == "mha" and c["steps"] == base]
+        sel_dc = [selectivity(c["metrics"]) for c in dc]
+        lines.append(f"MHA's best layer-1 head has target selectivity "
+                     f"{span(sel_mha, fmt=acc2)} (1: no preference for the target), DCMHA's "
+                     f"{span(sel_dc, fmt=acc2)} (min-max over seeds).")
+    if cost:
+        lines.append(f"DCMHA does lean on Compose: zeroing its dynamic weights costs "
+                     f"{describe(cost, fmt=lambda x: f'{100 * x:.1f}', clip=None)} points of "
+                     f"accuracy.")
+    for longer in steps[1:]:
+        la = _accuracies(cards, longer)
+        lines.append(f"At {longer} steps: {comparison(la['dcmha'], la['mha'])}")
+    lines.append(f"At ~{params}K parameters the generator's extra parameters and the "
+                 "multiplicative dynamic weights may slow optimisation more than composition "
+                 "helps; the paper's gains are at hundreds of millions of parameters and more "
+                 "after billions of tokens. Longer or GPU-sized runs may change this.")
+    return " ".join(lines)
 
 
 findings = report_section
 
 
-__all__ = ["CLAIMS", "NOTES", "RECIPES", "accuracy_figure", "evaluate", "findings",
+__all__ = ["CLAIMS", "RECIPES", "comparison", "reading", "accuracy_figure", "evaluate", "findings",
            "knockout_hooks", "matched_mha_d_mlp", "param_counts", "report_section", "sampler",
            "selectivity", "train"]

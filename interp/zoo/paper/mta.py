@@ -16,10 +16,15 @@ import torch
 
 from interp.tasks.find_block import CPU_TASK, FindBlockTask, answer_error_rate
 from interp.zoo.paper._registry import Recipe
-from interp.zoo.paper._training import train_recipe
+from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
+from interp.zoo.paper._training import draw_seed, replay, train_recipe
 
-EVAL_SEED = 98765
+EVAL_SEED = HELDOUT_SEED    # held out: see interp.zoo.paper._training.EVAL_SEED
 EVAL_SAMPLES = 1024
+# Out-of-distribution probes (the models are trained on 8 blocks of 3 letters): other block
+# lengths at 8 blocks, and other numbers of blocks of 3 letters.
+BLOCK_LENGTHS = (4, 5)
+N_BLOCKS = (4, 6, 10, 12)
 SEEDS = (0, 1, 2)
 VARIANTS = ("First", "Last", "All")
 CLAIMS = {
@@ -28,36 +33,6 @@ CLAIMS = {
                      "(First), 1.3 +- 0.4 (Last); MTA 0.1 +- 0.1, 0.0 +- 0.0, 0.0 +- 0.0. The "
                      "baseline is bimodal across seeds (it either fails or solves the task).",
 }
-
-# Our reading of the shipped numbers (written after the runs; the report prints it verbatim).
-NOTES = {
-    "mta-findblock": "Reproduced for First and Last, and more sharply than in the paper: MTA "
-                     "answers every held-out prompt (0.0% on all 3 seeds of each), while MHA "
-                     "fails on every seed (64-68%). At our scale (2 layers, d 64, 1000 steps) "
-                     "MHA never finds the block, not even for Last, which the paper's 4-layer "
-                     "MHA solves (1.3%); the paper's seed-to-seed bimodality does not appear "
-                     "because no MHA seed succeeds. All (writing the whole block) needs longer: "
-                     "at 1000 steps MTA was still at 81% error, so All runs 3000 steps; then "
-                     "MTA reaches 0.0 / 6.6 / 0.0% on the three seeds and MHA stays at "
-                     "91.8 / 97.2 / 95.8%. "
-                     "What MTA learned, by `interp.mta` and the effective pattern: for First "
-                     "and Last, in layer 0 both heads' key-query kernels are box filters, the "
-                     "same on the three seeds: "
-                     "equal weights on both query rows (the two query letters) and on three "
-                     "neighbouring keys, with one negative tap just outside. For First the box "
-                     "covers keys j..j+2, so the key at a block's first letter collects the "
-                     "matches of the whole block; for Last it covers j-2..j, so the block's last "
-                     "letter collects them: exactly the letter the answer asks for. Such "
-                     "kernels fall outside the identity/diagonal/priming classes of "
-                     "`kernel_table` (they are 'mixed'); the figures show them. At the position "
-                     "that predicts the answer, a layer-0 MTA head puts 0.8-0.96 of its "
-                     "attention on the target block's letters, against 0.09 for a uniform head; "
-                     "no head of the seed-0 MHA models exceeds 0.09. The All model found "
-                     "another solution, not analysed further yet: its block-finding head is in "
-                     "layer 1 (L1H0, 0.77 on the target), with a kernel dominated by one "
-                     "negative tap (current query, previous key).",
-}
-
 
 def task_of(recipe: Recipe) -> FindBlockTask:
     return FindBlockTask(**recipe.task_args)
@@ -103,7 +78,7 @@ def sampler(recipe: Recipe):
     task = task_of(recipe)
 
     def sample(batch: int, gen: torch.Generator):
-        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        seed = draw_seed(gen)
         b = task.batch(batch, seed)
         return b.tokens, b.loss_mask
     return sample
@@ -113,16 +88,53 @@ def train(recipe: Recipe, out_dir, resume: bool = True) -> None:
     train_recipe(recipe, out_dir, sampler(recipe), resume=resume)
 
 
+def batch_seeds(recipe: Recipe) -> list[int]:
+    """The data seed of every training batch of `recipe` (replayed, as `sampler` draws them)."""
+    return replay(recipe, draw_seed)
+
+
+def with_context(model, n_ctx: int):
+    """`model` rebuilt with a context of `n_ctx` tokens and the same weights (RoPE and the MTA
+    convolutions hold no per-position parameter, so nothing else changes); `model` itself when
+    it is long enough."""
+    import dataclasses
+
+    from hooked_models.model import HookedVariantTransformer
+
+    if n_ctx <= model.cfg.n_ctx:
+        return model
+    longer = HookedVariantTransformer(dataclasses.replace(model.cfg, n_ctx=n_ctx))
+    longer.load_state_dict(model.state_dict(), strict=True)
+    return longer.eval()
+
+
+def ood_tasks(recipe: Recipe) -> dict[str, FindBlockTask]:
+    """The generalisation probes: metric key -> task (`error_block_len{N}`: 8 blocks of N
+    letters; `error_n_blocks{n}`: n blocks of the trained length)."""
+    args = recipe.task_args
+    out = {f"error_block_len{n}": FindBlockTask(**{**args, "block_length": n})
+           for n in BLOCK_LENGTHS}
+    out.update({f"error_n_blocks{n}": FindBlockTask(**{**args, "n_blocks": n})
+                for n in N_BLOCKS})
+    return out
+
+
 @torch.no_grad()
 def evaluate(model, recipe: Recipe) -> dict[str, float]:
-    """`error`: fraction of 1024 distinct held-out prompts answered wrongly (teacher forced,
-    equal to greedy decoding); `answer_loss`: mean cross-entropy on the answer tokens."""
+    """`error`: fraction of 1024 distinct held-out prompts of the training distribution
+    answered wrongly (teacher forced, equal to greedy decoding); `answer_loss`: mean
+    cross-entropy on their answer tokens; `error_block_len{N}` / `error_n_blocks{n}`: the
+    same error on 1024 prompts of the `ood_tasks` (the context is lengthened as needed)."""
     from interp.tasks.find_block import answer_loss
 
     task = task_of(recipe)
     batch = task.to_tokens(task.generate(EVAL_SAMPLES, seed=EVAL_SEED))
-    return {"error": round(answer_error_rate(model, batch), 4),
-            "answer_loss": round(float(answer_loss(model, batch)), 4)}
+    out = {"error": round(answer_error_rate(model, batch), 4),
+           "answer_loss": round(float(answer_loss(model, batch)), 4)}
+    for i, (key, probe) in enumerate(ood_tasks(recipe).items()):
+        batch = probe.to_tokens(probe.generate(EVAL_SAMPLES, seed=EVAL_SEED + 1 + i))
+        out[key] = round(answer_error_rate(with_context(model, probe.n_tokens), batch), 4)
+    return out
 
 
 def target_mask(samples, n_pos: int) -> torch.Tensor:
@@ -164,6 +176,100 @@ def target_block_attention(model, recipe: Recipe, n: int = 128, seed: int = EVAL
     return pd.DataFrame(rows)
 
 
+def _groups(cards: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Cards by (answer variant, attention), MTA first, seeds in order."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for c in sorted(cards, key=lambda c: (VARIANTS.index(c["task_args"]["variant"]),
+                                          c["variant"] != "mta", c["seed"])):
+        groups.setdefault((c["task_args"]["variant"], c["variant"]), []).append(c)
+    return groups
+
+
+def _probe_label(key: str) -> str:
+    if key.startswith("error_block_len"):
+        return f"blocks of {key.removeprefix('error_block_len')} letters"
+    return f"{key.removeprefix('error_n_blocks')} blocks"
+
+
+def reading(phenomenon: str, cards: list[dict]) -> str:
+    """Our reading of find-the-block, every number computed from `cards` (and, for the
+    attention masses, from the seed-0 models, as in the section's table)."""
+    from hooked_models.zoo import load
+    from interp.zoo.paper.report import describe, pct, span
+
+    groups = _groups(cards)
+    trained = task_of(RECIPES[cards[0]["recipe"]])
+
+    def errs(variant, attention, key="error"):
+        return [c["metrics"][key] for c in groups.get((variant, attention), [])]
+
+    lines = []
+    fl = [v for v in ("First", "Last") if errs(v, "mta") and errs(v, "mha")]
+    for v in fl:
+        lines.append(f"{v}: MTA {describe(errs(v, 'mta'))}, MHA {describe(errs(v, 'mha'))}.")
+    if "All" in {k[0] for k in groups}:
+        lines.append(f"All ({groups[('All', 'mta')][0]['steps']} steps): MTA "
+                     f"{describe(errs('All', 'mta'))}, MHA {describe(errs('All', 'mha'))}.")
+    mta_fl = [c for v in fl for c in groups[(v, "mta")]]
+    mha_fl = [c for v in fl for c in groups[(v, "mha")]]
+    wrong = [c for c in mta_fl if c["metrics"]["error"] > 0]
+    if mta_fl and mha_fl and max(c["metrics"]["error"] for c in mta_fl) < min(
+            c["metrics"]["error"] for c in mha_fl):
+        lines.append("Reproduced for First and Last: every MTA seed errs less than every MHA "
+                     "seed, and no MHA seed finds the block (the paper's MHA solves Last; the "
+                     "paper's seed-to-seed bimodality does not appear here).")
+    if wrong:
+        lines.append("MTA is not perfect on held-out prompts: "
+                     + ", ".join(f"`{c['recipe']}` errs on {pct(c['metrics']['error'])}%"
+                                 for c in wrong) + ".")
+    if mta_fl:
+        probes = list(ood_tasks(RECIPES[mta_fl[0]["recipe"]]))
+        block = {k: [c["metrics"][k] for c in mta_fl] for k in probes
+                 if k.startswith("error_block_len")}
+        counts = {k: [c["metrics"][k] for c in mta_fl] for k in probes
+                  if k.startswith("error_n_blocks")}
+        worst_trained = max(c["metrics"]["error"] for c in mta_fl)
+        only_trained = min(min(v) for v in block.values()) > max(10 * worst_trained, 0.05)
+        lines.append(
+            f"Generalisation of the {len(mta_fl)} First/Last MTA models (min-max over them): "
+            + "; ".join(f"{_probe_label(k)}: {span(v)}%" for k, v in block.items())
+            + (f" — what MTA learned works only at the trained block length of "
+               f"{trained.block_length} letters" if only_trained else "")
+            + "; " + ", ".join(f"{_probe_label(k)}: {span(v)}%" for k, v in counts.items())
+            + (f" — the number of blocks generalises (at most "
+               f"{pct(max(max(v) for v in counts.values()))}% from "
+               f"{min(N_BLOCKS)} to {max(N_BLOCKS)} blocks)."
+               if max(max(v) for v in counts.values()) < 0.05 else "."))
+    masses = {}
+    for c in cards:
+        if c["seed"] == 0 and c["task_args"]["variant"] in fl:
+            table = target_block_attention(load(c["recipe"]), RECIPES[c["recipe"]])
+            masses[c["recipe"]] = table
+    mta0 = [t[t.layer == 0].target_mass.max() for n, t in masses.items() if "-mta-" in n]
+    mha0 = [t.target_mass.max() for n, t in masses.items() if "-mha-" in n]
+    if mta0 and mha0:
+        uniform = next(iter(masses.values())).uniform_mass[0]
+        lines.append(
+            f"What MTA learned (seed 0 of First and Last; `interp.mta` and the effective "
+            f"pattern): in layer 0 the key-query kernels act as box filters over neighbouring "
+            f"keys (figures below the table): for First the box collects a block's matches at "
+            f"its first letter, for Last at its last letter, the letter the answer asks for. "
+            f"At the position that predicts the answer the best layer-0 MTA head puts "
+            f"{span(mta0, fmt=lambda x: f'{x:.2f}')} of its attention on the target block's "
+            f"letters (a uniform head: {uniform:.2f}); no head of those MHA models exceeds "
+            f"{max(mha0):.2f}. These kernels are 'mixed' in `kernel_table`'s classes; they are "
+            f"described on seed 0 only.")
+    all0 = next((c for c in cards if c["seed"] == 0 and c["variant"] == "mta"
+                 and c["task_args"]["variant"] == "All"), None)
+    if all0 is not None:
+        table = target_block_attention(load(all0["recipe"]), RECIPES[all0["recipe"]])
+        best = table.loc[table.target_mass.idxmax()]
+        lines.append(f"The All model (seed 0) found another solution, not analysed further: "
+                     f"its block-finding head is {best.head_label} ({best.target_mass:.2f} on "
+                     f"the target).")
+    return " ".join(lines)
+
+
 def report_section(cards: list[dict], figure_dir) -> str:
     """Mean +- std error over seeds per (answer variant, attention), per-seed errors, and what
     the MTA kernels of the seed-0 models learned (interp.mta.kernel_table + kernel figure)."""
@@ -172,25 +278,33 @@ def report_section(cards: list[dict], figure_dir) -> str:
     from hooked_models.zoo import load
     from interp.mta import kernel_centre, kernel_table, key_query_kernels
     from interp.plots import kernel_figure
-    from interp.zoo.paper.report import markdown_table, mean_std, pct, save_png
+    from interp.zoo.paper.report import markdown_table, pct, save_png, short
 
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for c in sorted(cards, key=lambda c: c["recipe"]):
-        groups.setdefault((c["task_args"]["variant"], c["variant"]), []).append(c)
+    groups = _groups(cards)
     rows, fig = [], go.Figure()
-    for (variant, attention), cs in sorted(groups.items(), key=lambda kv: (
-            VARIANTS.index(kv[0][0]), kv[0][1] != "mta")):
+    for (variant, attention), cs in groups.items():
         errors = [c["metrics"]["error"] for c in cs]
-        m, s = mean_std(errors)
-        rows.append([variant, attention, len(cs), cs[0]["steps"], f"{pct(m)} +- {pct(s)}",
+        rows.append([variant, attention, len(cs), cs[0]["steps"], short(errors),
                      ", ".join(pct(e) for e in errors)])
         fig.add_trace(go.Box(y=[100 * e for e in errors], name=f"{variant} {attention}",
                              boxpoints="all", jitter=0.3))
     fig.update_layout(title="find the block: error per seed", yaxis_title="error (%)",
                       showlegend=False, width=800, height=400)
-    parts = [markdown_table(["answer", "attention", "seeds", "steps", "error mean +- std (%)",
-                             "error per seed (%)"], rows),
+    parts = [markdown_table(["answer", "attention", "seeds", "steps",
+                             "error mean [95% t-interval] (%)", "error per seed (%)"], rows),
+             "", f"Error: share of {EVAL_SAMPLES} distinct held-out prompts (eval seed "
+                 f"{cards[0].get('eval_seed')}) whose answer is wrong.",
              "", save_png(fig, "mta-findblock-errors", figure_dir)]
+    probes = list(ood_tasks(RECIPES[cards[0]["recipe"]]))
+    ood_rows = [[variant, attention, len(cs),
+                 *(short([c["metrics"][k] for c in cs]) for k in ["error", *probes])]
+                for (variant, attention), cs in groups.items()]
+    trained = task_of(RECIPES[cards[0]["recipe"]])
+    parts += ["", f"**Other block lengths and numbers of blocks** (trained on "
+                  f"{trained.n_blocks} blocks of {trained.block_length} letters; error (%) on "
+                  f"{EVAL_SAMPLES} held-out prompts each, mean [95% t-interval] over seeds):",
+              "", markdown_table(["answer", "attention", "seeds", "trained",
+                                  *(_probe_label(k) for k in probes)], ood_rows)]
     attention_rows = []
     for c in sorted(cards, key=lambda c: c["recipe"]):
         if c["seed"] == 0:

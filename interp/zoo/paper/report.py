@@ -4,9 +4,15 @@
 
 For every phenomenon the report quotes the paper's claim (`CLAIMS` of its module), shows our
 numbers from the shipped cards (the module's `report_section(cards, figure_dir)`, or a plain
-table of metrics), adds the module's `NOTES` (our reading, written after the runs) and lists the
-recipes not trained yet with the command that trains them. Nothing is typed in by hand except
-those notes: rerun the script after retraining.
+table of metrics), adds our reading (the module's `reading(phenomenon, cards)`, prose whose every
+number is computed from the same cards as the tables) and lists the recipes not trained yet with
+the command that trains them. Every claim carries its number of seeds and an interval
+(`describe`: mean and 95% t-interval over seeds; "1 seed, no interval" otherwise); no number of
+ours is typed in by hand, and tests/test_paper_report.py rebuilds the report from the cards.
+
+Figures are PNGs written with kaleido (the `report` extra). Where kaleido is missing the PNGs
+already there are kept; `figures.json` beside them records the eval seed each was drawn from,
+and the report says so under any figure that predates the cards' evaluation.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ from pathlib import Path
 
 from hooked_models.zoo import ZOO_DIR
 from interp.zoo.paper._registry import modules
-from interp.zoo.paper._training import CLI, KIND
+from interp.zoo.paper._training import CLI, EVAL_SEED, KIND
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORT = ROOT / "docs" / "reproduction.md"
 FIGURES = ROOT / "docs" / "figures" / "reproduction"
+MANIFEST = "figures.json"   # figure name -> the eval seed of the cards it was drawn from
+# Set by build_report: whether save_png may (try to) draw; figures it could not draw.
+_DRAW = {"enabled": True, "kept": []}
 
 
 def shipped_cards() -> dict[str, dict]:
@@ -47,19 +56,118 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return m, s
 
 
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean over seeds and its two-sided t-interval (needs 2+ values)."""
+    from scipy.stats import t
+
+    if len(values) < 2:
+        raise ValueError(f"a t-interval needs at least 2 values, got {len(values)}")
+    m, s = mean_std(values)
+    half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * s / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+def welch_interval(a: list[float], b: list[float],
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), low, high): Welch's t-interval of the difference of the means."""
+    from scipy.stats import t
+
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    va, vb = sa ** 2 / len(a), sb ** 2 / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return ma - mb, ma - mb, ma - mb
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = float(t.ppf(0.5 + level / 2, df)) * se
+    return ma - mb, ma - mb - half, ma - mb + half
+
+
+def acc3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def acc2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def _clip(x: float, clip) -> float:
+    return x if clip is None else min(max(x, clip[0]), clip[1])
+
+
+def describe(values: list[float], fmt=pct, per_seed: bool = True, clip=(0.0, 1.0)) -> str:
+    """A value over seeds as the report states it: with one seed `"7.4 (1 seed, no
+    interval)"`; with more, the mean, its 95% t-interval and the seeds' values
+    (`"32.2, 95% t-interval 27.1 to 37.3 over 3 seeds (30.1 / 33.4 / 33.0)"`). `fmt` formats
+    a value (default `pct`: a fraction as a percentage with one decimal, as in the tables);
+    the interval is clipped to `clip`, the metric's range (None: no clipping)."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{fmt(values[0])} (1 seed, no interval)"
+    m, lo, hi = t_interval(values)
+    lo, hi = _clip(lo, clip), _clip(hi, clip)
+    seeds = f" ({' / '.join(fmt(v) for v in values)})" if per_seed else ""
+    return f"{fmt(m)}, 95% t-interval {fmt(lo)} to {fmt(hi)} over {len(values)} seeds{seeds}"
+
+
+def short(values: list[float], fmt=pct, clip=(0.0, 1.0)) -> str:
+    """A table cell: one seed's value, or `mean [low, high] (n=k)` over k seeds (the 95%
+    t-interval, clipped to `clip`)."""
+    if len(values) == 1:
+        return fmt(values[0])
+    m, lo, hi = t_interval(values)
+    lo, hi = _clip(lo, clip), _clip(hi, clip)
+    return f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}] (n={len(values)})"
+
+
+def span(values: list[float], fmt=pct) -> str:
+    """`"a-b"` (min-max), or one value when they are equal once formatted."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
+def _manifest(figure_dir: Path) -> dict:
+    path = Path(figure_dir) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _can_draw() -> bool:
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def save_png(fig, name: str, figure_dir: Path) -> str:
-    """Write `fig` as `figure_dir/name.png`; returns the Markdown image link (relative to docs/)."""
-    figure_dir.mkdir(parents=True, exist_ok=True)
+    """Write `fig` as `figure_dir/name.png` (when drawing is on and kaleido is installed) and
+    return the Markdown image link (relative to docs/). A figure that could not be drawn keeps
+    its previous PNG, and the link says when that PNG predates the cards' eval seed."""
+    figure_dir = Path(figure_dir)
     path = figure_dir / f"{name}.png"
-    fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50))
-    fig.write_image(path, width=fig.layout.width or 800, height=fig.layout.height or 420)
-    return f"![{name}]({Path(os.path.relpath(path, REPORT.parent)).as_posix()})"
+    manifest = _manifest(figure_dir)
+    if _DRAW["enabled"] and _can_draw():
+        figure_dir.mkdir(parents=True, exist_ok=True)
+        fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50))
+        fig.write_image(path, width=fig.layout.width or 800, height=fig.layout.height or 420)
+        manifest[name] = EVAL_SEED
+        (figure_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    elif _DRAW["enabled"]:
+        _DRAW["kept"].append(name)
+    if not path.is_file():
+        return f"*Figure `{name}` not drawn (kaleido is not installed).*"
+    link = f"![{name}]({Path(os.path.relpath(path, REPORT.parent)).as_posix()})"
+    if manifest.get(name) != EVAL_SEED:
+        link += ("\n\n*This figure was drawn from an earlier evaluation (before the held-out "
+                 f"eval seed {EVAL_SEED}) and not redrawn (kaleido was not installed): the "
+                 "table above is current.*")
+    return link
 
 
 def generic_section(cards: list[dict]) -> str:
@@ -77,16 +185,35 @@ def _phenomena(mod) -> dict[str, list]:
     return out
 
 
-def build_report(figure_dir: Path = FIGURES) -> str:
+def eval_seed_text(cards: dict[str, dict]) -> str:
+    seeds = sorted({c.get("eval_seed") for c in cards.values()}, key=str)
+    if seeds == [EVAL_SEED]:
+        return (f"Every model was evaluated on held-out data drawn from eval seed {EVAL_SEED}, "
+                "which no training run used (a test replays every training batch's seed and "
+                "checks).")
+    return (f"The cards were evaluated on eval seeds {', '.join(map(str, seeds))}; the "
+            f"current held-out eval seed is {EVAL_SEED}: re-run `{CLI} eval NAME --write`.")
+
+
+def build_report(figure_dir: Path = FIGURES, draw: bool = True) -> str:
+    """The Markdown of docs/reproduction.md from the shipped cards. With `draw`, figures are
+    (re)drawn where kaleido is installed; without it nothing is written (the text is the same
+    whenever the figures and their manifest are unchanged)."""
+    _DRAW.update(enabled=draw, kept=[])
     cards = shipped_cards()
     parts = [
         "# Reproduction: each paper's phenomenon on its own task",
         "",
         f"Generated by `{CLI} report` from the cards of the paper-task models in "
-        "`hooked_models/zoo/` (issue 15). Every number below is the `metrics` field of a card, "
-        f"written by `{CLI} eval NAME --write` and re-checked by `tests/test_paper_zoo.py`. "
-        "Our models are tiny and CPU-trained, so each section first states the paper's claim, "
-        "then our numbers at our scale, then whether it reproduces. Error rates are in %.",
+        "`hooked_models/zoo/` (issue 15). Every number below, in the tables and in the text, "
+        f"is computed from the `metrics` field of a card, written by `{CLI} eval NAME --write` "
+        "and re-checked by `tests/test_paper_zoo.py`; `tests/test_paper_report.py` rebuilds "
+        "this page from the cards. " + eval_seed_text(cards) + " Every claim states its number "
+        "of training seeds and an interval: the mean and its 95% t-interval over seeds, or "
+        "\"1 seed, no interval\" where only one seed is trained (then no ordering of settings "
+        "can be claimed from it). Our models are tiny and CPU-trained, so each section first "
+        "states the paper's claim, then our numbers at our scale, then whether it reproduces. "
+        "Error rates are in %.",
     ]
     for mod in modules().values():
         for phenomenon, recipes in _phenomena(mod).items():
@@ -97,7 +224,7 @@ def build_report(figure_dir: Path = FIGURES) -> str:
             if claim:
                 parts += [f"**Paper.** {claim}", ""]
             if mine:
-                tasks = list(dict.fromkeys(c["task"] for c in mine))
+                tasks = list(dict.fromkeys(r.task for r in recipes if r.name in cards))
                 if len(tasks) == 1:
                     parts += [f"**Task here.** {tasks[0]}", ""]
                 else:
@@ -111,7 +238,8 @@ def build_report(figure_dir: Path = FIGURES) -> str:
                               f"all on {', '.join(devices)}."]
             else:
                 parts.append("No model of this phenomenon is shipped yet.")
-            note = getattr(mod, "NOTES", {}).get(phenomenon)
+            reading = getattr(mod, "reading", None)
+            note = reading(phenomenon, mine) if reading and mine else None
             if note:
                 parts += ["", f"**Our reading.** {note}"]
             if missing:
@@ -121,7 +249,13 @@ def build_report(figure_dir: Path = FIGURES) -> str:
 
 
 def write_report(path: Path = REPORT, figure_dir: Path = FIGURES) -> Path:
-    text = build_report(figure_dir)
+    """Write the report (and its figures where kaleido is installed); returns its path."""
+    import sys
+
+    text = build_report(figure_dir, draw=True)
+    if _DRAW["kept"]:
+        print(f"kaleido is not installed: kept the previous PNGs of {len(_DRAW['kept'])} "
+              "figures (pip install -e '.[report]' to redraw them)", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path

@@ -118,18 +118,20 @@ def test_crash_between_renames_leaves_a_consistent_checkpoint(tmp_path, monkeypa
     monkeypatch.undo()
     assert [os.path.basename(c) for c in calls][-1] == (
         ["model.safetensors", "card.json", "config.json"][fail_at - 1])
-    assert temp_files(tmp_path) == []
+    # Before the commit (the weights' rename) the save removes what it staged; after it the
+    # staged files complete the new checkpoint and stay until the next save installs them.
+    assert (temp_files(tmp_path) == []) == (fail_at == 1)
     loaded = HookedVariantTransformer.from_pretrained(tmp_path)
+    assert loaded.card == {"v": 1 if fail_at == 1 else 2}
     assert_same_weights(old if fail_at == 1 else new, tmp_path)
     tokens = random_tokens(loaded)
     expected = (old if fail_at == 1 else new).eval()(tokens)
     torch.testing.assert_close(loaded(tokens), expected, atol=0, rtol=0)
+    new.save_pretrained(tmp_path)
+    assert temp_files(tmp_path) == []
 
 
-def test_torn_checkpoint_with_another_config_is_named(tmp_path, monkeypatch):
-    # Same shapes, other dtype: without the check the float64 weights would load silently
-    # into a float32 model built from the old config.json.
-    trained_model(0).save_pretrained(tmp_path)
+def crash_replace_config(monkeypatch) -> None:
     real_replace = os.replace
 
     def replace(src, dst):
@@ -138,15 +140,30 @@ def test_torn_checkpoint_with_another_config_is_named(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
+
+
+def test_interrupted_save_with_another_config_loads_the_new_model(tmp_path, monkeypatch):
+    # Same shapes, other dtype: the float64 weights must not load into a float32 model built
+    # from the old config.json; the staged config.json of the interrupted save completes them.
+    trained_model(0).save_pretrained(tmp_path)
+    crash_replace_config(monkeypatch)
     with pytest.raises(Crash):
         trained_model(0, dtype=torch.float64).save_pretrained(tmp_path)
     monkeypatch.undo()
-    assert temp_files(tmp_path) == []
+    assert HookedVariantTransformer.from_pretrained(tmp_path).cfg.dtype == torch.float64
+    assert checkpoint.read_config(tmp_path).dtype == torch.float32   # the directory as it is
+
+
+def test_hand_edited_config_is_named(tmp_path):
+    trained_model(0).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(path.read_text().replace('"float32"', '"float64"'))
     with pytest.raises(ValueError, match=r"config.json differs .*model.safetensors.*\['dtype'\]"):
         HookedVariantTransformer.from_pretrained(tmp_path)
 
 
-def test_torn_tokenizer_is_named(tmp_path, monkeypatch):
+def test_interrupted_tokenizer_rename_loads_the_new_tokenizer_and_hand_edits_are_named(
+        tmp_path, monkeypatch):
     texts = ["the cat sat on the mat", "a dog ate the log"] * 4
     model = trained_model(0, d_vocab=260)
     model.tokenizer = train_bpe(texts, vocab_size=259)
@@ -164,8 +181,98 @@ def test_torn_tokenizer_is_named(tmp_path, monkeypatch):
     with pytest.raises(Crash):
         model.save_pretrained(tmp_path)
     monkeypatch.undo()
+    loaded = HookedVariantTransformer.from_pretrained(tmp_path)
+    assert loaded.tokenizer.to_json() == model.tokenizer.to_json()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(train_bpe(texts, vocab_size=259).to_json())
     with pytest.raises(ValueError, match="tokenizer.json differs from the one"):
         HookedVariantTransformer.from_pretrained(tmp_path)
+
+
+# -- issue 20 item 6: killed at any step of a save, one complete checkpoint loads ----------------
+TEXTS = ["the cat sat on the mat", "a dog ate the log"] * 4
+
+
+def with_tokenizer(model, vocab):
+    model.tokenizer = train_bpe(TEXTS, vocab_size=vocab)
+    return model
+
+
+def checkpoint_kinds():
+    """(old model, old card, new model, new card): each side file changes, appears or goes."""
+    a = with_tokenizer(trained_model(0, d_vocab=260), 259)
+    b = trained_model(1, dtype=torch.float64, n_layers=1)                 # other config
+    c = with_tokenizer(trained_model(2, d_vocab=260, n_heads=2), 260)    # other tokenizer
+    return [(a, {"v": "a"}, b, None), (b, None, a, {"v": "a"}), (a, {"v": "a"}, c, {"v": "c"})]
+
+
+class Killed(BaseException):
+    """A kill: raised by the step it interrupts and by every file operation after it, so no
+    clean-up handler gets to run either."""
+
+
+def kill_at(monkeypatch, step: int | None) -> list[str]:
+    """Count the file-system changes of a save (renames, removals); die at number `step`."""
+    calls: list[str] = []
+    real = {"replace": os.replace, "unlink": os.unlink}
+
+    def wrap(name):
+        def op(*args, **kwargs):
+            calls.append(f"{name} {os.path.basename(args[-1 if name == 'replace' else 0])}")
+            if step is not None and len(calls) > step:
+                raise Killed(calls[-1])
+            return real[name](*args, **kwargs)
+        return op
+
+    monkeypatch.setattr(os, "replace", wrap("replace"))
+    monkeypatch.setattr(os, "unlink", wrap("unlink"))
+    return calls
+
+
+def state_of(model) -> tuple:
+    tok = model.tokenizer.to_json() if hasattr(model.tokenizer, "to_json") else None
+    return (model.cfg.to_json(), tok, {k: v.clone() for k, v in model.state_dict().items()})
+
+
+def same_state(x: tuple, y: tuple) -> bool:
+    return x[:2] == y[:2] and x[2].keys() == y[2].keys() and all(
+        torch.equal(x[2][k], y[2][k]) for k in x[2])
+
+
+@pytest.mark.parametrize("kind", range(3))
+def test_a_save_killed_at_any_step_leaves_the_old_or_the_new_checkpoint(tmp_path, monkeypatch,
+                                                                        kind):
+    old, old_card, new, new_card = checkpoint_kinds()[kind]
+    old_state, new_state = state_of(old), state_of(new)
+    probe = tmp_path / "probe"
+    old.save_pretrained(probe, card=old_card)
+    steps = kill_at(monkeypatch, None)
+    new.save_pretrained(probe, card=new_card)
+    monkeypatch.undo()
+    assert len(steps) >= 3, steps
+    for step in range(len(steps)):
+        ckpt = tmp_path / f"step{step}"
+        old.save_pretrained(ckpt, card=old_card)
+        kill_at(monkeypatch, step)
+        with pytest.raises(Killed):
+            new.save_pretrained(ckpt, card=new_card)
+        monkeypatch.undo()
+        loaded = HookedVariantTransformer.from_pretrained(ckpt)
+        got = state_of(loaded)
+        is_new = same_state(got, new_state)
+        assert is_new or same_state(got, old_state), (step, steps[step])
+        assert loaded.card == (new_card if is_new else old_card), (step, steps[step])
+        # a later save over what the kill left: complete at every step of its own
+        for again in range(len(steps)):
+            kill_at(monkeypatch, again)
+            with pytest.raises(Killed):
+                old.save_pretrained(ckpt, card=old_card)
+            monkeypatch.undo()
+            got = state_of(HookedVariantTransformer.from_pretrained(ckpt))
+            assert same_state(got, old_state) or same_state(got, new_state), (step, again)
+        old.save_pretrained(ckpt, card=old_card)
+        assert temp_files(ckpt) == []
+        assert same_state(state_of(HookedVariantTransformer.from_pretrained(ckpt)), old_state)
 
 
 # -- corrupt files are named ---------------------------------------------------------------

@@ -25,6 +25,8 @@ from hooked_models.attention import LayerCache, Stage
 from hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
 from hooked_models.config import VariantConfig
 from hooked_models.devices import check_device
+from hooked_models.generation import GenerationMixin
+from hooked_models.interop import InteropMixin
 from hooked_models.tokenization import TokenizationMixin
 from hooked_models.tokenizer import CharTokenizer
 
@@ -43,7 +45,7 @@ class KVCache:
         return self.layers[0].length
 
 
-class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
+class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin, HookedRootModule):
     """Embed -> [pos embed] -> blocks (variant attention + optional MLP) -> final norm -> unembed.
 
     Hook names and shapes are TransformerLens's; each variant adds its stages under
@@ -74,11 +76,31 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         self.unembed = Unembed(cfg)
         self.init_weights()
         self.setup()
+        self._restore_forks()
         self.to(cfg.device)
 
     @property
     def cfg(self) -> VariantConfig:
         return self._cfg
+
+    @property
+    def tokenizer(self):
+        return self.__dict__.get("_tokenizer")
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        # TransformerLens's evals and utilities prepend `tokenizer.bos_token_id` whenever
+        # cfg.default_prepend_bos is set: without a tokenizer (or a BOS) the default is off,
+        # and it comes back on when one with a BOS is attached.
+        self.__dict__["_tokenizer"] = tokenizer
+        has_bos = getattr(tokenizer, "bos_token_id", None) is not None
+        auto_off = self.__dict__.get("_bos_default_off", False)
+        if not has_bos and self.cfg.default_prepend_bos:
+            self.cfg.default_prepend_bos = False
+            self.__dict__["_bos_default_off"] = True
+        elif has_bos and auto_off:
+            self.cfg.default_prepend_bos = True
+            self.__dict__["_bos_default_off"] = False
 
     def init_weights(self) -> None:
         """N(0, initializer_range) for embeddings and matrices (seeded by cfg.seed)."""
@@ -109,51 +131,132 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
         attention_mask: Tensor | None = None,
         past_kv_cache: KVCache | None = None,
         loss_per_token: bool = False,
+        *,
+        prepend_bos: bool | None = None,
+        padding_side: Literal["left", "right"] | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        tokens: Tensor | None = None,
+        shortformer_pos_embed: Tensor | None = None,
     ):
-        """Run the model on text or `[batch pos]` token ids.
+        """Run the model on text or `[batch pos]` token ids (TransformerLens's arguments).
 
         Args:
-            input: a string, a list of strings (right-padded), or token ids.
+            input: a string, a list of strings (padded, see `padding_side`), token ids, or with
+                `start_at_layer` the residual stream `[batch pos d_model]` entering that block.
             return_type: "logits", "loss" (mean next-token cross-entropy), "both" or None.
             attention_mask: `[batch pos]` 1 for real tokens, 0 for padding (also for the past
                 tokens when `past_kv_cache` is given).
             past_kv_cache: a `KVCache`; the input continues the cached sequence.
             loss_per_token: return the `[batch pos-1]` losses instead of their mean.
+            prepend_bos: for text input (default `cfg.default_prepend_bos`).
+            padding_side: "right" (default) or "left", for a list of strings.
+            start_at_layer: run blocks from this one on, `input` being their residual input.
+            stop_at_layer: run blocks before this one (negative counts from the end) and return
+                the residual stream `[batch pos d_model]` there, whatever `return_type`.
+            tokens: the token ids, for a loss when `input` is a residual (`start_at_layer`).
+            shortformer_pos_embed: only None (no variant uses shortformer positions).
+
+        Example:
+            >>> resid = model(tokens, stop_at_layer=1)                 # doctest: +SKIP
+            >>> logits = model(resid, start_at_layer=1)                # doctest: +SKIP
         """
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type={return_type!r}; "
                              "choose 'logits', 'loss', 'both' or None")
-        if isinstance(input, list) and not all(isinstance(t, str) for t in input):
-            raise ValueError("input must be a string, a list of strings or a tensor of token ids; "
-                             "got a list with non-string items")
-        if isinstance(input, list) and not input:
-            raise ValueError("input is an empty list; pass at least one string")
-        if isinstance(input, (str, list)):
-            if attention_mask is None and not isinstance(input, str):
-                attention_mask = self.padding_mask(input)
-            tokens = self.to_tokens(input)
+        if shortformer_pos_embed is not None:
+            raise ValueError("shortformer_pos_embed must be None: no attnlens model uses "
+                             "shortformer positions")
+        n_layers = self.cfg.n_layers
+        start = self._layer_index("start_at_layer", start_at_layer, 0)
+        stop = self._layer_index("stop_at_layer", stop_at_layer, n_layers)
+        if start > stop:
+            raise ValueError(f"start_at_layer={start_at_layer} is after "
+                             f"stop_at_layer={stop_at_layer}")
+        if start_at_layer is not None:
+            resid = self._check_resid(input)
+            if tokens is not None:
+                tokens = self._check_tokens(tokens)
+            batch, n_new = resid.shape[:2]
         else:
+            if isinstance(input, (str, list)):
+                input, text_mask = self.tokenize_padded(input, prepend_bos, padding_side)
+                if attention_mask is None:
+                    attention_mask = text_mask
+            elif padding_side is not None:
+                raise ValueError("padding_side applies to text input; token ids carry their "
+                                 "padding in attention_mask")
             tokens = self._check_tokens(input)
+            batch, n_new = tokens.shape
         offset = 0 if past_kv_cache is None else past_kv_cache.length
-        batch, n_new = tokens.shape
         if offset + n_new > self.cfg.n_ctx:
             raise ValueError(f"sequence length {offset + n_new} exceeds n_ctx={self.cfg.n_ctx}")
+        device = self.W_E.device
         full_mask = self._full_mask(attention_mask, past_kv_cache, batch, offset + n_new)
-        allowed, q_pos, k_pos = self._masks(batch, n_new, offset, full_mask, tokens.device)
+        allowed, q_pos, k_pos = self._masks(batch, n_new, offset, full_mask, device)
 
-        resid = self.hook_embed(self.embed(tokens))
-        if self.cfg.positional_embedding_type == "standard":
-            resid = resid + self.hook_pos_embed(self.pos_embed(q_pos))
-        for layer, block in enumerate(self.blocks):
-            layer_cache = None if past_kv_cache is None else past_kv_cache.layers[layer]
-            resid = block(resid, allowed, q_pos, k_pos, layer_cache)
-        if return_type is None:
-            return None
-        logits = self.unembed(self.ln_final(resid))
+        with self.client_observation():
+            if start_at_layer is None:
+                resid = self.hook_embed(self.embed(tokens))
+                if self.cfg.positional_embedding_type == "standard":
+                    resid = resid + self.hook_pos_embed(self.pos_embed(q_pos))
+            for layer in range(start, stop):
+                layer_cache = None if past_kv_cache is None else past_kv_cache.layers[layer]
+                resid = self.blocks[layer](resid, allowed, q_pos, k_pos, layer_cache)
+            if stop_at_layer is not None:
+                return resid
+            if return_type is None:
+                return None
+            logits = self.unembed(self.ln_final(resid))
         if return_type == "logits":
             return logits
+        if tokens is None:
+            raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens=")
         loss = self.loss_fn(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _layer_index(self, name: str, value, default: int) -> int:
+        """`value` as a block index in [0, n_layers] (negative counts from the end)."""
+        n = self.cfg.n_layers
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not -n <= value <= n:
+            raise ValueError(f"{name} must be an int in [{-n}, {n}], got {value!r}")
+        return value % n if value < 0 else value
+
+    def _check_resid(self, resid) -> Tensor:
+        if not isinstance(resid, Tensor) or resid.ndim != 3 \
+                or resid.shape[-1] != self.cfg.d_model or not resid.dtype.is_floating_point:
+            raise ValueError(f"with start_at_layer, input must be the residual stream, a float "
+                             f"tensor [batch, pos, d_model={self.cfg.d_model}], got "
+                             f"{getattr(resid, 'shape', type(resid).__name__)}")
+        return resid.to(self.W_E.device)
+
+    def tokenize_padded(self, text: str | list[str], prepend_bos: bool | None = None,
+                        padding_side: Literal["left", "right"] | None = None
+                        ) -> tuple[Tensor, Tensor | None]:
+        """`(tokens, attention_mask)` of a string (mask None) or a list of strings, padded on
+        `padding_side` ("right" by default, as `to_tokens`)."""
+        if padding_side not in (None, "left", "right"):
+            raise ValueError(f"padding_side must be 'left', 'right' or None, "
+                             f"got {padding_side!r}")
+        if isinstance(text, list) and not all(isinstance(t, str) for t in text):
+            raise ValueError("input must be a string, a list of strings or a tensor of token ids; "
+                             "got a list with non-string items")
+        if isinstance(text, list) and not text:
+            raise ValueError("input is an empty list; pass at least one string")
+        tokens = self.to_tokens(text, prepend_bos=prepend_bos)
+        if isinstance(text, str):
+            return tokens, None
+        mask = self.padding_mask(text, prepend_bos=prepend_bos)
+        if padding_side == "left":  # shift each row's real tokens to the end
+            lengths = mask.sum(-1)
+            width = tokens.shape[1]
+            idx = (torch.arange(width, device=tokens.device)[None] - (width - lengths)[:, None])
+            real = idx >= 0
+            tokens = tokens.gather(1, idx.clamp(min=0)).masked_fill(~real, self._pad_id())
+            mask = real.long()
+        return tokens, mask
 
     def _check_tokens(self, tokens) -> Tensor:
         if not isinstance(tokens, Tensor):
@@ -224,42 +327,14 @@ class HookedVariantTransformer(TokenizationMixin, HookedRootModule):
             return losses
         if attention_mask is None:
             return losses.mean()
-        keep = attention_mask[:, 1:].to(losses.dtype)
+        # A target counts when it and the position predicting it are real tokens (with left
+        # padding the first real token is otherwise "predicted" from a pad).
+        keep = (attention_mask[:, 1:] * attention_mask[:, :-1]).to(losses.dtype)
         return (losses * keep).sum() / keep.sum().clamp(min=1)
-
-    @torch.no_grad()
-    def generate(self, input: str | Tensor, max_new_tokens: int, temperature: float = 0.0,
-                 use_cache: bool = True, seed: int | None = None) -> Tensor:
-        """Greedy (temperature 0) or sampled continuation; returns `[batch pos+new]` ids.
-
-        `use_cache` is ignored (each step re-runs the whole prefix, with the same result) when a
-        layer's attention keeps no KV cache (`supports_kv_cache`, e.g. Infini-attention).
-        """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-                or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not 0 <= temperature < float("inf"):
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), "
-                             f"got {temperature!r}")
-        tokens = self.to_tokens(input) if isinstance(input, str) else self._check_tokens(input)
-        gen = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
-        use_cache = use_cache and all(b.attn.supports_kv_cache for b in self.blocks)
-        cache = KVCache(self.cfg.n_layers) if use_cache else None
-        step_in = tokens
-        for _ in range(max_new_tokens):
-            logits = self(step_in if use_cache else tokens, past_kv_cache=cache)[:, -1]
-            if temperature == 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                probs = torch.softmax(logits.float() / temperature, -1)
-                nxt = torch.multinomial(probs, 1, generator=gen)
-            tokens = torch.cat([tokens, nxt], dim=1)
-            step_in = nxt
-        return tokens
 
     # -- hooks -----------------------------------------------------------------------------
     def _check_hook_name(self, name) -> None:
+        self._refuse_switched_off(name)
         if isinstance(name, str) and name not in self.hook_dict:
             near = [n for n in self.hook_dict if n.endswith(name.split(".")[-1])][:5]
             raise ValueError(f"unknown hook name {name!r}" +

@@ -18,3 +18,27 @@ the same equations: `kernels.cope.naive`, `kernels.infini.naive`), `triton_*.py`
 Importing `kernels` does not import triton; the op modules do. Kernels run compiled on CUDA, or
 on the CPU interpreter when `TRITON_INTERPRET=1` is set before they are imported.
 """
+
+# The import name `kernels` is also Hugging Face's `kernels` distribution (PyPI). With both
+# installed, whichever comes first on sys.path shadows the other: `hooked_models` refuses a
+# `kernels` without this marker, and here we warn when Hugging Face's is installed but shadowed.
+__attnlens__ = True
+
+
+def _warn_if_hf_kernels_installed() -> None:
+    import importlib.metadata
+    import warnings
+
+    try:
+        dist = importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    warnings.warn(
+        f"the distribution 'kernels' {dist.version} (Hugging Face's kernel hub) is installed "
+        f"beside attnlens; both use the import name `kernels`, and `import kernels` gives "
+        f"attnlens's ({__file__}), so code that expects Hugging Face's (e.g. transformers' hub "
+        f"kernels) breaks. Keep them in separate environments, or `pip uninstall kernels`.",
+        stacklevel=3)
+
+
+_warn_if_hf_kernels_installed()

@@ -69,6 +69,11 @@ SPLITS = {
         "sparse_64": (dict(n_data=6, n_blanks=64), "64 blanks (sparser)"),
     },
 }
+# The earlier split names (before issue 20), still accepted by `task_batch` (notebook 04 uses
+# them); they name exactly the same generator arguments.
+OLD_SPLIT_NAMES = {"counting": {"ood_long": "len_33_64"},
+                   "flipflop": {"ood_sparse": "sparse", "ood_long": "long_2x"},
+                   "selcopy": {"ood_dense": "dense_16", "ood_sparse": "sparse_64"}}
 TASK_TEXT = {
     "counting": "counting ({n_vars} variable{plural}): program of 3..32 statements, `print x`, "
                 "answer x's value; tested on 3-32, 33-64, exactly 64 and 65-128 statements",
@@ -120,6 +125,7 @@ RECIPES: dict[str, Recipe] = {
 def task_batch(task_args: dict, split: str, batch: int, seed: int) -> TaskBatch:
     """A batch of the recipe's task on `split` ("id" is the training distribution)."""
     task = task_args["task"]
+    split = OLD_SPLIT_NAMES[task].get(split, split)
     if split not in SPLITS[task]:
         raise ValueError(f"split {split!r} of {task}; choose one of {sorted(SPLITS[task])}")
     kwargs = SPLITS[task][split][0]

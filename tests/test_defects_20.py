@@ -158,3 +158,27 @@ def test_infini_memory_edits_are_refused_not_ignored(stage):
     assert cache[name].shape[1] == 3                                # one record per segment
     text = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "hooks.md").read_text()
     assert text.count("read-only") >= 2
+
+
+# -- item 7: sizes the machine cannot hold are refused, naming the field -------------------------
+@pytest.mark.parametrize("sizes, field", [
+    (dict(n_ctx=2**31), "n_ctx=2147483648"),                              # W_pos
+    (dict(n_ctx=2**63), "n_ctx=9223372036854775808"),                     # beyond int64
+    (dict(n_ctx=2**31, attention="cope", positional_embedding_type="none"), "n_ctx=2147483648"),
+    (dict(n_ctx=2**63, attention="cope", positional_embedding_type="none"),
+     "n_ctx=9223372036854775808"),
+    (dict(n_ctx=2**31, attention="mta", positional_embedding_type="rotary"), "n_ctx=2147483648"),
+    (dict(d_vocab=2**36), "d_vocab=68719476736"),
+    (dict(d_mlp=2**36), "d_mlp=68719476736"),
+    (dict(n_heads=2**30), "n_heads=1073741824"),
+    (dict(d_model=2**20, d_head=2**16, n_heads=4), "d_model=1048576"),
+])
+def test_sizes_beyond_the_machine_are_refused_naming_the_field(monkeypatch, sizes, field):
+    from hooked_models import VariantConfig, sizing
+
+    monkeypatch.setattr(sizing, "physical_memory", lambda: 8 * 2**30)
+    base = dict(d_model=64, d_head=16, n_layers=2, n_ctx=128)
+    with pytest.raises(ValueError, match=f"{field}.*more than this machine's 8.0 GiB"):
+        VariantConfig(**{**base, **sizes})
+    VariantConfig(**base)                                                 # small: accepted
+    VariantConfig(**{**base, "n_ctx": 2**16, "positional_embedding_type": "rotary"})

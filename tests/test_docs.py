@@ -1,4 +1,4 @@
-"""The generated docs (docs/hooks.md, docs/cli.md) are current, and the guide's code runs."""
+"""The generated docs (docs/hooks.md, docs/cli.md) are current; every page's Python code runs."""
 
 import re
 from pathlib import Path
@@ -60,22 +60,63 @@ def test_cli_md_documents_every_subcommand_and_option():
                 assert flag in text, (name, flag)
 
 
-def _guide_blocks() -> list[str]:
-    text = (DOCS / "guide.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+# A ```python block runs unless the line right above it says why it cannot, e.g.
+# <!-- docs-test: skip (needs two CUDA GPUs) -->  (invisible in the rendered page).
+SKIP_MARK = re.compile(r"<!-- docs-test: skip \((?P<why>[^)]+)\) -->\n$")
+BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", flags=re.S | re.M)
+PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 
 
-def test_guide_python_blocks_run_in_order():
-    """docs/guide.md's Python blocks form one script: they must run and their asserts hold."""
+def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
+    """(line, code, reason to skip or None) of every ```python block of a page, in order."""
+    out = []
+    for match in BLOCK.finditer(text):
+        before = text[:match.start()]
+        last_line = before[before.rfind("\n", 0, len(before) - 1) + 1:]
+        skip = SKIP_MARK.match(last_line)
+        out.append((before.count("\n") + 1, match["code"], skip["why"] if skip else None))
+    return out
+
+
+def test_every_page_is_checked_and_marks_are_well_formed():
+    assert {"guide.md", "analyses.md", "checkpoints.md"} <= set(PAGES)
+    for name in PAGES:
+        text = (DOCS / name).read_text()
+        # other spellings of a Python fence would escape the runner
+        assert not re.search(r"^```(py|python3|Python)\s*$", text, flags=re.M), name
+        marks = text.count("docs-test")
+        skipped = sum(why is not None for _, _, why in python_blocks(text))
+        assert marks == skipped, (f"docs/{name}: a docs-test mark must sit on the line right "
+                                  "above a ```python block and give its reason in parentheses")
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_python_blocks_of_every_page_run_in_order(name, monkeypatch):
+    """Each page's Python blocks form one script (run from the repository root, as the docs'
+    paths assume): they must run and their asserts hold. A block that cannot run here carries
+    a skip mark with its reason."""
     import torch
 
     torch.manual_seed(0)
-    blocks = _guide_blocks()
-    assert len(blocks) >= 5
+    monkeypatch.chdir(DOCS.parent)
+    blocks = python_blocks((DOCS / name).read_text())
+    if name == "guide.md":
+        assert len(blocks) >= 5
     namespace: dict = {}
-    for i, block in enumerate(blocks):
+    for line, code, why in blocks:
+        if why is not None:
+            continue
         try:
-            exec(compile(block, f"docs/guide.md block {i}", "exec"), namespace)
+            exec(compile(code, f"docs/{name}:{line}", "exec"), namespace)
         except Exception as err:  # name the failing block
             raise AssertionError(
-                f"docs/guide.md python block {i} failed: {err!r}\n{block}") from err
+                f"docs/{name} python block at line {line} failed: {err!r}\n{code}") from err
+
+
+def test_an_unmarked_failing_block_fails_and_a_mark_needs_a_reason():
+    page = "text\n```python\nraise RuntimeError\n```\n"
+    [(line, code, why)] = python_blocks(page)
+    assert (line, why) == (2, None) and "RuntimeError" in code
+    marked = "<!-- docs-test: skip (needs a GPU) -->\n```python\nx\n```\n"
+    assert python_blocks(marked)[0][2] == "needs a GPU"
+    assert python_blocks("<!-- docs-test: skip () -->\n```python\nx\n```\n")[0][2] is None

@@ -22,6 +22,7 @@ from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from hooked_models.attention import LayerCache, Stage
+from hooked_models.attention.base import mark_plain_causal
 from hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
 from hooked_models.config import VariantConfig
 from hooked_models.devices import check_device
@@ -258,6 +259,9 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
             mask = real.long()
         return tokens, mask
 
+    # The range check syncs on the token values; under torch.compile (TrainConfig(compile=True))
+    # it runs eagerly, outside the graph, instead of splitting it with a warning.
+    @torch.compiler.disable
     def _check_tokens(self, tokens) -> Tensor:
         if not isinstance(tokens, Tensor):
             raise ValueError(f"input must be a string, list of strings or tensor of token ids, "
@@ -306,6 +310,8 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         k_idx = torch.arange(total, device=device)
         allowed = (k_idx[None, :] <= q_idx[:, None])[None, None].expand(batch, 1, n_new, total)
         if mask is None:
+            if offset == 0:
+                mark_plain_causal(allowed)
             positions = k_idx[None].expand(batch, total)
         else:
             mask = mask.bool()

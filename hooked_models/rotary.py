@@ -167,9 +167,13 @@ class Rotary(nn.Module):
         return torch.cat([-x2, x1], dim=-1)
 
     def forward(
-        self, x: Float[Tensor, "batch pos head_index d_head"], positions: Int[Tensor, "batch pos"]
+        self, x: Float[Tensor, "batch pos head_index d_head"], positions: Int[Tensor, "batch pos"],
+        top: int | None = None,
     ) -> Float[Tensor, "batch pos head_index d_head"]:
-        top = int(positions.max())
+        """Rotate `x` at `positions`; `top`, when the caller knows it, is `positions.max()`
+        (saves a device sync, so a compiled training step stays one graph)."""
+        if top is None or (self.scaling is not None and self.scaling["rope_type"] == "dynamic"):
+            top = int(positions.max())
         if top >= self.cos.shape[0]:
             raise ValueError(f"rotary position {top} exceeds the table of "
                              f"{self.cos.shape[0]} positions (n_ctx)")

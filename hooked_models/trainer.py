@@ -56,7 +56,14 @@ class TrainConfig:
         eval_every: run `evaluate` every N steps and at the end (0: only at the end).
         checkpoint_every: save a resumable checkpoint every N steps and at the end (0: only at
             the end; needs a run directory).
+        checkpoint_minutes: also save one whenever this many minutes of wall time have passed
+            since the last save (0: off), so a slow run on a shared CPU loses little when it is
+            stopped. Where a checkpoint falls does not change the run: resuming from any step
+            reproduces the uninterrupted losses.
         bf16: autocast to bfloat16 on CUDA (ignored on the CPU, which trains in the model dtype).
+        compile: run the training forward through `torch.compile` (the model itself stays
+            eager: evaluations, hooks and checkpoints see the same parameters). With nothing
+            observed every variant's block is one graph; the first steps pay the compile.
     """
 
     steps: int
@@ -71,14 +78,16 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 0
     checkpoint_every: int = 0
+    checkpoint_minutes: float = 0.0
     bf16: bool = True
+    compile: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "eval_every", "checkpoint_every"):
+        for name in ("warmup", "eval_every", "checkpoint_every", "checkpoint_minutes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -88,7 +97,10 @@ class TrainConfig:
         self.betas = tuple(self.betas)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "progress"}
+        """The settings that define the run (resume checks them): not progress bars or when
+        checkpoints are written."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("progress", "checkpoint_minutes")}
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -175,18 +187,22 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
         model.eval()
         return []
     use_bf16 = cfg.bf16 and device.type == "cuda"
+    # Shapes are fixed for a run: a static graph, compiled once (recompiled only if a guard,
+    # e.g. a hook left attached by an evaluation, changes).
+    forward = torch.compile(model, dynamic=False) if cfg.compile else model
     model.train()
     losses: list[float] = []
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress,
                desc="train", leave=False)
     t_last, tok_last = time.perf_counter(), tokens_seen
+    t_saved = t_last
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * lr_factor(step, cfg)
         tokens, mask = sample(cfg.batch_size, gen)
         tokens = tokens.to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss = masked_next_token_loss(model, tokens, mask)
+            loss = masked_next_token_loss(forward, tokens, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
@@ -210,9 +226,11 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
             model.train()
         if run_dir is not None:
             _append_jsonl(run_dir / METRICS_FILE, record)
-            if last or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+            due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
+            if last or due or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
                 save_train_state(run_dir, model, opt, gen, done, tokens_seen, cfg.to_dict(),
                                  card=card)
+                t_saved = time.perf_counter()
     model.eval()
     return losses
 

@@ -11,7 +11,7 @@ from hooked_models.attention.registry import (
     register_attention,
 )
 
-_INFRASTRUCTURE = {"base", "registry"}
+_INFRASTRUCTURE = {"base", "registry", "observe"}
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _INFRASTRUCTURE and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")

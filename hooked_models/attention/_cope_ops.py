@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hooked_models.attention.base import is_plain_causal
+
 # Elements per block of rows (2^20: 4 MiB in fp32). The temporaries are a few blocks, whatever
 # T is; blocks this large keep the number of parallel regions low on a loaded CPU.
 BLOCK_ELEMENTS = 1 << 20
@@ -175,7 +177,7 @@ def safe_softmax(logits: Tensor, allowed: Tensor) -> Tensor:
     """
     work = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     live = allowed.any(-1, keepdim=True)
-    if bool(live.all()):
+    if is_plain_causal(allowed) or bool(live.all()):
         return torch.softmax(work, dim=-1).to(logits.dtype)
     pattern = torch.softmax(work.masked_fill(~live, 0.0), dim=-1)
     return pattern.masked_fill(~live, 0.0).to(logits.dtype)

@@ -109,6 +109,22 @@ def _conv_rows(maps: Tensor, kernel: Tensor, allowed: Tensor, pad_key: str, r0: 
     return F.conv2d(buf, kernel, groups=n_heads)
 
 
+def whole_map_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
+                   kernel: Float[Tensor, "head_index 1 c_q c_k"], pad_key: str = "both"
+                   ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """`Conv2d_theta(maps)` over the whole map, for maps already zero where not allowed.
+
+    The same convolution as `key_query_conv` (causal zero padding of c_q - 1 rows from the
+    past, the key axis per `pad_key`), written without row blocks or data-dependent sizes: it
+    also convolves the causal upper triangle (which the caller masks), in exchange for one
+    straight-line op that `torch.compile` keeps in a single graph.
+    """
+    _, _, c_q, c_k = kernel.shape
+    left, right = key_padding(c_k, pad_key)
+    padded = F.pad(maps, (left, right, c_q - 1, 0))
+    return F.conv2d(padded, kernel.to(maps.dtype), groups=maps.shape[1])
+
+
 def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],
              kernel: Float[Tensor, "n_groups c_h c_h"]
              ) -> Float[Tensor, "batch head_index query_pos key_pos"]:

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
+from hooked_models.attention.observe import is_observed
 from hooked_models.attention.options import check_option_names
 from hooked_models.rotary import Rotary
 
@@ -105,10 +107,25 @@ class AttentionContext:
     cache: LayerCache | None = None
 
 
+def mark_plain_causal(allowed: Tensor) -> Tensor:
+    """Tag a mask built as the plain square causal mask (no padding, no cache) so that layers
+    may use `F.scaled_dot_product_attention(is_causal=True)` without inspecting (and syncing on)
+    its values. Returns `allowed` itself."""
+    allowed._attnlens_plain_causal = True
+    return allowed
+
+
+def is_plain_causal(allowed: Tensor) -> bool:
+    """Whether `allowed` was built by `mark_plain_causal` (see there)."""
+    return getattr(allowed, "_attnlens_plain_causal", False)
+
+
 def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last axis in >= float32; rows with no allowed key give zeros, not NaN."""
     work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     pattern = torch.softmax(work, dim=-1).to(scores.dtype)
+    if is_plain_causal(allowed):  # every row has its own key: nothing to zero, no sync
+        return pattern
     has_key = allowed.any(-1, keepdim=True)
     if bool(has_key.all()):  # the usual case: no fully masked row, nothing to zero
         return pattern
@@ -248,13 +265,17 @@ class VariantAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         q, k = self.prepare_qk(q, k)
         if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, q_positions))
-            k = self.hook_rot_k(self.rotary(k, q_positions))
+            # On a plain causal mask the positions are 0..pos-1: their max is known.
+            top = q.shape[1] - 1 if cache is None and is_plain_causal(allowed) else None
+            q = self.hook_rot_q(self.rotary(q, q_positions, top))
+            k = self.hook_rot_k(self.rotary(k, q_positions, top))
         if cache is not None:  # the cache holds the kv_heads keys/values, as HF's does
             k, v = cache.append("k", k), cache.append("v", v)
         k, v = self.expand_kv(k), self.expand_kv(v)
         ctx = AttentionContext(x, allowed, q_positions, k_positions, cache)
         z = self.maybe_fused(q, k, v, ctx)
+        if z is None and not self.maps_observed():
+            z = self.fast_attend(q, k, v, ctx)
         if z is None:
             z = self.attend(q, k, v, ctx)
         z = self.hook_z(z)
@@ -301,6 +322,19 @@ class VariantAttention(nn.Module):
         """
         return None
 
+    def fast_attend(self, q: Float[Tensor, "batch query_pos head_index d_head"],
+                    k: Float[Tensor, "batch key_pos head_index d_head"],
+                    v: Float[Tensor, "batch key_pos head_index d_head"],
+                    ctx: AttentionContext) -> Tensor | None:
+        """z by the fastest exact torch formulation while no map stage is observed, or None.
+
+        The CPU training path (DESIGN.md contract 5): called when the fused kernels did not run
+        and no hook (of any client) is on a map stage of this layer, so the maps need not be
+        materialised in hookable form. It must equal `attend` to float tolerance, gradients
+        included (tests/test_fast_path.py). Default None: take `attend`.
+        """
+        return None
+
     def has_fused_path(self) -> bool:
         """Whether this variant overrides `fused_attend`."""
         return type(self).fused_attend is not VariantAttention.fused_attend
@@ -336,7 +370,7 @@ class VariantAttention(nn.Module):
         # TransformerLens rebuilds missing head results as hook_z @ W_O, which is wrong when a
         # per-head transform sits between them (MTA's norm/gate). Such a layer therefore fires
         # hook_result whenever it is observed (e.g. by run_with_cache), as if use_attn_result.
-        observed = self.hook_result.fwd_hooks or self.hook_result.bwd_hooks
+        observed = is_observed(self.hook_result)
         if self.cfg.use_attn_result or (observed and self.transforms_heads()):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(-2) + self.b_O
@@ -375,7 +409,7 @@ class VariantAttention(nn.Module):
 
     def maps_observed(self) -> bool:
         """True while any hook is attached to one of this layer's map stages."""
-        return any(hp.fwd_hooks or hp.bwd_hooks for hp in self.map_hooks())
+        return any(is_observed(hp) for hp in self.map_hooks())
 
     @property
     def QK(self) -> FactoredMatrix:
@@ -387,6 +421,24 @@ class VariantAttention(nn.Module):
     def OV(self) -> FactoredMatrix:
         """`[head_index d_model d_model]` OV circuit, W_V W_O (right-multiplied)."""
         return FactoredMatrix(self.W_V, self.W_O)
+
+
+def sdpa_heads(q: Float[Tensor, "batch query_pos head_index d_head"],
+               k: Float[Tensor, "batch key_pos head_index d_head"],
+               v: Float[Tensor, "batch key_pos head_index d_head"],
+               scale: float) -> Float[Tensor, "batch query_pos head_index d_head"]:
+    """Causal softmax attention by `F.scaled_dot_product_attention` in our head layout."""
+    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True, scale=scale)
+    return z.transpose(1, 2)
+
+
+def mha_fast_attend(self: VariantAttention, q: Tensor, k: Tensor, v: Tensor,
+                    ctx: AttentionContext) -> Tensor | None:
+    """`mha_attend` without materialising the maps: SDPA on a plain causal mask, else None."""
+    if ctx.cache is not None or not is_plain_causal(ctx.allowed):
+        return None
+    return sdpa_heads(q, k, v, 1.0 / self.cfg.attn_scale)
 
 
 def mha_attend(self: VariantAttention, q: Tensor, k: Tensor, v: Tensor,

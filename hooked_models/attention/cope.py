@@ -35,6 +35,7 @@ from hooked_models.attention._cope_ops import (
 )
 from hooked_models.attention._cope_reference import SCALINGS
 from hooked_models.attention.base import AttentionContext, Stage, VariantAttention
+from hooked_models.attention.observe import is_edited_forward, is_observed
 from hooked_models.attention.options import official_bool, rename_official
 from hooked_models.attention.registry import register_attention
 
@@ -266,7 +267,7 @@ class CoPEAttention(VariantAttention):
             if self.opts.scaling == "repo":
                 table = table / self.cfg.attn_scale
             table = self.hook_pos_table(table).permute(0, 2, 1, 3)
-            in_range = not self.hook_positions.fwd_hooks  # else a hook may move positions
+            in_range = not is_edited_forward(self.hook_positions)  # else a hook may move positions
             pos_logits = self.hook_pos_logits(
                 interpolate_position_logits(table, positions, in_range))
             logits = logits + pos_logits                                           # eq. 6
@@ -283,7 +284,7 @@ class CoPEAttention(VariantAttention):
         opts = self.opts
         scale = 1.0 / self.cfg.attn_scale
         if self.has_cope or opts.relative:
-            if self.has_cope and (self.hook_pos_table.fwd_hooks or self.hook_pos_table.bwd_hooks):
+            if self.has_cope and is_observed(self.hook_pos_table):
                 return None
             from kernels.cope.dispatch import fused_cope_attention
 
@@ -316,7 +317,7 @@ class CoPEAttention(VariantAttention):
             gate_logits = self.content_scores(q, self.gate_keys(ctx), ctx.allowed)
         else:
             gate_logits = scores  # the appendix reuses the attention logits
-            if self.hook_attn_scores.fwd_hooks:  # a hook may have un-masked the scores
+            if is_edited_forward(self.hook_attn_scores):  # a hook may have un-masked the scores
                 return torch.where(ctx.allowed, torch.sigmoid(gate_logits), 0.0)
         return torch.sigmoid(gate_logits)  # sigma(-inf) = 0 exactly for disallowed keys
 

@@ -60,6 +60,7 @@ from hooked_models.attention.base import (
     VariantAttention,
     masked_softmax,
 )
+from hooked_models.attention.observe import is_observed
 from hooked_models.attention.registry import register_attention
 
 PER_TOKEN = "batch query_pos head_index d_head"
@@ -208,7 +209,7 @@ class InfiniAttention(VariantAttention):
         return self.hook_rot_q(self.rotary(q, within)), self.expand_kv(k_rot)
 
     def _stages_observed(self) -> bool:
-        return any(hp.fwd_hooks or hp.bwd_hooks
+        return any(is_observed(hp)
                    for hp in (getattr(self, s.hook_name) for s in self.stages))
 
     def attend(self, q: Float[Tensor, "batch pos head_index d_head"],

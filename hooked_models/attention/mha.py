@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from hooked_models.attention.base import AttentionContext, VariantAttention, mha_attend
+from hooked_models.attention.base import (
+    AttentionContext,
+    VariantAttention,
+    mha_attend,
+    mha_fast_attend,
+)
 from hooked_models.attention.registry import register_attention
 
 
@@ -25,6 +30,7 @@ class MultiHeadAttention(VariantAttention):
     """
 
     attend = mha_attend
+    fast_attend = mha_fast_attend
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
         """Fused causal attention (`kernels.flash_attention`); None if the call does not fit."""

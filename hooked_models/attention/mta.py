@@ -36,6 +36,7 @@ from hooked_models.attention._mta_ops import (
     init_kernel,
     key_query_conv,
     rms_norm,
+    whole_map_conv,
 )
 from hooked_models.attention._mta_options import MTAOptions
 from hooked_models.attention.base import (
@@ -43,8 +44,10 @@ from hooked_models.attention.base import (
     LayerCache,
     Stage,
     VariantAttention,
+    is_plain_causal,
     masked_softmax,
 )
+from hooked_models.attention.observe import is_observed
 from hooked_models.attention.registry import register_attention
 
 HEADS = "batch pos head_index d_head"
@@ -174,7 +177,7 @@ class MultiTokenAttention(VariantAttention):
         opts: MTAOptions = self.opts
 
         def observed(point) -> bool:
-            return bool(point.fwd_hooks or point.bwd_hooks)
+            return is_observed(point)
 
         def hook(point, maps: Tensor) -> Tensor:
             return self._hook_new_rows(point, maps, n_past)
@@ -230,12 +233,44 @@ class MultiTokenAttention(VariantAttention):
         z, self.fused_state = res
         return z
 
+    def fast_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """`attend` with nothing observed on a plain causal mask (the training path), else None.
+
+        The same equations in one straight line, masks out of place. Eagerly the convolutions
+        take `key_query_conv`'s row blocks (which skip most of the causal upper triangle);
+        under `torch.compile` they run over the whole zero-masked map (`whole_map_conv`), which
+        has no data-dependent sizes, so a compiled training step is a single graph.
+        """
+        if ctx.cache is not None or not is_plain_causal(ctx.allowed):
+            return None
+        allowed, pad_key = ctx.allowed, self.opts.pad_key
+        not_allowed = ~allowed
+        compiling = torch.compiler.is_compiling()
+
+        def conv(maps: Tensor, kernel: Tensor) -> Tensor:
+            if compiling:
+                return whole_map_conv(maps.masked_fill(not_allowed, 0.0), kernel, pad_key)
+            return key_query_conv(maps, kernel, allowed, pad_key)
+
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
+        if self.mta_kernel is not None:   # Eq. 5
+            scores = conv(scores, self.mta_kernel)
+        if self.pre_sm_head_kernel is not None:   # Eq. 7 on the logits
+            scores = head_mix(scores, self.pre_sm_head_kernel)
+        work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        maps = torch.softmax(work.masked_fill(not_allowed, float("-inf")), -1).to(scores.dtype)
+        if self.mta_kernel_after_sm is not None:   # Eq. 6; the softmax left zeros to mask
+            maps = conv(maps, self.mta_kernel_after_sm).masked_fill(not_allowed, 0.0)
+        if self.head_kernel is not None:
+            maps = head_mix(maps, self.head_kernel)
+        return torch.einsum("bhqk,bkhd->bqhd", maps, v)
+
     @staticmethod
     def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:
         """Softmax over keys in >= float32 (`masked_softmax`, without its pass when every row
         has an allowed key)."""
         rows_ok = allowed.any(-1, keepdim=True)
-        if bool(rows_ok.all()):
+        if is_plain_causal(allowed) or bool(rows_ok.all()):
             work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
             return torch.softmax(work, dim=-1).to(scores.dtype)
         return masked_softmax(scores, allowed)
@@ -262,7 +297,7 @@ class MultiTokenAttention(VariantAttention):
         past queries); without hooks attached this is free."""
         if n_past == 0:
             return point(maps)
-        if not (point.fwd_hooks or point.bwd_hooks):
+        if not is_observed(point):
             return maps
         return torch.cat([maps[:, :, :n_past], point(maps[:, :, n_past:])], dim=2)
 

@@ -1,0 +1,158 @@
+"""The CPU training path (DESIGN.md contract 5): with nothing observed a layer takes its fastest
+exact formulation, and that path equals the hooked, materialising one, gradients included.
+
+Every check runs in float64 against the same model with an identity hook on each map stage
+(which forces the materialising path), so the only difference is the formulation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooked_models import HookedVariantTransformer
+from hooked_models.attention.base import VariantAttention, is_plain_causal
+from hooked_models.attention.observe import is_observed
+from hooked_models.trainer import TrainConfig, fit
+from tests.helpers import EXACT, random_tokens, tiny_cfg
+
+CONFIGS = {
+    "mha": dict(positional_embedding_type="rotary"),
+    "mta": dict(positional_embedding_type="rotary"),
+    "mta-pre-only": dict(positional_embedding_type="rotary",
+                         attn_cfg=dict(after_sm_query_kernel_size=None,
+                                       after_sm_key_kernel_size=None, head_kernel_size=None)),
+    "mta-left-pad": dict(positional_embedding_type="rotary", attn_cfg=dict(pad_key="left")),
+    "cope": dict(positional_embedding_type="none"),
+    "dcmha": dict(positional_embedding_type="rotary"),
+    "infini": dict(positional_embedding_type="rotary", attn_cfg=dict(segment_len=4)),
+}
+# Variants whose layers override `fast_attend` (the others are fast through other means: Infini's
+# segment loop, or only through torch.compile's fusion of their map ops).
+HAS_FAST_ATTEND = ("mha", "mta")
+
+
+def model_for(name: str) -> HookedVariantTransformer:
+    variant = name.split("-")[0]
+    cfg = tiny_cfg(variant, dtype=torch.float64, n_ctx=16, **CONFIGS[name])
+    return HookedVariantTransformer(cfg)
+
+
+def identity_hooks(model) -> list:
+    """An identity forward hook on every map stage of every layer."""
+    return [(model.stage_hook_name(layer, s), lambda x, hook: x)
+            for layer in range(model.cfg.n_layers) for s in model.stages(layer) if s.is_map]
+
+
+def loss_and_grads(model, tokens, hooks=(), **kw):
+    model.zero_grad(set_to_none=True)
+    with model.hooks(fwd_hooks=list(hooks)):
+        loss = model(tokens, return_type="loss", **kw)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def count_fast_calls(monkeypatch) -> list:
+    taken = []
+    for cls in {type(a) for a in VariantAttention.__subclasses__()} | set(
+            VariantAttention.__subclasses__()):
+        if "fast_attend" not in cls.__dict__:
+            continue
+        original = cls.__dict__["fast_attend"]
+
+        def spy(self, *args, _original=original, **kwargs):
+            z = _original(self, *args, **kwargs)
+            taken.append(z is not None)
+            return z
+
+        monkeypatch.setattr(cls, "fast_attend", spy)
+    return taken
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fast_path_equals_hooked_path(name, monkeypatch):
+    model = model_for(name)
+    tokens = random_tokens(model, batch=3, pos=16)
+    taken = count_fast_calls(monkeypatch)
+    fast_loss, fast_grads = loss_and_grads(model, tokens)
+    n_fast = sum(taken)
+    hooked_loss, hooked_grads = loss_and_grads(model, tokens, identity_hooks(model))
+    assert sum(taken) == n_fast, "a hooked layer took the fast path"
+    if name.split("-")[0] in HAS_FAST_ATTEND:
+        assert n_fast == model.cfg.n_layers, "the unobserved forward did not take the fast path"
+    torch.testing.assert_close(fast_loss, hooked_loss, **EXACT)
+    assert fast_grads.keys() == hooked_grads.keys()
+    for n in fast_grads:
+        torch.testing.assert_close(fast_grads[n], hooked_grads[n], **EXACT, msg=n)
+
+
+@pytest.mark.parametrize("name", ["mha", "mta"])
+def test_padding_and_cache_fall_back_to_the_exact_path(name, monkeypatch):
+    """A padding mask or a KV cache is not a plain causal mask: `fast_attend` declines."""
+    model = model_for(name)
+    taken = count_fast_calls(monkeypatch)
+    tokens = random_tokens(model, batch=2, pos=10)
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        model(tokens, attention_mask=mask)
+    assert taken and not any(taken)
+
+
+def test_plain_causal_mark_only_on_unpadded_uncached_masks():
+    model = model_for("mha")
+    seen = []
+    model.blocks[0].attn.hook_pattern.add_hook(lambda x, hook: x)
+    orig = model.blocks[0].attn.forward
+
+    def spy(x, allowed, *args, **kwargs):
+        seen.append(is_plain_causal(allowed))
+        return orig(x, allowed, *args, **kwargs)
+
+    model.blocks[0].attn.forward = spy
+    tokens = random_tokens(model, batch=2, pos=8)
+    with torch.no_grad():
+        model(tokens)
+        model(tokens, attention_mask=torch.ones_like(tokens))
+    assert seen == [True, False]
+
+
+@pytest.mark.parametrize("variant", ["mha", "mta", "cope", "dcmha", "infini"])
+def test_module_hooks_of_any_client_count_as_observing(variant):
+    """nnsight and pyvene call `register_forward_hook` on the HookPoint directly: the layer
+    must then take the materialising path and the hook must see the `[b h q k]` map."""
+    model = model_for(variant)
+    point = model.blocks[1].attn.hook_pattern
+    assert not is_observed(point)
+    seen = []
+    handle = point.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    try:
+        assert is_observed(point)
+        with torch.no_grad():
+            model(random_tokens(model, batch=2, pos=9))
+    finally:
+        handle.remove()
+    assert seen == [torch.Size([2, model.cfg.n_heads, 9, 9])]
+    assert not is_observed(point)
+
+
+@pytest.mark.slow
+def test_compiled_training_forward_equals_eager():
+    """`TrainConfig(compile=True)`: torch.compile of the whole model (one graph per block) gives
+    the eager losses to float tolerance, and the eager model is what gets trained."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 50, (64, 16), generator=torch.Generator().manual_seed(1))
+
+    def sample(batch, gen):
+        idx = torch.randint(0, len(tokens), (batch,), generator=gen)
+        return tokens[idx], None
+
+    losses = {}
+    for compiled in (False, True):
+        model = model_for("mta")
+        cfg = TrainConfig(steps=3, batch_size=4, warmup=1, compile=compiled, progress=False)
+        losses[compiled] = fit(model, sample, cfg)
+    assert len(losses[True]) == 3
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]),
+                               atol=1e-9, rtol=0)

@@ -131,6 +131,10 @@ def cmd_train(args) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.threads:
+        # One thread per model: on a shared 2-core machine two single-thread runs beat one
+        # two-thread run (issue 26's measurements).
+        torch.set_num_threads(args.threads)
     names = args.only or list(RECIPES)
     if args.measure:
         data = prepare_data(f"{args.out}/cache",
@@ -244,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print tokens/s of each recipe and the projected time; train nothing")
     tr.add_argument("--measure-steps", type=int, default=3)
     tr.add_argument("--measure-batch", type=int, default=None)
+    tr.add_argument("--threads", type=int, default=1,
+                    help="torch threads for this process (default 1; 0: torch's default)")
     tr.add_argument("--no-progress", action="store_true")
     tr.set_defaults(fn=cmd_train)
     from interp.analyze import ANALYSES

@@ -11,6 +11,7 @@ import pytest
 from dashboards.cli import main as cli_main
 from interp.zoo import zoo_docs
 from interp.zoo.text_studies import (
+    COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
     induction_study,
     released_models,
@@ -54,7 +55,8 @@ def test_induction_study_reads_the_cards_and_logs(release, studies):
     for _, row in table.iterrows():
         card = json.loads((release / row["model"] / "card.json").read_text())["metrics"]
         assert row["induction_score"] == card["induction_score"]
-        assert row["forms_induction"] == (card["induction_score"] >= INDUCTION_THRESHOLD)
+        assert row["forms_induction"] == (card["induction_score"] >= INDUCTION_THRESHOLD
+                                          and card["copy_loss_ratio"] < COPY_RATIO_THRESHOLD)
         best = max(card["head_table"], key=lambda h: h["induction_stripe"])
         assert row["best_head"] == best["label"]
     log = training_logs(models)

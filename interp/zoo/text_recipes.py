@@ -1,14 +1,15 @@
-"""The text-language-model zoo: 5 variants x 3 shapes at one shared budget.
+"""The text-language-model zoo: 5 variants x 3 shapes at one shared budget, trained on the CPU.
 
-Shapes (every variant, d_model 256, 8 heads of 32, n_ctx 512, BPE vocabulary 4096):
+Shapes (every variant, d_model 128, 4 heads of 32, n_ctx 512, BPE vocabulary 4096):
     l1     1 layer, attention only      (the induction control: one layer cannot compose)
     l2     2 layers, attention only     (the smallest model that can form induction heads)
-    l4mlp  4 layers with MLPs (d_mlp 1024)
+    l4mlp  4 layers with MLPs (d_mlp 512)
 
-Budget (same for all 15): ZOO_TRAIN below, 3,000 steps x 32 x 512 = 49.2M tokens each, about 5
-epochs of the standard library's ~9M training tokens. How that fits 45 minutes of H100 time is
-worked out in `docs/zoo.md` ("Budget"): `attnlens train --zoo text --measure` prints the
-measured tokens/s of each recipe on the machine at hand and the projected wall time.
+Sized for two CPU cores (issue 26): one thread per model, two models at a time. Budget (same
+for every model of a shape): ZOO_TRAIN below, 5,000 steps x 16 x 512 = 41M tokens, about 4.5
+epochs of the standard library's ~9M training tokens. The schedule is the one that formed
+induction heads in the calibration (docs/zoo.md): lr 3e-3 held constant after a 100-step warmup,
+AdamW (0.9, 0.95), weight decay 0.1; a cosine from 1e-3 had not formed them by 19.5M tokens.
 
 Variant options are the official defaults except where a small model needs placement: CoPE
 brings its own positions (no rotary); Infini uses 128-token segments (4 per context, so the
@@ -23,11 +24,11 @@ from hooked_models.config import VariantConfig
 from hooked_models.trainer import TrainConfig
 
 VOCAB_SIZE = 4096
-ARCH = dict(d_model=256, d_head=32, n_heads=8, n_ctx=512)
+ARCH = dict(d_model=128, d_head=32, n_heads=4, n_ctx=512)
 SHAPES: dict[str, dict] = {
     "l1": dict(n_layers=1, attn_only=True),
     "l2": dict(n_layers=2, attn_only=True),
-    "l4mlp": dict(n_layers=4, attn_only=False, d_mlp=1024),
+    "l4mlp": dict(n_layers=4, attn_only=False, d_mlp=512),
 }
 VARIANT_OPTIONS: dict[str, dict] = {
     "mha": dict(positional_embedding_type="rotary"),
@@ -37,9 +38,9 @@ VARIANT_OPTIONS: dict[str, dict] = {
     "infini": dict(positional_embedding_type="rotary",
                    attn_cfg={"segment_len": 128, "update": "delta"}),
 }
-ZOO_TRAIN = dict(steps=3000, batch_size=32, lr=1e-3, min_lr_ratio=0.1, warmup=200,
+ZOO_TRAIN = dict(steps=5000, batch_size=16, lr=3e-3, min_lr_ratio=1.0, warmup=100,
                  weight_decay=0.1, betas=(0.9, 0.95), gate_lr=1e-2, grad_clip=1.0,
-                 eval_every=250, checkpoint_every=250)
+                 eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0)
 # A pipeline check that runs in seconds on a CPU (`--smoke`): never a zoo model.
 SMOKE = dict(arch=dict(d_model=32, d_head=16, n_heads=2, n_ctx=64, d_mlp=64),
              train=dict(steps=4, batch_size=4, warmup=1, eval_every=2, checkpoint_every=2),

@@ -40,6 +40,8 @@ from interp.mta import kernel_table
 from interp.zoo.text_eval import load_eval_tokens
 
 INDUCTION_THRESHOLD = 0.3
+# Issue 26's second bar: second-copy loss below half the first-copy loss on the same probe.
+COPY_RATIO_THRESHOLD = 0.5
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
 NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+)$")
 TOKEN_CATEGORIES = ("newline", "indentation", "identifier", "keyword-like", "number",
@@ -93,6 +95,14 @@ def training_logs(models: dict[str, Path]) -> pd.DataFrame:
                                        "val_loss", "induction_score", "repeat_loss"])
 
 
+def forms_induction(metrics: dict, threshold: float = INDUCTION_THRESHOLD) -> bool:
+    """The zoo's bar on a card's probe: best head's induction score >= `threshold` and, where
+    the card has it, second-copy loss < COPY_RATIO_THRESHOLD x the first-copy loss."""
+    ratio = metrics.get("copy_loss_ratio")
+    return bool(metrics["induction_score"] >= threshold
+                and (ratio is None or ratio < COPY_RATIO_THRESHOLD))
+
+
 def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESHOLD
                     ) -> pd.DataFrame:
     """One row per model from its card (the eval command's numbers): `induction_score`,
@@ -105,8 +115,8 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
         rows.append({"model": name, "variant": variant, "shape": shape,
                      "val_loss": m["val_loss"], "icl_score": m["icl_score"],
                      "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
-                     "best_head": best["label"],
-                     "forms_induction": m["induction_score"] >= threshold})
+                     "copy_loss_ratio": m.get("copy_loss_ratio"), "best_head": best["label"],
+                     "forms_induction": forms_induction(m, threshold)})
     return pd.DataFrame(rows)
 
 

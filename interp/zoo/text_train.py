@@ -29,7 +29,13 @@ from hooked_models.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
 from hooked_models.model import HookedVariantTransformer
 from hooked_models.train_state import latest_checkpoint
 from hooked_models.trainer import METRICS_FILE, fit
-from interp.zoo.text_eval import evaluate_windows, induction_probe, save_eval_tokens, val_windows
+from interp.zoo.text_eval import (
+    evaluate_windows,
+    induction_probe,
+    save_eval_tokens,
+    text_repeat_probe,
+    val_windows,
+)
 from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE, flops_per_token, get_recipe
 from interp.zoo.text_recipes import train_config as make_train_config
 
@@ -96,10 +102,10 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
 
     def evaluate(m):
         losses = m(windows[:16].to(m.W_E.device), return_type="loss")
-        probe = induction_probe(m, batch=4)
-        return {"val_loss": round(float(losses), 4),
-                "induction_score": round(probe["induction_score"], 4),
-                "repeat_loss": round(probe["repeat_loss"], 4)}
+        probe = induction_probe(m, batch=4) | text_repeat_probe(m, windows, batch=4)
+        probe.pop("table")
+        return {"val_loss": round(float(losses), 4)} | {
+            k: round(v, 4) for k, v in probe.items()}
 
     run_dir = Path(out_dir) / "runs" / name
     card = {"recipe": name, "train_command": command, "device": device}
@@ -189,6 +195,33 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
     return rows
 
 
+def queue_status(out_dir, names, release_dir=None) -> list[dict]:
+    """Where each recipe's run stands: steps done of the total, tokens, and whether released."""
+    out_dir = Path(out_dir)
+    release_dir = Path(release_dir) if release_dir else out_dir / "release"
+    rows = []
+    for name in names:
+        ckpt = latest_checkpoint(out_dir / "runs" / name)
+        state = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt else {}
+        total = state.get("train_config", {}).get("steps")
+        rows.append({"recipe": name, "step": state.get("step", 0), "of": total,
+                     "tokens": state.get("tokens", 0),
+                     "released": (release_dir / name / "card.json").is_file()})
+    return rows
+
+
+def print_queue_status(rows: list[dict]) -> None:
+    """One line per recipe on stderr: done, in progress (step x of y) or not started."""
+    for r in rows:
+        if r["released"]:
+            what = "done (released)"
+        elif r["step"]:
+            what = f"step {r['step']:,} of {r['of']:,} ({r['tokens'] / 1e6:.1f}M tokens)"
+        else:
+            what = "not started"
+        print(f"[attnlens train] {r['recipe']:<18} {what}", file=sys.stderr)
+
+
 def train_zoo(out_dir, device: str = "cpu", names=None, seed: int = 0, smoke: bool = False,
               release_to=None, progress: bool = True, command: str = "") -> list[Path]:
     """Train every recipe in `names` (default: all 15), resuming finished or partial runs."""
@@ -199,6 +232,7 @@ def train_zoo(out_dir, device: str = "cpu", names=None, seed: int = 0, smoke: bo
     data = prepare_data(out_dir / "cache", vocab_size=SMOKE["vocab_size"] if smoke else VOCAB_SIZE,
                         max_files=SMOKE["max_files"] if smoke else None,
                         val_fraction=SMOKE["val_fraction"] if smoke else DEFAULT_VAL_FRACTION)
+    print_queue_status(queue_status(out_dir, names, release_to))
     released = []
     for name in names:
         print(f"[attnlens train] {name} on {device}", file=sys.stderr)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The text zoo's training queue on a 2-core CPU: two lanes of single-thread runs at the lowest
+# priority, each resuming from its last checkpoint (run it again after any interruption).
+#   bash scripts/zoo_queue.sh            # both lanes, in the background; logs in out/zoo-text/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/zoo-text}
+mkdir -p "$OUT"
+LANE_A=${LANE_A:-"text-mha-l2 text-infini-l2 text-cope-l2 text-mta-l2 text-dcmha-l2"}
+LANE_B=${LANE_B:-"text-mha-l1 text-infini-l1 text-cope-l1 text-mta-l1 text-dcmha-l1"}
+run_lane() {
+  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/attnlens train --zoo text --device cpu --threads 1 \
+    --out "$OUT" --no-progress --only $1 >> "$OUT/$2.log" 2>&1
+}
+# The corpus, tokenizer and token streams are built once, before the lanes share the cache.
+OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -c "
+from interp.zoo.text_train import prepare_data
+prepare_data('$OUT/cache')" >> "$OUT/prepare.log" 2>&1
+run_lane "$LANE_A" lane-a &
+run_lane "$LANE_B" lane-b &
+wait

@@ -230,11 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")
     serve.set_defaults(fn=cmd_serve)
-    from interp.zoo.text_recipes import RECIPES
+    from interp.zoo.text_recipes import MIX_RECIPES, RECIPES
 
     tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
     tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
-    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES), default=None,
+    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES) + sorted(MIX_RECIPES),
+                    default=None,
                     help="recipes to train (default: all 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default="out/zoo-text", help="runs, caches and releases go here")

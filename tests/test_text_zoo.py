@@ -114,3 +114,30 @@ def test_every_shipped_text_card_is_reproduced():
         for key in ("val_loss", "icl_score", "induction_score"):
             assert measured[key] == pytest.approx(card["metrics"][key], abs=5e-3), (name, key)
     torch.manual_seed(0)  # leaves the global RNG as other tests expect
+
+
+def test_data_mix_repeats_a_span_and_leaves_natural_text_draws_unchanged():
+    """The documented data mix copies one earlier span of a context to a later place; with
+    repeat_fraction 0 the sampler draws exactly the natural-text batches (exact resume)."""
+    import numpy as np
+
+    from interp.zoo.text_recipes import MIX_RECIPES, REPEAT_MIX
+    from interp.zoo.text_train import window_sampler
+
+    stream = np.arange(5000) % 997 + 1   # no accidental repeats within 512 tokens
+    natural = window_sampler(stream, 64, 0)
+    mixed = window_sampler(stream, 64, 0, repeat_fraction=1.0, span=(5, 10))
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a, _ = natural(8, g1)
+    b, _ = window_sampler(stream, 64, 0, repeat_fraction=0.0)(8, g2)
+    assert torch.equal(a, b)
+    tokens, _ = mixed(8, torch.Generator().manual_seed(3))
+    for row in tokens[:, 1:]:
+        changed = (row[1:] - row[:-1] != 1).nonzero().flatten()
+        assert len(changed) >= 1   # the copied span breaks the running count
+        found = any(torch.equal(row[j:j + 5], row[i:i + 5])
+                    for i in range(len(row) - 5) for j in range(i + 5, len(row) - 4))
+        assert found
+    assert all(r.data_mix == REPEAT_MIX and r.shape == "l2" for r in MIX_RECIPES.values())
+    with pytest.raises(ValueError, match="repeat_fraction"):
+        window_sampler(stream, 64, 0, repeat_fraction=1.5)

@@ -65,19 +65,39 @@ def prepare_data(cache_dir, vocab_size: int = VOCAB_SIZE, max_files: int | None 
                     cached_stream(tokenizer, corpus, "val", cache_dir))
 
 
-def window_sampler(stream: np.ndarray, n_ctx: int, bos: int):
+def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: float = 0.0,
+                   span: tuple[int, int] = (20, 100)):
     """Batches of `[BOS] + n_ctx-1` tokens from uniformly random offsets of `stream`.
 
     Every context starts with BOS, like `to_tokens(prepend_bos=True)` at analysis time.
+    With `repeat_fraction` > 0 (the documented data mix of issue 26, stated on the card), that
+    fraction of contexts, on average, has one span of `span[0]..span[1]` of its own tokens
+    copied to a later place in the same context, so a copy of earlier text appears more often
+    than natural text has one. Every draw comes from the run's generator (exact resume); with
+    the default 0 no extra draw is made, so natural-text runs are unchanged by this option.
     """
     body = n_ctx - 1
     if len(stream) <= body:
         raise ValueError(f"training stream has {len(stream)} tokens; need more than {body}")
+    if not 0.0 <= repeat_fraction <= 1.0:
+        raise ValueError(f"repeat_fraction must be in [0, 1], got {repeat_fraction}")
+    lo, hi = span
+    if repeat_fraction and not 1 <= lo <= hi <= body // 2 - 1:
+        raise ValueError(f"span {span} must satisfy 1 <= lo <= hi <= {body // 2 - 1} "
+                         f"(half the context of {body} tokens)")
     data = torch.from_numpy(stream.astype(np.int64))
 
     def sample(batch: int, gen: torch.Generator):
         starts = torch.randint(0, len(data) - body, (batch,), generator=gen)
         rows = torch.stack([data[s:s + body] for s in starts.tolist()])
+        if repeat_fraction:
+            repeat = torch.rand(batch, generator=gen) < repeat_fraction
+            draws = torch.rand(batch, 3, generator=gen)
+            for i in repeat.nonzero().flatten().tolist():
+                n = lo + int(draws[i, 0] * (hi - lo + 1))
+                a = int(draws[i, 1] * (body - 2 * n + 1))
+                b = a + n + int(draws[i, 2] * (body - n - (a + n) + 1))
+                rows[i, b:b + n] = rows[i, a:a + n].clone()
         return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), rows], 1), None
 
     return sample
@@ -108,9 +128,13 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
             k: round(v, 4) for k, v in probe.items()}
 
     run_dir = Path(out_dir) / "runs" / name
-    card = {"recipe": name, "train_command": command, "device": device}
+    mix = get_recipe(name).data_mix
+    card = {"recipe": name, "train_command": command, "device": device,
+            "data_mix": mix or "natural text"}
     t0 = time.time()
-    fit(model, window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id), tcfg,
+    sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
+                             **(mix or {}))
+    fit(model, sampler, tcfg,
         run_dir=run_dir, evaluate=evaluate, card=card)
     timing = run_dir / "wall_time.json"
     spent = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0

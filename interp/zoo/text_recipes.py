@@ -7,7 +7,8 @@ Shapes (every variant, d_model 128, 4 heads of 32, n_ctx 512, BPE vocabulary 409
 
 Sized for two CPU cores (issue 26): one thread per model, two models at a time. Budget (same
 for every model of a shape): ZOO_TRAIN below, 5,000 steps x 16 x 512 = 41M tokens, about 4.5
-epochs of the standard library's ~9M training tokens. The schedule is the one that formed
+epochs of the standard library's ~9M training tokens, through torch.compile (1.4-2.3x on this
+CPU, docs/benchmarks.md). The schedule is the one that formed
 induction heads in the calibration (docs/zoo.md): lr 3e-3 held constant after a 100-step warmup,
 AdamW (0.9, 0.95), weight decay 0.1; a cosine from 1e-3 had not formed them by 19.5M tokens.
 
@@ -40,10 +41,11 @@ VARIANT_OPTIONS: dict[str, dict] = {
 }
 ZOO_TRAIN = dict(steps=5000, batch_size=16, lr=3e-3, min_lr_ratio=1.0, warmup=100,
                  weight_decay=0.1, betas=(0.9, 0.95), gate_lr=1e-2, grad_clip=1.0,
-                 eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0)
+                 eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0, compile=True)
 # A pipeline check that runs in seconds on a CPU (`--smoke`): never a zoo model.
 SMOKE = dict(arch=dict(d_model=32, d_head=16, n_heads=2, n_ctx=64, d_mlp=64),
-             train=dict(steps=4, batch_size=4, warmup=1, eval_every=2, checkpoint_every=2),
+             train=dict(steps=4, batch_size=4, warmup=1, eval_every=2, checkpoint_every=2,
+                        compile=False),
              vocab_size=512, max_files=40, val_fraction=0.25,
              attn_cfg={"infini": {"segment_len": 16}})
 

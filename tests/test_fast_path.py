@@ -14,7 +14,8 @@ from hooked_models import HookedVariantTransformer
 from hooked_models.attention.base import VariantAttention, is_plain_causal
 from hooked_models.attention.observe import is_observed
 from hooked_models.trainer import TrainConfig, fit
-from tests.helpers import EXACT, random_tokens, tiny_cfg
+
+from helpers import EXACT, random_tokens, tiny_cfg
 
 CONFIGS = {
     "mha": dict(positional_embedding_type="rotary"),
@@ -138,21 +139,34 @@ def test_module_hooks_of_any_client_count_as_observing(variant):
 
 
 @pytest.mark.slow
-def test_compiled_training_forward_equals_eager():
+def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path):
     """`TrainConfig(compile=True)`: torch.compile of the whole model (one graph per block) gives
-    the eager losses to float tolerance, and the eager model is what gets trained."""
-    torch.manual_seed(0)
+    the eager losses to float tolerance, and a compiled run stopped mid-way and resumed
+    reproduces the uninterrupted compiled run's losses exactly."""
     tokens = torch.randint(0, 50, (64, 16), generator=torch.Generator().manual_seed(1))
 
     def sample(batch, gen):
         idx = torch.randint(0, len(tokens), (batch,), generator=gen)
         return tokens[idx], None
 
-    losses = {}
-    for compiled in (False, True):
-        model = model_for("mta")
-        cfg = TrainConfig(steps=3, batch_size=4, warmup=1, compile=compiled, progress=False)
-        losses[compiled] = fit(model, sample, cfg)
-    assert len(losses[True]) == 3
-    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]),
-                               atol=1e-9, rtol=0)
+    def config(compiled):
+        return TrainConfig(steps=6, batch_size=4, warmup=1, compile=compiled, progress=False,
+                           checkpoint_every=3)
+
+    eager = fit(model_for("mta"), sample, config(False), run_dir=tmp_path / "eager")
+    full = fit(model_for("mta"), sample, config(True), run_dir=tmp_path / "full")
+    assert len(full) == 6
+    torch.testing.assert_close(torch.tensor(full), torch.tensor(eager), atol=1e-9, rtol=0)
+
+    calls = []
+
+    def interrupted(batch, gen):
+        calls.append(batch)
+        if len(calls) == 5:
+            raise KeyboardInterrupt   # stopped during step 5, after the step-3 checkpoint
+        return sample(batch, gen)
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(model_for("mta"), interrupted, config(True), run_dir=tmp_path / "resumed")
+    rest = fit(model_for("mta"), sample, config(True), run_dir=tmp_path / "resumed")
+    assert rest == full[3:]

@@ -61,6 +61,12 @@ class TrainConfig:
             stopped. Where a checkpoint falls does not change the run: resuming from any step
             reproduces the uninterrupted losses.
         bf16: autocast to bfloat16 on CUDA (ignored on the CPU, which trains in the model dtype).
+        early_stop_patience: stop once this many evaluations in a row have not lowered
+            `early_stop_metric` (a key of `evaluate`'s dict, lower is better, e.g. a held-out
+            split's loss) by more than `early_stop_min_delta` below its best (0: off; needs
+            `evaluate` and `eval_every`). `steps` is then the most the run may take. The last
+            metrics record of a stopped run says `"early_stop": true`; a resumed run rebuilds
+            the count from the metrics log, so it stops where an unbroken run would.
         compile: run the training forward through `torch.compile` (the model itself stays
             eager: evaluations, hooks and checkpoints see the same parameters). With nothing
             observed every variant's block is one graph; the first steps pay the compile.
@@ -81,13 +87,17 @@ class TrainConfig:
     checkpoint_minutes: float = 0.0
     bf16: bool = True
     compile: bool = False
+    early_stop_patience: int = 0
+    early_stop_metric: str = "val_loss"
+    early_stop_min_delta: float = 0.0
     progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "eval_every", "checkpoint_every", "checkpoint_minutes"):
+        for name in ("warmup", "eval_every", "checkpoint_every", "checkpoint_minutes",
+                     "early_stop_patience", "early_stop_min_delta"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -99,8 +109,12 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """The settings that define the run (resume checks them): not progress bars or when
         checkpoints are written."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("progress", "checkpoint_minutes")}
+        out = {k: v for k, v in dataclasses.asdict(self).items()
+               if k not in ("progress", "checkpoint_minutes")}
+        if not self.early_stop_patience:   # off: runs from before the option resume unchanged
+            for k in ("early_stop_patience", "early_stop_metric", "early_stop_min_delta"):
+                out.pop(k)
+        return out
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -110,6 +124,36 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+
+
+class EarlyStop:
+    """The early-stopping count of `fit`: evaluations since the best `metric` value."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.best = math.inf
+        self.since_best = 0
+
+    def update(self, record: dict) -> bool:
+        """Take one evaluation's record; True when the run should stop after it."""
+        cfg = self.cfg
+        if not cfg.early_stop_patience or cfg.early_stop_metric not in record:
+            return False
+        value = float(record[cfg.early_stop_metric])
+        if value < self.best - cfg.early_stop_min_delta:
+            self.best, self.since_best = value, 0
+        else:
+            self.since_best += 1
+        return self.since_best >= cfg.early_stop_patience
+
+    def replay(self, metrics_path: Path) -> bool:
+        """Rebuild the count from a (rewound) metrics log; True if that run had stopped."""
+        stopped = False
+        if metrics_path.is_file():
+            for line in metrics_path.read_text().splitlines():
+                if line.strip():
+                    stopped = self.update(json.loads(line))
+        return stopped
 
 
 def gate_parameter_names(model) -> set[str]:
@@ -171,6 +215,9 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     run_dir = None if run_dir is None else Path(run_dir)
     if cfg.checkpoint_every and run_dir is None:
         raise ValueError("checkpoint_every needs a run_dir to write checkpoints into")
+    if cfg.early_stop_patience and (evaluate is None or not cfg.eval_every):
+        raise ValueError("early_stop_patience needs an evaluate callback and eval_every > 0")
+    early = EarlyStop(cfg)
     device = torch.device(model.cfg.device)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -183,6 +230,9 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
         if ckpt is not None:
             start, tokens_seen = load_train_state(ckpt, model, opt, gen, cfg.to_dict())
         rewind_metrics(run_dir / METRICS_FILE, start)
+        if early.replay(run_dir / METRICS_FILE):
+            model.eval()
+            return []
     if start >= cfg.steps:
         model.eval()
         return []
@@ -224,6 +274,9 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
                                                  dtype=torch.bfloat16, enabled=use_bf16):
                 record.update(evaluate(model))
             model.train()
+            if early.update(record):
+                record["early_stop"] = True
+                last = True
         if run_dir is not None:
             _append_jsonl(run_dir / METRICS_FILE, record)
             due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
@@ -231,6 +284,8 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
                 save_train_state(run_dir, model, opt, gen, done, tokens_seen, cfg.to_dict(),
                                  card=card)
                 t_saved = time.perf_counter()
+        if last:
+            break
     model.eval()
     return losses
 

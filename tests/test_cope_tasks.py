@@ -1,5 +1,6 @@
 """Toy tasks of the CoPE paper: counting, Flip-Flop, selective copy, and their error metric."""
 
+import json
 import random
 from collections import Counter
 
@@ -144,3 +145,34 @@ def test_generators_accept_their_own_rng():
     rng = random.Random(0)
     words, var, value = counting.counting_program(rng, n_vars=1, max_steps=5)
     assert var == "a" and run_program(words)["a"] == value
+
+
+def test_long_recipes_stop_early_on_held_out_batches(tmp_path, monkeypatch):
+    """Issue 24: the CoPE results that did not reproduce get the paper's 4 x 256 shape, three
+    seeds and early stopping on validation batches no training or evaluation batch uses."""
+    from interp.zoo.paper import _training, cope
+
+    long = {n: r for n, r in cope.RECIPES.items() if "-long-" in n}
+    settings = {(r.phenomenon, r.variant, r.task_args.get("n_vars")) for r in long.values()}
+    assert len(settings) == 3 * 4 and len(long) == 3 * len(settings)
+    for r in long.values():
+        assert r.config["n_layers"] == 4 and r.config["d_model"] == 256
+        assert r.train["early_stop_patience"] > 0
+        assert r.train["compile"] == (r.task_args["task"] == "flipflop")
+    val = range(cope.VAL_SEED, cope.VAL_SEED + cope.VAL_BATCHES)
+    assert not set(val) & set(_training.eval_seeds())
+    recipe = long["cope-counting-3var-cope-long-s0"]
+    assert not set(val) & set(_training.replay(recipe, _training.draw_seed))
+    # a tiny stand-in of the recipe trains, stops early and records it on its card
+    tiny = _training.Recipe(
+        name="cope-tiny-long-s0", phenomenon="cope-counting-long", variant="cope",
+        task="tiny", seed=0, config={**recipe.config, "d_model": 16, "d_head": 8, "n_heads": 2,
+                                     "n_layers": 1, "d_mlp": 32},
+        train=dict(steps=400, batch_size=8, lr=1e-2, warmup=1, eval_every=2,
+                   early_stop_patience=1, early_stop_min_delta=10.0),
+        task_args=recipe.task_args, module="cope")
+    monkeypatch.setattr(cope, "VAL_BATCHES", 1)
+    _training.train_recipe(tiny, tmp_path / "model", cope.sampler(tiny), resume=False,
+                           run_root=tmp_path / "runs", evaluate=cope.validation(tiny))
+    card = json.loads((tmp_path / "model" / "card.json").read_text())
+    assert card["stopped_early"] is True and card["steps"] == 4

@@ -110,16 +110,28 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
     (run_dir / WALL_FILE).write_text(json.dumps({"seconds": wall}))
     curve = loss_curve(run_dir)
     final_loss = curve[-1][1] if curve else None
+    steps_run, stopped = _run_end(run_dir, cfg.steps)
     card = {
         "kind": KIND, "recipe": recipe.name, "phenomenon": recipe.phenomenon,
         "variant": recipe.variant, "task": recipe.task, "task_args": recipe.task_args,
-        "seed": recipe.seed, "steps": cfg.steps, "train": cfg.to_dict(),
+        "seed": recipe.seed, "steps": steps_run, "train": cfg.to_dict(),
+        **({"stopped_early": stopped} if cfg.early_stop_patience else {}),
         "train_command": f"{CLI} train {recipe.name} --resume",
         "train_seconds": round(wall, 1), "device": device_name(),
         "final_train_loss": final_loss, "train_loss_curve": curve,
     }
     model.save_pretrained(out_dir, card=card)
     return model
+
+
+def _run_end(run_dir: Path, max_steps: int) -> tuple[int, bool]:
+    """(steps the run took, whether early stopping ended it), from its metrics log."""
+    log = Path(run_dir) / METRICS_FILE
+    lines = [ln for ln in log.read_text().splitlines() if ln.strip()] if log.is_file() else []
+    if not lines:
+        return max_steps, False
+    last = json.loads(lines[-1])
+    return int(last["step"]), bool(last.get("early_stop", False))
 
 
 def loss_curve(run_dir: Path, points: int = 20) -> list[list[float]]:

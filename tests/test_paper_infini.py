@@ -32,7 +32,8 @@ def test_passkey_batch_with_word_tokens():
 
 
 def test_recipes_and_sampler():
-    assert set(infini.RECIPES) == {"infini-passkey-s0", "infini-passkey-s1"}
+    assert set(infini.RECIPES) == {"infini-passkey-s0", "infini-passkey-s1",
+                                   *(f"infini-passkey-long-s{s}" for s in infini.LONG_SEEDS)}
     recipe = infini.RECIPES["infini-passkey-s0"]
     assert recipe.config["n_ctx"] == infini.TRAIN_LENGTH > 2 * infini.SEGMENT_LEN
     tokens, weights = infini.sampler(recipe)(3, torch.Generator().manual_seed(0))
@@ -115,3 +116,38 @@ def test_grid_figure(tmp_path):
     z = fig.data[0].z
     assert len(z) == len(infini.FACTORS) and z[0][0] == pytest.approx(0.8)
     assert z[-1][-1] == pytest.approx(0.2)
+
+
+def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):
+    """Issue 24 item 2: lengths of 5-20 segments, one per batch, replayable; validation
+    prompts from seeds no training or evaluation batch uses; early stopping on their loss."""
+    from interp.zoo.paper import _training
+
+    recipe = infini.RECIPES["infini-passkey-long-s1"]
+    assert recipe.config["n_ctx"] == max(infini.LONG_LENGTHS)
+    assert len(infini.LONG_SEEDS) >= 3 and recipe.train["early_stop_patience"] > 0
+    sample, gen = infini.sampler(recipe), torch.Generator().manual_seed(recipe.seed)
+    lengths = [sample(2, gen)[0].shape[1] for _ in range(30)]
+    assert set(lengths) == set(infini.LONG_LENGTHS)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    drawn = [infini._drawer(recipe)(gen) for _ in range(30)]
+    assert [length for length, *_ in drawn] == lengths
+    assert infini.batch_seeds(recipe)[:30] == [seed for *_, seed in drawn]
+    val = set(range(infini.VAL_SEED, infini.VAL_SEED + 2 * len(infini.LONG_LENGTHS)))
+    assert not val & set(_training.eval_seeds()) and not val & set(infini.batch_seeds(recipe))
+    # the short recipes still draw exactly as before (no length draw)
+    short = infini.RECIPES["infini-passkey-s0"]
+    gen = torch.Generator().manual_seed(0)
+    assert infini.batch_seeds(short)[:5] == [infini._draw(gen)[1] for _ in range(5)]
+    tiny = _training.Recipe(
+        name="infini-tiny-long-s0", phenomenon="infini-passkey-long", variant="infini",
+        task="tiny", seed=0, config={**recipe.config, "n_ctx": 160, "n_layers": 1},
+        train=dict(steps=300, batch_size=4, lr=3e-3, warmup=1, eval_every=2,
+                   early_stop_patience=1, early_stop_min_delta=100.0),
+        task_args={**recipe.task_args, "lengths": [96, 160]}, module="infini")
+    _training.train_recipe(tiny, tmp_path / "model", infini.sampler(tiny), resume=False,
+                           run_root=tmp_path / "runs", evaluate=infini.validation(tiny, n=2))
+    import json
+
+    card = json.loads((tmp_path / "model" / "card.json").read_text())
+    assert card["stopped_early"] is True and card["steps"] == 4

@@ -57,7 +57,34 @@ def _recipe(seed: int) -> Recipe:
                   module="infini")
 
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in map(_recipe, SEEDS)}
+# Issue 24 item 2: memory must be read beyond the training length. The -long recipes train on a
+# curriculum of lengths (LONG_LENGTHS, one per batch: 5 to 20 segments, so the memory is read
+# after many updates, as it is at 16x), until the answer loss on held-out validation prompts
+# stops improving, three seeds; they are evaluated at 1x-16x the longest training length.
+LONG_LENGTHS = (160, 320, 640)
+LONG_SEEDS = (0, 1, 2)
+LONG_TRAIN = dict(steps=20_000, batch_size=32, lr=3e-3, gate_lr=1e-2, warmup=100,
+                  eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
+                  early_stop_patience=8)
+VAL_SEED = 51_977_000      # validation prompts: never a training or evaluation seed
+VAL_DEPTHS = (0.0, 0.5)
+
+
+def _long_recipe(seed: int) -> Recipe:
+    config = {**CONFIG, "n_ctx": max(LONG_LENGTHS)}
+    task = (f"passkey retrieval, trained on a curriculum of {'/'.join(map(str, LONG_LENGTHS))} "
+            f"tokens ({SEGMENT_LEN}-token segments) to early stopping; evaluated at "
+            f"{'/'.join(map(str, FACTORS))}x {max(LONG_LENGTHS)} tokens, depths "
+            f"{'/'.join(map(str, DEPTHS))}")
+    return Recipe(name=f"{PHENOMENON}-long-s{seed}", phenomenon=f"{PHENOMENON}-long",
+                  variant="infini", task=task, seed=seed, config=config, train=dict(LONG_TRAIN),
+                  task_args=dict(lengths=list(LONG_LENGTHS), answer_weight=5.0,
+                                 early_stop=True),
+                  module="infini")
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in [*map(_recipe, SEEDS),
+                                                   *map(_long_recipe, LONG_SEEDS)]}
 
 
 def _draw(gen: torch.Generator) -> tuple[float, int]:
@@ -66,21 +93,34 @@ def _draw(gen: torch.Generator) -> tuple[float, int]:
     return depth, int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
 
 
+def _drawer(recipe: Recipe):
+    """`draw(gen) -> (length, depth, data seed)` of one training batch of `recipe`."""
+    lengths = recipe.task_args.get("lengths") or [recipe.task_args["length"]]
+
+    def draw(gen: torch.Generator) -> tuple[int, float, int]:
+        length = lengths[int(torch.randint(0, len(lengths), (1,), generator=gen))] \
+            if len(lengths) > 1 else lengths[0]
+        return (length, *_draw(gen))
+
+    return draw
+
+
 def batch_seeds(recipe: Recipe) -> list[int]:
     """The data seed of every training batch of `recipe` (replayed, as `sampler` draws them)."""
-    return [seed for _, seed in replay(recipe, _draw)]
+    return [seed for *_, seed in replay(recipe, _drawer(recipe))]
 
 
 def sampler(recipe: Recipe):
-    """`sample(batch, gen) -> (tokens, loss weights)`: one random depth per batch.
+    """`sample(batch, gen) -> (tokens, loss weights)`: one random depth (and, for a length
+    curriculum, one length) per batch.
 
     Every next-token target counts (the filler teaches the prompt's shape, the key line's
     second copy teaches in-segment copying); the answer's digits weigh `answer_weight`.
     """
-    length, weight = recipe.task_args["length"], float(recipe.task_args["answer_weight"])
+    weight, draw = float(recipe.task_args["answer_weight"]), _drawer(recipe)
 
     def sample(batch: int, gen: torch.Generator):
-        depth, seed = _draw(gen)
+        length, depth, seed = draw(gen)
         b = passkey_task(batch, length, depth, TOKENIZER, seed=seed)
         mask = 1.0 + (weight - 1.0) * b.answer_mask[:, 1:].float()
         return b.tokens, mask
@@ -88,9 +128,30 @@ def sampler(recipe: Recipe):
     return sample
 
 
+def validation(recipe: Recipe, n: int = 16):
+    """The early-stopping metric: mean loss on the key's digits of `n` held-out prompts per
+    (training length, depth in VAL_DEPTHS), seeded from VAL_SEED."""
+    lengths = recipe.task_args.get("lengths") or [recipe.task_args["length"]]
+    batches = [passkey_task(n, length, depth, TOKENIZER, seed=VAL_SEED + i)
+               for i, (length, depth) in enumerate((a, d) for a in lengths for d in VAL_DEPTHS)]
+
+    @torch.no_grad()
+    def evaluate(model) -> dict:
+        total = count = 0.0
+        for b in batches:
+            per = model(b.tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
+            mask = b.answer_mask[:, 1:].to(per.device, per.dtype)
+            total += float((per * mask).sum())
+            count += float(mask.sum())
+        return {"val_loss": round(total / count, 5)}
+
+    return evaluate
+
+
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:
     """Train `recipe` (resumable run under out/paper-zoo/<name>/) and save it into `out_dir`."""
-    train_recipe(recipe, out_dir, sampler(recipe), resume=resume)
+    evaluate = validation(recipe) if recipe.task_args.get("early_stop") else None
+    train_recipe(recipe, out_dir, sampler(recipe), resume=resume, evaluate=evaluate)
 
 
 def grid(model, n: int = EVAL_N, seed: int = EVAL_SEED, factors=FACTORS) -> pd.DataFrame:

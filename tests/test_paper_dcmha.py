@@ -109,3 +109,30 @@ def test_comparison_states_the_interval_and_the_winner():
     assert "no difference can be claimed" in overlap
     apart = dcmha.comparison([0.26, 0.27, 0.30], [0.305, 0.31, 0.36])
     assert "MHA is better here on every seed" in apart and "includes 0" in apart
+
+
+def test_full_recipes_stop_early_on_held_out_questions(tmp_path):
+    """Issue 24 item 3: conjunction to early stopping, DCMHA and MHA at equal parameters,
+    3 seeds, validation questions from seeds no training or evaluation batch uses."""
+    import json
+
+    from interp.zoo.paper import _training
+
+    full = {n: r for n, r in dcmha.RECIPES.items() if "-full-" in n}
+    assert {(r.variant, r.seed) for r in full.values()} == {
+        (v, s) for v in ("dcmha", "mha") for s in dcmha.FULL_SEEDS}
+    a, b = full["dcmha-conjunction-full-dcmha-s0"], full["dcmha-conjunction-full-mha-s0"]
+    counts = [sum(p.numel() for p in build_model(r).parameters()) for r in (a, b)]
+    assert abs(counts[0] - counts[1]) / counts[0] < 0.01
+    val = set(range(dcmha.VAL_SEED, dcmha.VAL_SEED + dcmha.VAL_BATCHES))
+    assert not val & set(_training.eval_seeds()) and not val & set(dcmha.batch_seeds(a))
+    tiny = _training.Recipe(
+        name="dcmha-tiny-full-s0", phenomenon="dcmha-conjunction-full", variant="dcmha",
+        task="tiny", seed=0, config={**a.config, "n_layers": 1},
+        train=dict(steps=300, batch_size=4, lr=3e-3, warmup=1, eval_every=2,
+                   early_stop_patience=1, early_stop_min_delta=100.0),
+        task_args=a.task_args, module="dcmha")
+    _training.train_recipe(tiny, tmp_path / "model", dcmha.sampler(tiny), resume=False,
+                           run_root=tmp_path / "runs", evaluate=dcmha.validation(tiny))
+    card = json.loads((tmp_path / "model" / "card.json").read_text())
+    assert card["stopped_early"] is True and card["steps"] == 4

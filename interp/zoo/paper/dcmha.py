@@ -94,11 +94,32 @@ def _recipe(task: str, variant: str, seed: int, steps: int = 1000) -> Recipe:
                   task_args={"task": task}, module="dcmha")
 
 
+# Issue 24 item 3: conjunction trained until the answer loss on held-out validation questions
+# stops improving (ceiling FULL_TRAIN["steps"]), DCMHA and MHA at equal parameters, 3 seeds;
+# the Compose knock-outs of `evaluate` then say whether the trained DCMHA relies on Compose.
+FULL_SEEDS = (0, 1, 2)
+FULL_TRAIN = dict(steps=20_000, batch_size=32, lr=3e-3, warmup=50, weight_decay=0.01,
+                  eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
+                  early_stop_patience=8)
+VAL_SEED = 51_988_000     # validation questions: never a training or evaluation seed
+VAL_BATCHES = 4
+
+
+def _full_recipe(variant: str, seed: int) -> Recipe:
+    short = _recipe("conjunction", variant, seed)
+    return Recipe(name=f"dcmha-conjunction-full-{variant}-s{seed}",
+                  phenomenon="dcmha-conjunction-full", variant=variant,
+                  task=short.task + " (trained to early stopping)", seed=seed,
+                  config=short.config, train=dict(FULL_TRAIN),
+                  task_args={**short.task_args, "early_stop": True}, module="dcmha")
+
+
 RECIPES: dict[str, Recipe] = {
     r.name: r for r in [
         *(_recipe(task, v, s) for task, seeds in TASKS.items() for s in seeds
           for v in ("dcmha", "mha")),
         *(_recipe("conjunction", v, 0, LONG_STEPS) for v in ("dcmha", "mha")),
+        *(_full_recipe(v, s) for s in FULL_SEEDS for v in ("dcmha", "mha")),
     ]
 }
 
@@ -143,8 +164,36 @@ def batch_seeds(recipe: Recipe) -> list[int]:
     return replay(recipe, draw_seed)
 
 
+def validation(recipe: Recipe):
+    """The early-stopping metric: mean answer loss on `VAL_BATCHES` batches of 64 held-out
+    questions of the recipe's task, seeded from `VAL_SEED`."""
+    batches = [_val_batch(recipe, VAL_SEED + i) for i in range(VAL_BATCHES)]
+
+    @torch.no_grad()
+    def evaluate(model) -> dict:
+        total = count = 0.0
+        for tokens, mask in batches:
+            per = model(tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
+            mask = mask.to(per.device, per.dtype)
+            total += float((per * mask).sum())
+            count += float(mask.sum())
+        return {"val_loss": round(total / count, 5)}
+
+    return evaluate
+
+
+def _val_batch(recipe: Recipe, seed: int):
+    """One validation batch of 64 questions with data seed `seed` exactly."""
+    if recipe.task_args["task"] == "conjunction":
+        b = conjunction_task(64, seed=seed)
+        return b.tokens, b.answer_mask[:, 1:].float()
+    _, tokens, mask = _composition_tokens(64, seed)
+    return tokens, mask
+
+
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:
-    train_recipe(recipe, out_dir, sampler(recipe), resume=resume)
+    evaluate = validation(recipe) if recipe.task_args.get("early_stop") else None
+    train_recipe(recipe, out_dir, sampler(recipe), resume=resume, evaluate=evaluate)
 
 
 def knockout_hooks(model, phases=("pre", "post")) -> list:

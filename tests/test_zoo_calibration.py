@@ -1,0 +1,56 @@
+"""interp.zoo.calibration: trajectories and the first evaluation that meets the zoo's bar."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from interp.zoo.calibration import main, onset_table, trajectories
+
+
+def write_log(run_dir, records):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_onset_is_the_first_evaluation_meeting_both_bars(tmp_path, capsys):
+    evals = [(250, 0.05, 0.99), (500, 0.35, 0.7), (750, 0.2, 0.4), (1000, 0.5, 0.3)]
+    records = []
+    for step, score, ratio in evals:
+        records.append({"step": step - 1, "tokens": (step - 1) * 10, "train_loss": 5.0})
+        records.append({"step": step, "tokens": step * 10, "train_loss": 4.0, "val_loss": 4.0,
+                        "induction_score": score, "copy_loss_ratio": ratio,
+                        "text_copy_ratio": ratio + 0.1})
+    write_log(tmp_path / "a", records)
+    write_log(tmp_path / "b", records[:4])
+    traj = trajectories([tmp_path / "a", tmp_path / "b"])
+    assert len(traj) == 6 and set(traj.run) == {"a", "b"}
+    table = onset_table(traj).set_index("run")
+    # step 500 has the score but not the ratio, step 750 the ratio but not the score
+    assert table.loc["a", "induction_at_tokens"] == 10_000
+    assert pd.isna(table.loc["b", "induction_at_tokens"])   # not met yet
+    assert table.loc["b", "tokens_seen"] == 5000
+    assert table.loc["a", "lowest_copy_loss_ratio"] == 0.3
+    assert main([str(tmp_path / "a"), "--csv", str(tmp_path / "t.csv")]) == 0
+    assert "10000" in capsys.readouterr().out and (tmp_path / "t.csv").is_file()
+
+
+def test_a_directory_without_a_log_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty has no metrics.jsonl"):
+        trajectories([tmp_path / "empty"])
+
+
+def test_zoo_page_shows_the_calibration_table(tmp_path):
+    from interp.zoo.zoo_docs import calibration_section
+
+    records = [{"step": 250, "tokens": 2_048_000, "val_loss": 4.5, "induction_score": 0.4,
+                "copy_loss_ratio": 0.45, "text_copy_ratio": 0.6, "train_loss": 4.4}]
+    write_log(tmp_path / "runs" / "text-mha-l2", records)
+    trajectories([tmp_path / "runs" / "text-mha-l2"]).to_csv(tmp_path / "calibration.csv",
+                                                             index=False)
+    text = "\n".join(calibration_section(tmp_path, tmp_path / "zoo.md"))
+    assert "| `text-mha-l2` | 2.0M | 2.0M tokens | 0.400 | 0.45 / 0.60 | 4.500 |" in text
+    assert calibration_section(tmp_path / "nothing", tmp_path / "zoo.md") == []

@@ -40,7 +40,8 @@ def key_padding(c_k: int, pad_key: str) -> tuple[int, int]:
 def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
                    kernel: Float[Tensor, "head_index 1 c_q c_k"],
                    allowed: Bool[Tensor, "batch 1 query_pos key_pos"],
-                   pad_key: str = "both", block_rows: int | None = None
+                   pad_key: str = "both", block_rows: int | None = None,
+                   plain_causal: bool = False
                    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Depthwise 2-D convolution of each head's map, `Conv2d_theta(Mask_0(maps))` (Eqs. 5, 6).
 
@@ -53,6 +54,9 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
     `block_rows` (default: BLOCK_ROWS on CPU, all rows elsewhere) convolves blocks of query rows,
     each only up to the last key any of its rows may read, which skips most of the causal upper
     triangle (a loop over a few blocks, not over positions); allowed entries are unchanged.
+    `plain_causal` promises that `allowed` is the square causal mask (no padding): the last
+    key of a block is then its last row, known without reading the mask (no device sync, so
+    `torch.compile` keeps the loop in one graph).
 
     Example:
         >>> maps = torch.randn(1, 2, 4, 4)
@@ -70,8 +74,11 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
     out = maps.new_empty(maps.shape[:2] + (n_q, n_k))
     for r0 in range(0, n_q, block_rows):
         r1 = min(n_q, r0 + block_rows)
-        reachable = allowed[:, :, r0:r1].any(-2).any(0).any(0).nonzero()
-        k_end = int(reachable.max()) + 1 if reachable.numel() else 0
+        if plain_causal:
+            k_end = r1
+        else:
+            reachable = allowed[:, :, r0:r1].any(-2).any(0).any(0).nonzero()
+            k_end = int(reachable.max()) + 1 if reachable.numel() else 0
         if k_end:
             out[:, :, r0:r1, :k_end] = _conv_rows(maps, kernel, allowed, pad_key, r0, r1, k_end)
         out[:, :, r0:r1, k_end:] = 0.0
@@ -107,22 +114,6 @@ def _conv_rows(maps: Tensor, kernel: Tensor, allowed: Tensor, pad_key: str, r0: 
     else:
         torch.where(ok, src, maps.new_zeros(()), out=inner)
     return F.conv2d(buf, kernel, groups=n_heads)
-
-
-def whole_map_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
-                   kernel: Float[Tensor, "head_index 1 c_q c_k"], pad_key: str = "both"
-                   ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
-    """`Conv2d_theta(maps)` over the whole map, for maps already zero where not allowed.
-
-    The same convolution as `key_query_conv` (causal zero padding of c_q - 1 rows from the
-    past, the key axis per `pad_key`), written without row blocks or data-dependent sizes: it
-    also convolves the causal upper triangle (which the caller masks), in exchange for one
-    straight-line op that `torch.compile` keeps in a single graph.
-    """
-    _, _, c_q, c_k = kernel.shape
-    left, right = key_padding(c_k, pad_key)
-    padded = F.pad(maps, (left, right, c_q - 1, 0))
-    return F.conv2d(padded, kernel.to(maps.dtype), groups=maps.shape[1])
 
 
 def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],

@@ -36,7 +36,6 @@ from hooked_models.attention._mta_ops import (
     init_kernel,
     key_query_conv,
     rms_norm,
-    whole_map_conv,
 )
 from hooked_models.attention._mta_options import MTAOptions
 from hooked_models.attention.base import (
@@ -236,21 +235,18 @@ class MultiTokenAttention(VariantAttention):
     def fast_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
         """`attend` with nothing observed on a plain causal mask (the training path), else None.
 
-        The same equations in one straight line, masks out of place. Eagerly the convolutions
-        take `key_query_conv`'s row blocks (which skip most of the causal upper triangle);
-        under `torch.compile` they run over the whole zero-masked map (`whole_map_conv`), which
-        has no data-dependent sizes, so a compiled training step is a single graph.
+        The same equations in one straight line, masks out of place; the convolutions take
+        `key_query_conv`'s row blocks (which skip most of the causal upper triangle) with the
+        blocks' key ranges known from the mask's shape alone, so a compiled training step is
+        a single graph.
         """
         if ctx.cache is not None or not is_plain_causal(ctx.allowed):
             return None
         allowed, pad_key = ctx.allowed, self.opts.pad_key
         not_allowed = ~allowed
-        compiling = torch.compiler.is_compiling()
 
         def conv(maps: Tensor, kernel: Tensor) -> Tensor:
-            if compiling:
-                return whole_map_conv(maps.masked_fill(not_allowed, 0.0), kernel, pad_key)
-            return key_query_conv(maps, kernel, allowed, pad_key)
+            return key_query_conv(maps, kernel, allowed, pad_key, plain_causal=True)
 
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
         if self.mta_kernel is not None:   # Eq. 5

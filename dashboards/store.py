@@ -111,8 +111,23 @@ class ModelStore:
 
 def _fallback_text(model) -> str:
     """Some text every tokenizer can encode: the decoded first ids of the vocabulary."""
-    ids = torch.arange(min(16, model.cfg.d_vocab))
-    return "".join(model.to_str_tokens(ids))
+    ids = torch.arange(1, min(16, model.cfg.d_vocab))
+    return model.to_string(ids)
+
+
+def default_prompt(model) -> str:
+    """A model's default input: an example of its own task drawn with a fixed seed (paper-task
+    models name it in their card), else the bundled induction models' repeated letters."""
+    from hooked_models.zoo.recipes import default_text
+    from interp.tasks.prompts import example_prompt
+
+    card = getattr(model, "card", None) or {}
+    if card.get("task_args"):
+        try:
+            return example_prompt(card)
+        except (ValueError, KeyError, TypeError):
+            pass   # a task this version does not know: the generic text below
+    return default_text()
 
 
 def load_store(sources: list[str]) -> ModelStore:
@@ -120,8 +135,6 @@ def load_store(sources: list[str]) -> ModelStore:
     its zoo name or its directory's name). ValueError naming a source that is neither."""
     from hooked_models import zoo
     from hooked_models.model import HookedVariantTransformer
-    from hooked_models.zoo.recipes import default_text
-
     store = ModelStore()
     for source in sources:
         path = Path(source)
@@ -135,7 +148,7 @@ def load_store(sources: list[str]) -> ModelStore:
         else:
             raise ValueError(f"{source!r} is neither a checkpoint directory (with config.json) "
                              f"nor a bundled model; bundled: {zoo.available()}")
-        text = default_text()
+        text = default_prompt(model)
         try:
             ok = model.to_tokens(text).shape[1] <= model.cfg.n_ctx
         except ValueError:

@@ -1,5 +1,6 @@
 """Checkpoints: a directory with `config.json`, `model.safetensors` and optionally `card.json`
-and `tokenizer.json`.
+and `tokenizer.json` (a trained BPE in HF `tokenizers` format, or a word vocabulary:
+`hooked_models.tokenizer.WordTokenizer`).
 
 Nothing is ever unpickled. A save touches only those four files and nothing else in the
 directory (it may hold the user's own files, or a trainer's optimizer state).
@@ -371,14 +372,23 @@ def load_checkpoint(cls, directory, device: str | None = None, tokenizer=None):
 
 
 def _read_tokenizer(directory: Path, staged: dict):
-    """The checkpoint's trained tokenizer (BPE), or None when it has none."""
+    """The checkpoint's tokenizer (a word vocabulary or a trained BPE), or None when it has
+    none."""
     from hooked_models.bpe import BPETokenizer
+    from hooked_models.tokenizer import WordTokenizer
 
     path = directory / TOKENIZER_FILE
     if TOKENIZER_FILE not in staged:
-        return BPETokenizer.from_file(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        text = _read_text(path)
+        if text is not None and WordTokenizer.is_word_tokenizer_json(text):
+            return WordTokenizer.from_json(text, str(path))
+        return BPETokenizer.from_file(path)
     if staged[TOKENIZER_FILE] is None:
         return None
+    if WordTokenizer.is_word_tokenizer_json(staged[TOKENIZER_FILE]):
+        return WordTokenizer.from_json(staged[TOKENIZER_FILE], f"the staged {path}")
     from tokenizers import Tokenizer
 
     try:

@@ -67,3 +67,101 @@ class CharTokenizer:
             raise ValueError(f"token id {i} is outside the tokenizer vocabulary "
                              f"[0, {self.vocab_size})")
         return self.alphabet[i - 1]
+
+
+WORD_TOKENIZER_KIND = "attnlens-word-tokenizer"   # the "type" of its tokenizer.json
+
+
+class WordTokenizer:
+    """A word-level tokenizer over a fixed vocabulary: one id per word, `words[i]` is id i.
+
+    The toy tasks' models (counting, Flip-Flop, selective copy, conjunction, composition,
+    passkey) read whole words. `pattern` (a regular expression) cuts text into words: by
+    default the whitespace-separated pieces; the passkey tokenizer also cuts digits and the
+    marks "." and "?" apart. `decode` joins words with spaces, and `encode(decode(ids)) == ids`.
+    Saved beside a checkpoint as `tokenizer.json` (`to_json`), loaded back by `from_pretrained`.
+
+    Example:
+        >>> tok = WordTokenizer(("<bos>", "<pad>", "a", "=", "0", ";"), pad_token="<pad>")
+        >>> tok.encode("a = 0 ;")
+        [2, 3, 4, 5]
+        >>> tok.decode([0, 2, 3])
+        '<bos> a ='
+        >>> WordTokenizer.from_json(tok.to_json()).encode("<bos> a") == [0, 2]
+        True
+    """
+
+    def __init__(self, words, bos_token: str = "<bos>", pad_token: str | None = None,
+                 pattern: str = r"\S+"):
+        import re
+
+        self.words: tuple[str, ...] = tuple(words)
+        if not self.words or len(set(self.words)) != len(self.words):
+            raise ValueError("a word vocabulary must be non-empty, with distinct words")
+        if bos_token not in self.words:
+            raise ValueError(f"the BOS token {bos_token!r} is not in the vocabulary")
+        if pad_token is not None and pad_token not in self.words:
+            raise ValueError(f"the pad token {pad_token!r} is not in the vocabulary")
+        self.bos_token, self.pad_token, self.pattern = bos_token, pad_token, pattern
+        self._ids = {w: i for i, w in enumerate(self.words)}
+        self._split = re.compile(pattern)
+        self.bos_token_id = self._ids[bos_token]
+        self.pad_token_id = None if pad_token is None else self._ids[pad_token]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[w] for w in self._split.findall(text)]
+        except KeyError as err:
+            shown = " ".join(self.words[:40]) + (" ..." if len(self.words) > 40 else "")
+            raise ValueError(f"word {err.args[0]!r} is not in the tokenizer's vocabulary of "
+                             f"{len(self.words)} words: {shown}") from None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": self.encode(text)}
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, int) or getattr(ids, "ndim", None) == 0:
+            ids = [ids]
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.words):
+                raise ValueError(f"token id {i} is outside the tokenizer vocabulary "
+                                 f"[0, {len(self.words)})")
+            out.append(self.words[i])
+        return " ".join(out)
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps({"type": WORD_TOKENIZER_KIND, "version": 1, "words": list(self.words),
+                           "bos_token": self.bos_token, "pad_token": self.pad_token,
+                           "pattern": self.pattern}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "tokenizer.json") -> WordTokenizer:
+        import json
+
+        try:
+            data = json.loads(text)
+            if data.get("type") != WORD_TOKENIZER_KIND:
+                raise ValueError(f"type is {data.get('type')!r}, not {WORD_TOKENIZER_KIND!r}")
+            return cls(data["words"], data["bos_token"], data.get("pad_token"),
+                       data.get("pattern", r"\S+"))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{source} is not a valid word tokenizer: {err}") from None
+
+    @staticmethod
+    def is_word_tokenizer_json(text: str) -> bool:
+        """Whether `text` (a tokenizer.json) holds a `WordTokenizer` (else a HF tokenizer)."""
+        import json
+
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and data.get("type") == WORD_TOKENIZER_KIND

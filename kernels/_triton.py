@@ -93,17 +93,52 @@ class LazyAutotune:
     """`triton.autotune(configs(), key)(kernel)`, built on first use, only ever used on a GPU.
 
     Without a GPU, multi-config autotuning crashes ("0 active drivers"), so callers launch the
-    plain kernel with one explicit config instead (see `on_gpu`).
+    plain kernel with one explicit config instead (see `on_gpu`). `prune(configs, meta)`, if
+    given, keeps the configs that suit a launch's constexprs `meta` (e.g. tiles that do not
+    spill at its BLOCK_D); the autotuner applies it as its `early_config_prune`, and
+    `candidates(**meta)` says what it would try (`python -m kernels.compile_check` reads it).
     """
 
-    def __init__(self, kernel, configs, key: list[str]):
-        self.kernel, self.configs, self.key = kernel, configs, key
+    def __init__(self, kernel, configs, key: list[str], prune=None):
+        self.kernel, self.configs, self.key, self.prune = kernel, configs, key, prune
         self._tuned = None
+
+    def candidates(self, **meta) -> list:
+        """The configs the autotuner tries for a launch with constexprs `meta`."""
+        configs = self.configs()
+        return self.prune(configs, meta) if self.prune is not None else configs
 
     def __getitem__(self, grid):
         if self._tuned is None:
-            self._tuned = triton.autotune(configs=self.configs(), key=self.key)(self.kernel)
+            by = None
+            if self.prune is not None:
+                by = {"early_config_prune": lambda configs, nargs, **meta: self.prune(configs,
+                                                                                      meta)}
+            self._tuned = triton.autotune(configs=self.configs(), key=self.key,
+                                          prune_configs_by=by)(self.kernel)
         return self._tuned[grid]
+
+
+def head_dim_configs(table):
+    """`(configs, prune)` for `LazyAutotune` from rows `(BLOCK_M, BLOCK_N, num_warps,
+    num_stages, min_d, max_d)`: a config is tried only for BLOCK_D in [min_d, max_d] (the tiles
+    that compile without spilling there for sm_80 and sm_90, `python -m kernels.compile_check`).
+    Where no row covers BLOCK_D, the rows with the largest max_d are tried."""
+    ranges = {row[:4]: row[4:] for row in table}
+
+    def configs():
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+                for bm, bn, w, s in ranges]
+
+    def prune(candidates, meta):
+        def span(c):
+            return ranges[(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)]
+        d = meta["BLOCK_D"]
+        kept = [c for c in candidates if span(c)[0] <= d <= span(c)[1]]
+        widest = max(span(c)[1] for c in candidates)
+        return kept or [c for c in candidates if span(c)[1] == widest]
+
+    return configs, prune
 
 
 __all__ = [
@@ -111,6 +146,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "LazyAutotune",
     "available",
+    "head_dim_configs",
     "can_run",
     "interpreting",
     "kernel_dtype",

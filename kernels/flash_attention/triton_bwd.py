@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from kernels._triton import LazyAutotune, next_pow2, on_gpu, tl, triton
+from kernels._triton import LazyAutotune, head_dim_configs, next_pow2, on_gpu, tl, triton
 from kernels.flash_attention.triton_fwd import LOG2E, _dot, _load_tile, _tile
 
 
@@ -154,15 +154,20 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
              dq.to(DQ.dtype.element_ty), mask=md_mask)
 
 
-def _gpu_configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ((64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 4, 3),
-                                 (128, 64, 8, 2), (64, 128, 8, 2), (32, 32, 4, 3))]
-
+# Rows as `triton_fwd.FWD_TILES`: spill-free for sm_80 and sm_90 in fp16/bf16 over their
+# BLOCK_D range (compile_check). Dropped from the former shared list: 128x64 w8 and 64x128 w8
+# (dK/dV spill up to 5.8 KB on sm_80) and, for dK/dV, 64x64 w4 (8-184 B); dK/dV gains 64x64
+# w8, and dQ keeps 64x64 w4 from d 128 (it spills 8 B at d 64 on sm_80).
+_ALL = (0, 1 << 30)
+_SMALL = ((32, 64, 4, 3, *_ALL), (64, 32, 4, 3, *_ALL), (32, 32, 4, 3, *_ALL))
+DKDV_TILES = ((64, 64, 8, 2, *_ALL), *_SMALL)
+DQ_TILES = ((64, 64, 4, 2, 128, 1 << 30), *_SMALL)
 
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
-_dkdv_tuned = LazyAutotune(_bwd_dkdv, _gpu_configs, _KEY)
-_dq_tuned = LazyAutotune(_bwd_dq, _gpu_configs, _KEY)
+_dkdv_configs, _dkdv_prune = head_dim_configs(DKDV_TILES)
+_dq_configs, _dq_prune = head_dim_configs(DQ_TILES)
+_dkdv_tuned = LazyAutotune(_bwd_dkdv, _dkdv_configs, _KEY, prune=_dkdv_prune)
+_dq_tuned = LazyAutotune(_bwd_dq, _dq_configs, _KEY, prune=_dq_prune)
 
 
 def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from kernels._triton import LazyAutotune, next_pow2, on_gpu, tl, triton
+from kernels._triton import LazyAutotune, head_dim_configs, next_pow2, on_gpu, tl, triton
 
 LOG2E = 1.4426950408889634
 
@@ -160,18 +160,18 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=m_valid)
 
 
-def _gpu_configs():
-    cfgs = []
-    for bm, bn, warps, stages in ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3),
-                                  (128, 32, 4, 4), (64, 32, 4, 4), (128, 128, 8, 2)):
-        cfgs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps,
-                                  num_stages=stages))
-    return cfgs
-
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, min BLOCK_D, max BLOCK_D). Every row compiles
+# without spills for sm_80 and sm_90 in fp16/bf16 over its BLOCK_D range (compile_check; table
+# in docs/benchmarks.md). Dropped: 128x64 with 4 warps (spills 16 B at d 64 on sm_80, 264 B at
+# d 128); 128x32 w4 is kept to d 64 (spills 8 B at d 128 on sm_80), 128x128 w8 from d 128
+# (spills 24 B at d 64 on sm_80).
+FWD_TILES = ((128, 64, 8, 3, 0, 1 << 30), (64, 64, 4, 3, 0, 1 << 30), (64, 32, 4, 4, 0, 1 << 30),
+             (128, 32, 4, 4, 0, 64), (128, 128, 8, 2, 128, 1 << 30))
+_gpu_configs, _prune = head_dim_configs(FWD_TILES)
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
                           key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",
-                               "HAS_MIX", "STORE_DOT", "IEEE"])
+                               "HAS_MIX", "STORE_DOT", "IEEE"], prune=_prune)
 
 
 def _launch_key(T_Q: int) -> int:

@@ -22,7 +22,7 @@ from interp.explore import (
     find_map_stage,
     map_stages,
 )
-from interp.map_plots import head_mosaic_figure, map_figure_dict
+from interp.plots.maps import head_mosaic_figure, map_figure_dict
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
@@ -119,7 +119,7 @@ def warm_tiles(store, panel: Panel) -> None:
 
 def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
     """Every head's map at the panel's stage as ONE heatmap of THUMBNAIL x THUMBNAIL block-mean
-    tiles (`interp.map_plots.head_mosaic_figure`, the explorer); memoised with the maps."""
+    tiles (`interp.plots.maps.head_mosaic_figure`, the explorer); memoised with the maps."""
     def build() -> dict:
         tiles = _tiles(panel.cache_key, panel.stage.name, panel.view.grid)
         return head_mosaic_figure(panel.view.grid, panel.stage, THUMBNAIL, cell_px=cell_px,

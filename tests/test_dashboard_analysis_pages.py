@@ -14,7 +14,6 @@ from dashboard_common import ALPHABET, call
 
 from dashboards.app import _parse_link, create_app, make_link
 from dashboards.store import MAX_PROMPT_CHARS, ModelStore
-from interp.circuit_plots import composition_vs_baseline_figure, token_circuit_figure
 from interp.circuit_tokens import circuit_token_ids, has_head_mixing, token_circuit
 from interp.circuits import composition_table
 from interp.composed import composed_ov, composed_qk, mixing_at
@@ -26,6 +25,7 @@ from interp.induction_study import (
     training_curve,
 )
 from interp.outputs import next_token_losses, repeat_losses, top_predictions
+from interp.plots.circuits import composition_vs_baseline_figure, token_circuit_figure
 
 from helpers import tiny_model
 
@@ -232,7 +232,7 @@ def test_token_circuits_at_a_pair_follow_the_dynamic_mixing(store):
 def test_circuit_figures_are_honest(store):
     fig = token_circuit_figure(torch.tensor([[1.0, -3.0], [0.5, 2.0]]), ["a", "b"], "ov")
     h = fig.data[0]
-    assert (h.zmin, h.zmax, h.zmid, h.colorscale[0][1]) == (-3.0, 3.0, 0.0, "rgb(5,48,97)")
+    assert (h.zmin, h.zmax, h.zmid, h.colorscale[0][1]) == (-3.0, 3.0, 0.0, "#053061")
     assert h.colorbar.title.text == "logit change"
     assert fig.layout.xaxis.title.text == "output logit of token"
     assert fig.layout.yaxis.title.text == "source token (attended to)"

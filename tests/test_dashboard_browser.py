@@ -110,7 +110,7 @@ def test_deep_link_restores_the_view(server, browser, shots):
 
 def _click_tile(browser, graph_id, layer, head):
     """A real mouse click on the middle of tile (layer, head) of a thumbnail mosaic
-    (interp.map_plots.head_mosaic_figure): the cell found from its axis labels."""
+    (interp.plots.maps.head_mosaic_figure): the cell found from its axis labels."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     find = figure(graph_id, (

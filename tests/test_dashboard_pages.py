@@ -1,5 +1,5 @@
 """Dashboard callbacks through Dash's own HTTP endpoint (as the browser, or a crafted request,
-calls them), the honest map scales of interp.map_plots, and the model store's guards."""
+calls them), the honest map scales of interp.plots.maps, and the model store's guards."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from dashboards.figures import graph_config
 from dashboards.store import MAX_PROMPT_CHARS, ModelStore, load_store
 from hooked_models.attention import get_attention_class
 from interp.explore import closest_stage, downsample, find_map_stage
-from interp.map_plots import MAX_TICKS, head_grid_figure, map_figure, map_scale
 from interp.plots import head_table_figure
+from interp.plots.maps import MAX_TICKS, head_grid_figure, map_figure, map_scale
 
 from helpers import tiny_model
 
@@ -88,7 +88,7 @@ def test_thumbnail_grid_names_each_head_and_shares_one_colour_bar(store):
     stage = find_map_stage(store.get("tiny-mha"), 0, "pattern")
     fig = head_grid_figure([torch.rand(4, 6, 6), None], stage)
     assert [t.name for t in fig.data][:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]
-    assert fig.layout.coloraxis.colorbar.title.text == "pattern"
+    assert fig.layout.coloraxis.colorbar.title.text.startswith("pattern")
 
 
 def test_downsample_is_a_block_mean_ignoring_masked_pairs():
@@ -185,7 +185,7 @@ def test_compare_page_side_by_side_with_closest_stage(app, store):
         traces = [f["data"][0] for f in figures]
         assert all(len(f["data"]) == 1 and t["type"] == "heatmap" for f, t in
                    zip(figures, traces, strict=True))
-        assert len({(t["zmin"], t["zmax"], t["colorscale"]) for t in traces}) == 1
+        assert len({(t["zmin"], t["zmax"], str(t["colorscale"])) for t in traces}) == 1
         values = np.concatenate([_typed(t["z"]).ravel() for t in traces])
         top = float(np.nanmax(np.abs(values)))
         assert "shared" in traces[0]["colorbar"]["title"]["text"]
@@ -223,7 +223,7 @@ def _typed(z) -> np.ndarray:
 
 def test_compare_shared_scale_rules():
     from dashboards.pages.compare import shared_scale, with_scale
-    from interp.map_plots import MapScale
+    from interp.plots.maps import MapScale
     seq = {"data": [{"zmin": 0.0, "zmax": 0.5, "colorscale": "Viridis",
                      "colorbar": {"title": {"text": "pattern"}}}], "layout": {}}
     div = {"data": [{"zmin": -2.0, "zmax": 2.0, "zmid": 0.0, "colorscale": "RdBu"}],
@@ -237,6 +237,10 @@ def test_compare_shared_scale_rules():
     assert drawn["data"][0]["zmid"] == 0.0 and drawn["data"][0]["zmin"] == -2.0
     assert "zmid" not in seq["data"][0] and seq["data"][0]["zmax"] == 0.5   # original kept
     assert drawn["data"][0]["colorbar"]["title"]["text"] == "pattern (shared)"
+    masked = {"data": [{**seq["data"][0], "colorbar": {"title": {
+        "text": "pattern<br><span>grey: masked</span>"}}}], "layout": {}}
+    text = with_scale(masked, both, "shared")["data"][0]["colorbar"]["title"]["text"]
+    assert text.startswith("pattern (shared)<br>") and "grey: masked" in text
 
 
 @pytest.mark.parametrize("models, message", [

@@ -1,4 +1,4 @@
-"""The explorer's fast figures: every head as ONE heatmap (interp.map_plots.head_mosaic_figure),
+"""The explorer's fast figures: every head as ONE heatmap (interp.plots.maps.head_mosaic_figure),
 clicks mapped back to (layer, head), figure dicts with typed float32 arrays that carry the exact
 values (block means for thumbnails, the full map for the zoomed head)."""
 
@@ -15,7 +15,7 @@ from dashboards.app import create_app
 from dashboards.map_cache import MAP_CACHE
 from dashboards.store import ModelStore
 from interp.explore import downsample, find_map_stage
-from interp.map_plots import (
+from interp.plots.maps import (
     head_mosaic_figure,
     map_figure,
     map_figure_dict,
@@ -74,7 +74,8 @@ def test_mosaic_tiles_are_the_block_means_with_nan_gutters(store, n, size):
             np.testing.assert_allclose(tile, want, rtol=2e-7, atol=0, equal_nan=True)
     assert np.isnan(z[t, :]).all() and np.isnan(z[:, t]).all()     # the gutters
     assert trace["zmin"] == 0.0 and "zmid" not in trace         # a distribution: sequential
-    assert trace["colorbar"]["title"]["text"] == "pattern"
+    assert trace["colorbar"]["title"]["text"].startswith("pattern")
+    assert "grey: masked" in trace["colorbar"]["title"]["text"]         # the legend of NaN
 
 
 def test_mosaic_labels_name_head_layer_and_block_and_clicks_map_back(store):

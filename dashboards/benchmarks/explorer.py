@@ -9,7 +9,7 @@ downsampled, only the zoomed head at full size. Each request goes through the Da
 (`/_dash-update-component`, Flask test client, `Accept-Encoding: zstd, gzip` as a browser
 sends it), so a time includes validation, the maps (cached per model and prompt by
 `dashboards.map_cache`), the figures (the thumbnails as ONE heatmap, every figure a plain dict
-with typed float32 arrays: `interp.map_plots.head_mosaic_figure`, `map_figure_dict`), JSON
+with typed float32 arrays: `interp.plots.maps.head_mosaic_figure`, `map_figure_dict`), JSON
 (orjson through plotly) and compression. The models have the text zoo's
 `l4mlp` shape (4 layers with MLPs, d_model 256, 8 heads, n_ctx 512) with random weights and a
 character tokenizer, so a 511-character prompt is 512 tokens; weights do not change the cost.

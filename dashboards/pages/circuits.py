@@ -18,11 +18,6 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.circuit_plots import (
-    composition_vs_baseline_figure,
-    copying_scores_figure,
-    token_circuit_figure,
-)
 from interp.circuit_tokens import (
     MAX_TOKENS,
     distinct_token_ids,
@@ -32,6 +27,11 @@ from interp.circuit_tokens import (
 )
 from interp.circuits import composition_table, copying_scores
 from interp.composed import composed_ov, composed_qk
+from interp.plots.circuits import (
+    composition_vs_baseline_figure,
+    copying_scores_figure,
+    token_circuit_figure,
+)
 
 TITLE = "Circuits"
 ID = "circuits"

@@ -1,20 +1,26 @@
 """Compare: two to five models side by side on the same prompt, at the same layer, head and
 stage (or, where a model lacks the stage, the stage playing the same role in its catalogue):
 each model's layer x head thumbnails (ONE heatmap per model, `panels.mosaic_figure`) above its
-chosen head at full size. The thumbnails of all models share one colour range, and so do the
-zoomed heads, so that equal colours mean equal values across the columns."""
+chosen head at full size. With the scale switch on "shared" (default) the thumbnails of all
+models share one colour range, and so do the zoomed heads, so that equal colours mean equal
+values across the columns; on "per model" each column keeps its own range (one model's outlier,
+DCMHA's +-17, no longer greys out the others). Columns wrap onto more rows."""
 
 from __future__ import annotations
 
-from dash import Input, Output, html
+from dash import Input, Output, dcc, html
 
 from dashboards.figures import check_models, error_box, graph, graph_config
 from dashboards.panels import build_panel, mosaic_figure, wanted_stage, zoom_figure
-from interp.map_plots import MapScale
+from interp.plots.colors import colorbar_title
+from interp.plots.maps import MapScale
 
 TITLE = "Compare models"
 ID = "compare"
 CELL_PX = 70        # thumbnail tile size (pixels) per head in each model's mosaic
+SCALES = {"shared": "one scale for all models", "per model": "each model its own scale"}
+LINK = {"scale": ("compare-scale", "shared")}
+COLUMN_PX = 420     # a column's width: columns wrap onto more rows past the window's width
 
 
 def layout(store):
@@ -23,15 +29,20 @@ def layout(store):
                "A model without the chosen stage shows its closest stage: the plain softmax for "
                "a row-stochastic stage, the logits entering the softmax for a pre-softmax one, "
                "the effective pattern otherwise. The thumbnails of all columns share one colour "
-               "range, and so do the zoomed heads (red-blue around 0 when any is signed)."),
+               "range, and so do the zoomed heads (red-blue around 0 when any is signed); "
+               "switch to \"per model\" when one model's range hides the others'."),
+        html.Div([html.Label("colour scale", style={"fontWeight": "bold"}),
+                  dcc.RadioItems([{"label": v, "value": k} for k, v in SCALES.items()],
+                                 LINK["scale"][1], id="compare-scale", inline=True)],
+                 style={"display": "flex", "gap": "8px", "alignItems": "center"}),
         error_box("compare-error"),
         html.Div(id="compare-columns", style={"display": "flex", "gap": "12px",
-                                              "overflowX": "auto"}),
+                                              "flexWrap": "wrap"}),
     ])
 
 
 def shared_scale(figures: list[dict]) -> MapScale | None:
-    """One colour scale covering every figure's own (`interp.map_plots.map_scale`) range:
+    """One colour scale covering every figure's own (`interp.plots.maps.map_scale`) range:
     diverging around 0 if any is diverging (then +-the largest |value|), else sequential from 0
     to the largest top. None for no figures."""
     traces = [f["data"][0] for f in figures]
@@ -48,14 +59,19 @@ def with_scale(figure: dict, scale: MapScale, note: str) -> dict:
     trace = {k: v for k, v in figure["data"][0].items() if k != "zmid"}
     trace.update(scale.heatmap_args())
     bar = dict(trace.get("colorbar", {}))
-    bar["title"] = dict(text=f"{bar.get('title', {}).get('text', '')} ({note})", side="right")
+    text = bar.get("title", {}).get("text", "")
+    bar["title"] = colorbar_title(f"{text.split('<br>')[0]} ({note})", "masked" in text)
     trace["colorbar"] = bar
     return {"data": [trace], "layout": figure["layout"]}
 
 
-def compute(store, names, text, layer, head, stage) -> list:
-    """One column per model: its note or error, thumbnails and zoomed head. ValueError for a
-    request that no column can answer (bad model list, unknown stage)."""
+def compute(store, names, text, layer, head, stage, scale: str = "shared") -> list:
+    """One column per model: its note or error, thumbnails and zoomed head. `scale`: "shared"
+    (one colour range for all columns) or "per model". ValueError for a request that no
+    column can answer (bad model list, unknown stage, unknown scale)."""
+    scale = LINK["scale"][1] if scale is None else scale
+    if scale not in SCALES:
+        raise ValueError(f"colour scale {scale!r} is not one of {list(SCALES)}")
     names = check_models(store, names, minimum=2)
     wanted = wanted_stage(store, names, stage)
     panels = {}
@@ -67,7 +83,7 @@ def compute(store, names, text, layer, head, stage) -> list:
     good = {n: p for n, p in panels.items() if not isinstance(p, ValueError)}
     mosaics = {n: mosaic_figure(p, cell_px=CELL_PX) for n, p in good.items()}
     zooms = {n: zoom_figure(p) for n, p in good.items()}
-    if len(good) > 1:
+    if len(good) > 1 and scale == "shared":
         mosaic_scale = shared_scale(list(mosaics.values()))
         zoom_scale = shared_scale(list(zooms.values()))
         mosaics = {n: with_scale(f, mosaic_scale, "shared") for n, f in mosaics.items()}
@@ -87,7 +103,8 @@ def compute(store, names, text, layer, head, stage) -> list:
                       config=graph_config(panel.filename)),
             ]
         columns.append(html.Div(children, className="compare-column",
-                                style={"flex": f"1 0 {max(300, 900 // len(names))}px"}))
+                                style={"flex": f"0 1 {COLUMN_PX}px",
+                                       "minWidth": "300px"}))
     return columns
 
 
@@ -95,9 +112,9 @@ def register(app, store):
     @app.callback(Output("compare-columns", "children"), Output("compare-error", "children"),
                   Input("ctl-models", "value"), Input("ctl-applied-prompt", "data"),
                   Input("ctl-layer", "value"), Input("ctl-head", "value"),
-                  Input("ctl-stage", "value"))
-    def _update(names, text, layer, head, stage):
+                  Input("ctl-stage", "value"), Input("compare-scale", "value"))
+    def _update(names, text, layer, head, stage, scale):
         try:
-            return compute(store, names, text, layer, head, stage), ""
+            return compute(store, names, text, layer, head, stage, scale), ""
         except ValueError as err:
             return [], str(err)

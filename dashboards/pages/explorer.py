@@ -25,8 +25,8 @@ from dashboards.panels import (
     zoom_table,
 )
 from interp.explore import row_and_column
-from interp.map_plots import mosaic_head
 from interp.plots import row_column_figure
+from interp.plots.maps import mosaic_head
 
 TITLE = "Attention explorer"
 ID = "explorer"

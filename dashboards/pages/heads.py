@@ -21,7 +21,6 @@ from dashboards.figures import (
     number_input,
 )
 from interp._common import map_stage_names
-from interp.circuit_plots import composition_vs_baseline_figure
 from interp.circuits import composition_table
 from interp.induction_study import (
     METRICS_FILE,
@@ -30,7 +29,8 @@ from interp.induction_study import (
     probe_scores,
     training_curve,
 )
-from interp.output_plots import ablation_effect_figure, scores_figure, training_curve_figure
+from interp.plots.circuits import composition_vs_baseline_figure
+from interp.plots.outputs import ablation_effect_figure, scores_figure, training_curve_figure
 
 TITLE = "Induction heads"
 ID = "heads"

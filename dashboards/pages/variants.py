@@ -19,7 +19,6 @@ from interp.cope import cope_layers, counted_units, gate_openers, positional_att
 from interp.explore import downsample, downsample_labels, find_map_stage
 from interp.gating import gate_values
 from interp.infini import memory_layers, memory_specialisation
-from interp.map_plots import map_figure
 from interp.mta import kernel_table, key_query_kernels
 from interp.plots import (
     head_heatmap,
@@ -29,6 +28,7 @@ from interp.plots import (
     positional_attention_figure,
     stage_change_figure,
 )
+from interp.plots.maps import map_figure
 from interp.stage_change import catalogue_changes
 
 TITLE = "Variants"

@@ -19,14 +19,31 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-# Attention-map figures (colour bars, diverging / sequential scales) live in their own file.
-from interp.map_plots import head_grid_figure, map_figure, map_scale, row_column_figure  # noqa: F401
+from interp.plots.colors import (
+    CLASS_COLOURS,
+    DIVERGING,
+    MASKED,
+    SEQUENTIAL,
+    coloraxis_args,
+    scale_args,
+)
 
-CLASS_COLOURS = {"high": "#d62728", "memory specialist": "#d62728", "low": "#1f77b4",
-                 "local specialist": "#1f77b4", "mixer": "#2ca02c", "intermediate": "#7f7f7f",
-                 "excite": "#d62728", "inhibit": "#1f77b4", "neutral": "#7f7f7f",
-                 "identity": "#7f7f7f", "diagonal": "#9467bd", "priming": "#ff7f0e",
-                 "edge": "#17becf", "mixed": "#8c564b"}
+# The classes of a sigmoid gate (`interp.gating.classify_gate`) as the Infini-attention paper
+# names them for its memory gate; other gates keep the threshold's words.
+GATE_CLASS_NAMES = {"high": "high (mean >= 0.8)", "low": "low (mean <= 0.2)", "mixer": "mixer",
+                    "intermediate": "intermediate", "excite": "excite", "inhibit": "inhibit",
+                    "neutral": "neutral"}
+
+
+def _head_scale(z, zmid: float | None) -> dict:
+    """Colour arguments of a layer x head grid: zero-centred around `zmid` when given (or when
+    values are signed), else one-sided from 0."""
+    if zmid is None:
+        return scale_args(z)
+    a = np.asarray(z, dtype=float) - zmid
+    m = float(np.nanmax(np.abs(a))) if np.isfinite(a).any() else 1.0
+    m = m if m > 0 else 1.0
+    return dict(colorscale=DIVERGING, zmin=zmid - m, zmax=zmid + m, zmid=zmid)
 
 
 def _grid(df: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -39,7 +56,7 @@ def head_heatmap(df: pd.DataFrame, column: str, title: str | None = None,
     grid = _grid(df, column)
     fig = go.Figure(go.Heatmap(
         z=grid.to_numpy(), x=[f"H{h}" for h in grid.columns], y=[f"L{x}" for x in grid.index],
-        colorscale="RdBu_r" if zmid is not None else "Viridis", zmid=zmid,
+        **_head_scale(grid.to_numpy(), zmid),
         hovertemplate="%{y}%{x}: %{z:.3f}<extra>" + column + "</extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or column, height=120 + 40 * len(grid), margin=dict(t=50))
@@ -61,11 +78,7 @@ def head_table_figure(df: pd.DataFrame, columns: list[str], title: str = "") -> 
     # a signed table gets a zero-centred diverging scale.
     values = df[columns].to_numpy(dtype=float)
     lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
-    if lo < 0:
-        m = max(-lo, hi)
-        axis = dict(colorscale="RdBu_r", cmin=-m, cmax=m, cmid=0.0)
-    else:
-        axis = dict(colorscale="Viridis", cmin=0, cmax=max(hi, 1e-12))
+    axis = coloraxis_args([lo, hi], signed=lo < 0, zmax=None if lo < 0 else max(hi, 1e-12))
     fig.update_layout(title=title, coloraxis=axis,
                       height=160 + 40 * df["layer"].nunique(), margin=dict(t=60))
     return fig
@@ -93,8 +106,9 @@ def composition_figure(table: pd.DataFrame, mode: str = "K") -> go.Figure:
     grid = t.pivot_table(index="source", columns="dest", values="score")
     base = float(t["baseline"].iloc[0]) if len(t) else 0.0
     fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale="RdBu_r",
-        zmid=base, hovertemplate="%{y} -> %{x}: %{z:.3f}<extra>" + mode + "</extra>"))
+        z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
+        **_head_scale(grid.to_numpy(), base),
+        hovertemplate="%{y} -> %{x}: %{z:.3f}<extra>" + mode + "</extra>"))
     fig.update_yaxes(autorange="reversed", title="writer (earlier layer)")
     fig.update_xaxes(title="reader (later layer)")
     fig.update_layout(title=f"{mode}-composition (colour centred on random baseline "
@@ -105,7 +119,7 @@ def composition_figure(table: pd.DataFrame, mode: str = "K") -> go.Figure:
 def copying_figure(df: pd.DataFrame) -> go.Figure:
     """Copying score (OV eigenvalue positivity) of every head as a layer x head heatmap."""
     fig = head_heatmap(df, "copying", "Copying score sum(lambda)/sum(|lambda|)", zmid=0.0)
-    fig.data[0].update(zmin=-1, zmax=1)
+    fig.data[0].update(zmin=-1, zmax=1, zmid=0.0)
     return fig
 
 
@@ -131,8 +145,14 @@ def diversity_figure(curves: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def gate_figure(df: pd.DataFrame) -> go.Figure:
-    """Mean gate per head (with min-max range), one panel per gate stage, coloured by class."""
+def gate_figure(df: pd.DataFrame, class_names: dict | None = None) -> go.Figure:
+    """Mean gate per head (with min-max range), one panel per gate stage, coloured by class.
+
+    `class_names` renames `interp.gating` classes (default `GATE_CLASS_NAMES`); for an
+    Infini-attention model pass `interp.infini.CLASS_NAMES`, so that this figure and
+    `memory_figure` call a class the same ("memory specialist", "local specialist")."""
+    names = {**GATE_CLASS_NAMES, **(class_names or {})}
+    df = df.assign(**{"class": df["class"].map(lambda c: names.get(c, c))}) if len(df) else df
     if not len(df):
         fig = go.Figure()
         fig.add_annotation(text="no per-head gate stage in this model's catalogue",
@@ -172,7 +192,7 @@ def mixing_figure(M: torch.Tensor, layer: int, phase: str) -> go.Figure:
     H = M.shape[0]
     labels = [f"L{layer}H{h}" for h in range(H)]
     fig = go.Figure(go.Heatmap(z=M.detach().double().numpy(), x=labels, y=labels,
-                               colorscale="RdBu_r", zmid=0.0,
+                               **scale_args(M.detach().double().numpy(), signed=True),
                                hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="source head")
     fig.update_xaxes(title="mixed head")
@@ -191,8 +211,9 @@ def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
     vmax = float(kernels.abs().max()) or 1.0
     for h in range(H):
-        fig.add_trace(go.Heatmap(z=kernels[h].double().numpy(), colorscale="RdBu_r",
-                                 zmin=-vmax, zmax=vmax, showscale=h == 0),
+        fig.add_trace(go.Heatmap(z=kernels[h].double().numpy(), colorscale=DIVERGING,
+                                 zmin=-vmax, zmax=vmax, zmid=0.0, showscale=h == 0,
+                                 colorbar=dict(thickness=14, len=0.9)),
                       row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title, height=200 * rows)
@@ -206,7 +227,7 @@ def stage_change_figure(df: pd.DataFrame, metric: str = "js") -> go.Figure:
     grid = d.assign(step=step).pivot_table(index="head_label", columns="step", values=metric,
                                            sort=False)
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
-                               colorscale="Magma",
+                               **scale_args(grid.to_numpy()),
                                hovertemplate="%{y} %{x}: %{z:.3f}<extra>" + metric
                                              + "</extra>"))
     fig.update_yaxes(autorange="reversed")
@@ -218,7 +239,9 @@ def positional_attention_figure(maps: torch.Tensor, head: int, batch: int = 0,
                                 labels: list[str] | None = None) -> go.Figure:
     """CoPE positional-only attention softmax(q.e[p]) of one head (`positional_attention`)."""
     z = maps[batch, head].double().numpy()
-    fig = go.Figure(go.Heatmap(z=z, x=labels, y=labels, colorscale="Blues", zmin=0))
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=labels, colorscale=SEQUENTIAL, zmin=0,
+                               zmax=float(np.nanmax(z)) if np.isfinite(z).any() else 1.0))
+    fig.update_layout(plot_bgcolor=MASKED)
     fig.update_yaxes(autorange="reversed", title="query")
     fig.update_xaxes(title="key")
     fig.update_layout(title=f"Positional-only attention, head {head}")

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from interp.map_plots import DIVERGING, token_ticks
+from interp.plots.colors import DIVERGING
+from interp.plots.maps import token_ticks
 
 TEXT_TOKENS = 12
 AXES = {"qk": ("query token", "key token", "content score"),

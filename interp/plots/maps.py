@@ -32,9 +32,8 @@ from torch import Tensor
 
 from hooked_models.attention import Stage
 from interp.explore import downsample
+from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
 
-SEQUENTIAL = "Blues"
-DIVERGING = "RdBu_r"
 MAX_TEXT_CELLS = 20      # numbers drawn in the cells up to 20 x 20: beyond, they overlap
 MAX_TICKS = 48           # token labels per axis; longer inputs label every n-th token
 
@@ -48,7 +47,7 @@ class MapScale:
     zmax: float
 
     @property
-    def colorscale(self) -> str:
+    def colorscale(self) -> list:
         return DIVERGING if self.kind == "diverging" else SEQUENTIAL
 
     @property
@@ -134,16 +133,17 @@ def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str =
     scale = scale or (_scale_of(stage, z) if map2d.dtype == torch.float32
                       else map_scale(stage, map2d))
     text = dict(texttemplate="%{z:.2f}", textfont=dict(size=9)) if q <= MAX_TEXT_CELLS else {}
+    masked = bool(np.isnan(z).any())
     trace = dict(type="heatmap", z=typed_array(z), x=list(labels), y=list(labels),
                  **scale.heatmap_args(), **text,
-                 colorbar=dict(title=dict(text=stage.name, side="right"), thickness=14),
+                 colorbar=dict(title=colorbar_title(stage.name, masked), thickness=14),
                  hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra>" + stage.name
                  + "</extra>")
     layout = dict(
         xaxis=dict(title=dict(text="key"), tickangle=-90, **token_ticks(labels)),
         yaxis=dict(title=dict(text="query"), autorange="reversed", **token_ticks(labels)),
         title=dict(text=title or stage_caption(stage), font=dict(size=13)),
-        height=height, margin=dict(l=60, r=20, t=50, b=60))
+        plot_bgcolor=MASKED, height=height, margin=dict(l=60, r=20, t=50, b=60))
     return {"data": [trace], "layout": layout}
 
 
@@ -185,7 +185,9 @@ def head_grid_figure(grid: list[Tensor | None], stage: Stage, title: str = "",
     fig.update_yaxes(showticklabels=False, autorange="reversed")
     fig.update_layout(
         coloraxis=dict(colorscale=scale.colorscale, cmin=scale.zmin, cmax=scale.zmax,
-                       cmid=scale.zmid, colorbar=dict(title=dict(text=stage.name), thickness=12)),
+                       cmid=scale.zmid,
+                       colorbar=dict(title=colorbar_title(stage.name), thickness=12)),
+        plot_bgcolor=MASKED,
         title=dict(text=title or f"every head: {stage_caption(stage)} (click to zoom)",
                    font=dict(size=13)),
         height=60 + cell_px * n_layers, width=90 + cell_px * n_heads,
@@ -241,7 +243,7 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
         y += _block_labels(f"L{layer} q", n, f) + ([f"L{layer}|"] if layer < n_layers - 1 else [])
     mid = t // 2
     trace = dict(type="heatmap", z=typed_array(z), x=x, y=y, **scale.heatmap_args(),
-                 colorbar=dict(title=dict(text=stage.name, side="right"), thickness=12),
+                 colorbar=dict(title=colorbar_title(stage.name), thickness=12),
                  name="heads",     # gaps hover too: a click on a masked cell still zooms
                  hovertemplate="%{y}<br>%{x}<br>%{z:.4f}<extra>" + stage.name + "</extra>")
     axis = dict(tickmode="array", showgrid=False, zeroline=False)
@@ -254,7 +256,7 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
                    ticktext=[f"L{la}" for la in range(n_layers)]),
         title=dict(text=title or f"every head: {stage_caption(stage)} (click to zoom)",
                    font=dict(size=13)),
-        height=100 + cell_px * n_layers, width=110 + cell_px * n_heads,
+        plot_bgcolor=MASKED, height=100 + cell_px * n_layers, width=110 + cell_px * n_heads,
         margin=dict(l=60, r=30, t=50, b=50))
     return {"data": [trace], "layout": layout}
 

@@ -11,18 +11,14 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from interp.map_plots import token_ticks
 from interp.outputs import RepeatLosses
-from interp.plots import head_table_figure
-
-COLOURS = qualitative.Plotly
-
-
-def _colour(i: int) -> str:
-    return COLOURS[i % len(COLOURS)]
+from interp.plots.analyses import head_table_figure
+from interp.plots.colors import QUALITATIVE as COLOURS  # noqa: F401 (re-exported)
+from interp.plots.colors import SEQUENTIAL
+from interp.plots.colors import colour as _colour
+from interp.plots.maps import token_ticks
 
 
 def position_loss_figure(curves: dict[str, tuple[torch.Tensor, list[str]]],
@@ -56,7 +52,7 @@ def top_k_figure(table: pd.DataFrame, title: str = "") -> go.Figure:
     labels = [f"{p}:{t}" for p, t in zip(positions, first["token"], strict=True)]
     fig = go.Figure(go.Heatmap(
         z=grid.to_numpy(), x=[f"#{r}" for r in range(1, k + 1)], y=labels,
-        text=text.to_numpy(), texttemplate="%{text}", colorscale="Blues", zmin=0.0, zmax=1.0,
+        text=text.to_numpy(), texttemplate="%{text}", colorscale=SEQUENTIAL, zmin=0.0, zmax=1.0,
         colorbar=dict(title="probability"),
         hovertemplate="after %{y}, rank %{x}: %{text} p=%{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="input position: token",

@@ -14,8 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-VARIANT_COLOURS = {"mha": "#1f77b4", "mta": "#ff7f0e", "cope": "#2ca02c", "dcmha": "#d62728",
-                   "infini": "#9467bd"}
+from interp.plots.colors import SEQUENTIAL, VARIANT_COLOURS  # noqa: F401 (re-exported)
+
 SHAPE_DASH = {"l1": "dot", "l2": "solid", "l4mlp": "dash"}
 
 
@@ -81,7 +81,7 @@ def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     table = table.assign(row=table["model"] + " " + table["head_label"])
     grid = table.pivot_table(index="row", columns="category", values="mean_gate")
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
-                               zmin=0, zmax=1, colorscale="Viridis",
+                               zmin=0, zmax=1, colorscale=SEQUENTIAL,
                                colorbar=dict(title="mean gate"),
                                text=grid.round(2).to_numpy(), texttemplate="%{text}"))
     fig.update_layout(title="CoPE: what each head counts (mean gate by key token category)",

@@ -30,8 +30,9 @@ def model_head_heatmap(table: pd.DataFrame, value: str, column: str = "head_labe
              if {"layer", "head"} <= set(table.columns) else sorted(table[column].unique()))
     grid = table.pivot_table(index="model", columns=column, values=value, aggfunc="mean",
                              sort=False).reindex(columns=order)
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(dtype=float), x=list(grid.columns),
-                               y=list(grid.index), colorscale="Viridis",
+    z = grid.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index),
+                               **plots.scale_args(z),
                                colorbar={"title": value}, hoverongaps=False))
     fig.update_layout(title=title or value, xaxis_title=column, yaxis_title="model",
                       height=200 + 30 * len(grid.index))

@@ -1,0 +1,41 @@
+"""Plotly figures of attnlens: they draw what the analyses of `interp` return.
+
+One package around one colour module (`interp.plots.colors`: explicit scales, white zero,
+zero-centred signed maps, grey masked cells):
+
+    colors     the colour scales and discrete colours every figure uses
+    maps       attention maps: one map, every head's thumbnails, rows and columns, token ticks
+    analyses   per-head tables, ablations, composition, diversity, gates, kernels, stages
+    circuits   full QK / OV circuits over tokens, copying and composition scores
+    outputs    predictions: loss by position, top-k, repeated-text loss, ablation effects
+    training   the text-zoo studies: curves across training, variant comparisons
+    views      token view (CircuitsVis-style), head view (bertviz-style), head ranking, DLA
+
+Every public name of these modules is importable from `interp.plots` itself; the earlier
+module names (`interp.map_plots`, `interp.circuit_plots`, `interp.output_plots`,
+`interp.training_plots`) are aliases of the modules here.
+
+Example:
+    >>> from interp.heads import induction_table
+    >>> fig = head_heatmap(induction_table(model), "induction_stripe")   # doctest: +SKIP
+    >>> save_figure(fig, "out/induction")                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from interp.plots import analyses, circuits, colors, maps, outputs, training
+from interp.plots.analyses import *  # noqa: F403
+from interp.plots.circuits import *  # noqa: F403
+from interp.plots.colors import *  # noqa: F403
+from interp.plots.maps import *  # noqa: F403
+from interp.plots.outputs import *  # noqa: F403
+from interp.plots.training import *  # noqa: F403
+
+
+def _public(module) -> list[str]:
+    return [n for n in vars(module) if not n.startswith("_") and getattr(
+        vars(module)[n], "__module__", module.__name__) == module.__name__]
+
+
+__all__ = sorted({n for m in (analyses, circuits, colors, maps, outputs, training)
+                  for n in getattr(m, "__all__", _public(m))})

@@ -1,0 +1,101 @@
+"""Issue 22 item 2: one colour module for every figure. Explicit scales (plotly.js reads named
+scales differently from plotly.py), white zero on every one-sided and signed scale, signed maps
+zero-centred, masked cells grey and said so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from interp import plots
+from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, coloraxis_args, scale_args
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE_CODE = [*ROOT.glob("interp/plots/*.py"), *ROOT.glob("dashboards/**/*.py"),
+               ROOT / "interp/sweep/figures.py"]
+
+
+def test_scales_are_explicit_with_white_zero():
+    assert SEQUENTIAL[0] == [0.0, "#ffffff"]
+    assert [0.5, "#ffffff"] in DIVERGING and DIVERGING[0][0] == 0 and DIVERGING[-1][0] == 1
+    one = scale_args(np.array([0.1, 0.7, np.nan]))
+    assert one == dict(colorscale=SEQUENTIAL, zmin=0.0, zmax=0.7)
+    signed = scale_args([-0.5, 3.0, -np.inf])
+    assert signed == dict(colorscale=DIVERGING, zmin=-3.0, zmax=3.0, zmid=0.0)
+    assert scale_args([0.0, 0.0])["zmax"] == 1.0 and scale_args([], signed=True)["zmax"] == 1.0
+    assert coloraxis_args([-1, 2])["cmid"] == 0.0
+
+
+@pytest.mark.parametrize("path", FIGURE_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_named_plotly_scale_in_figure_code(path):
+    text = path.read_text()
+    named = re.findall(r"colou?r(?:scale|_continuous_scale)\s*=\s*[\"']([A-Za-z_]+)[\"']", text)
+    assert not named, f"{path.name} passes named colour scales {named}"
+
+
+def test_every_heatmap_figure_uses_the_module_scales():
+    df = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "s": [0.1, 0.9, 0.3, 0.0],
+                       "t": [-0.2, 0.4, 0.1, 0.0], "copying": [0.5, -0.5, 0.2, 0.1]})
+    figures = [plots.head_heatmap(df, "s"), plots.head_heatmap(df, "t", zmid=0.0),
+               plots.copying_figure(df),
+               plots.mixing_figure(torch.tensor([[1.0, -0.5], [0.2, 0.3]]), 0, "pre"),
+               plots.kernel_figure(torch.randn(2, 3, 3)),
+               plots.positional_attention_figure(torch.rand(1, 2, 4, 4), 0)]
+    for fig in figures:
+        h = fig.data[0]
+        scale = [list(c) for c in h.colorscale]
+        assert scale in (SEQUENTIAL, DIVERGING), fig.layout.title.text
+        if scale == DIVERGING:
+            assert h.zmid is not None and h.zmin == pytest.approx(2 * h.zmid - h.zmax)
+        else:
+            assert h.zmin == 0
+    axis = plots.head_table_figure(df, ["s", "t"]).layout.coloraxis
+    assert [list(c) for c in axis.colorscale] == DIVERGING and axis.cmid == 0
+
+
+def test_masked_cells_are_grey_and_the_legend_says_so():
+    from hooked_models.attention import Stage
+
+    stage = Stage("pattern", "softmax", "post", True, "[batch head_index query_pos key_pos]")
+    m = torch.tril(torch.rand(4, 4)).masked_fill(torch.triu(torch.ones(4, 4, dtype=bool), 1),
+                                                 float("-inf"))
+    fig = plots.map_figure_dict(m, stage, [f"{i}:a" for i in range(4)])
+    assert fig["layout"]["plot_bgcolor"] == MASKED
+    assert "grey: masked" in fig["data"][0]["colorbar"]["title"]["text"]
+    assert fig["data"][0]["colorscale"] == SEQUENTIAL and fig["data"][0]["zmin"] == 0.0
+
+
+def test_gate_classes_share_one_vocabulary():
+    from interp.infini import CLASS_NAMES
+
+    df = pd.DataFrame({"head_label": ["L0H0", "L0H1"], "layer": [0, 0], "head": [0, 1],
+                       "stage": ["gate", "gate"], "mean": [0.9, 0.1], "min": [0.8, 0.0],
+                       "max": [1.0, 0.2], "class": ["high", "low"]})
+    infini = {t.name for t in plots.gate_figure(df, CLASS_NAMES).data}
+    assert infini == {"memory specialist", "local specialist"}
+    mem = pd.DataFrame({"gate": [0.9, 0.1], "memory_ratio": [0.8, 0.1],
+                        "class": ["memory specialist", "local specialist"]},
+                       index=["L0H0", "L0H1"])
+    assert {t.name for t in plots.memory_figure(mem).data} == infini
+    other = {t.name for t in plots.gate_figure(df).data}
+    assert other == {"high (mean >= 0.8)", "low (mean <= 0.2)"}
+    for fig in (plots.gate_figure(df, CLASS_NAMES), plots.gate_figure(df)):
+        assert all(t.marker.color for t in fig.data)
+
+
+def test_old_module_names_are_the_package_modules():
+    import interp.circuit_plots
+    import interp.map_plots
+    import interp.output_plots
+    import interp.training_plots
+
+    assert interp.map_plots is plots.maps and interp.circuit_plots is plots.circuits
+    assert interp.output_plots is plots.outputs and interp.training_plots is plots.training
+    for name in ("map_figure", "head_heatmap", "token_circuit_figure", "top_k_figure",
+                 "phase_change_figure", "save_figure", "kernel_figure", "SEQUENTIAL"):
+        assert hasattr(plots, name), name

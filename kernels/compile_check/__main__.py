@@ -1,0 +1,149 @@
+"""`python -m kernels.compile_check [--quick] [--json FILE]`: compile every kernel for sm_80/sm_90.
+
+Prints one row per compiled kernel (op, option, pass, kernel, config, dtype, d_head, arch,
+registers, spilled bytes, shared memory, compile seconds), then a summary per op, kernel and
+config. Exits 1 on a compile error, shared memory above the architecture's per-block limit, or
+registers x threads above the register file (and, with `--fail-on-spill`, on any spill).
+Run it with TRITON_INTERPRET unset: the interpreter replaces the compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="main option of each op, first autotune config, bf16, sm_90, d_head 64")
+    p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
+    p.add_argument("--ops", nargs="+", help="only these ops")
+    p.add_argument("--main-only", action="store_true",
+                   help="only each op's main option (every config, dtype, d_head, arch)")
+    p.add_argument("--dtypes", nargs="+", choices=("fp16", "bf16", "fp32"))
+    p.add_argument("--archs", nargs="+", type=int, choices=(80, 90))
+    p.add_argument("--d-heads", nargs="+", type=int)
+    p.add_argument("--workers", type=int, default=1,
+                   help="compile in a pool of this many forked processes (default 1)")
+    p.add_argument("--cache-dir", help="Triton cache to reuse (default: a fresh temporary one, "
+                   "so compile times are real)")
+    p.add_argument("--fail-on-spill", action="store_true", help="also exit 1 on any spill")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+HEADER = ("op", "option", "pass", "kernel", "config", "dtype", "d", "arch", "regs", "spill",
+          "smem_KB", "s")
+
+
+def _cells(r):
+    return (r["op"], r["option"], r["pass"], r["kernel"], r["config"], r["dtype"],
+            str(r["d_head"]), r["arch"], str(r["registers"]), str(r["spill_bytes"]),
+            f"{r['shared_bytes'] / 1024:.1f}", f"{r['compile_s']:.1f}")
+
+
+def format_rows(rows) -> str:
+    """The per-kernel table as aligned text (problems appended to their rows)."""
+    table = [HEADER] + [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in table) for i in range(len(HEADER))]
+    lines = []
+    for cells, r in zip(table, [None] + list(rows), strict=True):
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        if r is not None and r["problems"]:
+            line += "  <- " + "; ".join(r["problems"])
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def summary(rows) -> list[dict]:
+    """Per (op, kernel, config, arch): kernels compiled, registers min-max, max spill and
+    shared memory, over dtypes, d_heads and options."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r["error"]:
+            groups.setdefault((r["op"], r["pass"], r["kernel"], r["config"], r["arch"]),
+                              []).append(r)
+    out = []
+    for (op, pass_, kernel, config, arch), rs in groups.items():
+        spilling = sorted({f"{r['dtype']}/d{r['d_head']}/{r['option']}" for r in rs
+                           if r["spill_bytes"]})
+        out.append(dict(op=op, pass_=pass_, kernel=kernel, config=config, arch=arch, n=len(rs),
+                        regs=(min(r["registers"] for r in rs), max(r["registers"] for r in rs)),
+                        spill=max(r["spill_bytes"] for r in rs),
+                        smem=max(r["shared_bytes"] for r in rs), spilling=spilling,
+                        seconds=sum(r["compile_s"] for r in rs)))
+    return out
+
+
+def format_summary(groups) -> str:
+    lines = ["| op | pass | kernel | config | arch | kernels | registers | max spill B | "
+             "max smem KB |", "|---|---|---|---|---|---|---|---|---|"]
+    for g in groups:
+        lo, hi = g["regs"]
+        lines.append(f"| {g['op']} | {g['pass_']} | {g['kernel']} | {g['config']} | {g['arch']} "
+                     f"| {g['n']} | {lo}-{hi} | {g['spill']} | {g['smem'] / 1024:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("TRITON_INTERPRET is set: the interpreter replaces Triton's compiler; unset it "
+              "(env -u TRITON_INTERPRET python -m kernels.compile_check)", file=sys.stderr)
+        return 2
+    os.environ["TRITON_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="compile_check_")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, quietly
+    import triton
+
+    from kernels.compile_check.run import compile_all, jobs
+
+    start = time.perf_counter()
+    job_list = jobs(quick=args.quick, ops=args.ops, dtypes=args.dtypes, archs=args.archs,
+                    d_heads=args.d_heads, main_only=args.main_only)
+    print(f"triton {triton.__version__}: {len(job_list)} kernels to compile "
+          f"({time.perf_counter() - start:.1f} s to enumerate)", file=sys.stderr)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(job_list), unit="kernel", file=sys.stderr)
+
+    log = open(args.json + "l", "w") if args.json else None
+
+    def progress(row):
+        if log is not None:                      # rows as they come (JSON lines)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+        if bar is not None:
+            bar.set_postfix_str(f"{row['op']} {row['kernel']}", refresh=False)
+            bar.update()
+
+    rows = compile_all(job_list, workers=args.workers, progress=progress)
+    if bar is not None:
+        bar.close()
+    if log is not None:
+        log.close()
+        os.remove(args.json + "l")
+    wall = time.perf_counter() - start
+    print(format_rows(rows))
+    print()
+    print(format_summary(summary(rows)))
+    bad = [r for r in rows if r["problems"]]
+    spills = [r for r in rows if r["spill_bytes"]]
+    print(f"\n{len(rows)} kernels compiled in {wall:.0f} s ({sum(r['compile_s'] for r in rows):.0f}"
+          f" s compiling, {args.workers} worker(s)); {len(bad)} failing, {len(spills)} spilling")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if bad or (args.fail_on_spill and spills):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Compile one recorded launch for an NVIDIA architecture with Triton's real compiler, no GPU.
+
+The launch is specialised exactly as `JITFunction.run` would on a GPU (the same binder: dtypes,
+16-divisibility, ints equal to 1 as constants), then `triton.compile` lowers it through
+TTIR/TTGIR/LLIR/PTX to a cubin with the ptxas shipped in the triton wheel, for
+`GPUTarget("cuda", arch, 32)`. The cubin's registers, stack frame and local memory (spills) and
+static shared memory come from the shipped `cuobjdump --dump-resource-usage`; Triton's dynamic
+shared memory from the compile metadata.
+
+Example:
+    >>> row = compile_launch(launch, arch=90)                       # doctest: +SKIP
+    >>> row["registers"], row["spill_bytes"], row["shared_bytes"]    # doctest: +SKIP
+    (107, 0, 66560)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+from functools import cache
+
+from kernels._triton import triton
+
+# Per-block shared memory a kernel may use (dynamic, opted in), bytes: A100 163 KB, H100 227 KB.
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on sm_80 and sm_90
+ARCH_NAMES = {80: "sm_80", 90: "sm_90"}
+
+_USAGE = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def _nvidia_bin(tool: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{tool} is not in the triton wheel ({path})")
+    return path
+
+
+@cache
+def _backend(arch: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    target = GPUTarget("cuda", arch, 32)
+    return target, make_backend(target)
+
+
+def _specialise(launch, arch: int):
+    """`(signature, constexprs, attrs, options)` as `JITFunction.run` computes them."""
+    from triton.runtime.jit import create_function_from_signature
+
+    target, backend = _backend(arch)
+    fn = launch.kernel
+    kwargs = dict(launch.kwargs)
+    knobs = triton.knobs
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound,
+                                                          specialization, options)
+    return target, signature, constexprs, attrs, options
+
+
+def launch_key(launch, arch: int) -> str:
+    """What makes two launches the same compiled kernel (for de-duplication)."""
+    _, signature, constexprs, attrs, options = _specialise(launch, arch)
+    return repr((launch.kernel.cache_key, sorted(signature.items()), sorted(constexprs.items()),
+                 sorted((k, str(v)) for k, v in attrs.items()), sorted(options.__dict__.items(),
+                                                                     key=lambda kv: kv[0])))
+
+
+def resource_usage(cubin: bytes, name: str) -> dict[str, int]:
+    """Registers, stack, static shared, local and spill (stack + local) bytes per thread of
+    kernel `name` in `cubin`."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_nvidia_bin("cuobjdump"), "--dump-resource-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    for fn, reg, stack, shared, local in _USAGE.findall(text):
+        if fn == name:
+            # ptxas puts spilled registers in the stack frame (`ptxas -v`: "264 bytes stack
+            # frame, 548 bytes spill stores"); Triton inlines every call and has no local
+            # arrays, so stack + local memory per thread is what spilling costs.
+            return dict(registers=int(reg), stack_bytes=int(stack), static_shared=int(shared),
+                        local_bytes=int(local), spill_bytes=int(stack) + int(local))
+    raise RuntimeError(f"cuobjdump printed no resource usage for {name}:\n{text}")
+
+
+def describe_error(e: BaseException) -> str:
+    """One line: the innermost compiler message and where it arose (kernel source line)."""
+    where = []
+    while True:
+        node = getattr(e, "node", None)
+        if node is not None and hasattr(node, "lineno"):
+            src = (getattr(e, "src", None) or "").splitlines()
+            line = src[node.lineno - 1].strip() if 0 < node.lineno <= len(src) else ""
+            where.append(line)
+        cause = e.__cause__
+        if cause is None or getattr(e, "error_message", "x") not in (None, ""):
+            break
+        e = cause
+    message = getattr(e, "error_message", None) or str(e).strip() or type(e).__name__
+    message = " ".join(message.split())[:240]
+    return f"{type(e).__name__}: {message}" + (f" [at: {where[-1][:80]}]" if where else "")
+
+
+def problems(row: dict) -> list[str]:
+    """Why the launch of `row` would fail on its architecture (empty when it would not)."""
+    out = []
+    limit = SHARED_LIMIT[row["arch_cc"]]
+    if row["shared_bytes"] > limit:
+        out.append(f"shared memory {row['shared_bytes']} B > {limit} B per block")
+    threads = row["num_warps"] * 32
+    if row["registers"] * threads > REGISTER_FILE:
+        out.append(f"{row['registers']} registers x {threads} threads > {REGISTER_FILE}")
+    return out
+
+
+def compile_launch(launch, arch: int) -> dict:
+    """Compile `launch` for sm_`arch`; returns a row (registers, spills, shared, seconds) or a
+    row with `error` set when the compiler fails."""
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    row = dict(kernel=launch.name, pass_=launch.pass_, config=launch.config,
+               arch=ARCH_NAMES[arch], arch_cc=arch, num_warps=launch.num_warps,
+               num_stages=launch.num_stages, error=None)
+    start = time.perf_counter()
+    try:
+        target, signature, constexprs, attrs, options = _specialise(launch, arch)
+        compiled = triton_compile(ASTSource(launch.kernel, signature, constexprs, attrs),
+                                  target=target, options=options.__dict__)
+        usage = resource_usage(compiled.asm["cubin"], compiled.metadata.name)
+    except Exception as e:  # noqa: BLE001 - every compiler failure is a result to report
+        row.update(registers=0, spill_bytes=0, stack_bytes=0, shared_bytes=0,
+                   compile_s=time.perf_counter() - start, error=describe_error(e))
+        return row
+    row.update(registers=usage["registers"], spill_bytes=usage["spill_bytes"],
+               stack_bytes=usage["stack_bytes"],
+               shared_bytes=int(compiled.metadata.shared) + usage["static_shared"],
+               compile_s=time.perf_counter() - start)
+    return row
+
+
+__all__ = ["ARCH_NAMES", "REGISTER_FILE", "SHARED_LIMIT", "compile_launch", "launch_key",
+           "problems", "resource_usage"]

@@ -1,0 +1,123 @@
+"""Build the compile matrix (cases x dtypes x d_head x configs x archs) and compile it.
+
+`jobs()` records every case's launches (see `capture`), expands them over the architectures
+and drops duplicates (the same kernel, specialisation and options reached from two cases is
+compiled once, under the first); `compile_all()` compiles them, in this process or in a pool
+of forked workers, and returns one row per compiled kernel.
+
+Example:
+    >>> rows = compile_all(jobs(quick=True))                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from kernels.compile_check.capture import Launch, capturing
+from kernels.compile_check.cases import CASES, Case
+from kernels.compile_check.compiler import compile_launch, launch_key, problems
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+ARCHS = (80, 90)
+D_HEADS = (64, 128)
+QUICK = dict(dtypes=("bf16",), archs=(90,), d_heads=(64,))
+
+
+@dataclass
+class Job:
+    """One kernel to compile: the launch, where it came from, the architecture."""
+
+    case: Case
+    dtype: str
+    d_head: int
+    launch: Launch
+    arch: int
+
+
+def _record(case: Case, dtype: str, d_head: int) -> list[Launch]:
+    with capturing() as cap:
+        case.run(cap, DTYPES[dtype], d_head)
+    return cap.launches
+
+
+def _first_configs(launches: list[Launch]) -> list[Launch]:
+    """Keep the first autotune config of each tuned kernel (and every untuned launch)."""
+    seen, out = set(), []
+    for launch in launches:
+        key = (launch.name, launch.pass_)
+        if launch.tuned and key in seen:
+            continue
+        seen.add(key)
+        out.append(launch)
+    return out
+
+
+def jobs(quick: bool = False, ops=None, dtypes=None, archs=None, d_heads=None,
+         main_only: bool = False) -> list[Job]:
+    """The de-duplicated compile jobs. `quick`: main options only, first autotune config,
+    bf16, sm_90, d_head 64 (each default overridable); `main_only`: main options only."""
+    dtypes = dtypes or (QUICK["dtypes"] if quick else tuple(DTYPES))
+    archs = archs or (QUICK["archs"] if quick else ARCHS)
+    d_heads = d_heads or (QUICK["d_heads"] if quick else D_HEADS)
+    main_only = main_only or quick
+    cases = [c for c in CASES if (ops is None or c.op in ops) and (c.main or not main_only)]
+    out, seen = [], set()
+    for case in cases:
+        for dtype in dtypes:
+            for d_head in d_heads:
+                launches = _record(case, dtype, d_head)
+                if quick:
+                    launches = _first_configs(launches)
+                for launch in launches:
+                    for arch in archs:
+                        key = launch_key(launch, arch)
+                        if key not in seen:
+                            seen.add(key)
+                            out.append(Job(case, dtype, d_head, launch, arch))
+    return out
+
+
+def _row(job: Job) -> dict:
+    row = compile_launch(job.launch, job.arch)
+    row = dict(op=job.case.op, option=job.case.name, main=job.case.main, dtype=job.dtype,
+               d_head=job.d_head, **row)
+    row["pass"] = row.pop("pass_")
+    row["problems"] = ([row["error"]] if row["error"] else []) + \
+        ([] if row["error"] else problems(row))
+    return row
+
+
+_JOBS: list[Job] = []
+
+
+def _row_at(i: int) -> dict:
+    return _row(_JOBS[i])
+
+
+def compile_all(job_list: list[Job], workers: int = 1, progress=None) -> list[dict]:
+    """Rows in job order; `progress(row)` is called after each. `workers > 1` forks a pool."""
+    rows = []
+    if workers <= 1:
+        for job in job_list:
+            rows.append(_row(job))
+            if progress:
+                progress(rows[-1])
+        return rows
+    global _JOBS
+    _JOBS = job_list
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=os.nice, initargs=(0,)) as ex:
+        for row in ex.map(_row_at, range(len(job_list))):
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+__all__ = ["ARCHS", "DTYPES", "D_HEADS", "Job", "QUICK", "compile_all", "jobs"]

@@ -235,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
     tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
     tr.add_argument("--only", nargs="+", choices=sorted(RECIPES) + sorted(MIX_RECIPES),
-                    default=None,
-                    help="recipes to train (default: all 15)")
+                    default=None, metavar="RECIPE",
+                    help="recipes to train: text-{mha,mta,cope,dcmha,infini}-{l1,l2,l4mlp}, "
+                         "or a 2-layer data-mix twin text-VARIANT-l2-mix (default: the 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default="out/zoo-text", help="runs, caches and releases go here")
     tr.add_argument("--release-to", default=None,

@@ -259,9 +259,6 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
             mask = real.long()
         return tokens, mask
 
-    # The range check syncs on the token values; under torch.compile (TrainConfig(compile=True))
-    # it runs eagerly, outside the graph, instead of splitting it with a warning.
-    @torch.compiler.disable
     def _check_tokens(self, tokens) -> Tensor:
         if not isinstance(tokens, Tensor):
             raise ValueError(f"input must be a string, list of strings or tensor of token ids, "

@@ -156,6 +156,18 @@ class EarlyStop:
         return stopped
 
 
+def compiled_forward(model):
+    """`torch.compile(model)` for training steps of one fixed shape (a static graph).
+
+    The model's token range check syncs on the token values; it is moved out of the graph
+    (`torch.compiler.disable`) so the whole forward compiles without a graph-break warning. The
+    model itself stays eager: evaluations, hooks and checkpoints use it as before.
+    """
+    if "_check_tokens" not in vars(model):
+        model._check_tokens = torch.compiler.disable(model._check_tokens)
+    return torch.compile(model, dynamic=False)
+
+
 def gate_parameter_names(model) -> set[str]:
     """Full names of the parameters that attention classes declare as gates."""
     names = set()
@@ -239,7 +251,7 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     use_bf16 = cfg.bf16 and device.type == "cuda"
     # Shapes are fixed for a run: a static graph, compiled once (recompiled only if a guard,
     # e.g. a hook left attached by an evaluation, changes).
-    forward = torch.compile(model, dynamic=False) if cfg.compile else model
+    forward = compiled_forward(model) if cfg.compile else model
     model.train()
     losses: list[float] = []
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress,

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hooked_models import HookedVariantTransformer, VariantConfig
+from hooked_models.trainer import compiled_forward
 
 SHAPES = {
     # The text zoo's 2-layer shape (interp/zoo/text_recipes.py).
@@ -95,7 +96,11 @@ def tokens_per_cpu_s(model: nn.Module, s: dict, steps: int,
     gen = torch.Generator().manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()
-    run = torch.compile(model, dynamic=False) if compiled else model
+    if compiled:
+        run = compiled_forward(model) if isinstance(model, HookedVariantTransformer) else \
+            torch.compile(model, dynamic=False)
+    else:
+        run = model
     rates = []
     for i in range(steps + 1):   # step 0 is the warm-up (and the compile)
         tokens = torch.randint(0, s["d_vocab"], (s["batch"], s["n_ctx"]), generator=gen)

@@ -309,5 +309,6 @@ def test_detect_head_on_a_row_stochastic_stage_stays_in_unit_range(attention):
     for layer in range(model.cfg.n_layers):
         stage = row_stochastic_stage(model, layer)
         assert next(s for s in model.stages(layer) if s.name == stage).row_stochastic
-    scores = detect_head(model, text, "previous_token_head", cache=stage_cache(model, text, remove_batch_dim=True))
+    cache = stage_cache(model, text, remove_batch_dim=True)
+    scores = detect_head(model, text, "previous_token_head", cache=cache)
     assert ((scores >= -1e-9) & (scores <= 1 + 1e-9)).all(), scores

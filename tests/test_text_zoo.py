@@ -141,3 +141,43 @@ def test_data_mix_repeats_a_span_and_leaves_natural_text_draws_unchanged():
     assert all(r.data_mix == REPEAT_MIX and r.shape == "l2" for r in MIX_RECIPES.values())
     with pytest.raises(ValueError, match="repeat_fraction"):
         window_sampler(stream, 64, 0, repeat_fraction=1.5)
+
+
+def test_a_run_stopped_mid_way_resumes_bit_exactly_from_the_command(smoke_run, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Issue 26 item 4: `attnlens train --zoo text` killed mid-run (here: after the step-2
+    checkpoint) and run again continues from the checkpoint with the uninterrupted run's
+    losses, and says what is done and what is left."""
+    import interp.zoo.text_train as text_train
+
+    out, argv = smoke_run
+    cache = tmp_path / "cache"
+    cache.symlink_to(out / "cache", target_is_directory=True)
+    new_argv = [*argv[:argv.index("--only") + 1], NAMES[0], "--out", str(tmp_path),
+                "--device", "cpu", "--no-progress"]
+    real = text_train.window_sampler
+
+    def dying(*args, **kwargs):
+        sample, calls = real(*args, **kwargs), []
+
+        def wrapped(batch, gen):
+            calls.append(batch)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return sample(batch, gen)
+
+        return wrapped
+
+    monkeypatch.setattr(text_train, "window_sampler", dying)
+    with pytest.raises(KeyboardInterrupt):
+        cli_main(new_argv)
+    monkeypatch.setattr(text_train, "window_sampler", real)
+    capsys.readouterr()
+    assert cli_main(new_argv) == 0
+    assert "step 2 of 4" in capsys.readouterr().err
+
+    def losses(run):
+        return [json.loads(line)["train_loss"]
+                for line in (run / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(tmp_path) == losses(out)

@@ -2,10 +2,13 @@
 
 DESIGN.md contract 5: a layer takes its fast path only while none of its map stages is observed,
 and a hook from any client counts. TransformerLens registers through `HookPoint.add_hook` (which
-lands in `fwd_hooks` / `bwd_hooks` *and* in torch's own hook dicts); nnsight, pyvene and plain
+lands in `fwd_hooks` / `bwd_hooks` *and* in torch's own hook dicts); pyvene and plain
 `register_forward_hook` callers land only in torch's dicts. Checking torch's dicts therefore sees
-every client; `fwd_hooks` / `bwd_hooks` are checked too for HookPoints built by older
-TransformerLens releases that kept their own lists only.
+those clients; `fwd_hooks` / `bwd_hooks` are checked too for HookPoints built by older
+TransformerLens releases that kept their own lists only. nnsight installs no torch hook (it
+replaces a module's `forward` with its own controller): the model's forward attaches no-op hooks
+to the map stages while an nnsight trace runs (`hooked_models.interop`'s `client_observation`),
+which this test then sees.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def is_observed(point: nn.Module) -> bool:
         >>> hp = HookPoint()
         >>> is_observed(hp)
         False
-        >>> handle = hp.register_forward_hook(lambda m, i, o: None)   # e.g. nnsight, pyvene
+        >>> handle = hp.register_forward_hook(lambda m, i, o: None)   # e.g. pyvene
         >>> is_observed(hp)
         True
     """

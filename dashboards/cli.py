@@ -210,6 +210,47 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_circuit(args) -> int:
+    """Discover a circuit (issue 25): print the top edges and faithfulness, write the figure."""
+    import json
+
+    import torch
+
+    from interp.circuit_discovery import circuit_figure, discover, induction_task
+
+    torch.set_num_threads(max(1, args.threads))
+    model = load_model(args.model, args.device, "circuit")
+    try:
+        task = induction_task(model, n_prompts=args.prompts, half_len=args.half_len,
+                              seed=args.seed)
+        found = discover(model, task, method=args.method, steps=args.steps,
+                         top_k=None if args.threshold is not None else args.top_k,
+                         threshold=args.threshold, ablation=args.ablation)
+    except ValueError as err:
+        raise SystemExit(f"attnlens circuit: {err}") from None
+    print(task.description)
+    print(f"graph: {found.graph.summary()}")
+    print(found.top_edges(args.show).to_string(index=False))
+    faith = found.faithfulness
+    print(f"faithfulness {faith['faithfulness']:.3f} ({faith['edges']} edges, rest patched to "
+          f"{faith['ablation']}): metric clean {faith['clean']:.4f}, circuit "
+          f"{faith['circuit']:.4f}, all ablated {faith['ablated']:.4f}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        fig = circuit_figure(found.graph, found.scores, found.circuit,
+                             title=f"{args.model}: {args.method} circuit, faithfulness "
+                                   f"{faith['faithfulness']:.3f}")
+        fig.write_html(out / "circuit.html", include_plotlyjs="cdn")
+        (out / "circuit.json").write_text(json.dumps({
+            "model": args.model, "task": task.description, "method": args.method,
+            "steps": args.steps, "faithfulness": faith,
+            "circuit": [e.name for e in found.circuit], "figure": json.loads(fig.to_json())}))
+        found.scores.to_csv(out / "scores.csv", index=False)
+        print(f"wrote {out / 'circuit.html'}, circuit.json, scores.csv")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `attnlens` parser; docs/cli.md is generated from it (`python -m dashboards.docs_gen`)."""
     parser = argparse.ArgumentParser(prog="attnlens", description=__doc__,
@@ -283,6 +324,26 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-png", action="store_true", help="HTML figures only")
     sweep.add_argument("--no-progress", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
+    circuit = sub.add_parser("circuit", help="discover a circuit by edge attribution patching")
+    circuit.add_argument("model", metavar="CKPT_DIR_OR_ZOO_NAME")
+    circuit.add_argument("--task", choices=["induction"], default="induction",
+                         help="clean [BOS] r r vs corrupted [BOS] r' r; metric: next-token "
+                              "log-prob on the second copy")
+    circuit.add_argument("--method", choices=["eap-ig", "attribution"], default="eap-ig")
+    circuit.add_argument("--steps", type=int, default=10, help="EAP-IG interpolation steps")
+    circuit.add_argument("--top-k", type=int, default=20, help="edges kept (after pruning)")
+    circuit.add_argument("--threshold", type=float, default=None,
+                         help="keep edges with |score| >= this instead of --top-k")
+    circuit.add_argument("--prompts", type=int, default=16)
+    circuit.add_argument("--half-len", type=int, default=None,
+                         help="length of the repeated half (default: fits n_ctx, at most 10)")
+    circuit.add_argument("--seed", type=int, default=0)
+    circuit.add_argument("--ablation", choices=["corrupted", "mean"], default="corrupted")
+    circuit.add_argument("--show", type=int, default=15, help="edges printed")
+    circuit.add_argument("--out", default=None, help="write circuit.html/.json, scores.csv here")
+    circuit.add_argument("--device", default="cpu")
+    circuit.add_argument("--threads", type=int, default=1)
+    circuit.set_defaults(fn=cmd_circuit)
     return parser
 
 

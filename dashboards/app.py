@@ -69,6 +69,11 @@ def _controls(store) -> html.Div:
             html.Label("stage", **label),
             dcc.Dropdown(_stage_names(store, names[:2]), "pattern", id="ctl-stage",
                          clearable=False, style={"width": "200px"}),
+            # the one model of the one-model pages (Variants, Diversity, Gating)
+            html.Label("one-model pages", **label, title="the model of Variants, Diversity "
+                       "and Gating"),
+            dcc.Dropdown(names, names[0], id="ctl-model", clearable=False,
+                         style={"minWidth": "220px"}),
         ], style={"display": "flex", "gap": "8px", "alignItems": "center", "flexWrap": "wrap"}),
         html.Div([
             dcc.Textarea(id="ctl-prompt", value="", maxLength=MAX_PROMPT_CHARS, rows=2,
@@ -154,11 +159,48 @@ def _register_shared(app: Dash, store) -> None:
             len(keys) + 1)
 
 
-def create_app(store) -> Dash:
-    """A Dash app with one tab per page over the models in `store` (a `ModelStore`)."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def served_hosts(host: str | None = None) -> set[str]:
+    """The Host header names the server answers: the loopback names and the configured host
+    (for a wildcard address, this machine's names). Anything else (DNS rebinding: a foreign
+    page whose name resolves to this machine) is refused with 403."""
+    import socket
+
+    names = set(LOCAL_HOSTS)
+    if host:
+        names.add(host.strip("[]").lower())
+    if host in ("0.0.0.0", "::", ""):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return names
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header without its port ("[::1]:8050" -> "::1")."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _guard_hosts(app: Dash, hosts: set[str]) -> None:
+    from flask import abort, request
+
+    @app.server.before_request
+    def _check_host():
+        if _host_name(request.headers.get("Host", "")) not in hosts:
+            abort(403, description="this attnlens dashboard does not serve that host name")
+
+
+def create_app(store, host: str | None = None) -> Dash:
+    """A Dash app with one tab per page over the models in `store` (a `ModelStore`).
+    `host`: the address it is served on (`attnlens serve --host`); requests whose Host header
+    names another host are refused (`served_hosts`)."""
     if not store.names:
         raise ValueError("the dashboard needs at least one model")
     app = Dash(__name__, title="attnlens", suppress_callback_exceptions=True)
+    _guard_hosts(app, served_hosts(host))
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     # Responses compressed (the browser asks for zstd or gzip): a map's masked half is NaN
     # and compresses to nothing; level 1 costs a few ms (dashboards/benchmarks/explorer.py).

@@ -113,7 +113,7 @@ def cmd_serve(args) -> int:
 
     check_port(args.host, args.port)   # before loading models and before saying where it runs
     store = build_store(list(args.sources or []) + list(args.models or []))
-    app = create_app(store)
+    app = create_app(store, host=args.host)
     print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
     app.run(host=args.host, port=args.port, debug=False)
     return 0

@@ -73,6 +73,17 @@ def check_index(name: str, value, size: int, owner: str = "") -> int:
     return value
 
 
+def check_int(name: str, value, low: int, high: int, owner: str = "") -> int:
+    """`value` (an int, or a string of digits) in [low, high]; one message for every bad
+    value: "choose low .. high"."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        where = f" of {owner}" if owner else ""
+        raise ValueError(f"{name} {value!r} is not a valid {name}{where}: choose {low} .. {high}")
+    return value
+
+
 def check_models(store, names, minimum: int = 1, maximum: int = MAX_COMPARED) -> list[str]:
     """`names` (a list, or one name) as known model names, `minimum` .. `maximum` of them."""
     if isinstance(names, str):

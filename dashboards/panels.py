@@ -123,7 +123,7 @@ def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
     def build() -> dict:
         tiles = _tiles(panel.cache_key, panel.stage.name, panel.view.grid)
         return head_mosaic_figure(panel.view.grid, panel.stage, THUMBNAIL, cell_px=cell_px,
-                                  title=f"{panel.name}: every head, hook_{panel.stage.name} "
+                                  title=f"{panel.name}: every head<br>hook_{panel.stage.name} "
                                   "(click a tile to zoom)", tiles=tiles)
 
     return MAP_CACHE.memo(panel.cache_key, ("mosaic", panel.stage.name, cell_px), build)

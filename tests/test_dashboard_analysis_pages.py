@@ -67,7 +67,8 @@ def values(page, models=("tiny-mha",), prompt="", layer=0, head=0, stage="patter
            "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
            "outputs-k.value": 3, "outputs-start.value": 0, "heads-probe.value": "random",
            "heads-half.value": 6, "heads-ablate-at.value": "z", "heads-ablate-how.value": "zero",
-           "heads-ablate-score.value": "induction", "circuits-kind.value": "plain",
+           "heads-ablate-score.value": "induction", "heads-ablate-head.value": "auto",
+           "circuits-kind.value": "plain",
            "circuits-query.value": 1, "circuits-key.value": 0}
     out.update({k.replace("_", "-").replace("--", "-") + ".value": v for k, v in own.items()})
     return out
@@ -365,8 +366,8 @@ def test_a_model_without_the_stage_is_named_not_dropped_silently(app):
 
 
 def test_ablation_moves_scores_and_loss(app, store):
-    vals = values("heads", ["tiny-dcmha"], layer=0, head=1, heads__ablate_at="probs",
-                  heads__ablate_score="induction_stripe")
+    vals = values("heads", ["tiny-dcmha"], heads__ablate_at="probs",
+                  heads__ablate_score="induction_stripe", heads__ablate_head="L0H1")
     fig = response(app, "heads-ablation", vals)["heads-ablation"]["figure"]
     before, after = fig["data"]
     model = store.get("tiny-dcmha")
@@ -379,10 +380,11 @@ def test_ablation_moves_scores_and_loss(app, store):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"ctl-layer.value": 2}, "layer 2 is not a valid layer of tiny-mha: choose 0 .. 1"),
-    ({"ctl-head.value": -1}, "head -1 is not a valid head"),
-    ({"ctl-head.value": "1 or 1=1"}, "head '1 or 1=1'"),
-    ({"ctl-layer.value": None}, "layer None"),
+    ({"heads-ablate-head.value": "L2H0"},
+     "layer 2 is not a valid layer of tiny-mha: choose 0 .. 1"),
+    ({"heads-ablate-head.value": "L0H9"}, "head 9 is not a valid head"),
+    ({"heads-ablate-head.value": "1 or 1=1"}, "knock-out head '1 or 1=1'"),
+    ({"heads-ablate-head.value": 3}, "knock-out head 3"),
     ({"heads-ablate-at.value": "probs"}, "knock-out point 'probs' is not z, v or a map stage"),
     ({"heads-ablate-how.value": "random"}, "knock-out 'random' is not one of"),
     ({"heads-ablate-score.value": "nonsense"}, "no score 'nonsense'"),

@@ -150,7 +150,7 @@ def test_gating_tab_shows_infini_memory_heads(server, browser, store, shots):
     open_tab(browser, server, "Gating")
     wait(browser, "const e = document.getElementById('gating-memory');"
                   "return e && e.style.display === 'none'")  # MHA has no memory
-    choose(browser, "gating-model", "tiny-infini")
+    choose(browser, "ctl-model", "tiny-infini")
     labels = wait(browser, "const g = document.querySelector('#gating-memory .js-plotly-plot');"
                            "return g && g.data && g.data.length"
                            " ? g.data.flatMap(t => t.text) : null")
@@ -165,7 +165,7 @@ def test_variants_tab_shows_infini_segments_and_a_message_for_mha(server, browse
     msg = wait(browser, "const e = document.getElementById('variants-error');"
                         "return e && e.innerText.length ? e.innerText : null")
     assert "tiny-mha (mha) has nothing for the cope view" in msg      # first model: MHA
-    choose(browser, "variants-model", "tiny-infini")
+    choose(browser, "ctl-model", "tiny-infini")
     n_lines = wait(browser, figure("variants-infini-pattern",
                                    "(g.layout.shapes || []).length || null"))
     n = len(store.get("tiny-infini").to_tokens(store.default_text["tiny-infini"])[0])

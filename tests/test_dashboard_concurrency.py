@@ -38,7 +38,7 @@ def compare(models, layer, head, stage, prompt):
 
 
 def variant(model, view, layer, head, prompt):
-    return ("variants-body", {"variants-model.value": model, "variants-view.value": view,
+    return ("variants-body", {"ctl-model.value": model, "variants-view.value": view,
                               "ctl-applied-prompt.data": prompt, "ctl-layer.value": layer,
                               "ctl-head.value": head})
 
@@ -61,8 +61,8 @@ REQUESTS = [
     variant("tiny-mta", "mta", 1, 1, "abcab"),
     variant("tiny-mta", "dcmha", 0, 2, "abcab"),
     variant("tiny-mha", "cope", 0, 0, ""),                          # another variant: message
-    ("gating-gates", {"gating-model.value": "tiny-mta", "gating-text.value": "abcab"}),
-    ("diversity-graph", {"diversity-model.value": "tiny-cope", "diversity-composed.value": []}),
+    ("gating-gates", {"ctl-model.value": "tiny-mta", "gating-text.value": "abcab"}),
+    ("diversity-graph", {"ctl-model.value": "tiny-cope", "diversity-composed.value": []}),
     explorer("tiny-mha", 0, 2, "pattern", "xyz xyz"),
 ]
 

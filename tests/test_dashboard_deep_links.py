@@ -44,7 +44,8 @@ def _controls_now(**changed) -> dict:
 
 def test_every_page_control_is_linked_with_its_layout_default():
     assert set(PAGE_LINKS) == {"k", "start", "probe", "half", "ablate_at", "ablate_how",
-                               "ablate_score", "circuit", "query", "key", "scale"}
+                               "ablate_score", "ablate_head", "circuit", "query", "key",
+                               "scale"}
     layout = {}
 
     def walk(node):
@@ -87,12 +88,13 @@ def _sync(app, search, changed="url.search", **controls):
 def test_link_restores_page_controls_and_controls_update_the_link(app):
     out = _sync(app, "?page=heads&models=tiny-mta&probe=text&half=6&ablate_at=pattern"
                      "&ablate_how=mean&ablate_score=previous_token&k=3&start=2"
-                     "&circuit=pair&query=3&key=1&scale=per+model")
+                     "&circuit=pair&query=3&key=1&scale=per+model&ablate_head=L1H2")
     assert out["tabs"]["value"] == "heads"
     restored = {key: out[cid]["value"] for key, (cid, _) in PAGE_LINKS.items()}
     assert restored == {"probe": "text", "half": 6, "ablate_at": "pattern", "ablate_how": "mean",
                         "ablate_score": "previous_token", "k": 3, "start": 2,
-                        "circuit": "pair", "query": 3, "key": 1, "scale": "per model"}
+                        "circuit": "pair", "query": 3, "key": 1, "scale": "per model",
+                        "ablate_head": "L1H2"}
     # a control changes: the link follows (and keeps the shared controls)
     out = _sync(app, "?page=explorer", changed="circuits-query.value", circuit="pair", query=4)
     link = _parse_link(out["url"]["search"])
@@ -152,7 +154,7 @@ def test_browser_follows_a_link_with_page_controls(server, browser):
     title = wait(browser, figure("outputs-topk-0", "g.layout.title.text"))
     assert title.startswith("tiny-mha: top 2 predictions")
     # the knock-out point is a stage of the linked model (its options follow the model)
-    browser.get(f"{server}/?page=heads&models=tiny-mta&layer=1&head=3&ablate_at=softmax"
+    browser.get(f"{server}/?page=heads&models=tiny-mta&ablate_head=L1H3&ablate_at=softmax"
                 "&ablate_how=mean&ablate_score=previous_token&half=6")
     title = wait(browser, figure("heads-ablation", "g.layout.title.text"))
     assert title.startswith("tiny-mta: L1H3 set to its mean at hook_softmax; previous_token"), \

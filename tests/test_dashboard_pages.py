@@ -373,8 +373,8 @@ def test_existing_pages_report_bad_values(app):
                                          "heads-probe.value": "random"})
     assert "stage 'softmax' is not a map stage of tiny-mha" in \
         resp["response"]["heads-error"]["children"]
-    _, resp = call(app, "diversity-graph", {"diversity-model.value": "nope"})
+    _, resp = call(app, "diversity-graph", {"ctl-model.value": "nope"})
     assert "unknown model 'nope'" in resp["response"]["diversity-error"]["children"]
-    _, resp = call(app, "gating-gates", {"gating-model.value": "tiny-mha",
+    _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-mha",
                                          "gating-text.value": ""})
     assert "default text" in resp["response"]["gating-error"]["children"]

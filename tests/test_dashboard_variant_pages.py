@@ -41,7 +41,7 @@ def app(store):
 
 def view(app, model, name, layer=1, head=2, prompt=""):
     status, resp = call(app, "variants-body", {
-        "variants-model.value": model, "variants-view.value": name,
+        "ctl-model.value": model, "variants-view.value": name,
         "ctl-applied-prompt.data": prompt, "ctl-layer.value": layer, "ctl-head.value": head})
     assert status == 200
     out = resp["response"]
@@ -160,16 +160,16 @@ def test_infini_view_shows_segments_memory_share_and_classes(app, store):
 def test_explanations_for_every_view_and_diversity_gating_for_every_variant(app, store):
     assert set(variants.EXPLAIN) == {"cope", "mta", "dcmha", "infini"}
     for name in store.names:
-        _, resp = call(app, "diversity-graph", {"diversity-model.value": name,
+        _, resp = call(app, "diversity-graph", {"ctl-model.value": name,
                                                 "diversity-composed.value": []})
         assert resp["response"]["diversity-error"]["children"] == "", name
-        _, resp = call(app, "gating-gates", {"gating-model.value": name,
+        _, resp = call(app, "gating-gates", {"ctl-model.value": name,
                                              "gating-text.value": TEXT})
         assert resp["response"]["gating-error"]["children"] == "", name
 
 
 def test_model_change_picks_a_view_the_model_has(app):
-    _, resp = call(app, "variants-view", {"variants-model.value": "tiny-infini"})
+    _, resp = call(app, "variants-view", {"ctl-model.value": "tiny-infini"})
     assert resp["response"]["variants-view"]["value"] == "infini"
 
 

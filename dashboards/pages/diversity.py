@@ -14,9 +14,8 @@ ID = "diversity"
 
 def layout(store):
     return html.Div([
-        html.Div([html.Label("model"),
-                  dcc.Dropdown(store.names, store.names[0], id="diversity-model",
-                               clearable=False, style={"width": "260px"}),
+        html.Div([html.Span("model: the bar's \"one-model pages\" choice",
+                            style={"color": "#555"}),
                   dcc.Checklist([{"label": " composed circuits (static head mixing)",
                                   "value": "composed"}], [], id="diversity-composed")],
                  style={"display": "flex", "gap": "10px", "alignItems": "center"}),
@@ -31,7 +30,7 @@ def layout(store):
 def register(app, store):
     @app.callback(Output("diversity-graph", "figure"), Output("diversity-summary", "children"),
                   Output("diversity-error", "children"),
-                  Input("diversity-model", "value"), Input("diversity-composed", "value"))
+                  Input("ctl-model", "value"), Input("diversity-composed", "value"))
     def _update(name, composed):
         try:
             with store.using(name) as model:

@@ -85,6 +85,16 @@ def shown_keys(panel) -> dict:
             "stages": f"{entry}|{panel.layer}|{panel.head}"}
 
 
+def drawn_with(figure: dict, config: dict) -> dict:
+    """A copy of `figure` (memoised: never mutated) whose layout.meta names the export format
+    of `config`, so that the browser knows which format the drawn figure carries."""
+    fmt = config.get("toImageButtonOptions", {}).get("format")
+    if not figure or "layout" not in figure:
+        return figure
+    meta = {**(figure["layout"].get("meta") or {}), "export": fmt}
+    return {**figure, "layout": {**figure["layout"], "meta": meta}}
+
+
 def register(app, store):
     @app.callback(Output("explorer-grid", "figure"), Output("explorer-zoom", "figure"),
                   Output("explorer-zoom", "config"), Output("explorer-stages", "children"),
@@ -95,6 +105,7 @@ def register(app, store):
         try:
             panel, grid, zoom, stages = compute(store, names, text, layer, head, stage)
             config = graph_config(panel.filename, fmt)
+            zoom = drawn_with(zoom, config)
         except ValueError as err:
             return {}, {}, graph_config(), [], {}, str(err), ""
         now = shown_keys(panel)
@@ -117,6 +128,24 @@ def register(app, store):
             return graph_config(f"{name}_L{layer}H{head}_{stage}", fmt)
         except (ValueError, TypeError, IndexError):
             return no_update
+
+    # plotly/dash#2865: dcc.Graph applies a new config only with its next figure, so the new
+    # export format used to take effect after the next head change. When the config's format
+    # is not the one the figure was drawn with (its layout.meta), the browser re-draws the
+    # figure it holds (a shallow copy: nothing is sent to the server).
+    app.clientside_callback(
+        """function(config, figure) {
+            const fmt = ((config || {}).toImageButtonOptions || {}).format;
+            if (!figure || !figure.layout || !fmt) { return window.dash_clientside.no_update; }
+            const meta = figure.layout.meta || {};
+            if (meta.export === fmt) { return window.dash_clientside.no_update; }
+            const layout = Object.assign({}, figure.layout,
+                                         {meta: Object.assign({}, meta, {export: fmt})});
+            return Object.assign({}, figure, {layout: layout});
+        }""",
+        Output("explorer-zoom", "figure", allow_duplicate=True),
+        Input("explorer-zoom", "config"), State("explorer-zoom", "figure"),
+        prevent_initial_call=True)
 
     @app.callback(Output("ctl-layer", "value", allow_duplicate=True),
                   Output("ctl-head", "value", allow_duplicate=True),

@@ -7,7 +7,7 @@ from dash import Input, Output, dcc, html
 
 from dashboards.figures import graph
 from interp.gating import gate_values
-from interp.infini import memory_layers, memory_specialisation
+from interp.infini import CLASS_NAMES, memory_layers, memory_specialisation
 from interp.plots import gate_figure, memory_figure
 
 TITLE = "Gating"
@@ -16,10 +16,7 @@ ID = "gating"
 
 def layout(store):
     return html.Div([
-        html.Div([html.Label("model"),
-                  dcc.Dropdown(store.names, store.names[0], id="gating-model",
-                               clearable=False, style={"width": "260px"})],
-                 style={"display": "flex", "gap": "10px", "alignItems": "center"}),
+        html.P("The model is the bar's \"one-model pages\" choice.", style={"color": "#555"}),
         dcc.Input(id="gating-text", type="text", debounce=True, placeholder="input text",
                   style={"width": "100%", "marginTop": "8px"}),
         html.Div(id="gating-error", style={"color": "#b00020"}),
@@ -28,18 +25,20 @@ def layout(store):
 
 
 def register(app, store):
-    @app.callback(Output("gating-text", "value"), Input("gating-model", "value"))
+    @app.callback(Output("gating-text", "value"), Input("ctl-model", "value"))
     def _default_text(name):
         return store.default_text.get(name, "")
 
     @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
                   Output("gating-memory", "style"), Output("gating-error", "children"),
-                  Input("gating-model", "value"), Input("gating-text", "value"))
+                  Input("ctl-model", "value"), Input("gating-text", "value"))
     def _update(name, text):
         try:
             prompt = store.prompt(name, text)
             with store.using(name) as model:
-                gates = gate_figure(gate_values(model, prompt.tokens))
+                # Infini's memory gate in the words of the memory figure below
+                names = CLASS_NAMES if memory_layers(model) else None
+                gates = gate_figure(gate_values(model, prompt.tokens), names)
                 if not memory_layers(model):
                     return gates, {}, {"display": "none"}, prompt.note
                 memory = memory_specialisation(model, prompt.tokens)

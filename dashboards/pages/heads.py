@@ -40,7 +40,45 @@ HOW = ("zero", "mean")
 # the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
 LINK = {"probe": ("heads-probe", "random"), "half": ("heads-half", 10),
         "ablate_at": ("heads-ablate-at", "z"), "ablate_how": ("heads-ablate-how", "zero"),
-        "ablate_score": ("heads-ablate-score", "induction")}
+        "ablate_score": ("heads-ablate-score", "induction"),
+        "ablate_head": ("heads-ablate-head", "auto")}
+AUTO = "auto"   # the knock-out head: the strongest previous-token head feeding a later layer
+
+
+def _head_options(store, names=None) -> list[dict]:
+    """"auto" and every head L{layer}H{head} of the first model (the largest one served before
+    a model is chosen, so that a deep link's head is an option when restored)."""
+    models = [store.get(n) for n in (names or []) if n in store.models][:1] or list(
+        store.models.values())
+    cfg = max((m.cfg for m in models), key=lambda c: c.n_layers * c.n_heads)
+    return [{"label": "auto (strongest previous-token head)", "value": AUTO}] + [
+        f"L{la}H{h}" for la in range(cfg.n_layers) for h in range(cfg.n_heads)]
+
+
+def auto_knockout(table, n_layers: int) -> tuple[int, int]:
+    """The head the knock-out defaults to, from `interp.induction_study.probe_scores`' table:
+    the strongest previous-token head below the last layer (the head an induction head reads
+    through K-composition: knocking it out moves the later heads' bars); in a one-layer model
+    the strongest induction head (its own bar drops)."""
+    if n_layers > 1:
+        part = table[table["layer"] < n_layers - 1]
+        best = part["previous_token"].astype(float).idxmax()
+    else:
+        best = table["induction"].astype(float).idxmax()
+    return int(table.loc[best, "layer"]), int(table.loc[best, "head"])
+
+
+def parse_head(value, model, name) -> tuple[int, int] | None:
+    """(layer, head) of a "L{layer}H{head}" choice, None for "auto"; ValueError otherwise."""
+    if value in (None, AUTO):
+        return None
+    import re
+
+    match = re.fullmatch(r"L(\d+)H(\d+)", str(value))
+    if match is None:
+        raise ValueError(f"knock-out head {value!r} is not 'auto' nor L<layer>H<head>")
+    layer = check_index("layer", int(match.group(1)), model.cfg.n_layers, name)
+    return layer, check_index("head", int(match.group(2)), model.cfg.n_heads, name)
 
 
 def _all_points(store) -> list[str]:
@@ -68,12 +106,18 @@ def layout(store):
         note_box("heads-note"),
         dcc.Loading(html.Div(id="heads-scores")),
         html.H4("Knock a head out"),
-        html.P("The first chosen model with the head of the layer / head controls knocked out "
-               "(set to zero or to its mean) at the chosen point: its output z, its values v, "
+        html.P("The first chosen model with one head knocked out (by default the strongest "
+               "previous-token head below the last layer, whose knock-out the induction heads "
+               "feel; or any head you choose), set to zero or to its mean, at the chosen "
+               "point: its output z, its values v, "
                "or any attention map stage (before a head-mixing step this also removes what "
                "other heads borrow from it). Bars: every head's score before and after; the "
                "title gives the probe's loss before and after."),
-        control_row("knock out at",
+        control_row("knock out",
+                    dcc.Dropdown(_head_options(store), LINK["ablate_head"][1],
+                                 id="heads-ablate-head", clearable=False,
+                                 style={"width": "300px"}),
+                    "at",
                     dcc.Dropdown(_all_points(store), LINK["ablate_at"][1],
                                  id="heads-ablate-at", clearable=False, style={"width": "200px"}),
                     dcc.RadioItems(list(HOW), LINK["ablate_how"][1], id="heads-ablate-how",
@@ -147,12 +191,11 @@ def probe_label(probe) -> str:
     return f"the prompt ({probe.tokens.shape[1]} tokens)"
 
 
-def ablation(store, names, text, kind, half, stage, layer, head, at, how, score):
+def ablation(store, names, text, kind, half, stage, choice, at, how, score):
     names = check_models(store, names)
     name = names[0]
     model = store.get(name)
-    layer = check_index("layer", layer, model.cfg.n_layers, name)
-    head = check_index("head", head, model.cfg.n_heads, name)
+    chosen = parse_head(choice, model, name)
     check_stage(model, name, stage)
     if at not in ["z", "v", *map_stage_names(model)]:
         raise ValueError(f"knock-out point {at!r} is not z, v or a map stage of {name}")
@@ -160,10 +203,15 @@ def ablation(store, names, text, kind, half, stage, layer, head, at, how, score)
         raise ValueError(f"knock-out {how!r} is not one of {list(HOW)}")
     probe, _ = probe_for(store, name, kind, half, text)
     with store.using(name):
+        if chosen is None:
+            chosen = auto_knockout(probe_scores(model, probe, "pattern"), model.cfg.n_layers)
+        layer, head = chosen
         table, loss = ablation_effect(model, probe, [(layer, head)], hook=at, how=how,
                                       stage=stage)
+    auto = " (auto)" if choice in (None, AUTO) else ""
     return ablation_effect_figure(table, loss, score, title=(
-        f"{name}: L{layer}H{head} set to {'its mean' if how == 'mean' else 'zero'} at hook_{at}; "
+        f"{name}: L{layer}H{head}{auto} set to {'its mean' if how == 'mean' else 'zero'} "
+        f"at hook_{at}; "
         f"{score} at hook_{stage}"))
 
 
@@ -208,6 +256,16 @@ def register(app, store):
         linked = parse_qs((search or "").lstrip("?")).get("ablate_at", [None])[-1]
         return points, (linked if linked in points else "z")
 
+    @app.callback(Output("heads-ablate-head", "options"), Output("heads-ablate-head", "value"),
+                  Input("ctl-models", "value"), State("heads-ablate-head", "value"))
+    def _heads(names, current):
+        """The first model's heads; the choice is kept while that model has it."""
+        if not isinstance(names, list) or not names or names[0] not in store.models:
+            raise PreventUpdate
+        options = _head_options(store, names)
+        values = [o["value"] if isinstance(o, dict) else o for o in options]
+        return options, current if current in values else AUTO
+
     shared = [Input("tabs", "value"), Input("ctl-models", "value"),
               Input("ctl-applied-prompt", "data"), Input("heads-probe", "value"),
               Input("heads-half", "value"), Input("ctl-stage", "value")]
@@ -224,14 +282,14 @@ def register(app, store):
         return figures, "", note
 
     @app.callback(Output("heads-ablation", "figure"), Output("heads-ablate-error", "children"),
-                  *shared, Input("ctl-layer", "value"), Input("ctl-head", "value"),
+                  *shared, Input("heads-ablate-head", "value"),
                   Input("heads-ablate-at", "value"), Input("heads-ablate-how", "value"),
                   Input("heads-ablate-score", "value"))
-    def _ablation(tab, names, text, kind, half, stage, layer, head, at, how, score):
+    def _ablation(tab, names, text, kind, half, stage, choice, at, how, score):
         if tab != ID:
             raise PreventUpdate
         try:
-            return ablation(store, names, text, kind, half, stage, layer, head, at, how,
+            return ablation(store, names, text, kind, half, stage, choice, at, how,
                             score), ""
         except ValueError as err:
             return {}, str(err)

@@ -9,6 +9,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.figures import (
     check_index,
+    check_int,
     check_models,
     control_row,
     error_box,
@@ -51,9 +52,7 @@ def compute(store, names, text, k, start) -> dict:
     """The page's figures for one request (ValueError for a request nothing can answer; a model
     that cannot read the prompt is named in `notes` and left out)."""
     names = check_models(store, names)
-    k = check_index("k", k, MAX_K + 1)
-    if k < 1:
-        raise ValueError(f"k {k} is not a valid k: choose 1 .. {MAX_K}")
+    k = check_int("k", k, 1, MAX_K)
     if start is None:
         start = 0
     curves, repeats, tables, notes = {}, {}, [], []

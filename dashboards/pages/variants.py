@@ -92,9 +92,8 @@ def layout(store):
     first = store.get(store.names[0])
     views = available_views(first)
     return html.Div([
-        html.Div([html.Label("model"),
-                  dcc.Dropdown(store.names, store.names[0], id="variants-model",
-                               clearable=False, style={"width": "260px"}),
+        html.Div([html.Span("model: the bar's \"one-model pages\" choice;",
+                            style={"color": "#555"}),
                   html.Label("view"),
                   dcc.RadioItems([{"label": f" {v}", "value": v} for v in VIEWS],
                                  views[0] if views else VIEWS[0], id="variants-view",
@@ -254,7 +253,7 @@ def compute(store, name, view, text, layer, head) -> list:
 
 
 def register(app, store):
-    @app.callback(Output("variants-view", "value"), Input("variants-model", "value"))
+    @app.callback(Output("variants-view", "value"), Input("ctl-model", "value"))
     def _default_view(name):
         try:
             views = available_views(store.get(name))
@@ -264,7 +263,7 @@ def register(app, store):
 
     @app.callback(Output("variants-body", "children"), Output("variants-explain", "children"),
                   Output("variants-error", "children"),
-                  Input("variants-model", "value"), Input("variants-view", "value"),
+                  Input("ctl-model", "value"), Input("variants-view", "value"),
                   Input("ctl-applied-prompt", "data"), Input("ctl-layer", "value"),
                   Input("ctl-head", "value"))
     def _update(name, view, text, layer, head):

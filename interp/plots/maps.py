@@ -34,6 +34,8 @@ from hooked_models.attention import Stage
 from interp.explore import downsample
 from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
 
+MIN_MOSAIC_WIDTH = 440  # px: the title of a 2-head model's thumbnails fits
+MODEBAR_PX = 26          # the title sits below the modebar's row, never under its buttons
 MAX_TEXT_CELLS = 20      # numbers drawn in the cells up to 20 x 20: beyond, they overlap
 MAX_TICKS = 48           # token labels per axis; longer inputs label every n-th token
 
@@ -115,6 +117,13 @@ def token_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
                 tickfont=dict(size=11 if step == 1 and n <= 24 else 9))
 
 
+def title_below_modebar(text: str, size: int = 13) -> dict:
+    """A layout title anchored under the top `MODEBAR_PX` pixels, where plotly draws the
+    modebar (the buttons appear on hover at the top right and used to cover long titles)."""
+    return dict(text=text, font=dict(size=size), x=0.0, xanchor="left", xref="paper",
+                y=1.0, yref="container", yanchor="top", pad=dict(t=MODEBAR_PX, l=4))
+
+
 def stage_caption(stage: Stage) -> str:
     flags = {"pre": "pre-softmax", "post": "post-softmax", "neither": "not a softmax input/output"}
     rows = ", rows sum to 1" if stage.row_stochastic else ""
@@ -142,8 +151,8 @@ def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str =
     layout = dict(
         xaxis=dict(title=dict(text="key"), tickangle=-90, **token_ticks(labels)),
         yaxis=dict(title=dict(text="query"), autorange="reversed", **token_ticks(labels)),
-        title=dict(text=title or stage_caption(stage), font=dict(size=13)),
-        plot_bgcolor=MASKED, height=height, margin=dict(l=60, r=20, t=50, b=60))
+        title=title_below_modebar(title or stage_caption(stage)),
+        plot_bgcolor=MASKED, height=height, margin=dict(l=60, r=20, t=MODEBAR_PX + 50, b=60))
     return {"data": [trace], "layout": layout}
 
 
@@ -254,10 +263,11 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
         yaxis=dict(axis, title=dict(text="layer"), autorange="reversed",
                    tickvals=[y[la * (t + 1) + mid] for la in range(n_layers)],
                    ticktext=[f"L{la}" for la in range(n_layers)]),
-        title=dict(text=title or f"every head: {stage_caption(stage)} (click to zoom)",
-                   font=dict(size=13)),
-        plot_bgcolor=MASKED, height=100 + cell_px * n_layers, width=110 + cell_px * n_heads,
-        margin=dict(l=60, r=30, t=50, b=50))
+        title=title_below_modebar(
+            title or f"every head: {stage_caption(stage)} (click to zoom)", size=12),
+        plot_bgcolor=MASKED, height=100 + MODEBAR_PX + cell_px * n_layers,
+        width=max(MIN_MOSAIC_WIDTH, 110 + cell_px * n_heads),
+        margin=dict(l=60, r=30, t=MODEBAR_PX + 50, b=50))
     return {"data": [trace], "layout": layout}
 
 

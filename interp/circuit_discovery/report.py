@@ -23,6 +23,7 @@ from interp.circuit_discovery.extract import (
     faithfulness,
     faithfulness_curve,
     reference_record,
+    select_edges,
 )
 from interp.circuit_discovery.induction import induction_heads, induction_task, recovery
 from interp.circuit_discovery.scoring import exact_patching
@@ -31,9 +32,10 @@ VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")
 SIZES = (5, 10, 20, 30, 40, 60, 80, 100)
 
 
-def model_row(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
-              steps: int = 10) -> dict:
-    """One row of the table for the bundled model `name`."""
+def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
+               steps: int = 10) -> tuple[dict, dict]:
+    """The two table rows of the bundled model `name`: the top-k circuit (recovery and
+    faithfulness) and its within-layer edges (in the smallest circuit with faithfulness >= 0.9)."""
     from hooked_models import zoo
 
     model = zoo.load(name)
@@ -41,40 +43,50 @@ def model_row(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
     heads = induction_heads(model, task)
     found = discover(model, task, "eap-ig", steps=steps, top_k=top_k)
     first = discover(model, task, "attribution", top_k=top_k)
-    mean = faithfulness(model, found.graph, found.circuit, task.clean, task.corrupted,
-                        task.metric, "mean")
-    rec = recovery(found.graph, found.scores, found.circuit, heads)
-    row = {"model": name, "prev-token heads": " ".join(heads["previous_token"]) or "none",
+    graph, faith = found.graph, found.faithfulness
+    mean = faithfulness(model, graph, found.circuit, task.clean, task.corrupted, task.metric,
+                        "mean")
+    rec = recovery(graph, found.scores, found.circuit, heads)
+    comp = rec["k_composition"]
+    top = {"model": name, "prev-token heads": " ".join(heads["previous_token"]) or "none",
            "induction heads": " ".join(heads["induction"]) or "none",
-           "clean": found.faithfulness["clean"], "corrupted": found.faithfulness["ablated"],
-           "edges": len(found.circuit), "faith (EAP-IG, corrupted)":
-               found.faithfulness["faithfulness"], "faith (EAP-IG, mean)": mean["faithfulness"],
-           "faith (AP, corrupted)": first.faithfulness["faithfulness"],
-           "K-comp edges": " ".join(rec["k_composition"]) or "none",
-           "best K-comp rank": rec["best_k_composition_rank"],
-           "induction->logits": " ".join(rec["induction_to_logits"]) or "none",
-           "map edges in circuit": len(rec["map_edges"]), "recovered": rec["recovered"]}
-    curve = faithfulness_curve(model, found.graph, found.scores, task.clean, task.corrupted,
+           "metric clean / corrupted": f"{faith['clean']:.3f} / {faith['ablated']:.3f}",
+           "edges": len(found.circuit), "faith EAP-IG": faith["faithfulness"],
+           "faith AP": first.faithfulness["faithfulness"],
+           "faith EAP-IG, mean-ablated": mean["faithfulness"],
+           "K-composition edges (of possible)": f"{len(comp)} of "
+                                                f"{rec['k_composition_possible']}: "
+                                                + (" ".join(comp) or "-"),
+           "best K-comp rank": rec["best_k_composition_rank"] or "-",
+           "induction -> logits": " ".join(rec["induction_to_logits"]) or "none",
+           "recovered": rec["recovered"]}
+    curve = faithfulness_curve(model, graph, found.scores, task.clean, task.corrupted,
                                task.metric, sizes=SIZES)
     enough = curve[curve.faithfulness >= 0.9]
-    row["edges for faith >= 0.9"] = int(enough.edges.iloc[0]) if len(enough) else None
-    maps = [e for e in found.graph.edges if e.kind != "resid"]
+    k90 = int(enough.top_k.iloc[0]) if len(enough) else SIZES[-1]
+    circuit = select_edges(graph, found.scores, top_k=k90)
+    ref = reference_record(model, graph, task.corrupted)
+    gap = faith["clean"] - faith["ablated"]
+
+    def faith_of(edges) -> float:
+        value = circuit_metric(model, graph, edges, task.clean, task.metric, ref)
+        return (value - faith["ablated"]) / gap
+
+    inner = [e for e in circuit if e.kind != "resid"]
+    within = {"model": name, "edges for faith >= 0.9": len(circuit),
+              "its faith": faith_of(circuit), "within-layer edges in it": len(inner),
+              "faith without them": faith_of([e for e in circuit if e.kind == "resid"])
+              if inner else "-"}
+    maps = [e for e in graph.edges if e.kind != "resid"]
     if maps:
-        ref = reference_record(model, found.graph, task.corrupted)
-        without = [e for e in found.circuit if e.kind == "resid"]
-        value = circuit_metric(model, found.graph, without, task.clean, task.metric, ref)
-        gap = found.faithfulness["clean"] - found.faithfulness["ablated"]
-        row["faith without its map edges"] = (value - found.faithfulness["ablated"]) / gap
-        everything = {e: 1.0 for e in maps}
-        patched = run(model, found.graph, task.clean, task.metric, patch=everything,
+        patched = run(model, graph, task.clean, task.metric, patch={e: 1.0 for e in maps},
                       reference=ref).metric
-        row["all map edges patched: metric change"] = patched - found.faithfulness["clean"]
-        exact = exact_patching(model, found.graph, task.clean, task.corrupted, task.metric,
-                               maps)
+        exact = exact_patching(model, graph, task.clean, task.corrupted, task.metric, maps)
         best = exact.loc[exact.score.abs().idxmax()]
-        row.update({"strongest single map edge (exact)": best.edge,
-                    "its exact change": best.score})
-    return row
+        within.update({"all within-layer edges patched (metric change)":
+                       patched - faith["clean"],
+                       "strongest single one (exact change)": f"{best.edge}: {best.score:.3f}"})
+    return top, within
 
 
 def main(argv=None) -> None:
@@ -85,10 +97,11 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [model_row(f"induction-{v}", args.prompts, args.seed, args.top_k, args.steps)
+    rows = [model_rows(f"induction-{v}", args.prompts, args.seed, args.top_k, args.steps)
             for v in VARIANTS]
-    table = pd.DataFrame(rows)
-    print(markdown(table))
+    print(markdown(pd.DataFrame([r[0] for r in rows])))
+    print()
+    print(markdown(pd.DataFrame([r[1] for r in rows]).astype(object).fillna("-")))
 
 
 def markdown(table: pd.DataFrame, digits: int = 3) -> str:

@@ -90,8 +90,8 @@ def run(model, graph: CircuitGraph, tokens: Tensor, metric=None, *,
                                                                            src_head))
             if dst_head is None:
                 value = value + d
-            else:
-                value = value.clone() if value is not None else value
+            else:   # one head's copy of the residual
+                value = value.clone()
                 value[:, :, dst_head] = value[:, :, dst_head] + d
         return value
 

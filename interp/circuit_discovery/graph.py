@@ -77,8 +77,8 @@ class CircuitGraph:
     """Nodes and edges of one model, plus the hook names that realise them.
 
     Attributes:
-        nodes: by name, in topological order (input, layer by layer: sub-nodes, heads, MLP;
-            logits).
+        nodes: by name: the input, then per layer its heads, its shared attention input (if
+            read), its sub-nodes and its MLP, then the logits.
         edges: residual edges first, then map and sub-node edges.
         outputs: upstream node -> (hook name, head index or None): where its output is read.
         inputs: (dst node, port) -> (hook name, head index or None): where an input is written.

@@ -36,6 +36,17 @@ def graph(graph_id: str, config: dict | None = None, **kwargs) -> dcc.Graph:
     return dcc.Graph(id=graph_id, config=config or graph_config(), **kwargs)
 
 
+LOADING_DELAY_MS = 400   # a spinner appears only for what takes longer than this
+
+
+def loading(children, **kwargs) -> dcc.Loading:
+    """A progress indicator around `children`: after LOADING_DELAY_MS of waiting a spinner
+    shows over them, and the old figures stay visible (dimmed) until the new ones arrive."""
+    return dcc.Loading(children, type="circle", delay_show=LOADING_DELAY_MS,
+                       overlay_style={"visibility": "visible", "opacity": 0.5,
+                                      "filter": "grayscale(0.5)"}, **kwargs)
+
+
 def error_box(box_id: str) -> html.Div:
     return html.Div(id=box_id, style={"color": "#b00020", "marginTop": "6px",
                                       "whiteSpace": "pre-wrap"})

@@ -121,6 +121,20 @@ class MapCache:
             entry.memo.setdefault(what, build())
         return entry.memo[what]
 
+    def per_prompt(self, store, name: str, tokens, what: tuple, build):
+        """`build()` memoised for model `name` on `tokens` under `what`: the analyses of a view
+        that do not depend on the head (computed once per prompt, then a head change only
+        lays out figures). The entry is created if needed; evicted with its maps."""
+        model = store.get(name)
+        key = self.key(store, name, tokens)
+        entry = self._entry(key, model)
+        with self._lock:
+            if what in entry.memo:
+                return entry.memo[what]
+        value = build()
+        with self._lock:
+            return entry.memo.setdefault(what, value)
+
     def cached_maps(self, key: tuple) -> dict:
         """A copy of entry `key`'s `{(layer, stage): [head q k]}` maps ({} if evicted)."""
         with self._lock:

@@ -22,7 +22,7 @@ from interp.explore import (
     find_map_stage,
     map_stages,
 )
-from interp.plots.maps import head_mosaic_figure, map_figure_dict
+from interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
@@ -93,7 +93,7 @@ def zoom_figure(panel: Panel) -> dict:
     if len(labels) > FULL:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
     return map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
-                           f"H{panel.head} hook_{panel.stage.name}")
+                           f"H{panel.head} hook_{panel.stage.name}", window=WINDOW)
 
 
 def _tiles(key: tuple, stage: str, grid: list) -> list:

@@ -15,6 +15,7 @@ from dashboards.figures import (
     error_box,
     graph,
     graph_config,
+    loading,
     note_box,
     number_input,
 )
@@ -62,11 +63,11 @@ def layout(store):
                     "key", number_input("circuits-key", LINK["key"][1])),
         error_box("circuits-error"),
         note_box("circuits-note"),
-        dcc.Loading(html.Div([graph("circuits-qk"), graph("circuits-ov")],
+        loading(html.Div([graph("circuits-qk"), graph("circuits-ov")],
                              style={"display": "flex", "gap": "12px", "flexWrap": "wrap"})),
         error_box("circuits-heads-error"),
         note_box("circuits-heads-note", pre_wrap=False),
-        dcc.Loading([graph("circuits-copying"), graph("circuits-composition")]),
+        loading([graph("circuits-copying"), graph("circuits-composition")]),
     ])
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import check_models, error_box, graph, graph_config
+from dashboards.figures import check_models, error_box, graph, graph_config, loading
 from dashboards.panels import build_panel, mosaic_figure, wanted_stage, zoom_figure
 from interp.plots.colors import colorbar_title
 from interp.plots.maps import MapScale
@@ -36,8 +36,8 @@ def layout(store):
                                  LINK["scale"][1], id="compare-scale", inline=True)],
                  style={"display": "flex", "gap": "8px", "alignItems": "center"}),
         error_box("compare-error"),
-        html.Div(id="compare-columns", style={"display": "flex", "gap": "12px",
-                                              "flexWrap": "wrap"}),
+        loading(html.Div(id="compare-columns", style={"display": "flex", "gap": "12px",
+                                                      "flexWrap": "wrap"})),
     ])
 
 

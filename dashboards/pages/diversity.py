@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import error_box, graph
+from dashboards.figures import error_box, graph, loading
 from interp.diversity import diversity_summary, head_diversity
 from interp.plots import diversity_figure
 
@@ -23,7 +23,7 @@ def layout(store):
                "90% at small k means redundant heads (Cordonnier et al. 2020). The dashed line "
                "is a random-init layer of the same shape."),
         error_box("diversity-error"),
-        dcc.Loading([graph("diversity-graph"), html.Pre(id="diversity-summary")]),
+        loading([graph("diversity-graph"), html.Pre(id="diversity-summary")]),
     ])
 
 

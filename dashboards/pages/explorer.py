@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dash import Input, Output, State, dcc, html, no_update
 
-from dashboards.figures import EXPORT_FORMATS, check_index, error_box, graph, graph_config
+from dashboards.figures import EXPORT_FORMATS, check_index, error_box, graph, graph_config, loading
 from dashboards.map_cache import MAP_CACHE
 from dashboards.panels import (
     build_panel,
@@ -42,17 +42,17 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
-        dcc.Loading(graph("explorer-grid")),
+        loading(graph("explorer-grid")),
         html.Div([
             html.Label("export"),
             dcc.RadioItems(list(EXPORT_FORMATS), "png", id="explorer-format", inline=True),
             html.Button("CSV of the zoomed map", id="explorer-csv", n_clicks=0),
             dcc.Download(id="explorer-download"),
         ], style={"display": "flex", "gap": "10px", "alignItems": "center"}),
-        dcc.Loading(graph("explorer-zoom")),
+        loading(graph("explorer-zoom")),
         graph("explorer-token", style={"display": "none"}),
         html.H4("The zoomed head at every stage"),
-        dcc.Loading(html.Div(id="explorer-stages")),
+        loading(html.Div(id="explorer-stages")),
     ])
 
 
@@ -83,6 +83,16 @@ def shown_keys(panel) -> dict:
     entry = hash(panel.cache_key)
     return {"grid": f"{entry}|{panel.stage.name}",
             "stages": f"{entry}|{panel.layer}|{panel.head}"}
+
+
+def _position(labels: list[str], value) -> int:
+    """The position a click names: a token label ("3:c"), or a position number (a long map's
+    windowed axes count positions); ValueError for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(labels):
+        return value
+    if isinstance(value, float) and value.is_integer() and 0 <= value < len(labels):
+        return int(value)
+    return labels.index(value)
 
 
 def drawn_with(figure: dict, config: dict) -> dict:
@@ -170,7 +180,8 @@ def register(app, store):
         try:
             panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
             point = click["points"][0]
-            query, key = panel.labels.index(point["y"]), panel.labels.index(point["x"])
+            query, key = _position(panel.labels, point["y"]), _position(panel.labels,
+                                                                        point["x"])
         except (ValueError, TypeError, KeyError, IndexError):
             return {}, {"display": "none"}
         row, column = row_and_column(panel.zoom_map, query, key)

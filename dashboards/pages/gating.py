@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import graph
+from dashboards.figures import graph, loading
 from interp.gating import gate_values
 from interp.infini import CLASS_NAMES, memory_layers, memory_specialisation
 from interp.plots import gate_figure, memory_figure
@@ -20,7 +20,7 @@ def layout(store):
         dcc.Input(id="gating-text", type="text", debounce=True, placeholder="input text",
                   style={"width": "100%", "marginTop": "8px"}),
         html.Div(id="gating-error", style={"color": "#b00020"}),
-        dcc.Loading([graph("gating-gates"), graph("gating-memory")]),
+        loading([graph("gating-gates"), graph("gating-memory")]),
     ])
 
 

@@ -17,6 +17,7 @@ from dashboards.figures import (
     control_row,
     error_box,
     graph,
+    loading,
     note_box,
     number_input,
 )
@@ -104,7 +105,7 @@ def layout(store):
                     number_input("heads-half", LINK["half"][1], minimum=2, width="80px")),
         error_box("heads-error"),
         note_box("heads-note"),
-        dcc.Loading(html.Div(id="heads-scores")),
+        loading(html.Div(id="heads-scores")),
         html.H4("Knock a head out"),
         html.P("The first chosen model with one head knocked out (by default the strongest "
                "previous-token head below the last layer, whose knock-out the induction heads "
@@ -127,16 +128,16 @@ def layout(store):
                                  id="heads-ablate-score", clearable=False,
                                  style={"width": "200px"})),
         error_box("heads-ablate-error"),
-        dcc.Loading(graph("heads-ablation")),
+        loading(graph("heads-ablation")),
         html.H4("K-composition between heads (first chosen model)"),
         html.P("How much an earlier head's output (OV) feeds a later head's keys (QK), from the "
                "weights alone, minus the score of random matrices of the same sizes: red is "
                "more composition than chance. Induction heads read the previous-token head "
                "this way."),
-        dcc.Loading(graph("heads-composition")),
+        loading(graph("heads-composition")),
         html.H4("Induction score across training"),
         note_box("heads-training-note"),
-        dcc.Loading(graph("heads-training")),
+        loading(graph("heads-training")),
     ])
 
 

@@ -15,6 +15,7 @@ from dashboards.figures import (
     error_box,
     graph,
     graph_config,
+    loading,
     note_box,
     number_input,
 )
@@ -43,7 +44,7 @@ def layout(store):
                     number_input("outputs-start", LINK["start"][1], width="90px"), wrap=False),
         error_box("outputs-error"),
         note_box("outputs-note"),
-        dcc.Loading([graph("outputs-loss"), graph("outputs-repeat"),
+        loading([graph("outputs-loss"), graph("outputs-repeat"),
                      html.Div(id="outputs-topk")]),
     ])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import check_index, error_box, graph, graph_config
+from dashboards.figures import check_index, error_box, graph, graph_config, loading
 from dashboards.map_cache import MAP_CACHE
 from interp.composed import borrowing_table, mixing_matrices
 from interp.cope import cope_layers, counted_units, gate_openers, positional_attention
@@ -103,7 +103,7 @@ def layout(store):
                "model's default text).", style={"color": "#555"}),
         html.P(id="variants-explain"),
         error_box("variants-error"),
-        dcc.Loading(html.Div(id="variants-body")),
+        loading(html.Div(id="variants-body")),
     ])
 
 
@@ -129,15 +129,27 @@ def _row(*children) -> html.Div:
     return html.Div(list(children), style={"display": "flex", "gap": "12px", "flexWrap": "wrap"})
 
 
+def _once(store, name, prompt, what: tuple, build):
+    """`build()` once per (model, prompt, what): what a view shows that does not depend on
+    the head is computed on the first request and reused by every head change."""
+    return MAP_CACHE.per_prompt(store, name, prompt.tokens, ("variants", *what), build)
+
+
 def _cope(store, name, prompt, layer, head, model) -> list:
     if layer not in cope_layers(model):
         raise ValueError(f"layer {layer} of {name} has no contextual positions; CoPE layers: "
                          f"{cope_layers(model)}")
-    units = counted_units(model, prompt.tokens).reset_index()
-    openers = gate_openers(model, prompt.tokens, top=8)
+    units = _once(store, name, prompt, ("cope-units",),
+                  lambda: counted_units(model, prompt.tokens).reset_index())
+    openers = _once(store, name, prompt, ("cope-openers",),
+                    lambda: gate_openers(model, prompt.tokens, top=8))
     mine = openers[(openers["layer"] == layer) & (openers["head"] == head)]
-    pos = positional_attention(model, prompt.tokens, layer).mean(0, keepdim=True)
-    pos = downsample(pos[0], VIEW_SIZE)[None]
+
+    def positional():
+        pos = positional_attention(model, prompt.tokens, layer).mean(0, keepdim=True)
+        return downsample(pos[0], VIEW_SIZE)[None]
+
+    pos = _once(store, name, prompt, ("cope-positional", layer), positional)
     return [
         _row(graph("variants-cope-gates", figure=_map(store, name, prompt, layer, head, "gates",
                                                       f"L{layer}H{head} gates g_ij")),
@@ -157,6 +169,12 @@ def _cope(store, name, prompt, layer, head, model) -> list:
 
 
 def _mta(store, name, prompt, layer, head, model) -> list:
+    """Nothing here depends on the head: built once per prompt and layer."""
+    return _once(store, name, prompt, ("mta", layer),
+                 lambda: _mta_figures(name, prompt, layer, model))
+
+
+def _mta_figures(name, prompt, layer, model) -> list:
     kernels = key_query_kernels(model)
     table = kernel_table(model)
     out = []
@@ -177,6 +195,12 @@ def _mta(store, name, prompt, layer, head, model) -> list:
 
 
 def _dcmha(store, name, prompt, layer, head, model) -> list:
+    """Nothing here depends on the head: built once per prompt and layer."""
+    return _once(store, name, prompt, ("dcmha", layer),
+                 lambda: _dcmha_figures(name, prompt, layer, model))
+
+
+def _dcmha_figures(name, prompt, layer, model) -> list:
     out = []
     for phase in ("pre", "post"):
         table = borrowing_table(model, prompt.tokens, layer, phase=phase, max_pairs=128)
@@ -214,8 +238,10 @@ def _infini(store, name, prompt, layer, head, model) -> list:
         fig.add_vline(x=edge, line=dict(dash="dash", color="#333", width=1))
         fig.add_hline(y=edge, line=dict(dash="dash", color="#333", width=1))
     fig.update_xaxes(type="category")
-    memory = memory_specialisation(model, prompt.tokens)
-    gates = gate_values(model, prompt.tokens)
+    memory = _once(store, name, prompt, ("infini-memory",),
+                   lambda: memory_specialisation(model, prompt.tokens))
+    gates = _once(store, name, prompt, ("infini-gates",),
+                  lambda: gate_values(model, prompt.tokens))
     counts = memory.groupby("class").size().rename("heads").reset_index()
     return [
         _row(graph("variants-infini-pattern", figure=fig, config=graph_config(

@@ -37,6 +37,7 @@ from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
 MIN_MOSAIC_WIDTH = 440  # px: the title of a 2-head model's thumbnails fits
 MODEBAR_PX = 26          # the title sits below the modebar's row, never under its buttons
 MAX_TEXT_CELLS = 20      # numbers drawn in the cells up to 20 x 20: beyond, they overlap
+WINDOW = 64              # a longer map opens on a window of this many queries and keys
 MAX_TICKS = 48           # token labels per axis; longer inputs label every n-th token
 
 
@@ -130,10 +131,26 @@ def stage_caption(stage: Stage) -> str:
     return f"hook_{stage.name} ({flags.get(stage.softmax, stage.softmax)}{rows})"
 
 
+def window_layout(n: int, window: int = WINDOW, end: int | None = None) -> dict:
+    """Layout of a long `[n n]` map that opens on `window` queries and keys (those ending at
+    position `end`, default the last): square cells (the y axis is anchored to x), every token
+    labelled (legible at this size), dragging pans, double-click shows the whole map."""
+    end = n if end is None else max(window, min(n, end))
+    lo, hi = end - window - 0.5, end - 0.5
+    ticks = dict(tickmode="linear", tick0=0, dtick=1, tickfont=dict(size=9))
+    return dict(xaxis=dict(range=[lo, hi], **ticks),
+                yaxis=dict(range=[hi, lo], autorange=False, scaleanchor="x", scaleratio=1,
+                           constrain="domain", **ticks),
+                dragmode="pan")
+
+
 def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str = "",
-                    scale: MapScale | None = None, height: int = 520) -> dict:
+                    scale: MapScale | None = None, height: int = 520,
+                    window: int | None = None) -> dict:
     """`map_figure` as a plain plotly figure dict (z as a typed float32 array): no plotly
-    validation, for the dashboard's hot paths. Same arguments and checks as `map_figure`."""
+    validation, for the dashboard's hot paths. Same arguments and checks as `map_figure`;
+    `window`: a map with more positions opens on the last `window` queries and keys, with
+    square cells and every token labelled (`window_layout`), and the user pans."""
     q, k = map2d.shape
     if len(labels) != q or q != k:
         raise ValueError(f"labels has {len(labels)} entries for a {q} x {k} map; need {q} x {q}")
@@ -153,6 +170,22 @@ def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str =
         yaxis=dict(title=dict(text="query"), autorange="reversed", **token_ticks(labels)),
         title=title_below_modebar(title or stage_caption(stage)),
         plot_bgcolor=MASKED, height=height, margin=dict(l=60, r=20, t=MODEBAR_PX + 50, b=60))
+    if window is not None and q > window:
+        # positions as numbers, so that the range is a window of positions; ticks and hover
+        # still name every token
+        trace.update(x=list(range(q)), y=list(range(q)),
+                     hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra>" + stage.name
+                     + "</extra>")
+        win = window_layout(q, window)
+        for axis, name in (("xaxis", "key"), ("yaxis", "query")):
+            layout[axis] = {**win[axis], "tickmode": "array", "tickvals": list(range(q)),
+                            "ticktext": list(labels),
+                            "tickangle": -90 if axis == "xaxis" else 0,
+                            "title": dict(text=f"{name} (drag to pan; double-click: all)")}
+            layout[axis].pop("tick0")
+            layout[axis].pop("dtick")
+        layout.update(dragmode="pan", height=max(height, 640))
+        layout["title"]["text"] += f" ({window} of {q} positions shown)"
     return {"data": [trace], "layout": layout}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -25,8 +26,9 @@ from interp.circuit_discovery.extract import (
     reference_record,
     select_edges,
 )
+from interp.circuit_discovery.graph import build_graph
 from interp.circuit_discovery.induction import induction_heads, induction_task, recovery
-from interp.circuit_discovery.scoring import exact_patching
+from interp.circuit_discovery.scoring import attribution_patching, eap_ig, exact_patching
 
 VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")
 SIZES = (5, 10, 20, 30, 40, 60, 80, 100)
@@ -89,14 +91,41 @@ def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
     return top, within
 
 
+def agreement_row(name: str, prompts: int = 16, seed: int = 0) -> dict:
+    """Pearson correlation, over every edge of the bundled model `name`, between exact patching
+    of that edge alone and attribution patching / EAP-IG with 2 and 10 steps."""
+    from hooked_models import zoo
+
+    model = zoo.load(name)
+    task = induction_task(model, n_prompts=prompts, half_len=10, seed=seed)
+    graph = build_graph(model)
+    exact = exact_patching(model, graph, task.clean, task.corrupted, task.metric,
+                           graph.edges).score.to_numpy()
+    row = {"model": name, "edges": len(graph.edges),
+           "median abs exact": float(np.median(np.abs(exact)))}
+    for label, table in (
+            ("attribution", attribution_patching(model, graph, task.clean, task.corrupted,
+                                                 task.metric)),
+            ("EAP-IG 2", eap_ig(model, graph, task.clean, task.corrupted, task.metric, 2)),
+            ("EAP-IG 10", eap_ig(model, graph, task.clean, task.corrupted, task.metric, 10))):
+        row[f"r({label}, exact)"] = float(np.corrcoef(table.score.to_numpy(), exact)[0, 1])
+    return row
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--agreement", action="store_true",
+                        help="also: scores vs exact patching of every edge (16 prompts)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.agreement:
+        print(markdown(pd.DataFrame([agreement_row(f"induction-{v}", seed=args.seed)
+                                     for v in VARIANTS])))
+        print()
     rows = [model_rows(f"induction-{v}", args.prompts, args.seed, args.top_k, args.steps)
             for v in VARIANTS]
     print(markdown(pd.DataFrame([r[0] for r in rows])))

@@ -326,7 +326,15 @@ def test_induction_page_scores_every_model(app, store):
     out = response(app, "heads-scores", values("heads", ["tiny-mha", "tiny-dcmha"]))
     figures = out["heads-scores"]["children"]
     assert len(figures) == 2
-    fig = figures[0]["props"]["figure"]
+    fig = figures[0]["props"]["children"][0]["props"]["figure"]
+    # each model's heads ranked by the chosen score, names linking to the explorer
+    ranking = figures[0]["props"]["children"][2]["props"]["children"]
+    links = [row["props"]["children"][0]["props"]["children"]["props"] for row in ranking[1:]]
+    assert links[0]["href"].startswith("?page=explorer&models=tiny-mha&layer=")
+    model = store.get("tiny-mha")
+    table = probe_scores(model, make_probe(model, "random", half_len=6, batch=8))
+    best = table.sort_values("induction", ascending=False).index[0]
+    assert links[0]["children"] == best and len(links) == len(table)
     assert [a["text"] for a in fig["layout"]["annotations"]] == [
         "previous_token", "duplicate_token", "induction", "induction_stripe"]
     model = store.get("tiny-mha")
@@ -335,7 +343,8 @@ def test_induction_page_scores_every_model(app, store):
                                table[table["layer"] == 1]["induction"], rtol=0, atol=1e-12)
     assert fig["layout"]["coloraxis"]["colorbar"]["title"]["text"] == "score"
     out = response(app, "heads-scores", values("heads", prompt="abab", heads__probe="text"))
-    ann = out["heads-scores"]["children"][0]["props"]["figure"]["layout"]["annotations"]
+    ann = (out["heads-scores"]["children"][0]["props"]["children"][0]["props"]["figure"]
+           ["layout"]["annotations"])
     assert len(ann) == 3 and out["heads-error"]["children"] == ""
 
 

@@ -45,7 +45,7 @@ def _controls_now(**changed) -> dict:
 def test_every_page_control_is_linked_with_its_layout_default():
     assert set(PAGE_LINKS) == {"k", "start", "probe", "half", "ablate_at", "ablate_how",
                                "ablate_score", "ablate_head", "circuit", "query", "key",
-                               "scale"}
+                               "scale", "mode", "direction", "rank_by"}
     layout = {}
 
     def walk(node):
@@ -88,13 +88,15 @@ def _sync(app, search, changed="url.search", **controls):
 def test_link_restores_page_controls_and_controls_update_the_link(app):
     out = _sync(app, "?page=heads&models=tiny-mta&probe=text&half=6&ablate_at=pattern"
                      "&ablate_how=mean&ablate_score=previous_token&k=3&start=2"
-                     "&circuit=pair&query=3&key=1&scale=per+model&ablate_head=L1H2")
+                     "&circuit=pair&query=3&key=1&scale=per+model&ablate_head=L1H2"
+                     "&mode=mean&direction=to&rank_by=previous_token")
     assert out["tabs"]["value"] == "heads"
     restored = {key: out[cid]["value"] for key, (cid, _) in PAGE_LINKS.items()}
     assert restored == {"probe": "text", "half": 6, "ablate_at": "pattern", "ablate_how": "mean",
                         "ablate_score": "previous_token", "k": 3, "start": 2,
                         "circuit": "pair", "query": 3, "key": 1, "scale": "per model",
-                        "ablate_head": "L1H2"}
+                        "ablate_head": "L1H2", "mode": "mean", "direction": "to",
+                        "rank_by": "previous_token"}
     # a control changes: the link follows (and keeps the shared controls)
     out = _sync(app, "?page=explorer", changed="circuits-query.value", circuit="pair", query=4)
     link = _parse_link(out["url"]["search"])

@@ -16,6 +16,7 @@ from dashboards.map_cache import MAP_CACHE
 from dashboards.store import ModelStore
 from interp.explore import downsample, find_map_stage
 from interp.plots.maps import (
+    blank_future,
     head_mosaic_figure,
     map_figure,
     map_figure_dict,
@@ -69,7 +70,8 @@ def test_mosaic_tiles_are_the_block_means_with_nan_gutters(store, n, size):
             if maps is None:
                 assert np.isnan(tile).all()
                 continue
-            want = downsample(maps[head], size).numpy()
+            # tiles of keys after their queries that are exactly 0: the causal mask (grey)
+            want = blank_future(downsample(maps[head], size).double().numpy())
             np.testing.assert_array_equal(np.isnan(tile), np.isnan(want))
             np.testing.assert_allclose(tile, want, rtol=2e-7, atol=0, equal_nan=True)
     assert np.isnan(z[t, :]).all() and np.isnan(z[:, t]).all()     # the gutters
@@ -172,7 +174,8 @@ def test_explorer_zoom_is_the_full_map_and_thumbnails_its_block_means(store):
     _, cache = model.run_with_cache(model.to_tokens("the cat sat."))
     want = cache["pattern", 1][0].double()                       # [head q k]
     zoom = array(out["explorer-zoom"]["figure"]["data"][0]["z"])
-    full = want[2].masked_fill(~torch.isfinite(want[2]), float("nan")).numpy()
+    full = blank_future(want[2].masked_fill(~torch.isfinite(want[2]), float("nan")).numpy())
+    assert np.isnan(zoom[0, 1:]).all()                           # the future: masked, not 0
     np.testing.assert_allclose(zoom, full, rtol=1e-6, atol=1e-7, equal_nan=True)
     np.testing.assert_allclose(np.nansum(zoom, axis=1), 1.0, atol=1e-5)   # rows of a pattern
     mosaic = out["explorer-grid"]["figure"]["data"][0]

@@ -13,6 +13,7 @@ the page instead of raising.
 """
 
 from dashboards.pages import (
+    attribution,
     circuits,
     compare,
     diversity,
@@ -20,7 +21,9 @@ from dashboards.pages import (
     gating,
     heads,
     outputs,
+    tokens,
     variants,
 )
 
-PAGES = [compare, explorer, outputs, heads, circuits, variants, diversity, gating]
+PAGES = [compare, explorer, tokens, outputs, attribution, heads, circuits, variants, diversity,
+         gating]

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
+from dashboards.app_links import explorer_link
 from dashboards.figures import (
     check_index,
     check_models,
@@ -42,7 +43,8 @@ HOW = ("zero", "mean")
 LINK = {"probe": ("heads-probe", "random"), "half": ("heads-half", 10),
         "ablate_at": ("heads-ablate-at", "z"), "ablate_how": ("heads-ablate-how", "zero"),
         "ablate_score": ("heads-ablate-score", "induction"),
-        "ablate_head": ("heads-ablate-head", "auto")}
+        "ablate_head": ("heads-ablate-head", "auto"), "rank_by": ("heads-rank-by", "induction")}
+RANK_TOP = 10   # heads listed in the ranking table
 AUTO = "auto"   # the knock-out head: the strongest previous-token head feeding a later layer
 
 
@@ -103,6 +105,9 @@ def layout(store):
                                    LINK["probe"][1], id="heads-probe", inline=True),
                     "random tokens per copy",
                     number_input("heads-half", LINK["half"][1], minimum=2, width="80px")),
+        control_row("rank heads by",
+                    dcc.Dropdown(SCORES + ["induction_stripe"], LINK["rank_by"][1],
+                                 id="heads-rank-by", clearable=False, style={"width": "200px"})),
         error_box("heads-error"),
         note_box("heads-note"),
         loading(html.Div(id="heads-scores")),
@@ -162,9 +167,32 @@ def check_stage(model, name, stage) -> str:
     return stage
 
 
-def scores(store, names, text, kind, half, stage) -> tuple[list, str]:
-    """One score figure per model; notes for models that cannot answer."""
+def ranking(name: str, table, by: str, stage: str, text) -> html.Table:
+    """The heads of `table` (`probe_scores`) by `by`, best first: every score, and the head's
+    name linking to it in the explorer at `stage`."""
+    if by not in table:
+        raise ValueError(f"no score {by!r} to rank by; scores: {list(SCORES)}")
+    columns = [c for c in [*SCORES, "induction_stripe"] if c in table]
+    ranked = table.sort_values(by, ascending=False).head(RANK_TOP)
+    rows = [html.Tr([html.Th("head"), *[html.Th(c) for c in columns]])]
+    for label, r in ranked.iterrows():
+        link = explorer_link(name, int(r["layer"]), int(r["head"]), stage, text)
+        rows.append(html.Tr([html.Td(dcc.Link(str(r.get("head_label", label)), href=link)),
+                             *[html.Td(f"{float(r[c]):.3f}",
+                                       style={"fontWeight": "bold"} if c == by else {})
+                               for c in columns]]))
+    return html.Table(rows, className="heads-ranking",
+                      style={"fontFamily": "monospace", "fontSize": "12px",
+                             "marginBottom": "12px"})
+
+
+def scores(store, names, text, kind, half, stage, rank_by="induction") -> tuple[list, str]:
+    """One score figure per model, each with its heads ranked (`ranking`); notes for models
+    that cannot answer."""
     names = check_models(store, names)
+    rank_by = LINK["rank_by"][1] if rank_by is None else rank_by
+    if rank_by not in [*SCORES, "induction_stripe"]:
+        raise ValueError(f"no score {rank_by!r} to rank by; scores: {SCORES}")
     figures, notes = [], []
     for i, name in enumerate(names):
         try:
@@ -179,8 +207,15 @@ def scores(store, names, text, kind, half, stage) -> tuple[list, str]:
         if note:
             notes.append(f"{name}: {note}")
         columns = SCORES + (["induction_stripe"] if "induction_stripe" in table else [])
-        figures.append(graph(f"heads-scores-{i}", figure=scores_figure(
-            table, columns, title=f"{name}: hook_{stage}, {probe_label(probe)}")))
+        block = [graph(f"heads-scores-{i}", figure=scores_figure(
+            table, columns, title=f"{name}: hook_{stage}, {probe_label(probe)}"))]
+        if rank_by in table:
+            block += [html.Div(f"{name}: heads by {rank_by} (a name opens it in the explorer)",
+                               style={"fontWeight": "bold"}),
+                      ranking(name, table, rank_by, stage, text)]
+        else:
+            notes.append(f"{name}: no {rank_by} score on this probe to rank by")
+        figures.append(html.Div(block, className="heads-model"))
     if not figures:
         raise ValueError("\n".join(notes))
     return figures, "\n".join(notes)
@@ -272,12 +307,12 @@ def register(app, store):
               Input("heads-half", "value"), Input("ctl-stage", "value")]
 
     @app.callback(Output("heads-scores", "children"), Output("heads-error", "children"),
-                  Output("heads-note", "children"), *shared)
-    def _scores(tab, names, text, kind, half, stage):
+                  Output("heads-note", "children"), *shared, Input("heads-rank-by", "value"))
+    def _scores(tab, names, text, kind, half, stage, rank_by):
         if tab != ID:   # nothing computed for a hidden tab (nor at page load)
             raise PreventUpdate
         try:
-            figures, note = scores(store, names, text, kind, half, stage)
+            figures, note = scores(store, names, text, kind, half, stage, rank_by)
         except ValueError as err:
             return [], str(err), ""
         return figures, "", note

@@ -23,13 +23,14 @@ Example:
 
 from __future__ import annotations
 
-from interp.plots import analyses, circuits, colors, maps, outputs, training
+from interp.plots import analyses, circuits, colors, maps, outputs, training, views
 from interp.plots.analyses import *  # noqa: F403
 from interp.plots.circuits import *  # noqa: F403
 from interp.plots.colors import *  # noqa: F403
 from interp.plots.maps import *  # noqa: F403
 from interp.plots.outputs import *  # noqa: F403
 from interp.plots.training import *  # noqa: F403
+from interp.plots.views import *  # noqa: F403
 
 
 def _public(module) -> list[str]:
@@ -37,5 +38,5 @@ def _public(module) -> list[str]:
         vars(module)[n], "__module__", module.__name__) == module.__name__]
 
 
-__all__ = sorted({n for m in (analyses, circuits, colors, maps, outputs, training)
+__all__ = sorted({n for m in (analyses, circuits, colors, maps, outputs, training, views)
                   for n in getattr(m, "__all__", _public(m))})

@@ -55,6 +55,30 @@ def colour(i: int) -> str:
     return QUALITATIVE[i % len(QUALITATIVE)]
 
 
+def colour_at(scale: list[list], t: float) -> str:
+    """The colour of `scale` (a list of [position, "#rrggbb"]) at `t` in [0, 1] (clipped),
+    interpolated linearly in RGB: for HTML views drawn with the figures' scales."""
+    t = min(1.0, max(0.0, float(t))) if np.isfinite(t) else 0.0
+    for (a, ca), (b, cb) in zip(scale, scale[1:], strict=False):
+        if t <= b:
+            f = 0.0 if b == a else (t - a) / (b - a)
+            rgb = [round(int(ca[i:i + 2], 16) * (1 - f) + int(cb[i:i + 2], 16) * f)
+                   for i in (1, 3, 5)]
+            return "#" + "".join(f"{c:02x}" for c in rgb)
+    return scale[-1][1]
+
+
+def value_colour(value: float, top: float, signed: bool = False) -> str:
+    """The colour of `value` on the sequential scale 0 .. `top`, or on the diverging one
+    -`top` .. `top` when `signed`; NaN (masked) is `MASKED`."""
+    if not np.isfinite(value):
+        return MASKED
+    top = top if top > 0 else 1.0
+    if signed:
+        return colour_at(DIVERGING, 0.5 + 0.5 * value / top)
+    return colour_at(SEQUENTIAL, value / top)
+
+
 def _finite(values) -> np.ndarray:
     a = np.asarray(values, dtype=float).ravel()
     return a[np.isfinite(a)]
@@ -115,4 +139,4 @@ def masked_layout(layout: dict, note: bool = True, y: float = -0.02) -> dict:
 
 __all__ = ["CLASS_COLOURS", "DIVERGING", "MASKED", "MASKED_TEXT", "QUALITATIVE", "SEQUENTIAL",
            "VARIANT_COLOURS", "coloraxis_args", "colorbar_title", "colour", "masked_layout",
-           "masked_note", "scale_args"]
+           "colour_at", "masked_note", "scale_args", "value_colour"]

@@ -97,6 +97,17 @@ def _blank_masked(z: Tensor) -> np.ndarray:
     return _finite_or_nan(z.detach().float())
 
 
+def blank_future(z: np.ndarray) -> np.ndarray:
+    """`z` (`[..., q, k]`, a float array, changed in place and returned) with the causal mask's
+    cells, keys after the query, set to NaN where they hold exactly 0: a softmax output there is
+    masked, not "no attention", and is drawn grey like the -inf of the logits. A non-zero value
+    after the query (a variant leaking the future) stays visible."""
+    q, k = z.shape[-2:]
+    future = np.triu(np.ones((q, k), dtype=bool), 1)
+    z[..., future & (z == 0)] = np.nan
+    return z
+
+
 def typed_array(values: Tensor | np.ndarray) -> dict:
     """`values` (1-d or 2-d) as plotly's typed binary array `{dtype, bdata, shape}` of float32,
     NaN where not finite: what plotly itself sends for a numpy array, built without walking
@@ -154,7 +165,7 @@ def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str =
     q, k = map2d.shape
     if len(labels) != q or q != k:
         raise ValueError(f"labels has {len(labels)} entries for a {q} x {k} map; need {q} x {q}")
-    z = _blank_masked(map2d)
+    z = blank_future(_blank_masked(map2d))
     # the scale from the float32 values sent when they are the map's own (min/max exact)
     scale = scale or (_scale_of(stage, z) if map2d.dtype == torch.float32
                       else map_scale(stage, map2d))
@@ -197,7 +208,7 @@ def map_figure(map2d: Tensor, stage: Stage, labels: list[str], title: str = "",
     `MAX_TEXT_CELLS` tokens. `scale` defaults to `map_scale(stage, map2d)`.
     """
     fig = map_figure_dict(map2d, stage, labels, title, scale, height)
-    fig["data"][0]["z"] = _blank_masked(map2d)       # a numpy array for figure users
+    fig["data"][0]["z"] = blank_future(_blank_masked(map2d))   # numpy for figure users
     return go.Figure(fig)
 
 
@@ -277,7 +288,9 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
         if maps is not None:
             rows = z[layer * (t + 1):layer * (t + 1) + t]
             for head in range(n_heads):
-                rows[:, head * (t + 1):head * (t + 1) + t] = maps[head]
+                # tiles right of the diagonal hold only keys after their queries: masked
+                rows[:, head * (t + 1):head * (t + 1) + t] = torch.from_numpy(
+                    blank_future(maps[head].double().numpy().copy()))
     x, y = [], []
     for head in range(n_heads):
         x += _block_labels(f"H{head} k", n, f) + ([f"H{head}|"] if head < n_heads - 1 else [])

@@ -4,7 +4,9 @@ ground truth, circuit extraction, faithfulness and a figure (issue 25; docs/circ
 
 Modules: `graph` (nodes, edges), `mixing` (within-layer map edges), `switches` (the model's
 per-head input switches), `engine` (one patched forward), `scoring`, `metrics`, `extract`,
-`induction` (the induction task), `figure`, `discover` (all in one call).
+`induction` (the induction task), `paper_tasks` (MTA's find-the-block and DCMHA's conjunction
+on the zoo's paper-task models), `prompt_scores` (edge scores with per-prompt corruptions: the
+sweep's `circuit` analysis), `figure`, `discover` (all in one call).
 """
 
 from interp.circuit_discovery.discover import Discovery, discover
@@ -24,6 +26,7 @@ from interp.circuit_discovery.induction import (
     recovery,
 )
 from interp.circuit_discovery.metrics import logit_diff_metric, logprob_metric, loss_metric
+from interp.circuit_discovery.paper_tasks import conjunction_task_pair, find_block_task
 from interp.circuit_discovery.scoring import (
     attribution_patching,
     eap_ig,
@@ -32,7 +35,8 @@ from interp.circuit_discovery.scoring import (
 )
 
 __all__ = ["CircuitGraph", "Discovery", "Edge", "Node", "attribution_patching", "build_graph",
-           "circuit_figure", "circuit_metric", "discover", "eap_ig", "edge_ig", "exact_patching",
-           "faithfulness", "faithfulness_curve", "head_scores", "induction_heads",
+           "circuit_figure", "circuit_metric", "conjunction_task_pair", "discover", "eap_ig",
+           "edge_ig", "exact_patching", "faithfulness", "faithfulness_curve", "find_block_task",
+           "head_scores", "induction_heads",
            "induction_task", "logit_diff_metric", "logprob_metric", "loss_metric", "prune",
            "recovery", "select_edges"]

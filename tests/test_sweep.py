@@ -203,3 +203,29 @@ def test_errors_inside_a_shard_name_the_shard(ckpts, tmp_path):
         run_sweep(long, out=tmp_path / "b", progress=False)
     with pytest.raises(ValueError, match="no output folder"):
         run_sweep(base_spec(ckpts), progress=False)
+
+
+@pytest.mark.parametrize("shard_size", [2, 7])
+def test_circuit_edge_scores_merge_exactly_across_shards(ckpts, tmp_path, shard_size):
+    """The `circuit` analysis: a shard's edge scores are the mean (and sum) over its prompts,
+    so the prompt-weighted mean over shards equals EAP-IG on all 7 prompts at once."""
+    from interp.circuit_discovery.prompt_scores import prompt_edge_scores
+
+    spec = base_spec(ckpts, shard_size=shard_size,
+                     analyses=[{"analysis": "circuit", "args": {"steps": 3}}])
+    result = run_sweep(spec, out=tmp_path, progress=False, png=False)
+    tokens = repeated_tokens(7, HALF, 50, seed=3)
+    merged = result.of("circuit")
+    assert merged["shard"].nunique() == -(-7 // shard_size)
+    summary = result.of("circuit", summary=True)
+    for name in ("mha", "mta"):
+        want = prompt_edge_scores(model_of(ckpts / name), tokens, steps=3).set_index("edge")
+        got = summary[summary["model"] == name].set_index("edge").loc[want.index]
+        assert (got["n_prompts"] == 7).all() and len(want) > 10
+        assert (got["edge_kind"] == want["edge_kind"]).all()
+        for col in ("score", "metric_clean", "metric_corrupted"):
+            torch.testing.assert_close(torch.tensor(got[col].to_numpy(float)),
+                                       torch.tensor(want[col].to_numpy(float)), **EXACT)
+        torch.testing.assert_close(torch.tensor(got["score_sum"].to_numpy(float)),
+                                   torch.tensor(7 * want["score"].to_numpy(float)), **EXACT)
+    assert any(p.name.startswith("circuit") for p in result.figures)

@@ -4,8 +4,8 @@ Each entry says whether it reads prompts (`uses_prompts`: it runs once per promp
 groups of equal-length prompts) or only the weights (one shard per model), which columns
 identify a row (`keys`) and how a column summarises over shards (`summary`: "mean" is the mean
 weighted by the number of prompts, which for these analyses equals the value on all prompts
-at once, "min", "max", "any"). Columns not named in `summary` are kept in the merged table but
-not summarised.
+at once, "sum", "min", "max", "any"). Columns not named in `summary` are kept in the merged
+table but not summarised.
 
 Example:
     >>> ANALYSES["heads"].fn(model, tokens, stage="pattern")       # doctest: +SKIP
@@ -54,6 +54,13 @@ def _composition(model, modes=circuits.MODES, n_baseline: int = 300,
     return circuits.composition_table(model, list(modes), n_baseline, seed)
 
 
+def _circuit(model, tokens, corrupt: str = "first_half", method: str = "eap-ig", steps: int = 5,
+             seed: int = 0) -> pd.DataFrame:
+    from interp.circuit_discovery.prompt_scores import prompt_edge_scores
+
+    return prompt_edge_scores(model, tokens, corrupt, method, steps, seed)
+
+
 def _diversity(model, circuits=diversity.CIRCUITS, composed: bool = False,
                n_baseline: int = 2, seed: int = 0, thresholds=(0.9, 0.95)) -> pd.DataFrame:
     curves = diversity.head_diversity(model, list(circuits), composed=composed,
@@ -73,6 +80,11 @@ ANALYSES: dict[str, Analysis] = {
     "composition": Analysis(_composition, False, ("source", "dest", "mode"),
                             {"score": "mean", "z": "mean"},
                             "Q/K/V composition scores (interp.circuits.composition_table)"),
+    "circuit": Analysis(_circuit, True, ("edge", "edge_kind", "src", "dst"),
+                        {"score": "mean", "score_sum": "sum", "metric_clean": "mean",
+                         "metric_corrupted": "mean"},
+                        "edge scores of circuit discovery (interp.circuit_discovery."
+                        "prompt_scores): per shard the mean and the sum over its prompts"),
     "diversity": Analysis(_diversity, False, ("layer", "circuit"), {},
                           "head diversity k90/k95 (interp.diversity)"),
 }

@@ -4,6 +4,7 @@
     gates        heatmap model x (head, stage) of the mean gate, per prompt set
     composition  the largest composition z-score of each model, per mode
     diversity    k90 (heads needed for 90% of the captured variance) per model, layer, circuit
+    circuit      the mean score of the edges with the largest |score|, per model
 
 Written as HTML (and PNG when kaleido works) through `interp.plots.save_figure`.
 
@@ -65,6 +66,12 @@ def sweep_figures(summary: pd.DataFrame) -> dict[str, go.Figure]:
         elif kind == "composition" and len(part):
             best = part.groupby(["model", "mode"], sort=False)["z"].max().reset_index()
             figs[where] = _bar(best, "model", "z", "mode", "largest composition z-score")
+        elif kind == "circuit" and "score" in part.columns and len(part):
+            strength = part.groupby("edge", sort=False)["score"].apply(
+                lambda x: x.abs().max()).sort_values(ascending=False)
+            top = part[part["edge"].isin(strength.index[:15])]
+            figs[where] = _bar(top, "edge", "score", "model",
+                               f"edge scores on {pset} (15 largest |score|)")
         elif kind == "diversity" and "k90" in part.columns:
             part = part.assign(layer_circuit=part["circuit"] + " L" +
                                part["layer"].astype(int).astype(str))

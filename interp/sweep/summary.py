@@ -2,7 +2,7 @@
 
 Each analysis's `summary` (interp.sweep.analyses) says how a column combines over shards and
 length groups: "mean" is weighted by `n_prompts` (the head detectors average over prompts, so
-this equals the score on all prompts at once), "min"/"max"/"any" as named. Weight-only
+this equals the score on all prompts at once), "sum"/"min"/"max"/"any" as named. Weight-only
 analyses have one shard per model; their summary is that shard's rows.
 
 Example:
@@ -28,6 +28,8 @@ def _combine(group: pd.DataFrame, columns: dict[str, str]) -> pd.Series:
             x = values.to_numpy(dtype=float)
             out[col] = float(np.average(x, weights=weights)) if weights.sum() > 0 else float(
                 x.mean())
+        elif how == "sum":
+            out[col] = float(values.to_numpy(dtype=float).sum())
         elif how == "min":
             out[col] = values.min()
         elif how == "max":

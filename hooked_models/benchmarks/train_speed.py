@@ -35,10 +35,15 @@ SHAPES = {
                         d_vocab=4096, attn_only=True),
     "issue-16x256": dict(batch=16, n_ctx=256, d_model=128, n_heads=4, d_head=32, n_layers=2,
                          d_vocab=4096, attn_only=True),
+    # A smoke shape (`python -m hooked_models.bench --quick`): checks the script, measures nothing.
+    "tiny": dict(batch=2, n_ctx=64, d_model=32, n_heads=2, d_head=16, n_layers=1, d_vocab=128,
+                 attn_only=True),
 }
 VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")
 POSITIONS = {"cope": "none"}
-ATTN_CFG = {"infini": {"segment_len": 128, "update": "delta"}}
+# Infini as the zoo trains it: 128-token segments (4 per 512-token context), the delta rule;
+# shorter contexts get two segments.
+ATTN_CFG = {"infini": lambda n_ctx: {"segment_len": min(128, n_ctx // 2), "update": "delta"}}
 
 
 class PlainGPT(nn.Module):
@@ -80,7 +85,8 @@ def variant_model(variant: str, s: dict) -> nn.Module:
                         n_layers=s["n_layers"], n_ctx=s["n_ctx"], d_vocab=s["d_vocab"],
                         attn_only=s["attn_only"], attention=variant,
                         positional_embedding_type=POSITIONS.get(variant, "rotary"),
-                        attn_cfg=ATTN_CFG.get(variant), seed=0)
+                        attn_cfg=ATTN_CFG[variant](s["n_ctx"]) if variant in ATTN_CFG else None,
+                        seed=0)
     return HookedVariantTransformer(cfg)
 
 

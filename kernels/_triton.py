@@ -119,12 +119,18 @@ class LazyAutotune:
         return self._tuned[grid]
 
 
-def head_dim_configs(table):
+def head_dim_configs(table, when=None):
     """`(configs, prune)` for `LazyAutotune` from rows `(BLOCK_M, BLOCK_N, num_warps,
     num_stages, min_d, max_d)`: a config is tried only for BLOCK_D in [min_d, max_d] (the tiles
     that compile without spilling there for sm_80 and sm_90, `python -m kernels.compile_check`).
-    Where no row covers BLOCK_D, the rows with the largest max_d are tried."""
+    `when` maps a constexpr flag to rows of the same form that replace those configs' ranges
+    for launches where the flag is true (e.g. Infini's gate epilogue, `HAS_MIX`, needs more
+    registers); an empty range (min_d > max_d) drops the config there. Where no config covers
+    BLOCK_D, the configs with the largest max_d are tried."""
     ranges = {row[:4]: row[4:] for row in table}
+    overrides = {flag: {row[:4]: row[4:] for row in rows} for flag, rows in (when or {}).items()}
+    for rows in overrides.values():
+        assert set(rows) <= set(ranges), "`when` rows must name configs of `table`"
 
     def configs():
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -132,11 +138,17 @@ def head_dim_configs(table):
 
     def prune(candidates, meta):
         def span(c):
-            return ranges[(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)]
+            key = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            lo, hi = ranges[key]
+            for flag, rows in overrides.items():
+                if meta.get(flag) and key in rows:
+                    lo, hi = max(lo, rows[key][0]), min(hi, rows[key][1])
+            return lo, hi
         d = meta["BLOCK_D"]
         kept = [c for c in candidates if span(c)[0] <= d <= span(c)[1]]
-        widest = max(span(c)[1] for c in candidates)
-        return kept or [c for c in candidates if span(c)[1] == widest]
+        usable = [c for c in candidates if span(c)[0] <= span(c)[1]] or candidates
+        widest = max(span(c)[1] for c in usable)
+        return kept or [c for c in usable if span(c)[1] == widest]
 
     return configs, prune
 

@@ -163,9 +163,14 @@ _SMALL = ((32, 64, 4, 3, *_ALL), (64, 32, 4, 3, *_ALL), (32, 32, 4, 3, *_ALL))
 DKDV_TILES = ((64, 64, 8, 2, *_ALL), *_SMALL)
 DQ_TILES = ((64, 64, 4, 2, 128, 1 << 30), *_SMALL)
 
+# Infini's segment-causal mask (SEGMENTED) costs registers too: on sm_80 dK/dV 64x64 w8 spills
+# 8 B at d 64 (kept from d 128, clean there) and dQ 64x64 w4 16 B at d 128 (dropped).
+SEGMENTED_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
+SEGMENTED_DQ = ((64, 64, 4, 2, 1, 0),)
+
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
-_dkdv_configs, _dkdv_prune = head_dim_configs(DKDV_TILES)
-_dq_configs, _dq_prune = head_dim_configs(DQ_TILES)
+_dkdv_configs, _dkdv_prune = head_dim_configs(DKDV_TILES, when={"SEGMENTED": SEGMENTED_DKDV})
+_dq_configs, _dq_prune = head_dim_configs(DQ_TILES, when={"SEGMENTED": SEGMENTED_DQ})
 _dkdv_tuned = LazyAutotune(_bwd_dkdv, _dkdv_configs, _KEY, prune=_dkdv_prune)
 _dq_tuned = LazyAutotune(_bwd_dq, _dq_configs, _KEY, prune=_dq_prune)
 

@@ -167,7 +167,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
 # (spills 24 B at d 64 on sm_80).
 FWD_TILES = ((128, 64, 8, 3, 0, 1 << 30), (64, 64, 4, 3, 0, 1 << 30), (64, 32, 4, 4, 0, 1 << 30),
              (128, 32, 4, 4, 0, 64), (128, 128, 8, 2, 128, 1 << 30))
-_gpu_configs, _prune = head_dim_configs(FWD_TILES)
+# With Infini's gate epilogue (HAS_MIX) these need more registers: at d 128 on sm_80 128x64
+# w8 spills 112 B and 64x64 w4 32 B (kept to d 64, clean there); 128x128 w8 s2 spills 72-184 B
+# (dropped). 64x32 w4 s4 stays spill-free at every d.
+MIX_TILES = ((128, 64, 8, 3, 0, 64), (64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0))
+_gpu_configs, _prune = head_dim_configs(FWD_TILES, when={"HAS_MIX": MIX_TILES})
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
                           key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",

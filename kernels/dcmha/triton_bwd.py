@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
 from kernels._triton import next_pow2, tl, triton
 from kernels.dcmha.triton_fwd import (
     LOG2E,
@@ -33,16 +34,12 @@ from kernels.dcmha.triton_fwd import (
     _logits,
     default_blocks,
 )
-from kernels.flash_attention.triton_fwd import _dot
 
-
-@triton.jit
-def _load_heads(ptr, base, s_t, s_h, s_d, pos, p_ok, offs_h, h_valid, offs_d, d_valid):
-    """`[HB, len(pos), BLOCK_D]` rows of a `[pos head d]` tensor, 0 where masked."""
-    return tl.load(ptr + base + offs_h[:, None, None] * s_h + pos[None, :, None] * s_t
-                   + offs_d[None, None, :] * s_d,
-                   mask=h_valid[:, None, None] & p_ok[None, :, None] & d_valid[None, None, :],
-                   other=0.0)
+# Launch options of both backward kernels on a GPU: 8 warps, no software pipelining, and up
+# to 255 registers (ptxas otherwise caps some 8-warp builds at 128 and spills). With d_head in
+# chunks of 16 both compile spill-free for sm_80 / sm_90 at d_head 64 and 128, fp16 / bf16 (the
+# former 4-warp kernel spilled up to 1.9 KB per thread: python -m kernels.compile_check).
+BWD_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 
 
 @triton.jit
@@ -83,9 +80,12 @@ def _probs_and_grads(Q, K, V, DO, LSE2, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
                      BT_POST, W1Q2, W2Q2, DDQ2, W1K2, W2K2, DDK2, kv_ptr, b, q_base, k_base,
                      v_base, do_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d,
                      sdo_t, sdo_h, sdo_d, rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h,
-                     h_valid, offs_d, d_valid, scale, HAS_KVALID: tl.constexpr,
-                     HAS_K: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr):
-    """A, dP = dz v^T and dA = Compose_post^T(dP) on one tile (`[HB, R, K]` each), the mask."""
+                     h_valid, offs_d, d_valid, scale, D, HAS_KVALID: tl.constexpr,
+                     HAS_K: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                     R: tl.constexpr, K_: tl.constexpr, BLOCK_D: tl.constexpr,
+                     DCH: tl.constexpr):
+    """A, dP = dz v^T and dA = Compose_post^T(dP) on one tile (`[HB, R, K]` each), the mask.
+    dP is summed over d_head in DCH chunks (`dot_heads`)."""
     r_ok = (rows >= 0) & (rows < T_Q)
     c_ok = (cols >= 0) & (cols < T_K)
     logits, ok = _logits(Q, K, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, kv_ptr, b, q_base, k_base,
@@ -93,13 +93,11 @@ def _probs_and_grads(Q, K, V, DO, LSE2, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
                          WINDOW, C, H, offs_h, h_valid, offs_d, d_valid, scale, HAS_KVALID,
                          HAS_K, IEEE, HB)
     probs = tl.math.exp2(logits * LOG2E - LSE2[:, :, None])
-    dz = _load_heads(DO, do_base, sdo_t, sdo_h, sdo_d, rows, r_ok, offs_h, h_valid, offs_d,
-                     d_valid)
-    v = _load_heads(V, v_base, sv_t, sv_h, sv_d, cols, c_ok, offs_h, h_valid, offs_d, d_valid)
-    d_p = _dot(dz, tl.permute(v, (0, 2, 1)), IEEE)
+    d_p = dot_heads(DO, do_base, sdo_t, sdo_h, sdo_d, rows, r_ok, V, v_base, sv_t, sv_h, sv_d,
+                    cols, c_ok, offs_h, h_valid, D, IEEE, HB, R, K_, BLOCK_D, DCH)
     d_a = _compose(d_p, BT_POST, W2Q2, W1Q2, DDQ2, W2K2, W1K2, DDK2, b, rows, r_ok, cols, c_ok,
                    T_Q, T_K, C, H, offs_h, h_valid, HAS_K, HB)
-    return probs, d_p, d_a, dz, v, ok
+    return probs, d_p, d_a, ok
 
 
 @triton.jit
@@ -110,7 +108,7 @@ def dcmha_delta_kernel(Q, K, V, DO, LSE, DLSE, DELTA, KVALID, B_PRE, W1Q, W2Q, D
                        H, T_Q, T_K, Q_OFFSET, WINDOW, D, C, scale,
                        HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                        HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
+                       BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: delta = sum_s A dA - dlse per row, head."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -128,12 +126,13 @@ def dcmha_delta_kernel(Q, K, V, DO, LSE, DLSE, DELTA, KVALID, B_PRE, W1Q, W2Q, D
     delta = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
-        probs, _, d_a, _, _, _ = _probs_and_grads(
+        probs, _, d_a, _ = _probs_and_grads(
             Q, K, V, DO, lse2, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, BT_POST, W1Q2, W2Q2, DDQ2,
             W1K2, W2K2, DDK2, KVALID + b * skv_b, b, b * sq_b, b * sk_b, b * sv_b, b * sdo_b,
             sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, sdo_t, sdo_h, sdo_d, rows,
             n0 + tl.arange(0, BLOCK_N), T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h, h_valid,
-            offs_d, d_valid, scale, HAS_KVALID, HAS_K, IEEE, HB)
+            offs_d, d_valid, scale, D, HAS_KVALID, HAS_K, IEEE, HB, BLOCK_M, BLOCK_N, BLOCK_D,
+            DCH)
         delta += tl.sum(probs * d_a, 2)
     dlse = tl.load(DLSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm, other=0.0)
     tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], delta - dlse, mask=hm)
@@ -150,7 +149,7 @@ def dcmha_bwd_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV,
                      H, T_Q, T_K, Q_OFFSET, WINDOW, D, C, scale,
                      HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                      HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of the tile; adds dk, dv, weight grads.
     DQ, DK, DV: fp32 contiguous `[batch pos head_index d_head]`."""
     pid_m = tl.program_id(0)
@@ -167,47 +166,41 @@ def dcmha_bwd_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV,
                   other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm, other=0.0)
-    q = _load_heads(Q, b * sq_b, sq_t, sq_h, sq_d, rows, r_ok, offs_h, h_valid, offs_d, d_valid)
-    dq = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
     kv_ptr = KVALID + b * skv_b
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
+    # Every product over or along d_head runs in DCH chunks (`kernels._head_tiles`), and dq is
+    # added to DQ (zeroed; only this program writes these rows) tile by tile: no
+    # `[HB, rows, d_head]` tensor lives across the loop (at d_head 128 they spilled).
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < T_K
-        probs, d_p, d_a, dz, _, ok = _probs_and_grads(
+        probs, d_p, d_a, ok = _probs_and_grads(
             Q, K, V, DO, lse2, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, BT_POST, W1Q2, W2Q2, DDQ2,
             W1K2, W2K2, DDK2, kv_ptr, b, b * sq_b, b * sk_b, b * sv_b, b * sdo_b,
             sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, sdo_t, sdo_h, sdo_d, rows,
-            cols, T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h, h_valid, offs_d, d_valid, scale,
-            HAS_KVALID, HAS_K, IEEE, HB)
+            cols, T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h, h_valid, offs_d, d_valid, scale, D,
+            HAS_KVALID, HAS_K, IEEE, HB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         pattern = _compose(probs, B_POST, W1Q2, W2Q2, DDQ2, W1K2, W2K2, DDK2, b, rows, r_ok,
                            cols, c_ok, T_Q, T_K, C, H, offs_h, h_valid, HAS_K, HB)
-        kv_m = h_valid[:, None, None] & c_ok[None, :, None] & d_valid[None, None, :]
-        kv_off = ((b * T_K + cols[None, :, None]) * H + offs_h[:, None, None]) * D \
-            + offs_d[None, None, :]
-        tl.atomic_add(DV + kv_off, _dot(tl.permute(pattern, (0, 2, 1)).to(dz.dtype), dz, IEEE),
-                      mask=kv_m)
+        dot_add_heads(DV, b, T_K, H, cols, c_ok, tl.permute(pattern, (0, 2, 1)), DO, b * sdo_b,
+                      sdo_t, sdo_h, sdo_d, rows, r_ok, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
         _compose_grads(probs, d_p, G_POST, G_W1Q2, G_W2Q2, G_DDQ2, G_W1K2, G_W2K2, G_DDK2,
                        W1Q2, W2Q2, W1K2, W2K2, b, rows, r_ok, cols, c_ok, T_Q, T_K, C, H,
                        offs_h, h_valid, HAS_K)
         d_l = probs * (d_a - delta[:, :, None])
-        a = tl.where(ok[None, :, :], _dot(q, tl.permute(
-            _load_heads(K, b * sk_b, sk_t, sk_h, sk_d, cols, c_ok, offs_h, h_valid, offs_d,
-                        d_valid), (0, 2, 1)), IEEE) * scale, 0.0)
+        a = tl.where(ok[None, :, :], dot_heads(
+            Q, b * sq_b, sq_t, sq_h, sq_d, rows, r_ok, K, b * sk_b, sk_t, sk_h, sk_d, cols, c_ok,
+            offs_h, h_valid, D, IEEE, HB, BLOCK_M, BLOCK_N, BLOCK_D, DCH) * scale, 0.0)
         _compose_grads(a, d_l, G_PRE, G_W1Q, G_W2Q, G_DDQ, G_W1K, G_W2K, G_DDK,
                        W1Q, W2Q, W1K, W2K, b, rows, r_ok, cols, c_ok, T_Q, T_K, C, H,
                        offs_h, h_valid, HAS_K)
         d_s = tl.where(ok[None, :, :],
                        _compose(d_l, BT_PRE, W2Q, W1Q, DDQ, W2K, W1K, DDK, b, rows, r_ok, cols,
                                 c_ok, T_Q, T_K, C, H, offs_h, h_valid, HAS_K, HB), 0.0) * scale
-        k = _load_heads(K, b * sk_b, sk_t, sk_h, sk_d, cols, c_ok, offs_h, h_valid, offs_d,
-                        d_valid)
-        dq += _dot(d_s.to(k.dtype), k, IEEE)
-        tl.atomic_add(DK + kv_off, _dot(tl.permute(d_s, (0, 2, 1)).to(q.dtype), q, IEEE),
-                      mask=kv_m)
-    tl.store(DQ + ((b * T_Q + rows[None, :, None]) * H + offs_h[:, None, None]) * D
-             + offs_d[None, None, :], dq,
-             mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :])
+        dot_add_heads(DQ, b, T_Q, H, rows, r_ok, d_s, K, b * sk_b, sk_t, sk_h, sk_d, cols, c_ok,
+                      offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
+        dot_add_heads(DK, b, T_K, H, cols, c_ok, tl.permute(d_s, (0, 2, 1)), Q, b * sq_b, sq_t,
+                      sq_h, sq_d, rows, r_ok, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
 
 
 def dcmha_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float,
@@ -246,7 +239,8 @@ def dcmha_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float,
     w = -1 if window is None else int(window)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), kv.stride(0))
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
-                  HB=next_pow2(H, minimum=1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D))
+                  HB=next_pow2(H, minimum=1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D),
+                  DCH=d_chunk(next_pow2(D)), **BWD_LAUNCH)
     sizes = (H, T_Q, T_K, T_K - T_Q, w, D, C, scale)
     dcmha_delta_kernel[(n_m, B)](q, k, v, dout, lse, dlse, delta, kv, *pre_, bt_post,
                                  *post_[1:], *strides, *sizes, **common)

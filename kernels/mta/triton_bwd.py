@@ -24,9 +24,17 @@ import math
 
 import torch
 
+from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
-from kernels.mta.triton_fwd import LOG2E, _allowed, _conv_mix_from_stage, _logits, default_blocks
+from kernels.mta.triton_fwd import (
+    LAUNCH,
+    LOG2E,
+    _allowed,
+    _conv_mix_from_stage,
+    _logits,
+    default_blocks,
+)
 
 
 @triton.jit
@@ -55,15 +63,6 @@ def _load3(ptr, col0, HB: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
 def _head(x, offs_h, n):
     """`x[n]` of a `[HB, R, C]` register tensor."""
     return tl.sum(tl.where(offs_h[:, None, None] == n, x, 0.0), 0)
-
-
-@triton.jit
-def _load_heads(ptr, base, s_h, rows, s_t, offs_d, s_d, r_ok, h_valid, d_valid, offs_h):
-    """`[HB, len(rows), BLOCK_D]` rows of a `[pos head d]` tensor, 0 where masked."""
-    return tl.load(ptr + base + offs_h[:, None, None] * s_h + rows[None, :, None] * s_t
-                   + offs_d[None, None, :] * s_d,
-                   mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :],
-                   other=0.0)
 
 
 @triton.jit
@@ -160,7 +159,7 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr,
-                        SC: tl.constexpr):
+                        SC: tl.constexpr, DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dv, dW' and dtheta' from the entries of P
     in this query tile (A staged on the forward's window, `AR x AC`)."""
     pid_m = tl.program_id(0)
@@ -177,8 +176,6 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
     lse2 = _row_lse2(LSE, b, H, T_Q, m0 - (CQ2 - 1) + tl.arange(0, AR), offs_h, h_valid)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_in = offs_m < T_Q
-    dz = _load_heads(DO, b * sdo_b, sdo_h, offs_m, sdo_t, offs_d, sdo_d, m_in, h_valid,
-                     d_valid, offs_h)                                      # [HB, BM, BD]
     offs_i = tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
@@ -196,13 +193,13 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
                                   AC, BLOCK_M, BLOCK_N)
         pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
                                        AR, AC, BLOCK_M, BLOCK_N)
-        v = _load_heads(V, b * sv_b, sv_h, offs_n, sv_t, offs_d, sv_d, n_in, h_valid, d_valid,
-                        offs_h)                                            # [HB, BN, BD]
-        d_p = _dot(dz, tl.permute(v, (0, 2, 1)), IEEE)                    # [HB, BM, BN]
-        dv = _dot(tl.permute(pattern, (0, 2, 1)).to(dz.dtype), dz, IEEE)   # [HB, BN, BD]
-        tl.atomic_add(DV + ((b * T_K + offs_n[None, :, None]) * H + offs_h[:, None, None]) * D
-                      + offs_d[None, None, :], dv,
-                      mask=h_valid[:, None, None] & n_in[None, :, None] & d_valid[None, None, :])
+        # dP = dz v^T and dv += P^T dz over d_head in DCH chunks (`kernels._head_tiles`).
+        d_p = dot_heads(DO, b * sdo_b, sdo_t, sdo_h, sdo_d, offs_m, m_in, V, b * sv_b, sv_t,
+                        sv_h, sv_d, offs_n, n_in, offs_h, h_valid, D, IEEE, HB, BLOCK_M,
+                        BLOCK_N, BLOCK_D, DCH)                             # [HB, BM, BN]
+        dot_add_heads(DV, b, T_K, H, offs_n, n_in, tl.permute(pattern, (0, 2, 1)), DO,
+                      b * sdo_b, sdo_t, sdo_h, sdo_d, offs_m, m_in, offs_h, h_valid, D, IEEE,
+                      BLOCK_D, DCH)
         g = tl.zeros([HB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for p in range(0, H):
             d_pp = _head(d_p, offs_h, p)
@@ -231,7 +228,7 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        DR: tl.constexpr, DC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-                       GR: tl.constexpr, GC: tl.constexpr):
+                       GR: tl.constexpr, GC: tl.constexpr, DCH: tl.constexpr):
     """Pass 3, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of this query tile; dk, dW, dtheta from
     the entries of R and C it owns. dL and dC live on the window `DR x DC` from
     `(m0, n0 - RIGHT)` that the transposed pre-softmax convolution reads."""
@@ -256,9 +253,9 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
                     mask=h_valid[:, None] & w_in[None, :], other=0.0)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_in = offs_m < T_Q
-    q = _load_heads(Q, b * sq_b, sq_h, offs_m, sq_t, offs_d, sq_d, m_in, h_valid, d_valid,
-                    offs_h)                                                 # [HB, BM, BD]
-    dq = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # dq and dk over d_head in DCH chunks (`kernels._head_tiles`); dq is added to DQ (zeroed;
+    # only this program writes these rows) tile by tile: no `[HB, rows, d_head]` tensor lives
+    # across the loop (at d_head 128 they spilled).
     every = (tl.arange(0, BLOCK_M)[:, None] >= 0) & (tl.arange(0, BLOCK_N)[None, :] >= 0)
     every_w = (tl.arange(0, DR)[:, None] >= 0) & (tl.arange(0, DC)[None, :] >= 0)
     offs_i = tl.arange(0, BLOCK_M)
@@ -287,13 +284,10 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
         ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
         d_r = _conv_mix_from_stage(stage_dc, THF, EYE, H, offs_h, h_valid, CQ, CK, ok, HB, DR,
                                    DC, BLOCK_M, BLOCK_N) * scale
-        k = _load_heads(K, b * sk_b, sk_h, offs_n, sk_t, offs_d, sk_d, n_in, h_valid, d_valid,
-                        offs_h)                                              # [HB, BN, BD]
-        dq += _dot(d_r.to(k.dtype), k, IEEE)
-        dk = _dot(tl.permute(d_r, (0, 2, 1)).to(q.dtype), q, IEEE)
-        tl.atomic_add(DK + ((b * T_K + offs_n[None, :, None]) * H + offs_h[:, None, None]) * D
-                      + offs_d[None, None, :], dk,
-                      mask=h_valid[:, None, None] & n_in[None, :, None] & d_valid[None, None, :])
+        dot_add_heads(DQ, b, T_Q, H, offs_m, m_in, d_r, K, b * sk_b, sk_t, sk_h, sk_d, offs_n,
+                      n_in, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
+        dot_add_heads(DK, b, T_K, H, offs_n, n_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
+                      sq_t, sq_h, sq_d, offs_m, m_in, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
         # Parameter gradients over the entries (i, j) of this tile: C from the staged raw
         # scores (window origin (m0 - (CQ - 1), n0 - RIGHT - LEFT)), dL and dC staged above.
         c_own = _conv_mix_from_stage(stage1 + RIGHT, TH, EYE, H, offs_h, h_valid, CQ, CK, every,
@@ -312,9 +306,6 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
                                       + RIGHT + bb)
                     tl.atomic_add(DTH + (n * CQ + a) * CK + bb, tl.sum(dc_n * shifted))
         tl.debug_barrier()
-    tl.store(DQ + ((b * T_Q + offs_m[None, :, None]) * H + offs_h[:, None, None]) * D
-             + offs_d[None, None, :], dq,
-             mask=h_valid[:, None, None] & m_in[None, :, None] & d_valid[None, None, :])
 
 
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
@@ -325,7 +316,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dq = torch.empty(B, T_Q, H, D, **f32)
+    dq = torch.zeros(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
     dth, dw = torch.zeros_like(pre_kernel), torch.zeros_like(pre_mix)
     dth2, dw2 = torch.zeros_like(post_kernel), torch.zeros_like(post_mix)
@@ -346,7 +337,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     eye = torch.eye(H, **f32)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), kv.stride(0))
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD)
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, **LAUNCH)
 
     def stage(rows, cols):
         return torch.empty(B * n_m * HB * rows * cols, **f32)
@@ -368,7 +359,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     mta_bwd_post_kernel[(n_m, B)](
         q, k, v, do, lse, kv, stage(sr, sc), stage(ar, ac), dv, dth2, dw2, pre_kernel, pre_mix,
         post_kernel, post_mix, eye, *strides, H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        cq2, ck2, left2, AR=ar, AC=ac, SR=sr, SC=sc, **common)
+        cq2, ck2, left2, AR=ar, AC=ac, SR=sr, SC=sc, DCH=d_chunk(BD), **common)
     # Pass 3: dL / dC on the tile + the pre-softmax halo (below, other side), A there needs
     # raw scores with the halo above; dA there needs G with the post-softmax halo below.
     dr, dc = next_pow2(bm + cq - 1), next_pow2(bn + ck - 1)
@@ -379,7 +370,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
         stage(dr, dc), stage(dr, dc), dq, dk, dth, dw, pre_kernel, pre_mix, flip(pre_kernel),
         pre_mix.t().contiguous(), flip(post_kernel), post_mix.t().contiguous(), ones, eye,
         *strides, H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, right, cq2, ck2, right2,
-        DR=dr, DC=dc, SR=sr, SC=sc, GR=gr, GC=gc, **common)
+        DR=dr, DC=dc, SR=sr, SC=sc, GR=gr, GC=gc, DCH=d_chunk(BD), **common)
     return dq, dk, dv, dth, dw, dth2, dw2
 
 

@@ -206,6 +206,13 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
              & d_valid[None, None, :])
 
 
+# Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
+# pipelining, up to 255 registers (ptxas otherwise caps some 8-warp builds at 128 and spills).
+# With 4 warps and 3 stages they spilled up to 1.1 KB per thread (python -m
+# kernels.compile_check, docs/benchmarks.md).
+LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
+
+
 def default_blocks() -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): all heads of a tile live in one program (`[H, rows + halo, keys +
     halo]` fp32 tensors), so tiles stay small; to be tuned on a GPU."""
@@ -239,7 +246,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                                                              device=q.device)
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD)
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, **LAUNCH)
     # Pass 1: logits on the tile itself; raw scores on the tile + the pre-softmax halo.
     sr1, sc1 = _window(bm + cq - 1), _window(bn + ck - 1)
     stage = torch.empty(B * n_m * HB * sr1 * sc1, **f32)
@@ -259,4 +266,4 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["default_blocks", "mta_fwd", "mta_lse_kernel", "mta_out_kernel"]
+__all__ = ["LAUNCH", "default_blocks", "mta_fwd", "mta_lse_kernel", "mta_out_kernel"]

@@ -58,3 +58,14 @@ def test_ray_shard_errors_reach_the_driver_as_value_errors(cluster, spec, tmp_pa
         run_sweep(bad, out=tmp_path, ray="local", workers=1, progress=False)
     with pytest.raises(ValueError, match="workers"):
         list(run_ray([{"key": "k", "device": "cpu"}], workers=0))
+
+
+def test_ray_circuit_analysis_equals_in_process(cluster, spec, tmp_path):
+    small = {**spec, "models": spec["models"][:1], "prompts": spec["prompts"][:1],
+             "analyses": [{"analysis": "circuit", "args": {"steps": 2}}]}
+    local = run_sweep(small, out=tmp_path / "local", progress=False, figures=False)
+    on_ray = run_sweep(small, out=tmp_path / "ray", ray="local", workers=2, progress=False,
+                       figures=False)
+    assert on_ray.ran == local.shards == 3
+    pd.testing.assert_frame_equal(local.merged, on_ray.merged)
+    pd.testing.assert_frame_equal(local.summary, on_ray.summary)

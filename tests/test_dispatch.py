@@ -28,11 +28,14 @@ def model(backend="triton", **overrides):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts per path: 'fused' kernel launches and 'torch' materialising attends, per layer."""
+    """Counts per path: 'fused' kernel launches, 'torch' materialising attends and 'fast'
+    (the CPU torch path with nothing observed: SDPA), per layer."""
     import hooked_models.attention.mha as mha
     import kernels.flash_attention.dispatch as fd
 
     log = spy(monkeypatch, fd, "flash_attention", [], "fused")
+    spy(monkeypatch, mha.MultiHeadAttention, "fast_attend", log,
+        lambda self, *a, **kw: f"fast{self.layer}")
     return spy(monkeypatch, mha.MultiHeadAttention, "attend", log,
                lambda self, *a, **kw: f"torch{self.layer}")
 
@@ -114,12 +117,15 @@ def test_run_with_cache_asking_for_a_map_materialises_that_layer(calls):
 def test_auto_backend_is_torch_on_cpu(calls):
     m = model("auto")
     m(random_tokens(m, batch=1, pos=8))
-    assert calls == ["torch0", "torch1"]
+    assert calls == ["fast0", "fast1"]      # torch's SDPA: nothing is observed
 
 
 def test_float64_falls_back_to_torch(calls):
     m = model(dtype=torch.float64)
     m(random_tokens(m, batch=1, pos=8))
+    assert calls == ["fast0", "fast1"]
+    calls.clear()
+    m.run_with_cache(random_tokens(m, batch=1, pos=8))
     assert calls == ["torch0", "torch1"]
 
 

@@ -132,9 +132,6 @@ class VariantConfig(TransformerLensConfig):
         from hooked_models.attention import get_attention_class
 
         self.attn_cfg = get_attention_class(self.attention).make_options(self.attn_cfg, self)
-        from hooked_models.sizing import check_sizes
-
-        check_sizes(self)   # a model too large for this machine is refused, naming the field
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

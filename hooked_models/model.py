@@ -28,6 +28,7 @@ from hooked_models.config import VariantConfig
 from hooked_models.devices import check_device
 from hooked_models.generation import GenerationMixin
 from hooked_models.interop import InteropMixin
+from hooked_models.sizing import check_sizes
 from hooked_models.tokenization import TokenizationMixin
 from hooked_models.tokenizer import CharTokenizer
 
@@ -61,6 +62,11 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         if not isinstance(cfg, VariantConfig):
             raise ValueError(f"cfg must be a VariantConfig or dict, got {type(cfg).__name__}")
         check_device(cfg.device)   # a clear ValueError, not torch's bare AssertionError, later
+        if torch.device(cfg.device or "cpu").type == "cpu":
+            # A model too large for this machine is refused before anything is allocated,
+            # naming the size field (a config alone may describe any model: importers,
+            # placement plans and meta-device builds use configs of models this CPU cannot hold).
+            check_sizes(cfg)
         self._cfg = cfg
         if tokenizer is None and cfg.tokenizer_alphabet is not None:
             tokenizer = CharTokenizer(cfg.tokenizer_alphabet)

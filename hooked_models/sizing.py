@@ -1,4 +1,4 @@
-"""Will a config's model fit in this machine's memory? Checked when a `VariantConfig` is made.
+"""Will a config's model fit in this machine's memory? Checked when a model is built on the CPU.
 
 A size typed one power of two too far (`n_ctx=2**31`) used to be accepted and then cost minutes
 of swapping before an out-of-memory kill (16 GB of rotary tables; 64 GB of CoPE position
@@ -14,7 +14,8 @@ options: rotary tables, CoPE's position embeddings, MTA kernels...) by building 
 for the common small config whose generous rough bound stays under a quarter of the memory.
 
 Example:
-    >>> VariantConfig(d_model=64, d_head=16, n_layers=2, n_ctx=2**31)    # doctest: +SKIP
+    >>> HookedVariantTransformer(VariantConfig(d_model=64, d_head=16, n_layers=2,
+    ...                                        n_ctx=2**31))               # doctest: +SKIP
     ValueError: n_ctx=2147483648, d_model=64: learned positions W_pos need 512.0 GiB; the model
     would need about 512.0 GiB of parameters and buffers, more than this machine's 23.5 GiB of
     memory. Reduce n_ctx or d_model

@@ -174,11 +174,13 @@ def test_infini_memory_edits_are_refused_not_ignored(stage):
     (dict(d_model=2**20, d_head=2**16, n_heads=4), "d_model=1048576"),
 ])
 def test_sizes_beyond_the_machine_are_refused_naming_the_field(monkeypatch, sizes, field):
-    from hooked_models import VariantConfig, sizing
+    from hooked_models import HookedVariantTransformer, VariantConfig, sizing
 
     monkeypatch.setattr(sizing, "physical_memory", lambda: 8 * 2**30)
     base = dict(d_model=64, d_head=16, n_layers=2, n_ctx=128)
+    big = VariantConfig(**{**base, **sizes})      # a config may describe any model...
     with pytest.raises(ValueError, match=f"{field}.*more than this machine's 8.0 GiB"):
-        VariantConfig(**{**base, **sizes})
-    VariantConfig(**base)                                                 # small: accepted
-    VariantConfig(**{**base, "n_ctx": 2**16, "positional_embedding_type": "rotary"})
+        HookedVariantTransformer(big)             # ...building it on this CPU is refused
+    HookedVariantTransformer(VariantConfig(**base))                      # small: accepted
+    HookedVariantTransformer(VariantConfig(**{**base, "n_ctx": 2**16,
+                                              "positional_embedding_type": "rotary"}))

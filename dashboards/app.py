@@ -122,6 +122,15 @@ def _register_shared(app: Dash, store) -> None:
     def _apply_prompt(_clicks, _blur, text, applied):
         return no_update if text == applied else (text or "")
 
+    @app.callback(Output("ctl-model", "value"), Input("ctl-models", "value"),
+                  prevent_initial_call=True)
+    def _one_model(names):
+        """The one-model pages follow the first chosen model (a link's `models=` too); the
+        user may pick another one there."""
+        if isinstance(names, list) and names and names[0] in store.models:
+            return names[0]
+        return no_update
+
     @app.callback(Output("ctl-layer", "options"), Output("ctl-head", "options"),
                   Output("ctl-stage", "options"), Input("ctl-models", "value"))
     def _options(names):

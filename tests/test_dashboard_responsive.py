@@ -88,7 +88,8 @@ def test_a_long_map_opens_on_a_window_of_square_cells(store):
     assert fig["layout"]["dragmode"] == "pan"
     assert f"{WINDOW} of {n} positions" in fig["layout"]["title"]["text"]
     short = map_figure_dict(torch.rand(20, 20), stage, labels[:20], window=WINDOW)
-    assert "scaleanchor" not in short["layout"]["yaxis"]
+    assert short["layout"]["yaxis"]["scaleanchor"] == "x"              # square cells too
+    assert "range" not in short["layout"]["xaxis"]                     # the whole map
 
 
 def test_compare_scale_switch_per_model(store):

@@ -48,6 +48,11 @@ def test_every_heatmap_figure_uses_the_module_scales():
                plots.positional_attention_figure(torch.rand(1, 2, 4, 4), 0)]
     for fig in figures:
         h = fig.data[0]
+        if h.coloraxis:     # a shared colour axis (small multiples)
+            axis = fig.layout.coloraxis
+            assert [list(c) for c in axis.colorscale] == DIVERGING and axis.cmid == 0
+            assert axis.cmin == -axis.cmax
+            continue
         scale = [list(c) for c in h.colorscale]
         assert scale in (SEQUENTIAL, DIVERGING), fig.layout.title.text
         if scale == DIVERGING:
@@ -56,6 +61,13 @@ def test_every_heatmap_figure_uses_the_module_scales():
             assert h.zmin == 0
     axis = plots.head_table_figure(df, ["s", "t"]).layout.coloraxis
     assert [list(c) for c in axis.colorscale] == DIVERGING and axis.cmid == 0
+
+
+def test_kernel_small_multiples_have_square_cells_and_one_colour_bar():
+    fig = plots.kernel_figure(torch.randn(2, 2, 5), ["mixed", "edge"])
+    assert fig.layout.yaxis.scaleanchor == "x" and fig.layout.yaxis2.scaleanchor == "x2"
+    assert fig.layout.height >= 2 * 34 + 70 and fig.layout.xaxis.dtick == 1
+    assert sum(bool(t.coloraxis) for t in fig.data) == 2
 
 
 def test_masked_cells_are_grey_and_the_legend_says_so():

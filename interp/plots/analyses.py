@@ -25,6 +25,7 @@ from interp.plots.colors import (
     MASKED,
     SEQUENTIAL,
     coloraxis_args,
+    colorbar_title,
     scale_args,
 )
 
@@ -201,22 +202,37 @@ def mixing_figure(M: torch.Tensor, layer: int, phase: str) -> go.Figure:
 
 
 def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
-                  title: str = "") -> go.Figure:
+                  title: str = "", cell_px: int = 34) -> go.Figure:
     """Small multiples of `[head c_q c_k]` key-query kernels (rows: query offset, current
-    query at the bottom; columns: key offset)."""
-    H = kernels.shape[0]
+    query at the bottom; columns: key offset), square cells of `cell_px` pixels, one shared
+    zero-centred colour bar, every offset labelled."""
+    H, cq, ck = kernels.shape
     titles = [f"H{h}" + (f" ({classes[h]})" if classes else "") for h in range(H)]
     cols = min(H, 4)
     rows = (H + cols - 1) // cols
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
+    w, h_px = ck * cell_px, cq * cell_px            # one kernel's plot area
+    gap_x, gap_y = 60, 70                             # room for ticks and subplot titles
+    width, height = cols * (w + gap_x) + 160, rows * (h_px + gap_y) + 90
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles,
+                        horizontal_spacing=gap_x / width, vertical_spacing=gap_y / height)
     vmax = float(kernels.abs().max()) or 1.0
     for h in range(H):
-        fig.add_trace(go.Heatmap(z=kernels[h].double().numpy(), colorscale=DIVERGING,
-                                 zmin=-vmax, zmax=vmax, zmid=0.0, showscale=h == 0,
-                                 colorbar=dict(thickness=14, len=0.9)),
+        fig.add_trace(go.Heatmap(z=kernels[h].double().numpy(), coloraxis="coloraxis",
+                                 x=list(range(ck)), y=list(range(cq)),
+                                 hovertemplate=f"H{h} query offset %{{y}}, key offset %{{x}}: "
+                                 "%{z:.3f}<extra></extra>"),
                       row=h // cols + 1, col=h % cols + 1)
-    fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=title, height=200 * rows)
+    fig.update_xaxes(tickmode="linear", dtick=1, title_text="key offset",
+                     title_font=dict(size=10), constrain="domain")
+    fig.update_yaxes(tickmode="linear", dtick=1, autorange="reversed", constrain="domain")
+    for i in range(H):   # square cells in every panel
+        suffix = "" if i == 0 else str(i + 1)
+        fig.layout[f"yaxis{suffix}"].update(scaleanchor=f"x{suffix}", scaleratio=1)
+    fig.update_layout(title=title, width=width, height=height,
+                      coloraxis=dict(colorscale=DIVERGING, cmin=-vmax, cmax=vmax, cmid=0.0,
+                                     colorbar=dict(title=dict(text="weight", side="right"),
+                                                   thickness=14, len=max(0.5, 1.0 / rows))),
+                      margin=dict(l=60, r=40, t=70, b=40))
     return fig
 
 
@@ -226,12 +242,16 @@ def stage_change_figure(df: pd.DataFrame, metric: str = "js") -> go.Figure:
     step = d["source"] + " -> " + d["target"]
     grid = d.assign(step=step).pivot_table(index="head_label", columns="step", values=metric,
                                            sort=False)
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
-                               **scale_args(grid.to_numpy()),
+    z = grid.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index),
+                               **scale_args(z), colorbar=dict(title=colorbar_title(
+                                   metric, bool(np.isnan(z).any()), "not comparable")),
+                               hoverongaps=False,
                                hovertemplate="%{y} %{x}: %{z:.3f}<extra>" + metric
                                              + "</extra>"))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"Stage-to-stage change ({metric})", height=200 + 16 * len(grid))
+    fig.update_layout(title=f"Stage-to-stage change ({metric})", height=200 + 16 * len(grid),
+                      plot_bgcolor=MASKED)
     return fig
 
 

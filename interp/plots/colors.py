@@ -114,10 +114,10 @@ def coloraxis_args(values=None, signed: bool | None = None, zmax: float | None =
     return out
 
 
-def colorbar_title(text: str, masked: bool = True) -> dict:
+def colorbar_title(text: str, masked: bool = True, what: str = "masked") -> dict:
     """A colour bar title that, with `masked`, says how masked cells look (the legend of the
-    grey background)."""
-    note = "<br><span style='font-size:9px'>grey: masked</span>" if masked else ""
+    grey background; `what` names what grey stands for)."""
+    note = f"<br><span style='font-size:9px'>grey: {what}</span>" if masked else ""
     return dict(text=f"{text}{note}", side="right")
 
 

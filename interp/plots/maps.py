@@ -149,7 +149,7 @@ def window_layout(n: int, window: int = WINDOW, end: int | None = None) -> dict:
     end = n if end is None else max(window, min(n, end))
     lo, hi = end - window - 0.5, end - 0.5
     ticks = dict(tickmode="linear", tick0=0, dtick=1, tickfont=dict(size=9))
-    return dict(xaxis=dict(range=[lo, hi], **ticks),
+    return dict(xaxis=dict(range=[lo, hi], constrain="domain", **ticks),
                 yaxis=dict(range=[hi, lo], autorange=False, scaleanchor="x", scaleratio=1,
                            constrain="domain", **ticks),
                 dragmode="pan")
@@ -176,9 +176,11 @@ def map_figure_dict(map2d: Tensor, stage: Stage, labels: list[str], title: str =
                  colorbar=dict(title=colorbar_title(stage.name, masked), thickness=14),
                  hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra>" + stage.name
                  + "</extra>")
-    layout = dict(
-        xaxis=dict(title=dict(text="key"), tickangle=-90, **token_ticks(labels)),
-        yaxis=dict(title=dict(text="query"), autorange="reversed", **token_ticks(labels)),
+    layout = dict(   # square cells: the y axis is anchored to x (a query row is a key column)
+        xaxis=dict(title=dict(text="key"), tickangle=-90, constrain="domain",
+                   **token_ticks(labels)),
+        yaxis=dict(title=dict(text="query"), autorange="reversed", scaleanchor="x",
+                   scaleratio=1, constrain="domain", **token_ticks(labels)),
         title=title_below_modebar(title or stage_caption(stage)),
         plot_bgcolor=MASKED, height=height, margin=dict(l=60, r=20, t=MODEBAR_PX + 50, b=60))
     if window is not None and q > window:

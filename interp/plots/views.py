@@ -146,7 +146,7 @@ def head_view_figure(tokens: list[str], maps: torch.Tensor, query: int,
                                  line=dict(color=colour(h), width=4 if h == chosen else 2),
                                  legendgroup=f"H{h}"))
     labels = ["\u22ee" if p is None else f"{p}: {shown_text(tokens[p])}" for p in rows]
-    for x, anchor in ((0, "right"), (1, "left")):
+    for x, anchor in ((0, "left"), (1, "right")):   # labels outside the lines' span
         fig.add_trace(go.Scatter(
             x=[x] * len(rows), y=list(range(len(rows))), mode="text", text=labels,
             textposition=f"middle {anchor}", showlegend=False, hoverinfo="skip",

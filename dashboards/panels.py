@@ -87,13 +87,14 @@ def build_panel(store, name: str, text, layer, head, stage, closest: Stage | Non
     return Panel(name, layer, head, chosen, prompt.labels, view, note, key)
 
 
-def zoom_figure(panel: Panel) -> dict:
-    """The zoomed head at full size (block means beyond FULL tokens), as a figure dict."""
+def zoom_figure(panel: Panel, window: int = WINDOW) -> dict:
+    """The zoomed head at full size (block means beyond FULL tokens), as a figure dict; longer
+    than `window` positions, it opens on a window of them (`map_figure_dict`)."""
     m, labels = panel.zoom_map, panel.labels
     if len(labels) > FULL:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
     return map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
-                           f"H{panel.head} hook_{panel.stage.name}", window=WINDOW)
+                           f"H{panel.head} hook_{panel.stage.name}", window=window)
 
 
 def _tiles(key: tuple, stage: str, grid: list) -> list:

@@ -139,3 +139,15 @@ def test_two_head_thumbnail_title_is_not_clipped(server, browser):
                            "return t ? [t.getBBox().x + t.getBBox().width, "
                            "g._fullLayout.width] : null;")
     assert widths[0] <= widths[1]
+
+
+@pytest.mark.browser
+def test_a_ranked_head_opens_in_the_explorer(server, browser):
+    browser.get(f"{server}/?page=heads&models=tiny-mha&half=6")
+    link = wait(browser, "return document.querySelector('.heads-ranking a')")
+    head = link.text
+    link.click()
+    title = wait(browser, figure("explorer-zoom", f"g.layout.title.text.includes('{head}') ? "
+                                 "g.layout.title.text : null"))
+    assert title.startswith(f"tiny-mha {head} hook_pattern")
+    assert "page=explorer" in browser.current_url

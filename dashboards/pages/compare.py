@@ -20,6 +20,7 @@ ID = "compare"
 CELL_PX = 70        # thumbnail tile size (pixels) per head in each model's mosaic
 SCALES = {"shared": "one scale for all models", "per model": "each model its own scale"}
 LINK = {"scale": ("compare-scale", "shared")}
+COMPARE_WINDOW = 32  # positions of a long map shown at once in a column (labels legible)
 COLUMN_PX = 420     # a column's width: columns wrap onto more rows past the window's width
 
 
@@ -82,7 +83,7 @@ def compute(store, names, text, layer, head, stage, scale: str = "shared") -> li
             panels[name] = err
     good = {n: p for n, p in panels.items() if not isinstance(p, ValueError)}
     mosaics = {n: mosaic_figure(p, cell_px=CELL_PX) for n, p in good.items()}
-    zooms = {n: zoom_figure(p) for n, p in good.items()}
+    zooms = {n: zoom_figure(p, window=COMPARE_WINDOW) for n, p in good.items()}
     if len(good) > 1 and scale == "shared":
         mosaic_scale = shared_scale(list(mosaics.values()))
         zoom_scale = shared_scale(list(zooms.values()))

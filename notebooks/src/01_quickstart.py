@@ -82,6 +82,7 @@ pd.DataFrame([{"variant": v, "hook": f"blocks.1.attn.hook_{s.name}", "softmax": 
 # %%
 from interp.heads import induction_table
 from interp.layer_stages import layer_stage_maps
+from interp.plots import SEQUENTIAL, scale_args
 
 tokens = models["mha"].to_tokens(text)
 
@@ -96,7 +97,8 @@ def head_at_every_stage(variant):
     for i, s in enumerate(maps):
         z = s.values[0, head].float()
         z = torch.where(torch.isfinite(z), z, torch.nan)
-        fig.add_heatmap(z=z.numpy(), row=1, col=i + 1, showscale=False, colorscale="Viridis")
+        fig.add_heatmap(z=z.numpy(), row=1, col=i + 1, showscale=False,
+                        **scale_args(z.numpy()))
     fig.update_yaxes(autorange="reversed", showticklabels=False)
     fig.update_xaxes(showticklabels=False)
     fig.update_layout(title=f"{variant}: L1H{head} at every map stage",
@@ -175,7 +177,7 @@ result = patching.get_act_patch_resid_pre(model, corrupt, clean_cache, metric)
 restored = (result - lo) / (hi - lo)
 px.imshow(restored, labels=dict(x="position", y="layer (resid_pre)", color="restored"),
           title="patching the clean resid_pre: fraction of log p(answer) restored",
-          color_continuous_scale="Blues", zmin=0, zmax=1, height=260, aspect="auto"
+          color_continuous_scale=SEQUENTIAL, zmin=0, zmax=1, height=260, aspect="auto"
           ).update_yaxes(tickvals=[0, 1])
 
 # %% [markdown]

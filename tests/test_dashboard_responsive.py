@@ -27,7 +27,7 @@ def store():
 
 
 @pytest.mark.parametrize("name, view, counted", [
-    ("tiny-dcmha", "dcmha", "borrowing_table"), ("tiny-mta", "mta", "catalogue_changes")])
+    ("tiny-dcmha", "dcmha", "borrowing_table"), ("tiny-mta", "mta", "kernel_table")])
 def test_head_independent_views_are_computed_once_per_prompt(store, monkeypatch, name, view,
                                                              counted):
     from dashboards.pages import variants
@@ -49,6 +49,20 @@ def test_head_independent_views_are_computed_once_per_prompt(store, monkeypatch,
     assert len(calls) == first                      # a head change: nothing recomputed
     variants.compute(store, name, view, "a new prompt", 0, 1)
     assert len(calls) == 2 * first                  # a new prompt: computed again
+
+
+def test_stage_change_is_computed_once_per_prompt(store, monkeypatch):
+    from dashboards.pages import variants
+
+    calls = []
+    original = variants.catalogue_changes
+    monkeypatch.setattr(variants, "catalogue_changes",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    MAP_CACHE.clear()
+    for _ in range(3):
+        assert variants.stage_change(store, "tiny-dcmha", "dcmha", "the cat") is not None
+    assert len(calls) == 1
+    assert variants.stage_change(store, "tiny-dcmha", "cope", "the cat") is None
 
 
 def test_every_progress_indicator_keeps_the_old_figure(store):

@@ -132,7 +132,17 @@ def test_mta_view_shows_kernels_mixing_and_stage_change(app, store):
     figs = graphs(body)
     kernels = [k for k in figs if k.startswith("variants-mta-kernel-")]
     assert kernels and len(figs[kernels[0]]["data"]) == store.get("tiny-mta").cfg.n_heads
-    assert "variants-mta-change" in figs
+    # the stage-change table: its own callback (no layer nor head in it)
+    _, resp = call(app, "variants-change", {"ctl-model.value": "tiny-mta",
+                                            "variants-view.value": "mta",
+                                            "ctl-applied-prompt.data": TEXT})
+    change = resp["response"]["variants-change"]
+    assert change["figure"]["layout"]["title"]["text"].startswith("Stage-to-stage change")
+    assert change["style"] == {}
+    _, resp = call(app, "variants-change", {"ctl-model.value": "tiny-cope",
+                                            "variants-view.value": "cope",
+                                            "ctl-applied-prompt.data": TEXT})
+    assert resp["response"]["variants-change"]["style"] == {"display": "none"}
 
 
 def test_dcmha_view_shows_who_borrows_from_whom(app, store):

@@ -29,7 +29,7 @@ import torch
 from dashboards.app import create_app
 from dashboards.benchmarks.explorer import ALPHABET, OPTIONS
 from dashboards.map_cache import MAP_CACHE
-from dashboards.pages.variants import available_views
+from dashboards.pages.variants import CHANGE_MODES, available_views
 from dashboards.store import ModelStore
 from hooked_models import HookedVariantTransformer, VariantConfig
 
@@ -72,7 +72,8 @@ class Callback:
         ms = (time.perf_counter() - start) * 1000
         if resp.status_code not in (200, 204):
             raise RuntimeError(f"{self.key}: HTTP {resp.status_code}")
-        for name, out in (resp.get_json() or {}).get("response", {}).items():
+        plain = self.client.post("/_dash-update-component", json=body)   # untimed: errors?
+        for name, out in (plain.get_json(silent=True) or {}).get("response", {}).items():
             if name.endswith("-error") and out.get("children"):
                 raise RuntimeError(f"{name}: {out['children']}")
         return ms
@@ -85,6 +86,10 @@ def measure(variant: str, args, rng: random.Random) -> list[dict]:
     app = create_app(store)
     pages = {f"variants {v}": (Callback(app, "variants-body"), {"variants-view.value": v})
              for v in available_views(model)}
+    for v in available_views(model):
+        if v in CHANGE_MODES:   # the stage-change table: its own callback, drawn after
+            pages[f"variants {v} stage change"] = (Callback(app, "variants-change"),
+                                                   {"variants-view.value": v})
     pages["token view"] = (Callback(app, "tokens-text"), {"tokens-mode.value": "head"})
     pages["head view"] = (Callback(app, "tokens-lines"), {})
     rows = []

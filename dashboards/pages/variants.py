@@ -104,6 +104,7 @@ def layout(store):
         html.P(id="variants-explain"),
         error_box("variants-error"),
         loading(html.Div(id="variants-body")),
+        loading(graph("variants-change", style={"display": "none"})),
     ])
 
 
@@ -189,8 +190,6 @@ def _mta_figures(name, prompt, layer, model) -> list:
     for phase, M in mixing_matrices(model, layer).items():
         if M is not None:
             out.append(graph(f"variants-mta-mixing-{phase}", figure=mixing_figure(M, layer, phase)))
-    out.append(graph("variants-mta-change", figure=stage_change_figure(
-        catalogue_changes(model, prompt.tokens))))
     return out
 
 
@@ -212,9 +211,30 @@ def _dcmha_figures(name, prompt, layer, model) -> list:
     if not out:
         raise ValueError(f"layer {layer} of {name} does not mix heads; this view needs "
                          "dynamically composed heads (DCMHA)")
-    out.append(graph("variants-dcmha-change", figure=stage_change_figure(
-        catalogue_changes(model, prompt.tokens, mode="to_pattern"))))
     return out
+
+
+# The views whose stage-change table (every head and layer: no layer or head in it) is drawn
+# by its own callback, so that the view's other figures do not wait for it.
+CHANGE_MODES = {"mta": "consecutive", "dcmha": "to_pattern"}
+
+
+def stage_change(store, name, view, text) -> dict | None:
+    """The stage-to-stage change figure of `view` (None for views without one), once per
+    prompt; ValueError for the user."""
+    if view not in CHANGE_MODES:
+        return None
+    model = store.get(name)
+    if view not in available_views(model):
+        return None
+    prompt = store.prompt(name, text)
+    mode = CHANGE_MODES[view]
+
+    def build():
+        with store.using(name):
+            return stage_change_figure(catalogue_changes(model, prompt.tokens, mode=mode))
+
+    return _once(store, name, prompt, ("change", mode), build)
 
 
 def _square(table):
@@ -293,8 +313,21 @@ def register(app, store):
                   Input("ctl-applied-prompt", "data"), Input("ctl-layer", "value"),
                   Input("ctl-head", "value"))
     def _update(name, view, text, layer, head):
+        """The view's figures for the layer and head (the stage-change table: `_change`)."""
         explain = EXPLAIN.get(view, "") if isinstance(view, str) else ""
         try:
             return compute(store, name, view, text, layer, head), explain, ""
         except ValueError as err:
             return [], explain, str(err)
+
+    @app.callback(Output("variants-change", "figure"), Output("variants-change", "style"),
+                  Input("ctl-model", "value"), Input("variants-view", "value"),
+                  Input("ctl-applied-prompt", "data"))
+    def _change(name, view, text):
+        """Every head's stage-to-stage change: independent of the layer and head, so a head
+        change does not even call it."""
+        try:
+            figure = stage_change(store, name, view, text)
+        except ValueError:
+            figure = None
+        return (figure, {}) if figure is not None else ({}, {"display": "none"})

@@ -53,6 +53,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("explorer", "dashboards.benchmarks.explorer", "dashboard explorer update, 512 tok",
               ("--variants", "mha", "--tokens", "64", "--layers", "2", "--heads", "2",
                "--d-model", "32", "--repeats", "1")),
+    Benchmark("pages", "dashboards.benchmarks.pages", "dashboard analysis pages, 512 tok",
+              ("--variants", "mha", "--tokens", "32", "--layers", "1", "--heads", "2",
+               "--d-model", "32", "--repeats", "1")),
     Benchmark("kernels", "kernels.bench", "Triton kernels vs torch / SDPA (needs a GPU)", ()),
 )
 

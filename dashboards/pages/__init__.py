@@ -15,6 +15,7 @@ the page instead of raising.
 from dashboards.pages import (
     attribution,
     circuits,
+    circuits_auto,
     compare,
     diversity,
     explorer,
@@ -25,5 +26,5 @@ from dashboards.pages import (
     variants,
 )
 
-PAGES = [compare, explorer, tokens, outputs, attribution, heads, circuits, variants, diversity,
-         gating]
+PAGES = [compare, explorer, tokens, outputs, attribution, heads, circuits, circuits_auto, variants,
+         diversity, gating]

@@ -120,6 +120,10 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
         "train_seconds": round(wall, 1), "device": device_name(),
         "final_train_loss": final_loss, "train_loss_curve": curve,
     }
+    # Every shipped model carries its tokenizer (DESIGN.md contract 6): the task's vocabulary.
+    from interp.tasks.prompts import task_tokenizer
+
+    model.tokenizer = task_tokenizer(recipe.task_args)
     model.save_pretrained(out_dir, card=card)
     return model
 

@@ -216,13 +216,25 @@ def cmd_circuit(args) -> int:
 
     import torch
 
-    from interp.circuit_discovery import circuit_figure, discover, induction_task
+    from interp.circuit_discovery import (
+        circuit_figure,
+        conjunction_task_pair,
+        discover,
+        find_block_task,
+        induction_task,
+    )
 
     torch.set_num_threads(max(1, args.threads))
     model = load_model(args.model, args.device, "circuit")
     try:
-        task = induction_task(model, n_prompts=args.prompts, half_len=args.half_len,
-                              seed=args.seed)
+        if args.task == "induction":
+            task = induction_task(model, n_prompts=args.prompts, half_len=args.half_len,
+                                  seed=args.seed)
+        elif args.task == "findblock":
+            task = find_block_task(model, n_prompts=args.prompts, seed=args.seed)
+        else:   # "conjunction-attribute" / "conjunction-value"
+            task = conjunction_task_pair(model, n_prompts=args.prompts, seed=args.seed,
+                                         corrupt=args.task.split("-", 1)[1])
         found = discover(model, task, method=args.method, steps=args.steps,
                          top_k=None if args.threshold is not None else args.top_k,
                          threshold=args.threshold, ablation=args.ablation)
@@ -326,9 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(fn=cmd_sweep)
     circuit = sub.add_parser("circuit", help="discover a circuit by edge attribution patching")
     circuit.add_argument("model", metavar="CKPT_DIR_OR_ZOO_NAME")
-    circuit.add_argument("--task", choices=["induction"], default="induction",
-                         help="clean [BOS] r r vs corrupted [BOS] r' r; metric: next-token "
-                              "log-prob on the second copy")
+    circuit.add_argument("--task", choices=["induction", "findblock", "conjunction-attribute",
+                                            "conjunction-value"], default="induction",
+                         help="induction: clean [BOS] r r vs corrupted [BOS] r' r, metric "
+                              "next-token log-prob on the second copy; findblock (MTA's "
+                              "find-the-block models): the target block's letters replaced; "
+                              "conjunction-attribute / -value (DCMHA's conjunction models): "
+                              "one attribute or the value of the target record replaced; "
+                              "metric: the answer's log-prob")
     circuit.add_argument("--method", choices=["eap-ig", "attribution"], default="eap-ig")
     circuit.add_argument("--steps", type=int, default=10, help="EAP-IG interpolation steps")
     circuit.add_argument("--top-k", type=int, default=20, help="edges kept (after pruning)")

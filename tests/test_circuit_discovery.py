@@ -219,3 +219,18 @@ def test_cli_circuit(tmp_path, capsys):
     assert (tmp_path / "circuit.html").is_file() and (tmp_path / "circuit.json").is_file()
     with pytest.raises(SystemExit, match="neither"):
         main(["circuit", "no-such-model"])
+
+
+def test_cli_circuit_paper_tasks(capsys):
+    """`attnlens circuit --task findblock | conjunction-value` on the shipped paper-task models:
+    MTA's find-the-block circuit runs through L0H1; DCMHA's value-copy graph has Compose edges."""
+    from dashboards.cli import main
+
+    assert main(["circuit", "mta-findblock-last-mta-s0", "--task", "findblock", "--prompts",
+                 "4", "--steps", "3", "--top-k", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "find the block" in out and "L0H1->logits" in out and "'mix_edges': 0" in out
+    assert main(["circuit", "dcmha-conjunction-dcmha-s0", "--task", "conjunction-value",
+                 "--prompts", "4", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "'mix_edges': 48" in out and "faithfulness" in out

@@ -4,6 +4,7 @@
 #   bash scripts/zoo_queue.sh            # both lanes, in the background; logs in out/zoo-text/
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
 OUT=${OUT:-out/zoo-text}
 mkdir -p "$OUT"
 LANE_A=${LANE_A:-"text-mha-l2 text-infini-l2 text-cope-l2 text-mta-l2 text-dcmha-l2"}

@@ -125,8 +125,10 @@ def head_dim_configs(table, when=None):
     that compile without spilling there for sm_80 and sm_90, `python -m kernels.compile_check`).
     `when` maps a constexpr flag to rows of the same form that replace those configs' ranges
     for launches where the flag is true (e.g. Infini's gate epilogue, `HAS_MIX`, needs more
-    registers); an empty range (min_d > max_d) drops the config there. Where no config covers
-    BLOCK_D, the configs with the largest max_d are tried."""
+    registers; fp32's IEEE dots, `IEEE`, need smaller tiles); where several flags name a
+    config, their ranges intersect. An empty range (min_d > max_d) drops the config there, so a
+    row of `table` with an empty range and a `when` range is a config for that flag only.
+    Where no config covers BLOCK_D, the configs with the largest max_d are tried."""
     ranges = {row[:4]: row[4:] for row in table}
     overrides = {flag: {row[:4]: row[4:] for row in rows} for flag, rows in (when or {}).items()}
     for rows in overrides.values():
@@ -139,11 +141,11 @@ def head_dim_configs(table, when=None):
     def prune(candidates, meta):
         def span(c):
             key = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            lo, hi = ranges[key]
-            for flag, rows in overrides.items():
-                if meta.get(flag) and key in rows:
-                    lo, hi = max(lo, rows[key][0]), min(hi, rows[key][1])
-            return lo, hi
+            named = [rows[key] for flag, rows in overrides.items()
+                     if meta.get(flag) and key in rows]
+            if not named:
+                return ranges[key]
+            return max(r[0] for r in named), min(r[1] for r in named)
         d = meta["BLOCK_D"]
         kept = [c for c in candidates if span(c)[0] <= d <= span(c)[1]]
         usable = [c for c in candidates if span(c)[0] <= span(c)[1]] or candidates
@@ -153,12 +155,24 @@ def head_dim_configs(table, when=None):
     return configs, prune
 
 
+def with_flag_tiles(table, rows):
+    """`(table', when_rows)` so that a launch with a flag true (e.g. `IEEE`, the fp32 path)
+    tries only `rows` (same form as `head_dim_configs`' rows) and a launch without it only
+    `table`: `rows` join the table with an empty range, and `when_rows` (pass them as
+    `when={flag: when_rows}`) give every config of the table an empty range and `rows` theirs."""
+    own = {r[:4] for r in table}
+    joined = tuple(table) + tuple((*r[:4], 1, 0) for r in rows if r[:4] not in own)
+    named = {r[:4] for r in rows}
+    return joined, tuple((*r[:4], 1, 0) for r in table if r[:4] not in named) + tuple(rows)
+
+
 __all__ = [
     "INTERPRET",
     "SUPPORTED_DTYPES",
     "LazyAutotune",
     "available",
     "head_dim_configs",
+    "with_flag_tiles",
     "can_run",
     "interpreting",
     "kernel_dtype",

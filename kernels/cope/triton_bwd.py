@@ -175,14 +175,14 @@ def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_v
         delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()   # [B, H, T_Q]
         if dlse is not None:
             delta = delta - dlse.float()
-        bm, bn, warps = default_blocks(max(npos, rnpos + 1))
+        bm, bn, launch = default_blocks(max(npos, rnpos + 1), next_pow2(D), q.dtype)
         bm, bn = block_m or bm, block_n or bn
         cope_bwd_kernel[(math.ceil(T_Q / bm), B * H)](
             q, k, v, E, GK, R, QPOS, KPOS, do, lse, delta, dq, dk, dv, dgk, dz, dzr, KV,
             *q.stride(), *k.stride(), *v.stride(), *GK.stride(), *do.stride(), KV.stride(0),
             H, T_Q, T_K, T_K - T_Q, D, npos, rnpos, scale, e_scale, float(npos - 1), **flags,
             REL_EXTEND=rel_extend, IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_D=next_pow2(D), **sizes, num_warps=warps)
+            BLOCK_D=next_pow2(D), **sizes, **launch)
     else:
         dq.zero_()
     qf = q.float()

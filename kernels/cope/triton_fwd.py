@@ -30,6 +30,19 @@ from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 # Largest position table a program keeps in registers on a GPU ([BLOCK_M, NPOS] fp32).
 MAX_NPOS = 256
 
+# GPU tiles and launch options of the CoPE kernels: rows `(fp32, max BLOCK_D, BLOCK_M, BLOCK_N,
+# options)`; `default_blocks` takes the first row for the dtype with BLOCK_D <= max BLOCK_D.
+# fp16/bf16: 4 warps are spill-free at d 64 but spill 8 B (fwd) / 24 B (bwd) at d 128 on sm_90;
+# 8 warps with maxnreg 255 are spill-free there (without maxnreg ptxas caps 8 warps at 128
+# registers). fp32 (IEEE dots): 16 x 16, 8 warps, maxnreg 255: 0 at d 64, 24-184 B at d 128
+# (16 x 32 w4 spilled 0.7-1.1 KB; compile_check, docs/benchmarks.md).
+GPU_LAUNCH = [
+    (False, 64, 16, 32, dict(num_warps=4)),
+    (False, 256, 16, 32, dict(num_warps=8, maxnreg=255)),
+    (True, 64, 16, 16, dict(num_warps=8, maxnreg=255)),
+    (True, 256, 16, 16, dict(num_warps=8, maxnreg=255)),
+]
+
 
 @triton.jit
 def _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK: tl.constexpr,
@@ -174,14 +187,18 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
     tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=m_valid)
 
 
-def default_blocks(npos: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps). On a GPU 16 x 32 tiles for every table size: the former
-    64 x 64 (npos <= 128) and 32 x 64 tiles spill 0.5-1.6 KB per thread in fwd and bwd on sm_80
-    and sm_90 (`python -m kernels.compile_check`); 16 x 32 is spill-free at d_head 64 for npos
-    128 and 256 (at d_head 128: 8-24 B on sm_90, see docs/benchmarks.md)."""
+def default_blocks(npos: int, block_d: int = 64,
+                   dtype: torch.dtype = torch.float16) -> tuple[int, int, dict]:
+    """(BLOCK_M, BLOCK_N, launch options). On a GPU 16 x 32 tiles for every table size: the
+    former 64 x 64 (npos <= 128) and 32 x 64 tiles spill 0.5-1.6 KB per thread in fwd and bwd
+    on sm_80 and sm_90 (`python -m kernels.compile_check`). The launch options depend on the
+    head size and dtype (`GPU_LAUNCH`, see docs/benchmarks.md)."""
     if not on_gpu():
-        return 16, 16, 4
-    return 16, 32, 4
+        return 16, 16, dict(num_warps=4)
+    fp32 = dtype == torch.float32
+    rows = [r for r in GPU_LAUNCH if r[0] == fp32]
+    _, _, bm, bn, launch = next((r for r in rows if block_d <= r[1]), rows[-1])
+    return bm, bn, dict(launch)
 
 
 def launch_args(q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid):
@@ -223,14 +240,14 @@ def cope_fwd(q, k, v, pos_emb, scale: float, e_scale: float, key_valid=None,
         return out, lse
     E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos = launch_args(
         q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid)
-    bm, bn, warps = default_blocks(max(npos, rnpos + 1))
+    bm, bn, launch = default_blocks(max(npos, rnpos + 1), next_pow2(D), q.dtype)
     bm, bn = block_m or bm, block_n or bn
     cope_fwd_kernel[(math.ceil(T_Q / bm), B * H)](
         q, k, v, E, GK, R, QPOS, KPOS, out, lse, KV, *q.stride(), *k.stride(), *v.stride(),
         *GK.stride(), *out.stride(), KV.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos, rnpos,
         scale, e_scale, float(npos - 1), **flags, REL_EXTEND=rel_extend,
         IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), **sizes,
-        num_warps=warps)
+        **launch)
     return out, lse
 
 

@@ -20,7 +20,15 @@ import math
 
 import torch
 
-from kernels._triton import LazyAutotune, head_dim_configs, next_pow2, on_gpu, tl, triton
+from kernels._triton import (
+    LazyAutotune,
+    head_dim_configs,
+    next_pow2,
+    on_gpu,
+    tl,
+    triton,
+    with_flag_tiles,
+)
 from kernels.flash_attention.triton_fwd import LOG2E, _dot, _load_tile, _tile
 
 
@@ -169,8 +177,19 @@ SEGMENTED_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 SEGMENTED_DQ = ((64, 64, 4, 2, 1, 0),)
 
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
-_dkdv_configs, _dkdv_prune = head_dim_configs(DKDV_TILES, when={"SEGMENTED": SEGMENTED_DKDV})
-_dq_configs, _dq_prune = head_dim_configs(DQ_TILES, when={"SEGMENTED": SEGMENTED_DQ})
+# fp32 (IEEE dots) takes its own tiles: the rows above spill 8 B-16 KB per thread there (and
+# Infini's dQ 32x64 needs 168 KB of shared memory at d 128 on sm_80). dK/dV 16x32 w4 s1 and dQ
+# 32x32 w4 s2 are spill-free at d 128 on sm_80 and sm_90 (flash and Infini). Tried at d 128:
+# dK/dV 32x32 w4 s1/s2 (0.75-1 KB on sm_90), 32x32 w8 s1 (96 B), 32x16 w4 s1 (88 B), 64x32 w8
+# s2 (0.8-2.4 KB); dQ 32x32 w4 s1 (624 B on sm_90), 64x32 w8 s2 and 32x32 w8 s1 (Infini 24 B).
+FP32_DKDV_TILES = ((16, 32, 4, 1, *_ALL),)
+FP32_DQ_TILES = ((32, 32, 4, 2, *_ALL),)
+_dkdv_table, _dkdv_ieee = with_flag_tiles(DKDV_TILES, FP32_DKDV_TILES)
+_dq_table, _dq_ieee = with_flag_tiles(DQ_TILES, FP32_DQ_TILES)
+_dkdv_configs, _dkdv_prune = head_dim_configs(
+    _dkdv_table, when={"SEGMENTED": SEGMENTED_DKDV, "IEEE": _dkdv_ieee})
+_dq_configs, _dq_prune = head_dim_configs(_dq_table, when={"SEGMENTED": SEGMENTED_DQ,
+                                                            "IEEE": _dq_ieee})
 _dkdv_tuned = LazyAutotune(_bwd_dkdv, _dkdv_configs, _KEY, prune=_dkdv_prune)
 _dq_tuned = LazyAutotune(_bwd_dq, _dq_configs, _KEY, prune=_dq_prune)
 

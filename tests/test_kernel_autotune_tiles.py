@@ -1,0 +1,42 @@
+"""The autotune prune is dtype-aware: fp32 launches (IEEE) try only their own small tiles, and
+fp16/bf16 keep the spill-free lists (compile_check, docs/benchmarks.md). No GPU needed."""
+
+import pytest
+
+pytest.importorskip("triton")
+
+from kernels.flash_attention import triton_bwd, triton_fwd  # noqa: E402
+
+
+def _tiles(tuned, **meta):
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in tuned.candidates(**meta)]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("flags", [{}, {"HAS_MIX": True, "SEGMENTED": True}])
+def test_fp32_takes_its_own_tiles(d, flags):
+    for tuned, rows in ((triton_fwd._fwd_tuned, triton_fwd.FP32_FWD_TILES),
+                        (triton_bwd._dkdv_tuned, triton_bwd.FP32_DKDV_TILES),
+                        (triton_bwd._dq_tuned, triton_bwd.FP32_DQ_TILES)):
+        assert _tiles(tuned, BLOCK_D=d, IEEE=True, **flags) == [r[:4] for r in rows]
+
+
+def test_half_lists_unchanged():
+    assert _tiles(triton_fwd._fwd_tuned, BLOCK_D=64) == [
+        (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 4)]
+    assert _tiles(triton_fwd._fwd_tuned, BLOCK_D=128, HAS_MIX=True) == [(64, 32, 4, 4)]
+    assert _tiles(triton_bwd._dq_tuned, BLOCK_D=128) == [
+        (64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 3)]
+    assert (16, 32, 4, 1) not in _tiles(triton_bwd._dkdv_tuned, BLOCK_D=128)
+
+
+def test_cope_launch_by_head_size_and_dtype(monkeypatch):
+    import torch
+
+    from kernels.cope import triton_fwd as cope
+    monkeypatch.setattr(cope, "on_gpu", lambda: True)
+    assert cope.default_blocks(128, 64, torch.float16) == (16, 32, {"num_warps": 4})
+    assert cope.default_blocks(128, 128, torch.bfloat16) == (16, 32, {"num_warps": 8,
+                                                                      "maxnreg": 255})
+    assert cope.default_blocks(256, 128, torch.float32)[:2] == (16, 16)

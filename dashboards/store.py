@@ -115,13 +115,27 @@ def _fallback_text(model) -> str:
     return model.to_string(ids)
 
 
-def default_prompt(model) -> str:
-    """A model's default input: an example of its own task drawn with a fixed seed (paper-task
-    models name it in their card), else the bundled induction models' repeated letters."""
+# A text model's default prompt: this many tokens of its first held-out validation window (a
+# source file the training never saw), leaving room under n_ctx = 512 for re-tokenisation.
+TEXT_PROMPT_TOKENS = 480
+
+
+def default_prompt(model, directory: Path | None = None) -> str:
+    """A model's default input: for a text language model, about 500 tokens of held-out source
+    code (its stored validation windows); an example of its own task drawn with a fixed seed
+    (paper-task models name it in their card); else the bundled induction models' letters."""
     from hooked_models.zoo.recipes import default_text
     from interp.tasks.prompts import example_prompt
 
     card = getattr(model, "card", None) or {}
+    if card.get("kind") == "text-lm" and directory is not None:
+        from interp.zoo.text_eval import load_eval_tokens
+
+        window = load_eval_tokens(directory)[0]
+        bos = model.tokenizer.bos_token_id
+        start = next(i for i, t in enumerate(window.tolist()) if t != bos)   # the file's text
+        return model.to_string(window[start:start + min(TEXT_PROMPT_TOKENS,
+                                                        model.cfg.n_ctx - 32)])
     if card.get("task_args"):
         try:
             return example_prompt(card)
@@ -148,7 +162,7 @@ def load_store(sources: list[str]) -> ModelStore:
         else:
             raise ValueError(f"{source!r} is neither a checkpoint directory (with config.json) "
                              f"nor a bundled model; bundled: {zoo.available()}")
-        text = default_prompt(model)
+        text = default_prompt(model, directory)
         try:
             ok = model.to_tokens(text).shape[1] <= model.cfg.n_ctx
         except ValueError:

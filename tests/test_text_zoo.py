@@ -181,3 +181,19 @@ def test_a_run_stopped_mid_way_resumes_bit_exactly_from_the_command(smoke_run, t
                 for line in (run / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
 
     assert losses(tmp_path) == losses(out)
+
+
+def test_a_text_model_is_served_on_held_out_source_code(smoke_run):
+    """Issue 26 item 6: the dashboard's default prompt of a text model is its first held-out
+    validation window's text (a source file training never saw), within n_ctx."""
+    from dashboards.store import load_store
+
+    out, _ = smoke_run
+    directory = out / "release" / NAMES[0]
+    store = load_store([str(directory)])
+    text, model = store.default_text[NAMES[0]], store.models[NAMES[0]]
+    window = load_eval_tokens(directory)[0].tolist()
+    assert text and "<|bos|>" not in text[:10]
+    start = next(i for i, t in enumerate(window) if t != model.tokenizer.bos_token_id)
+    assert text.startswith(model.to_string(torch.tensor(window[start:start + 5])))
+    assert model.to_tokens(text).shape[1] <= model.cfg.n_ctx

@@ -67,12 +67,15 @@ def figure(traj: pd.DataFrame):
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
         "second / first copy loss (random tokens)", "best head's induction score"))
-    for run, g in traj.groupby("run", sort=True):
+    from plotly.colors import qualitative
+
+    palette = qualitative.Plotly
+    for i, (run, g) in enumerate(traj.groupby("run", sort=True)):
         g = g.sort_values("tokens")
-        x = g.tokens / 1e6
-        fig.add_scatter(x=x, y=g.copy_loss_ratio, mode="lines+markers", name=run,
+        x, line = g.tokens / 1e6, dict(color=palette[i % len(palette)])
+        fig.add_scatter(x=x, y=g.copy_loss_ratio, mode="lines+markers", name=run, line=line,
                         legendgroup=run, row=1, col=1)
-        fig.add_scatter(x=x, y=g.induction_score, mode="lines+markers", name=run,
+        fig.add_scatter(x=x, y=g.induction_score, mode="lines+markers", name=run, line=line,
                         legendgroup=run, showlegend=False, row=1, col=2)
     fig.add_hline(y=COPY_RATIO_THRESHOLD, line_dash="dot", row=1, col=1)
     fig.add_hline(y=INDUCTION_THRESHOLD, line_dash="dot", row=1, col=2)

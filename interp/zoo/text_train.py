@@ -131,15 +131,23 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
     mix = get_recipe(name).data_mix
     card = {"recipe": name, "train_command": command, "device": device,
             "data_mix": mix or "natural text"}
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
                              **(mix or {}))
     fit(model, sampler, tcfg,
         run_dir=run_dir, evaluate=evaluate, card=card)
-    timing = run_dir / "wall_time.json"
-    spent = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
-    timing.write_text(json.dumps({"seconds": spent + time.time() - t0}))
+    for name, elapsed in (("wall_time.json", time.time() - t0),
+                          ("cpu_time.json", time.process_time() - c0)):
+        timing = run_dir / name
+        spent = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
+        timing.write_text(json.dumps({"seconds": spent + elapsed}))
     return run_dir
+
+
+def _cpu_seconds(run_dir: Path) -> float | None:
+    """CPU seconds of this process's training pieces (None for runs from before it was kept)."""
+    path = run_dir / "cpu_time.json"
+    return round(json.loads(path.read_text())["seconds"], 1) if path.is_file() else None
 
 
 def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu",
@@ -169,6 +177,7 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
             "device_name": _device_name((model.card or {}).get("device")),
             "wall_time_s": round(json.loads((run_dir / "wall_time.json").read_text())
                                  ["seconds"], 1),
+            "cpu_time_s": _cpu_seconds(run_dir),
             "parameters": sum(p.numel() for p in model.parameters()),
             "corpus": data.corpus.describe(),
             "tokenizer": {"kind": "byte-level BPE (HF tokenizers)",
@@ -183,7 +192,17 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
 def _device_name(device: str | None) -> str:
     if device and device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
-    return platform.processor() or platform.machine()
+    return _cpu_model() or platform.processor() or platform.machine()
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo) with its core count, or None."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0]} ({len(names)} cores)" if names else None
 
 
 def measure(names, data: TextData, device: str, steps: int = 3, batch: int | None = None,

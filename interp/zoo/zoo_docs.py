@@ -240,9 +240,12 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
     models = released_models(zoo_dir)
     parts = [GENERATED, "# The model zoo", ""]
     if models:
-        parts += [f"Status: {len(models)} text language models are shipped "
-                  f"(`hooked_models/zoo/text-*`), with the toy induction models and the "
-                  "paper-task models of [reproduction.md](reproduction.md).", ""]
+        n = len(models)
+        parts += [f"Status: {n} text language model{'s' * (n != 1)} "
+                  f"{'are' if n != 1 else 'is'} shipped (`hooked_models/zoo/text-*`); the "
+                  "rest of the text zoo is still training on the CPU (issue 26). Beside them: "
+                  "the toy induction models and the paper-task models of "
+                  "[reproduction.md](reproduction.md).", ""]
     else:
         parts += ["Status: the **text-language-model zoo is training on the CPU** (issue 26). "
                   "The pipeline (corpus, tokenizer, trainer, eval, cards, studies, this page) is "

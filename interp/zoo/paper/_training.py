@@ -128,6 +128,23 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
     return model
 
 
+def answer_loss_metric(batches: list[tuple[torch.Tensor, torch.Tensor]]):
+    """An early-stopping `evaluate` callback: `{"val_loss": ...}`, the mean next-token loss
+    over the positions where each batch's mask `[batch pos-1]` is 1, pooled over `batches`
+    (`(tokens, mask)` pairs, built once by the caller from held-out seeds)."""
+    @torch.no_grad()
+    def evaluate(model) -> dict:
+        total = count = 0.0
+        for tokens, mask in batches:
+            per = model(tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
+            mask = mask.to(per.device, per.dtype)
+            total += float((per * mask).sum())
+            count += float(mask.sum())
+        return {"val_loss": round(total / count, 5)}
+
+    return evaluate
+
+
 def _run_end(run_dir: Path, max_steps: int) -> tuple[int, bool]:
     """(steps the run took, whether early stopping ended it), from its metrics log."""
     log = Path(run_dir) / METRICS_FILE

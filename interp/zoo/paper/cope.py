@@ -24,7 +24,7 @@ from interp.tasks.selective_copy import VOCAB as SELECTIVE_COPY_VOCAB
 from interp.tasks.selective_copy import selective_copy_batch
 from interp.zoo.paper._registry import Recipe
 from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from interp.zoo.paper._training import draw_seed, replay, train_recipe
+from interp.zoo.paper._training import answer_loss_metric, draw_seed, replay, train_recipe
 
 EVAL_SEED = HELDOUT_SEED    # held out: see interp.zoo.paper._training.EVAL_SEED
 EVAL_SAMPLES = 512
@@ -187,18 +187,7 @@ def validation(recipe: Recipe):
     """The early-stopping metric: mean answer-token loss on `VAL_BATCHES` in-distribution
     batches of 64 samples drawn from `VAL_SEED` (never a training or evaluation seed)."""
     batches = [task_batch(recipe.task_args, "id", 64, VAL_SEED + i) for i in range(VAL_BATCHES)]
-
-    @torch.no_grad()
-    def evaluate(model) -> dict:
-        total = count = 0.0
-        for tb in batches:
-            per = model(tb.tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
-            mask = tb.answer_mask[:, 1:].to(per.device, per.dtype)
-            total += float((per * mask).sum())
-            count += float(mask.sum())
-        return {"val_loss": round(total / count, 5)}
-
-    return evaluate
+    return answer_loss_metric([(b.tokens, b.answer_mask[:, 1:]) for b in batches])
 
 
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:

@@ -36,7 +36,7 @@ from interp.tasks.composition import CompositionVocab, accuracy_by_kind, composi
 from interp.tasks.conjunction import conjunction_accuracy, conjunction_task, conjunction_vocab
 from interp.zoo.paper._registry import Recipe
 from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from interp.zoo.paper._training import draw_seed, replay, train_recipe
+from interp.zoo.paper._training import answer_loss_metric, draw_seed, replay, train_recipe
 
 D_MODEL, D_MLP = 32, 128
 EVAL_SEED, EVAL_N = HELDOUT_SEED, 2048   # held out: see interp.zoo.paper._training
@@ -167,19 +167,7 @@ def batch_seeds(recipe: Recipe) -> list[int]:
 def validation(recipe: Recipe):
     """The early-stopping metric: mean answer loss on `VAL_BATCHES` batches of 64 held-out
     questions of the recipe's task, seeded from `VAL_SEED`."""
-    batches = [_val_batch(recipe, VAL_SEED + i) for i in range(VAL_BATCHES)]
-
-    @torch.no_grad()
-    def evaluate(model) -> dict:
-        total = count = 0.0
-        for tokens, mask in batches:
-            per = model(tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
-            mask = mask.to(per.device, per.dtype)
-            total += float((per * mask).sum())
-            count += float(mask.sum())
-        return {"val_loss": round(total / count, 5)}
-
-    return evaluate
+    return answer_loss_metric([_val_batch(recipe, VAL_SEED + i) for i in range(VAL_BATCHES)])
 
 
 def _val_batch(recipe: Recipe, seed: int):

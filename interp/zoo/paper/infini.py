@@ -23,7 +23,7 @@ from interp.infini import memory_specialisation
 from interp.tasks.passkey import PasskeyTokenizer, evaluate_passkey, passkey_task
 from interp.zoo.paper._registry import Recipe
 from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from interp.zoo.paper._training import replay, train_recipe
+from interp.zoo.paper._training import answer_loss_metric, replay, train_recipe
 
 TOKENIZER = PasskeyTokenizer()
 TRAIN_LENGTH = 160          # word-level tokens; 68 are prompt, 92 filler
@@ -134,18 +134,7 @@ def validation(recipe: Recipe, n: int = 16):
     lengths = recipe.task_args.get("lengths") or [recipe.task_args["length"]]
     batches = [passkey_task(n, length, depth, TOKENIZER, seed=VAL_SEED + i)
                for i, (length, depth) in enumerate((a, d) for a in lengths for d in VAL_DEPTHS)]
-
-    @torch.no_grad()
-    def evaluate(model) -> dict:
-        total = count = 0.0
-        for b in batches:
-            per = model(b.tokens.to(model.W_E.device), return_type="loss", loss_per_token=True)
-            mask = b.answer_mask[:, 1:].to(per.device, per.dtype)
-            total += float((per * mask).sum())
-            count += float(mask.sum())
-        return {"val_loss": round(total / count, 5)}
-
-    return evaluate
+    return answer_loss_metric([(b.tokens, b.answer_mask[:, 1:]) for b in batches])
 
 
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:

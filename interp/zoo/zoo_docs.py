@@ -206,12 +206,12 @@ How many tokens a 2-layer model needs before it forms induction heads, from the 
 --png docs/figures/zoo/calibration.png`). A run meets the bar at its first evaluation with a
 best induction score >= 0.3 and a second-copy loss below half the first-copy loss (random
 tokens); the 1-layer runs are the controls. Each run is one training seed (0), so no row has an
-interval; the probe's seed (20261125) is one no training run uses. Runs still training are shown
-as they stood when the table was written ("tokens seen"). Earlier measurement (issue 26, a
-plain PyTorch model of d_model 128, 4 heads x 32, n_ctx 256, batch 16, on the same text): lr 1e-3 with a cosine formed
-no induction head by 19.5M tokens; lr 3e-3 held constant did, the second-copy loss falling from
-0.95x the first copy at 20M tokens to 0.70x at 31M, and with a quarter of the contexts carrying
-a repeated span about twice as early (0.86x at 14M)."""
+interval; the probe's seed (20261125) is one no training run uses. Runs still training are
+shown as they stood when the table was written ("tokens seen"). Earlier measurement (issue 26,
+a plain PyTorch model of d_model 128, 4 heads x 32, n_ctx 256, batch 16, on the same text): lr
+1e-3 with a cosine formed no induction head by 19.5M tokens; lr 3e-3 held constant did, the
+second-copy loss falling from 0.95x the first copy at 20M tokens to 0.70x at 31M, and with a
+quarter of the contexts carrying a repeated span about twice as early (0.86x at 14M)."""
 
 
 def calibration_section(studies: Path, out: Path) -> list[str]:

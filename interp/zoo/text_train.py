@@ -147,7 +147,7 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
 def _cpu_seconds(run_dir: Path) -> float | None:
     """CPU seconds of this process's training pieces (None for runs from before it was kept)."""
     path = run_dir / "cpu_time.json"
-    return round(json.loads(path.read_text())["seconds"], 1) if path.is_file() else None
+    return round(json.loads(path.read_text())["seconds"], 3) if path.is_file() else None
 
 
 def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu",
@@ -175,8 +175,9 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
             "seed": tcfg["seed"], "steps": state["step"], "tokens": state["tokens"],
             "train_config": tcfg, "device": (model.card or {}).get("device"),
             "device_name": _device_name((model.card or {}).get("device")),
+            # Three decimals: a smoke run's few steps can take well under 0.05 s.
             "wall_time_s": round(json.loads((run_dir / "wall_time.json").read_text())
-                                 ["seconds"], 1),
+                                 ["seconds"], 3),
             "cpu_time_s": _cpu_seconds(run_dir),
             "parameters": sum(p.numel() for p in model.parameters()),
             "corpus": data.corpus.describe(),

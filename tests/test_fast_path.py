@@ -26,17 +26,28 @@ CONFIGS = {
     "mta-left-pad": dict(positional_embedding_type="rotary", attn_cfg=dict(pad_key="left")),
     "cope": dict(positional_embedding_type="none"),
     "dcmha": dict(positional_embedding_type="rotary"),
+    "dcmha-window": dict(positional_embedding_type="rotary",
+                         attn_cfg=dict(window_size=3, window_type="LG", qk_norm=True)),
+    "dcmha-query-wise-static": dict(positional_embedding_type="rotary",
+                                    attn_cfg=dict(query_wise=True, static_proj=True, groups=2)),
     "infini": dict(positional_embedding_type="rotary", attn_cfg=dict(segment_len=4)),
 }
 # Variants whose layers override `fast_attend` (the others are fast through other means: Infini's
 # segment loop, or only through torch.compile's fusion of their map ops).
-HAS_FAST_ATTEND = ("mha", "mta")
+HAS_FAST_ATTEND = ("mha", "mta", "dcmha")
 
 
 def model_for(name: str) -> HookedVariantTransformer:
     variant = name.split("-")[0]
     cfg = tiny_cfg(variant, dtype=torch.float64, n_ctx=16, **CONFIGS[name])
-    return HookedVariantTransformer(cfg)
+    model = HookedVariantTransformer(cfg)
+    if variant == "dcmha":  # the init composes near the identity: make every term count
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name_, p in model.named_parameters():
+                if name_.split(".")[-1] in ("dw1", "qkw", "dd", "W_pre_static", "W_post_static"):
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+    return model
 
 
 def identity_hooks(model) -> list:
@@ -88,7 +99,7 @@ def test_fast_path_equals_hooked_path(name, monkeypatch):
         torch.testing.assert_close(fast_grads[n], hooked_grads[n], **EXACT, msg=n)
 
 
-@pytest.mark.parametrize("name", ["mha", "mta"])
+@pytest.mark.parametrize("name", ["mha", "mta", "dcmha"])
 def test_padding_and_cache_fall_back_to_the_exact_path(name, monkeypatch):
     """A padding mask or a KV cache is not a plain causal mask: `fast_attend` declines."""
     model = model_for(name)

@@ -49,7 +49,7 @@ def _flag(cfg, name: str) -> bool:
     return bool(getattr(cfg, name, False))
 
 
-def _norm_per_head(norm: nn.Module, x: Tensor) -> Tensor:
+def norm_without_hooks(norm: nn.Module, x: Tensor) -> Tensor:
     """`norm` (LayerNorm, RMSNorm or Identity) applied over d_model without its hooks."""
     if isinstance(norm, LayerNorm):
         x = x - x.mean(-1, keepdim=True)
@@ -100,7 +100,7 @@ class _BlockFork:
                 self.resid = self.shared = None
             if fork is None:
                 return None
-            x = _norm_per_head(self.block.ln1, fork)
+            x = norm_without_hooks(self.block.ln1, fork)
             W = attn.W_Q if name == "q" else attn.kv_param(f"W_{name.upper()}")
             b = attn.b_Q if name == "q" else attn.kv_param(f"b_{name.upper()}")
             return torch.einsum("bphm,hmd->bphd", x, W) + b
@@ -258,4 +258,4 @@ def _nnsight_tracing(model: nn.Module) -> bool:
     return state.active()[0] is not None
 
 
-__all__ = ["InteropMixin", "FORK_POINTS"]
+__all__ = ["InteropMixin", "FORK_POINTS", "norm_without_hooks"]

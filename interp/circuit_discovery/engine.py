@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from hooked_models.interop import _norm_per_head
+from hooked_models.interop import norm_without_hooks
 from interp.circuit_discovery.graph import CircuitGraph, Edge
 from interp.circuit_discovery.mixing import finite_map, mixing_tensors
 from interp.circuit_discovery.switches import graph_switches
@@ -120,7 +120,7 @@ def run(model, graph: CircuitGraph, tokens: Tensor, metric=None, *,
     def on_shared_input(t: Tensor, hook):
         layer = int(hook.name.split(".")[1])
         resid = fresh(hook.name, delta_for(hook.name, resid_pre[layer]))
-        return _norm_per_head(model.blocks[layer].ln1, resid)
+        return norm_without_hooks(model.blocks[layer].ln1, resid)
 
     def on_sub(t: Tensor, hook):
         rec.acts[hook.name] = t.detach()

@@ -117,7 +117,8 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
                  smoke: bool = False, progress: bool = True, command: str | None = None) -> Path:
     """Train (or resume) recipe `name` in `out_dir/runs/name`; returns that run directory."""
     model = build_model(name, data, device, seed=seed, smoke=smoke)
-    tcfg = make_train_config(SMOKE["train"] if smoke else None, seed=seed, progress=progress)
+    overrides = SMOKE["train"] if smoke else get_recipe(name).train_overrides
+    tcfg = make_train_config(overrides, seed=seed, progress=progress)
     windows = val_windows(data.val, model.cfg.n_ctx, data.tokenizer.bos_token_id)
 
     def evaluate(m):

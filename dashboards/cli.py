@@ -283,14 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")
     serve.set_defaults(fn=cmd_serve)
-    from interp.zoo.text_recipes import MIX_RECIPES, RECIPES
+    from interp.zoo.text_recipes import CALIBRATION_RECIPES, MIX_RECIPES, RECIPES
 
     tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
     tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
-    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES) + sorted(MIX_RECIPES),
+    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES) + sorted(MIX_RECIPES)
+                    + sorted(CALIBRATION_RECIPES),
                     default=None, metavar="RECIPE",
                     help="recipes to train: text-{mha,mta,cope,dcmha,infini}-{l1,l2,l4mlp}, "
-                         "or a 2-layer data-mix twin text-VARIANT-l2-mix (default: the 15)")
+                         "a 2-layer data-mix twin text-VARIANT-l2-mix, or a calibration run "
+                         "text-mha-l2-{ctx256,b8} (default: the 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default="out/zoo-text", help="runs, caches and releases go here")
     tr.add_argument("--release-to", default=None,

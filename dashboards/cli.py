@@ -4,8 +4,9 @@
                                   then print its head table (previous-token, induction, duplicate
                                   scores) and an ablation check
     attnlens stages               print every registered variant's stage catalogue
-    attnlens serve [CKPT_DIR_OR_ZOO_NAME ...] [--port 8050]
-                                  the dashboard on those checkpoints (default: the bundled zoo)
+    attnlens serve [CKPT_DIR_OR_ZOO_NAME ...] [--zoo KIND ...] [--port 8050]
+                                  the dashboard on those checkpoints (default: the bundled text
+                                  language models; --zoo induction: the toy induction models)
     attnlens train --zoo text [--device cuda] [--only NAME ...] [--measure] [--smoke]
                                   train (resumably), evaluate and release the text-LM zoo:
                                   5 variants x (1-, 2-layer attention-only, 4-layer MLP)
@@ -23,6 +24,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 import time
@@ -75,12 +77,30 @@ def cmd_stages(args) -> int:
     return 0
 
 
-def build_store(sources: list[str] | None = None):
-    """A ModelStore of the checkpoint directories / zoo names in `sources` (default: the zoo)."""
-    from dashboards.store import load_store
+# `attnlens serve --zoo KIND`: every bundled model of that kind (the zoo cards' "kind")
+ZOO_KINDS = {"text": "text-lm", "induction": "induction", "paper": "paper-task"}
+
+
+def default_sources() -> list[str]:
+    """What `attnlens serve` opens on without sources: every text language model of the zoo,
+    2-layer models first (the ones with circuits to find), then by depth and name; the toy
+    induction models when no text model is bundled."""
     from hooked_models import zoo
 
-    sources = sources or zoo.available(kind="induction")
+    def depth_first_two(name: str) -> tuple:
+        layers = json.loads((zoo.path(name) / "config.json").read_text())["n_layers"]
+        return layers != 2, layers, name
+
+    return sorted(zoo.available(kind="text-lm"), key=depth_first_two) or zoo.available(
+        kind="induction")
+
+
+def build_store(sources: list[str] | None = None):
+    """A ModelStore of the checkpoint directories / zoo names in `sources` (default:
+    `default_sources()`)."""
+    from dashboards.store import load_store
+
+    sources = sources or default_sources()
     if not sources:
         raise SystemExit("no bundled models found in hooked_models/zoo; pass checkpoint "
                          "directories: attnlens serve DIR [DIR ...]")
@@ -112,7 +132,12 @@ def cmd_serve(args) -> int:
     from dashboards.app import create_app
 
     check_port(args.host, args.port)   # before loading models and before saying where it runs
-    store = build_store(list(args.sources or []) + list(args.models or []))
+    from hooked_models import zoo
+
+    sources = [*(args.sources or []), *(args.models or [])]
+    for kind in args.zoo or []:
+        sources += [n for n in zoo.available(kind=ZOO_KINDS[kind]) if n not in sources]
+    store = build_store(sources)
     app = create_app(store, host=args.host)
     print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
     app.run(host=args.host, port=args.port, debug=False)
@@ -277,8 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     stages.set_defaults(fn=cmd_stages)
     serve = sub.add_parser("serve", help="run the dashboard on checkpoints or zoo models")
     serve.add_argument("sources", nargs="*", metavar="CKPT_DIR_OR_ZOO_NAME",
-                       help="checkpoint directories or bundled model names (default: the zoo); "
-                            "the browser can choose only among these")
+                       help="checkpoint directories or bundled model names (default: the "
+                            "bundled text language models, 2-layer first); the browser can "
+                            "choose only among these")
+    serve.add_argument("--zoo", nargs="+", choices=sorted(ZOO_KINDS), default=None,
+                       metavar="KIND", help="add every bundled model of a kind: text (the "
+                       "text language models), induction (the five toy induction models), "
+                       "paper (the paper-task models)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")

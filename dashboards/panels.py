@@ -93,8 +93,22 @@ def zoom_figure(panel: Panel, window: int = WINDOW) -> dict:
     m, labels = panel.zoom_map, panel.labels
     if len(labels) > FULL:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
-    return map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
-                           f"H{panel.head} hook_{panel.stage.name}", window=window)
+    return _fit_labels(map_figure_dict(m, panel.stage, labels, title=f"{panel.name} "
+                                       f"L{panel.layer}H{panel.head} hook_{panel.stage.name}",
+                                       window=window))
+
+
+def _fit_labels(fig: dict) -> dict:
+    """`fig` with margins grown to fit its tick labels: a text model's labels ("467:␣warnings")
+    are longer than the fixed margins of `map_figure_dict`, and would run under the axis
+    titles. The title keeps to the figure's left edge, so that a wider margin does not push
+    it out of a narrow Compare column."""
+    layout = fig["layout"]
+    for axis in ("xaxis", "yaxis"):
+        layout[axis]["automargin"] = True
+    layout["title"] = {**layout["title"], "xref": "container",
+                       "pad": {**layout["title"].get("pad", {}), "l": 20}}
+    return fig
 
 
 def _tiles(key: tuple, stage: str, grid: list) -> list:
@@ -133,8 +147,9 @@ def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
 def stage_figures(panel: Panel) -> list[dict]:
     """The zoomed head at every map stage of its layer (downsampled beyond STAGE_VIEW)."""
     labels = downsample_labels(panel.labels, STAGE_VIEW)
-    return [map_figure_dict(downsample(maps[panel.head], STAGE_VIEW), s, labels, height=420,
-                            title=f"L{panel.layer}H{panel.head} hook_{s.name} ({s.softmax})")
+    return [_fit_labels(map_figure_dict(downsample(maps[panel.head], STAGE_VIEW), s, labels,
+                                        height=420, title=f"L{panel.layer}H{panel.head} "
+                                        f"hook_{s.name} ({s.softmax})"))
             for s, maps in panel.view.zoom]
 
 

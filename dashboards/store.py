@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from interp.plots.views import shown_text
+
 # Requests are refused before tokenising beyond this many characters: a tokenizer's memory
 # grows with its input (a 50 MB prompt once cost 1.8 GB), while the largest context served
 # is a few thousand tokens.
@@ -26,8 +28,8 @@ MAX_PROMPTS = 32             # prompts averaged at once (one per line)
 
 @dataclass
 class Prompt:
-    """`tokens` `[batch pos]`, position `labels` ("3:c", from the first prompt), a `note` for
-    the user ("" when nothing to say)."""
+    """`tokens` `[batch pos]`, position `labels` ("3:c", "4:␣def", "5:↵": from the first
+    prompt, spaces and line breaks shown), a `note` for the user ("" when nothing to say)."""
 
     tokens: torch.Tensor
     labels: list[str]
@@ -72,8 +74,9 @@ class ModelStore:
 
     def prompt(self, name: str, text) -> Prompt:
         """Tokens of `text`: one prompt per non-empty line (several are averaged, cut to the
-        shortest); the default text when empty. ValueError (shown to the user) for text over
-        `MAX_PROMPT_CHARS`, characters outside the tokenizer, or more tokens than the context.
+        shortest), except the model's default text, which is one prompt; the default text when
+        empty. ValueError (shown to the user) for text over `MAX_PROMPT_CHARS`, characters
+        outside the tokenizer, or more tokens than the context.
         """
         model = self.get(name)
         if text is None:
@@ -84,6 +87,8 @@ class ModelStore:
             raise ValueError(f"the prompt is {len(text):,} characters; the dashboard accepts at "
                              f"most {MAX_PROMPT_CHARS:,}")
         lines = [line for line in text.splitlines() if line.strip()]
+        if len(lines) > 1 and text == self.default_text[name]:
+            lines = [text]   # a text model's source file (the Gating page's box starts with it)
         note = ""
         if not lines:
             lines, note = [self.default_text[name]], "the prompt is empty: showing the default text"
@@ -100,7 +105,7 @@ class ModelStore:
         if len(rows) > 1:
             note = (f"averaged over {len(rows)} prompts, each cut to the shortest "
                     f"({n} tokens)")
-        labels = [f"{i}:{s}" for i, s in enumerate(model.to_str_tokens(rows[0][:n]))]
+        labels = [f"{i}:{shown_text(s)}" for i, s in enumerate(model.to_str_tokens(rows[0][:n]))]
         return Prompt(torch.stack([r[:n] for r in rows]), labels, note)
 
     def tokens(self, name: str, text) -> tuple[torch.Tensor, list[str]]:

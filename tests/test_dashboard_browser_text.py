@@ -1,0 +1,74 @@
+"""Issue 26 item 6 in headless Chromium: the dashboard `attnlens serve` opens with no arguments
+(the bundled text language models, each on about 500 tokens of a held-out source file), every
+page on the models it opens on, with a screenshot of each written to out/screenshots/ (or
+$ATTNLENS_SCREENSHOTS) as text-<page>-<model>.png."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from browser_common import figure, wait
+from test_dashboard_browser_zoo import ONE_MODEL, PAGES, _drawn_or_error
+
+from dashboards import cli
+
+pytestmark = pytest.mark.browser
+
+OPENED = cli.default_sources()[:2]    # the Compare page's first two models
+
+
+@pytest.fixture(scope="module")
+def store():
+    return cli.build_store()
+
+
+@pytest.fixture(scope="module")
+def shots():
+    root = Path(__file__).resolve().parents[1]
+    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_the_dashboard_opens_on_the_text_models(server, browser, store, shots):
+    browser.get(server)
+    wait(browser, "return document.title === 'attnlens'")
+    assert wait(browser, "return document.querySelectorAll('.compare-column').length") == 2
+    title = wait(browser, figure("compare-zoom-0", "g.layout.title.text"))
+    assert title.startswith(f"{OPENED[0]} L0H0")
+    n = len(store.prompt(OPENED[0], "").labels)
+    assert n >= 400
+    # a long map opens on a window of the positions, every one labelled by its token
+    ticks = wait(browser, figure("compare-zoom-0", "g.layout.xaxis.ticktext"))
+    assert len(ticks) == n and ticks[1].startswith("1:")
+    browser.save_screenshot(str(shots / "text-default-view.png"))
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+@pytest.mark.parametrize("name", OPENED)
+def test_every_page_on_the_opened_text_models(server, browser, store, shots, page, name):
+    title, graph_id, error_id = PAGES[page]
+    models = ",".join(OPENED) if page == "compare" else name
+    layer = store.get(name).cfg.n_layers - 1        # the last layer: a 2-layer model's second
+    browser.get(f"{server}/?page={page}&models={models}&layer={layer}&head=1")
+    wait(browser, "return document.title === 'attnlens'")
+    if page in ONE_MODEL:
+        wait(browser, f"return document.querySelector('#ctl-model') && document.querySelector("
+                      f"'#ctl-model').innerText.includes({name!r})")
+    state = wait(browser, _drawn_or_error(graph_id, error_id), timeout=240)
+    if page == "variants" and state.startswith("error"):
+        assert "has nothing for" in state or "needs" in state, state   # plain MHA: no view
+    else:
+        assert state == "drawn", f"{page} on {name}: {state}"
+    if page == "tokens":
+        spans = wait(browser, "return document.querySelectorAll('.attn-tok').length")
+        assert spans == len(store.prompt(name, "").labels)
+        browser.execute_script("document.getElementById('tokens-text').scrollIntoView();"
+                               "window.scrollBy(0, -120);")
+        browser.save_screenshot(str(shots / f"text-tokenview-{name}.png"))
+    if graph_id is not None:
+        browser.execute_script(f"const g = document.getElementById('{graph_id}');"
+                               "if (g) g.scrollIntoView({block: 'start'});")
+    browser.save_screenshot(str(shots / f"text-{page}-{name}.png"))

@@ -1,0 +1,84 @@
+"""Issue 26 item 6: `attnlens serve` (and `make serve`) opens on the bundled text language
+models, 2-layer first, each on about 500 tokens of a held-out source file; the toy induction
+models stay one flag away (`--zoo induction`) or by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dashboards import cli
+from hooked_models import zoo
+
+TEXT = zoo.available(kind="text-lm")
+
+
+def _layers(name: str) -> int:
+    return json.loads((zoo.path(name) / "config.json").read_text())["n_layers"]
+
+
+def test_the_default_set_is_every_text_model_two_layers_first():
+    names = cli.default_sources()
+    assert TEXT, "the zoo ships no text language model"
+    assert sorted(names) == sorted(TEXT)           # whatever text models are present, only them
+    twos = [n for n in names if _layers(n) == 2]
+    assert names[:len(twos)] == twos and twos
+
+
+def test_the_order_puts_two_layers_first_then_by_depth(tmp_path, monkeypatch):
+    """Models still in training (a data-mix twin, other variants, the deeper ones) join the
+    default set in this order when they are committed."""
+    layers = {"text-cope-l1": 1, "text-cope-l4mlp": 4, "text-mha-l1": 1, "text-mha-l2": 2,
+              "text-mha-l2-mix": 2, "text-infini-l2": 2}
+    for name, n in layers.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"n_layers": n}))
+    monkeypatch.setattr(zoo, "available", lambda kind=None: sorted(layers))
+    monkeypatch.setattr(zoo, "path", lambda name: tmp_path / name)
+    assert cli.default_sources() == ["text-infini-l2", "text-mha-l2", "text-mha-l2-mix",
+                                     "text-cope-l1", "text-mha-l1", "text-cope-l4mlp"]
+
+
+def test_without_text_models_the_toys_are_the_default(monkeypatch):
+    real = zoo.available
+    monkeypatch.setattr(zoo, "available",
+                        lambda kind=None: [] if kind == "text-lm" else real(kind))
+    assert cli.default_sources() == real(kind="induction") != []
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], None),                                                  # the default set
+    (["--zoo", "induction"], zoo.available(kind="induction")),
+    (["induction-mha", "--zoo", "induction", "text"],            # named ones first, no twice
+     ["induction-mha", *[n for n in zoo.available(kind="induction") if n != "induction-mha"],
+      *TEXT]),
+    (["induction-mta"], ["induction-mta"]),
+])
+def test_serve_chooses_its_sources(monkeypatch, argv, expected):
+    seen = []
+
+    def fake_build_store(sources=None):
+        seen.append(sources)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "build_store", fake_build_store)
+    monkeypatch.setattr(cli, "check_port", lambda host, port: None)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", *argv])
+    assert seen == [expected or []]
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--zoo", "letters"])   # argparse names the choices
+
+
+def test_the_default_store_serves_held_out_source_code_of_about_500_tokens():
+    store = cli.build_store()
+    assert store.names == cli.default_sources()
+    assert store.get(store.names[0]).cfg.n_layers == 2   # what the one-model pages open on
+    for name in store.names[:2]:   # the models the Compare page opens on
+        model = store.get(name)
+        assert model.card["kind"] == "text-lm"
+        prompt = store.prompt(name, "")
+        assert 400 <= len(prompt.labels) <= model.cfg.n_ctx
+        assert prompt.note == "the prompt is empty: showing the default text"
+        assert "\n" in store.default_text[name]    # a source file's lines, not a toy string

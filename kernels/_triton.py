@@ -119,6 +119,13 @@ class LazyAutotune:
         return self._tuned[grid]
 
 
+def _flag_on(meta, flag: str) -> bool:
+    """Whether `when` key `flag` ("FLAG" or "not FLAG") holds for a launch's constexprs."""
+    if flag.startswith("not "):
+        return not meta.get(flag[4:])
+    return bool(meta.get(flag))
+
+
 def head_dim_configs(table, when=None):
     """`(configs, prune)` for `LazyAutotune` from rows `(BLOCK_M, BLOCK_N, num_warps,
     num_stages, min_d, max_d)`: a config is tried only for BLOCK_D in [min_d, max_d] (the tiles
@@ -126,8 +133,9 @@ def head_dim_configs(table, when=None):
     `when` maps a constexpr flag to rows of the same form that replace those configs' ranges
     for launches where the flag is true (e.g. Infini's gate epilogue, `HAS_MIX`, needs more
     registers; fp32's IEEE dots, `IEEE`, need smaller tiles); where several flags name a
-    config, their ranges intersect. An empty range (min_d > max_d) drops the config there, so a
-    row of `table` with an empty range and a `when` range is a config for that flag only.
+    config, their ranges intersect; a key `"not FLAG"` applies where FLAG is false (e.g.
+    `"not CAUSAL"`). An empty range (min_d > max_d) drops the config there, so a row of `table`
+    with an empty range and a `when` range is a config for that flag only.
     Where no config covers BLOCK_D, the configs with the largest max_d are tried."""
     ranges = {row[:4]: row[4:] for row in table}
     overrides = {flag: {row[:4]: row[4:] for row in rows} for flag, rows in (when or {}).items()}
@@ -142,7 +150,7 @@ def head_dim_configs(table, when=None):
         def span(c):
             key = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
             named = [rows[key] for flag, rows in overrides.items()
-                     if meta.get(flag) and key in rows]
+                     if _flag_on(meta, flag) and key in rows]
             if not named:
                 return ranges[key]
             return max(r[0] for r in named), min(r[1] for r in named)

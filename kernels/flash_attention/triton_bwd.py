@@ -175,6 +175,11 @@ DQ_TILES = ((64, 64, 4, 2, 128, 1 << 30), *_SMALL)
 # 8 B at d 64 (kept from d 128, clean there) and dQ 64x64 w4 16 B at d 128 (dropped).
 SEGMENTED_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 SEGMENTED_DQ = ((64, 64, 4, 2, 1, 0),)
+# So does the padding mask (HAS_KVALID), on sm_80: dK/dV 64x64 w8 spills 24 B at d 64 (kept
+# from d 128), 32x64 w4 72 B and 64x32 w4 8 B at d 128 (kept to d 64); non-causal dK/dV 64x64
+# w8 spills 8 B at d 64 (kept from d 128).
+KVALID_DKDV = ((64, 64, 8, 2, 128, 1 << 30), (32, 64, 4, 3, 0, 64), (64, 32, 4, 3, 0, 64))
+NON_CAUSAL_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
 # fp32 (IEEE dots) takes its own tiles: the rows above spill 8 B-16 KB per thread there (and
@@ -186,8 +191,9 @@ FP32_DKDV_TILES = ((16, 32, 4, 1, *_ALL),)
 FP32_DQ_TILES = ((32, 32, 4, 2, *_ALL),)
 _dkdv_table, _dkdv_ieee = with_flag_tiles(DKDV_TILES, FP32_DKDV_TILES)
 _dq_table, _dq_ieee = with_flag_tiles(DQ_TILES, FP32_DQ_TILES)
-_dkdv_configs, _dkdv_prune = head_dim_configs(
-    _dkdv_table, when={"SEGMENTED": SEGMENTED_DKDV, "IEEE": _dkdv_ieee})
+_dkdv_configs, _dkdv_prune = head_dim_configs(_dkdv_table, when={
+    "SEGMENTED": SEGMENTED_DKDV, "HAS_KVALID": KVALID_DKDV, "not CAUSAL": NON_CAUSAL_DKDV,
+    "IEEE": _dkdv_ieee})
 _dq_configs, _dq_prune = head_dim_configs(_dq_table, when={"SEGMENTED": SEGMENTED_DQ,
                                                             "IEEE": _dq_ieee})
 _dkdv_tuned = LazyAutotune(_bwd_dkdv, _dkdv_configs, _KEY, prune=_dkdv_prune)

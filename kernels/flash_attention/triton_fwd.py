@@ -179,14 +179,23 @@ FWD_TILES = ((128, 64, 8, 3, 0, 1 << 30), (64, 64, 4, 3, 0, 1 << 30), (64, 32, 4
 # w8 spills 112 B and 64x64 w4 32 B (kept to d 64, clean there); 128x128 w8 s2 spills 72-184 B
 # (dropped). 64x32 w4 s4 stays spill-free at every d.
 MIX_TILES = ((128, 64, 8, 3, 0, 64), (64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0))
+# The padding mask (HAS_KVALID) costs registers too: at d 128 on sm_80 64x64 w4 s3 spills 8 B
+# (kept to d 64) and 128x128 w8 s2 24-48 B on both archs (dropped); non-causal 128x128 w8 s2
+# spills 8 B at d 128 on sm_80 (dropped).
+KVALID_TILES = ((64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0))
+NON_CAUSAL_TILES = ((128, 128, 8, 2, 1, 0),)
 # fp32 (IEEE dots, `IEEE`) needs far more registers: every row above spills there (up to 11 KB
 # per thread; 128x64 w8 s3 needs 225 KB of shared memory at d 128, over sm_80's 163 KB). It
-# takes its own tile, 32x16 w4 s2: spill-free for flash at d 64 and 128 on sm_80 and sm_90
-# (Infini's gate epilogue: 264 B at d 128 on sm_90). Tried at d 128: 64x32 w4/w8 s2 (128 B-
-# 7 KB), 32x32 w4 s1/s2 (464-816 B on sm_90), 16x32 w4 s2 (184-256 B on sm_90).
-FP32_FWD_TILES = ((32, 16, 4, 2, 0, 1 << 30),)
+# takes its own tile, 32x16 w8 s2: spill-free for flash and Infini's gate epilogue at d 64 and
+# 128 on sm_80 and sm_90 (78-79 registers at d 128). Tried at d 128 with the gate: 32x16 w4 s2
+# (264 B on sm_90), 64x16 w8 s2 (240 B), 32x32 w8 s1/s2 (120-368 B), 64x16 w4 s1 (688 B),
+# 64x32 w4/w8 (128 B-7 KB), 16x32 w4 s2 (184-256 B); clean but smaller or no wider: 32x16 w4
+# s1, 32x16 w8 s3, 16x16 w4 s1/s2.
+FP32_FWD_TILES = ((32, 16, 8, 2, 0, 1 << 30),)
 _table, _ieee = with_flag_tiles(FWD_TILES, FP32_FWD_TILES)
-_gpu_configs, _prune = head_dim_configs(_table, when={"HAS_MIX": MIX_TILES, "IEEE": _ieee})
+_gpu_configs, _prune = head_dim_configs(_table, when={
+    "HAS_MIX": MIX_TILES, "HAS_KVALID": KVALID_TILES, "not CAUSAL": NON_CAUSAL_TILES,
+    "IEEE": _ieee})
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
                           key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",

@@ -184,11 +184,13 @@ NON_CAUSAL_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
 # fp32 (IEEE dots) takes its own tiles: the rows above spill 8 B-16 KB per thread there (and
 # Infini's dQ 32x64 needs 168 KB of shared memory at d 128 on sm_80). dK/dV 16x32 w4 s1 and dQ
-# 32x32 w4 s2 are spill-free at d 128 on sm_80 and sm_90 (flash and Infini). Tried at d 128:
-# dK/dV 32x32 w4 s1/s2 (0.75-1 KB on sm_90), 32x32 w8 s1 (96 B), 32x16 w4 s1 (88 B), 64x32 w8
-# s2 (0.8-2.4 KB); dQ 32x32 w4 s1 (624 B on sm_90), 64x32 w8 s2 and 32x32 w8 s1 (Infini 24 B).
+# 32x32 w8 s2 are spill-free at d 64 and 128 on sm_80 and sm_90 (flash and Infini). Tried at
+# d 128: dK/dV 32x32 w4 s1/s2 (0.75-1 KB on sm_90), 32x32 w8 s1 (96 B), 32x16 w4 s1 (88 B),
+# 64x32 w8 s2 (0.8-2.4 KB); dQ 32x32 w4 s2 (Infini: 8 B at d 64 on sm_90), 32x32 w4 s1 (624 B
+# on sm_90), 64x32 w8 s2 and 32x32 w8 s1 (Infini 24 B); clean but narrower: dQ 32x16 w4/w8 s2,
+# 16x32 w4 s2.
 FP32_DKDV_TILES = ((16, 32, 4, 1, *_ALL),)
-FP32_DQ_TILES = ((32, 32, 4, 2, *_ALL),)
+FP32_DQ_TILES = ((32, 32, 8, 2, *_ALL),)
 _dkdv_table, _dkdv_ieee = with_flag_tiles(DKDV_TILES, FP32_DKDV_TILES)
 _dq_table, _dq_ieee = with_flag_tiles(DQ_TILES, FP32_DQ_TILES)
 _dkdv_configs, _dkdv_prune = head_dim_configs(_dkdv_table, when={

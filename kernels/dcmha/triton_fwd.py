@@ -210,6 +210,13 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
              mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :])
 
 
+# Launch options of `dcmha_out_kernel` in fp32 (IEEE dots): 8 warps, 1 stage, up to 255
+# registers, as the backward (`triton_bwd.BWD_LAUNCH`). With the default 4 warps and 3 stages
+# it spilled 544-616 B per thread at d 128 on sm_80 / sm_90; fp16/bf16 are clean with the
+# defaults and keep them (python -m kernels.compile_check, docs/benchmarks.md).
+FP32_OUT_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
+
+
 def default_blocks() -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): all heads of a tile live in one program (`[H, rows, keys]` fp32
     tensors), so tiles stay small; to be tuned on a GPU."""
@@ -246,8 +253,9 @@ def dcmha_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None
         H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common)
     dcmha_out_kernel[(n_m, B)](
         q, k, v, out, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common)
+        *out.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common,
+        **(FP32_OUT_LAUNCH if q.dtype == torch.float32 else {}))
     return out, lse
 
 
-__all__ = ["dcmha_fwd", "dcmha_lse_kernel", "dcmha_out_kernel", "default_blocks"]
+__all__ = ["FP32_OUT_LAUNCH", "dcmha_fwd", "dcmha_lse_kernel", "dcmha_out_kernel", "default_blocks"]

@@ -77,3 +77,37 @@ def test_notebook_runs(stem):
                                  renderer="plotly_mimetype")
     empty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and not c.outputs]
     assert not empty, f"{stem}: code cells {empty} produced no output"
+
+
+def _outputs_text(cell) -> str:
+    return "\n".join(o.get("text", "") or o.get("data", {}).get("text/plain", "")
+                     for o in cell.outputs)
+
+
+@pytest.mark.parametrize("stem", ["01_quickstart", "02_induction_heads"])
+def test_the_first_notebooks_open_on_the_text_models(stem):
+    """Issue 26 item 6: notebooks 01 and 02 start from every bundled text language model (the
+    committed outputs list them all), before any toy model."""
+    from hooked_models import zoo
+
+    nb = nbformat.read(str(NOTEBOOKS / f"{stem}.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert 'zoo.available(kind="text-lm")' in code[0].source
+    assert '"induction-' not in code[0].source and 'kind="induction"' not in code[0].source
+    for name in zoo.available(kind="text-lm"):
+        assert name in _outputs_text(code[0]), f"{stem}: {name} is not in its first table"
+
+
+def test_the_induction_notebook_states_each_text_models_verdict():
+    """Notebook 02 says of every text model whether it formed induction heads, as its card's
+    probe numbers decide (text-mha-l2 did not)."""
+    from hooked_models import zoo
+    from interp.zoo.text_studies import forms_induction
+
+    nb = nbformat.read(str(NOTEBOOKS / "02_induction_heads.ipynb"), as_version=4)
+    printed = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    for name in zoo.available(kind="text-lm"):
+        forms = forms_induction(zoo.load(name).card["metrics"])
+        verdict = "forms induction heads" if forms else "no induction head"
+        assert f"{name}: {verdict}:" in printed
+    assert "text-mha-l2: no induction head:" in printed

@@ -20,3 +20,15 @@ def test_zoo_example_names_exist():
 
     for name in re.findall(r"'(induction-[a-z]+)'", README.read_text()):
         assert name in zoo.available()
+
+
+def test_the_bundled_models_section_shows_the_text_models_first():
+    """Issue 26 item 6: the README's first bundled model is a text language model, and every
+    text model it names in a Python example is in the zoo."""
+    from hooked_models import zoo
+
+    text = README.read_text()
+    first = re.search(r'zoo\.load\("([^"]+)"\)', text).group(1)
+    assert first in zoo.available(kind="text-lm")
+    named = re.findall(r"'(text-[a-z0-9-]+)'", text)
+    assert named and all(name in zoo.available(kind="text-lm") for name in named)

@@ -1,4 +1,5 @@
-# attnlens: `make serve` runs the main job, `make test` runs the tests. Both set up .venv first.
+# attnlens: `make serve` runs the main job (the dashboard on the bundled text models; toy models:
+# `.venv/bin/attnlens serve --zoo induction`), `make test` runs the tests. Both set up .venv first.
 .PHONY: setup serve test lint bench notebooks docs
 
 setup:

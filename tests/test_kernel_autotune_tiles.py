@@ -36,7 +36,21 @@ def test_cope_launch_by_head_size_and_dtype(monkeypatch):
 
     from kernels.cope import triton_fwd as cope
     monkeypatch.setattr(cope, "on_gpu", lambda: True)
-    assert cope.default_blocks(128, 64, torch.float16) == (16, 32, {"num_warps": 4})
+    assert cope.default_blocks(128, 64, torch.float16) == (16, 32, {"num_warps": 8,
+                                                                     "maxnreg": 255})
     assert cope.default_blocks(128, 128, torch.bfloat16) == (16, 32, {"num_warps": 8,
                                                                       "maxnreg": 255})
     assert cope.default_blocks(256, 128, torch.float32)[:2] == (16, 16)
+
+
+def test_padding_and_non_causal_prune_the_tiles_that_spill():
+    causal = dict(CAUSAL=True)
+    assert _tiles(triton_fwd._fwd_tuned, BLOCK_D=128, HAS_KVALID=True, **causal) == [
+        (128, 64, 8, 3), (64, 32, 4, 4)]
+    assert (128, 128, 8, 2) not in _tiles(triton_fwd._fwd_tuned, BLOCK_D=128, CAUSAL=False)
+    assert (128, 128, 8, 2) in _tiles(triton_fwd._fwd_tuned, BLOCK_D=128, **causal)
+    assert _tiles(triton_bwd._dkdv_tuned, BLOCK_D=64, HAS_KVALID=True, **causal) == [
+        (32, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 3)]
+    assert _tiles(triton_bwd._dkdv_tuned, BLOCK_D=128, HAS_KVALID=True, **causal) == [
+        (64, 64, 8, 2), (32, 32, 4, 3)]
+    assert (64, 64, 8, 2) not in _tiles(triton_bwd._dkdv_tuned, BLOCK_D=64, CAUSAL=False)

@@ -32,15 +32,16 @@ MAX_NPOS = 256
 
 # GPU tiles and launch options of the CoPE kernels: rows `(fp32, max BLOCK_D, BLOCK_M, BLOCK_N,
 # options)`; `default_blocks` takes the first row for the dtype with BLOCK_D <= max BLOCK_D.
-# fp16/bf16: 4 warps are spill-free at d 64 but spill 8 B (fwd) / 24 B (bwd) at d 128 on sm_90;
-# 8 warps with maxnreg 255 are spill-free there (without maxnreg ptxas caps 8 warps at 128
-# registers). fp32 (IEEE dots): 16 x 16, 8 warps, maxnreg 255: 0 at d 64, 24-184 B at d 128
-# (16 x 32 w4 spilled 0.7-1.1 KB; compile_check, docs/benchmarks.md).
+# fp16/bf16: 16 x 32, 8 warps, maxnreg 255 at every head size and option (without maxnreg
+# ptxas caps 8 warps at 128 registers). 4 warps spilled 8 B (fwd) / 24 B (bwd) at d 128 on
+# sm_90, and at d 64 on sm_90 8 B with sep-keys and rel(extend) (fwd) and 16 B with npos 256
+# (bwd). fp32 (IEEE dots): 16 x 16, 8 warps, 1 stage, maxnreg 255; 3 stages spilled 168 B (fwd,
+# sm_80) / 24 B (bwd, sm_90) at d 128, 4 warps 32 B-1.3 KB. The fp32 backward still spills
+# 184 B at d 128 on sm_80 (BLOCK_M 32: 1.1-1.3 KB; q k^T and dz v^T in d_head chunks of 16 did
+# not help: 112-192 B); compile_check, docs/benchmarks.md.
 GPU_LAUNCH = [
-    (False, 64, 16, 32, dict(num_warps=4)),
     (False, 256, 16, 32, dict(num_warps=8, maxnreg=255)),
-    (True, 64, 16, 16, dict(num_warps=8, maxnreg=255)),
-    (True, 256, 16, 16, dict(num_warps=8, maxnreg=255)),
+    (True, 256, 16, 16, dict(num_warps=8, num_stages=1, maxnreg=255)),
 ]
 
 
@@ -189,10 +190,10 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
 
 def default_blocks(npos: int, block_d: int = 64,
                    dtype: torch.dtype = torch.float16) -> tuple[int, int, dict]:
-    """(BLOCK_M, BLOCK_N, launch options). On a GPU 16 x 32 tiles for every table size: the
-    former 64 x 64 (npos <= 128) and 32 x 64 tiles spill 0.5-1.6 KB per thread in fwd and bwd
-    on sm_80 and sm_90 (`python -m kernels.compile_check`). The launch options depend on the
-    head size and dtype (`GPU_LAUNCH`, see docs/benchmarks.md)."""
+    """(BLOCK_M, BLOCK_N, launch options). On a GPU 16 x 32 tiles (16 x 16 in fp32) for every
+    table size: the former 64 x 64 (npos <= 128) and 32 x 64 tiles spill 0.5-1.6 KB per thread
+    in fwd and bwd on sm_80 and sm_90 (`python -m kernels.compile_check`). Tiles and launch
+    options by dtype (and head size, where a row says so): `GPU_LAUNCH`, docs/benchmarks.md."""
     if not on_gpu():
         return 16, 16, dict(num_warps=4)
     fp32 = dtype == torch.float32

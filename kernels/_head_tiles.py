@@ -13,6 +13,8 @@ strides; the gradient outputs are fp32, contiguous `[batch pos head_index d_head
 
 from __future__ import annotations
 
+import torch
+
 from kernels._triton import tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -21,6 +23,14 @@ def d_chunk(block_d: int) -> int:
     """The d_head chunk for a `BLOCK_D`: 16 (the smallest tl.dot size). At 64 the DCMHA
     backward still spilled 8 B (d 64) and 208 B (d 128) on sm_80; at 16 it is clean."""
     return min(block_d, 16)
+
+
+def score_chunk(block_d: int, dtype: torch.dtype) -> int:
+    """The d_head chunk (`SCH`) of the score products over d_head inside a key loop (q k^T,
+    dz v^T): all of BLOCK_D (one dot) in fp16/bf16; `d_chunk` in fp32, whose IEEE dots need
+    far more registers (one dot spilled 80-848 B per thread in MTA's out and backward kernels
+    at d_head 64 and 128; with chunks of 16 they are clean)."""
+    return d_chunk(block_d) if dtype == torch.float32 else block_d
 
 
 @triton.jit
@@ -48,6 +58,28 @@ def dot_heads(X, x_base, x_st, x_sh, x_sd, x_pos, x_ok, Y, y_base, y_st, y_sh, y
 
 
 @triton.jit
+def dot_rows(X, x_rows, x_ok, x_sd, Y, y_rows, y_ok, y_sd, D, IEEE: tl.constexpr,
+             BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`out[i, j] = sum_d X[x_rows[i] + d * x_sd] Y[y_rows[j] + d * y_sd]`, `[R, C]` fp32, one
+    head: `x_rows` / `y_rows` are element offsets of the rows, 0 where `x_ok` / `y_ok` is off.
+    Summed over d_head in DCH chunks; DCH == BLOCK_D is one plain dot."""
+    offs_d = tl.arange(0, DCH)
+    x = tl.load(X + x_rows[:, None] + offs_d[None, :] * x_sd,
+                mask=x_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    yt = tl.load(Y + y_rows[None, :] + offs_d[:, None] * y_sd,
+                 mask=y_ok[None, :] & (offs_d < D)[:, None], other=0.0)
+    acc = _dot(x, yt, IEEE)
+    for d0 in range(DCH, BLOCK_D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        x = tl.load(X + x_rows[:, None] + offs_d[None, :] * x_sd,
+                    mask=x_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+        yt = tl.load(Y + y_rows[None, :] + offs_d[:, None] * y_sd,
+                     mask=y_ok[None, :] & (offs_d < D)[:, None], other=0.0)
+        acc += _dot(x, yt, IEEE)
+    return acc
+
+
+@triton.jit
 def dot_add_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok,
                   offs_h, h_valid, D, IEEE: tl.constexpr, BLOCK_D: tl.constexpr,
                   DCH: tl.constexpr):
@@ -63,4 +95,4 @@ def dot_add_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd,
                       & d_valid[None, None, :])
 
 
-__all__ = ["d_chunk", "dot_add_heads", "dot_heads"]
+__all__ = ["d_chunk", "dot_add_heads", "dot_heads", "dot_rows", "score_chunk"]

@@ -158,7 +158,17 @@ def test_fp16():
     (9, 9, 2, {}, "both", 1),                  # plain attention
 ])
 def test_fused_gradients_equal_the_specs(T_q, T_k, H, opts, pad_key, batch):
-    q, k, v = _qkv(T_q, T_k, H, batch=batch)
+    _check_gradients(T_q, T_k, H, opts, pad_key, batch)
+
+
+def test_fp32_gradients_with_score_products_in_d_head_chunks():
+    """d_head 24: fp32 sums q k^T and dz v^T in chunks of 16 (`score_chunk`), the last one
+    partly masked."""
+    _check_gradients(12, 12, 2, dict(pre=(2, 3), post=(2, 3), pre_mix=1), "both", 1, d=24)
+
+
+def _check_gradients(T_q, T_k, H, opts, pad_key, batch, d=16):
+    q, k, v = _qkv(T_q, T_k, H, d=d, batch=batch)
     params = [p for p in _params(H, **opts)]
     key_valid = None
     if batch == 2:

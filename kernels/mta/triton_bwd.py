@@ -24,9 +24,8 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
+from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads, dot_rows, score_chunk
 from kernels._triton import next_pow2, tl, triton
-from kernels.flash_attention.triton_fwd import _dot
 from kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
@@ -67,10 +66,10 @@ def _head(x, offs_h, n):
 
 @triton.jit
 def _dprobs(DO, V, do_base, v_base, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, stage_dp, stage_g,
-            TH2F, W2T, ONES, EYE, H, offs_h, h_valid, offs_d, d_valid, row0, col0, T_Q, T_K,
+            TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
             Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
             HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, GR: tl.constexpr,
-            GC: tl.constexpr):
+            GC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """dA `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: the transposed
     post-softmax convolution of G, formed on the window `GR x GC` from `(row0, col0 - RIGHT2)`."""
     g_rows = row0 + tl.arange(0, GR)
@@ -80,12 +79,9 @@ def _dprobs(DO, V, do_base, v_base, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, stage
     r_in = (g_rows >= 0) & (g_rows < T_Q)
     c_in = (g_cols >= 0) & (g_cols < T_K)
     for p in range(0, H):
-        dz = tl.load(DO + do_base + p * sdo_h + g_rows[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                     mask=r_in[:, None] & d_valid[None, :], other=0.0)
-        vt = tl.load(V + v_base + p * sv_h + g_cols[None, :] * sv_t + offs_d[:, None] * sv_d,
-                     mask=c_in[None, :] & d_valid[:, None], other=0.0)
-        tl.store(stage_dp + p * (GR * GC) + offs_gr[:, None] * GC + offs_gc[None, :],
-                 _dot(dz, vt, IEEE))
+        dp = dot_rows(DO + do_base + p * sdo_h, g_rows * sdo_t, r_in, sdo_d,
+                      V + v_base + p * sv_h, g_cols * sv_t, c_in, sv_d, D, IEEE, BLOCK_D, SCH)
+        tl.store(stage_dp + p * (GR * GC) + offs_gr[:, None] * GC + offs_gc[None, :], dp)
     tl.debug_barrier()
     g_ok = _allowed(g_rows, g_cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
     g = _conv_mix_from_stage(stage_dp, ONES, W2T, H, offs_h, h_valid, 1, 1, g_ok, HB, GR, GC,
@@ -117,14 +113,13 @@ def mta_delta_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G,
                      H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, RIGHT2,
                      HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     SR: tl.constexpr, SC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr):
+                     SR: tl.constexpr, SC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
+                     SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: delta_i = sum_j A_ij dA_ij per head."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
     m0 = pid_m * BLOCK_M
     prog = b * tl.num_programs(0) + pid_m
     stage1 = STAGE1 + prog * (HB * SR * SC)
@@ -137,14 +132,14 @@ def mta_delta_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G,
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
         logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0, n0, T_Q, T_K,
+                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0, n0, T_Q, T_K,
                          Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N,
-                         SR, SC)
+                         SR, SC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])
         d_probs = _dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
-                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, offs_d,
-                          d_valid, m0, n0, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2,
-                          HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N, GR, GC)
+                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D,
+                          m0, n0, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2,
+                          HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N, GR, GC, BLOCK_D, SCH)
         delta += tl.sum(probs * d_probs, 2)
     tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], delta,
              mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
@@ -159,15 +154,13 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr,
-                        SC: tl.constexpr, DCH: tl.constexpr):
+                        SC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dv, dW' and dtheta' from the entries of P
     in this query tile (A staged on the forward's window, `AR x AC`)."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
     m0 = pid_m * BLOCK_M
     prog = b * tl.num_programs(0) + pid_m
     stage1 = STAGE1 + prog * (HB * SR * SC)
@@ -181,9 +174,9 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
         logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0 - (CQ2 - 1),
+                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
                          n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                         HB, AR, AC, SR, SC)
+                         HB, AR, AC, SR, SC, BLOCK_D, SCH)
         _store3(stage2, tl.math.exp2(logits * LOG2E - lse2[:, :, None]), HB, AR, AC)
         tl.debug_barrier()
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -228,7 +221,7 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        DR: tl.constexpr, DC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-                       GR: tl.constexpr, GC: tl.constexpr, DCH: tl.constexpr):
+                       GR: tl.constexpr, GC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
     """Pass 3, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of this query tile; dk, dW, dtheta from
     the entries of R and C it owns. dL and dC live on the window `DR x DC` from
     `(m0, n0 - RIGHT)` that the transposed pre-softmax convolution reads."""
@@ -236,8 +229,6 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
     m0 = pid_m * BLOCK_M
     prog = b * tl.num_programs(0) + pid_m
     stage1 = STAGE1 + prog * (HB * SR * SC)
@@ -263,14 +254,14 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
         logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0, n0 - RIGHT,
+                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0, n0 - RIGHT,
                          T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, DR, DC,
-                         SR, SC)
+                         SR, SC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])
         d_probs = _dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
-                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, offs_d,
-                          d_valid, m0, n0 - RIGHT, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2,
-                          RIGHT2, HAS_KVALID, IEEE, HB, DR, DC, GR, GC)
+                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D,
+                          m0, n0 - RIGHT, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2,
+                          RIGHT2, HAS_KVALID, IEEE, HB, DR, DC, GR, GC, BLOCK_D, SCH)
         d_logits = probs * (d_probs - delta[:, :, None])
         _store3(stage_dl, d_logits, HB, DR, DC)
         tl.debug_barrier()
@@ -337,7 +328,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     eye = torch.eye(H, **f32)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), kv.stride(0))
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, **LAUNCH)
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
 
     def stage(rows, cols):
         return torch.empty(B * n_m * HB * rows * cols, **f32)

@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from kernels._head_tiles import dot_rows, score_chunk
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -79,14 +80,14 @@ def _conv_mix_from_stage(stage, TH, W, H, offs_h, h_valid, CQ, CK, ok, HB: tl.co
 
 @triton.jit
 def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_ptr,
-            TH, W, H, offs_h, h_valid, offs_d, d_valid, row0, col0, T_Q, T_K, Q_OFFSET,
+            TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
             scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
             HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr,
-            SC: tl.constexpr):
+            SC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
     Mask_0(scale q k^T)))). The raw scores are computed on the window enlarged by the halo
     (`SR >= R + CQ - 1` rows from `row0 - (CQ - 1)`, `SC >= C + CK - 1` keys from `col0 - LEFT`)
-    and staged at `stage` `[HB, SR, SC]` fp32."""
+    and staged at `stage` `[HB, SR, SC]` fp32; q k^T sums d_head in SCH chunks (`dot_rows`)."""
     rows = row0 - (CQ - 1) + tl.arange(0, SR)
     cols = col0 - LEFT + tl.arange(0, SC)
     r_in = (rows >= 0) & (rows < T_Q)
@@ -95,11 +96,9 @@ def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_
     offs_sr = tl.arange(0, SR)
     offs_sc = tl.arange(0, SC)
     for n in range(0, H):                     # one head at a time: `[SR, SC]` in registers
-        q = tl.load(Q + q_base + n * sq_h + rows[:, None] * sq_t + offs_d[None, :] * sq_d,
-                    mask=r_in[:, None] & d_valid[None, :], other=0.0)
-        kt = tl.load(K + k_base + n * sk_h + cols[None, :] * sk_t + offs_d[:, None] * sk_d,
-                     mask=c_in[None, :] & d_valid[:, None], other=0.0)
-        s = tl.where(ok, _dot(q, kt, IEEE) * scale, 0.0)                 # Mask_0(scale q k^T)
+        qk = dot_rows(Q + q_base + n * sq_h, rows * sq_t, r_in, sq_d,
+                      K + k_base + n * sk_h, cols * sk_t, c_in, sk_d, D, IEEE, BLOCK_D, SCH)
+        s = tl.where(ok, qk * scale, 0.0)                                # Mask_0(scale q k^T)
         tl.store(stage + n * (SR * SC) + offs_sr[:, None] * SC + offs_sc[None, :], s)
     tl.debug_barrier()
     out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
@@ -116,14 +115,12 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SR: tl.constexpr, SC: tl.constexpr):
+                   SR: tl.constexpr, SC: tl.constexpr, SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
     m0 = pid_m * BLOCK_M
     stage = STAGE + (b * tl.num_programs(0) + pid_m) * (HB * SR * SC)
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -131,9 +128,9 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
         x = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage,
-                    KVALID + b * skv_b, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0, n0,
+                    KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
                     T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
-                    BLOCK_M, BLOCK_N, SR, SC) * LOG2E
+                    BLOCK_M, BLOCK_N, SR, SC, BLOCK_D, SCH) * LOG2E
         m_new = tl.maximum(m_i, tl.max(x, 2))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
@@ -153,7 +150,8 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
+                   AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
+                   SCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
 
     A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
@@ -183,9 +181,9 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
         logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, offs_d, d_valid, m0 - (CQ2 - 1),
+                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
                          n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                         HB, AR, AC, SR, SC)
+                         HB, AR, AC, SR, SC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
         tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
                  + offs_ac[None, None, :], probs)
@@ -246,7 +244,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                                                              device=q.device)
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, **LAUNCH)
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
     # Pass 1: logits on the tile itself; raw scores on the tile + the pre-softmax halo.
     sr1, sc1 = _window(bm + cq - 1), _window(bn + ck - 1)
     stage = torch.empty(B * n_m * HB * sr1 * sc1, **f32)

@@ -90,8 +90,8 @@ def _probs_and_grads(Q, K, V, DO, LSE2, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
     c_ok = (cols >= 0) & (cols < T_K)
     logits, ok = _logits(Q, K, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, kv_ptr, b, q_base, k_base,
                          sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, rows, cols, T_Q, T_K, Q_OFFSET,
-                         WINDOW, C, H, offs_h, h_valid, offs_d, d_valid, scale, HAS_KVALID,
-                         HAS_K, IEEE, HB)
+                         WINDOW, C, H, offs_h, h_valid, D, scale, HAS_KVALID, HAS_K, IEEE,
+                         HB, R, K_, BLOCK_D, DCH)
     probs = tl.math.exp2(logits * LOG2E - LSE2[:, :, None])
     d_p = dot_heads(DO, do_base, sdo_t, sdo_h, sdo_d, rows, r_ok, V, v_base, sv_t, sv_h, sv_d,
                     cols, c_ok, offs_h, h_valid, D, IEEE, HB, R, K_, BLOCK_D, DCH)

@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from kernels._head_tiles import d_chunk, dot_heads
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -90,31 +91,19 @@ def _compose(a, Bm, W1Q, W2Q, DDQ, W1K, W2K, DDK, b, rows, r_ok, cols, c_ok, T_Q
 
 
 @triton.jit
-def _scores(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, rows, r_ok, cols, c_ok,
-            offs_h, h_valid, offs_d, d_valid, scale, IEEE: tl.constexpr):
-    """scale q k^T for all heads, `[HB, R, K]` fp32 (one batched dot)."""
-    q = tl.load(Q + q_base + offs_h[:, None, None] * sq_h + rows[None, :, None] * sq_t
-                + offs_d[None, None, :] * sq_d,
-                mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :],
-                other=0.0)
-    kt = tl.load(K + k_base + offs_h[:, None, None] * sk_h + cols[None, None, :] * sk_t
-                 + offs_d[None, :, None] * sk_d,
-                 mask=h_valid[:, None, None] & c_ok[None, None, :] & d_valid[None, :, None],
-                 other=0.0)
-    return _dot(q, kt, IEEE) * scale
-
-
-@triton.jit
 def _logits(Q, K, Bm, W1Q, W2Q, DDQ, W1K, W2K, DDK, kv_ptr, b, q_base, k_base, sq_t, sq_h, sq_d,
             sk_t, sk_h, sk_d, rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h, h_valid,
-            offs_d, d_valid, scale, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
-            IEEE: tl.constexpr, HB: tl.constexpr):
-    """L `[HB, R, K]` = Mask_-inf(Compose_pre(Mask_0(scale q k^T))), and the mask `[R, K]`."""
+            D, scale, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+            HB: tl.constexpr, R: tl.constexpr, K_: tl.constexpr, BLOCK_D: tl.constexpr,
+            DCH: tl.constexpr):
+    """L `[HB, R, K]` = Mask_-inf(Compose_pre(Mask_0(scale q k^T))), and the mask `[R, K]`.
+    q k^T sums d_head in DCH chunks (`dot_heads`): one `[HB, R, d_head]` load spilled or, at
+    32 heads and d_head 128, needed 256 KB of shared memory."""
     r_ok = (rows >= 0) & (rows < T_Q)
     c_ok = (cols >= 0) & (cols < T_K)
     ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, kv_ptr, HAS_KVALID)
-    s = _scores(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, rows, r_ok, cols, c_ok,
-                offs_h, h_valid, offs_d, d_valid, scale, IEEE)
+    s = dot_heads(Q, q_base, sq_t, sq_h, sq_d, rows, r_ok, K, k_base, sk_t, sk_h, sk_d, cols,
+                  c_ok, offs_h, h_valid, D, IEEE, HB, R, K_, BLOCK_D, DCH) * scale
     a = tl.where(ok[None, :, :], s, 0.0)
     logits = _compose(a, Bm, W1Q, W2Q, DDQ, W1K, W2K, DDK, b, rows, r_ok, cols, c_ok, T_Q, T_K,
                       C, H, offs_h, h_valid, HAS_K, HB)
@@ -134,14 +123,12 @@ def dcmha_lse_kernel(Q, K, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
                      H, T_Q, T_K, Q_OFFSET, WINDOW, D, C, scale,
                      HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                      HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -151,7 +138,8 @@ def dcmha_lse_kernel(Q, K, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
         x, _ = _logits(Q, K, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, KVALID + b * skv_b, b,
                        b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, rows,
                        n0 + tl.arange(0, BLOCK_N), T_Q, T_K, Q_OFFSET, WINDOW, C, H, offs_h,
-                       h_valid, offs_d, d_valid, scale, HAS_KVALID, HAS_K, IEEE, HB)
+                       h_valid, D, scale, HAS_KVALID, HAS_K, IEEE, HB, BLOCK_M, BLOCK_N,
+                       BLOCK_D, DCH)
         x = x * LOG2E
         m_new = tl.maximum(m_i, tl.max(x, 2))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -172,7 +160,7 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
                      H, T_Q, T_K, Q_OFFSET, WINDOW, D, C, scale,
                      HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                      HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Compose_post(exp(L - lse)) v."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -195,8 +183,8 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
         c_ok = cols < T_K
         logits, ok = _logits(Q, K, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK, kv_ptr, b, b * sq_b,
                              b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, rows, cols, T_Q, T_K,
-                             Q_OFFSET, WINDOW, C, H, offs_h, h_valid, offs_d, d_valid, scale,
-                             HAS_KVALID, HAS_K, IEEE, HB)
+                             Q_OFFSET, WINDOW, C, H, offs_h, h_valid, D, scale, HAS_KVALID,
+                             HAS_K, IEEE, HB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])      # 0 where Mask_-inf
         pattern = _compose(probs, B_POST, W1Q2, W2Q2, DDQ2, W1K2, W2K2, DDK2, b, rows, r_ok,
                            cols, c_ok, T_Q, T_K, C, H, offs_h, h_valid, HAS_K, HB)
@@ -247,7 +235,8 @@ def dcmha_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None
                                                              device=q.device)
     w = -1 if window is None else int(window)
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
-                  HB=next_pow2(H, minimum=1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D))
+                  HB=next_pow2(H, minimum=1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D),
+                  DCH=d_chunk(next_pow2(D)))
     dcmha_lse_kernel[(n_m, B)](
         q, k, lse, kv, *pre, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common)

@@ -25,6 +25,11 @@ CONFIGS = {
                                        after_sm_key_kernel_size=None, head_kernel_size=None)),
     "mta-left-pad": dict(positional_embedding_type="rotary", attn_cfg=dict(pad_key="left")),
     "cope": dict(positional_embedding_type="none"),
+    "cope-clamped-rotary": dict(positional_embedding_type="rotary", attn_cfg=dict(npos_max=5)),
+    "cope-sep-keys-paper": dict(positional_embedding_type="none",
+                                attn_cfg=dict(sep_keys=True, scaling="paper", npos_max=9)),
+    "cope-val-gates-every-2": dict(positional_embedding_type="none",
+                                   attn_cfg=dict(val_gates=True, every=2)),
     "dcmha": dict(positional_embedding_type="rotary"),
     "dcmha-window": dict(positional_embedding_type="rotary",
                          attn_cfg=dict(window_size=3, window_type="LG", qk_norm=True)),
@@ -34,7 +39,7 @@ CONFIGS = {
 }
 # Variants whose layers override `fast_attend` (the others are fast through other means: Infini's
 # segment loop, or only through torch.compile's fusion of their map ops).
-HAS_FAST_ATTEND = ("mha", "mta", "dcmha")
+HAS_FAST_ATTEND = ("mha", "mta", "cope", "dcmha")
 
 
 def model_for(name: str) -> HookedVariantTransformer:
@@ -99,7 +104,26 @@ def test_fast_path_equals_hooked_path(name, monkeypatch):
         torch.testing.assert_close(fast_grads[n], hooked_grads[n], **EXACT, msg=n)
 
 
-@pytest.mark.parametrize("name", ["mha", "mta", "dcmha"])
+@pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("cope")])
+def test_cope_fast_path_in_row_blocks(name, monkeypatch):
+    """The CoPE path split into blocks of 5 query rows (the zoo shape runs blocks of 32)."""
+    from hooked_models.attention import _cope_ops
+
+    monkeypatch.setattr(_cope_ops, "FAST_BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(_cope_ops, "MIN_FAST_ROWS", 5)
+    test_fast_path_equals_hooked_path(name, monkeypatch)
+
+
+def test_cope_declines_relative_logits(monkeypatch):
+    model = HookedVariantTransformer(tiny_cfg("cope", dtype=torch.float64, n_ctx=16,
+                                              attn_cfg=dict(relative=True)))
+    taken = count_fast_calls(monkeypatch)
+    with torch.no_grad():
+        model(random_tokens(model, batch=2, pos=10))
+    assert taken and not any(taken)
+
+
+@pytest.mark.parametrize("name", ["mha", "mta", "cope", "dcmha"])
 def test_padding_and_cache_fall_back_to_the_exact_path(name, monkeypatch):
     """A padding mask or a KV cache is not a plain causal mask: `fast_attend` declines."""
     model = model_for(name)

@@ -29,12 +29,19 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from hooked_models.attention._cope_ops import (
+    causal_cope_attention,
     context_positions,
     interpolate_position_logits,
     safe_softmax,
 )
 from hooked_models.attention._cope_reference import SCALINGS
-from hooked_models.attention.base import AttentionContext, Stage, VariantAttention
+from hooked_models.attention.base import (
+    AttentionContext,
+    Stage,
+    VariantAttention,
+    is_plain_causal,
+    sdpa_heads,
+)
 from hooked_models.attention.observe import is_edited_forward, is_observed
 from hooked_models.attention.options import official_bool, rename_official
 from hooked_models.attention.registry import register_attention
@@ -308,6 +315,30 @@ class CoPEAttention(VariantAttention):
             return None
         z, self.fused_state = res
         return z
+
+    def fast_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """`attend` with nothing observed on a plain causal mask (the training path), else None.
+
+        CoPE layers take `causal_cope_attention` (row blocks that skip the causal upper
+        triangle), layers without CoPE take SDPA. Relative logits, 16-bit dtypes (whose
+        positions the hooked path counts in float32) and a hooked `hook_pos_table` decline.
+        """
+        opts = self.opts
+        if ctx.cache is not None or not is_plain_causal(ctx.allowed) or opts.relative \
+                or q.dtype in (torch.float16, torch.bfloat16):   # those count in float32
+            return None
+        scale = 1.0 / self.cfg.attn_scale
+        if not self.has_cope:
+            return sdpa_heads(q, k, v, scale)
+        if is_observed(self.hook_pos_table):
+            return None
+        gate_k = None
+        if opts.val_gates:      # value gates win (see CoPEOptions)
+            gate_k = v
+        elif opts.sep_keys:
+            gate_k = self.gate_keys(ctx)
+        pos_scale = scale if opts.scaling == "repo" else 1.0
+        return causal_cope_attention(q, k, v, gate_k, self.E, scale, pos_scale, self.npos_max)
 
     def gates(self, q: Tensor, v: Tensor, scores: Tensor, ctx: AttentionContext) -> Tensor:
         """g_ij = sigmoid(gate logit) `[batch head_index q k]`, exactly 0 where not allowed."""

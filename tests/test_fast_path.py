@@ -24,6 +24,12 @@ CONFIGS = {
                          attn_cfg=dict(after_sm_query_kernel_size=None,
                                        after_sm_key_kernel_size=None, head_kernel_size=None)),
     "mta-left-pad": dict(positional_embedding_type="rotary", attn_cfg=dict(pad_key="left")),
+    "mta-right-pad-grouped": dict(positional_embedding_type="rotary",
+                                  attn_cfg=dict(pad_key="right", key_kernel_size=4,
+                                                pre_sm_head_kernel_size=2, head_kernel_size=2)),
+    "mta-post-only": dict(positional_embedding_type="rotary",
+                          attn_cfg=dict(query_kernel_size=None, pre_sm_head_kernel_size=None,
+                                        after_sm_query_kernel_size=3)),
     "cope": dict(positional_embedding_type="none"),
     "cope-clamped-rotary": dict(positional_embedding_type="rotary", attn_cfg=dict(npos_max=5)),
     "cope-sep-keys-paper": dict(positional_embedding_type="none",
@@ -46,6 +52,12 @@ def model_for(name: str) -> HookedVariantTransformer:
     variant = name.split("-")[0]
     cfg = tiny_cfg(variant, dtype=torch.float64, n_ctx=16, **CONFIGS[name])
     model = HookedVariantTransformer(cfg)
+    if variant == "mta":  # identity kernels read one entry: make every tap and head count
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name_, p in model.named_parameters():
+                if "kernel" in name_.split(".")[-1]:
+                    p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
     if variant == "dcmha":  # the init composes near the identity: make every term count
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
@@ -111,6 +123,16 @@ def test_cope_fast_path_in_row_blocks(name, monkeypatch):
 
     monkeypatch.setattr(_cope_ops, "FAST_BLOCK_ELEMENTS", 1)
     monkeypatch.setattr(_cope_ops, "MIN_FAST_ROWS", 5)
+    test_fast_path_equals_hooked_path(name, monkeypatch)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("mta")])
+def test_mta_fast_path_in_row_blocks(name, monkeypatch):
+    """The MTA path in blocks of 5 query rows, fewer than the query kernels' history (the zoo
+    shape runs blocks of 32)."""
+    from hooked_models.attention import _mta_ops
+
+    monkeypatch.setattr(_mta_ops, "FAST_BLOCK_ROWS", 5)
     test_fast_path_equals_hooked_path(name, monkeypatch)
 
 

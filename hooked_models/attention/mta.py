@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from hooked_models.attention._mta_ops import (
+    causal_mta_attention,
     depth_scale,
     head_mix,
     identity_kernel,
@@ -235,31 +236,17 @@ class MultiTokenAttention(VariantAttention):
     def fast_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
         """`attend` with nothing observed on a plain causal mask (the training path), else None.
 
-        The same equations in one straight line, masks out of place; the convolutions take
-        `key_query_conv`'s row blocks (which skip most of the causal upper triangle) with the
-        blocks' key ranges known from the mask's shape alone, so a compiled training step is
-        a single graph.
+        The same equations by blocks of query rows (`causal_mta_attention`): each block stops
+        at its last key, recomputes the few rows of history its query-axis convolutions read,
+        and stays in cache; block sizes follow from shapes alone, so a compiled training step
+        is a single graph.
         """
         if ctx.cache is not None or not is_plain_causal(ctx.allowed):
             return None
-        allowed, pad_key = ctx.allowed, self.opts.pad_key
-        not_allowed = ~allowed
-
-        def conv(maps: Tensor, kernel: Tensor) -> Tensor:
-            return key_query_conv(maps, kernel, allowed, pad_key, plain_causal=True)
-
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.cfg.attn_scale
-        if self.mta_kernel is not None:   # Eq. 5
-            scores = conv(scores, self.mta_kernel)
-        if self.pre_sm_head_kernel is not None:   # Eq. 7 on the logits
-            scores = head_mix(scores, self.pre_sm_head_kernel)
-        work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        maps = torch.softmax(work.masked_fill(not_allowed, float("-inf")), -1).to(scores.dtype)
-        if self.mta_kernel_after_sm is not None:   # Eq. 6; the softmax left zeros to mask
-            maps = conv(maps, self.mta_kernel_after_sm).masked_fill(not_allowed, 0.0)
-        if self.head_kernel is not None:
-            maps = head_mix(maps, self.head_kernel)
-        return torch.einsum("bhqk,bkhd->bqhd", maps, v)
+        kernels = (self.mta_kernel, self.pre_sm_head_kernel, self.mta_kernel_after_sm,
+                   self.head_kernel)
+        return causal_mta_attention(q, k, v, 1.0 / self.cfg.attn_scale, kernels,
+                                    self.opts.pad_key)
 
     @staticmethod
     def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:

@@ -78,7 +78,8 @@ def _controls(store) -> html.Div:
         html.Div([
             dcc.Textarea(id="ctl-prompt", value="", maxLength=MAX_PROMPT_CHARS, rows=2,
                          placeholder="prompt (empty: each model's default text; one prompt per "
-                                     "line: maps averaged over them)",
+                                     "line, maps averaged over them; a text model reads all the "
+                                     "lines as one prompt)",
                          style={"flex": "1", "fontFamily": "monospace"}),
             html.Button("run", id="ctl-run", n_clicks=0),
         ], style={"display": "flex", "gap": "8px", "marginTop": "6px"}),

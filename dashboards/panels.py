@@ -89,13 +89,20 @@ def build_panel(store, name: str, text, layer, head, stage, closest: Stage | Non
 
 def zoom_figure(panel: Panel, window: int = WINDOW) -> dict:
     """The zoomed head at full size (block means beyond FULL tokens), as a figure dict; longer
-    than `window` positions, it opens on a window of them (`map_figure_dict`)."""
+    than `window` positions, it opens on a window of them (`map_figure_dict`). Every zoomed map
+    has a windowed map's height: in the browser a shorter map that replaced a windowed one kept
+    the window's key range (a line of code typed after a 480-token default prompt showed an
+    empty map)."""
     m, labels = panel.zoom_map, panel.labels
     if len(labels) > FULL:
         m, labels = downsample(m, FULL), downsample_labels(labels, FULL)
-    return _fit_labels(map_figure_dict(m, panel.stage, labels, title=f"{panel.name} "
-                                       f"L{panel.layer}H{panel.head} hook_{panel.stage.name}",
-                                       window=window))
+    fig = map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
+                          f"H{panel.head} hook_{panel.stage.name}", window=window)
+    fig["layout"]["height"] = max(fig["layout"]["height"], WINDOWED_HEIGHT)
+    return _fit_labels(fig)
+
+
+WINDOWED_HEIGHT = 640   # the height `map_figure_dict` gives a windowed map
 
 
 def _fit_labels(fig: dict) -> dict:

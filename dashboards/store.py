@@ -43,6 +43,7 @@ class ModelStore:
     models: dict = field(default_factory=dict)
     default_text: dict = field(default_factory=dict)
     directories: dict = field(default_factory=dict)   # name -> checkpoint directory, if any
+    reads_line_breaks: dict = field(default_factory=dict)   # name -> its prompts span lines
     _locks: dict = field(default_factory=dict, repr=False)
 
     @contextmanager
@@ -59,6 +60,7 @@ class ModelStore:
             raise ValueError(f"model name {name!r} is given twice")
         self.models[name] = model.eval()
         self.default_text[name] = text
+        self.reads_line_breaks[name] = _reads_line_breaks(model)
         if directory is not None:
             self.directories[name] = Path(directory)
         self._locks[name] = threading.RLock()
@@ -74,8 +76,9 @@ class ModelStore:
 
     def prompt(self, name: str, text) -> Prompt:
         """Tokens of `text`: one prompt per non-empty line (several are averaged, cut to the
-        shortest), except the model's default text, which is one prompt; the default text when
-        empty. ValueError (shown to the user) for text over `MAX_PROMPT_CHARS`, characters
+        shortest), except for a model whose tokenizer reads line breaks (a text model: source
+        code spans lines) and for the model's default text, each one prompt; the default text
+        when empty. ValueError (shown to the user) for text over `MAX_PROMPT_CHARS`, characters
         outside the tokenizer, or more tokens than the context.
         """
         model = self.get(name)
@@ -87,8 +90,8 @@ class ModelStore:
             raise ValueError(f"the prompt is {len(text):,} characters; the dashboard accepts at "
                              f"most {MAX_PROMPT_CHARS:,}")
         lines = [line for line in text.splitlines() if line.strip()]
-        if len(lines) > 1 and text == self.default_text[name]:
-            lines = [text]   # a text model's source file (the Gating page's box starts with it)
+        if len(lines) > 1 and (self.reads_line_breaks[name] or text == self.default_text[name]):
+            lines = [text]   # one text (the Gating page's box starts with the default text)
         note = ""
         if not lines:
             lines, note = [self.default_text[name]], "the prompt is empty: showing the default text"
@@ -112,6 +115,15 @@ class ModelStore:
         """`[batch pos]` tokens and labels of `text` (see `prompt`)."""
         p = self.prompt(name, text)
         return p.tokens, p.labels
+
+
+def _reads_line_breaks(model) -> bool:
+    """Whether `model`'s tokenizer encodes a line break as one (a text model's BPE does; the
+    toy alphabets refuse it, word vocabularies read it as a space)."""
+    try:
+        return model.to_string(model.to_tokens("\n", prepend_bos=False)[0]) == "\n"
+    except ValueError:
+        return False
 
 
 def _fallback_text(model) -> str:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from browser_common import figure, wait
+from browser_common import figure, open_tab, wait
 from test_dashboard_browser_zoo import ONE_MODEL, PAGES, _drawn_or_error
 
 from dashboards import cli
@@ -72,3 +72,24 @@ def test_every_page_on_the_opened_text_models(server, browser, store, shots, pag
         browser.execute_script(f"const g = document.getElementById('{graph_id}');"
                                "if (g) g.scrollIntoView({block: 'start'});")
     browser.save_screenshot(str(shots / f"text-{page}-{name}.png"))
+
+
+def test_code_typed_into_the_prompt_is_one_prompt(server, browser, store, shots):
+    """Lines of code typed into the bar's prompt are one prompt for a text model: the explorer
+    shows every token of them, line breaks labelled, the whole map in view after the windowed
+    map of the default prompt."""
+    open_tab(browser, server, "Attention explorer")
+    code = "def read(self, size):\n    data = self.file.read(size)\n    return data\n"
+    n = store.get(OPENED[0]).to_tokens(code).shape[1]
+    box = browser.find_element("id", "ctl-prompt")
+    box.clear()
+    box.send_keys(code)
+    browser.find_element("id", "ctl-run").click()
+    assert wait(browser, figure("explorer-zoom", f"g.data[0].x.length === {n} ? "
+                                                 "g.data[0].x : null"))[-1].endswith("↵")
+    assert "averaged" not in browser.find_element("id", "explorer-note").text
+    # the whole short map in view, not the key range of the windowed default map it replaced
+    shown = wait(browser, figure("explorer-zoom", "g._fullLayout.xaxis.range"))
+    assert shown[0] <= 0 and shown[1] >= n - 1, shown
+    browser.execute_script("document.getElementById('explorer-zoom').scrollIntoView();")
+    browser.save_screenshot(str(shots / "text-explorer-typed-code.png"))

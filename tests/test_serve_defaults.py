@@ -82,3 +82,19 @@ def test_the_default_store_serves_held_out_source_code_of_about_500_tokens():
         assert 400 <= len(prompt.labels) <= model.cfg.n_ctx
         assert prompt.note == "the prompt is empty: showing the default text"
         assert "\n" in store.default_text[name]    # a source file's lines, not a toy string
+
+
+def test_a_text_model_reads_a_multi_line_prompt_as_one_text():
+    """Code spans lines: for a model whose tokenizer reads line breaks the prompt box's lines are
+    one prompt (labels show the breaks); a toy model still averages one prompt per line."""
+    from dashboards.store import load_store
+
+    store = load_store([TEXT[0], "induction-mha"])
+    code = "def read(self, size):\n    return self.file.read(size)\n"
+    prompt = store.prompt(TEXT[0], code)
+    assert prompt.tokens.shape[0] == 1 and prompt.note == ""
+    assert prompt.tokens.shape[1] == store.get(TEXT[0]).to_tokens(code).shape[1]
+    assert any(label.split(":", 1)[1].startswith("↵") for label in prompt.labels)
+    toy = store.prompt("induction-mha", "abcabc\nabdabd")
+    assert toy.tokens.shape[0] == 2 and toy.note.startswith("averaged over 2 prompts")
+    assert store.reads_line_breaks == {TEXT[0]: True, "induction-mha": False}

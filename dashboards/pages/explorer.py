@@ -1,7 +1,8 @@
 """Attention explorer for the first chosen model: a layer x head grid of thumbnails of the chosen
 stage (click one to zoom), the zoomed head at full size, a click on a cell shows that query's row
 and that key's column, and the zoomed head at every stage of its catalogue. Several prompts (one
-per line) are averaged. Export: PNG or SVG through the camera button, CSV of the zoomed map.
+per line; a text model reads all the lines as one) are averaged. Export: PNG or SVG through the
+camera button, CSV of the zoomed map.
 
 Speed (`dashboards/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
 forward per model and prompt); the thumbnails are ONE heatmap (tiles with NaN gutters, a click

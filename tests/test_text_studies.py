@@ -113,3 +113,12 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
 def test_docs_zoo_md_is_current():
     assert zoo_docs.main(["--check"]) == 0, \
         "docs/zoo.md is stale: run `python -m interp.zoo.zoo_docs`"
+
+
+def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
+    from interp.zoo.text_studies import _parts
+
+    assert _parts("text-mha-l2-mix") == ("mha", "l2-mix")
+    assert _parts("text-infini-l4mlp") == ("infini", "l4mlp")
+    with pytest.raises(ValueError, match="not a text-zoo model name"):
+        _parts("text-mha-l2-ctx256")

@@ -43,7 +43,8 @@ INDUCTION_THRESHOLD = 0.3
 # Issue 26's second bar: second-copy loss below half the first-copy loss on the same probe.
 COPY_RATIO_THRESHOLD = 0.5
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
-NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+)$")
+# text-<variant>-<shape>, the data-mix twins as shape "l2-mix" (their own rows, beside "l2")
+NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix)?)$")
 TOKEN_CATEGORIES = ("newline", "indentation", "identifier", "keyword-like", "number",
                     "punctuation", "string/other")
 

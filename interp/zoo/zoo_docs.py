@@ -148,7 +148,7 @@ def induction_findings(table: pd.DataFrame) -> str:
     for variant, g in table.groupby("variant", sort=False):
         by_shape = {r["shape"]: r for _, r in g.iterrows()}
         parts = []
-        for shape in ("l1", "l2", "l4mlp"):
+        for shape in ("l1", "l2", "l2-mix", "l4mlp"):
             if shape in by_shape:
                 r = by_shape[shape]
                 verdict = "forms induction heads" if r["forms_induction"] else "does not"

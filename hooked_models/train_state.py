@@ -43,7 +43,14 @@ def latest_checkpoint(run_dir) -> Path | None:
 
 
 def save_train_state(run_dir, model, opt, gen: torch.Generator, step: int, tokens: int,
-                     train_cfg: dict, card: dict | None = None) -> Path:
+                     train_cfg: dict, card: dict | None = None,
+                     timing: dict | None = None) -> Path:
+    """Write checkpoint `step-<step>` and point `latest` at it (older ones are removed).
+
+    `timing` (`wall_s`, `cpu_s`, `from_step`: the training time spent on the steps this
+    checkpoint holds, counted since step `from_step`) is kept in the state, so a resumed run
+    continues the count and time spent on steps a kill threw away is not counted.
+    """
     run_dir = Path(run_dir)
     ckpt = run_dir / f"step-{step:07d}"
     card = {**(card or {}), "step": step, "tokens": tokens}
@@ -58,6 +65,8 @@ def save_train_state(run_dir, model, opt, gen: torch.Generator, step: int, token
     save_file(tensors, str(ckpt / OPTIMIZER_FILE))
     meta = {"step": step, "tokens": tokens, "param_groups": sd["param_groups"],
             "train_config": train_cfg}
+    if timing is not None:
+        meta["timing"] = timing
     (ckpt / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
     _atomic_write(run_dir / LATEST_FILE, ckpt.name)
     for old in run_dir.glob("step-*"):
@@ -99,6 +108,12 @@ def load_train_state(ckpt, model, opt, gen: torch.Generator, train_cfg: dict) ->
     gen.set_state(tensors["rng.generator"])
     torch.set_rng_state(tensors["rng.torch"])
     return int(meta["step"]), int(meta["tokens"])
+
+
+def load_timing(ckpt) -> dict | None:
+    """The `timing` saved with checkpoint `ckpt` (None for checkpoints written before it was
+    kept)."""
+    return json.loads((Path(ckpt) / STATE_FILE).read_text()).get("timing")
 
 
 def rewind_metrics(path: Path, step: int) -> None:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from hooked_models.train_state import (
     latest_checkpoint,
+    load_timing,
     load_train_state,
     rewind_metrics,
     save_train_state,
@@ -236,11 +237,14 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)
     start, tokens_seen = 0, 0
+    timing = {"wall_s": 0.0, "cpu_s": 0.0, "from_step": 0}
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
             start, tokens_seen = load_train_state(ckpt, model, opt, gen, cfg.to_dict())
+            # A checkpoint from before timing was kept: count from here, and say so.
+            timing = load_timing(ckpt) or {**timing, "from_step": start}
         rewind_metrics(run_dir / METRICS_FILE, start)
         if early.replay(run_dir / METRICS_FILE):
             model.eval()
@@ -258,6 +262,7 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
                desc="train", leave=False)
     t_last, tok_last = time.perf_counter(), tokens_seen
     t_saved = t_last
+    wall0, cpu0 = t_last, time.process_time()
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * lr_factor(step, cfg)
@@ -293,8 +298,11 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
             _append_jsonl(run_dir / METRICS_FILE, record)
             due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
             if last or due or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+                spent = {"wall_s": round(timing["wall_s"] + time.perf_counter() - wall0, 3),
+                         "cpu_s": round(timing["cpu_s"] + time.process_time() - cpu0, 3),
+                         "from_step": timing["from_step"]}
                 save_train_state(run_dir, model, opt, gen, done, tokens_seen, cfg.to_dict(),
-                                 card=card)
+                                 card=card, timing=spent)
                 t_saved = time.perf_counter()
         if last:
             break

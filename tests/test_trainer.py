@@ -138,3 +138,41 @@ def test_bad_train_config_raises(bad):
 def test_checkpoint_every_needs_a_run_dir():
     with pytest.raises(ValueError, match="run_dir"):
         fit(tiny(), sample, TrainConfig(steps=2, checkpoint_every=1, progress=False))
+
+
+def _killed_after_step_two(run_dir, cfg):
+    calls = {"n": 0}
+
+    def dying_sample(batch, gen):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return sample(batch, gen)
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(tiny(), dying_sample, cfg, run_dir=run_dir)
+
+
+def test_a_checkpoint_without_timing_starts_the_count_at_its_step(tmp_path):
+    """Runs begun before timing was kept: the count starts at the resumed step and says so."""
+    cfg = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup=2, progress=False,
+                      checkpoint_every=2)
+    _killed_after_step_two(tmp_path, cfg)
+    state_path = tmp_path / "step-0000002" / STATE_FILE
+    meta = json.loads(state_path.read_text())
+    assert meta.pop("timing")["from_step"] == 0
+    state_path.write_text(json.dumps(meta))
+    fit(tiny(), sample, cfg, run_dir=tmp_path)
+    timing = json.loads((tmp_path / "step-0000004" / STATE_FILE).read_text())["timing"]
+    assert timing["from_step"] == 2 and timing["wall_s"] > 0
+
+
+def test_resumed_timing_adds_to_the_checkpointed_count(tmp_path):
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, warmup=2, progress=False,
+                      checkpoint_every=2)
+    _killed_after_step_two(tmp_path, cfg)
+    at2 = json.loads((tmp_path / "step-0000002" / STATE_FILE).read_text())["timing"]
+    fit(tiny(), sample, cfg, run_dir=tmp_path)
+    at6 = json.loads((tmp_path / "step-0000006" / STATE_FILE).read_text())["timing"]
+    assert at6["from_step"] == 0
+    assert at6["wall_s"] > at2["wall_s"] and at6["cpu_s"] >= at2["cpu_s"]

@@ -132,23 +132,38 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
     mix = get_recipe(name).data_mix
     card = {"recipe": name, "train_command": command, "device": device,
             "data_mix": mix or "natural text"}
-    t0, c0 = time.time(), time.process_time()
     sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
                              **(mix or {}))
     fit(model, sampler, tcfg,
         run_dir=run_dir, evaluate=evaluate, card=card)
-    for name, elapsed in (("wall_time.json", time.time() - t0),
-                          ("cpu_time.json", time.process_time() - c0)):
-        timing = run_dir / name
-        spent = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
-        timing.write_text(json.dumps({"seconds": spent + elapsed}))
     return run_dir
 
 
-def _cpu_seconds(run_dir: Path) -> float | None:
-    """CPU seconds of this process's training pieces (None for runs from before it was kept)."""
-    path = run_dir / "cpu_time.json"
-    return round(json.loads(path.read_text())["seconds"], 3) if path.is_file() else None
+def card_timing(run_dir: Path, state: dict) -> dict:
+    """The card's `wall_time_s`, `cpu_time_s` and `timed_from_step` (+ `timing_note`).
+
+    From the checkpoint's `timing` (the trainer's count over the steps the checkpoint holds,
+    carried across resumes). Runs begun before it was kept fall back on `wall_time.json` /
+    `cpu_time.json`, sums over the training processes that ran to their end, which leave out
+    the time of interrupted ones; the note says so.
+    """
+    timing = state.get("timing")
+    if timing is not None:
+        out = {"wall_time_s": timing["wall_s"], "cpu_time_s": timing["cpu_s"],
+               "timed_from_step": timing["from_step"]}
+        if timing["from_step"]:
+            out["timing_note"] = (f"times cover steps {timing['from_step']}-{state['step']} "
+                                  "only: the earlier checkpoints kept no timing")
+        return out
+
+    def legacy(name: str) -> float | None:
+        path = run_dir / name
+        return round(json.loads(path.read_text())["seconds"], 3) if path.is_file() else None
+
+    return {"wall_time_s": legacy("wall_time.json"), "cpu_time_s": legacy("cpu_time.json"),
+            "timed_from_step": None,
+            "timing_note": "sums over the training processes that ran to their end; the "
+                           "processes interrupted before them are not counted (a lower bound)"}
 
 
 def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu",
@@ -176,17 +191,13 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
             "seed": tcfg["seed"], "steps": state["step"], "tokens": state["tokens"],
             "train_config": tcfg, "device": (model.card or {}).get("device"),
             "device_name": _device_name((model.card or {}).get("device")),
-            # Three decimals: a smoke run's few steps can take well under 0.05 s.
-            "wall_time_s": round(json.loads((run_dir / "wall_time.json").read_text())
-                                 ["seconds"], 3),
-            "cpu_time_s": _cpu_seconds(run_dir),
             "parameters": sum(p.numel() for p in model.parameters()),
             "corpus": data.corpus.describe(),
             "tokenizer": {"kind": "byte-level BPE (HF tokenizers)",
                           "vocab_size": data.tokenizer.vocab_size,
                           "sha256": data.tokenizer.sha256},
             "weights_dtype": "float16", "python": platform.python_version(),
-            "torch": torch.__version__, "metrics": metrics}
+            "torch": torch.__version__, "metrics": metrics, **card_timing(run_dir, state)}
     (out / "card.json").write_text(json.dumps(card, indent=2, sort_keys=True))
     return out
 

@@ -115,19 +115,36 @@ def toy_section(zoo_dir: Path) -> str:
         "    python -m interp.zoo.evaluate induction-mha --write", "", *rows])
 
 
+# Cards written before the trainer kept time in its checkpoints (`timed_from_step` absent).
+LEGACY_TIMING = ("times summed over the training processes that ran to their end; any "
+                 "process interrupted before them is not counted (a lower bound)")
+
+
 def models_table(models: dict[str, Path]) -> str:
-    rows = ["| model | params | tokens | device | wall time | val loss | ICL score | "
+    rows = ["| model | params | tokens | device | wall time | CPU time | val loss | ICL score | "
             "induction score |",
-            "|-------|--------|--------|--------|-----------|----------|-----------|"
+            "|-------|--------|--------|--------|-----------|----------|----------|-----------|"
             "-----------------|"]
+    notes = []
     for name, d in models.items():
         c = json.loads((d / "card.json").read_text())
         m = c["metrics"]
+        mark = ""
+        note = c.get("timing_note") or (None if "timed_from_step" in c else LEGACY_TIMING)
+        if note:
+            notes.append(f"`{name}`: {note}.")
+            mark = f"[^t{len(notes)}]"
         rows.append(f"| `{name}` | {c['parameters'] / 1e6:.2f} M | {c['tokens'] / 1e6:.1f} M | "
-                    f"{c.get('device_name') or c['device']} | {c['wall_time_s'] / 60:.1f} min | "
+                    f"{c.get('device_name') or c['device']} | {_minutes(c.get('wall_time_s'))}"
+                    f"{mark} | {_minutes(c.get('cpu_time_s'))}{mark} | "
                     f"{_fmt(m['val_loss'])} | {_fmt(m['icl_score'])} | "
                     f"{_fmt(m['induction_score'])} |")
+    rows += [""] + [f"[^t{i}]: {n}" for i, n in enumerate(notes, 1)] if notes else []
     return "\n".join(rows)
+
+
+def _minutes(seconds: float | None) -> str:
+    return "not recorded" if seconds is None else f"{seconds / 60:.1f} min"
 
 
 def _csv(studies: Path, name: str) -> pd.DataFrame | None:
@@ -211,7 +228,12 @@ shown as they stood when the table was written ("tokens seen"). Earlier measurem
 a plain PyTorch model of d_model 128, 4 heads x 32, n_ctx 256, batch 16, on the same text): lr
 1e-3 with a cosine formed no induction head by 19.5M tokens; lr 3e-3 held constant did, the
 second-copy loss falling from 0.95x the first copy at 20M tokens to 0.70x at 31M, and with a
-quarter of the contexts carrying a repeated span about twice as early (0.86x at 14M)."""
+quarter of the contexts carrying a repeated span about twice as early (0.86x at 14M). The zoo's
+natural-text `text-mha-l2` (n_ctx 512, batch 16: 8,192 tokens per step) had formed none by 41M
+tokens, so three runs test why, each at the same 41M tokens: `text-mha-l2-mix` (the zoo shape
+on the data mix), `text-mha-l2-ctx256` (that earlier set-up: n_ctx 256, batch 16, 10,000
+steps) and `text-mha-l2-b8` (n_ctx 512, batch 8, 10,000 steps), the last two in
+`CALIBRATION_RECIPES` (`interp/zoo/text_recipes.py`)."""
 
 
 def calibration_section(studies: Path, out: Path) -> list[str]:

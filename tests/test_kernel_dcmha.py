@@ -166,6 +166,13 @@ def test_queries_aligned_to_the_last_keys():
     _check(5, 21, 2, window=9)
 
 
+def test_many_heads_add_each_tile_to_a_fp32_output():
+    """16 heads (`ADD_TO_OUT_HEADS`): the out kernel adds tile by tile into a fp32 buffer in
+    d_head chunks, the last one partly masked (d_head 24)."""
+    _check(18, 18, 16, d=24)
+    _check(18, 18, 16, dtype=torch.float16)
+
+
 def test_fp16():
     _check(20, 20, 2, dtype=torch.float16, static=True)
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_heads
+from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -160,8 +160,12 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
                      H, T_Q, T_K, Q_OFFSET, WINDOW, D, C, scale,
                      HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                      HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Compose_post(exp(L - lse)) v."""
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr, ADD_TO_OUT: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Compose_post(exp(L - lse)) v.
+
+    ADD_TO_OUT (many heads): O is a zeroed fp32 `[batch pos head d]` buffer and each key
+    tile's product is added to it in d_head chunks (`dot_add_heads`; only this program writes
+    these rows), instead of an `[HB, rows, d_head]` accumulator in registers."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_h = tl.arange(0, HB)
@@ -188,14 +192,19 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])      # 0 where Mask_-inf
         pattern = _compose(probs, B_POST, W1Q2, W2Q2, DDQ2, W1K2, W2K2, DDK2, b, rows, r_ok,
                            cols, c_ok, T_Q, T_K, C, H, offs_h, h_valid, HAS_K, HB)
-        v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h + cols[None, :, None] * sv_t
-                    + offs_d[None, None, :] * sv_d,
-                    mask=h_valid[:, None, None] & c_ok[None, :, None] & d_valid[None, None, :],
-                    other=0.0)
-        acc += _dot(pattern.to(v.dtype), v, IEEE)
-    tl.store(O + b * so_b + offs_h[:, None, None] * so_h + rows[None, :, None] * so_t
-             + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
-             mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :])
+        if ADD_TO_OUT:
+            dot_add_heads(O, b, T_Q, H, rows, r_ok, pattern, V, b * sv_b, sv_t, sv_h, sv_d,
+                          cols, c_ok, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
+        else:
+            v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
+                        + cols[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
+                        mask=h_valid[:, None, None] & c_ok[None, :, None]
+                        & d_valid[None, None, :], other=0.0)
+            acc += _dot(pattern.to(v.dtype), v, IEEE)
+    if not ADD_TO_OUT:
+        tl.store(O + b * so_b + offs_h[:, None, None] * so_h + rows[None, :, None] * so_t
+                 + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
+                 mask=h_valid[:, None, None] & r_ok[None, :, None] & d_valid[None, None, :])
 
 
 # Launch options of `dcmha_out_kernel` in fp32 (IEEE dots): 8 warps, 1 stage, up to 255
@@ -203,6 +212,10 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
 # it spilled 544-616 B per thread at d 128 on sm_80 / sm_90; fp16/bf16 are clean with the
 # defaults and keep them (python -m kernels.compile_check, docs/benchmarks.md).
 FP32_OUT_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
+# From this many heads (HB) the out kernel adds each tile into a fp32 buffer (ADD_TO_OUT): at
+# 32 heads the `[HB, rows, d_head]` accumulator spilled 2-6 KB, and in fp32 at d_head 128 its
+# value tile needed 288 KB of shared memory (over sm_80's and sm_90's limits).
+ADD_TO_OUT_HEADS = 16
 
 
 def default_blocks() -> tuple[int, int]:
@@ -240,11 +253,16 @@ def dcmha_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None
     dcmha_lse_kernel[(n_m, B)](
         q, k, lse, kv, *pre, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common)
+    add_to_out = common["HB"] >= ADD_TO_OUT_HEADS
+    o = torch.zeros(B, T_Q, H, D, device=q.device, dtype=torch.float32) if add_to_out else out
     dcmha_out_kernel[(n_m, B)](
-        q, k, v, out, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common,
-        **(FP32_OUT_LAUNCH if q.dtype == torch.float32 else {}))
+        q, k, v, o, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(),
+        *o.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, w, D, C, scale, **common,
+        ADD_TO_OUT=add_to_out, **(FP32_OUT_LAUNCH if q.dtype == torch.float32 else {}))
+    if add_to_out:
+        out.copy_(o)
     return out, lse
 
 
-__all__ = ["FP32_OUT_LAUNCH", "dcmha_fwd", "dcmha_lse_kernel", "dcmha_out_kernel", "default_blocks"]
+__all__ = ["ADD_TO_OUT_HEADS", "FP32_OUT_LAUNCH", "dcmha_fwd", "dcmha_lse_kernel",
+           "dcmha_out_kernel", "default_blocks"]

@@ -45,6 +45,18 @@ def server(store):
 
 
 @pytest.fixture(scope="module")
+def shots():
+    """Screenshots of the pages, kept as test artifacts: out/screenshots/ (gitignored), or
+    $ATTNLENS_SCREENSHOTS (a module may override this fixture)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
 def browser():
     """Debian's chromium + chromium-driver, headless."""
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")

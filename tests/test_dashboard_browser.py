@@ -1,7 +1,5 @@
 """The Dash app in a real headless Chromium (Debian's chromium + chromium-driver)."""
 
-import os
-from pathlib import Path
 
 import pytest
 from browser_common import choose, figure, open_tab, screenshot, wait
@@ -27,15 +25,6 @@ def _count_heatmaps(graph_id):
     return (f"const g = document.querySelector('#{graph_id} .js-plotly-plot');"
             f"return g && g.data ? g.data.filter(t => t.type === 'heatmap').length : 0;")
 
-
-@pytest.fixture(scope="module")
-def shots():
-    """Screenshots of every page, kept as test artifacts: out/screenshots/ (gitignored), or
-    $ATTNLENS_SCREENSHOTS."""
-    root = Path(__file__).resolve().parents[1]
-    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def test_compare_page_shows_models_side_by_side(server, browser, store, shots):

@@ -5,9 +5,6 @@ $ATTNLENS_SCREENSHOTS) as text-<page>-<model>.png."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from browser_common import figure, open_tab, wait
 from test_dashboard_browser_zoo import ONE_MODEL, PAGES, _drawn_or_error
@@ -23,13 +20,6 @@ OPENED = cli.default_sources()[:2]    # the Compare page's first two models
 def store():
     return cli.build_store()
 
-
-@pytest.fixture(scope="module")
-def shots():
-    root = Path(__file__).resolve().parents[1]
-    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def test_the_dashboard_opens_on_the_text_models(server, browser, store, shots):

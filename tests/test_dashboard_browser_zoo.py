@@ -4,9 +4,7 @@ a screenshot of each page written to out/screenshots/ (or $ATTNLENS_SCREENSHOTS)
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import pytest
 from browser_common import figure, wait
@@ -55,13 +53,6 @@ def store():
         store.add(name, model, default_prompt(model), zoo.path(name))
     return store
 
-
-@pytest.fixture(scope="module")
-def shots():
-    root = Path(__file__).resolve().parents[1]
-    path = Path(os.environ.get("ATTNLENS_SCREENSHOTS", root / "out" / "screenshots"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _drawn_or_error(graph_id, error_id) -> str:

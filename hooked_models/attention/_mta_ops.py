@@ -41,8 +41,7 @@ def key_padding(c_k: int, pad_key: str) -> tuple[int, int]:
 def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
                    kernel: Float[Tensor, "head_index 1 c_q c_k"],
                    allowed: Bool[Tensor, "batch 1 query_pos key_pos"],
-                   pad_key: str = "both", block_rows: int | None = None,
-                   plain_causal: bool = False
+                   pad_key: str = "both", block_rows: int | None = None
                    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Depthwise 2-D convolution of each head's map, `Conv2d_theta(Mask_0(maps))` (Eqs. 5, 6).
 
@@ -55,9 +54,8 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
     `block_rows` (default: BLOCK_ROWS on CPU, all rows elsewhere) convolves blocks of query rows,
     each only up to the last key any of its rows may read, which skips most of the causal upper
     triangle (a loop over a few blocks, not over positions); allowed entries are unchanged.
-    `plain_causal` promises that `allowed` is the square causal mask (no padding): the last
-    key of a block is then its last row, known without reading the mask (no device sync, so
-    `torch.compile` keeps the loop in one graph).
+    (The plain causal training path does not come here: `causal_mta_attention` blocks the whole
+    pipeline without reading the mask.)
 
     Example:
         >>> maps = torch.randn(1, 2, 4, 4)
@@ -75,11 +73,8 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
     out = maps.new_empty(maps.shape[:2] + (n_q, n_k))
     for r0 in range(0, n_q, block_rows):
         r1 = min(n_q, r0 + block_rows)
-        if plain_causal:
-            k_end = r1
-        else:
-            reachable = allowed[:, :, r0:r1].any(-2).any(0).any(0).nonzero()
-            k_end = int(reachable.max()) + 1 if reachable.numel() else 0
+        reachable = allowed[:, :, r0:r1].any(-2).any(0).any(0).nonzero()
+        k_end = int(reachable.max()) + 1 if reachable.numel() else 0
         if k_end:
             out[:, :, r0:r1, :k_end] = _conv_rows(maps, kernel, allowed, pad_key, r0, r1, k_end)
         out[:, :, r0:r1, k_end:] = 0.0

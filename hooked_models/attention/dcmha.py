@@ -257,8 +257,7 @@ class DCMHAttention(VariantAttention):
 
         This is the release's KW cache ("absorb residual or sw into kw cache").
         """
-        mats = [torch.einsum("bsgrn,bsgrm->bsgnm", dyn[f"{p}_kw1"], dyn[f"{p}_kw2"])
-                + torch.diag_embed(dyn[f"{p}_kdd"]) + base_matrix(self, p) for p in PHASES]
+        mats = [_mixing(self, dyn, p, "k") + base_matrix(self, p) for p in PHASES]
         return cache.append("kw", torch.stack(mats, dim=2))
 
     def compose(self, A: Float[Tensor, "batch head_index query_pos key_pos"], phase: str,

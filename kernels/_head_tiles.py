@@ -62,20 +62,24 @@ def dot_rows(X, x_rows, x_ok, x_sd, Y, y_rows, y_ok, y_sd, D, IEEE: tl.constexpr
              BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """`out[i, j] = sum_d X[x_rows[i] + d * x_sd] Y[y_rows[j] + d * y_sd]`, `[R, C]` fp32, one
     head: `x_rows` / `y_rows` are element offsets of the rows, 0 where `x_ok` / `y_ok` is off.
-    Summed over d_head in DCH chunks; DCH == BLOCK_D is one plain dot."""
+    Summed over d_head in DCH chunks; DCH == BLOCK_D is one plain dot. The chunk loop runs to
+    the runtime `D`, not the constexpr BLOCK_D: with a constant trip count ptxas unrolled it
+    and kept every chunk's operands live (CoPE's fp32 backward at d_head 128: 255 registers and
+    40-192 B of spills; with the runtime bound 136-137 registers, clean)."""
     offs_d = tl.arange(0, DCH)
     x = tl.load(X + x_rows[:, None] + offs_d[None, :] * x_sd,
                 mask=x_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     yt = tl.load(Y + y_rows[None, :] + offs_d[:, None] * y_sd,
                  mask=y_ok[None, :] & (offs_d < D)[:, None], other=0.0)
     acc = _dot(x, yt, IEEE)
-    for d0 in range(DCH, BLOCK_D, DCH):
-        offs_d = d0 + tl.arange(0, DCH)
-        x = tl.load(X + x_rows[:, None] + offs_d[None, :] * x_sd,
-                    mask=x_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-        yt = tl.load(Y + y_rows[None, :] + offs_d[:, None] * y_sd,
-                     mask=y_ok[None, :] & (offs_d < D)[:, None], other=0.0)
-        acc += _dot(x, yt, IEEE)
+    if DCH < BLOCK_D:
+        for d0 in range(DCH, D, DCH):
+            offs_d = d0 + tl.arange(0, DCH)
+            x = tl.load(X + x_rows[:, None] + offs_d[None, :] * x_sd,
+                        mask=x_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+            yt = tl.load(Y + y_rows[None, :] + offs_d[:, None] * y_sd,
+                         mask=y_ok[None, :] & (offs_d < D)[:, None], other=0.0)
+            acc += _dot(x, yt, IEEE)
     return acc
 
 

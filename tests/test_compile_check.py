@@ -61,6 +61,18 @@ def test_quick_kernels_fit_the_gpu_and_do_not_spill(quick):
         assert r["spill_bytes"] == 0, f"{r['op']} {r['kernel']} {r['config']} spills: {r}"
 
 
+def test_options_select_cases_by_name():
+    from kernels.compile_check.__main__ import _args
+    from kernels.compile_check.run import select_cases
+
+    args = _args(["--ops", "cope", "mta", "--options", "npos256", "H4 mix only"])
+    assert args.options == ["npos256", "H4 mix only"]
+    chosen = select_cases(args.ops, args.main_only, args.options)
+    assert [(c.op, c.name) for c in chosen] == [("cope", "npos256"), ("mta", "H4 mix only")]
+    assert [c.name for c in select_cases(["cope"], main_only=True)] == ["npos128"]
+    assert select_cases(["cope"], options=["no such option"]) == []
+
+
 def test_problems_name_the_limit_that_is_exceeded():
     row = dict(arch_cc=80, shared_bytes=170 * 1024, registers=200, num_warps=16)
     found = problems(row)

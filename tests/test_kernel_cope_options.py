@@ -27,11 +27,11 @@ from kernels.flash_attention.reference import allowed_mask  # noqa: E402
 B, T, H, D, NPOS, RNPOS = 2, 21, 2, 16, 7, 9
 
 
-def _tensors(dtype, seed=0, t_q=T):
+def _tensors(dtype, seed=0, t_q=T, d=D):
     g = torch.Generator().manual_seed(seed)
     make = lambda *shape, s=1.0: (torch.randn(*shape, generator=g) * s).to(DEVICE, dtype)  # noqa: E731
-    return dict(q=make(B, t_q, H, D), k=make(B, T, H, D), v=make(B, T, H, D),
-                gk=make(B, T, H, D), E=make(D, NPOS, s=0.5), R=make(D, RNPOS, s=0.5))
+    return dict(q=make(B, t_q, H, d), k=make(B, T, H, d), v=make(B, T, H, d),
+                gk=make(B, T, H, d), E=make(d, NPOS, s=0.5), R=make(d, RNPOS, s=0.5))
 
 
 # Padding-aware positions as the model makes them: batch 0 has 3 left-padding slots.
@@ -73,8 +73,21 @@ def _leaves(x, case):
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_options_forward_and_backward_match_the_float64_reference(name, dtype):
-    case = CASES[name]
-    x = {n: t.requires_grad_() for n, t in _tensors(dtype).items()}
+    _check_against_float64(CASES[name], dtype, D)
+
+
+@pytest.mark.parametrize("name", ["all_options", "sep_keys", "relative_without_cope"])
+def test_fp32_d_head_in_several_chunks_matches_the_float64_reference(name):
+    """fp32 sums every product over or along d_head in chunks of 16 (issue 23's spills):
+    d_head 40 is three chunks, the last one partly masked (BLOCK_D 64 is four)."""
+    from kernels.cope.triton_fwd import chunking
+    assert chunking(torch.float32, 64) == dict(CHUNKED=True, DCH=16)
+    assert chunking(torch.float16, 64) == dict(CHUNKED=False, DCH=64)
+    _check_against_float64(CASES[name], torch.float32, 40)
+
+
+def _check_against_float64(case, dtype, d):
+    x = {n: t.requires_grad_() for n, t in _tensors(dtype, d=d).items()}
     ref_x = {n: t.detach().double().requires_grad_() for n, t in x.items()}
     out, lse = _call(cope_attention, x, case)
     ref_out, ref_lse = _call(cope_attention_reference, ref_x, case)

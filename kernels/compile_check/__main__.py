@@ -26,6 +26,8 @@ def _args(argv):
     p.add_argument("--ops", nargs="+", help="only these ops")
     p.add_argument("--main-only", action="store_true",
                    help="only each op's main option (every config, dtype, d_head, arch)")
+    p.add_argument("--options", nargs="+", metavar="NAME",
+                   help="only the option cases with these names (e.g. npos256 'cope+rel')")
     p.add_argument("--dtypes", nargs="+", choices=("fp16", "bf16", "fp32"))
     p.add_argument("--archs", nargs="+", type=int, choices=(80, 90))
     p.add_argument("--d-heads", nargs="+", type=int)
@@ -105,7 +107,8 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     job_list = jobs(quick=args.quick, ops=args.ops, dtypes=args.dtypes, archs=args.archs,
-                    d_heads=args.d_heads, main_only=args.main_only)
+                    d_heads=args.d_heads, main_only=args.main_only,
+                    options=args.options)
     print(f"triton {triton.__version__}: {len(job_list)} kernels to compile "
           f"({time.perf_counter() - start:.1f} s to enumerate)", file=sys.stderr)
     bar = None

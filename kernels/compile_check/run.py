@@ -56,15 +56,22 @@ def _first_configs(launches: list[Launch]) -> list[Launch]:
     return out
 
 
+def select_cases(ops=None, main_only: bool = False, options=None) -> list[Case]:
+    """The cases of `ops` (all if None): main options only, or only those named `options`."""
+    return [c for c in CASES if (ops is None or c.op in ops) and (c.main or not main_only)
+            and (options is None or c.name in options)]
+
+
 def jobs(quick: bool = False, ops=None, dtypes=None, archs=None, d_heads=None,
-         main_only: bool = False) -> list[Job]:
+         main_only: bool = False, options=None) -> list[Job]:
     """The de-duplicated compile jobs. `quick`: main options only, first autotune config,
-    bf16, sm_90, d_head 64 (each default overridable); `main_only`: main options only."""
+    bf16, sm_90, d_head 64 (each default overridable); `main_only`: main options only;
+    `options`: only the cases with these names."""
     dtypes = dtypes or (QUICK["dtypes"] if quick else tuple(DTYPES))
     archs = archs or (QUICK["archs"] if quick else ARCHS)
     d_heads = d_heads or (QUICK["d_heads"] if quick else D_HEADS)
     main_only = main_only or quick
-    cases = [c for c in CASES if (ops is None or c.op in ops) and (c.main or not main_only)]
+    cases = select_cases(ops, main_only, options)
     out, seen = [], set()
     for case in cases:
         for dtype in dtypes:
@@ -120,4 +127,4 @@ def compile_all(job_list: list[Job], workers: int = 1, progress=None) -> list[di
     return rows
 
 
-__all__ = ["ARCHS", "DTYPES", "D_HEADS", "Job", "QUICK", "compile_all", "jobs"]
+__all__ = ["ARCHS", "DTYPES", "D_HEADS", "Job", "QUICK", "compile_all", "jobs", "select_cases"]

@@ -23,6 +23,10 @@ With separate gate keys (sep-keys, val-gates) the gate term `dg g (1 - g)` goes 
 gate keys and to dGK = scale sum_i (dg g (1 - g))_ij q_i instead of joining ds. Relative logits
 add `dZR[i, idx_ij] += dlogit_ij` (fp32 atomics, `[batch * head, query_pos, rel_npos]`) and
 dQ += scale dZR R^T, dR = scale sum_i q_i dZR_i^T, in torch afterwards like dE.
+
+In fp32 (`triton_fwd.chunking`) no q / dO / dQ tile is held: every product over or along
+d_head runs in chunks of 16 read from memory, and dQ is added chunk by chunk with fp32 atomics
+too (issue 23: the register tiles spilled up to 3 KB per thread at d_head 128).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ import math
 
 import torch
 
+from kernels._head_tiles import dot_rows
 from kernels._triton import next_pow2, tl, triton
 from kernels.cope.triton_fwd import (
     _cope_tile,
     _tables,
     _tile_bounds,
+    chunking,
     default_blocks,
     launch_args,
 )
@@ -43,21 +49,29 @@ from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 
 
 @triton.jit
-def _cope_grad_tile(q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base,
-                    v_base, sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid,
-                    start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID: tl.constexpr,
+def _cope_grad_tile(q, do, Z, ZR, c_i, lse2, delta, Q, q_rows, m_valid, sq_d, DO, do_rows,
+                    sdo_d, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base, v_base, sk_t, sk_d, sg_t,
+                    sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, D,
+                    scale, P_MAX, NPOS, RNPOS, HAS_KVALID: tl.constexpr,
                     HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr, HAS_REL: tl.constexpr,
-                    REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                    REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+                    CHUNKED: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Recompute one tile; returns `(p, dlogit, u, g, w, lo, hi, keep, c_i, ridx)`."""
     logit, s, g, w, lo, hi, keep, c_i, ridx = _cope_tile(
-        q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d, qpos,
-        offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID,
-        HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
+        q, Z, ZR, c_i, Q, q_rows, m_valid, sq_d, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t,
+        sk_d, sg_t, sg_d, qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, D, scale,
+        P_MAX, NPOS, RNPOS, HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE,
+        CHUNKED, BLOCK_D, DCH)
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
-                 mask=(offs_n < T_K)[None, :] & d_valid[:, None], other=0.0)
+    if CHUNKED:
+        dov = dot_rows(DO, do_rows, m_valid, sdo_d, V, v_base + offs_n * sv_t, offs_n < T_K,
+                       sv_d, D, IEEE, BLOCK_D, DCH)
+    else:
+        vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                     mask=(offs_n < T_K)[None, :] & d_valid[:, None], other=0.0)
+        dov = _dot(do, vt, IEEE)
     p = tl.where(keep, tl.math.exp2(logit * 1.4426950408889634 - lse2[:, None]), 0.0)
-    dlogit = p * (_dot(do, vt, IEEE) - delta[:, None])
+    dlogit = p * (dov - delta[:, None])
     u = dlogit
     if HAS_COPE:
         u = dlogit * (tl.gather(Z, hi, 1) - tl.gather(Z, lo, 1))
@@ -72,22 +86,33 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
                     HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
                     HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr):
+                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr,
+                    CHUNKED: tl.constexpr, DCH: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`. DQ/DK/DV/DGK are fp32 `[batch pos head d]`
     contiguous (DK, DV, DGK zero-initialised), DZ fp32 `[batch*head, T_Q, NPOS_BLOCK]` and DZR
-    fp32 `[batch*head, T_Q, RNPOS_BLOCK]` zeros."""
+    fp32 `[batch*head, T_Q, RNPOS_BLOCK]` zeros. CHUNKED (fp32): no q / dO / dQ register
+    tiles; every product over or along d_head runs in DCH chunks read from memory, and dQ
+    (zero-initialised, unscaled: the caller multiplies by `scale`) is added chunk by chunk
+    with fp32 atomics."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
                                                              BLOCK_D)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
+    q_rows = b * sq_b + h * sq_h + offs_m * sq_t
+    do_rows = b * sdo_b + h * sdo_h + offs_m * sdo_t
+    if CHUNKED:
+        q = tl.zeros([BLOCK_M, DCH], dtype=Q.dtype.element_ty)        # placeholders, unused
+        do = q
+    else:
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     # Rows past T_Q and rows with no allowed key (lse -inf) get +inf: their probabilities are 0.
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=float("inf"))
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2) * 1.4426950408889634
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
-    Z, ZR = _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE, HAS_REL,
-                    NPOS_BLOCK, RNPOS_BLOCK, IEEE)
+    Z, ZR = _tables(q, Q, q_rows, m_valid, sq_d, E, R, e_scale, scale, offs_d, d_valid, D, NPOS,
+                    RNPOS, HAS_COPE, HAS_REL, NPOS_BLOCK, RNPOS_BLOCK, IEEE, CHUNKED, BLOCK_D,
+                    DCH)
     qpos = offs_m
     if HAS_REL:
         qpos = tl.load(QPOS + b * T_Q + offs_m, mask=m_valid, other=0)
@@ -104,10 +129,11 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
     if HAS_COPE:
         for i in range(0, n_tiles):
             p, dlogit, u, g, w, lo, hi, keep, c_i, ridx = _cope_grad_tile(
-                q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base,
-                v_base, sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid,
-                last - i * BLOCK_N, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID,
-                HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
+                q, do, Z, ZR, c_i, lse2, delta, Q, q_rows, m_valid, sq_d, DO, do_rows, sdo_d,
+                K, GK, V, kv_ptr, kpos_ptr, k_base, g_base, v_base, sk_t, sk_d, sg_t, sg_d,
+                sv_t, sv_d, qpos, offs_m, offs_d, d_valid, last - i * BLOCK_N, T_K, Q_OFFSET,
+                D, scale, P_MAX, NPOS, RNPOS, HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL,
+                REL_EXTEND, BLOCK_N, IEEE, CHUNKED, BLOCK_D, DCH)
             u_row += tl.sum(u, 1)
 
     # Sweep 2: gradients, with dg_it = U_i - sum_{j > t} u_ij.
@@ -119,41 +145,75 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
     for i in range(0, n_tiles):
         start_n = last - i * BLOCK_N
         p, dlogit, u, g, w, lo, hi, keep, c_i, ridx = _cope_grad_tile(
-            q, do, Z, ZR, c_i, lse2, delta, K, GK, V, kv_ptr, kpos_ptr, k_base, g_base, v_base,
-            sk_t, sk_d, sg_t, sg_d, sv_t, sv_d, qpos, offs_m, offs_d, d_valid, start_n, T_K,
-            Q_OFFSET, scale, P_MAX, NPOS, RNPOS, HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL,
-            REL_EXTEND, BLOCK_N, IEEE)
+            q, do, Z, ZR, c_i, lse2, delta, Q, q_rows, m_valid, sq_d, DO, do_rows, sdo_d, K, GK,
+            V, kv_ptr, kpos_ptr, k_base, g_base, v_base, sk_t, sk_d, sg_t, sg_d, sv_t, sv_d,
+            qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, D, scale, P_MAX, NPOS, RNPOS,
+            HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE, CHUNKED, BLOCK_D,
+            DCH)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         nd_mask = (offs_n < T_K)[:, None] & d_valid[None, :]
         kv_off = ((b * T_K + offs_n[:, None]) * H + h) * D + offs_d[None, :]
         live = keep & m_valid[:, None]
         ds = dlogit
+        dsg = dlogit                # the gate-key term (HAS_COPE and HAS_GK only)
         if HAS_COPE:
             right_of_t = u_right[:, None] + tl.cumsum(u, axis=1, reverse=True) - u
             dg = u_row[:, None] - right_of_t
             u_right += tl.sum(u, 1)
             dsg = dg * g * (1.0 - g)
             if HAS_GK:
-                gk = tl.load(GK + g_base + offs_n[:, None] * sg_t + offs_d[None, :] * sg_d,
-                             mask=nd_mask, other=0.0)
-                dq += _dot(dsg.to(gk.dtype), gk, IEEE)
-                dgk = _dot(tl.trans(dsg.to(q.dtype)), q, IEEE) * scale
-                tl.atomic_add(DGK + kv_off, dgk, mask=nd_mask)
+                if not CHUNKED:
+                    gk = tl.load(GK + g_base + offs_n[:, None] * sg_t + offs_d[None, :] * sg_d,
+                                 mask=nd_mask, other=0.0)
+                    dq += _dot(dsg.to(gk.dtype), gk, IEEE)
+                    dgk = _dot(tl.trans(dsg.to(q.dtype)), q, IEEE) * scale
+                    tl.atomic_add(DGK + kv_off, dgk, mask=nd_mask)
             else:
                 ds = ds + dsg
             tl.atomic_add(dz_rows + lo, dlogit * (1.0 - w), mask=live)
             tl.atomic_add(dz_rows + hi, dlogit * w, mask=live)
         if HAS_REL:
             tl.atomic_add(dzr_rows + ridx, dlogit, mask=live & (ridx < RNPOS))
-        k = tl.load(K + k_base + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d,
-                    mask=nd_mask, other=0.0)
-        dq += _dot(ds.to(k.dtype), k, IEEE)
-        dk = _dot(tl.trans(ds.to(q.dtype)), q, IEEE) * scale
-        dv = _dot(tl.trans(p.to(do.dtype)), do, IEEE)
-        tl.atomic_add(DK + kv_off, dk, mask=nd_mask)
-        tl.atomic_add(DV + kv_off, dv, mask=nd_mask)
-    dq = dq * scale
-    tl.store(DQ + ((b * T_Q + offs_m[:, None]) * H + h) * D + offs_d[None, :], dq, mask=md_mask)
+        if CHUNKED:
+            for d0 in range(0, D, DCH):
+                offs_c = d0 + tl.arange(0, DCH)
+                c_valid = offs_c < D
+                nc_mask = (offs_n < T_K)[:, None] & c_valid[None, :]
+                mc_mask = m_valid[:, None] & c_valid[None, :]
+                kv_c = ((b * T_K + offs_n[:, None]) * H + h) * D + offs_c[None, :]
+                qc = tl.load(Q + q_rows[:, None] + offs_c[None, :] * sq_d, mask=mc_mask,
+                             other=0.0)
+                kc = tl.load(K + k_base + offs_n[:, None] * sk_t + offs_c[None, :] * sk_d,
+                             mask=nc_mask, other=0.0)
+                dqc = _dot(ds.to(kc.dtype), kc, IEEE)
+                if HAS_COPE:
+                    if HAS_GK:
+                        gkc = tl.load(GK + g_base + offs_n[:, None] * sg_t
+                                      + offs_c[None, :] * sg_d, mask=nc_mask, other=0.0)
+                        dqc += _dot(dsg.to(gkc.dtype), gkc, IEEE)
+                        tl.atomic_add(DGK + kv_c,
+                                      _dot(tl.trans(dsg.to(qc.dtype)), qc, IEEE) * scale,
+                                      mask=nc_mask)
+                tl.atomic_add(DQ + ((b * T_Q + offs_m[:, None]) * H + h) * D + offs_c[None, :],
+                              dqc, mask=mc_mask)
+                tl.atomic_add(DK + kv_c, _dot(tl.trans(ds.to(qc.dtype)), qc, IEEE) * scale,
+                              mask=nc_mask)
+                doc = tl.load(DO + do_rows[:, None] + offs_c[None, :] * sdo_d, mask=mc_mask,
+                              other=0.0)
+                tl.atomic_add(DV + kv_c, _dot(tl.trans(p.to(doc.dtype)), doc, IEEE),
+                              mask=nc_mask)
+        else:
+            k = tl.load(K + k_base + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d,
+                        mask=nd_mask, other=0.0)
+            dq += _dot(ds.to(k.dtype), k, IEEE)
+            dk = _dot(tl.trans(ds.to(q.dtype)), q, IEEE) * scale
+            dv = _dot(tl.trans(p.to(do.dtype)), do, IEEE)
+            tl.atomic_add(DK + kv_off, dk, mask=nd_mask)
+            tl.atomic_add(DV + kv_off, dv, mask=nd_mask)
+    if not CHUNKED:
+        dq = dq * scale
+        tl.store(DQ + ((b * T_Q + offs_m[:, None]) * H + h) * D + offs_d[None, :], dq,
+                 mask=md_mask)
 
 
 def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_valid=None,
@@ -166,7 +226,8 @@ def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_v
     E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos = launch_args(
         q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_valid)
     f32 = dict(device=q.device, dtype=torch.float32)
-    dq = torch.empty(B, T_Q, H, D, **f32)
+    chunks = chunking(q.dtype, next_pow2(D))
+    dq = (torch.zeros if chunks["CHUNKED"] else torch.empty)(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
     dgk = torch.zeros(B, T_K, H, D, **f32) if gate_k is not None else dk
     dz = torch.zeros(B * H, T_Q, sizes["NPOS_BLOCK"] if pos_emb is not None else 1, **f32)
@@ -182,7 +243,9 @@ def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_v
             *q.stride(), *k.stride(), *v.stride(), *GK.stride(), *do.stride(), KV.stride(0),
             H, T_Q, T_K, T_K - T_Q, D, npos, rnpos, scale, e_scale, float(npos - 1), **flags,
             REL_EXTEND=rel_extend, IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_D=next_pow2(D), **sizes, **launch)
+            BLOCK_D=next_pow2(D), **sizes, **chunks, **launch)
+        if chunks["CHUNKED"]:
+            dq *= scale                 # the kernel added dQ unscaled, chunk by chunk
     else:
         dq.zero_()
     qf = q.float()

@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from kernels._head_tiles import d_chunk, dot_rows
 from kernels._triton import next_pow2, on_gpu, tl, triton
 from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
 
@@ -35,10 +36,13 @@ MAX_NPOS = 256
 # fp16/bf16: 16 x 32, 8 warps, maxnreg 255 at every head size and option (without maxnreg
 # ptxas caps 8 warps at 128 registers). 4 warps spilled 8 B (fwd) / 24 B (bwd) at d 128 on
 # sm_90, and at d 64 on sm_90 8 B with sep-keys and rel(extend) (fwd) and 16 B with npos 256
-# (bwd). fp32 (IEEE dots): 16 x 16, 8 warps, 1 stage, maxnreg 255; 3 stages spilled 168 B (fwd,
-# sm_80) / 24 B (bwd, sm_90) at d 128, 4 warps 32 B-1.3 KB. The fp32 backward still spills
-# 184 B at d 128 on sm_80 (BLOCK_M 32: 1.1-1.3 KB; q k^T and dz v^T in d_head chunks of 16 did
-# not help: 112-192 B); compile_check, docs/benchmarks.md.
+# (bwd). fp32 (IEEE dots): 16 x 16, 8 warps, 1 stage, maxnreg 255, and every product over or
+# along d_head in chunks of 16 read from memory (`chunking`: no q / dO / dQ register tiles;
+# chunk loops bounded by the runtime D so that ptxas does not unroll them): 106-214 registers,
+# spill-free for every option at d 64 / 128 on sm_80 / sm_90 (before: 184 B in the main
+# backward at d 128 on sm_80, up to 3 KB with CoPE+rel or npos 256). 3 stages spilled 168 B
+# (fwd, sm_80) / 24 B (bwd, sm_90) at d 128, 4 warps 32 B-1.3 KB, BLOCK_M 32 1.1-1.3 KB (all
+# before chunking); compile_check, docs/benchmarks.md.
 GPU_LAUNCH = [
     (False, 256, 16, 32, dict(num_warps=8, maxnreg=255)),
     (True, 256, 16, 16, dict(num_warps=8, num_stages=1, maxnreg=255)),
@@ -56,23 +60,41 @@ def _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _cope_tile(q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d,
-               qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS,
-               RNPOS, HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
-               HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr,
-               IEEE: tl.constexpr):
+def _pos_table_chunked(Q, q_rows, m_valid, sq_d, E, e_scale, D, NPOS,
+                       NPOS_BLOCK: tl.constexpr, IEEE: tl.constexpr, BLOCK_D: tl.constexpr,
+                       DCH: tl.constexpr):
+    """`_pos_table` summed over d_head in DCH chunks of q loaded from Q (`q_rows`: element
+    offsets of the query rows): `E[d, n]` sits at `d * NPOS + n`."""
+    offs_p = tl.arange(0, NPOS_BLOCK)
+    return dot_rows(Q, q_rows, m_valid, sq_d, E, offs_p, offs_p < NPOS, NPOS, D, IEEE,
+                    BLOCK_D, DCH) * e_scale
+
+
+@triton.jit
+def _cope_tile(q, Z, ZR, c_i, Q, q_rows, m_valid, sq_d, K, GK, kv_ptr, kpos_ptr, k_base,
+               g_base, sk_t, sk_d, sg_t, sg_d, qpos, offs_m, offs_d, d_valid, start_n, T_K,
+               Q_OFFSET, D, scale, P_MAX, NPOS, RNPOS, HAS_KVALID: tl.constexpr,
+               HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr, HAS_REL: tl.constexpr,
+               REL_EXTEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+               CHUNKED: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """One key tile's logits; shared verbatim by forward and backward (bitwise-equal p).
 
     Returns `(logit, s, g, w, lo, hi, keep, c_i, ridx)`: total logits (-inf where not allowed),
     content scores, gates, interpolation weight, floor / ceil indices, the allowed mask, the
     updated gate carry and the relative-table column of every pair (RNPOS: the zero column).
     Without CoPE (HAS_COPE False) g, w, lo, hi are placeholders; without HAS_REL so is ridx.
+    CHUNKED (fp32): the scores are summed over d_head in DCH chunks of q read from Q
+    (`q_rows`: element offsets of the query rows) instead of one dot on the register tile q.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < T_K
-    kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-                 mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-    s = _dot(q, kt, IEEE) * scale
+    if CHUNKED:
+        s = dot_rows(Q, q_rows, m_valid, sq_d, K, k_base + offs_n * sk_t, n_valid, sk_d, D,
+                     IEEE, BLOCK_D, DCH) * scale
+    else:
+        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        s = _dot(q, kt, IEEE) * scale
     keep = n_valid[None, :] & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
     if HAS_KVALID:
         kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
@@ -84,9 +106,14 @@ def _cope_tile(q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_
     hi = lo
     if HAS_COPE:
         if HAS_GK:      # sep-keys / val-gates: gates from q . k_gate (eq. 3 with other keys)
-            gt = tl.load(GK + g_base + offs_n[None, :] * sg_t + offs_d[:, None] * sg_d,
-                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-            g = tl.where(keep, tl.sigmoid(_dot(q, gt, IEEE) * scale), 0.0)
+            if CHUNKED:
+                sg = dot_rows(Q, q_rows, m_valid, sq_d, GK, g_base + offs_n * sg_t, n_valid,
+                              sg_d, D, IEEE, BLOCK_D, DCH)
+            else:
+                gt = tl.load(GK + g_base + offs_n[None, :] * sg_t + offs_d[:, None] * sg_d,
+                             mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+                sg = _dot(q, gt, IEEE)
+            g = tl.where(keep, tl.sigmoid(sg * scale), 0.0)
         else:
             g = tl.where(keep, tl.sigmoid(s), 0.0)                       # eq. 3
         p = c_i[:, None] + tl.cumsum(g, axis=1, reverse=True)            # eq. 4
@@ -119,16 +146,26 @@ def _tile_bounds(pid_m, T_K, Q_OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE: tl.constexpr,
-            HAS_REL: tl.constexpr, NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr,
-            IEEE: tl.constexpr):
-    """The register tables `(Z, ZR)` of one query tile (each a `[BLOCK_M, 1]` dummy if unused)."""
-    Z = tl.zeros([q.shape[0], 1], dtype=tl.float32)
+def _tables(q, Q, q_rows, m_valid, sq_d, E, R, e_scale, scale, offs_d, d_valid, D, NPOS, RNPOS,
+            HAS_COPE: tl.constexpr, HAS_REL: tl.constexpr, NPOS_BLOCK: tl.constexpr,
+            RNPOS_BLOCK: tl.constexpr, IEEE: tl.constexpr, CHUNKED: tl.constexpr,
+            BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """The register tables `(Z, ZR)` of one query tile (each a `[BLOCK_M, 1]` dummy if unused);
+    CHUNKED: summed over d_head in DCH chunks of q read from Q (`q` is then a placeholder)."""
+    Z = tl.zeros([q_rows.shape[0], 1], dtype=tl.float32)
     ZR = Z
     if HAS_COPE:
-        Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
+        if CHUNKED:
+            Z = _pos_table_chunked(Q, q_rows, m_valid, sq_d, E, e_scale, D, NPOS, NPOS_BLOCK,
+                                   IEEE, BLOCK_D, DCH)
+        else:
+            Z = _pos_table(q, E, e_scale, offs_d, d_valid, NPOS, NPOS_BLOCK, IEEE)
     if HAS_REL:     # column RNPOS (and beyond) is 0: distances outside [0, RNPOS) add nothing
-        ZR = _pos_table(q, R, scale, offs_d, d_valid, RNPOS, RNPOS_BLOCK, IEEE)
+        if CHUNKED:
+            ZR = _pos_table_chunked(Q, q_rows, m_valid, sq_d, R, scale, D, RNPOS, RNPOS_BLOCK,
+                                    IEEE, BLOCK_D, DCH)
+        else:
+            ZR = _pos_table(q, R, scale, offs_d, d_valid, RNPOS, RNPOS_BLOCK, IEEE)
     return Z, ZR
 
 
@@ -140,15 +177,22 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
                     HAS_KVALID: tl.constexpr, HAS_COPE: tl.constexpr, HAS_GK: tl.constexpr,
                     HAS_REL: tl.constexpr, REL_EXTEND: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr):
-    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`."""
+                    NPOS_BLOCK: tl.constexpr, RNPOS_BLOCK: tl.constexpr,
+                    CHUNKED: tl.constexpr, DCH: tl.constexpr):
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`. CHUNKED (fp32): products over d_head in DCH
+    chunks read from memory, no q tile in registers (`chunking`)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
                                                              BLOCK_D)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
-    Z, ZR = _tables(q, E, R, e_scale, scale, offs_d, d_valid, NPOS, RNPOS, HAS_COPE, HAS_REL,
-                    NPOS_BLOCK, RNPOS_BLOCK, IEEE)
+    q_rows = b * sq_b + h * sq_h + offs_m * sq_t
+    if CHUNKED:
+        q = tl.zeros([BLOCK_M, DCH], dtype=Q.dtype.element_ty)        # placeholder, unused
+    else:
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+    Z, ZR = _tables(q, Q, q_rows, m_valid, sq_d, E, R, e_scale, scale, offs_d, d_valid, D, NPOS,
+                    RNPOS, HAS_COPE, HAS_REL, NPOS_BLOCK, RNPOS_BLOCK, IEEE, CHUNKED, BLOCK_D,
+                    DCH)
     qpos = offs_m
     if HAS_REL:
         qpos = tl.load(QPOS + b * T_Q + offs_m, mask=m_valid, other=0)
@@ -165,9 +209,10 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
     for i in range(0, n_tiles):                      # from the diagonal leftwards
         start_n = last - i * BLOCK_N
         logit, s, g, w, lo, hi, keep, c_i, ridx = _cope_tile(
-            q, Z, ZR, c_i, K, GK, kv_ptr, kpos_ptr, k_base, g_base, sk_t, sk_d, sg_t, sg_d,
-            qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, scale, P_MAX, NPOS, RNPOS,
-            HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND, BLOCK_N, IEEE)
+            q, Z, ZR, c_i, Q, q_rows, m_valid, sq_d, K, GK, kv_ptr, kpos_ptr, k_base, g_base,
+            sk_t, sk_d, sg_t, sg_d, qpos, offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, D,
+            scale, P_MAX, NPOS, RNPOS, HAS_KVALID, HAS_COPE, HAS_GK, HAS_REL, REL_EXTEND,
+            BLOCK_N, IEEE, CHUNKED, BLOCK_D, DCH)
         x = logit * 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(x, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -225,6 +270,15 @@ def launch_args(q, k, pos_emb, gate_k, rel_emb, q_positions, k_positions, key_va
     return E, GK, R, QPOS, KPOS, KV, flags, sizes, npos, rnpos
 
 
+def chunking(dtype: torch.dtype, block_d: int) -> dict:
+    """`CHUNKED`, `DCH`: fp32 (IEEE dots) sums its products over d_head in chunks of
+    `d_chunk` (16) read from memory, with no q / dO / dQ tile held in registers; the fp32
+    backward spilled 184 B at d_head 128 on sm_80 with them (issue 23). fp16/bf16 keep one dot
+    on register tiles (tensor cores; clean)."""
+    chunked = dtype == torch.float32
+    return dict(CHUNKED=chunked, DCH=d_chunk(block_d) if chunked else block_d)
+
+
 def cope_fwd(q, k, v, pos_emb, scale: float, e_scale: float, key_valid=None,
              block_m: int | None = None, block_n: int | None = None, gate_k=None, rel_emb=None,
              q_positions=None, k_positions=None, rel_extend: bool = False):
@@ -248,8 +302,9 @@ def cope_fwd(q, k, v, pos_emb, scale: float, e_scale: float, key_valid=None,
         *GK.stride(), *out.stride(), KV.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos, rnpos,
         scale, e_scale, float(npos - 1), **flags, REL_EXTEND=rel_extend,
         IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), **sizes,
-        **launch)
+        **chunking(q.dtype, next_pow2(D)), **launch)
     return out, lse
 
 
-__all__ = ["MAX_NPOS", "cope_fwd", "cope_fwd_kernel", "default_blocks", "launch_args"]
+__all__ = ["MAX_NPOS", "chunking", "cope_fwd", "cope_fwd_kernel", "default_blocks",
+           "launch_args"]

@@ -151,8 +151,10 @@ def cmd_train(args) -> int:
     import torch
 
     from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE
-    from interp.zoo.text_train import measure, prepare_data, train_zoo
+    from interp.zoo.text_train import default_runs_dir, measure, prepare_data, train_zoo
 
+    if args.out is None:
+        args.out = str(default_runs_dir())
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -322,9 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, metavar="RECIPE",
                     help="recipes to train: text-{mha,mta,cope,dcmha,infini}-{l1,l2,l4mlp}, "
                          "a 2-layer data-mix twin text-VARIANT-l2-mix, or a calibration run "
-                         "text-mha-l2-{ctx256,b8} (default: the 15)")
+                         "text-mha-l2-* (ctx256, b8 and the session-sized runs listed in "
+                         "docs/zoo.md) (default: the 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
-    tr.add_argument("--out", default="out/zoo-text", help="runs, caches and releases go here")
+    tr.add_argument("--out", default=None,
+                    help="runs, caches and releases go here (default $ATTNLENS_RUNS/zoo-text, "
+                         "else ~/.cache/attnlens/zoo-text: outside the work tree, which each "
+                         "session lays anew)")
     tr.add_argument("--release-to", default=None,
                     help="where finished models are written (default OUT/release; "
                          "hooked_models/zoo only for full-budget runs)")

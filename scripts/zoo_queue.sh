@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The text zoo's training queue on a 2-core CPU: two lanes of single-thread runs at the lowest
 # priority, each resuming from its last checkpoint (run it again after any interruption).
-#   bash scripts/zoo_queue.sh            # both lanes, in the background; logs in out/zoo-text/
+#   bash scripts/zoo_queue.sh            # both lanes, in the background; logs in $OUT
+# Runs live outside the work tree (each session lays the work tree anew from git, so a
+# checkpoint under it never reaches the next session): $OUT, default
+# ${ATTNLENS_RUNS:-~/.cache/attnlens}/zoo-text, which survives when the next session is handed
+# the same machine. When it is not, a run starts again: size runs to finish in a session.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
-OUT=${OUT:-out/zoo-text}
+OUT=${OUT:-${ATTNLENS_RUNS:-$HOME/.cache/attnlens}/zoo-text}
 mkdir -p "$OUT"
 # Finished runs are skipped in a second (they resume at their last step and release). The
 # natural-text text-mha-l2 formed no induction head in 41M tokens (docs/zoo.md), so lane A

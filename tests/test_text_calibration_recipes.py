@@ -7,6 +7,7 @@ import pytest
 from interp.zoo.text_recipes import (
     CALIBRATION_RECIPES,
     RECIPES,
+    SESSION_CALIBRATION,
     ZOO_TRAIN,
     get_recipe,
     train_config,
@@ -19,7 +20,7 @@ def tokens_of(recipe) -> int:
     return tcfg.steps * tcfg.batch_size * cfg.n_ctx
 
 
-@pytest.mark.parametrize("name", sorted(CALIBRATION_RECIPES))
+@pytest.mark.parametrize("name", sorted(set(CALIBRATION_RECIPES) - set(SESSION_CALIBRATION)))
 def test_calibration_recipes_change_one_thing_at_the_zoo_budget(name):
     recipe, zoo = get_recipe(name), RECIPES["text-mha-l2"]
     assert tokens_of(recipe) == tokens_of(zoo) == 5000 * 16 * 512
@@ -39,3 +40,17 @@ def test_ctx256_is_the_issue_plain_setup():
 def test_unknown_recipe_lists_the_calibration_ones():
     with pytest.raises(ValueError, match="text-mha-l2-ctx256"):
         get_recipe("text-mha-l3")
+
+
+@pytest.mark.parametrize("name", sorted(SESSION_CALIBRATION))
+def test_session_calibration_runs_fit_a_session_and_change_only_the_data(name):
+    """The session-sized runs: the zoo's 2-layer MHA and optimiser, 4,096 tokens per step,
+    at most 12.3M tokens (3,000 steps), natural text changed only by a documented mix."""
+    recipe, zoo = get_recipe(name), RECIPES["text-mha-l2"]
+    assert tokens_of(recipe) <= 3000 * 8 * 512
+    cfg, zoo_cfg = recipe.config(d_vocab=4096), zoo.config(d_vocab=4096)
+    assert {k for k, v in vars(cfg).items() if vars(zoo_cfg)[k] != v} <= {"metadata"}
+    tcfg = train_config(recipe.train_overrides)
+    assert tcfg.batch_size * cfg.n_ctx == 4096 and tcfg.lr == ZOO_TRAIN["lr"]
+    assert recipe.data_mix and set(recipe.data_mix) <= {
+        "repeat_fraction", "span", "span_tokens", "toy_schedule", "toy_copy", "toy_vocab"}

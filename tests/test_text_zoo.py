@@ -197,3 +197,95 @@ def test_a_text_model_is_served_on_held_out_source_code(smoke_run):
     start = next(i for i, t in enumerate(window) if t != model.tokenizer.bos_token_id)
     assert text.startswith(model.to_string(torch.tensor(window[start:start + 5])))
     assert model.to_tokens(text).shape[1] <= model.cfg.n_ctx
+
+
+def test_random_span_mix_pastes_one_random_token_span_twice_into_natural_text():
+    """`span_tokens="random"`: both copies of the repeated span are random vocabulary ids (never
+    BOS), the rest of the context is the natural text, and draws are reproducible."""
+    import numpy as np
+
+    from interp.zoo.text_train import window_sampler
+
+    stream = np.arange(5000) % 997 + 1   # consecutive ids: natural text here has step 1
+    sample = window_sampler(stream, 64, 0, repeat_fraction=1.0, span=(5, 10),
+                            span_tokens="random", vocab_size=4096)
+    tokens, _ = sample(8, torch.Generator().manual_seed(3))
+    again, _ = sample(8, torch.Generator().manual_seed(3))
+    assert torch.equal(tokens, again)
+    for row in tokens[:, 1:]:
+        natural = torch.cat([torch.tensor([True]), (row[1:] - row[:-1]) == 1])
+        # the running count survives outside the two copies: at most 2 x 10 + 2 breaks
+        assert (~natural).sum() <= 22 and (row > 0).all()
+        pasted = [(i, j, n) for n in range(10, 4, -1) for i in range(len(row) - n)
+                  for j in range(i + n, len(row) - n + 1)
+                  if torch.equal(row[i:i + n], row[j:j + n])
+                  and not bool(((row[i + 1:i + n] - row[i:i + n - 1]) == 1).all())]
+        assert pasted, "no random-token span repeated later in the context"
+    with pytest.raises(ValueError, match="span_tokens"):
+        window_sampler(stream, 64, 0, repeat_fraction=1.0, span=(5, 10), span_tokens="words")
+    with pytest.raises(ValueError, match="vocab_size"):
+        window_sampler(stream, 64, 0, repeat_fraction=1.0, span=(5, 10), span_tokens="random")
+
+
+def test_toy_schedule_serves_toy_phases_then_natural_text_and_resumes_exactly():
+    """The curriculum: `(steps, ctx)` phases of `[BOS] r r` with as many tokens per step as the
+    natural batches, then natural text; a sampler started at step k serves what the
+    uninterrupted one serves from step k on (given the generator state)."""
+    import numpy as np
+
+    from interp.zoo.text_train import window_sampler
+
+    stream = np.arange(5000) % 997 + 1
+    kwargs = dict(vocab_size=50, toy_schedule=((2, 16), (1, 32)))
+    sample = window_sampler(stream, 64, 0, **kwargs)
+    gen = torch.Generator().manual_seed(0)
+    batches = [sample(4, gen)[0] for _ in range(5)]
+    assert [tuple(b.shape) for b in batches] == [(16, 16), (16, 16), (8, 32), (4, 64), (4, 64)]
+    lengths = set()
+    for b in batches[:3]:
+        assert (b[:, 0] == 0).all() and (b[:, 1:] < 50).all() and (b[:, 1:] > 0).all()
+        for row in b[:, 1:]:
+            body = len(row)
+            found = [n for n in range(max(1, body // 8), body // 2 + 1)
+                     if torch.equal(row[:n], row[n:2 * n])]
+            assert found, row
+            lengths.add(found[-1])
+    assert len(lengths) > 3   # the copy distance varies
+    assert ((batches[3][:, 2:] - batches[3][:, 1:-1]) % 997 == 1).float().mean() > 0.95
+    gen = torch.Generator().manual_seed(0)
+    resumed = window_sampler(stream, 64, 0, start_step=2, **kwargs)
+    full = window_sampler(stream, 64, 0, **kwargs)
+    for _ in range(2):
+        full(4, gen)
+    state = gen.get_state()
+    ahead = [full(4, gen)[0] for _ in range(3)]
+    gen.set_state(state)
+    assert all(torch.equal(a, resumed(4, gen)[0]) for a in ahead)
+    fixed, _ = window_sampler(stream, 64, 0, vocab_size=50, toy_schedule=((1, 16),),
+                              toy_copy="fixed")(4, torch.Generator().manual_seed(1))
+    assert torch.equal(fixed[:, 1:8], fixed[:, 9:16]) and fixed.shape == (16, 16)
+    small, _ = window_sampler(stream, 64, 0, vocab_size=50, toy_schedule=((1, 16),),
+                              toy_vocab=5)(4, torch.Generator().manual_seed(1))
+    assert small[:, 1:].max() <= 4 and small[:, 1:].min() >= 1
+    with pytest.raises(ValueError, match="toy_vocab"):
+        window_sampler(stream, 64, 0, vocab_size=50, toy_schedule=((1, 16),), toy_vocab=51)
+    with pytest.raises(ValueError, match="toy_copy"):
+        window_sampler(stream, 64, 0, vocab_size=50, toy_schedule=((1, 16),), toy_copy="x")
+    with pytest.raises(ValueError, match="toy_schedule phase"):
+        window_sampler(stream, 64, 0, vocab_size=50, toy_schedule=((2, 128),))
+
+
+def test_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
+    """Checkpoints under the work tree never reach the next session (it is laid anew from
+    git): the default runs directory is $ATTNLENS_RUNS/zoo-text, else ~/.cache/attnlens."""
+    from pathlib import Path
+
+    from interp.zoo.text_train import default_runs_dir
+
+    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path))
+    assert default_runs_dir() == tmp_path / "zoo-text"
+    monkeypatch.delenv("ATTNLENS_RUNS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_runs_dir() == tmp_path / "home" / ".cache" / "attnlens" / "zoo-text"
+    repo = Path(__file__).resolve().parents[1]
+    assert repo not in default_runs_dir().parents

@@ -52,5 +52,30 @@ def test_zoo_page_shows_the_calibration_table(tmp_path):
     trajectories([tmp_path / "runs" / "text-mha-l2"]).to_csv(tmp_path / "calibration.csv",
                                                              index=False)
     text = "\n".join(calibration_section(tmp_path, tmp_path / "zoo.md"))
-    assert "| `text-mha-l2` | 2.0M | 2.0M tokens | 0.400 | 0.45 / 0.60 | 4.500 |" in text
+    assert ("| `text-mha-l2` | l2, 16 x 512; natural text | 2.0M | 2.0M tokens | 0.400 | "
+            "0.45 / 0.60 | 4.500 |") in text
     assert calibration_section(tmp_path / "nothing", tmp_path / "zoo.md") == []
+
+
+def test_keep_carries_earlier_runs_and_the_new_logs_win(tmp_path):
+    """`--keep`: runs of an earlier CSV whose logs are gone stay; a run present in both is
+    read from its log."""
+    def evals(scale):
+        return [{"step": s, "tokens": s * 10, "val_loss": 4.0, "induction_score": scale,
+                 "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]
+
+    write_log(tmp_path / "old", evals(0.01))
+    write_log(tmp_path / "both", evals(0.02))
+    earlier = tmp_path / "earlier.csv"
+    trajectories([tmp_path / "old", tmp_path / "both"]).to_csv(earlier, index=False)
+    (tmp_path / "both" / "metrics.jsonl").unlink()
+    write_log(tmp_path / "new" / "both", evals(0.5))
+    out = tmp_path / "t.csv"
+    assert main([str(tmp_path / "new" / "both"), "--keep", str(earlier), "--csv", str(out)]) == 0
+    traj = pd.read_csv(out)
+    assert sorted(set(traj.run)) == ["both", "old"] and len(traj) == 4
+    assert set(traj[traj.run == "both"].induction_score) == {0.5}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="lacks"):
+        main([str(tmp_path / "new" / "both"), "--keep", str(bad)])

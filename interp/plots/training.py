@@ -4,7 +4,7 @@ a plotly Figure.
 
 Example:
     >>> from interp.zoo.text_studies import released_models, training_logs
-    >>> fig = phase_change_figure(training_logs(released_models("out/zoo-text/release")))
+    >>> fig = phase_change_figure(training_logs(released_models("hooked_models/zoo")))
     ...                                                                   # doctest: +SKIP
 """
 

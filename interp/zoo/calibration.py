@@ -6,8 +6,10 @@ ratio on repeated random tokens and on repeated real text) and, per run, the tok
 first met the zoo's bar (`interp.zoo.text_studies.forms_induction`) or "not yet" with how far it
 got. Runs still in progress are read as they stand: the table says how many tokens each has seen.
 
-    python -m interp.zoo.calibration out/zoo-text/runs/* [--csv docs/figures/zoo/calibration.csv]
-                                                         [--png docs/figures/zoo/calibration.png]
+    python -m interp.zoo.calibration RUNS/runs/* [--keep docs/figures/zoo/calibration.csv]
+                                                 [--csv docs/figures/zoo/calibration.csv]
+                                                 [--png docs/figures/zoo/calibration.png]
+RUNS: `attnlens train --zoo text`'s runs directory (`interp.zoo.text_train.default_runs_dir`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def trajectories(run_dirs) -> pd.DataFrame:
     """`trajectory` of every run, stacked."""
     frames = [trajectory(d) for d in run_dirs]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def keep_earlier(traj: pd.DataFrame, csv) -> pd.DataFrame:
+    """`traj` plus the rows of the trajectories CSV `csv` whose run `traj` does not have."""
+    csv = Path(csv)
+    if not csv.is_file():
+        raise ValueError(f"--keep {csv}: no such trajectories CSV")
+    earlier = pd.read_csv(csv)
+    missing = set(COLUMNS) - set(earlier.columns)
+    if missing:
+        raise ValueError(f"{csv} is not a trajectories CSV: it lacks {sorted(missing)}")
+    earlier = earlier[~earlier["run"].isin(set(traj["run"]))][COLUMNS]
+    return pd.concat([earlier, traj], ignore_index=True) if len(traj) else earlier
 
 
 def onset_table(traj: pd.DataFrame) -> pd.DataFrame:
@@ -90,8 +105,13 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--csv", type=Path, default=None, help="write the trajectories here")
     parser.add_argument("--png", type=Path, default=None, help="draw the figure here (kaleido)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="an earlier trajectories CSV: its runs that are not among RUNS are "
+                             "kept (the logs of earlier sessions' runs are not in git)")
     args = parser.parse_args(argv)
     traj = trajectories(args.runs)
+    if args.keep:
+        traj = keep_earlier(traj, args.keep)
     print(onset_table(traj).to_string(index=False))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,8 @@ class Recipe:
     data_mix: dict | None = None
     arch_overrides: dict | None = None   # calibration recipes: ARCH entries changed
     train_overrides: dict | None = None  # calibration recipes: ZOO_TRAIN entries changed
+    # std of the token embedding W_E at init (None: the model's initializer_range, 0.02)
+    embed_std: float | None = None
 
     def config(self, d_vocab: int, seed: int = 0, arch: dict | None = None,
                attn_cfg: dict | None = None) -> VariantConfig:
@@ -102,6 +104,43 @@ CALIBRATION_RECIPES: dict[str, Recipe] = {
     "text-mha-l2-b8": Recipe("text-mha-l2-b8", "mha", "l2",
                              train_overrides={"steps": 10_000, "batch_size": 8}),
 }
+
+
+def _session_run(name: str, mix: dict, steps: int = 2500, **fields) -> Recipe:
+    """A calibration run of the 2-layer MHA at batch 8 x 512 (4,096 tokens per step), sized to
+    finish inside one session: the ignored out/ directory does not survive between sessions."""
+    return Recipe(name, "mha", "l2", mix, train_overrides={"steps": steps, "batch_size": 8},
+                  **fields)
+
+
+TEXT_SPANS = {"repeat_fraction": 1.0, "span": (20, 100)}
+RANDOM_SPANS = {"repeat_fraction": 0.5, "span": (100, 254), "span_tokens": "random"}
+# Session calibration (2026-11-27): what brings induction within ~10M tokens? Repeated spans of
+# the context's own text ("rep"), random-token spans pasted twice ("rand"), a toy-task warm-up
+# ("toy": `[BOS] r r` batches first; "fixed" copies at one distance, "varied" at many), the
+# token embedding at PyTorch's N(0, 1) ("e1"). docs/zoo.md has the trajectories.
+SESSION_CALIBRATION: dict[str, Recipe] = {r.name: r for r in [
+    _session_run("text-mha-l2-rep50", {"repeat_fraction": 0.5, "span": (20, 100)}),
+    _session_run("text-mha-l2-rep100", TEXT_SPANS),
+    _session_run("text-mha-l2-rep100-e1", TEXT_SPANS, embed_std=1.0),
+    _session_run("text-mha-l2-rep100-long", {"repeat_fraction": 1.0, "span": (50, 250)}),
+    _session_run("text-mha-l2-rand50", {**RANDOM_SPANS, "span": (20, 100)}),
+    _session_run("text-mha-l2-rand50-long", RANDOM_SPANS),
+    _session_run("text-mha-l2-toy500", {"toy_schedule": ((500, 512),), "toy_copy": "fixed",
+                                        **RANDOM_SPANS}),
+    _session_run("text-mha-l2-toy128", {"toy_schedule": ((600, 128),), "toy_copy": "fixed",
+                                        **RANDOM_SPANS}),
+    _session_run("text-mha-l2-toy3", {"toy_schedule": ((400, 128), (200, 256), (200, 512)),
+                                      **RANDOM_SPANS}),
+    _session_run("text-mha-l2-toyonly", {"toy_schedule": ((3000, 128),)}, steps=3000),
+    # the bundled toy models' task (26 letters, contexts of 41) in the text model: a check that
+    # the pipeline forms induction heads where the toy models did
+    _session_run("text-mha-l2-toyonly-v27", {"toy_schedule": ((1000, 41),), "toy_vocab": 27},
+                 steps=1000),
+    _session_run("text-mha-l2-toyonly-v256", {"toy_schedule": ((3000, 128),), "toy_vocab": 256},
+                 steps=3000),
+]}
+CALIBRATION_RECIPES.update(SESSION_CALIBRATION)
 
 
 def get_recipe(name: str) -> Recipe:

@@ -3,7 +3,7 @@
     python -m interp.zoo.text_studies RELEASE_DIR [--out docs/figures/zoo] [--no-png]
 
 RELEASE_DIR holds released text models (`text-<variant>-<shape>/`, as written by
-`attnlens train --zoo text`): `hooked_models/zoo` once the zoo ships, `out/zoo-text/release`
+`attnlens train --zoo text`): `hooked_models/zoo` once the zoo ships, `RUNS/release`
 after a run. Each study returns tidy DataFrames; `run_studies` writes them as CSV beside their
 figures (HTML, and PNG when kaleido works) into OUT, where `interp.zoo.zoo_docs` reads them.
 

@@ -1,6 +1,7 @@
 """Train, evaluate and release the text-language-model zoo (`attnlens train --zoo text`).
 
-    attnlens train --zoo text --device cuda          all 15 recipes, resumable, into out/zoo-text
+    attnlens train --zoo text --device cuda          all 15 recipes, resumable, into
+                                                     ~/.cache/attnlens/zoo-text (default_runs_dir)
     attnlens train --zoo text --measure              tokens/s per recipe and the projected time
     attnlens train --zoo text --smoke                the whole pipeline in seconds (never a zoo)
 
@@ -14,6 +15,7 @@ full-budget run may be released into `hooked_models/zoo` (`--release-to hooked_m
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import sys
@@ -38,6 +40,15 @@ from interp.zoo.text_eval import (
 )
 from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE, flops_per_token, get_recipe
 from interp.zoo.text_recipes import train_config as make_train_config
+
+
+def default_runs_dir() -> Path:
+    """Where `attnlens train --zoo text` keeps runs by default: `$ATTNLENS_RUNS/zoo-text`, else
+    `~/.cache/attnlens/zoo-text`, outside the work tree. A session's work tree is laid anew
+    from git, so checkpoints under it (the old default, `out/zoo-text`) never reach the next
+    session; a directory outside it does when the next session is handed the same machine."""
+    root = os.environ.get("ATTNLENS_RUNS") or Path.home() / ".cache" / "attnlens"
+    return Path(root) / "zoo-text"
 
 
 @dataclass
@@ -66,15 +77,30 @@ def prepare_data(cache_dir, vocab_size: int = VOCAB_SIZE, max_files: int | None 
 
 
 def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: float = 0.0,
-                   span: tuple[int, int] = (20, 100)):
+                   span: tuple[int, int] = (20, 100), span_tokens: str = "text",
+                   vocab_size: int | None = None, toy_schedule=(), toy_copy: str = "varied",
+                   toy_vocab: int | None = None, start_step: int = 0):
     """Batches of `[BOS] + n_ctx-1` tokens from uniformly random offsets of `stream`.
 
     Every context starts with BOS, like `to_tokens(prepend_bos=True)` at analysis time.
     With `repeat_fraction` > 0 (the documented data mix of issue 26, stated on the card), that
     fraction of contexts, on average, has one span of `span[0]..span[1]` of its own tokens
     copied to a later place in the same context, so a copy of earlier text appears more often
-    than natural text has one. Every draw comes from the run's generator (exact resume); with
-    the default 0 no extra draw is made, so natural-text runs are unchanged by this option.
+    than natural text has one. With `span_tokens="random"` both copies of the span are ids
+    drawn uniformly from `1..vocab_size-1` instead of the context's own text (a random-token
+    repeat pasted into natural text, the toy induction task's signal). Every draw comes from
+    the run's generator (exact resume); with the default 0 no extra draw is made, so
+    natural-text runs are unchanged by this option.
+
+    `toy_schedule`, a sequence of `(steps, ctx)` phases, is a curriculum: the run's first
+    batches are the toy induction task instead (`toy_rows`), `[BOS] r r s` with r and s random
+    ids of `1..vocab_size-1` (`1..toy_vocab-1` when given: the BPE ids are in merge order, so
+    low ids are the bytes) in contexts of `ctx` tokens, `batch x n_ctx // ctx` of them so that
+    a step holds the same number of tokens; natural text (with the mix above) follows. |r| is
+    drawn per context (`toy_copy="varied"`); "fixed" makes it half the context, which a head
+    that attends |r| back solves without induction, as the calibration found. The sampler
+    counts the batches it has served from `start_step`, the step a resumed run continues from,
+    so a resumed run gets the batches the uninterrupted run would.
     """
     body = n_ctx - 1
     if len(stream) <= body:
@@ -85,9 +111,28 @@ def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: fl
     if repeat_fraction and not 1 <= lo <= hi <= body // 2 - 1:
         raise ValueError(f"span {span} must satisfy 1 <= lo <= hi <= {body // 2 - 1} "
                          f"(half the context of {body} tokens)")
+    if span_tokens not in ("text", "random"):
+        raise ValueError(f"span_tokens must be 'text' or 'random', got {span_tokens!r}")
+    if (span_tokens == "random" or toy_schedule) and (vocab_size is None or vocab_size < 2):
+        raise ValueError(f"span_tokens='random' and toy_schedule need vocab_size >= 2, "
+                         f"got {vocab_size}")
+    toy_high = vocab_size if toy_vocab is None else toy_vocab
+    if toy_vocab is not None and not 2 <= toy_vocab <= (vocab_size or 0):
+        raise ValueError(f"toy_vocab must be in [2, vocab_size={vocab_size}], got {toy_vocab}")
+    if toy_copy not in ("varied", "fixed"):
+        raise ValueError(f"toy_copy must be 'varied' or 'fixed', got {toy_copy!r}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    phase_ends = toy_phase_ends(toy_schedule, n_ctx)
+    served = [start_step]
     data = torch.from_numpy(stream.astype(np.int64))
 
     def sample(batch: int, gen: torch.Generator):
+        served[0] += 1
+        toy_ctx = next((ctx for end, ctx in phase_ends if served[0] <= end), None)
+        if toy_ctx is not None:
+            rows = toy_rows(batch * n_ctx // toy_ctx, toy_ctx - 1, toy_high, toy_copy, gen)
+            return torch.cat([torch.full((len(rows), 1), bos, dtype=torch.long), rows], 1), None
         starts = torch.randint(0, len(data) - body, (batch,), generator=gen)
         rows = torch.stack([data[s:s + body] for s in starts.tolist()])
         if repeat_fraction:
@@ -97,10 +142,39 @@ def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: fl
                 n = lo + int(draws[i, 0] * (hi - lo + 1))
                 a = int(draws[i, 1] * (body - 2 * n + 1))
                 b = a + n + int(draws[i, 2] * (body - n - (a + n) + 1))
+                if span_tokens == "random":
+                    rows[i, a:a + n] = torch.randint(1, vocab_size, (n,), generator=gen)
                 rows[i, b:b + n] = rows[i, a:a + n].clone()
         return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), rows], 1), None
 
     return sample
+
+
+def toy_phase_ends(toy_schedule, n_ctx: int) -> list[tuple[int, int]]:
+    """`[(last step of the phase, ctx)]` of a `toy_schedule` of `(steps, ctx)` phases."""
+    ends, total = [], 0
+    for steps, ctx in toy_schedule:
+        if steps < 1 or not 3 <= ctx <= n_ctx:
+            raise ValueError(f"toy_schedule phase ({steps}, {ctx}): need steps >= 1 and "
+                             f"3 <= ctx <= n_ctx={n_ctx}")
+        total += steps
+        ends.append((total, ctx))
+    return ends
+
+
+def toy_rows(n: int, body: int, high: int, copy: str, gen: torch.Generator) -> torch.Tensor:
+    """`[n body]` rows of the toy induction task, ids in `1..high-1`: `r r` ("fixed", |r| half
+    the row) or `r r s` with |r| drawn per row from body/8 to body/2 ("varied")."""
+    if copy == "fixed":
+        r = torch.randint(1, high, (n, (body + 1) // 2), generator=gen)
+        return torch.cat([r, r], 1)[:, :body]
+    rows = torch.randint(1, high, (n, body), generator=gen)
+    # the copy's length, so its offset, varies by row: a head that attends a fixed distance
+    # back cannot solve the task, an induction head can
+    lengths = torch.randint(max(1, body // 8), body // 2 + 1, (n,), generator=gen)
+    for i, length in enumerate(lengths.tolist()):
+        rows[i, length:2 * length] = rows[i, :length]
+    return rows
 
 
 def build_model(name: str, data: TextData, device: str, seed: int = 0, smoke: bool = False):
@@ -110,7 +184,12 @@ def build_model(name: str, data: TextData, device: str, seed: int = 0, smoke: bo
     cfg = recipe.config(d_vocab=data.tokenizer.vocab_size, seed=seed, arch=arch,
                         attn_cfg=attn_cfg)
     cfg.device = device
-    return HookedVariantTransformer(cfg, tokenizer=data.tokenizer)
+    model = HookedVariantTransformer(cfg, tokenizer=data.tokenizer)
+    if recipe.embed_std is not None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            model.W_E.copy_(torch.randn(model.W_E.shape, generator=gen) * recipe.embed_std)
+    return model
 
 
 def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: int = 0,
@@ -132,7 +211,10 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
     mix = get_recipe(name).data_mix
     card = {"recipe": name, "train_command": command, "device": device,
             "data_mix": mix or "natural text"}
+    ckpt = latest_checkpoint(run_dir)
+    start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
     sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
+                             vocab_size=data.tokenizer.vocab_size, start_step=start_step,
                              **(mix or {}))
     fit(model, sampler, tcfg,
         run_dir=run_dir, evaluate=evaluate, card=card)

@@ -95,7 +95,11 @@ def figure(traj: pd.DataFrame):
     fig.add_hline(y=COPY_RATIO_THRESHOLD, line_dash="dot", row=1, col=1)
     fig.add_hline(y=INDUCTION_THRESHOLD, line_dash="dot", row=1, col=2)
     fig.update_xaxes(title_text="training tokens (M)")
-    fig.update_layout(width=1000, height=420, title="Induction-head formation by run")
+    # the legend below the plots, four runs a row, so every run is named however many there are
+    rows = -(-traj["run"].nunique() // 4)
+    fig.update_layout(width=1100, height=440 + 24 * rows, title="Induction-head formation by run",
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, entrywidth=250,
+                                  font=dict(size=11)))
     return fig
 
 

@@ -82,7 +82,7 @@ def load_train_state(ckpt, model, opt, gen: torch.Generator, train_cfg: dict) ->
     run would silently follow another schedule.
     """
     ckpt = Path(ckpt)
-    meta = json.loads((ckpt / STATE_FILE).read_text())
+    meta = read_train_state(ckpt)
     saved_cfg = read_config(ckpt)
     if saved_cfg.to_dict() != model.cfg.to_dict():
         raise ValueError(f"{ckpt / 'config.json'} describes another model than the one being "
@@ -110,10 +110,15 @@ def load_train_state(ckpt, model, opt, gen: torch.Generator, train_cfg: dict) ->
     return int(meta["step"]), int(meta["tokens"])
 
 
+def read_train_state(ckpt) -> dict:
+    """Checkpoint `ckpt`'s trainer_state.json: step, tokens, train config, timing."""
+    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+
+
 def load_timing(ckpt) -> dict | None:
     """The `timing` saved with checkpoint `ckpt` (None for checkpoints written before it was
     kept)."""
-    return json.loads((Path(ckpt) / STATE_FILE).read_text()).get("timing")
+    return read_train_state(ckpt).get("timing")
 
 
 def rewind_metrics(path: Path, step: int) -> None:

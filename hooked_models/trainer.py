@@ -31,6 +31,7 @@ from hooked_models.train_state import (
     latest_checkpoint,
     load_timing,
     load_train_state,
+    read_train_state,
     rewind_metrics,
     save_train_state,
 )
@@ -68,6 +69,11 @@ class TrainConfig:
             `evaluate` and `eval_every`). `steps` is then the most the run may take. The last
             metrics record of a stopped run says `"early_stop": true`; a resumed run rebuilds
             the count from the metrics log, so it stops where an unbroken run would.
+        cooldown: the last `cooldown` steps scale the lr down linearly towards 0 (a
+            warmup-stable-decay schedule, Hagele et al. 2024, with `min_lr_ratio` 1: a constant
+            lr, then the decay; 0: off). A run may be resumed with another `steps` or
+            `cooldown` as long as the lr of every step it has run is unchanged, so the decay
+            can be decided when the stable phase has done its work.
         compile: run the training forward through `torch.compile` (the model itself stays
             eager: evaluations, hooks and checkpoints see the same parameters). With nothing
             observed every variant's block is one graph; the first steps pay the compile.
@@ -91,6 +97,7 @@ class TrainConfig:
     early_stop_patience: int = 0
     early_stop_metric: str = "val_loss"
     early_stop_min_delta: float = 0.0
+    cooldown: int = 0
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -98,7 +105,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup", "eval_every", "checkpoint_every", "checkpoint_minutes",
-                     "early_stop_patience", "early_stop_min_delta"):
+                     "early_stop_patience", "early_stop_min_delta", "cooldown"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -115,16 +122,44 @@ class TrainConfig:
         if not self.early_stop_patience:   # off: runs from before the option resume unchanged
             for k in ("early_stop_patience", "early_stop_metric", "early_stop_min_delta"):
                 out.pop(k)
+        if not self.cooldown:
+            out.pop("cooldown")
         return out
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of the peak lr at 0-based `step`: warmup (step+1)/warmup, then cosine."""
+    """Multiplier of the peak lr at 0-based `step`: warmup (step+1)/warmup, then cosine, and
+    over the last `cooldown` steps a linear decay of that towards 0."""
     if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+        factor = (step + 1) / cfg.warmup
+    else:
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        factor = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+    if cfg.cooldown and step >= cfg.steps - cfg.cooldown:
+        factor *= (cfg.steps - step) / (cfg.cooldown + 1)
+    return factor
+
+
+# Train-config entries a resumed run may change when the lr of every step already run stays the
+# same: how long the run goes on and how its lr ends.
+SCHEDULE_FUTURE = ("steps", "cooldown")
+
+
+def resume_check_config(saved: dict, cfg: TrainConfig, step: int) -> dict:
+    """What `load_train_state` checks a checkpoint at `step` (train config `saved`) against.
+
+    `cfg`'s own settings, unless the two differ only in SCHEDULE_FUTURE and agree on the lr of
+    every step already run (0..step-1): the run so far is then the run `cfg` describes, and
+    the saved settings are accepted (the next checkpoint records `cfg`'s)."""
+    mine = json.loads(json.dumps(cfg.to_dict()))
+    differs = {k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k)}
+    if not differs or not differs <= set(SCHEDULE_FUTURE):
+        return mine
+    old = TrainConfig(**{**saved, "betas": tuple(saved["betas"])})
+    if step > cfg.steps or any(lr_factor(s, old) != lr_factor(s, cfg) for s in range(step)):
+        return mine
+    return saved
 
 
 class EarlyStop:
@@ -242,7 +277,10 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
-            start, tokens_seen = load_train_state(ckpt, model, opt, gen, cfg.to_dict())
+            saved = read_train_state(ckpt)
+            start, tokens_seen = load_train_state(
+                ckpt, model, opt, gen,
+                resume_check_config(saved["train_config"], cfg, saved["step"]))
             # A checkpoint from before timing was kept: count from here, and say so.
             timing = load_timing(ckpt) or {**timing, "from_step": start}
         rewind_metrics(run_dir / METRICS_FILE, start)

@@ -43,8 +43,11 @@ def test_recipe_table_covers_every_variant_and_shape_at_one_budget():
     big = RECIPES["text-dcmha-l4mlp"].config(d_vocab=4096)
     # Issue 26: a deeper model with MLPs (>= 4 layers), sized for the CPU (d_model 128).
     assert big.d_model >= 128 and not big.attn_only and 4 <= big.n_layers <= 6
-    assert train_config().steps * train_config().batch_size == \
-        ZOO_TRAIN["steps"] * ZOO_TRAIN["batch_size"]
+    # one budget, 41M tokens, for every recipe: the curriculum's 10,000 steps of 4,096 tokens
+    for recipe in RECIPES.values():
+        tcfg = train_config(recipe.train_overrides)
+        assert tcfg.steps * tcfg.batch_size == ZOO_TRAIN["steps"] * ZOO_TRAIN["batch_size"]
+        assert recipe.data_mix == {"ctx_schedule": ((6250, 256),)}
 
 
 def test_smoke_run_releases_fp16_models_with_complete_cards(smoke_run):
@@ -138,7 +141,8 @@ def test_data_mix_repeats_a_span_and_leaves_natural_text_draws_unchanged():
         found = any(torch.equal(row[j:j + 5], row[i:i + 5])
                     for i in range(len(row) - 5) for j in range(i + 5, len(row) - 4))
         assert found
-    assert all(r.data_mix == REPEAT_MIX and r.shape == "l2" for r in MIX_RECIPES.values())
+    assert all(r.data_mix == {**REPEAT_MIX, "ctx_schedule": ((6250, 256),)} and r.shape == "l2"
+               for r in MIX_RECIPES.values())
     with pytest.raises(ValueError, match="repeat_fraction"):
         window_sampler(stream, 64, 0, repeat_fraction=1.5)
 

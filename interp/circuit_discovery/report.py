@@ -1,17 +1,20 @@
-"""The induction circuit on the bundled toy models: the table of docs/circuit_discovery.md.
+"""The induction circuit on the bundled models: the tables of docs/circuit_discovery.md.
 
     python -m interp.circuit_discovery.report [--prompts 32] [--seed 0] [--top-k 20]
+    python -m interp.circuit_discovery.report --models text-mha-l2 --half-len 20
 
-For each `induction-<variant>`: EAP-IG (10 steps) and first-order attribution scores on
-`induction_task` (clean `[BOS] r r` vs corrupted `[BOS] r' r`, |r| = 10), the pruned top-k
-circuit, its faithfulness with the rest patched to the corrupted run and to the corrupted mean,
-whether a previous-token head -> induction head K-composition edge and an induction head ->
-logits edge were recovered, and the strongest within-layer map edge checked by exact patching.
+For each `induction-<variant>` (or each model named by `--models`): EAP-IG (10 steps) and
+first-order attribution scores on `induction_task` (clean `[BOS] r r` vs corrupted `[BOS] r' r`,
+|r| = 10 or `--half-len`), the pruned top-k circuit, its faithfulness with the rest patched to
+the corrupted run and to the corrupted mean, whether a previous-token head -> induction head
+K-composition edge and an induction head -> logits edge were recovered, and the strongest
+within-layer map edge checked by exact patching.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,14 +37,22 @@ VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")
 SIZES = (5, 10, 20, 30, 40, 60, 80, 100)
 
 
+def load(name: str):
+    """A checkpoint directory (one with config.json) or else the bundled model `name`."""
+    from hooked_models import HookedVariantTransformer, zoo
+
+    path = Path(name)
+    if (path / "config.json").is_file():
+        return HookedVariantTransformer.from_pretrained(path).eval()
+    return zoo.load(name)
+
+
 def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
-               steps: int = 10) -> tuple[dict, dict]:
+               steps: int = 10, half_len: int = 10) -> tuple[dict, dict]:
     """The two table rows of the bundled model `name`: the top-k circuit (recovery and
     faithfulness) and its within-layer edges (in the smallest circuit with faithfulness >= 0.9)."""
-    from hooked_models import zoo
-
-    model = zoo.load(name)
-    task = induction_task(model, n_prompts=prompts, half_len=10, seed=seed)
+    model = load(name)
+    task = induction_task(model, n_prompts=prompts, half_len=half_len, seed=seed)
     heads = induction_heads(model, task)
     found = discover(model, task, "eap-ig", steps=steps, top_k=top_k)
     first = discover(model, task, "attribution", top_k=top_k)
@@ -91,13 +102,11 @@ def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
     return top, within
 
 
-def agreement_row(name: str, prompts: int = 16, seed: int = 0) -> dict:
+def agreement_row(name: str, prompts: int = 16, seed: int = 0, half_len: int = 10) -> dict:
     """Pearson correlation, over every edge of the bundled model `name`, between exact patching
     of that edge alone and attribution patching / EAP-IG with 2 and 10 steps."""
-    from hooked_models import zoo
-
-    model = zoo.load(name)
-    task = induction_task(model, n_prompts=prompts, half_len=10, seed=seed)
+    model = load(name)
+    task = induction_task(model, n_prompts=prompts, half_len=half_len, seed=seed)
     graph = build_graph(model)
     exact = exact_patching(model, graph, task.clean, task.corrupted, task.metric,
                            graph.edges).score.to_numpy()
@@ -120,14 +129,17 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--agreement", action="store_true",
                         help="also: scores vs exact patching of every edge (16 prompts)")
+    parser.add_argument("--models", nargs="+", default=[f"induction-{v}" for v in VARIANTS],
+                        help="zoo names or checkpoint directories (default: induction-*)")
+    parser.add_argument("--half-len", type=int, default=10, help="|r| of the prompts")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.agreement:
-        print(markdown(pd.DataFrame([agreement_row(f"induction-{v}", seed=args.seed)
-                                     for v in VARIANTS])))
+        print(markdown(pd.DataFrame([agreement_row(name, seed=args.seed, half_len=args.half_len)
+                                     for name in args.models])))
         print()
-    rows = [model_rows(f"induction-{v}", args.prompts, args.seed, args.top_k, args.steps)
-            for v in VARIANTS]
+    rows = [model_rows(name, args.prompts, args.seed, args.top_k, args.steps, args.half_len)
+            for name in args.models]
     print(markdown(pd.DataFrame([r[0] for r in rows])))
     print()
     print(markdown(pd.DataFrame([r[1] for r in rows]).astype(object).fillna("-")))

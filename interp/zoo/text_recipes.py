@@ -46,7 +46,7 @@ ZOO_TRAIN = dict(steps=5000, batch_size=16, lr=3e-3, min_lr_ratio=1.0, warmup=10
 SMOKE = dict(arch=dict(d_model=32, d_head=16, n_heads=2, n_ctx=64, d_mlp=64),
              train=dict(steps=4, batch_size=4, warmup=1, eval_every=2, checkpoint_every=2,
                         compile=False),
-             vocab_size=512, max_files=40, val_fraction=0.25,
+             vocab_size=512, max_files=40, val_fraction=0.25, ctx_schedule=((2, 32),),
              attn_cfg={"infini": {"segment_len": 16}})
 
 
@@ -84,12 +84,26 @@ class Recipe:
                              **options)
 
 
+# The context-length curriculum every zoo model trains with (natural text throughout): 16
+# windows of 256 tokens per step for the first 6,250 steps, then 8 of 512, 10,000 steps of 4,096
+# tokens = ZOO_TRAIN's 41M tokens. In the calibration (docs/zoo.md) the 2-layer MHA formed
+# induction heads at n_ctx 256 by step 6,000 and none at n_ctx 512 in 5,000 steps of 8,192
+# tokens. With rotary (or CoPE's contextual) positions the model is the same at both lengths.
+# The lr is constant at 3e-3 (where the heads formed) and decays linearly to 0 over the last
+# 2,000 steps (a warmup-stable-decay schedule).
+# text-mha-l2's first 6,250 steps are text-mha-l2-ctx256's (interp.zoo.run_fork).
+CTX_CURRICULUM = {"ctx_schedule": ((6250, 256),)}
+CURRICULUM_TRAIN = {"steps": 10_000, "batch_size": 8, "cooldown": 2000}
 RECIPES: dict[str, Recipe] = {
-    f"text-{v}-{s}": Recipe(f"text-{v}-{s}", v, s) for s in SHAPES for v in VARIANT_OPTIONS}
+    f"text-{v}-{s}": Recipe(f"text-{v}-{s}", v, s, CTX_CURRICULUM,
+                            train_overrides=CURRICULUM_TRAIN)
+    for s in SHAPES for v in VARIANT_OPTIONS}
 # Twins of the 2-layer recipes on the data mix, trained only when named (`--only`), for a
 # variant that does not form induction heads on natural text within its share of the budget.
 MIX_RECIPES: dict[str, Recipe] = {
-    f"text-{v}-l2-mix": Recipe(f"text-{v}-l2-mix", v, "l2", REPEAT_MIX) for v in VARIANT_OPTIONS}
+    f"text-{v}-l2-mix": Recipe(f"text-{v}-l2-mix", v, "l2", {**REPEAT_MIX, **CTX_CURRICULUM},
+                               train_overrides=CURRICULUM_TRAIN)
+    for v in VARIANT_OPTIONS}
 
 
 # Calibration runs (issue 26 item 2), never zoo models: the 2-layer MHA on natural text with one

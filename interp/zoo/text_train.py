@@ -29,7 +29,7 @@ import torch
 from hooked_models.bpe import BPETokenizer, cached_stream, train_bpe
 from hooked_models.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
 from hooked_models.model import HookedVariantTransformer
-from hooked_models.train_state import latest_checkpoint
+from hooked_models.train_state import latest_checkpoint, read_train_state
 from hooked_models.trainer import METRICS_FILE, fit
 from interp.zoo.text_eval import (
     evaluate_windows,
@@ -79,7 +79,7 @@ def prepare_data(cache_dir, vocab_size: int = VOCAB_SIZE, max_files: int | None 
 def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: float = 0.0,
                    span: tuple[int, int] = (20, 100), span_tokens: str = "text",
                    vocab_size: int | None = None, toy_schedule=(), toy_copy: str = "varied",
-                   toy_vocab: int | None = None, start_step: int = 0):
+                   toy_vocab: int | None = None, ctx_schedule=(), start_step: int = 0):
     """Batches of `[BOS] + n_ctx-1` tokens from uniformly random offsets of `stream`.
 
     Every context starts with BOS, like `to_tokens(prepend_bos=True)` at analysis time.
@@ -101,16 +101,26 @@ def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: fl
     that attends |r| back solves without induction, as the calibration found. The sampler
     counts the batches it has served from `start_step`, the step a resumed run continues from,
     so a resumed run gets the batches the uninterrupted run would.
+
+    `ctx_schedule`, `(steps, ctx)` phases after the toy ones, is a context-length curriculum on
+    the natural text: `batch x n_ctx // ctx` windows of `ctx` tokens per step (the same tokens
+    per step, the data mix applied within each window), then windows of `n_ctx`. With rotary
+    positions the model is the same at every length; the calibration found induction heads
+    forming at n_ctx 256 in steps where n_ctx 512 formed none.
     """
     body = n_ctx - 1
     if len(stream) <= body:
         raise ValueError(f"training stream has {len(stream)} tokens; need more than {body}")
     if not 0.0 <= repeat_fraction <= 1.0:
         raise ValueError(f"repeat_fraction must be in [0, 1], got {repeat_fraction}")
+    toy_ends = schedule_phase_ends(toy_schedule, n_ctx)
+    text_ends = schedule_phase_ends(ctx_schedule, n_ctx, start=toy_ends[-1][0] if toy_ends else 0,
+                               what="ctx_schedule")
+    shortest = min([ctx for _, ctx in text_ends] + [n_ctx]) - 1
     lo, hi = span
-    if repeat_fraction and not 1 <= lo <= hi <= body // 2 - 1:
-        raise ValueError(f"span {span} must satisfy 1 <= lo <= hi <= {body // 2 - 1} "
-                         f"(half the context of {body} tokens)")
+    if repeat_fraction and not 1 <= lo <= hi <= shortest // 2 - 1:
+        raise ValueError(f"span {span} must satisfy 1 <= lo <= hi <= {shortest // 2 - 1} "
+                         f"(half the shortest context of {shortest} tokens)")
     if span_tokens not in ("text", "random"):
         raise ValueError(f"span_tokens must be 'text' or 'random', got {span_tokens!r}")
     if (span_tokens == "random" or toy_schedule) and (vocab_size is None or vocab_size < 2):
@@ -123,39 +133,45 @@ def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: fl
         raise ValueError(f"toy_copy must be 'varied' or 'fixed', got {toy_copy!r}")
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
-    phase_ends = toy_phase_ends(toy_schedule, n_ctx)
     served = [start_step]
     data = torch.from_numpy(stream.astype(np.int64))
 
-    def sample(batch: int, gen: torch.Generator):
-        served[0] += 1
-        toy_ctx = next((ctx for end, ctx in phase_ends if served[0] <= end), None)
-        if toy_ctx is not None:
-            rows = toy_rows(batch * n_ctx // toy_ctx, toy_ctx - 1, toy_high, toy_copy, gen)
-            return torch.cat([torch.full((len(rows), 1), bos, dtype=torch.long), rows], 1), None
-        starts = torch.randint(0, len(data) - body, (batch,), generator=gen)
+    def text_rows(n: int, body: int, gen: torch.Generator) -> torch.Tensor:
+        starts = torch.randint(0, len(data) - body, (n,), generator=gen)
         rows = torch.stack([data[s:s + body] for s in starts.tolist()])
         if repeat_fraction:
-            repeat = torch.rand(batch, generator=gen) < repeat_fraction
-            draws = torch.rand(batch, 3, generator=gen)
+            repeat = torch.rand(n, generator=gen) < repeat_fraction
+            draws = torch.rand(n, 3, generator=gen)
             for i in repeat.nonzero().flatten().tolist():
-                n = lo + int(draws[i, 0] * (hi - lo + 1))
-                a = int(draws[i, 1] * (body - 2 * n + 1))
-                b = a + n + int(draws[i, 2] * (body - n - (a + n) + 1))
+                k = lo + int(draws[i, 0] * (hi - lo + 1))
+                a = int(draws[i, 1] * (body - 2 * k + 1))
+                b = a + k + int(draws[i, 2] * (body - k - (a + k) + 1))
                 if span_tokens == "random":
-                    rows[i, a:a + n] = torch.randint(1, vocab_size, (n,), generator=gen)
-                rows[i, b:b + n] = rows[i, a:a + n].clone()
-        return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), rows], 1), None
+                    rows[i, a:a + k] = torch.randint(1, vocab_size, (k,), generator=gen)
+                rows[i, b:b + k] = rows[i, a:a + k].clone()
+        return rows
+
+    def sample(batch: int, gen: torch.Generator):
+        served[0] += 1
+        toy_ctx = next((ctx for end, ctx in toy_ends if served[0] <= end), None)
+        text_ctx = next((ctx for end, ctx in text_ends if served[0] <= end), n_ctx)
+        if toy_ctx is not None:
+            rows = toy_rows(batch * n_ctx // toy_ctx, toy_ctx - 1, toy_high, toy_copy, gen)
+        else:
+            rows = text_rows(batch * n_ctx // text_ctx, text_ctx - 1, gen)
+        return torch.cat([torch.full((len(rows), 1), bos, dtype=torch.long), rows], 1), None
 
     return sample
 
 
-def toy_phase_ends(toy_schedule, n_ctx: int) -> list[tuple[int, int]]:
-    """`[(last step of the phase, ctx)]` of a `toy_schedule` of `(steps, ctx)` phases."""
-    ends, total = [], 0
-    for steps, ctx in toy_schedule:
+def schedule_phase_ends(schedule, n_ctx: int, start: int = 0,
+                   what: str = "toy_schedule") -> list[tuple[int, int]]:
+    """`[(last step of the phase, ctx)]` of a schedule of `(steps, ctx)` phases that begins
+    after step `start`."""
+    ends, total = [], start
+    for steps, ctx in schedule:
         if steps < 1 or not 3 <= ctx <= n_ctx:
-            raise ValueError(f"toy_schedule phase ({steps}, {ctx}): need steps >= 1 and "
+            raise ValueError(f"{what} phase ({steps}, {ctx}): need steps >= 1 and "
                              f"3 <= ctx <= n_ctx={n_ctx}")
         total += steps
         ends.append((total, ctx))
@@ -208,14 +224,23 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
             k: round(v, 4) for k, v in probe.items()}
 
     run_dir = Path(out_dir) / "runs" / name
-    mix = get_recipe(name).data_mix
+    mix = dict(get_recipe(name).data_mix or {})
+    curriculum = mix.pop("ctx_schedule", None)
+    if smoke and curriculum:   # the smoke model's context is 64 tokens
+        curriculum = SMOKE["ctx_schedule"]
     card = {"recipe": name, "train_command": command, "device": device,
             "data_mix": mix or "natural text"}
+    if curriculum:
+        card["ctx_schedule"] = curriculum
     ckpt = latest_checkpoint(run_dir)
-    start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
+    start_step = read_train_state(ckpt)["step"] if ckpt else 0
+    if ckpt and (ckpt / "card.json").is_file():   # a run started from another's (run_fork)
+        forked = json.loads((ckpt / "card.json").read_text()).get("forked_from")
+        if forked:
+            card["forked_from"] = forked
     sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
                              vocab_size=data.tokenizer.vocab_size, start_step=start_step,
-                             **(mix or {}))
+                             ctx_schedule=curriculum or (), **mix)
     fit(model, sampler, tcfg,
         run_dir=run_dir, evaluate=evaluate, card=card)
     return run_dir
@@ -255,7 +280,7 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise ValueError(f"{run_dir} holds no checkpoint to release")
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = read_train_state(ckpt)
     tcfg = state["train_config"]
     if state["step"] != tcfg["steps"]:
         raise ValueError(f"{run_dir} stopped at step {state['step']} of {tcfg['steps']}: "
@@ -280,6 +305,9 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
                           "sha256": data.tokenizer.sha256},
             "weights_dtype": "float16", "python": platform.python_version(),
             "torch": torch.__version__, "metrics": metrics, **card_timing(run_dir, state)}
+    for key in ("ctx_schedule", "forked_from"):
+        if (model.card or {}).get(key):
+            card[key] = model.card[key]
     (out / "card.json").write_text(json.dumps(card, indent=2, sort_keys=True))
     return out
 
@@ -306,7 +334,8 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
     rows = []
     for name in names:
         model = build_model(name, data, device, smoke=smoke)
-        tcfg = make_train_config(SMOKE["train"] if smoke else None, progress=False)
+        tcfg = make_train_config(SMOKE["train"] if smoke else get_recipe(name).train_overrides,
+                                 progress=False)
         bsz = batch or tcfg.batch_size
         sample = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -340,7 +369,7 @@ def queue_status(out_dir, names, release_dir=None) -> list[dict]:
     rows = []
     for name in names:
         ckpt = latest_checkpoint(out_dir / "runs" / name)
-        state = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt else {}
+        state = read_train_state(ckpt) if ckpt else {}
         total = state.get("train_config", {}).get("steps")
         rows.append({"recipe": name, "step": state.get("step", 0), "of": total,
                      "tokens": state.get("tokens", 0),

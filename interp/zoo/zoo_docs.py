@@ -55,16 +55,26 @@ about 9M training tokens), non-UTF-8 files skipped. Sorted relative paths; the c
 sha256 of paths + bytes. 5% of the files, chosen by the hash of their path, are held out.
 **Tokenizer.** Byte-level BPE (HF `tokenizers`), 4096 ids, id 0 = `<|bos|>`, trained on the
 training files, shipped as `tokenizer.json` beside each checkpoint. Every training context is
-`[BOS] + 511 tokens` from a random offset of the concatenated files (each file led by BOS).
+BOS and then tokens from a random offset of the concatenated files (each file led by BOS).
 The `text-*-l2-mix` recipes instead copy one earlier span (20-100 tokens) of a quarter of the
 contexts to a later place; they are trained only for a variant that does not form induction
 heads on natural text within its share, and their cards say so.
 
-**Training.** AdamW (0.9, 0.95), lr 3e-3 held constant after 100 warmup steps (issue 26's
-calibration: a cosine from 1e-3 had formed no induction head by 19.5M tokens, a constant 3e-3
-formed them between 20M and 31M tokens), weight decay 0.1 on matrices only, Infini gates at lr
-1e-2 without decay, clip 1.0, seed 0; 5,000 steps x 16 x 512 = 41M tokens per model (about 4.5
-epochs). The training forward can run through `torch.compile` (`TrainConfig(compile=True)`),
+**Training.** A context-length curriculum on natural text: 10,000 steps of 4,096 tokens, 41M
+tokens per model (about 4.5 epochs), the first 6,250 steps as 16 contexts of 256 tokens, the
+rest as 8 of 512 (`CTX_CURRICULUM` in `interp/zoo/text_recipes.py`; the calibration below found
+induction heads forming at 256 tokens where 512 from the start formed none; with rotary, or
+CoPE's contextual, positions the model is the same at both lengths). AdamW (0.9, 0.95), lr 3e-3
+held constant after 100 warmup steps (issue 26's calibration: a cosine from 1e-3 had formed no
+induction head by 19.5M tokens), decayed linearly to 0 over the last 2,000 steps
+(warmup-stable-decay), weight decay 0.1 on matrices only, Infini gates at lr 1e-2 without
+decay, clip 1.0, seed 0. `text-mha-l2`'s first 6,250 steps are the calibration run
+`text-mha-l2-ctx256`'s (the same model, batches and optimiser: `python -m interp.zoo.run_fork`
+writes that run's checkpoint as the curriculum's, after checking so, and
+tests/test_run_fork.py shows a forked run ending bit-identical to one trained from scratch).
+Models released before this recipe (16 x 512 from the first step, 5,000 steps, no decay) say
+so in their cards' `train_config` and the table's recipe column.
+The training forward can run through `torch.compile` (`TrainConfig(compile=True)`),
 which fuses the map-sized operations of MTA, CoPE and DCMHA; speeds in tokens per CPU-second,
 beside a plain PyTorch model, are in [benchmarks.md](benchmarks.md) (`python -m
 hooked_models.benchmarks.train_speed`). Every 250 steps `metrics.jsonl` gets the validation loss
@@ -126,11 +136,25 @@ LEGACY_TIMING = ("times summed over the training processes that ran to their end
                  "process interrupted before them is not counted (a lower bound)")
 
 
+def recipe_label(card: dict) -> str:
+    """How a card's run was trained, in a few words: its context schedule and lr."""
+    tcfg = card["train_config"]
+    phases = [f"{steps:,} x {tcfg['batch_size'] * 512 // ctx} x {ctx}"
+              for steps, ctx in card.get("ctx_schedule") or ()]
+    rest = tcfg["steps"] - sum(steps for steps, _ in card.get("ctx_schedule") or ())
+    phases.append(f"{rest:,} x {tcfg['batch_size']} x 512")
+    lr = f"lr {tcfg['lr']:g}" + (f", decay over the last {tcfg['cooldown']:,}"
+                                 if tcfg.get("cooldown") else " constant")
+    fork = card.get("forked_from")
+    forked = f"; steps 1-{fork['step']:,} are `{fork['recipe']}`'s" if fork else ""
+    return f"{' then '.join(phases)}; {lr}{forked}"
+
+
 def models_table(models: dict[str, Path]) -> str:
-    rows = ["| model | params | tokens | device | wall time | CPU time | val loss | ICL score | "
-            "induction score |",
-            "|-------|--------|--------|--------|-----------|----------|----------|-----------|"
-            "-----------------|"]
+    rows = ["| model | recipe (steps x contexts x tokens) | params | tokens | device | wall time | "
+            "CPU time | val loss | ICL score | induction score | copy ratio (random / text) |",
+            "|-------|------------------------------------|--------|--------|--------|-----------|"
+            "----------|----------|-----------|-----------------|----------------------------|"]
     notes = []
     for name, d in models.items():
         c = json.loads((d / "card.json").read_text())
@@ -140,11 +164,13 @@ def models_table(models: dict[str, Path]) -> str:
         if note:
             notes.append(f"`{name}`: {note}.")
             mark = f"[^t{len(notes)}]"
-        rows.append(f"| `{name}` | {c['parameters'] / 1e6:.2f} M | {c['tokens'] / 1e6:.1f} M | "
+        rows.append(f"| `{name}` | {recipe_label(c)} | {c['parameters'] / 1e6:.2f} M | "
+                    f"{c['tokens'] / 1e6:.1f} M | "
                     f"{c.get('device_name') or c['device']} | {_minutes(c.get('wall_time_s'))}"
                     f"{mark} | {_minutes(c.get('cpu_time_s'))}{mark} | "
                     f"{_fmt(m['val_loss'])} | {_fmt(m['icl_score'])} | "
-                    f"{_fmt(m['induction_score'])} |")
+                    f"{_fmt(m['induction_score'])} | {_fmt(m['copy_loss_ratio'], 2)} / "
+                    f"{_fmt(m['text_copy_ratio'], 2)} |")
     rows += [""] + [f"[^t{i}]: {n}" for i, n in enumerate(notes, 1)] if notes else []
     return "\n".join(rows)
 
@@ -298,18 +324,32 @@ def calibration_numbers(table: pd.DataFrame) -> dict:
             "mix_ratio": runs.loc[mixes, "lowest_copy_loss_ratio"].min()}
 
 
+# Calibration rows of runs under a zoo recipe's name trained before the recipe changed (the
+# context curriculum of 2026-11-27) carry this suffix in calibration.csv.
+LEGACY_SUFFIX = "-v1"
+
+
 def run_setup(name: str) -> str:
     """What a calibration run trains on, in a few words, from its recipe ("-" if none)."""
     from interp.zoo.text_recipes import ARCH, get_recipe, train_config
 
+    legacy = name.endswith(LEGACY_SUFFIX)
     try:
-        recipe = get_recipe(name)
+        recipe = get_recipe(name.removesuffix(LEGACY_SUFFIX))
     except ValueError:
         return "-"
     tcfg = train_config(recipe.train_overrides)
     n_ctx = {**ARCH, **(recipe.arch_overrides or {})}["n_ctx"]
-    parts = [f"{recipe.shape}, {tcfg.batch_size} x {n_ctx}"]
-    mix = recipe.data_mix or {}
+    mix = dict(recipe.data_mix or {})
+    schedule = mix.pop("ctx_schedule", ())
+    if legacy:
+        parts, schedule = [f"{recipe.shape}, 16 x 512 (the zoo's first recipe, 2026-11-25)"], ()
+    else:
+        parts = [" then ".join([f"{tcfg.batch_size * n_ctx // ctx} x {ctx} for {steps:,} steps"
+                                for steps, ctx in schedule] + [f"{tcfg.batch_size} x {n_ctx}"])]
+        parts[0] = f"{recipe.shape}, {parts[0]}"
+        if tcfg.cooldown:
+            parts.append(f"lr decayed over the last {tcfg.cooldown:,} steps")
     if mix.get("toy_schedule"):
         phases = ", ".join(f"{steps} at {ctx}" for steps, ctx in mix["toy_schedule"])
         parts.append(f"toy `[BOS] r r` steps first ({phases} tokens; "
@@ -321,7 +361,7 @@ def run_setup(name: str) -> str:
                      f"{lo}-{hi} tokens repeated")
     if recipe.embed_std is not None:
         parts.append(f"W_E ~ N(0, {recipe.embed_std:g})")
-    if len(parts) == 1:
+    if not recipe.data_mix or set(recipe.data_mix) == {"ctx_schedule"}:
         parts.append("natural text")
     return "; ".join(parts)
 

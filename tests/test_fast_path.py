@@ -41,6 +41,9 @@ CONFIGS = {
                          attn_cfg=dict(window_size=3, window_type="LG", qk_norm=True)),
     "dcmha-query-wise-static": dict(positional_embedding_type="rotary",
                                     attn_cfg=dict(query_wise=True, static_proj=True, groups=2)),
+    "dcmha-static-groups-rank3-window": dict(positional_embedding_type="rotary",
+                                             attn_cfg=dict(static_proj=True, groups=2, rank=3,
+                                                           window_size=6, window_type="GL")),
     "infini": dict(positional_embedding_type="rotary", attn_cfg=dict(segment_len=4)),
 }
 # Variants whose layers override `fast_attend` (the others are fast through other means: Infini's
@@ -133,6 +136,16 @@ def test_mta_fast_path_in_row_blocks(name, monkeypatch):
     from hooked_models.attention import _mta_ops
 
     monkeypatch.setattr(_mta_ops, "FAST_BLOCK_ROWS", 5)
+    test_fast_path_equals_hooked_path(name, monkeypatch)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("dcmha")])
+def test_dcmha_fast_path_in_row_blocks(name, monkeypatch):
+    """The DCMHA path in blocks of 5 query rows, narrower than the window's reach (the zoo
+    shape runs blocks of 32)."""
+    from hooked_models.attention import _dcmha_ops
+
+    monkeypatch.setattr(_dcmha_ops, "FAST_BLOCK_ROWS", 5)
     test_fast_path_equals_hooked_path(name, monkeypatch)
 
 

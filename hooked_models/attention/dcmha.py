@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hooked_models.attention._dcmha_ops import causal_dcmha_attention
 from hooked_models.attention.base import (
     AttentionContext,
     LayerCache,
@@ -304,17 +305,21 @@ class DCMHAttention(VariantAttention):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     def fast_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """`attend` without materialising a map, on a plain causal mask (else None).
+        """`attend` on a plain causal mask (else None), by causal blocks of query rows.
 
-        Compose is linear in the maps, so both phases fold into one SDPA call per head:
-        `composed_scores` is a dot product of expanded vectors, and the post-softmax mixing
-        moves onto the values (`compose_as_sdpa`). The dynamic-weight hooks still fire.
+        The training path: the same equations in blocks that stop at their last key, so the
+        upper triangle is never computed and no whole map is built; each phase mixes a block
+        with the per-query `B + W_q(t)` and per-key `W_k(s)` matrices
+        (`_dcmha_ops.causal_dcmha_attention`). The dynamic-weight hooks still fire.
         """
         if ctx.cache is not None or not is_plain_causal(ctx.allowed):
             return None
         dyn = {name: getattr(self, f"hook_{name}")(w)
                for name, w in self.generate_weights(ctx.x).items()}
-        return compose_as_sdpa(self, q, k, v, dyn)
+        key_wise = not self.opts.query_wise
+        pre, post = ((_mixing(self, dyn, p, "q"), _mixing(self, dyn, p, "k") if key_wise else None)
+                     for p in PHASES)
+        return causal_dcmha_attention(q, k, v, pre, post, 1.0 / self.cfg.attn_scale, self.window)
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
         """z from the fused DCMHA kernels (`kernels.dcmha`) when no map is hooked (the
@@ -394,46 +399,3 @@ def _mixing(attn: DCMHAttention, dyn: dict[str, Tensor], phase: str, side: str) 
     w1, w2, dd = (dyn[f"{phase}_{side}{n}"] for n in ("w1", "w2", "dd"))
     mat = torch.einsum("bpgrn,bpgrm->bpgnm", w1, w2) + torch.diag_embed(dd)
     return mat + base_matrix(attn, phase).to(mat.dtype) if side == "q" else mat
-
-
-def compose_as_sdpa(attn: DCMHAttention, q: Tensor, k: Tensor, v: Tensor,
-                    dyn: dict[str, Tensor]) -> Tensor:
-    """DCMHA's z on the causal mask (with the layer's window) by one SDPA call, no map built.
-
-    With `C_q(t) = B + W_q(t)` and `C_k(s) = W_k(s)` (`[n m]` within a group), head m's composed
-    logit is `sum_n (C_q(t)[n,m] + C_k(s)[n,m]) q_n(t).k_n(s) / sqrt(d)`, the dot product of
-    `[C_q(t)[n,m] q_n(t)]_n ++ [q_n(t)]_n` with `[k_n(s)]_n ++ [C_k(s)[n,m] k_n(s)]_n`
-    (2 M d_head wide). After the softmax, head m's output
-    `sum_s sum_n P_n(t,s) (C'_q(t)[n,m] + C'_k(s)[n,m]) v_m(s)` is, for each source head n, one
-    attention over the values `[v_m(s)]_m ++ [C'_k(s)[n,m] v_m(s)]_m`, followed by the
-    query-side mixing. Query-wise DCMHA drops the key halves. Equal to `attend` to rounding.
-    """
-    b, T, H, d = q.shape
-    G, M = attn.opts.groups, attn.heads_per_group
-    qg, kg, vg = (x.view(b, T, G, M, d) for x in (q, k, v))
-    key_wise = not attn.opts.query_wise
-
-    def every_head(x: Tensor) -> Tensor:  # [b t g M*d] -> the same vector for each of M heads
-        return x.flatten(-2)[:, :, :, None].expand(b, T, G, M, M * d)
-
-    q_exp = [torch.einsum("btgnm,btgnd->btgmnd", _mixing(attn, dyn, "pre", "q"), qg).flatten(-2)]
-    k_exp = [every_head(kg)]
-    v_exp = [every_head(vg)]
-    if key_wise:
-        q_exp.append(every_head(qg))
-        k_exp.append(torch.einsum("bsgnm,bsgnd->bsgmnd", _mixing(attn, dyn, "pre", "k"),
-                                  kg).flatten(-2))
-        v_exp.append(torch.einsum("bsgnm,bsgmd->bsgnmd", _mixing(attn, dyn, "post", "k"),
-                                  vg).flatten(-2))
-    q_e, k_e, v_e = (torch.cat(x, -1).flatten(2, 3).transpose(1, 2)
-                     for x in (q_exp, k_exp, v_exp))
-    mask = None
-    if attn.window is not None:
-        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril().triu(-attn.window)
-    out = F.scaled_dot_product_attention(q_e, k_e, v_e, attn_mask=mask, is_causal=mask is None,
-                                         scale=1.0 / attn.cfg.attn_scale)
-    out = out.transpose(1, 2).reshape(b, T, G, M, len(v_exp), M, d)  # [.. source n, half, m, d]
-    z = torch.einsum("btgnm,btgnmd->btgmd", _mixing(attn, dyn, "post", "q"), out[:, :, :, :, 0])
-    if key_wise:
-        z = z + out[:, :, :, :, 1].sum(3)
-    return z.reshape(b, T, H, d)

@@ -52,7 +52,8 @@ def test_zoo_page_shows_the_calibration_table(tmp_path):
     trajectories([tmp_path / "runs" / "text-mha-l2"]).to_csv(tmp_path / "calibration.csv",
                                                              index=False)
     text = "\n".join(calibration_section(tmp_path, tmp_path / "zoo.md"))
-    assert ("| `text-mha-l2` | l2, 16 x 512; natural text | 2.0M | 2.0M tokens | 0.400 | "
+    assert ("| `text-mha-l2` | l2, 16 x 256 for 6,250 steps then 8 x 512; lr decayed over the "
+            "last 2,000 steps; natural text | 2.0M | 2.0M tokens | 0.400 | "
             "0.45 / 0.60 | 4.500 |") in text
     assert calibration_section(tmp_path / "nothing", tmp_path / "zoo.md") == []
 
@@ -79,3 +80,17 @@ def test_keep_carries_earlier_runs_and_the_new_logs_win(tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="lacks"):
         main([str(tmp_path / "new" / "both"), "--keep", str(bad)])
+
+
+def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_path):
+    from interp.zoo.calibration import figure
+
+    records = [{"step": s, "tokens": s * 10, "val_loss": 4.0 - s / 1000, "induction_score": 0.1,
+                "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]
+    write_log(tmp_path / "a", records)
+    traj = trajectories([tmp_path / "a"])
+    fig = figure(traj, val_loss=True)
+    assert len(fig.data) == 3 and list(fig.data[2].y) == [3.75, 3.5]
+    assert len(figure(traj).data) == 2
+    with pytest.raises(SystemExit, match="unknown: \\['zz'\\]"):
+        main([str(tmp_path / "a"), "--focus", "zz", "--focus-png", str(tmp_path / "f.png")])

@@ -9,6 +9,7 @@ got. Runs still in progress are read as they stand: the table says how many toke
     python -m interp.zoo.calibration RUNS/runs/* [--keep docs/figures/zoo/calibration.csv]
                                                  [--csv docs/figures/zoo/calibration.csv]
                                                  [--png docs/figures/zoo/calibration.png]
+                                                 [--focus RUN ... --focus-png PATH]
 RUNS: `attnlens train --zoo text`'s runs directory (`interp.zoo.text_train.default_runs_dir`).
 """
 
@@ -75,13 +76,14 @@ def onset_table(traj: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def figure(traj: pd.DataFrame):
+def figure(traj: pd.DataFrame, val_loss: bool = False):
     """Copy-loss ratio (random tokens) and best induction score against tokens, one line per
-    run, with the bar drawn."""
+    run, with the bar drawn (and the validation loss, with `val_loss`)."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "second / first copy loss (random tokens)", "best head's induction score"))
+    titles = ["second / first copy loss (random tokens)", "best head's induction score"]
+    fig = make_subplots(rows=1, cols=2 + val_loss,
+                        subplot_titles=titles + ["validation loss"] * val_loss)
     from plotly.colors import qualitative
 
     palette = qualitative.Plotly
@@ -92,6 +94,9 @@ def figure(traj: pd.DataFrame):
                         legendgroup=run, row=1, col=1)
         fig.add_scatter(x=x, y=g.induction_score, mode="lines+markers", name=run, line=line,
                         legendgroup=run, showlegend=False, row=1, col=2)
+        if val_loss:
+            fig.add_scatter(x=x, y=g.val_loss, mode="lines+markers", name=run, line=line,
+                            legendgroup=run, showlegend=False, row=1, col=3)
     fig.add_hline(y=COPY_RATIO_THRESHOLD, line_dash="dot", row=1, col=1)
     fig.add_hline(y=INDUCTION_THRESHOLD, line_dash="dot", row=1, col=2)
     fig.update_xaxes(title_text="training tokens (M)")
@@ -109,6 +114,9 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--csv", type=Path, default=None, help="write the trajectories here")
     parser.add_argument("--png", type=Path, default=None, help="draw the figure here (kaleido)")
+    parser.add_argument("--focus", nargs="+", default=None, metavar="RUN",
+                        help="runs drawn in a second figure, with their validation loss")
+    parser.add_argument("--focus-png", type=Path, default=None, help="where it is drawn")
     parser.add_argument("--keep", type=Path, default=None,
                         help="an earlier trajectories CSV: its runs that are not among RUNS are "
                              "kept (the logs of earlier sessions' runs are not in git)")
@@ -123,6 +131,13 @@ def main(argv=None) -> int:
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
         figure(traj).write_image(str(args.png))
+    if args.focus:
+        unknown = sorted(set(args.focus) - set(traj["run"]))
+        if unknown or not args.focus_png:
+            raise SystemExit(f"--focus needs --focus-png and runs of the trajectories; "
+                             f"unknown: {unknown}")
+        args.focus_png.parent.mkdir(parents=True, exist_ok=True)
+        figure(traj[traj["run"].isin(args.focus)], val_loss=True).write_image(str(args.focus_png))
     return 0
 
 

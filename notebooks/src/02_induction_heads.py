@@ -38,32 +38,32 @@ def card_row(m):
             "best induction score": metrics["induction_score"], "best head": best["label"],
             "second/first copy loss": metrics["copy_loss_ratio"],
             "held-out text read twice": metrics["text_copy_ratio"],
-            "forms induction heads": forms_induction(metrics)}
+            "meets the zoo's bar": forms_induction(metrics)}
 
 
 pd.DataFrame({name: card_row(m) for name, m in text.items()}).T
 
 # %% [markdown]
-# ## The text models have not formed induction heads
+# ## The 2-layer text model has an induction head
 #
-# The zoo's bar for an induction head: on `[BOS] r r` (`r` 150 random token ids, a seed that
-# training never used) the best head puts at least 0.3 of its attention on the induction
-# stripe, and the second copy's loss is below half the first's. **`text-mha-l2` does not form
-# one**: its best head scores about 0.002, and it predicts the second copy no better than the
-# first (ratio about 1.0). Held-out code read twice is only about 4% easier the second time. Its
-# one-layer control, which cannot form the circuit, has none either. What `text-mha-l2` did
-# learn are previous-token heads, in layer 1 rather than layer 0 (notebook 01 follows one).
-#
-# A 2-layer twin trained with a data mix, in which a quarter of the training contexts repeat a
-# span of 20-100 tokens later on (`text-mha-l2-mix`, the mix issue 26 allows where natural text
-# is not enough), is in training; once it is in the zoo it appears in the table above and in
-# every figure below. Measured again here with the card's probe:
+# The zoo's bar for an induction head (issue 26): on `[BOS] r r` (`r` 150 random token ids, a
+# seed that training never used) the best head puts at least 0.3 of its attention on the
+# induction stripe, and the second copy's loss is below half the first's. **`text-mha-l2` meets
+# the first half and misses the second**: its head L1H3 scores about 0.37, and it predicts the
+# second copy of random ids better than the first, but only by a third (ratio about 0.68);
+# held-out code read twice is about 40% easier the second time. Its one-layer control, which
+# cannot compose two heads, has neither. The head formed in a phase change during training
+# (below) and is fed by a previous-token head in layer 0, L0H0, as in the textbook circuit.
+# The first `text-mha-l2`, trained on 512-token contexts from the start, had formed none by the
+# same 41M tokens; the zoo now trains on 256-token contexts first ([docs/zoo.md](../docs/zoo.md)
+# has the calibration). Measured again here with the card's probe:
 
 # %%
 probes = {name: induction_probe(m) | text_repeat_probe(m, load_eval_tokens(zoo.path(name)))
           for name, m in text.items()}
 for name, p in probes.items():
-    verdict = "forms induction heads" if forms_induction(p) else "no induction head"
+    verdict = ("meets the bar" if forms_induction(p) else "an induction head, copy-ratio bar "
+               "missed" if p["induction_score"] >= INDUCTION_THRESHOLD else "no induction head")
     print(f"{name}: {verdict}: best induction score {p['induction_score']:.3f} "
           f"(bar {INDUCTION_THRESHOLD}), second/first copy loss {p['copy_loss_ratio']:.2f} "
           f"(bar < {COPY_RATIO_THRESHOLD}), held-out text read twice "
@@ -85,8 +85,9 @@ px.bar(scores.melt(id_vars=["model", "head"], var_name="score"), x="head", y="va
 
 # %% [markdown]
 # The maps themselves: layer 1's best-scoring head of each model on its probe, `[BOS] r r`.
-# The toy's induction head draws the stripe one position right of the diagonal of the earlier
-# copy; the text model's best head has no stripe at all.
+# Both induction heads draw the stripe one position right of the diagonal of the earlier copy.
+# The text model's is fainter: on this probe about half of L1H3's weight is on the stripe, a
+# sixth on BOS and the rest spread over the context.
 
 # %%
 from plotly.subplots import make_subplots
@@ -114,9 +115,12 @@ fig.update_layout(height=380, width=380 * len(shown), title="layer 1's best-scor
 # ## During training
 #
 # Each text model's training log records the probe every 250 steps. Olsson et al.'s phase
-# change is a jump of the induction score (and of the second-copy loss) within a short stretch
-# of training; in `text-mha-l2` the score stays at the floor for all 41M tokens (the phase
-# change of the toy model, trained here, is at the end of this notebook).
+# change is a jump of the induction score (and a drop of the second-copy loss) within a short
+# stretch of training: in `text-mha-l2` the score leaves the floor at about 14M tokens and
+# passes 0.3 by 25M, while the 1-layer controls stay at the floor. (Its first 6,250 steps, to
+# 25.6M tokens, are on 256-token contexts and are probed with halves of 127 tokens, the rest
+# with halves of 150. The phase change of the toy model, trained here, is at the end of this
+# notebook.)
 
 # %%
 logs = pd.concat([pd.read_json(zoo.path(n) / "metrics.jsonl", lines=True).assign(model=n)

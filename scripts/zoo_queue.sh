@@ -11,14 +11,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
 OUT=${OUT:-${ATTNLENS_RUNS:-$HOME/.cache/attnlens}/zoo-text}
 mkdir -p "$OUT"
-# Finished runs are skipped in a second (they resume at their last step and release). The
-# natural-text text-mha-l2 formed no induction head in 41M tokens (docs/zoo.md), so lane A
-# trains the 2-layer data-mix twins and lane B the 1-layer controls, the natural-text 2-layer
-# runs reported beside the twins, and the calibration run at the issue's n_ctx 256.
-LANE_A=${LANE_A:-"text-mha-l2 text-mha-l2-mix text-infini-l2-mix text-cope-l2-mix
-  text-dcmha-l2-mix text-mta-l2-mix"}
-LANE_B=${LANE_B:-"text-mha-l1 text-infini-l1 text-mha-l2-ctx256 text-infini-l2 text-cope-l1
-  text-cope-l2 text-dcmha-l1 text-dcmha-l2 text-mta-l1 text-mta-l2"}
+# Finished runs are skipped in a second (they resume at their last step and release). Every
+# recipe trains with the context curriculum (interp/zoo/text_recipes.py: CTX_CURRICULUM); the
+# 2-layer / 1-layer pairs come first, the costly variants (MTA, DCMHA) spread over both lanes,
+# the 4-layer MLP models last. text-mha-l2 is shipped and not queued (its first 6,250 steps are the
+# calibration run text-mha-l2-ctx256's, interp.zoo.run_fork).
+LANE_A=${LANE_A:-"text-infini-l2 text-infini-l1 text-mta-l2 text-mta-l1
+  text-mha-l4mlp text-infini-l4mlp text-mta-l4mlp"}
+LANE_B=${LANE_B:-"text-mha-l1 text-cope-l2 text-dcmha-l2 text-cope-l1 text-dcmha-l1
+  text-cope-l4mlp text-dcmha-l4mlp"}
 run_lane() {
   OMP_NUM_THREADS=1 nice -n 19 .venv/bin/attnlens train --zoo text --device cpu --threads 1 \
     --out "$OUT" --no-progress --only $1 >> "$OUT/$2.log" 2>&1

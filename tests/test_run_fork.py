@@ -135,3 +135,20 @@ def test_the_zoo_curriculum_continues_ctx256_at_the_zoo_context():
     ta, tb = train_config(cur.train_overrides), train_config(ctx.train_overrides)
     assert ta.batch_size * 512 == tb.batch_size * 256 == 4096
     assert ta.steps * 4096 == 5000 * 16 * 512 and cur.data_mix["ctx_schedule"] == ((6250, 256),)
+
+
+def test_queue_status_tells_a_current_release_from_an_older_recipes(tmp_path):
+    """A model shipped before its recipe changed is not reported as done."""
+    from interp.zoo.text_train import queue_status
+
+    def ship(name, tcfg):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "card.json").write_text(json.dumps(
+            {"seed": 0, "train_config": json.loads(json.dumps(tcfg.to_dict()))}))
+
+    ship("text-mha-l1", train_config(None))      # the first recipe: 16 x 512 from the start
+    ship("text-mha-l2", train_config(text_recipes.get_recipe("text-mha-l2").train_overrides))
+    rows = {r["recipe"]: r["released"] for r in queue_status(
+        tmp_path / "runs", ["text-mha-l1", "text-mha-l2", "text-cope-l1"], tmp_path)}
+    assert rows == {"text-mha-l1": "older recipe", "text-mha-l2": "current",
+                    "text-cope-l1": None}

@@ -373,19 +373,36 @@ def queue_status(out_dir, names, release_dir=None) -> list[dict]:
         total = state.get("train_config", {}).get("steps")
         rows.append({"recipe": name, "step": state.get("step", 0), "of": total,
                      "tokens": state.get("tokens", 0),
-                     "released": (release_dir / name / "card.json").is_file()})
+                     "released": released_under(release_dir / name, name)})
     return rows
+
+
+def released_under(directory: Path, name: str) -> str | None:
+    """Whether `directory` holds a release of recipe `name` as it stands: "current", "older
+    recipe" (a card whose train config is not the recipe's today, e.g. a model shipped before
+    the recipe changed, which the run replaces when it is released) or None."""
+    card_path = directory / "card.json"
+    if not card_path.is_file():
+        return None
+    card = json.loads(card_path.read_text())
+    if card.get("smoke_test_only"):
+        return "current"
+    today = json.loads(json.dumps(make_train_config(get_recipe(name).train_overrides,
+                                                    seed=card.get("seed", 0)).to_dict()))
+    return "current" if card.get("train_config") == today else "older recipe"
 
 
 def print_queue_status(rows: list[dict]) -> None:
     """One line per recipe on stderr: done, in progress (step x of y) or not started."""
     for r in rows:
-        if r["released"]:
+        if r["released"] == "current":
             what = "done (released)"
         elif r["step"]:
             what = f"step {r['step']:,} of {r['of']:,} ({r['tokens'] / 1e6:.1f}M tokens)"
         else:
             what = "not started"
+        if r["released"] == "older recipe":
+            what += "; the release there is of an older recipe, replaced when this one ends"
         print(f"[attnlens train] {r['recipe']:<18} {what}", file=sys.stderr)
 
 

@@ -139,6 +139,38 @@ def test_mta_fast_path_in_row_blocks(name, monkeypatch):
     test_fast_path_equals_hooked_path(name, monkeypatch)
 
 
+# (c_q, c_k, top, left, right, rows, keys, key chunk of the weight gradient): first blocks
+# (top = c_q - 1) and later ones (top = 0), both / one-sided / no key padding, chunks that do and
+# do not divide the keys, a chunk wider than the keys, 1x1 kernels.
+BLOCK_CONV_CASES = [(6, 11, 5, 5, 5, 7, 9, 4), (6, 11, 0, 5, 5, 12, 20, 16),
+                    (3, 2, 2, 1, 0, 5, 7, 3), (2, 4, 1, 0, 3, 4, 3, 2),
+                    (4, 3, 3, 2, 0, 2, 5, 16), (1, 1, 0, 0, 0, 3, 4, 3)]
+
+
+@pytest.mark.parametrize("case", BLOCK_CONV_CASES)
+def test_mta_block_conv_backward_gradcheck(case, monkeypatch):
+    """The block convolution's hand-written backward (flipped-kernel map gradient, chunked
+    batched-product kernel gradient) in float64: gradcheck, and the kernel gradient equals
+    aten's own depthwise convolution backward."""
+    from hooked_models.attention import _mta_block_conv as conv
+
+    c_q, c_k, top, left, right, rows, keys, chunk = case
+    monkeypatch.setattr(conv, "WEIGHT_GRAD_CHUNK", chunk)
+    g = torch.Generator().manual_seed(sum(case))
+    maps = torch.randn(2, 3, rows, keys, generator=g, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(3, 1, c_q, c_k, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda m, w: conv.block_conv(m, w, top, left, right),
+                                    (maps, kernel))
+    out = conv.block_conv(maps, kernel, top, left, right)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    padded = torch.nn.functional.pad(maps.detach(), (left, right, top, 0))
+    _, expected, _ = torch.ops.aten.convolution_backward(
+        grad, padded, kernel.detach(), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 3,
+        [False, True, False])
+    got = conv.depthwise_weight_grad(grad, maps.detach(), c_q, c_k, top, left, right)
+    torch.testing.assert_close(got, expected, **EXACT)
+
+
 @pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("dcmha")])
 def test_dcmha_fast_path_in_row_blocks(name, monkeypatch):
     """The DCMHA path in blocks of 5 query rows, narrower than the window's reach (the zoo

@@ -8,7 +8,8 @@ and readable on their own as the specification of each step:
 - `head_mix`: the head-mixing convolution of Eq. 7 over groups of c_h heads;
 - `init_kernel`: the official initialisations of the key-query kernel;
 - `depth_scale`: the DIFF-Transformer factor 1 - lambda_init(layer) of the group norm;
-- `causal_mta_attention`: the whole map pipeline by causal row blocks, the training path.
+- `causal_mta_attention`: the whole map pipeline by causal row blocks, the training path (its
+  block convolution, with a hand-written backward, is `_mta_block_conv.block_conv`).
 
 Kernel layout (as the official `mta_kernel`): `[head_index, 1, c_q, c_k]`; entry `[h, 0, a, b]`
 multiplies the input at query `i - (c_q - 1) + a` and key `j - pad_left + b`, so row `c_q - 1` is
@@ -24,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+from hooked_models.attention._mta_block_conv import block_conv
 
 INIT_METHODS = ("identity", "zero", "const", "uniform", "normal", "diagonal")
 PAD_KEYS = ("both", "left", "right")
@@ -193,58 +196,6 @@ def _causal_rows(row0: int, n_rows: int, n_k: int, device) -> Tensor:
     return torch.ones(n_rows, n_k, dtype=torch.bool, device=device).tril(row0)
 
 
-def _pad_channels_last(maps: Tensor, top: int, left: int, right: int) -> Tensor:
-    """`maps` zero-padded (query rows on top, keys both sides), in channels-last memory."""
-    return F.pad(maps.permute(0, 2, 3, 1), (0, 0, left, right, top, 0)).permute(0, 3, 1, 2)
-
-
-# The block convolution is an opaque op for torch.compile: oneDNN's depthwise convolution runs
-# forward + backward 3x faster on channels-last (heads innermost) input and gradient, a layout
-# inductor does not keep for it on CPU.
-@torch.library.custom_op("attnlens::mta_block_conv", mutates_args=())
-def _block_conv(maps: Tensor, kernel: Tensor, top: int, left: int, right: int) -> Tensor:
-    padded = _pad_channels_last(maps, top, left, right)
-    return F.conv2d(padded, kernel, groups=kernel.shape[0]).contiguous()
-
-
-@_block_conv.register_fake
-def _(maps, kernel, top, left, right):
-    batch, n_heads, n_q, n_k = maps.shape
-    _, _, c_q, c_k = kernel.shape
-    return maps.new_empty(batch, n_heads, n_q + top - c_q + 1, n_k + left + right - c_k + 1)
-
-
-@torch.library.custom_op("attnlens::mta_block_conv_backward", mutates_args=())
-def _block_conv_backward(grad: Tensor, maps: Tensor, kernel: Tensor, top: int, left: int,
-                         right: int) -> tuple[Tensor, Tensor]:
-    padded = _pad_channels_last(maps, top, left, right)
-    grad = grad.contiguous(memory_format=torch.channels_last)
-    grad_in, grad_kernel, _ = torch.ops.aten.convolution_backward(
-        grad, padded, kernel, None, [1, 1], [0, 0], [1, 1], False, [0, 0], kernel.shape[0],
-        [True, True, False])
-    n_q, n_k = maps.shape[-2:]
-    return grad_in[:, :, top:top + n_q, left:left + n_k].contiguous(), grad_kernel
-
-
-@_block_conv_backward.register_fake
-def _(grad, maps, kernel, top, left, right):
-    return maps.new_empty(maps.shape), kernel.new_empty(kernel.shape)
-
-
-def _setup_block_conv(ctx, inputs, output) -> None:
-    maps, kernel, *ctx.args = inputs
-    ctx.save_for_backward(maps, kernel)
-
-
-def _block_conv_grad(ctx, grad):
-    maps, kernel = ctx.saved_tensors
-    grad_maps, grad_kernel = _block_conv_backward(grad, maps, kernel, *ctx.args)
-    return (grad_maps, grad_kernel) + (None,) * len(ctx.args)
-
-
-_block_conv.register_autograd(_block_conv_grad, setup_context=_setup_block_conv)
-
-
 def _conv_block(maps: Tensor, row0: int, kernel: Tensor, pad_key: str) -> tuple[Tensor, int]:
     """Conv2d of Mask_0-ed maps holding query rows [row0, row0 + R) and every key they read.
 
@@ -254,7 +205,7 @@ def _conv_block(maps: Tensor, row0: int, kernel: Tensor, pad_key: str) -> tuple[
     c_q, c_k = kernel.shape[2:]
     left, right = key_padding(c_k, pad_key)
     top = c_q - 1 if row0 == 0 else 0
-    out = _block_conv(maps, kernel.to(maps.dtype), top, left, right)
+    out = block_conv(maps, kernel.to(maps.dtype), top, left, right)
     return out, row0 + (c_q - 1) - top
 
 
@@ -275,7 +226,8 @@ def causal_mta_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     block_rows = block_rows or FAST_BLOCK_ROWS
     h_pre = 0 if pre_conv is None else pre_conv.shape[2] - 1
     h_post = 0 if post_conv is None else post_conv.shape[2] - 1
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))     # [batch head pos d_head]
+    # [batch head pos d_head], contiguous so that every block's slices feed bmm as views
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     out = []
     for r0 in range(0, n_q, block_rows):
         r1 = min(n_q, r0 + block_rows)
@@ -286,7 +238,8 @@ def causal_mta_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
         if pre_conv is not None:   # Eq. 5
             masked = scores.masked_fill(~_causal_rows(s0, r1 - s0, r1, q.device), 0.0)
             scores, first = _conv_block(masked, s0, pre_conv, pad_key)
-        scores = scores[:, :, a0 - first:]
+        if a0 > first:   # (slice only when needed: a no-op slice still costs a backward)
+            scores = scores[:, :, a0 - first:]
         if pre_mix is not None:   # Eq. 7 on the logits
             scores = head_mix(scores, pre_mix)
         causal = _causal_rows(a0, r1 - a0, r1, q.device)
@@ -295,7 +248,8 @@ def causal_mta_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
         first = a0
         if post_conv is not None:   # Eq. 6; the softmax left zeros to mask
             maps, first = _conv_block(maps, a0, post_conv, pad_key)
-        maps = maps[:, :, r0 - first:]
+        if r0 > first:
+            maps = maps[:, :, r0 - first:]
         if post_conv is not None:
             maps = maps.masked_fill(~causal[r0 - a0:], 0.0)
         if post_mix is not None:

@@ -156,10 +156,14 @@ def resume_check_config(saved: dict, cfg: TrainConfig, step: int) -> dict:
     differs = {k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k)}
     if not differs or not differs <= set(SCHEDULE_FUTURE):
         return mine
-    old = TrainConfig(**{**saved, "betas": tuple(saved["betas"])})
-    if step > cfg.steps or any(lr_factor(s, old) != lr_factor(s, cfg) for s in range(step)):
+    if step > cfg.steps or not same_lr_until(TrainConfig(**saved), cfg, step):
         return mine
     return saved
+
+
+def same_lr_until(a: TrainConfig, b: TrainConfig, step: int) -> bool:
+    """Whether schedules `a` and `b` give every step before `step` the same lr factor."""
+    return all(lr_factor(s, a) == lr_factor(s, b) for s in range(step))
 
 
 class EarlyStop:

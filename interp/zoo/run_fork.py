@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hooked_models.checkpoint import read_config
 from hooked_models.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, read_train_state
-from hooked_models.trainer import METRICS_FILE, SCHEDULE_FUTURE, TrainConfig, lr_factor
+from hooked_models.trainer import METRICS_FILE, SCHEDULE_FUTURE, TrainConfig, same_lr_until
 from interp.zoo.text_recipes import get_recipe, train_config
 from interp.zoo.text_train import default_runs_dir, schedule_phase_ends
 
@@ -79,9 +79,7 @@ def check_fork(src_ckpt, recipe_name: str, seed: int = 0, d_vocab: int | None = 
     if src_train["batch_size"] != rows:
         raise ValueError(f"{src_ckpt} took {src_train['batch_size']} rows per step; "
                          f"{recipe_name}'s first phase takes {rows}")
-    src_cfg, dst_cfg = (TrainConfig(**{**c, "betas": tuple(c["betas"])})
-                        for c in (src_train, dst_train))
-    if any(lr_factor(s, src_cfg) != lr_factor(s, dst_cfg) for s in range(step)):
+    if not same_lr_until(TrainConfig(**src_train), TrainConfig(**dst_train), step):
         raise ValueError(f"{recipe_name}'s lr schedule differs from {src_ckpt}'s before step "
                          f"{step}")
     return json.loads(json.dumps(dst_train))

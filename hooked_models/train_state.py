@@ -25,6 +25,14 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
 
 
+def runs_root() -> Path:
+    """Where long training runs keep their checkpoints by default: `$ATTNLENS_RUNS`, else
+    `~/.cache/attnlens`, outside the work tree. A session's work tree is laid anew from git, so
+    checkpoints under it never reach the next session; a directory outside it does when the
+    next session is handed the same machine."""
+    return Path(os.environ.get("ATTNLENS_RUNS") or Path.home() / ".cache" / "attnlens")
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

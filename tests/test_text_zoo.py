@@ -293,3 +293,15 @@ def test_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
     assert default_runs_dir() == tmp_path / "home" / ".cache" / "attnlens" / "zoo-text"
     repo = Path(__file__).resolve().parents[1]
     assert repo not in default_runs_dir().parents
+
+
+def test_paper_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
+    """The paper-task zoo's long runs (issue 24) resume across sessions too: their runs live
+    under the same root as the text zoo's, in paper-zoo/."""
+    from interp.zoo.paper._training import default_run_root
+
+    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path))
+    assert default_run_root() == tmp_path / "paper-zoo"
+    monkeypatch.delenv("ATTNLENS_RUNS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_run_root() == tmp_path / "home" / ".cache" / "attnlens" / "paper-zoo"

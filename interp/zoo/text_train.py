@@ -15,7 +15,6 @@ full-budget run may be released into `hooked_models/zoo` (`--release-to hooked_m
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
 import sys
@@ -29,7 +28,7 @@ import torch
 from hooked_models.bpe import BPETokenizer, cached_stream, train_bpe
 from hooked_models.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
 from hooked_models.model import HookedVariantTransformer
-from hooked_models.train_state import latest_checkpoint, read_train_state
+from hooked_models.train_state import latest_checkpoint, read_train_state, runs_root
 from hooked_models.trainer import METRICS_FILE, fit
 from interp.zoo.text_eval import (
     evaluate_windows,
@@ -43,12 +42,10 @@ from interp.zoo.text_recipes import train_config as make_train_config
 
 
 def default_runs_dir() -> Path:
-    """Where `attnlens train --zoo text` keeps runs by default: `$ATTNLENS_RUNS/zoo-text`, else
-    `~/.cache/attnlens/zoo-text`, outside the work tree. A session's work tree is laid anew
-    from git, so checkpoints under it (the old default, `out/zoo-text`) never reach the next
-    session; a directory outside it does when the next session is handed the same machine."""
-    root = os.environ.get("ATTNLENS_RUNS") or Path.home() / ".cache" / "attnlens"
-    return Path(root) / "zoo-text"
+    """Where `attnlens train --zoo text` keeps runs by default: `runs_root()/zoo-text`, i.e.
+    `$ATTNLENS_RUNS/zoo-text`, else `~/.cache/attnlens/zoo-text`, outside the work tree (the old
+    default, `out/zoo-text`, never reached the next session)."""
+    return runs_root() / "zoo-text"
 
 
 @dataclass

@@ -3,7 +3,7 @@
 One module per phenomenon (`cope`, `mta`, `infini`, `dcmha`) declares `RECIPES` (frozen
 `Recipe`s, see `_registry`), `train(recipe, out_dir, resume=True)` and
 `evaluate(model, recipe) -> dict[str, float]`; `_training.train_recipe` does the shared part
-(resumable run under out/paper-zoo/, save_pretrained, the card of kind "paper-task").
+(resumable run under ~/.cache/attnlens/paper-zoo/, save_pretrained, the card of kind "paper-task").
 The models ship in `hooked_models/zoo/<recipe name>/`; `report.py` writes docs/reproduction.md.
 
     python -m interp.zoo.paper list

@@ -53,7 +53,8 @@ def main(argv=None) -> None:
     p_train = sub.add_parser("train")
     p_train.add_argument("names", nargs="+")
     p_train.add_argument("--resume", action="store_true",
-                         help="continue from the run's last checkpoint under out/paper-zoo/")
+                         help="continue from the run's last checkpoint under "
+                              "$ATTNLENS_RUNS/paper-zoo (default ~/.cache/attnlens/paper-zoo)")
     p_train.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p_eval = sub.add_parser("eval")
     p_eval.add_argument("names", nargs="+")

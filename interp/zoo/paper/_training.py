@@ -1,8 +1,10 @@
 """Shared training and card writing of the paper-task zoo (every phenomenon module uses them).
 
 `train_recipe` builds the recipe's model, runs `hooked_models.trainer.fit` in a resumable run
-directory under `out/paper-zoo/<name>/` (git-ignored) and saves the final model with its card
-into the zoo directory; `write_metrics` stores what the module's `evaluate` measures.
+directory `default_run_root()/<name>/` (`$ATTNLENS_RUNS/paper-zoo`, else
+`~/.cache/attnlens/paper-zoo`: outside the work tree, so a long run resumes in a later session
+on the same machine) and saves the final model with its card into the zoo directory;
+`write_metrics` stores what the module's `evaluate` measures.
 
 Example:
     >>> train_recipe(recipe, zoo_path, sample)      # doctest: +SKIP
@@ -20,6 +22,7 @@ import torch
 
 from hooked_models.config import VariantConfig
 from hooked_models.model import HookedVariantTransformer
+from hooked_models.train_state import runs_root
 from hooked_models.trainer import METRICS_FILE, Sampler, TrainConfig, fit
 from hooked_models.zoo import ZOO_DIR
 from interp.zoo.paper._registry import Recipe
@@ -32,9 +35,13 @@ KIND = "paper-task"
 # every seed training used (`training_seeds`).
 EVAL_SEED = 60_613_579
 EVAL_SPAN = 100_000
-RUN_ROOT = Path(__file__).resolve().parents[3] / "out" / "paper-zoo"
 WALL_FILE = "wall_seconds.json"
 CLI = "python -m interp.zoo.paper"
+
+
+def default_run_root() -> Path:
+    """The default parent of the paper-task runs: `runs_root()/paper-zoo`."""
+    return runs_root() / "paper-zoo"
 
 
 def build_model(recipe: Recipe) -> HookedVariantTransformer:
@@ -96,7 +103,7 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
     run); without it, the run starts over. Wall time accumulates across resumed pieces.
     Returns the trained model (eval mode).
     """
-    run_dir = Path(run_root or RUN_ROOT) / recipe.name
+    run_dir = Path(run_root or default_run_root()) / recipe.name
     if not resume and run_dir.exists():
         for name in (WALL_FILE, "latest"):
             (run_dir / name).unlink(missing_ok=True)

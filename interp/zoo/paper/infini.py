@@ -138,7 +138,7 @@ def validation(recipe: Recipe, n: int = 16):
 
 
 def train(recipe: Recipe, out_dir, resume: bool = True) -> None:
-    """Train `recipe` (resumable run under out/paper-zoo/<name>/) and save it into `out_dir`."""
+    """Train `recipe` (resumable run under `default_run_root()/<name>/`), save it to `out_dir`."""
     evaluate = validation(recipe) if recipe.task_args.get("early_stop") else None
     train_recipe(recipe, out_dir, sampler(recipe), resume=resume, evaluate=evaluate)
 

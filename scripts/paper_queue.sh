@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The paper-task zoo's long runs (issue 24) on the CPU: one lane of single-thread runs at the
+# lowest priority, each resuming from its last checkpoint (run it again after any interruption).
+#   bash scripts/paper_queue.sh                  # in the foreground; log in $RUNS/paper.log
+#   PAPER="infini-passkey-long-*" bash scripts/paper_queue.sh
+# Runs live under $RUNS = ${ATTNLENS_RUNS:-~/.cache/attnlens}/paper-zoo, outside the work
+# tree, so they continue in a later session on the same machine; each finished model is saved to
+# hooked_models/zoo/<name>/ with its card and evaluated (`python -m interp.zoo.paper train`).
+# A finished run is skipped in seconds (it resumes at its last step, or at its early stop).
+# Cheapest first: DCMHA vs MHA on the conjunction task (about 5-12 CPU-minutes each), then the
+# Infini passkey curriculum (about 0.3-1.3 CPU-s per step), then CoPE at the paper's 4 x 256
+# shape (0.4-0.8 CPU-s per step), three seeds each, all to early stopping.
+set -euo pipefail
+set -f   # the recipe patterns below are for the train command, not for the shell
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
+export ATTNLENS_RUNS=${ATTNLENS_RUNS:-$HOME/.cache/attnlens}
+RUNS=$ATTNLENS_RUNS/paper-zoo
+mkdir -p "$RUNS"
+PAPER=${PAPER:-"dcmha-conjunction-full-* infini-passkey-long-*
+  cope-flipflop-*-long-s0 cope-counting-3var-*-long-s0 cope-counting-5var-*-long-s0
+  cope-flipflop-*-long-s1 cope-counting-3var-*-long-s1 cope-counting-5var-*-long-s1
+  cope-flipflop-*-long-s2 cope-counting-3var-*-long-s2 cope-counting-5var-*-long-s2"}
+OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m interp.zoo.paper train $PAPER --resume \
+  --threads 1 >> "$RUNS/paper.log" 2>&1

@@ -79,10 +79,48 @@ def test_diversity_and_gating_tables_cover_every_variant(studies):
                                                      "mixer", "intermediate"}
     cope = tables["cope_categories"]
     assert cope["mean_gate"].between(0, 1).all() and (cope["count"] > 0).all()
-    for name in ("induction", "training_log", "diversity", "cope_categories"):
+    for name in ("induction", "training_log", "diversity", "cope_categories", "copy_distance"):
         assert (out / f"{name}.csv").is_file()
-    for fig in ("phase_change", "diversity", "cope_categories"):
+    for fig in ("phase_change", "diversity", "cope_categories", "copy_distance"):
         assert (out / f"{fig}.html").is_file()
+
+
+def test_copy_distance_study_is_the_probe_at_each_distance(release, studies):
+    """Each row is `induction_probe` at that half length (recomputed here); distances that do
+    not fit n_ctx are left out; only Infini rows carry a segment length."""
+    import math
+
+    from hooked_models.model import HookedVariantTransformer
+    from interp.zoo.text_eval import induction_probe
+    from interp.zoo.text_studies import COPY_DISTANCES
+
+    _, tables = studies
+    table = tables["copy_distance"]
+    assert set(table["model"]) == set(NAMES)
+    for name, g in table.groupby("model"):
+        model = HookedVariantTransformer.from_pretrained(release / name, device="cpu").float()
+        fits = [d for d in COPY_DISTANCES if 2 * d + 1 <= model.cfg.n_ctx]
+        assert list(g["distance"]) == fits and fits
+        row = g.iloc[0]
+        probe = induction_probe(model, half=int(row["distance"]))
+        assert row["induction_score"] == pytest.approx(probe["induction_score"], abs=1e-6)
+        assert row["copy_loss_ratio"] == pytest.approx(probe["copy_loss_ratio"], rel=1e-5)
+        assert math.isnan(row["segment_len"]) == (not name.startswith("text-infini"))
+
+
+def test_copy_distance_findings_tell_local_from_memory_copying():
+    import pandas as pd
+
+    rows = [("text-infini-l2", "infini", "l2", d, s, r, 128.0)
+            for d, s, r in ((20, 0.4, 0.7), (100, 0.03, 0.97), (150, 0.003, 0.99))]
+    rows += [("text-mha-l2", "mha", "l2", 20, 0.57, 0.56, float("nan"))]
+    table = pd.DataFrame(rows, columns=["model", "variant", "shape", "distance",
+                                        "induction_score", "copy_loss_ratio", "segment_len"])
+    text = zoo_docs.copy_distance_findings(table)
+    assert "| `text-mha-l2` | 0.57 / 0.56 | - | - |" in text
+    assert "inside a segment its best score is 0.40 at |r| = 20" in text
+    assert "the score is at most 0.003 and the loss ratio at least 0.99" in text
+    assert "text-mha-l2** (" not in text          # no segment: no local-vs-memory line
 
 
 def test_token_categories():

@@ -47,6 +47,35 @@ def phase_change_figure(log: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def copy_distance_figure(table: pd.DataFrame) -> go.Figure:
+    """Induction by copy distance: the best head's induction score (top) and the second-copy /
+    first-copy loss ratio (bottom) of `[BOS] r r` against |r|, one line per model (colour =
+    variant, dash = shape). An Infini model's segment length is a dotted vertical line: beyond
+    it the earlier copy lies in an earlier segment, reachable only through the memory."""
+    _need(table, ["model", "variant", "shape", "distance", "induction_score",
+                  "copy_loss_ratio"], "copy_distance_figure")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["best head's induction score",
+                                        "second-copy / first-copy loss (1: no copying)"])
+    for name, g in table.groupby("model", sort=True):
+        variant, shape = g["variant"].iloc[0], g["shape"].iloc[0]
+        style = dict(color=VARIANT_COLOURS.get(variant), dash=SHAPE_DASH.get(shape, "solid"))
+        for row, column in ((1, "induction_score"), (2, "copy_loss_ratio")):
+            fig.add_trace(go.Scatter(x=g["distance"], y=g[column], mode="lines+markers",
+                                     name=name, legendgroup=name, showlegend=row == 1,
+                                     line=style, marker=dict(size=5)), row=row, col=1)
+    if "segment_len" in table:
+        for seg in sorted(table["segment_len"].dropna().unique()):
+            fig.add_vline(x=float(seg), line=dict(dash="dot", color="grey"),
+                          annotation_text=f"Infini segment ({int(seg)})")
+    fig.update_xaxes(title="copy distance |r| (tokens)", row=2, col=1)
+    fig.update_yaxes(title="score", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title="loss ratio", row=2, col=1)
+    fig.update_layout(title="Induction by copy distance (probe [BOS] r r, random ids)",
+                      height=620)
+    return fig
+
+
 def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
     """Mean captured variance (lower = more diverse heads) of every model's layers, QK and OV
     panels side by side, composed circuits hatched, with the random-init baseline as a line."""

@@ -11,7 +11,9 @@ figures (HTML, and PNG when kaleido works) into OUT, where `interp.zoo.zoo_docs`
    and in-context-learning score of every model, and the training log (induction score and
    validation loss against tokens seen: the phase change, `interp.training_plots`). A model
    "forms induction heads" when its best head's induction-stripe score reaches
-   `INDUCTION_THRESHOLD`; the 1-layer models are the controls.
+   `INDUCTION_THRESHOLD`; the 1-layer models are the controls. Induction by copy distance
+   (`copy_distance_study`): the same probe at |r| = 20 to 255, which tells an Infini model's
+   in-segment induction (local attention) from copying across segments (the memory).
 2. Head diversity (`diversity_study`): captured-variance curves of every layer's QK and OV
    circuits (plain, and composed for variants with static head mixing) with the random-init
    baseline (`interp.diversity`), summarised by the mean captured variance (DCFormer Fig. 5:
@@ -42,6 +44,9 @@ from interp.zoo.text_eval import load_eval_tokens
 INDUCTION_THRESHOLD = 0.3
 # Issue 26's second bar: second-copy loss below half the first-copy loss on the same probe.
 COPY_RATIO_THRESHOLD = 0.5
+# Copy distances of the copy-distance study: from well inside an Infini segment (128 tokens in
+# the zoo) to the longest that fits n_ctx 512 (the zoo's probe is 150).
+COPY_DISTANCES = (20, 50, 100, 150, 200, 255)
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
 # text-<variant>-<shape>, the data-mix twins as shape "l2-mix" (their own rows, beside "l2")
 NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix)?)$")
@@ -119,6 +124,35 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
                      "copy_loss_ratio": m.get("copy_loss_ratio"), "best_head": best["label"],
                      "forms_induction": forms_induction(m, threshold)})
     return pd.DataFrame(rows)
+
+
+def copy_distance_study(models: dict[str, Path], distances=COPY_DISTANCES,
+                        batch: int = 8) -> pd.DataFrame:
+    """Induction by copy distance: issue 26's probe `[BOS] r r` (random ids, held-out
+    PROBE_SEED) with |r| = each of `distances` that fits the model's context. One row per
+    (model, distance): the best head's `induction_score`, `first_copy_loss`, `repeat_loss`,
+    `copy_loss_ratio`, and `segment_len` (Infini's; NaN otherwise): an earlier copy further back
+    than the segment is out of local attention's reach, so only the memory can serve it."""
+    from interp.zoo.text_eval import induction_probe
+
+    rows = []
+    for name, d in models.items():
+        variant, shape = _parts(name)
+        model = _load(d)
+        segment = getattr(model.cfg.attn_cfg, "segment_len", None)
+        for dist in distances:
+            if 2 * dist + 1 > model.cfg.n_ctx:
+                continue
+            probe = induction_probe(model, batch=batch, half=dist)
+            rows.append({"model": name, "variant": variant, "shape": shape, "distance": dist,
+                         "induction_score": probe["induction_score"],
+                         "first_copy_loss": probe["first_copy_loss"],
+                         "repeat_loss": probe["repeat_loss"],
+                         "copy_loss_ratio": probe["copy_loss_ratio"],
+                         "segment_len": float(segment) if segment else float("nan")})
+    return pd.DataFrame(rows, columns=["model", "variant", "shape", "distance",
+                                       "induction_score", "first_copy_loss", "repeat_loss",
+                                       "copy_loss_ratio", "segment_len"])
 
 
 def _load(directory):
@@ -221,6 +255,7 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
     from interp.plots import save_figure
     from interp.training_plots import (
         cope_category_figure,
+        copy_distance_figure,
         diversity_comparison_figure,
         phase_change_figure,
     )
@@ -231,8 +266,10 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
                          f"card) in {str(release_dir)!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=4, desc="text-zoo studies", disable=not progress)
+    steps = tqdm(total=5, desc="text-zoo studies", disable=not progress)
     tables = {"induction": induction_study(models), "training_log": training_logs(models)}
+    steps.update()
+    tables["copy_distance"] = copy_distance_study(models)
     steps.update()
     tables["diversity_curves"], tables["diversity"] = diversity_study(models)
     steps.update()
@@ -241,6 +278,7 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
     for key, frame in tables.items():
         frame.to_csv(out / f"{key}.csv", index=False)
     figures = {"phase_change": phase_change_figure(tables["training_log"]),
+               "copy_distance": copy_distance_figure(tables["copy_distance"]),
                "diversity": diversity_comparison_figure(tables["diversity"])}
     if "cope_categories" in tables:
         figures["cope_categories"] = cope_category_figure(tables["cope_categories"])

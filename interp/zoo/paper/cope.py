@@ -227,16 +227,35 @@ def _groups(cards: list[dict]) -> dict[tuple[int, str], list[dict]]:
 
 
 def errors(group: list[dict], split: str) -> list[float]:
+    """The group's error on `split`, one value per seed (every seed of an early-stopped
+    group, whatever step it stopped at)."""
     return [c["metrics"][f"error_{split}"] for c in group]
+
+
+def _steps_cell(group: list[dict]) -> int | str:
+    """The table's steps: the fixed budget, or the steps each seed took before it stopped."""
+    from interp.zoo.paper.report import early_stopped
+
+    if not any(map(early_stopped, group)):
+        return group[0]["steps"]
+    return f"{' / '.join(str(c['steps']) for c in group)} (early stopping)"
 
 
 def report_section(cards: list[dict], figure_dir) -> str:
     """Error (%) per split for each positional scheme (and counting's number of variables):
     one row per setting (its seeds' mean and 95% t-interval when there are several), and a
-    grouped bar chart."""
+    grouped bar chart. An early-stopped setting pools all its seeds, whatever step each
+    stopped at; its runs (steps, stop, time) and the CPU-hours spent are listed below."""
     import plotly.graph_objects as go
 
-    from interp.zoo.paper.report import markdown_table, save_png, short
+    from interp.zoo.paper.report import (
+        budget_spent,
+        early_stopped,
+        markdown_table,
+        runs_table,
+        save_png,
+        short,
+    )
 
     task = cards[0]["task_args"]["task"]
     splits = SPLITS[task]
@@ -245,7 +264,7 @@ def report_section(cards: list[dict], figure_dir) -> str:
     def setting(n):
         return f"{n} var" if n else "-"
 
-    rows = [[setting(n), NAMES[v], ", ".join(str(c["seed"]) for c in g), g[0]["steps"],
+    rows = [[setting(n), NAMES[v], ", ".join(str(c["seed"]) for c in g), _steps_cell(g),
              *(short(errors(g, s)) for s in splits)] for (n, v), g in groups.items()]
     table = markdown_table(["setting", "positions", "training seed(s)", "steps",
                             *(f"{label} (%)" for _, label in splits.values())], rows)
@@ -258,6 +277,13 @@ def report_section(cards: list[dict], figure_dir) -> str:
     for split, (_, label) in splits.items():
         fig.add_bar(name=label, x=[f"{v} ({setting(n)})" if n else v for n, v in groups],
                     y=[100 * sum(errors(g, split)) / len(g) for g in groups.values()])
+    runs = [c for g in groups.values() for c in g if early_stopped(c)]
+    if runs:
+        table += (f"\n\n**Runs** ({_shape(runs)}, each trained until the answer "
+                  f"loss on {VAL_BATCHES} x 64 in-distribution validation samples, seeds from "
+                  f"{VAL_SEED}, stopped improving; evaluated on the separate eval seed above):"
+                  f"\n\n{runs_table(runs, label=lambda c: c['recipe'])}\n\n"
+                  f"{budget_spent(runs)}")
     phenomenon = cards[0]["phenomenon"]
     fig.update_layout(barmode="group", title=f"{phenomenon}: error by positional scheme",
                       yaxis_title="error (%)", width=900, height=420)
@@ -268,6 +294,7 @@ def report_section(cards: list[dict], figure_dir) -> str:
             steps, losses = zip(*c["train_loss_curve"], strict=True)
             n = c["task_args"].get("n_vars")
             name = c["variant"] + (f" ({setting(n)})" if n else "")
+            name += f" s{c['seed']}" if early_stopped(c) else ""
             curves.add_scatter(x=steps, y=losses, mode="lines", name=name)
     if curves.data:
         curves.update_layout(title=f"{phenomenon}: training loss on the answers",
@@ -324,8 +351,10 @@ def _lowest(groups, n_vars: int, split: str) -> str:
 
 def reading(phenomenon: str, cards: list[dict]) -> str:
     """Our reading of `phenomenon`, every number computed from `cards`."""
-    from interp.zoo.paper.report import pct, span
+    from interp.zoo.paper.report import early_stopped, pct, span
 
+    if any(map(early_stopped, cards)):
+        return _long_reading(cards)
     groups = _groups(cards)
     steps = span([c["steps"] for c in cards], fmt=str)
     budget = (f"Our models have 2 layers of d_model 64 and {steps} training steps, far less "
@@ -407,3 +436,85 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
                                                else ": CoPE is not separated from every "
                                                "other scheme."))
     return "\n\n".join(lines + [budget])
+
+
+def _separation(groups, n_vars: int, split: str, a: str = "cope") -> dict[str, str | None]:
+    """Per other scheme: "below" / "above" when `a`'s 95% t-interval of the error on `split`
+    lies wholly below / above that scheme's (`report.separated`), None when they overlap or a
+    side has one seed."""
+    from interp.zoo.paper.report import separated
+
+    mine = errors(groups[(n_vars, a)], split)
+    return {v: separated(mine, errors(g, split)) for (n, v), g in groups.items()
+            if n == n_vars and v != a}
+
+
+def _split_verdict(groups, n_vars: int, split: str) -> str:
+    """Whether CoPE's error is below each other scheme's on `split`, intervals apart."""
+    sep = _separation(groups, n_vars, split)
+    if not sep:
+        return "No other scheme to compare CoPE with."
+    single = [NAMES[v] for (n, v), g in groups.items() if n == n_vars and len(g) < 2]
+    if single:
+        return (f"One seed of {', '.join(single)} so far, no interval: CoPE's advantage is not "
+                f"established on this split.")
+    below = [NAMES[v] for v, s in sep.items() if s == "below"]
+    above = [NAMES[v] for v, s in sep.items() if s == "above"]
+    tied = [NAMES[v] for v, s in sep.items() if s is None]
+    if sep and len(below) == len(sep):
+        return "CoPE is below every other scheme (95% t-intervals apart)."
+    parts = ([f"below {', '.join(below)}"] if below else []) + (
+        [f"above {', '.join(above)}"] if above else []) + (
+        [f"not separated from {', '.join(tied)}"] if tied else [])
+    return (f"CoPE is {'; '.join(parts)} (95% t-intervals): its advantage over every other "
+            f"scheme is not established on this split.")
+
+
+def _shape(cards: list[dict]) -> str:
+    """`"4 layers of d_model 256"`, from the cards' recipes."""
+    config = RECIPES[cards[0]["recipe"]].config if cards[0].get("recipe") in RECIPES \
+        else {**_model_config(cards[0]["task_args"]["task"], "nope"), **LONG_SHAPE}
+    return f"{config['n_layers']} layers of d_model {config['d_model']}"
+
+
+def _long_reading(cards: list[dict]) -> str:
+    """The reading of early-stopped groups (the -long recipes): per setting and split, each
+    scheme's error over seeds and whether CoPE's is below each other scheme's with
+    non-overlapping 95% t-intervals; the paper's comparison is stated only where they are."""
+    from interp.zoo.paper.report import pct, stopping_text
+
+    task = cards[0]["task_args"]["task"]
+    groups = _groups(cards)
+    splits = SPLITS[task]
+    paragraphs = []
+    for n in sorted({n for n, _ in groups}):
+        head = f"**{n} variable{'s' * (n > 1)}** " if n else ""
+        if (n, "cope") not in groups:
+            paragraphs.append(f"{head}No CoPE model: no comparison.")
+            continue
+        wins = [s for s in splits if set(_separation(groups, n, s).values()) == {"below"}]
+        labels = [splits[s][1] for s in wins]
+        lines = [f"{head}({_seeds_text(groups, n)}, trained to early stopping). CoPE's error "
+                 f"is below every other scheme's, 95% t-intervals apart, on "
+                 + (f"{len(wins)} of {len(splits)} splits ({'; '.join(labels)})."
+                    if wins else "no split.")]
+        if task == "flipflop":
+            solved = [v for (m, v), g in groups.items() if m == n
+                      and max(errors(g, "id")) < SOLVED]
+            lines.append(f"In distribution {', '.join(NAMES[v] for v in solved)} "
+                         f"{'stays' if len(solved) == 1 else 'stay'} below {pct(SOLVED)}% on "
+                         f"every seed." if solved else
+                         f"In distribution no scheme stays below {pct(SOLVED)}% on every seed.")
+        for s, (_, label) in splits.items():
+            lines.append(f"{label}: {_by_scheme(groups, n, s)}. {_split_verdict(groups, n, s)}")
+        if len(wins) == len(splits):
+            lines.append("The paper's CoPE advantage reproduces on every split.")
+        elif wins:
+            lines.append("The paper's CoPE advantage reproduces on those splits only and is "
+                         "not established on the others.")
+        else:
+            lines.append("The paper's CoPE advantage is not established here.")
+        paragraphs.append(" ".join(lines))
+    paragraphs.append(f"Our models have {_shape(cards)} (the paper's shape), trained to early "
+                      f"stopping ({stopping_text(cards)}); the loss figure shows each run.")
+    return "\n\n".join(paragraphs)

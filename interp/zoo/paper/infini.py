@@ -16,6 +16,8 @@ the trained model with `interp.infini.memory_specialisation`.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import torch
 
@@ -211,15 +213,21 @@ def _cell(cards: list[dict], key: str) -> str:
     return short([c["metrics"][key] for c in cards], fmt=acc2)
 
 
+def train_length(cards: list[dict]) -> int:
+    """The (longest) length the cards' models were trained at: the unit of `FACTORS`."""
+    args = cards[0].get("task_args", {}) if cards else {}
+    return max(args.get("lengths") or [args.get("length", TRAIN_LENGTH)])
+
+
 def _grid_markdown(cards: list[dict]) -> str:
     """Token / exact accuracy per (length, depth), and the memory knock-out rows."""
     from interp.zoo.paper.report import markdown_table
 
-    rows = []
+    rows, length = [], train_length(cards)
     for prefix, factors, tag in (("", FACTORS, ""),
                                  ("ko_", KNOCKOUT_FACTORS, ", memory read zeroed")):
         for f in factors:
-            rows.append([f"{f}x ({f * TRAIN_LENGTH}){tag}",
+            rows.append([f"{f}x ({f * length}){tag}",
                          *(f"{_cell(cards, f'{prefix}acc_x{f}_d{d:.2f}')} / "
                            f"{_cell(cards, f'{prefix}exact_x{f}_d{d:.2f}')}" for d in DEPTHS),
                          f"{_cell(cards, f'{prefix}acc_x{f}')} / "
@@ -235,12 +243,13 @@ def grid_figure(cards: list[dict]):
     """Plotly heatmap of the token accuracy (mean over the cards' seeds), length x depth."""
     import plotly.graph_objects as go
 
+    length = train_length(cards)
     z = [[_mean(cards, f"acc_x{f}_d{d:.2f}") for d in DEPTHS] for f in FACTORS]
     fig = go.Figure(go.Heatmap(z=z, x=[f"{d:g}" for d in DEPTHS],
-                               y=[f"{f}x ({f * TRAIN_LENGTH})" for f in FACTORS],
+                               y=[f"{f}x ({f * length})" for f in FACTORS],
                                zmin=0, zmax=1, colorscale="Viridis", text=z,
                                texttemplate="%{text:.2f}", colorbar=dict(title="accuracy")))
-    fig.update_layout(title=f"Passkey token accuracy, trained at {TRAIN_LENGTH} tokens "
+    fig.update_layout(title=f"Passkey token accuracy, trained at {length} tokens "
                             f"(Infini, {SEGMENT_LEN}-token segments)",
                       xaxis_title="depth of the key", yaxis_title="length", width=640,
                       height=420)
@@ -270,11 +279,13 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
     accuracy, with the memory knock-out as baseline) and gates, from the cards, with a verdict
     against the paper (Table 3: 100% up to 1M tokens). With `figure_dir`, the grid is also
     drawn (`report.save_png`)."""
-    from interp.zoo.paper.report import acc2, describe
+    from interp.zoo.paper.report import acc2, describe, early_stopped
 
     cards = [c for c in cards if c.get("metrics")]
     if not cards:
         return "No evaluated Infini-attention passkey model yet."
+    if any(map(early_stopped, cards)):
+        return _long_section(cards, figure_dir)
     in_dist = [c["metrics"]["acc_x1"] for c in cards]
     far = [c["metrics"][f"acc_x{FACTORS[-1]}"] for c in cards]
     if min(far) >= 0.9:
@@ -312,11 +323,13 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
 
 def reading(phenomenon: str, cards: list[dict]) -> str:
     """Our reading of the passkey runs, every number computed from `cards`."""
-    from interp.zoo.paper.report import acc2, describe, span
+    from interp.zoo.paper.report import acc2, describe, early_stopped, span
 
     cards = [c for c in cards if c.get("metrics")]
     if not cards:
         return ""
+    if any(map(early_stopped, cards)):
+        return _long_reading(cards)
 
     def vals(key):
         return [c["metrics"][key] for c in cards]
@@ -362,6 +375,169 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
         f"{'s' * (specialists != 1)} reached memory or local specialisation; all gates lie in "
         f"{span(gates, fmt=acc2)}, so Fig. 3's memory/local split is "
         f"{'not reproduced either' if specialists == 0 else 'only partly present'}."))
+    return " ".join(lines)
+
+
+# Length generalisation "reproduces" when whole-key accuracy at the longest length, with the
+# key outside the last segment (read back from the memory), is at least this over seeds (the
+# lower end of its 95% t-interval); the paper's Table 3 gives 100%.
+REPRODUCED = 0.9
+MEMORY_DEPTHS = tuple(d for d in DEPTHS if d < 1.0)   # keys outside the last segment
+
+
+def _memory_exact(card: dict, f: int, prefix: str = "") -> float:
+    """One seed's whole-key accuracy at factor `f`, mean over `MEMORY_DEPTHS`."""
+    m = card["metrics"]
+    return sum(m[f"{prefix}exact_x{f}_d{d:.2f}"] for d in MEMORY_DEPTHS) / len(MEMORY_DEPTHS)
+
+
+def _depths_text() -> str:
+    return "/".join(f"{d:g}" for d in MEMORY_DEPTHS)
+
+
+def _factor_markdown(cards: list[dict]) -> str:
+    """Per length factor, over seeds: token and whole-key accuracy (means over depths) and
+    whole-key accuracy with the key outside the last segment; the knock-out rows below."""
+    from interp.zoo.paper.report import acc2, markdown_table, short
+
+    length, rows = train_length(cards), []
+    for prefix, factors, tag in (("", FACTORS, ""),
+                                 ("ko_", KNOCKOUT_FACTORS, ", memory read zeroed")):
+        for f in factors:
+            rows.append([f"{f}x ({f * length}){tag}",
+                         short([c["metrics"][f"{prefix}acc_x{f}"] for c in cards], fmt=acc2),
+                         short([c["metrics"][f"{prefix}exact_x{f}"] for c in cards], fmt=acc2),
+                         short([_memory_exact(c, f, prefix) for c in cards], fmt=acc2)])
+    return markdown_table(["length", "token accuracy", "exact key",
+                           f"exact key, depths {_depths_text()} (key outside the last "
+                           f"segment)"], rows)
+
+
+def _gates_per_seed(cards: list[dict]) -> str:
+    """Each seed's gate and memory share per head (heads are not aligned across seeds, so
+    they are not averaged), and its head classes."""
+    from interp.zoo.paper.report import markdown_table
+
+    labels = sorted(k.removeprefix("gate_") for k in cards[0]["metrics"] if k.startswith("gate_"))
+    rows = [[label, *(f"{c['metrics'][f'gate_{label}']:.2f} / "
+                      f"{c['metrics'][f'memory_ratio_{label}']:.2f}" for c in cards)]
+            for label in labels]
+    rows.append(["classes (memory / local / mixer / intermediate)",
+                 *(" / ".join(str(int(c["metrics"][f"heads_{k}"]))
+                              for k in ("memory", "local", "mixer", "intermediate"))
+                   for c in cards)])
+    return markdown_table(["head", *(f"seed {c.get('seed')}: gate / memory share"
+                                     for c in cards)], rows)
+
+
+def length_verdict(cards: list[dict]) -> tuple[str, str]:
+    """(verdict, evidence) on the paper's length generalisation: whole-key accuracy at the
+    longest factor with the key outside the last segment, over seeds, against `REPRODUCED`.
+    "reproduced" when the interval's low end reaches it, "not reproduced" when its high end
+    stays below, else "not established"; one seed (no interval) is "not reproduced" below
+    `REPRODUCED` and "not established" above it."""
+    from interp.zoo.paper.report import acc2, describe, t_interval
+
+    far = FACTORS[-1]
+    values = [_memory_exact(c, far) for c in cards]
+    lo, hi = t_interval(values)[1:] if len(values) > 1 else (-math.inf, values[0])
+    verdict = ("reproduced" if lo >= REPRODUCED else "not reproduced" if hi < REPRODUCED
+               else "not established")
+    evidence = (f"whole-key accuracy at {far}x ({far * train_length(cards)} tokens) with the "
+                f"key outside the last segment (depths {_depths_text()}) is "
+                f"{describe(values, fmt=acc2)}, against {acc2(REPRODUCED)} for 'reproduced' "
+                f"(the paper: 1.00)")
+    return verdict, evidence
+
+
+def _long_section(cards: list[dict], figure_dir=None) -> str:
+    """Markdown of early-stopped runs (the -long recipes): the runs, the grid and the
+    per-factor table over seeds with the knock-out baseline, the verdict, each seed's gates
+    and the budget spent."""
+    from interp.zoo.paper.report import budget_spent, runs_table, stopping_text
+
+    cards = sorted(cards, key=lambda c: c.get("seed"))
+    lengths = cards[0].get("task_args", {}).get("lengths") or [train_length(cards)]
+    verdict, evidence = length_verdict(cards)
+    figure = ""
+    if figure_dir is not None:
+        from interp.zoo.paper.report import save_png
+
+        figure = "\n\n" + save_png(grid_figure(cards), "infini_passkey_long_grid", figure_dir)
+    return (
+        f"2-layer, 4-head Infini-attention models (d_model 64, d_head 16, linear + delta "
+        f"memory, {SEGMENT_LEN}-token segments) trained from scratch on a curriculum of "
+        f"{'/'.join(map(str, lengths))}-token prompts until the loss on the key's digits "
+        f"of held-out validation prompts (seeds from {VAL_SEED}) stopped improving "
+        f"({len(cards)} seed{'s' * (len(cards) > 1)}; {stopping_text(cards)}); evaluated "
+        f"streaming at 1x-{FACTORS[-1]}x {train_length(cards)} tokens on {EVAL_N} held-out "
+        f"prompts per cell (eval seed {cards[0].get('eval_seed')}). Cells: token accuracy "
+        f"/ exact-key accuracy, mean [95% t-interval] (n seeds); the knock-out rows zero "
+        f"the memory read A_mem in every layer on the same prompts (at "
+        f"{'/'.join(f'{f}x' for f in KNOCKOUT_FACTORS)}).\n\n"
+        f"**Runs**\n\n{runs_table(cards, label=lambda c: c.get('recipe', 'infini'))}\n\n"
+        f"{budget_spent(cards)}\n\n"
+        f"**Length x depth**\n\n{_grid_markdown(cards)}{figure}\n\n"
+        f"**By length** (means over depths; the last column averages depths "
+        f"{_depths_text()}, whose key lies outside the last segment and must come back "
+        f"through the memory):\n\n{_factor_markdown(cards)}\n\n"
+        f"Length generalisation: {evidence}: **{verdict}**.\n\n"
+        f"**Gates per seed** (sigmoid(beta) / memory share |g A_mem| / |A|; classes: memory "
+        f">= 0.8, local <= 0.2, mixer 0.35-0.65):\n\n{_gates_per_seed(cards)}")
+
+
+def _long_reading(cards: list[dict]) -> str:
+    """The reading of early-stopped runs: by length factor with intervals over seeds, against
+    the memory knock-out, and whether the paper's length generalisation reproduces."""
+    from interp.zoo.paper.report import acc2, describe, span, t_interval, welch_interval
+
+    cards = sorted(cards, key=lambda c: c.get("seed"))
+    length = train_length(cards)
+
+    def vals(key):
+        return [c["metrics"][key] for c in cards]
+
+    def ci(values):
+        if len(values) < 2:
+            return acc2(values[0])
+        m, lo, hi = t_interval(values)
+        return f"{acc2(m)} [{acc2(max(lo, 0.0))}, {acc2(min(hi, 1.0))}]"
+
+    verdict, evidence = length_verdict(cards)
+    lines = [f"{verdict[0].upper()}{verdict[1:]} ({len(cards)} seed{'s' * (len(cards) > 1)}, "
+             f"trained to early stopping): {evidence}."]
+    lines.append("By length (mean [95% t-interval] over seeds; token / exact key, means over "
+                 "depths; then exact key with the key outside the last segment): "
+                 + "; ".join(f"{f}x ({f * length}) {ci(vals(f'acc_x{f}'))} / "
+                             f"{ci(vals(f'exact_x{f}'))}, outside "
+                             f"{ci([_memory_exact(c, f) for c in cards])}" for f in FACTORS)
+                 + ".")
+    ko = KNOCKOUT_FACTORS[0]
+    base = [_memory_exact(c, ko, "ko_") for c in cards]
+    lines.append(f"Baseline, memory read zeroed at {ko}x: token "
+                 f"{describe(vals(f'ko_acc_x{ko}'), fmt=acc2)}, exact key outside the last "
+                 f"segment {describe(base, fmt=acc2)}.")
+    for f in (ko, FACTORS[-1]):
+        mine = [_memory_exact(c, f) for c in cards]
+        if len(cards) < 2:
+            lines.append(f"At {f}x, exact key outside the last segment {acc2(mine[0])} vs the "
+                         f"knock-out's {acc2(base[0])} (1 seed, no interval).")
+            continue
+        d, lo, hi = welch_interval(mine, base)
+        where = ("above" if lo > 0 else "below" if hi < 0 else "not separated from")
+        lines.append(f"At {f}x, exact key outside the last segment is {where} the knock-out "
+                     f"baseline (difference {acc2(d)}, Welch 95% interval {acc2(lo)} to "
+                     f"{acc2(hi)})" + (": the memory carries the key there." if lo > 0 else
+                                       ": no retrieval through the memory is shown there."))
+    specialists = [int(c["metrics"]["heads_memory"] + c["metrics"]["heads_local"])
+                   for c in cards]
+    gates = [v for c in cards for k, v in c["metrics"].items() if k.startswith("gate_")]
+    with_split = sum(s > 0 for s in specialists)
+    lines.append("Gates per seed: " + "; ".join(
+        f"seed {c.get('seed')}: {int(c['metrics']['heads_memory'])} memory, "
+        f"{int(c['metrics']['heads_local'])} local, {int(c['metrics']['heads_mixer'])} mixer"
+        for c in cards) + f" (all gates in {span(gates, fmt=acc2)}); Fig. 3's memory/local "
+        f"split appears in {with_split} of {len(cards)} seeds.")
     return " ".join(lines)
 
 

@@ -10,6 +10,12 @@ the command that trains them. Every claim carries its number of seeds and an int
 (`describe`: mean and 95% t-interval over seeds; "1 seed, no interval" otherwise); no number of
 ours is typed in by hand, and tests/test_paper_report.py rebuilds the report from the cards.
 
+Runs trained to early stopping (issue 24's -long/-full recipes) stop at a different step on
+each seed: the report treats all of a group's early-stopped seeds as one budget (`budget_of`),
+pools them in every mean, interval and comparison, lists each run's steps, stop and time
+(`runs_table`) and states the CPU-hours spent (`budget_spent`); fixed-step groups are compared
+per step count as before (tests/test_paper_report_long.py).
+
 Figures are PNGs written with kaleido (the `report` extra). Where kaleido is missing the PNGs
 already there are kept; `figures.json` beside them records the eval seed each was drawn from,
 and the report says so under any figure that predates the cards' evaluation.
@@ -124,6 +130,96 @@ def span(values: list[float], fmt=pct) -> str:
     """`"a-b"` (min-max), or one value when they are equal once formatted."""
     lo, hi = fmt(min(values)), fmt(max(values))
     return lo if lo == hi else f"{lo}-{hi}"
+
+
+EARLY_STOP = "early stopping"   # the budget of runs trained to early stopping
+
+
+def early_stopped(card: dict) -> bool:
+    """Whether `card`'s run was trained to early stopping: its `steps` is where that seed
+    stopped (or the ceiling `train["steps"]`), not a budget shared with the other seeds."""
+    return bool(card.get("train", {}).get("early_stop_patience")) or "stopped_early" in card
+
+
+def budget_of(card: dict) -> int | str:
+    """The budget a card's run was trained at, the unit the report compares and pools seeds
+    in: its step count for a fixed-step run, `EARLY_STOP` for every early-stopped run (each
+    seed stops at its own step, and all of them form one group)."""
+    return EARLY_STOP if early_stopped(card) else card.get("steps", 0)
+
+
+def budgets(cards: list[dict]) -> list:
+    """The cards' budgets, fixed step counts in increasing order, then `EARLY_STOP`."""
+    found = {budget_of(c) for c in cards}
+    return sorted(b for b in found if b != EARLY_STOP) + [EARLY_STOP] * (EARLY_STOP in found)
+
+
+def stopping_text(cards: list[dict]) -> str:
+    """Where early-stopped runs ended, e.g. `"steps taken 1750-4250 of a 20000-step ceiling;
+    5 of 6 runs stopped early, 1 hit the ceiling"`."""
+    steps = [c["steps"] for c in cards]
+    ceilings = sorted({c.get("train", {}).get("steps", max(steps)) for c in cards})
+    stopped = sum(bool(c.get("stopped_early")) for c in cards)
+    at_ceiling = sum(not c.get("stopped_early") and c["steps"] >= c.get("train", {}).get(
+        "steps", c["steps"]) for c in cards)
+    text = (f"steps taken {span(steps, fmt=str)} of a "
+            f"{'/'.join(map(str, ceilings))}-step ceiling; {stopped} of {len(cards)} "
+            f"run{'s' * (len(cards) > 1)} stopped early")
+    return text + (f", {at_ceiling} hit the ceiling" if at_ceiling else "")
+
+
+def _stop_cell(card: dict) -> str:
+    ceiling = card.get("train", {}).get("steps")
+    if card.get("stopped_early"):
+        patience = card.get("train", {}).get("early_stop_patience")
+        return "stopped early" + (f" (patience {patience})" if patience else "")
+    if ceiling is not None and card["steps"] >= ceiling:
+        return f"no: hit the {ceiling}-step ceiling"
+    return "no"
+
+
+def runs_table(cards: list[dict], label=lambda c: c.get("variant")) -> str:
+    """One row per run: `label(card)`, seed, steps taken, whether it stopped early (or hit
+    the ceiling), training wall time in minutes and the device."""
+    rows = [[label(c), c.get("seed"), c.get("steps"), _stop_cell(c),
+             f"{c.get('train_seconds', 0) / 60:.0f}", c.get("device", "-")] for c in cards]
+    return markdown_table(["model", "seed", "steps taken", "stopped early", "train time (min)",
+                           "device"], rows)
+
+
+def _threads(device: str) -> int | None:
+    """The thread count of a CPU device string (`"cpu (2 threads)"` -> 2), else None."""
+    import re
+
+    found = re.fullmatch(r"cpu \((\d+) threads?\)", device or "")
+    return int(found.group(1)) if found else None
+
+
+def budget_spent(cards: list[dict]) -> str:
+    """The training budget the cards spent: the sum of their wall times (`train_seconds`) in
+    CPU-hours, the devices, and core-hours (wall time x threads) when a run used several."""
+    hours = sum(c.get("train_seconds", 0) for c in cards) / 3600
+    devices = ", ".join(sorted({c.get("device", "?") for c in cards}))
+    threads = [_threads(c.get("device", "")) for c in cards]
+    n = f"{len(cards)} run{'s' * (len(cards) > 1)}"
+    if all(t is not None for t in threads):
+        core = sum(c.get("train_seconds", 0) * t for c, t in zip(cards, threads,
+                                                                  strict=True)) / 3600
+        cores = f", {core:.1f} core-hours" if max(threads) > 1 else ""
+        return (f"Budget spent: {hours:.1f} CPU-hours of training (the sum of the {n}' wall "
+                f"times, `train_seconds`) on {devices}{cores}.")
+    return (f"Budget spent: {hours:.1f} hours of training (the sum of the {n}' wall times, "
+            f"`train_seconds`) on {devices}.")
+
+
+def separated(a: list[float], b: list[float]) -> str | None:
+    """`"below"` / `"above"` when the 95% t-intervals of `a` and `b` over seeds do not overlap
+    (a's high end under b's low end, or the reverse), None when they overlap or a side has
+    fewer than 2 seeds (no interval)."""
+    if min(len(a), len(b)) < 2:
+        return None
+    (_, a_lo, a_hi), (_, b_lo, b_hi) = t_interval(a), t_interval(b)
+    return "below" if a_hi < b_lo else "above" if a_lo > b_hi else None
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -119,8 +119,15 @@ def test_copy_distance_findings_tell_local_from_memory_copying():
     text = zoo_docs.copy_distance_findings(table)
     assert "| `text-mha-l2` | 0.57 / 0.56 | - | - |" in text
     assert "inside a segment its best score is 0.40 at |r| = 20" in text
-    assert "the score is at most 0.003 and the loss ratio at least 0.99" in text
+    assert ("the score is at most 0.003 and the loss ratio at least 0.99: an induction head in "
+            "local attention, and no copying through the memory.") in text
     assert "text-mha-l2** (" not in text          # no segment: no local-vs-memory line
+    assert "**text-mha-l2**: its induction head reaches across the context" in text
+    weak = table.assign(induction_score=table.induction_score / 10,
+                        copy_loss_ratio=table.copy_loss_ratio - 0.1)
+    text = zoo_docs.copy_distance_findings(weak)
+    assert "no induction head in local attention, and copying through the memory." in text
+    assert "reaches across" not in text
 
 
 def test_token_categories():

@@ -70,6 +70,25 @@ for name, p in probes.items():
           f"{p['text_copy_ratio']:.2f}")
 
 # %% [markdown]
+# `text-infini-l2` fails the bar, yet its layer-1 head L1H3 is an induction head: its local
+# attention sees only its own 128-token segment, and the probe's earlier copy lies 150 tokens
+# back, in an earlier segment, where only the compressive memory can reach it. The same probe
+# at shorter copy distances tells the two apart (score / second-over-first copy loss):
+
+# %%
+distances = (20, 50, 100, 150, 200)
+by_distance = {name: {d: induction_probe(m, half=d) for d in distances}
+               for name, m in text.items() if m.cfg.n_layers > 1}
+pd.DataFrame({name: {f"|r| = {d}": f"{p['induction_score']:.2f} / {p['copy_loss_ratio']:.2f}"
+                     for d, p in row.items()} for name, row in by_distance.items()}).T
+
+# %% [markdown]
+# Inside a segment (|r| = 20, 50) the Infini model copies, if less well than MHA; once the copy
+# crosses a segment boundary it stops copying (ratio near 1): its memory does not serve
+# induction. MHA's head weakens with distance too, but it reaches across the whole context.
+# docs/zoo.md's copy-distance study has the figure.
+
+# %% [markdown]
 # Beside the toy MHA model, which has the circuit, on the same scores (the toy is probed with
 # 15 random letters repeated, its own vocabulary):
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from hooked_models.checkpoint import read_config
 from hooked_models.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, read_train_state
@@ -39,10 +40,18 @@ def read_card(ckpt: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def check_fork(src_ckpt, recipe_name: str, seed: int = 0, d_vocab: int | None = None) -> dict:
+class ForkPlan(NamedTuple):
+    """What a fork writes: the run's train config and model config (dicts, as saved)."""
+
+    train_config: dict
+    model_config: dict
+
+
+def check_fork(src_ckpt, recipe_name: str, seed: int = 0,
+               d_vocab: int | None = None) -> ForkPlan:
     """Why `src_ckpt` is step j of recipe `recipe_name` (raises ValueError naming what is not).
 
-    Returns the fork's train config (a dict as the trainer saves it)."""
+    Returns the fork's train config and model config (`ForkPlan`)."""
     src_ckpt = Path(src_ckpt)
     if not (src_ckpt / STATE_FILE).is_file():
         raise ValueError(f"{src_ckpt} is not a training checkpoint (no {STATE_FILE})")
@@ -82,13 +91,13 @@ def check_fork(src_ckpt, recipe_name: str, seed: int = 0, d_vocab: int | None = 
     if not same_lr_until(TrainConfig(**src_train), TrainConfig(**dst_train), step):
         raise ValueError(f"{recipe_name}'s lr schedule differs from {src_ckpt}'s before step "
                          f"{step}")
-    return json.loads(json.dumps(dst_train))
+    return ForkPlan(json.loads(json.dumps(dst_train)), dst_cfg)
 
 
 def fork_run(src_ckpt, recipe_name: str, out_dir=None, seed: int = 0) -> Path:
     """Write `src_ckpt` as the first checkpoint of `out_dir/runs/recipe_name`; returns it."""
     src_ckpt = Path(src_ckpt)
-    dst_train = check_fork(src_ckpt, recipe_name, seed=seed)
+    plan = check_fork(src_ckpt, recipe_name, seed=seed)
     run_dir = Path(out_dir or default_runs_dir()) / "runs" / recipe_name
     if (run_dir / LATEST_FILE).exists():
         raise ValueError(f"{run_dir} already holds a run; fork into a fresh directory")
@@ -99,15 +108,14 @@ def fork_run(src_ckpt, recipe_name: str, out_dir=None, seed: int = 0) -> Path:
         if (src_ckpt / name).is_file():
             shutil.copyfile(src_ckpt / name, ckpt / name)
     cfg = json.loads((src_ckpt / "config.json").read_text())
-    recipe_cfg = get_recipe(recipe_name).config(d_vocab=cfg["d_vocab"], seed=seed).to_dict()
-    cfg.update(n_ctx=recipe_cfg["n_ctx"], metadata=recipe_cfg["metadata"])
+    cfg.update(n_ctx=plan.model_config["n_ctx"], metadata=plan.model_config["metadata"])
     (ckpt / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     card = read_card(src_ckpt)
     card.update(recipe=recipe_name, forked_from={"checkpoint": str(src_ckpt.resolve()),
                                                  "recipe": card.get("recipe"),
                                                  "step": state["step"]})
     (ckpt / "card.json").write_text(json.dumps(card, indent=2, sort_keys=True))
-    state["train_config"] = dst_train
+    state["train_config"] = plan.train_config
     (ckpt / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
     metrics = src_ckpt.parent / METRICS_FILE
     if metrics.is_file():

@@ -59,6 +59,8 @@ CLAIMS = {
     "dcmha-composition": "Synthetic composition set (DCFormer repo): DCMHA solves two-hop "
                          "in-context questions better than MHA of the same size.",
 }
+# The -full recipes (issue 24 item 3) test the same claim trained to early stopping.
+CLAIMS["dcmha-conjunction-full"] = CLAIMS["dcmha-conjunction"]
 
 def _base_config(task: str) -> dict:
     return dict(d_model=D_MODEL, d_head=8, n_heads=4, n_layers=2, n_ctx=N_CTX,

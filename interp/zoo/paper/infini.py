@@ -52,6 +52,7 @@ TASK = (f"passkey retrieval (paper App. B prompt, word-level tokens, 5-digit key
 CLAIMS = {PHENOMENON: "Table 3: a 1B Infini-Transformer (linear + delta) fine-tuned on 5K-token "
                       "passkey prompts: 100% token accuracy at start/middle/end up to 1M tokens; "
                       "Fig. 3: gates split into memory specialists, local specialists, mixers."}
+CLAIMS[f"{PHENOMENON}-long"] = CLAIMS[PHENOMENON]   # issue 24 item 2: the same claim, curriculum
 
 def _recipe(seed: int) -> Recipe:
     return Recipe(name=f"{PHENOMENON}-s{seed}", phenomenon=PHENOMENON, variant="infini",

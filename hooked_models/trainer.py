@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hooked_models.train_state import (
@@ -36,6 +38,7 @@ from hooked_models.train_state import (
     save_train_state,
 )
 
+BEST_DIR = "best"   # early_stop_keep_best's weights, in the run directory
 Batch = tuple[torch.Tensor, torch.Tensor | None]
 Sampler = Callable[[int, torch.Generator], Batch]
 METRICS_FILE = "metrics.jsonl"
@@ -69,6 +72,10 @@ class TrainConfig:
             `evaluate` and `eval_every`). `steps` is then the most the run may take. The last
             metrics record of a stopped run says `"early_stop": true`; a resumed run rebuilds
             the count from the metrics log, so it stops where an unbroken run would.
+        early_stop_keep_best: with early stopping, the model `fit` leaves is the one of the best
+            evaluation, not the last (whose metric is up to `early_stop_patience` evaluations
+            worse). Its weights are kept whenever the metric improves, in `run_dir/best/`
+            (with the step, `best/best.json`) or in memory without a run directory.
         cooldown: the last `cooldown` steps scale the lr down linearly towards 0 (a
             warmup-stable-decay schedule, Hagele et al. 2024, with `min_lr_ratio` 1: a constant
             lr, then the decay; 0: off). A run may be resumed with another `steps` or
@@ -97,6 +104,7 @@ class TrainConfig:
     early_stop_patience: int = 0
     early_stop_metric: str = "val_loss"
     early_stop_min_delta: float = 0.0
+    early_stop_keep_best: bool = False
     cooldown: int = 0
     progress: bool = True
 
@@ -122,6 +130,8 @@ class TrainConfig:
         if not self.early_stop_patience:   # off: runs from before the option resume unchanged
             for k in ("early_stop_patience", "early_stop_metric", "early_stop_min_delta"):
                 out.pop(k)
+        if not (self.early_stop_patience and self.early_stop_keep_best):
+            out.pop("early_stop_keep_best")
         if not self.cooldown:
             out.pop("cooldown")
         return out
@@ -173,15 +183,17 @@ class EarlyStop:
         self.cfg = cfg
         self.best = math.inf
         self.since_best = 0
+        self.improved = False   # whether the last `update` lowered the best value
 
     def update(self, record: dict) -> bool:
         """Take one evaluation's record; True when the run should stop after it."""
         cfg = self.cfg
+        self.improved = False
         if not cfg.early_stop_patience or cfg.early_stop_metric not in record:
             return False
         value = float(record[cfg.early_stop_metric])
         if value < self.best - cfg.early_stop_min_delta:
-            self.best, self.since_best = value, 0
+            self.best, self.since_best, self.improved = value, 0, True
         else:
             self.since_best += 1
         return self.since_best >= cfg.early_stop_patience
@@ -251,6 +263,44 @@ def masked_next_token_loss(model, tokens: torch.Tensor, loss_mask: torch.Tensor 
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
+
+class BestWeights:
+    """`early_stop_keep_best`'s store: the weights of the best evaluation so far, in
+    `run_dir/best/` (safetensors, written atomically, with `best.json`) or in memory."""
+
+    def __init__(self, run_dir: Path | None):
+        self.dir = None if run_dir is None else run_dir / BEST_DIR
+        self.state: dict | None = None
+
+    def keep(self, model, step: int, value: float) -> None:
+        if self.dir is None:
+            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".model.safetensors.tmp"
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, tmp)
+        os.replace(tmp, self.dir / "model.safetensors")
+        _atomic_json(self.dir / "best.json", {"step": step, "value": value})
+
+    def restore(self, model) -> int | None:
+        """Load the kept weights into `model`; the step they are from (None: nothing kept)."""
+        if self.dir is None:
+            if self.state is not None:
+                model.load_state_dict(self.state)
+            return None
+        if not (self.dir / "best.json").is_file():
+            return None
+        model.load_state_dict(load_file(self.dir / "model.safetensors",
+                                        device=str(next(model.parameters()).device)))
+        return int(json.loads((self.dir / "best.json").read_text())["step"])
+
+
+def _atomic_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def _append_jsonl(path: Path, record: dict) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -270,6 +320,7 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     if cfg.early_stop_patience and (evaluate is None or not cfg.eval_every):
         raise ValueError("early_stop_patience needs an evaluate callback and eval_every > 0")
     early = EarlyStop(cfg)
+    best = BestWeights(run_dir) if cfg.early_stop_patience and cfg.early_stop_keep_best else None
     device = torch.device(model.cfg.device)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -289,9 +340,13 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
             timing = load_timing(ckpt) or {**timing, "from_step": start}
         rewind_metrics(run_dir / METRICS_FILE, start)
         if early.replay(run_dir / METRICS_FILE):
+            if best is not None:
+                best.restore(model)
             model.eval()
             return []
     if start >= cfg.steps:
+        if best is not None:
+            best.restore(model)
         model.eval()
         return []
     use_bf16 = cfg.bf16 and device.type == "cuda"
@@ -336,6 +391,8 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
             if early.update(record):
                 record["early_stop"] = True
                 last = True
+            if best is not None and early.improved:
+                best.keep(model, done, early.best)
         if run_dir is not None:
             _append_jsonl(run_dir / METRICS_FILE, record)
             due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
@@ -348,6 +405,8 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
                 t_saved = time.perf_counter()
         if last:
             break
+    if best is not None:
+        best.restore(model)
     model.eval()
     return losses
 

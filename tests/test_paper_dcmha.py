@@ -130,9 +130,12 @@ def test_full_recipes_stop_early_on_held_out_questions(tmp_path):
         name="dcmha-tiny-full-s0", phenomenon="dcmha-conjunction-full", variant="dcmha",
         task="tiny", seed=0, config={**a.config, "n_layers": 1},
         train=dict(steps=300, batch_size=4, lr=3e-3, warmup=1, eval_every=2,
-                   early_stop_patience=1, early_stop_min_delta=100.0),
+                   early_stop_patience=1, early_stop_min_delta=100.0,
+                   early_stop_keep_best=True),
         task_args=a.task_args, module="dcmha")
     _training.train_recipe(tiny, tmp_path / "model", dcmha.sampler(tiny), resume=False,
                            run_root=tmp_path / "runs", evaluate=dcmha.validation(tiny))
     card = json.loads((tmp_path / "model" / "card.json").read_text())
     assert card["stopped_early"] is True and card["steps"] == 4
+    # the shipped weights are the best evaluation's (step 2), not the last step's
+    assert card["best_step"] == 2 and all(r.train["early_stop_keep_best"] for r in full.values())

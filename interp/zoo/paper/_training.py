@@ -23,7 +23,7 @@ import torch
 from hooked_models.config import VariantConfig
 from hooked_models.model import HookedVariantTransformer
 from hooked_models.train_state import runs_root
-from hooked_models.trainer import METRICS_FILE, Sampler, TrainConfig, fit
+from hooked_models.trainer import BEST_DIR, METRICS_FILE, Sampler, TrainConfig, fit
 from hooked_models.zoo import ZOO_DIR
 from interp.zoo.paper._registry import Recipe
 
@@ -123,6 +123,7 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
         "variant": recipe.variant, "task": recipe.task, "task_args": recipe.task_args,
         "seed": recipe.seed, "steps": steps_run, "train": cfg.to_dict(),
         **({"stopped_early": stopped} if cfg.early_stop_patience else {}),
+        **({"best_step": _best_step(run_dir)} if cfg.early_stop_keep_best else {}),
         "train_command": f"{CLI} train {recipe.name} --resume",
         "train_seconds": round(wall, 1), "device": device_name(),
         "final_train_loss": final_loss, "train_loss_curve": curve,
@@ -150,6 +151,12 @@ def answer_loss_metric(batches: list[tuple[torch.Tensor, torch.Tensor]]):
         return {"val_loss": round(total / count, 5)}
 
     return evaluate
+
+
+def _best_step(run_dir: Path) -> int | None:
+    """The step whose weights `early_stop_keep_best` left in the model (its best evaluation)."""
+    path = Path(run_dir) / BEST_DIR / "best.json"
+    return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
 def _run_end(run_dir: Path, max_steps: int) -> tuple[int, bool]:

@@ -124,7 +124,7 @@ LONG_SEEDS = (0, 1, 2)
 LONG_SHAPE = dict(d_model=256, d_head=32, n_heads=8, n_layers=4, d_mlp=1024)
 LONG_TRAIN = dict(steps=20_000, batch_size=32, lr=1e-3, warmup=200, weight_decay=0.01,
                   eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
-                  early_stop_patience=8)
+                  early_stop_patience=8, early_stop_keep_best=True)
 # torch.compile only where every batch has one shape (Flip-Flop); counting programs vary in
 # length from batch to batch, and a static graph would be recompiled for each length.
 FIXED_LENGTH_TASKS = ("flipflop",)

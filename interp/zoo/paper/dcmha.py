@@ -102,7 +102,7 @@ def _recipe(task: str, variant: str, seed: int, steps: int = 1000) -> Recipe:
 FULL_SEEDS = (0, 1, 2)
 FULL_TRAIN = dict(steps=20_000, batch_size=32, lr=3e-3, warmup=50, weight_decay=0.01,
                   eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
-                  early_stop_patience=8)
+                  early_stop_patience=8, early_stop_keep_best=True)
 VAL_SEED = 51_988_000     # validation questions: never a training or evaluation seed
 VAL_BATCHES = 4
 

@@ -68,7 +68,7 @@ LONG_LENGTHS = (160, 320, 640)
 LONG_SEEDS = (0, 1, 2)
 LONG_TRAIN = dict(steps=20_000, batch_size=32, lr=3e-3, gate_lr=1e-2, warmup=100,
                   eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
-                  early_stop_patience=8)
+                  early_stop_patience=8, early_stop_keep_best=True)
 VAL_SEED = 51_977_000      # validation prompts: never a training or evaluation seed
 VAL_DEPTHS = (0.0, 0.5)
 

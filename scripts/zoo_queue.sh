@@ -16,11 +16,12 @@ mkdir -p "$OUT"
 # 2-layer / 1-layer pairs come first, the costly variants (MTA, DCMHA) spread over both lanes,
 # the 4-layer MLP models last. text-mha-l2 is shipped and not queued (its first 6,250 steps are the
 # calibration run text-mha-l2-ctx256's, interp.zoo.run_fork).
-LANE_A=${LANE_A:-"text-infini-l2 text-infini-l1 text-mta-l2 text-mta-l1
+LANE_A=${LANE_A-"text-infini-l2 text-infini-l1 text-mta-l2 text-mta-l1
   text-mha-l4mlp text-infini-l4mlp text-mta-l4mlp"}
-LANE_B=${LANE_B:-"text-mha-l1 text-cope-l2 text-dcmha-l2 text-cope-l1 text-dcmha-l1
+LANE_B=${LANE_B-"text-mha-l1 text-cope-l2 text-dcmha-l2 text-cope-l1 text-dcmha-l1
   text-cope-l4mlp text-dcmha-l4mlp"}
-run_lane() {
+run_lane() {   # an empty lane (LANE_A="") runs nothing
+  [ -n "${1//[[:space:]]/}" ] || return 0
   OMP_NUM_THREADS=1 nice -n 19 .venv/bin/attnlens train --zoo text --device cpu --threads 1 \
     --out "$OUT" --no-progress --only $1 >> "$OUT/$2.log" 2>&1
 }

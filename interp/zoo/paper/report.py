@@ -127,7 +127,10 @@ def short(values: list[float], fmt=pct, clip=(0.0, 1.0)) -> str:
 
 
 def span(values: list[float], fmt=pct) -> str:
-    """`"a-b"` (min-max), or one value when they are equal once formatted."""
+    """`"a-b"` (min-max), or one value when they are equal once formatted; "-" for none (a
+    group whose runs have not all finished)."""
+    if not values:
+        return "-"
     lo, hi = fmt(min(values)), fmt(max(values))
     return lo if lo == hi else f"{lo}-{hi}"
 

@@ -16,7 +16,9 @@ from interp.zoo.paper import _registry
 from interp.zoo.paper._registry import Recipe, all_recipes, get_recipe, module_of
 from interp.zoo.paper._training import KIND, evaluate_model, train_recipe, write_metrics
 
-MAX_TOTAL_BYTES = 60 * 2**20
+# The paper-task share of the zoo's 150 MiB (tests/test_zoo_size.py): ~20 MiB of 1000-step
+# models, ~64 MiB of issue 24's early-stopped groups (CoPE's 36 at 4 x 128 are 55 MiB).
+MAX_TOTAL_BYTES = 90 * 2**20
 # Metrics are error rates / losses on fixed held-out batches; a different CPU may flip an
 # argmax whose logits tie to rounding, so allow a few samples in a few hundred.
 ABS_TOL = 0.02

@@ -4,6 +4,8 @@
     python -m interp.zoo.paper train NAME... [--resume]   train into hooked_models/zoo/NAME + eval
     python -m interp.zoo.paper eval NAME... [--write]     re-measure; --write stores card metrics
     python -m interp.zoo.paper report                     docs/reproduction.md + its figures
+    python -m interp.zoo.paper lr-probe NAME... --lrs LR... [--steps N] [--csv PATH]
+                                                          validation loss at each lr (lr_probe.py)
 
 NAME may be a shell-style pattern ("mta-findblock-first-*"), quoted.
 """
@@ -61,6 +63,12 @@ def main(argv=None) -> None:
     p_eval.add_argument("--write", action="store_true", help="store the metrics in card.json")
     p_eval.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     sub.add_parser("report")
+    p_probe = sub.add_parser("lr-probe", help="validation loss of recipes at several lrs")
+    p_probe.add_argument("names", nargs="+")
+    p_probe.add_argument("--lrs", type=float, nargs="+", required=True)
+    p_probe.add_argument("--steps", type=int, default=2500)
+    p_probe.add_argument("--csv", default=None, help="write the trajectories here")
+    p_probe.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
 
     if args.command == "list":
@@ -84,6 +92,10 @@ def main(argv=None) -> None:
         from interp.zoo.paper.report import write_report
 
         print(write_report())
+    elif args.command == "lr-probe":
+        from interp.zoo.paper import lr_probe
+
+        lr_probe.main(_select(args.names), args.lrs, args.steps, args.csv, args.threads)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ from interp._common import attention_input_name, run_cache
 from interp.tasks.composition import CompositionVocab, accuracy_by_kind, composition_task
 from interp.tasks.conjunction import conjunction_accuracy, conjunction_task, conjunction_vocab
 from interp.zoo.paper._registry import Recipe
+from interp.zoo.paper._training import (
+    CLI,
+    answer_loss_metric,
+    draw_seed,
+    replay,
+    train_recipe,
+)
 from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from interp.zoo.paper._training import answer_loss_metric, draw_seed, replay, train_recipe
 
 D_MODEL, D_MLP = 32, 128
 EVAL_SEED, EVAL_N = HELDOUT_SEED, 2048   # held out: see interp.zoo.paper._training
@@ -99,8 +105,15 @@ def _recipe(task: str, variant: str, seed: int, steps: int = 1000) -> Recipe:
 # Issue 24 item 3: conjunction trained until the answer loss on held-out validation questions
 # stops improving (ceiling FULL_TRAIN["steps"]), DCMHA and MHA at equal parameters, 3 seeds;
 # the Compose knock-outs of `evaluate` then say whether the trained DCMHA relies on Compose.
+# The lr is chosen on the validation questions (`python -m interp.zoo.paper lr-probe`, seed 0,
+# 2,500 steps at a constant 3e-4 / 1e-3 / 3e-3; LR_PROBE_CSV, shown in the report): 1e-3 for
+# both variants (tests/test_lr_probe.py holds the recipes to the probe).
+# At the 1000-step recipes' 3e-3 DCMHA's validation loss stopped falling after ~1,250 steps and
+# rose, so early stopping ended every DCMHA seed at 0.25 accuracy, while MHA learned for 18,000
+# steps (0.49): the comparison measured the lr, not the attention (first try, 2026-11-27).
 FULL_SEEDS = (0, 1, 2)
-FULL_TRAIN = dict(steps=20_000, batch_size=32, lr=3e-3, warmup=50, weight_decay=0.01,
+LR_PROBE_CSV = "dcmha-conjunction-full_lr_probe.csv"   # under docs/figures/reproduction/
+FULL_TRAIN = dict(steps=20_000, batch_size=32, lr=1e-3, warmup=50, weight_decay=0.01,
                   eval_every=250, checkpoint_every=250, checkpoint_minutes=4.0,
                   early_stop_patience=8, early_stop_keep_best=True)
 VAL_SEED = 51_988_000     # validation questions: never a training or evaluation seed
@@ -378,11 +391,30 @@ def _runs(cards: list[dict]) -> str:
     runs = [c for c in cards if early_stopped(c)]
     if not runs:
         return ""
-    return (f"\n\n**Runs** (trained until the answer loss on {VAL_BATCHES} x 64 held-out "
+    return (_lr_probe_text(runs[0].get("phenomenon", ""))
+            + f"\n\n**Runs** (trained until the answer loss on {VAL_BATCHES} x 64 held-out "
             f"validation questions, seeds from {VAL_SEED}, stopped improving; evaluated on "
             f"the separate eval seed above):\n\n"
             + runs_table(runs, label=lambda c: c.get("recipe", c.get("variant")))
             + "\n\n" + budget_spent(runs))
+
+
+def _lr_probe_text(phenomenon: str) -> str:
+    """The learning-rate probe behind the -full recipes' lr (LR_PROBE_CSV), as a table."""
+    from interp.zoo.paper import lr_probe
+    from interp.zoo.paper.report import FIGURES
+
+    path = FIGURES / LR_PROBE_CSV
+    if phenomenon != "dcmha-conjunction-full" or not path.is_file():
+        return ""
+    rows = lr_probe.read_csv(path)
+    steps = max(r["step"] for r in rows)
+    best = lr_probe.best_lrs(rows)
+    chosen = ", ".join(f"{v} {lr:g}" for v, lr in sorted(best.items()))
+    return (f"\n\n**Learning rate** (chosen on the validation questions before training: seed "
+            f"0, {steps} steps at a constant lr after the warmup, without early stopping, the "
+            f"lowest validation loss at the last step; `{CLI} lr-probe`): {chosen}.\n\n"
+            + lr_probe.table(rows))
 
 
 def _winner(dc: list[float], mha: list[float]) -> str | None:

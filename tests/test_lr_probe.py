@@ -1,0 +1,56 @@
+"""The lr probe of the paper-task recipes (interp.zoo.paper.lr_probe): the -full DCMHA/MHA
+recipes train at the lr their validation probe chose, and the probe does what it says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from interp.zoo.paper import dcmha, lr_probe
+from interp.zoo.paper.report import FIGURES
+
+
+def _tiny(variant: str):
+    recipe = dcmha.RECIPES[f"dcmha-conjunction-full-{variant}-s0"]
+    return dataclasses.replace(recipe, name=f"tiny-{variant}",
+                               train={**recipe.train, "batch_size": 4, "warmup": 1})
+
+
+def test_probe_records_validation_at_every_lr(tmp_path):
+    rows = lr_probe.run_probe([_tiny("dcmha")], [1e-3, 1e-2], steps=4, eval_every=2,
+                              progress=lambda s: None)
+    assert [(r["lr"], r["step"]) for r in rows] == [(1e-3, 2), (1e-3, 4), (1e-2, 2), (1e-2, 4)]
+    assert all(r["variant"] == "dcmha" and r["val_loss"] > 0 for r in rows)
+    # the two lrs train differently from the same seed and batches
+    assert rows[1]["val_loss"] != rows[3]["val_loss"]
+    back = lr_probe.read_csv(lr_probe.write_csv(rows, tmp_path / "probe.csv"))
+    assert back == rows
+    with pytest.raises(ValueError, match="shorter than eval_every"):
+        lr_probe.probe_recipe(_tiny("mha"), 1e-3, steps=1, eval_every=2)
+
+
+def test_best_lr_is_the_lowest_last_validation_loss():
+    rows = [dict(recipe="r", variant=v, lr=lr, step=s, val_loss=x)
+            for v, lr, s, x in [("a", 1e-3, 250, 1.0), ("a", 1e-3, 500, 0.9),
+                                ("a", 3e-3, 250, 0.5), ("a", 3e-3, 500, 0.95),
+                                ("b", 1e-3, 500, 2.0), ("b", 3e-4, 500, 1.5)]]
+    assert lr_probe.best_lrs(rows) == {"a": 1e-3, "b": 3e-4}
+    table = lr_probe.table(rows, every=250)
+    assert "| a | 0.001 (chosen) | 1.000 | 0.900 |" in table
+    assert "| a | 0.003 | 0.500 | 0.950 |" in table
+
+
+def test_full_recipes_train_at_the_probed_lr():
+    """Issue 24 item 3: the DCMHA vs MHA comparison's lr comes from the committed probe, not a
+    guess; a probe that picks another lr fails this test until the recipes follow it."""
+    rows = lr_probe.read_csv(FIGURES / dcmha.LR_PROBE_CSV)
+    assert {r["recipe"] for r in rows} == {f"dcmha-conjunction-full-{v}-s0"
+                                           for v in ("dcmha", "mha")}
+    assert len({r["lr"] for r in rows}) >= 3 and max(r["step"] for r in rows) >= 2000
+    best = lr_probe.best_lrs(rows)
+    for name, recipe in dcmha.RECIPES.items():
+        if recipe.phenomenon == "dcmha-conjunction-full":
+            assert recipe.train["lr"] == best[recipe.variant], name
+    text = dcmha._lr_probe_text("dcmha-conjunction-full")
+    assert "(chosen)" in text and "lowest validation loss at the last step" in text

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from interp.zoo.paper import cope
-from interp.zoo.paper._training import build_model, draw_seed
+from interp.zoo.paper._training import build_model
 
 SHAPES = ("4x256", "4x128", "3x128")
 TASKS = ("flipflop", "counting-3var")   # counting with 5 variables costs as 3

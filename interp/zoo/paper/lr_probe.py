@@ -7,8 +7,8 @@ Each recipe is trained at every lr for `steps` steps, without early stopping, wi
 seed and batches (the module's `sampler`) and the lr constant after the warmup; its module's
 `validation` metric (held-out batches from the module's VAL_SEED, never a training or evaluation
 seed) is recorded every `eval_every` steps. `best_lrs` picks, per variant, the lr whose last
-validation value is lowest; the recipes then train at that lr, and the report shows the probe (docs/reproduction.md).
-Nothing is written to the zoo; the runs live in a temporary directory.
+validation value is lowest; the recipes then train at that lr, and the report shows the probe
+(docs/reproduction.md). Nothing is written to the zoo; the runs live in a temporary directory.
 """
 
 from __future__ import annotations

@@ -69,3 +69,28 @@ def test_errors():
     with pytest.raises(ValueError, match="d_vocab"):
         conjunction_accuracy(torch.zeros(2, batch.tokens.shape[1], 10), batch)
     assert len(conjunction_vocab()) == 2 + 8 + 8 + 16
+
+
+def test_twin_target_writes_every_value_twice_and_changes_only_a_filler():
+    """`twin_target`: the target's value also sits on a filler (a record sharing no attribute
+    with the query), so no value is the only one of its kind; everything else is the plain
+    task's draw."""
+    plain, twin = conjunction_task(64, seed=3), conjunction_task(64, seed=3, twin_target=True)
+    changed = (plain.tokens != twin.tokens).nonzero()
+    assert len(changed) == 64                                  # one token per sample
+    for row in range(64):
+        records, (colour, shape), answer = _records([twin.vocab[i] for i in twin.tokens[row]])
+        values = [r[2] for r in records]
+        assert values.count(answer) == 2
+        matching = [r[2] for r in records if r[0] == colour or r[1] == shape]
+        assert all(values.count(v) == 2 for v in matching)     # no unique value to point at
+        both = [r for r in records if r[0] == colour and r[1] == shape]
+        assert len(both) == 1 and both[0][2] == answer
+        twin_record = [r for r in records if r[2] == answer and r != both[0]][0]
+        assert twin_record[0] != colour and twin_record[1] != shape
+        pos = int(changed[row, 1])
+        assert changed[row, 0] == row and twin.vocab[int(twin.tokens[row, pos])] == answer
+    assert twin.answers == plain.answers
+    assert torch.equal(twin.target_record, plain.target_record)
+    with pytest.raises(ValueError, match="twin_target needs a filler"):
+        conjunction_task(2, n_records=5, n_pairs=2, twin_target=True)

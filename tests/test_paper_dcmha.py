@@ -67,7 +67,14 @@ def test_evaluate_and_borrowing_on_an_untrained_model():
     mha_recipe = dcmha.RECIPES["dcmha-conjunction-mha-s0"]
     out = dcmha.evaluate(build_model(mha_recipe).eval(), mha_recipe)
     split = {f"attn_L1H{h}_{k}" for h in range(4) for k in ("target", "colour", "shape")}
-    assert set(out) == {"accuracy", "n_params"} | split and 0 <= out["accuracy"] <= 1
+    assert set(out) == {"accuracy", "acc_twin", "n_params"} | split
+    assert 0 <= out["accuracy"] <= 1 and 0 <= out["acc_twin"] <= 1
+    # the twin recipes train and evaluate on twin lookups: no separate twin accuracy
+    twin_recipe = dcmha.RECIPES["dcmha-conjunction-twin-mha-s0"]
+    assert "acc_twin" not in dcmha.evaluate(build_model(twin_recipe).eval(), twin_recipe)
+    batch = dcmha.lookups(twin_recipe.task_args, 4, seed=1)
+    values = batch.tokens[:, 3:19:3]
+    assert all((row == a).sum() == 2 for row, a in zip(values, batch.tokens[:, -1], strict=True))
     for h in range(4):   # MHA patterns are distributions: the three groups hold at most 1
         parts = [out[f"attn_L1H{h}_{k}"] for k in ("target", "colour", "shape")]
         assert min(parts) >= 0 and sum(parts) <= 1 + 1e-9
@@ -82,7 +89,7 @@ def test_report_section(tmp_path):
     text = dcmha.report_section(cards)
     assert "DCMHA 0.905, 95% t-interval 0.841 to 0.969 over 2 seeds (0.900 / 0.910)" in text
     assert "MHA 0.405" in text
-    assert "| dcmha | 0 | 1000 | 100 | 0.900 | 0.300 | - | - | - | - |" in text
+    assert "| dcmha | 0 | 1000 | 100 | 0.900 | - | 0.300 | - | - | - | - |" in text
     assert "DCMHA is better here" in text and "1/3" in text
     fig = dcmha.accuracy_figure(cards)
     ys = [list(t.y) for t in fig.data]

@@ -69,8 +69,9 @@ def test_dcmha_full_pools_every_seed_whatever_its_steps():
 def test_dcmha_full_reading_follows_the_numbers():
     win = dcmha.reading("dcmha-conjunction-full", _dcmha_cards())
     assert "DCMHA is better here" in win and "Welch 95% interval" in win
-    assert ("3 model(s) pass the 1/3 ceiling of additive matching, so they combine both "
-            "attributes: DCMHA 3 of 3 seeds, MHA 0 of 3.") in win
+    assert ("3 model(s) pass the 1/3 ceiling of additive matching (DCMHA 3 of 3 seeds, MHA 0 "
+            "of 3), also where no value is the only one of its kind, so they combine both "
+            "attributes.") in win
     assert "the paper's DCMHA advantage reproduces here" in win
     assert "DCMHA does lean on Compose: zeroing its dynamic weights costs 25.0, 95% " \
            "t-interval" in win
@@ -81,6 +82,28 @@ def test_dcmha_full_reading_follows_the_numbers():
     assert "reliance on Compose is not shown" in lose and "does lean" not in lose
     mha_wins = dcmha.reading("dcmha-conjunction-full", _dcmha_cards(dc=MHA_ACC, mha=DC_ACC))
     assert "MHA is ahead at 95%: the paper's DCMHA advantage is not reproduced" in mha_wins
+
+
+def test_dcmha_reading_catches_the_unique_value_shortcut():
+    """Models past the 1/3 ceiling that fall on twin prompts (the target's value written twice)
+    point at the target by its value's uniqueness: no conjunction, no reproduction claimed."""
+    cards = _dcmha_cards()
+    for c, twin in zip(cards, (0.10, 0.12, 0.15, 0.30, 0.31, 0.30), strict=True):
+        c["metrics"]["acc_twin"] = twin
+    text = dcmha.reading("dcmha-conjunction-full", cards)
+    assert ("3 model(s) pass the 1/3 ceiling of additive matching (DCMHA 3 of 3 seeds, MHA 0 "
+            "of 3); 0 of them also where no value is the only one of its kind (twin prompts), "
+            "so none combines both attributes.") in text
+    assert "Not every DCMHA seed combines both attributes" in text
+    assert "reproduces here" not in text
+    assert "DCMHA lose" in text and "by its value being written once" in text
+    section = dcmha.report_section(cards)
+    assert "| dcmha | 0 | 1750 | 34850 | 0.900 | 0.100 | 0.700 |" in section
+    # trained on twin lookups: past the ceiling means the conjunction
+    for c in cards:
+        del c["metrics"]["acc_twin"]
+        c["task_args"] = {**c["task_args"], "twin_target": True}
+    assert "so they combine both attributes" in dcmha.reading("dcmha-conjunction-twin", cards)
 
 
 def test_dcmha_fixed_steps_are_budgets_of_their_own():

@@ -47,7 +47,11 @@ def tasks_of(name: str, model, prompts: int, seed: int) -> dict:
     corruptions."""
     if name.startswith("mta-findblock"):
         return {"target block": find_block_task(model, prompts, seed)}
-    return {c: conjunction_task_pair(model, prompts, seed, corrupt=c) for c in CORRUPTIONS}
+    # the -twin models' lookups write the target's value twice (interp.tasks.conjunction)
+    twin = bool((getattr(model, "card", None) or {}).get("task_args", {}).get("twin_target"))
+    kwargs = {"twin_target": True} if twin else {}
+    return {c: conjunction_task_pair(model, prompts, seed, corrupt=c, **kwargs)
+            for c in CORRUPTIONS}
 
 
 def circuit_row(name: str, model, task, label: str, top_k: int = 20, steps: int = 10) -> dict:

@@ -63,14 +63,23 @@ class ConjunctionBatch:
 
 
 def conjunction_task(batch: int, n_records: int = 6, n_pairs: int = 2, n_colours: int = 8,
-                     n_shapes: int = 8, n_values: int = 16, seed: int | None = None
-                     ) -> ConjunctionBatch:
+                     n_shapes: int = 8, n_values: int = 16, seed: int | None = None,
+                     twin_target: bool = False) -> ConjunctionBatch:
     """`batch` lookups of `n_records` records, `n_pairs` distractor pairs each.
 
     Each pair is a colour-distractor and a shape-distractor with one shared value; the
-    remaining `n_records - 1 - 2 n_pairs` records share no attribute with the query. Records are
-    shuffled; (colour, shape) pairs never repeat within a sample.
+    remaining `n_records - 1 - 2 n_pairs` records (fillers) share no attribute with the query.
+    Records are shuffled; (colour, shape) pairs never repeat within a sample.
+
+    With `twin_target`, the first filler carries the target's value, so the target's value is
+    written twice like every pair's: without it the target's value is the only one that
+    occurs once among the records sharing an attribute with the query, a cue that names the
+    target without the conjunction (a model can count duplicates). The draws are the same as
+    without it; only that filler's value changes. Needs at least one filler.
     """
+    if twin_target and n_records < 2 + 2 * n_pairs:
+        raise ValueError(f"twin_target needs a filler record: n_records >= 2 + 2 * n_pairs = "
+                         f"{2 + 2 * n_pairs}, got n_records={n_records}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     if n_pairs < 1 or n_records < 1 + 2 * n_pairs:
@@ -103,6 +112,8 @@ def conjunction_task(batch: int, n_records: int = 6, n_pairs: int = 2, n_colours
                     break
             used.add(pair)
             records.append((*pair, v))
+        if twin_target:
+            records[1 + 2 * n_pairs] = (*records[1 + 2 * n_pairs][:2], values[0])
         order = list(range(n_records))
         rng.shuffle(order)
         words = [BOS]

@@ -25,6 +25,7 @@ at the answer's (query, target) pair (`interp.composed.mixing_at`): how much eac
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 
 import torch
@@ -67,6 +68,7 @@ CLAIMS = {
 }
 # The -full recipes (issue 24 item 3) test the same claim trained to early stopping.
 CLAIMS["dcmha-conjunction-full"] = CLAIMS["dcmha-conjunction"]
+CLAIMS["dcmha-conjunction-twin"] = CLAIMS["dcmha-conjunction"]
 
 def _base_config(task: str) -> dict:
     return dict(d_model=D_MODEL, d_head=8, n_heads=4, n_layers=2, n_ctx=N_CTX,
@@ -129,12 +131,33 @@ def _full_recipe(variant: str, seed: int) -> Recipe:
                   task_args={**short.task_args, "early_stop": True}, module="dcmha")
 
 
+# The -full models pass the 1/3 ceiling without the conjunction: on the plain lookups the
+# target's value is the only one written once among the records that share an attribute with
+# the query, and a model can point at it by counting duplicates. dcmha-conjunction-full-dcmha-s0
+# (accuracy 0.63) fell to 0.14 when a filler also carried the target's value (`acc_twin`) and
+# kept answering the target's value (0.55) when the target's colour was replaced, so no record
+# had both attributes. The -twin recipes train on `twin_target` lookups, where every such value
+# is written twice and only the conjunction names the target; same shape, lr (from the plain
+# task's probe) and early stopping as -full.
+TWIN_TEXT = ("two-attribute lookup as above with the target's value also on a filler record "
+             "(every value written twice: no unique value names the target)")
+
+
+def _twin_recipe(variant: str, seed: int) -> Recipe:
+    full = _full_recipe(variant, seed)
+    return dataclasses.replace(
+        full, name=f"dcmha-conjunction-twin-{variant}-s{seed}", phenomenon="dcmha-conjunction-twin",
+        task=TWIN_TEXT + " (trained to early stopping)",
+        task_args={**full.task_args, "twin_target": True})
+
+
 RECIPES: dict[str, Recipe] = {
     r.name: r for r in [
         *(_recipe(task, v, s) for task, seeds in TASKS.items() for s in seeds
           for v in ("dcmha", "mha")),
         *(_recipe("conjunction", v, 0, LONG_STEPS) for v in ("dcmha", "mha")),
         *(_full_recipe(v, s) for s in FULL_SEEDS for v in ("dcmha", "mha")),
+        *(_twin_recipe(v, s) for s in FULL_SEEDS for v in ("dcmha", "mha")),
     ]
 }
 
@@ -146,6 +169,13 @@ def param_counts(task: str = "conjunction") -> dict[str, int]:
         model = HookedVariantTransformer(VariantConfig(**_config(task, variant), seed=0))
         out[variant] = sum(p.numel() for p in model.parameters())
     return out
+
+
+def lookups(task_args: dict, batch: int, seed: int, twin: bool | None = None):
+    """Conjunction lookups of a recipe's task (`task_args["twin_target"]`: the target's value
+    written twice, `interp.tasks.conjunction`); `twin` overrides it."""
+    twin = task_args.get("twin_target", False) if twin is None else twin
+    return conjunction_task(batch, seed=seed, twin_target=twin)
 
 
 def _composition_tokens(batch: int, seed: int):
@@ -166,7 +196,7 @@ def sampler(recipe: Recipe):
     def sample(batch: int, gen: torch.Generator):
         seed = draw_seed(gen)
         if task == "conjunction":
-            b = conjunction_task(batch, seed=seed)
+            b = lookups(recipe.task_args, batch, seed)
             return b.tokens, b.answer_mask[:, 1:].float()
         _, tokens, mask = _composition_tokens(batch, seed)
         return tokens, mask
@@ -188,7 +218,7 @@ def validation(recipe: Recipe):
 def _val_batch(recipe: Recipe, seed: int):
     """One validation batch of 64 questions with data seed `seed` exactly."""
     if recipe.task_args["task"] == "conjunction":
-        b = conjunction_task(64, seed=seed)
+        b = lookups(recipe.task_args, 64, seed)
         return b.tokens, b.answer_mask[:, 1:].float()
     _, tokens, mask = _composition_tokens(64, seed)
     return tokens, mask
@@ -209,11 +239,12 @@ def knockout_hooks(model, phases=("pre", "post")) -> list:
             for phase in phases for stage in PHASE_STAGES[phase]]
 
 
-def _accuracy(model, task: str, fwd_hooks=()) -> float:
+def _accuracy(model, task_args: dict, fwd_hooks=(), twin: bool | None = None) -> float:
+    task = task_args["task"]
     ctx = model.hooks(fwd_hooks=list(fwd_hooks)) if fwd_hooks else nullcontext()
     with ctx:
         if task == "conjunction":
-            b = conjunction_task(EVAL_N, seed=EVAL_SEED)
+            b = lookups(task_args, EVAL_N, EVAL_SEED, twin)
             return conjunction_accuracy(model(b.tokens), b)
         b = composition_task(EVAL_N, kind="mixed", n_statements=3, seed=EVAL_SEED)
         frame = accuracy_by_kind(model(b.tokens), b)
@@ -221,11 +252,11 @@ def _accuracy(model, task: str, fwd_hooks=()) -> float:
 
 
 @torch.no_grad()
-def borrowing_at_answer(model, n: int = 32) -> dict[str, float]:
+def borrowing_at_answer(model, n: int = 32, task_args: dict | None = None) -> dict[str, float]:
     """Mean |off-diagonal| and mean diagonal of each layer's pre/post mixing matrices at the
     conjunction answer's query (last input position) and the target record's value (the
     matrices of `interp.composed.mixing_at`, for `n` questions from one forward pass)."""
-    b = conjunction_task(n, seed=EVAL_SEED + 1)
+    b = lookups(task_args or {}, n, EVAL_SEED + 1)
     tokens = b.tokens[:, :-1]
     t = tokens.shape[1] - 1
     names = [attention_input_name(model, layer) for layer in range(model.cfg.n_layers)]
@@ -251,13 +282,14 @@ def borrowing_at_answer(model, n: int = 32) -> dict[str, float]:
 
 
 @torch.no_grad()
-def attention_split(model, layer: int = 1, n: int = 64) -> dict[str, float]:
+def attention_split(model, layer: int = 1, n: int = 64,
+                    task_args: dict | None = None) -> dict[str, float]:
     """Where each head of `layer` looks from the conjunction answer's query: the mean mass of
     its effective pattern (`hook_pattern`, after Compose for DCMHA) on the target record, on
     the records sharing only the query's colour, and on those sharing only its shape (each
     record's 3 tokens). A colour matcher puts ~1/3 on the target and ~2/3 on colour records;
     a conjunction head puts most of it on the target."""
-    b = conjunction_task(n, seed=EVAL_SEED + 2)
+    b = lookups(task_args or {}, n, EVAL_SEED + 2)
     tokens = b.tokens[:, :-1]
     name = f"blocks.{layer}.attn.hook_pattern"
     rows = run_cache(model, tokens, [name])[name][:, :, -1].double()     # [batch head key]
@@ -292,19 +324,24 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     """`accuracy` on `EVAL_N` held-out questions (seed `EVAL_SEED`); for DCMHA also
     `acc_no_compose`, `acc_no_pre`, `acc_no_post` (dynamic weights zeroed) and, on
     `conjunction`, the borrowing at the answer (`borrow_*`); on `conjunction`, every
-    model's layer-1 heads' attention split (`attn_L1H{h}_{target,colour,shape}`).
+    model's layer-1 heads' attention split (`attn_L1H{h}_{target,colour,shape}`) and, for
+    models trained on the plain lookups, `acc_twin`: accuracy on the same questions with the
+    target's value also on a filler record (no unique value to point at).
     `n_params`: the parameter count."""
-    task = recipe.task_args["task"]
-    out = {"accuracy": round(_accuracy(model, task), 4),
+    args = recipe.task_args
+    task = args["task"]
+    out = {"accuracy": round(_accuracy(model, args), 4),
            "n_params": float(sum(p.numel() for p in model.parameters()))}
+    if task == "conjunction" and not args.get("twin_target"):
+        out["acc_twin"] = round(_accuracy(model, args, twin=True), 4)
     if model.cfg.attention == "dcmha":
         for key, phases in (("acc_no_compose", ("pre", "post")), ("acc_no_pre", ("pre",)),
                             ("acc_no_post", ("post",))):
-            out[key] = round(_accuracy(model, task, knockout_hooks(model, phases)), 4)
+            out[key] = round(_accuracy(model, args, knockout_hooks(model, phases)), 4)
         if task == "conjunction":
-            out.update(borrowing_at_answer(model))
+            out.update(borrowing_at_answer(model, task_args=args))
     if task == "conjunction":
-        out.update(attention_split(model))
+        out.update(attention_split(model, task_args=args))
     return out
 
 
@@ -440,7 +477,8 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
         return "No evaluated DCMHA/MHA model yet."
     phenomenon = cards[0].get("phenomenon", "")
     task = phenomenon.removeprefix("dcmha-")
-    header = ["variant", "seed", "steps", "params", "accuracy", "Compose off", "pre off",
+    header = ["variant", "seed", "steps", "params", "accuracy", "twin prompts", "Compose off",
+              "pre off",
               "post off", "L1 pre borrow (off-diag / diag)", "L1 target selectivity"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in cards:
@@ -455,7 +493,8 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
         best = "-" if sel != sel else f"{sel:.2f}"
         lines.append(f"| {c.get('variant')} | {c.get('seed')} | {c.get('steps')} | "
                      f"{int(m['n_params'])} | "
-                     f"{cell('accuracy')} | {cell('acc_no_compose')} | {cell('acc_no_pre')} | "
+                     f"{cell('accuracy')} | {cell('acc_twin')} | {cell('acc_no_compose')} | "
+                     f"{cell('acc_no_pre')} | "
                      f"{cell('acc_no_post')} | {borrow} | {best} |")
     base = budgets(cards)[0]   # the seeds' budget (longer runs: table)
     acc = _accuracies(cards, base)
@@ -471,6 +510,9 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
             f"(d_mlp {matched_mha_d_mlp()} vs {D_MLP}) by the parameters of DCMHA's dynamic "
             f"weight generator. Held-out accuracy ({EVAL_N} questions); 'Compose off' zeroes "
             f"DCMHA's dynamic weights in both phases (exactly MHA with the same weights), "
+            f"'twin prompts' is the accuracy on the same questions with the target's value "
+            f"also on a filler record (for models trained on the plain lookups: no value is "
+            f"then the only one of its kind), "
             f"'pre off' / 'post off' in one phase (eval seed {cards[0].get('eval_seed')}); "
             f"the borrowing column is the mean |mixing "
             f"weight| between different heads vs the diagonal, layer 1, pre-softmax, at the "
@@ -481,31 +523,78 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
             + f"\n\nAccuracy: {summary}{ceiling_text}" + _runs(cards))
 
 
+def _twin_reading(cards: list[dict], base) -> list[str]:
+    """Whether the models need the target's value to be the only one of its kind: accuracy on
+    twin prompts (`acc_twin`) against accuracy, per variant, where the cards have it."""
+    from interp.zoo.paper.report import acc3, describe, t_interval
+
+    twin = _accuracies(cards, base, "acc_twin")
+    if not any(twin.values()):
+        return []
+    acc = _accuracies(cards, base)
+    parts, shortcut = [], []
+    for v, name in (("dcmha", "DCMHA"), ("mha", "MHA")):
+        pairs = [(c["metrics"]["accuracy"], c["metrics"]["acc_twin"]) for c in cards
+                 if c.get("variant") == v and "acc_twin" in c["metrics"]
+                 and c["metrics"]["accuracy"] in acc[v]]
+        if not pairs:
+            continue
+        drops = [a - t for a, t in pairs]
+        parts.append(f"{name} {describe([t for _, t in pairs], fmt=acc3)} (accuracy minus "
+                     f"twin: {describe(drops, fmt=acc3, clip=None)})")
+        if len(drops) >= 2 and t_interval(drops)[1] > 0:   # the drop is above 0 at 95%
+            shortcut.append(name)
+    text = (f"On twin prompts (the target's value also on a filler record, so no value is "
+            f"the only one of its kind) accuracy is {'; '.join(parts)}.")
+    if shortcut:
+        text += (f" {' and '.join(shortcut)} lose{'s' if len(shortcut) == 1 else ''} accuracy "
+                 f"there: {'it points' if len(shortcut) == 1 else 'they point'} at the target "
+                 f"by its value being written once, not (only) by the conjunction, and the "
+                 f"plain task does not test the conjunction alone (the -twin recipes do).")
+    return [text]
+
+
 def _ceiling_reading(cards: list[dict], base, dc_acc: list, mha_acc: list) -> list[str]:
     """What the 1/3 ceiling of additive matching says about the conjunction runs at `base`."""
     from interp.zoo.paper.report import budget_of
 
     third = 1 / 3
-    above = [c for c in cards if budget_of(c) == base and c["metrics"]["accuracy"] > third]
+
+    def conjoins(c) -> bool:   # past the ceiling, also where no value is unique
+        m = c["metrics"]
+        return m["accuracy"] > third and (c.get("task_args", {}).get("twin_target", False)
+                                          or m.get("acc_twin", 1.0) > third)
+
+    at_base = [c for c in cards if budget_of(c) == base]
+    above = [c for c in at_base if c["metrics"]["accuracy"] > third]
     if not above:
         return ["No model passes the 1/3 ceiling of additive single-attribute matching, so "
                 "neither has learned the conjunction; the paper's DCMHA advantage is not "
                 "reproduced at our budget."]
-    n_dc = sum(c["variant"] == "dcmha" for c in above)
-    n_mha = len(above) - n_dc
-    text = (f"{len(above)} model(s) pass the 1/3 ceiling of additive matching, so they "
-            f"combine both attributes: DCMHA {n_dc} of {len(dc_acc)} seeds, MHA {n_mha} of "
-            f"{len(mha_acc)}.")
+    both = [c for c in above if conjoins(c)]
+    n_dc = sum(c["variant"] == "dcmha" for c in both)
+    n_mha = len(both) - n_dc
+    text = (f"{len(above)} model(s) pass the 1/3 ceiling of additive matching (DCMHA "
+            f"{sum(c['variant'] == 'dcmha' for c in above)} of {len(dc_acc)} seeds, MHA "
+            f"{sum(c['variant'] == 'mha' for c in above)} of {len(mha_acc)})")
+    if len(both) < len(above):
+        text += (f"; {len(both)} of them also where no value is the only one of its kind "
+                 f"(twin prompts), so " + (f"only these combine both attributes: DCMHA "
+                                           f"{n_dc}, MHA {n_mha}." if both else
+                                           "none combines both attributes."))
+    else:
+        text += (", also where no value is the only one of its kind, so they combine both "
+                 "attributes.")
     win = _winner(dc_acc, mha_acc)
-    if win == "dcmha" and n_dc == len(dc_acc):
-        verdict = ("Every DCMHA seed passes it and DCMHA beats MHA at equal parameters "
-                   "(the Welch interval of MHA - DCMHA lies below 0): the paper's DCMHA "
-                   "advantage reproduces here.")
-    elif win == "mha":
+    if win == "mha":
         verdict = "MHA is ahead at 95%: the paper's DCMHA advantage is not reproduced."
+    elif n_dc < len(dc_acc):
+        verdict = ("Not every DCMHA seed combines both attributes: the paper's DCMHA "
+                   "advantage is not established on this task.")
     elif win == "dcmha":
-        verdict = ("DCMHA is ahead at 95% but not every DCMHA seed passes the ceiling: the "
-                   "paper's advantage is reproduced only partly.")
+        verdict = ("Every DCMHA seed combines both attributes and DCMHA beats MHA at equal "
+                   "parameters (the Welch interval of MHA - DCMHA lies below 0): the paper's "
+                   "DCMHA advantage reproduces here.")
     elif min(len(dc_acc), len(mha_acc)) < 2:
         verdict = "One seed on a side: the paper's DCMHA advantage is not established."
     else:
@@ -545,6 +634,7 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
              f"{comparison(acc['dcmha'], acc['mha'])}"]
     if _task(phenomenon, cards) == "conjunction":
         lines += _ceiling_reading(cards, base, acc["dcmha"], acc["mha"])
+        lines += _twin_reading(cards, base)
         sel_mha = [selectivity(c["metrics"]) for c in cards
                    if c["variant"] == "mha" and budget_of(c) == base]
         sel_dc = [selectivity(c["metrics"]) for c in dc]

@@ -114,3 +114,32 @@ def test_conjunction_circuit_holds_compose_edges(conjunction):
                              [e for e in found.circuit if e.kind != "mix"], task.clean,
                              task.metric, ref)
     assert without < faith["circuit"]                  # the Compose edges carry part of it
+
+
+def _gap(model, corrupt: str, **kwargs) -> float:
+    task = conjunction_task_pair(model, 32, seed=0, corrupt=corrupt, **kwargs)
+    with torch.no_grad():
+        return float(task.metric(model(task.clean)) - task.metric(model(task.corrupted)))
+
+
+def test_full_dcmha_names_the_target_by_its_unique_value():
+    """Issue 24/25: trained to early stopping at lr 1e-3 the DCMHA passes the 1/3 ceiling
+    (accuracy 0.63), yet replacing one of the target's attributes, so that no record has both,
+    moves the target's log-prob by 0.02 nats, while removing its value costs 8: on the plain
+    lookups it points at the value written once, and on twin prompts (every value written
+    twice) it is below chance (docs/circuit_discovery.md)."""
+    model = zoo.load("dcmha-conjunction-full-dcmha-s0")
+    assert abs(_gap(model, "attribute")) < 0.1        # measured 0.024
+    assert _gap(model, "value") > 5.0                 # measured 8.0
+    m = model.card["metrics"]
+    assert m["accuracy"] > 0.5 and m["acc_twin"] < 1 / 3
+
+
+def test_twin_models_read_the_value_and_not_the_conjunction():
+    """On twin lookups neither variant passes the 1/3 ceiling; the attribute corruption does
+    not move them and the value corruption is carried by a circuit without Compose edges."""
+    for name in ("dcmha-conjunction-twin-dcmha-s0", "dcmha-conjunction-twin-mha-s0"):
+        model = zoo.load(name)
+        assert model.card["metrics"]["accuracy"] < 0.4   # measured 0.35 / 0.34
+        assert abs(_gap(model, "attribute", twin_target=True)) < 0.05
+        assert _gap(model, "value", twin_target=True) > 0.5

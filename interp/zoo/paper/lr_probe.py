@@ -112,7 +112,8 @@ def table(rows: list[dict], every: int = 500) -> str:
     lines = ["| variant | lr | " + " | ".join(f"step {s}" for s in steps) + " |",
              "|---|---|" + "---:|" * len(steps)]
     for variant, lr in keys:
-        mark = " (chosen)" if best.get(variant) == lr else ""
+        several = sum(v == variant for v, _ in keys) > 1
+        mark = " (chosen)" if several and best.get(variant) == lr else ""
         cells = [f"{value[(variant, lr, s)]:.3f}" if (variant, lr, s) in value else "-"
                  for s in steps]
         lines.append(f"| {variant} | {lr:g}{mark} | " + " | ".join(cells) + " |")

@@ -19,8 +19,8 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 
+from hooked_models.trainer import masked_next_token_loss
 from interp.zoo.paper import cope
 from interp.zoo.paper._training import build_model
 
@@ -53,10 +53,7 @@ def time_steps(recipe, steps: int, warmup: int = 2) -> tuple[float, float]:
     for i in range(warmup + steps):
         toks, mask = sample(batch, gen)
         t0 = time.process_time()
-        logits = model(toks)[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1),
-                               reduction="none")
-        loss = (loss * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+        loss = masked_next_token_loss(model, toks, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

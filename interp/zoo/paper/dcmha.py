@@ -430,7 +430,7 @@ def _runs(cards: list[dict]) -> str:
     runs = [c for c in cards if early_stopped(c)]
     if not runs:
         return ""
-    return (_lr_probe_text(runs[0].get("phenomenon", ""))
+    return (_probe_text(runs[0].get("phenomenon", ""))
             + f"\n\n**Runs** (trained until the answer loss on {VAL_BATCHES} x 64 held-out "
             f"validation questions, seeds from {VAL_SEED}, stopped improving; evaluated on "
             f"the separate eval seed above):\n\n"
@@ -438,17 +438,25 @@ def _runs(cards: list[dict]) -> str:
             + "\n\n" + budget_spent(runs))
 
 
-def _lr_probe_text(phenomenon: str) -> str:
-    """The learning-rate probe behind the -full recipes' lr (LR_PROBE_CSV), as a table."""
+def _probe_text(phenomenon: str) -> str:
+    """The probe run behind a phenomenon's recipes (`lr-probe`, CSV under the report's figures):
+    the lr choice of the -full recipes, the 20,000-step plateau of the -twin ones."""
     from interp.zoo.paper import lr_probe
     from interp.zoo.paper.report import FIGURES
 
-    if phenomenon == "dcmha-conjunction-twin":
-        return _plateau_text()
-    path = FIGURES / LR_PROBE_CSV
-    if phenomenon != "dcmha-conjunction-full" or not path.is_file():
+    probes = {"dcmha-conjunction-full": (LR_PROBE_CSV, _lr_choice_text),
+              "dcmha-conjunction-twin": (TWIN_PROBE_CSV, _plateau_text)}
+    if phenomenon not in probes:
         return ""
-    rows = lr_probe.read_csv(path)
+    name, text = probes[phenomenon]
+    path = FIGURES / name
+    return text(lr_probe.read_csv(path)) if path.is_file() else ""
+
+
+def _lr_choice_text(rows: list[dict]) -> str:
+    """The learning-rate probe behind the -full recipes' lr, as a table."""
+    from interp.zoo.paper import lr_probe
+
     steps = max(r["step"] for r in rows)
     best = lr_probe.best_lrs(rows)
     chosen = ", ".join(f"{v} {lr:g}" for v, lr in sorted(best.items()))
@@ -458,16 +466,11 @@ def _lr_probe_text(phenomenon: str) -> str:
             + lr_probe.table(rows))
 
 
-def _plateau_text() -> str:
+def _plateau_text(rows: list[dict]) -> str:
     """Whether early stopping cut the -twin runs off before a late phase change: seed 0 of
-    each variant trained 20,000 steps without it (TWIN_PROBE_CSV)."""
+    each variant trained 20,000 steps without it."""
     from interp.zoo.paper import lr_probe
-    from interp.zoo.paper.report import FIGURES
 
-    path = FIGURES / TWIN_PROBE_CSV
-    if not path.is_file():
-        return ""
-    rows = lr_probe.read_csv(path)
     steps = max(r["step"] for r in rows)
     late = [r["val_loss"] for r in rows if r["step"] > steps // 4]
     tie = math.log(3)
@@ -553,17 +556,13 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
 def _twin_reading(cards: list[dict], base) -> list[str]:
     """Whether the models need the target's value to be the only one of its kind: accuracy on
     twin prompts (`acc_twin`) against accuracy, per variant, where the cards have it."""
-    from interp.zoo.paper.report import acc3, describe, t_interval
+    from interp.zoo.paper.report import acc3, budget_of, describe, t_interval
 
-    twin = _accuracies(cards, base, "acc_twin")
-    if not any(twin.values()):
-        return []
-    acc = _accuracies(cards, base)
     parts, shortcut = [], []
     for v, name in (("dcmha", "DCMHA"), ("mha", "MHA")):
         pairs = [(c["metrics"]["accuracy"], c["metrics"]["acc_twin"]) for c in cards
                  if c.get("variant") == v and "acc_twin" in c["metrics"]
-                 and c["metrics"]["accuracy"] in acc[v]]
+                 and budget_of(c) == base]
         if not pairs:
             continue
         drops = [a - t for a, t in pairs]
@@ -571,6 +570,8 @@ def _twin_reading(cards: list[dict], base) -> list[str]:
                      f"twin: {describe(drops, fmt=acc3, clip=None)})")
         if len(drops) >= 2 and t_interval(drops)[1] > 0:   # the drop is above 0 at 95%
             shortcut.append(name)
+    if not parts:
+        return []
     text = (f"On twin prompts (the target's value also on a filler record, so no value is "
             f"the only one of its kind) accuracy is {'; '.join(parts)}.")
     if shortcut:

@@ -315,17 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")
     serve.set_defaults(fn=cmd_serve)
-    from interp.zoo.text_recipes import CALIBRATION_RECIPES, MIX_RECIPES, RECIPES
+    from interp.zoo.text_recipes import all_recipe_names
 
     tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
     tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
-    tr.add_argument("--only", nargs="+", choices=sorted(RECIPES) + sorted(MIX_RECIPES)
-                    + sorted(CALIBRATION_RECIPES),
+    tr.add_argument("--only", nargs="+", choices=all_recipe_names(),
                     default=None, metavar="RECIPE",
                     help="recipes to train: text-{mha,mta,cope,dcmha,infini}-{l1,l2,l4mlp}, "
-                         "a 2-layer data-mix twin text-VARIANT-l2-mix, or a calibration run "
+                         "a 2-layer data-mix twin text-VARIANT-l2-mix, a calibration run "
                          "text-mha-l2-* (ctx256, b8 and the session-sized runs listed in "
-                         "docs/zoo.md) (default: the 15)")
+                         "docs/zoo.md), or a seed of the DCMHA vs MHA comparison "
+                         "text-{mha,dcmha}-l2-short-s{0,1,2} (default: the 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default=None,
                     help="runs, caches and releases go here (default $ATTNLENS_RUNS/zoo-text, "

@@ -37,7 +37,14 @@ from interp.zoo.text_eval import (
     text_repeat_probe,
     val_windows,
 )
-from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE, flops_per_token, get_recipe
+from interp.zoo.text_recipes import (
+    RECIPES,
+    SMOKE,
+    VOCAB_SIZE,
+    flops_per_token,
+    get_recipe,
+    run_seed,
+)
 from interp.zoo.text_recipes import train_config as make_train_config
 
 
@@ -207,7 +214,9 @@ def build_model(name: str, data: TextData, device: str, seed: int = 0, smoke: bo
 
 def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: int = 0,
                  smoke: bool = False, progress: bool = True, command: str | None = None) -> Path:
-    """Train (or resume) recipe `name` in `out_dir/runs/name`; returns that run directory."""
+    """Train (or resume) recipe `name` in `out_dir/runs/name`; returns that run directory.
+    A recipe with its own seed (text_recipes.COMPARISON_RECIPES) trains with it, not `seed`."""
+    seed = run_seed(name, seed)
     model = build_model(name, data, device, seed=seed, smoke=smoke)
     overrides = SMOKE["train"] if smoke else get_recipe(name).train_overrides
     tcfg = make_train_config(overrides, seed=seed, progress=progress)

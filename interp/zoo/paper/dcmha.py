@@ -701,9 +701,18 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
     return " ".join(lines)
 
 
+def extra_sections(figure_dir=None) -> list[tuple[str, str]]:
+    """The report's DCMHA vs MHA comparison on text (`dcmha_text`), once its CSV is there."""
+    from interp.zoo.paper import dcmha_text
+
+    text = dcmha_text.section(figure_dir)
+    return [(dcmha_text.PHENOMENON, text)] if text else []
+
+
 findings = report_section
 
 
-__all__ = ["CLAIMS", "RECIPES", "comparison", "reading", "accuracy_figure", "evaluate", "findings",
+__all__ = ["CLAIMS", "RECIPES", "comparison", "reading", "accuracy_figure", "evaluate",
+           "extra_sections", "findings",
            "knockout_hooks", "matched_mha_d_mlp", "param_counts", "report_section", "sampler",
            "selectivity", "train"]

@@ -344,6 +344,9 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True) -> str:
             if missing:
                 parts += ["", f"Not trained yet ({len(missing)}): `{CLI} train "
                               + " ".join(missing) + " --resume`"]
+        # sections of results whose models live outside the paper zoo (the text zoo's)
+        for title, text in getattr(mod, "extra_sections", lambda _: [])(figure_dir):
+            parts += ["", f"## {title}", "", text]
     return "\n".join(parts) + "\n"
 
 

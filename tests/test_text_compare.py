@@ -1,0 +1,162 @@
+"""DCMHA vs MHA on text (issue 24 item 3): the comparison's recipes, its evaluation against a
+naive loss, the CSV round trip, the report section's numbers, and the committed CSV's zoo rows
+recomputed from the shipped weights."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dashboards.cli import main as cli_main
+from hooked_models.model import HookedVariantTransformer
+from interp.zoo import text_compare
+from interp.zoo.paper import dcmha_text
+from interp.zoo.paper.report import FIGURES, welch_interval
+from interp.zoo.text_eval import load_eval_tokens
+from interp.zoo.text_recipes import COMPARISON_RECIPES, RECIPES, get_recipe, run_seed
+
+ZOO = Path(__file__).resolve().parents[1] / "hooked_models" / "zoo"
+
+
+def test_comparison_recipes_are_the_l2_recipes_with_their_own_seeds():
+    assert sorted(COMPARISON_RECIPES) == sorted(text_compare.SHORT)
+    for name, recipe in COMPARISON_RECIPES.items():
+        base = RECIPES[f"text-{recipe.variant}-l2"]
+        assert (recipe.shape, recipe.data_mix) == (base.shape, base.data_mix)
+        assert run_seed(name, seed=7) == int(name[-1])
+        assert recipe.train_overrides["steps"] * 16 * 256 == 10_240_000   # 10M tokens
+    assert run_seed("text-mha-l2", seed=7) == 7            # no own seed: the command's
+    with pytest.raises(ValueError, match="unknown text recipe"):
+        get_recipe("text-mha-l2-short-s9")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """Smoke releases (4 steps, tiny shapes) of the comparison's 8 models."""
+    out = tmp_path_factory.mktemp("cmp")
+    names = [*text_compare.SHORT, *text_compare.FULL]
+    assert cli_main(["train", "--zoo", "text", "--smoke", "--only", *names, "--out", str(out),
+                     "--device", "cpu", "--no-progress"]) == 0
+    return out / "release"
+
+
+def test_short_runs_train_with_their_own_seed(release):
+    cards = {n: json.loads((release / n / "card.json").read_text()) for n in text_compare.SHORT}
+    assert {n: c["seed"] for n, c in cards.items()} == {n: int(n[-1]) for n in cards}
+    a = HookedVariantTransformer.from_pretrained(release / "text-mha-l2-short-s0")
+    b = HookedVariantTransformer.from_pretrained(release / "text-mha-l2-short-s1")
+    assert not torch.equal(a.W_E, b.W_E)
+
+
+@torch.no_grad()
+def naive_window_loss(model, window: torch.Tensor) -> float:
+    """Mean next-token cross-entropy of one window, from the logits, position by position."""
+    logits = model(window[None], return_type="logits")[0].double()
+    total = 0.0
+    for pos in range(window.shape[0] - 1):
+        total -= float(F.log_softmax(logits[pos], -1)[window[pos + 1]])
+    return total / (window.shape[0] - 1)
+
+
+def test_window_losses_match_a_naive_cross_entropy(release):
+    model = HookedVariantTransformer.from_pretrained(release / "text-dcmha-l2-short-s0")
+    windows = load_eval_tokens(release / "text-dcmha-l2-short-s0")[:5]
+    got = text_compare.window_losses(model, windows, batch=2)
+    want = [naive_window_loss(model, w) for w in windows]
+    assert got.shape == (5,)
+    assert got.tolist() == pytest.approx(want, abs=1e-5)
+
+
+def test_rows_curves_and_csv_round_trip(release, tmp_path):
+    models = text_compare.find_models(release, release)
+    windows = load_eval_tokens(models["text-mha-l2"])
+    rows = text_compare.model_rows("text-dcmha-l2-short-s1", models["text-dcmha-l2-short-s1"],
+                                   windows)
+    assert [(r["compose"], r["seed"], r["variant"]) for r in rows] == [("on", 1, "dcmha"),
+                                                                       ("off", 1, "dcmha")]
+    assert rows[0]["ctx"] == 64                           # the smoke curriculum ends at n_ctx
+    model = HookedVariantTransformer.from_pretrained(models["text-dcmha-l2-short-s1"])
+    assert rows[0]["val_loss"] == pytest.approx(
+        float(text_compare.window_losses(model, windows).mean()), abs=1e-4)
+    assert rows[1]["val_loss"] != rows[0]["val_loss"]     # the knock-out changes the model
+    mha_rows = text_compare.model_rows("text-mha-l2", models["text-mha-l2"], windows)
+    assert [r["compose"] for r in mha_rows] == ["on"]     # no Compose to knock out
+    curves = text_compare.curve_rows("text-mha-l2", models["text-mha-l2"])
+    assert [c["step"] for c in curves] == [2, 4]
+    text_compare.write_csv(rows, tmp_path / "r.csv")
+    assert text_compare.read_csv(tmp_path / "r.csv") == rows
+    assert text_compare.losses(rows, "dcmha", short=True, compose="off", ctx=64) == [
+        rows[1]["val_loss"]]
+
+
+def test_missing_models_are_named(release, tmp_path):
+    with pytest.raises(FileNotFoundError, match="text-dcmha-l2 "):
+        text_compare.find_models(release, tmp_path)
+
+
+def test_trained_ctx_reads_the_curriculum():
+    class Cfg:
+        n_ctx = 512
+
+    class Model:
+        cfg = Cfg()
+
+    schedule = [[6250, 256]]
+    assert text_compare.trained_ctx({"steps": 2500, "ctx_schedule": schedule}, Model()) == 256
+    assert text_compare.trained_ctx({"steps": 6250, "ctx_schedule": schedule}, Model()) == 256
+    assert text_compare.trained_ctx({"steps": 10_000, "ctx_schedule": schedule}, Model()) == 512
+    assert text_compare.trained_ctx({"steps": 10}, Model()) == 512
+
+
+def synthetic_rows(mha, dc, off) -> list[dict]:
+    rows = []
+    for variant, values in (("mha", mha), ("dcmha", dc)):
+        for seed, v in enumerate(values):
+            rows.append({"model": f"text-{variant}-l2-short-s{seed}", "variant": variant,
+                         "seed": seed, "steps": 2500, "tokens": 10_240_000,
+                         "parameters": 1_185_536 if variant == "mha" else 1_208_064, "ctx": 256,
+                         "compose": "on", "val_loss": v, "cpu_time_s": 1000.0})
+    for seed, v in enumerate(off):
+        rows.append({**rows[len(mha) + seed], "compose": "off", "val_loss": v})
+    return rows
+
+
+def test_section_numbers_follow_the_rows():
+    rows = synthetic_rows([3.30, 3.31, 3.32], [3.20, 3.22, 3.21], [3.60, 3.58, 3.62])
+    text = " ".join(dcmha_text.compare_text(rows))
+    d, lo, hi = welch_interval([3.30, 3.31, 3.32], [3.20, 3.22, 3.21])
+    assert f"MHA - DCMHA = {d:+.3f} nats (Welch 95% interval {lo:+.3f} to {hi:+.3f})" in text
+    assert "DCMHA's loss is lower" in text and lo > 0
+    assert "raises its loss by 0.390" in text
+    assert "direction of the paper's claim holds" in dcmha_text.reading(rows)
+    assert "DCMHA +1.9%" in dcmha_text.reading(rows)
+    worse = synthetic_rows([3.20, 3.21, 3.22], [3.30, 3.31, 3.32], [])
+    assert "does not reproduce" in dcmha_text.reading(worse)
+    assert "MHA's loss is lower" in " ".join(dcmha_text.compare_text(worse))
+    tied = synthetic_rows([3.20, 3.30, 3.25], [3.21, 3.31, 3.24], [])
+    assert "neither reproduced nor contradicted" in dcmha_text.reading(tied)
+    assert dcmha_text.reading(synthetic_rows([3.2], [3.3], [])) == "Too few seeds for a reading."
+
+
+COMMITTED = FIGURES / dcmha_text.CSV
+
+
+@pytest.mark.skipif(not COMMITTED.is_file() or not (ZOO / "text-dcmha-l2").is_dir(),
+                    reason="the comparison's CSV or text-dcmha-l2 is not shipped yet")
+def test_committed_rows_of_the_zoo_models_recompute():
+    rows = text_compare.read_csv(COMMITTED)
+    assert {r["model"] for r in rows} == set(text_compare.SHORT) | set(text_compare.FULL)
+    windows = load_eval_tokens(ZOO / text_compare.WINDOWS_FROM)
+    for name in text_compare.FULL:
+        fresh = text_compare.model_rows(name, ZOO / name, windows)
+        mine = [r for r in rows if r["model"] == name]
+        assert [(r["ctx"], r["compose"]) for r in fresh] == [(r["ctx"], r["compose"])
+                                                              for r in mine]
+        for a, b in zip(fresh, mine, strict=True):
+            assert math.isclose(a["val_loss"], b["val_loss"], abs_tol=2e-4), (name, a, b)
+            assert (a["tokens"], a["parameters"]) == (b["tokens"], b["parameters"])

@@ -32,9 +32,11 @@ def curves_figure(curves: list[dict]):
             x=[r["tokens"] / 1e6 for r in rows], y=[r["val_loss"] for r in rows], name=name,
             mode="lines", line=dict(color=colours[rows[0]["variant"]], width=1 if short else 3),
             opacity=0.6 if short else 1.0))
+    low = min(r["val_loss"] for r in curves) - 0.05     # the first evaluations, far above,
+    high = min(max(r["val_loss"] for r in curves), low + 2.0)   # would flatten the rest
     fig.update_layout(title="DCMHA vs MHA on text: validation loss during training",
                       xaxis_title="tokens seen (millions)", yaxis_title="validation loss (nats)",
-                      width=760, height=420, yaxis=dict(range=[2.6, 4.6]))
+                      width=760, height=420, yaxis=dict(range=[low, high]))
     return fig
 
 

@@ -67,7 +67,7 @@ def test_induction_study_reads_the_cards_and_logs(release, studies):
         assert g["tokens"].is_monotonic_increasing and g["tokens"].iloc[0] > 0
 
 
-def test_diversity_and_gating_tables_cover_every_variant(studies):
+def test_diversity_and_gating_tables_cover_every_variant(release, studies):
     out, tables = studies
     summary = tables["diversity"]
     assert set(summary["variant"]) == {"mha", "mta", "cope", "dcmha", "infini"}
@@ -79,6 +79,13 @@ def test_diversity_and_gating_tables_cover_every_variant(studies):
                                                      "mixer", "intermediate"}
     cope = tables["cope_categories"]
     assert cope["mean_gate"].between(0, 1).all() and (cope["count"] > 0).all()
+    # every key but BOS (which leads each window and separates files), once per head
+    from interp.zoo.text_eval import load_eval_tokens
+    from interp.zoo.text_studies import STUDY_WINDOWS
+
+    windows = load_eval_tokens(release / "text-cope-l2")[:STUDY_WINDOWS]
+    per_head = cope.groupby("head_label")["count"].sum()
+    assert (per_head == int((windows != 0).sum())).all() and (windows[:, 0] == 0).all()
     for name in ("induction", "training_log", "diversity", "cope_categories", "copy_distance"):
         assert (out / f"{name}.csv").is_file()
     for fig in ("phase_change", "diversity", "cope_categories", "copy_distance"):
@@ -152,7 +159,7 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
         assert f"| `{name}` |" in text
     assert "### Induction heads across variants" in text and "**cope**" in text
     assert "### Head diversity" in text and "dcmha composed QK" in text
-    assert "text-infini-l2: gate classes" in text and "text-cope-l2: the category" in text
+    assert "text-infini-l2: gate classes" in text and "text-cope-l2: mean gate by the key's token category" in text
 
 
 def test_docs_zoo_md_is_current():

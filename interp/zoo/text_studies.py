@@ -205,8 +205,13 @@ _KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls"}
 
 
 def cope_categories(model, windows: torch.Tensor) -> pd.DataFrame:
-    """Mean CoPE gate per head and token category of the key (what the head counts)."""
+    """Mean CoPE gate per head and token category of the key (what the head counts). The BOS
+    key that leads every window is left out: it is a sink every query sees, not a unit of
+    text (with it, 'string/other' topped every head on 2 keys a window)."""
     table = gate_openers(model, windows, top=None)
+    bos = model.tokenizer.bos_token_id
+    if bos is not None:
+        table = table[table["token"] != bos].reset_index(drop=True)
     strings = {t: model.tokenizer.decode([t]) for t in table["token"].unique()}
     table["category"] = table["token"].map(lambda t: token_category(strings[t]))
     table["weighted"] = table["mean_gate"] * table["count"]
@@ -243,7 +248,7 @@ def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dic
             gates = gate_values(model, windows)
             add("dcmha_dynamic", gates[gates["stage"].str.endswith("dd")], name)
         elif variant == "cope":
-            add("cope_categories", cope_categories(model, windows[:2]), name)
+            add("cope_categories", cope_categories(model, windows), name)
     return {k: pd.concat(v, ignore_index=True) for k, v in out.items()}
 
 

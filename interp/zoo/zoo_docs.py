@@ -305,10 +305,25 @@ def gating_findings(studies: Path) -> str:
     cope = _csv(studies, "cope_categories")
     if cope is not None:
         for model, g in cope.groupby("model"):
-            top = g.loc[g.groupby("head_label")["mean_gate"].idxmax()]
-            counted = ", ".join(f"{r.head_label}: {r.category}" for r in top.itertuples())
-            lines.append(f"- {model}: the category each head's gates open most for: {counted}.")
+            lines.append(f"- {model}: {_cope_counting(g)}")
     return "\n".join(lines)
+
+
+COPE_MIN_KEYS = 20   # a token category with fewer keys in the study's windows is not ranked
+
+
+def _cope_counting(table) -> str:
+    """What each CoPE head counts: per head, the token categories (with at least
+    `COPE_MIN_KEYS` keys) whose keys open its gates most and least, with the mean gates."""
+    table = table[table["count"] >= COPE_MIN_KEYS]
+    heads = []
+    for label, g in table.groupby("head_label"):
+        g = g.sort_values("mean_gate")
+        lo, hi = g.iloc[0], g.iloc[-1]
+        heads.append(f"{label} {hi.category} {hi.mean_gate:.2f} / {lo.category} "
+                     f"{lo.mean_gate:.2f}")
+    return ("mean gate by the key's token category, highest / lowest per head (categories with "
+            f"at least {COPE_MIN_KEYS} keys): " + "; ".join(heads) + ".")
 
 
 CALIBRATION_INTRO = """\

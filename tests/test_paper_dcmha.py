@@ -71,7 +71,9 @@ def test_evaluate_and_borrowing_on_an_untrained_model():
     assert 0 <= out["accuracy"] <= 1 and 0 <= out["acc_twin"] <= 1
     # the twin recipes train and evaluate on twin lookups: no separate twin accuracy
     twin_recipe = dcmha.RECIPES["dcmha-conjunction-twin-mha-s0"]
-    assert "acc_twin" not in dcmha.evaluate(build_model(twin_recipe).eval(), twin_recipe)
+    twin_out = dcmha.evaluate(build_model(twin_recipe).eval(), twin_recipe)
+    assert "acc_twin" not in twin_out and 0 <= twin_out["acc_plain"] <= 1
+    assert "acc_plain" not in out
     batch = dcmha.lookups(twin_recipe.task_args, 4, seed=1)
     values = batch.tokens[:, 3:19:3]
     assert all((row == a).sum() == 2 for row, a in zip(values, batch.tokens[:, -1], strict=True))

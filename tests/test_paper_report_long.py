@@ -108,6 +108,16 @@ def test_dcmha_reading_catches_the_unique_value_shortcut():
     for c in cards:
         c["metrics"]["accuracy"] = 0.345
     assert "No model passes the 1/3 ceiling" in dcmha.reading("dcmha-conjunction-twin", cards)
+    # asked plain lookups, twin-trained models that answer "a value written twice" fall below 1/3
+    for c, plain in zip(cards, (0.0, 0.01, 0.0, 0.12, 0.09, 0.11), strict=True):
+        c["metrics"]["acc_plain"] = plain
+    text = dcmha.reading("dcmha-conjunction-twin", cards)
+    assert "these models trained on twin lookups score DCMHA 0.003, 95% t-interval" in text
+    assert "DCMHA and MHA stay below 1/3 at 95%: they answer a value written twice" in text
+    assert "| 0.120 |" in dcmha.report_section(cards)          # the plain-prompts column
+    for c in cards:
+        c["metrics"]["acc_plain"] = 0.6 + 0.01 * c["seed"]
+    assert "below 1/3" not in dcmha.reading("dcmha-conjunction-twin", cards)
 
 
 def test_dcmha_fixed_steps_are_budgets_of_their_own():

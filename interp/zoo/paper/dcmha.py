@@ -328,14 +328,16 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     `conjunction`, the borrowing at the answer (`borrow_*`); on `conjunction`, every
     model's layer-1 heads' attention split (`attn_L1H{h}_{target,colour,shape}`) and, for
     models trained on the plain lookups, `acc_twin`: accuracy on the same questions with the
-    target's value also on a filler record (no unique value to point at).
-    `n_params`: the parameter count."""
+    target's value also on a filler record (no unique value to point at); for models trained
+    on twin lookups, `acc_plain`: accuracy on the plain ones (the target's value written once,
+    each pair's twice). `n_params`: the parameter count."""
     args = recipe.task_args
     task = args["task"]
     out = {"accuracy": round(_accuracy(model, args), 4),
            "n_params": float(sum(p.numel() for p in model.parameters()))}
-    if task == "conjunction" and not args.get("twin_target"):
-        out["acc_twin"] = round(_accuracy(model, args, twin=True), 4)
+    if task == "conjunction":
+        twin = bool(args.get("twin_target"))
+        out["acc_plain" if twin else "acc_twin"] = round(_accuracy(model, args, twin=not twin), 4)
     if model.cfg.attention == "dcmha":
         for key, phases in (("acc_no_compose", ("pre", "post")), ("acc_no_pre", ("pre",)),
                             ("acc_no_post", ("post",))):
@@ -510,6 +512,8 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
     header = ["variant", "seed", "steps", "params", "accuracy", "twin prompts", "Compose off",
               "pre off",
               "post off", "L1 pre borrow (off-diag / diag)", "L1 target selectivity"]
+    plain = any("acc_plain" in c["metrics"] for c in cards)   # models trained on twin lookups
+    header += ["plain prompts"] * plain
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in cards:
         m = c["metrics"]
@@ -525,7 +529,8 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
                      f"{int(m['n_params'])} | "
                      f"{cell('accuracy')} | {cell('acc_twin')} | {cell('acc_no_compose')} | "
                      f"{cell('acc_no_pre')} | "
-                     f"{cell('acc_no_post')} | {borrow} | {best} |")
+                     f"{cell('acc_no_post')} | {borrow} | {best} |"
+                     + (f" {cell('acc_plain')} |" if plain else ""))
     base = budgets(cards)[0]   # the seeds' budget (longer runs: table)
     acc = _accuracies(cards, base)
     summary = f"{_at(cards, base)}, " + comparison(acc["dcmha"], acc["mha"])
@@ -543,7 +548,9 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
             f"'twin prompts' is the accuracy on the same questions with the target's value "
             f"also on a filler record (for models trained on the plain lookups: no value is "
             f"then the only one of its kind), "
-            f"'pre off' / 'post off' in one phase (eval seed {cards[0].get('eval_seed')}); "
+            + ("'plain prompts' the accuracy of models trained on twin lookups on the plain "
+               "ones, " if plain else "")
+            + f"'pre off' / 'post off' in one phase (eval seed {cards[0].get('eval_seed')}); "
             f"the borrowing column is the mean |mixing "
             f"weight| between different heads vs the diagonal, layer 1, pre-softmax, at the "
             f"answer's query and the target record; 'target selectivity' is, for the best "
@@ -571,7 +578,7 @@ def _twin_reading(cards: list[dict], base) -> list[str]:
         if len(drops) >= 2 and t_interval(drops)[1] > 0:   # the drop is above 0 at 95%
             shortcut.append(name)
     if not parts:
-        return []
+        return _plain_reading(cards, base)
     text = (f"On twin prompts (the target's value also on a filler record, so no value is "
             f"the only one of its kind) accuracy is {'; '.join(parts)}.")
     if shortcut:
@@ -579,6 +586,35 @@ def _twin_reading(cards: list[dict], base) -> list[str]:
                  f"there: {'it points' if len(shortcut) == 1 else 'they point'} at the target "
                  f"by its value being written once, not (only) by the conjunction, and the "
                  f"plain task does not test the conjunction alone (the -twin recipes do).")
+    return [text]
+
+
+def _plain_reading(cards: list[dict], base) -> list[str]:
+    """Models trained on twin lookups, asked the plain ones (`acc_plain`): a model that
+    combines both attributes answers both; one that answers "a value written twice among the
+    records sharing an attribute with the query" never picks the target there (its value is
+    written once, each distractor pair's twice) and falls below 1/3."""
+    from interp.zoo.paper.report import acc3, budget_of, describe, t_interval
+
+    parts, below = [], []
+    for v, name in (("dcmha", "DCMHA"), ("mha", "MHA")):
+        plain = [c["metrics"]["acc_plain"] for c in cards if c.get("variant") == v
+                 and "acc_plain" in c["metrics"] and budget_of(c) == base]
+        if not plain:
+            continue
+        parts.append(f"{name} {describe(plain, fmt=acc3)}")
+        if len(plain) >= 2 and t_interval(plain)[2] < 1 / 3:
+            below.append(name)
+    if not parts:
+        return []
+    text = (f"Asked plain lookups (the target's value written once, each distractor pair's "
+            f"twice), these models trained on twin lookups score {'; '.join(parts)}.")
+    if below:
+        text += (f" {' and '.join(below)} stay{'s' if len(below) == 1 else ''} below 1/3 at "
+                 f"95%: {'it answers' if len(below) == 1 else 'they answer'} a value written "
+                 f"twice among the records sharing an attribute with the query, the mirror "
+                 f"image of the plain models' cue, which on twin lookups leaves a three-way "
+                 f"tie (the target's value and the two pairs'), not the conjunction.")
     return [text]
 
 

@@ -97,6 +97,20 @@ def test_rows_curves_and_csv_round_trip(release, tmp_path):
 def test_missing_models_are_named(release, tmp_path):
     with pytest.raises(FileNotFoundError, match="text-dcmha-l2 "):
         text_compare.find_models(release, tmp_path)
+    with pytest.raises(FileNotFoundError, match="text-dcmha-l2 "):   # partial: not the zoo's
+        text_compare.find_models(release, tmp_path, partial=True)
+    short = tmp_path / "short"
+    for name in ("text-mha-l2-short-s0", "text-dcmha-l2-short-s1"):
+        (short / name).mkdir(parents=True)
+        (short / name / "card.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="text-mha-l2-short-s1 "):
+        text_compare.find_models(short, release)
+    found = text_compare.find_models(short, release, partial=True)
+    assert sorted(found) == sorted(["text-mha-l2-short-s0", "text-dcmha-l2-short-s1",
+                                    *text_compare.FULL])
+    (short / "text-dcmha-l2-short-s1" / "card.json").unlink()      # no DCMHA seed left
+    with pytest.raises(FileNotFoundError, match="text-dcmha-l2-short-s0 "):
+        text_compare.find_models(short, release, partial=True)
 
 
 def test_trained_ctx_reads_the_curriculum():
@@ -141,6 +155,9 @@ def test_section_numbers_follow_the_rows():
     tied = synthetic_rows([3.20, 3.30, 3.25], [3.21, 3.31, 3.24], [])
     assert "neither reproduced nor contradicted" in dcmha_text.reading(tied)
     assert dcmha_text.reading(synthetic_rows([3.2], [3.3], [])) == "Too few seeds for a reading."
+    assert dcmha_text._seeds(rows) == "Three seeds of each variant"
+    assert dcmha_text._seeds(synthetic_rows([3.2, 3.3], [3.3], [])) == (
+        "2 seed(s) of MHA and 1 of DCMHA")
 
 
 COMMITTED = FIGURES / dcmha_text.CSV
@@ -150,7 +167,8 @@ COMMITTED = FIGURES / dcmha_text.CSV
                     reason="the comparison's CSV or text-dcmha-l2 is not shipped yet")
 def test_committed_rows_of_the_zoo_models_recompute():
     rows = text_compare.read_csv(COMMITTED)
-    assert {r["model"] for r in rows} == set(text_compare.SHORT) | set(text_compare.FULL)
+    names = {r["model"] for r in rows}       # every zoo model; the short runs released
+    assert set(text_compare.FULL) <= names <= set(text_compare.SHORT) | set(text_compare.FULL)
     windows = load_eval_tokens(ZOO / text_compare.WINDOWS_FROM)
     for name in text_compare.FULL:
         fresh = text_compare.model_rows(name, ZOO / name, windows)

@@ -112,6 +112,15 @@ def reading(rows: list[dict]) -> str:
             f"paper's claim is neither reproduced nor contradicted at this scale.")
 
 
+def _seeds(rows: list[dict]) -> str:
+    """"Three seeds of each variant", or how many each has when a run is missing."""
+    words = {1: "One seed", 2: "Two seeds", 3: "Three seeds"}
+    mha, dc = (len(losses(rows, v, short=True)) for v in ("mha", "dcmha"))
+    if mha == dc:
+        return f"{words.get(mha, f'{mha} seeds')} of each variant"
+    return f"{mha} seed(s) of MHA and {dc} of DCMHA"
+
+
 def section(figure_dir=None) -> str | None:
     """The report's Markdown for the text comparison, or None when its CSV is not there."""
     from interp.zoo.paper.report import FIGURES, save_png
@@ -131,7 +140,7 @@ def section(figure_dir=None) -> str | None:
             "**Task here.** Language modelling on the text zoo's corpus (Python standard "
             "library sources, BPE vocabulary 4096): 2-layer attention-only models, d_model 128, "
             "4 heads of 32, rotary positions, trained with the zoo's schedule (lr 3e-3, "
-            "AdamW). Three seeds of each variant at 10M tokens (`text-{mha,dcmha}-l2-short-s*`: "
+            f"AdamW). {_seeds(rows)} at 10M tokens (`text-{{mha,dcmha}}-l2-short-s*`: "
             "2,500 steps of 16 x 256 tokens, the lr decaying to 0 over the last 500), and the "
             "zoo's two models (41M tokens, 256 then 512 tokens of context). Validation loss on "
             "the zoo's held-out windows (64 x 512 tokens of files the training never saw, cut "

@@ -114,11 +114,11 @@ def find_models(release_dir, zoo_dir, partial: bool = False) -> dict[str, Path]:
     found = {n: Path(release_dir) / n for n in SHORT} | {n: Path(zoo_dir) / n for n in FULL}
     missing = [n for n, d in found.items() if not (d / "card.json").is_file()]
     if partial and not set(missing) & set(FULL):
-        found = {n: d for n, d in found.items() if n not in missing}
-        if all(any(f"text-{v}-l2-short-" in n for n in found) for v in ("mha", "dcmha")):
+        kept = {n: d for n, d in found.items() if n not in missing}
+        if all(any(f"text-{v}-l2-short-" in n for n in kept) for v in ("mha", "dcmha")):
             if missing:
                 print("left out (not released yet): " + ", ".join(missing), file=sys.stderr)
-            return found
+            return kept
     if missing:
         raise FileNotFoundError("not released yet: " + ", ".join(f"{n} ({found[n]})"
                                                                 for n in missing)

@@ -156,6 +156,16 @@ def test_section_numbers_follow_the_rows():
     assert "neither reproduced nor contradicted" in dcmha_text.reading(tied)
     assert dcmha_text.reading(synthetic_rows([3.2], [3.3], [])) == "Too few seeds for a reading."
     assert dcmha_text._seeds(rows) == "Three seeds of each variant"
+    # the zoo's pair at 41M tokens: the same order, or reversed beyond the seed scale
+    full = [{**rows[0], "model": f"text-{v}-l2", "variant": v, "ctx": 512, "val_loss": loss,
+             "tokens": 40_960_000} for v, loss in (("mha", 2.86), ("dcmha", 3.13))]
+    text = dcmha_text.reading(rows + full, {"mha": 0.37, "dcmha": 0.001})
+    assert "reverses the order: MHA - DCMHA = -0.270 nats" in text
+    assert "MHA formed an induction head where DCMHA did not" in text
+    assert "does not last" in text
+    same = [{**f, "val_loss": v} for f, v in zip(full, (3.0, 2.9), strict=True)]
+    assert "reverses" not in dcmha_text.reading(rows + same)
+    assert "gives MHA - DCMHA = +0.100 nats" in dcmha_text.reading(rows + same)
     assert dcmha_text._seeds(synthetic_rows([3.2, 3.3], [3.3], [])) == (
         "2 seed(s) of MHA and 1 of DCMHA")
 

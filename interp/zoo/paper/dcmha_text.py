@@ -60,7 +60,7 @@ def compare_text(rows: list[dict]) -> list[str]:
         return ["The short runs are not all evaluated yet: no seed comparison."]
     lines = [f"At 10M tokens (context 256): MHA {describe(mha, fmt=loss3, clip=None)}; DCMHA "
              f"{describe(dc, fmt=loss3, clip=None)} nats."]
-    spread = None
+    spread = None   # the larger 95% half-width of the two variants
     if min(len(mha), len(dc)) >= 2:
         d, lo, hi = welch_interval(mha, dc)
         spread = max(t_interval(mha)[2] - t_interval(mha)[0],
@@ -83,19 +83,54 @@ def compare_text(rows: list[dict]) -> list[str]:
                     f"(MHA - DCMHA = {fm[0] - fd[0]:+.3f} nats")
             if spread is not None:
                 text += (f"; one seed, to be read against the 10M-token runs' seed scale, a "
-                         f"95% half-width up to {spread / 2:.3f}")
+                         f"95% half-width up to {spread:.3f}")
             lines.append(text + ").")
     return lines
 
 
-def reading(rows: list[dict]) -> str:
-    """Whether the paper's claim reproduces at our scale, from the short runs' interval."""
-    from interp.zoo.paper.report import welch_interval
+def reading(rows: list[dict], induction: dict[str, float] | None = None) -> str:
+    """Whether the paper's claim reproduces at our scale: the short runs' interval, then
+    whether the zoo's one-seed pair at 41M tokens keeps the order (`induction`: the zoo
+    models' induction scores from their cards, `{variant: score}`, when known)."""
+    from interp.zoo.paper.report import t_interval, welch_interval
 
     mha, dc = losses(rows, "mha", short=True), losses(rows, "dcmha", short=True)
     if min(len(mha), len(dc)) < 2:
         return "Too few seeds for a reading."
-    _, lo, hi = welch_interval(mha, dc)
+    text = _short_reading(rows, mha, dc, welch_interval(mha, dc))
+    fm, fd = losses(rows, "mha", short=False, ctx=512), losses(rows, "dcmha", short=False,
+                                                               ctx=512)
+    if not (fm and fd):
+        return text
+    half = max(t_interval(x)[2] - t_interval(x)[0] for x in (mha, dc))
+    gap = fm[0] - fd[0]
+    short_gap = sum(mha) / len(mha) - sum(dc) / len(dc)
+    if abs(gap) <= half or (gap > 0) == (short_gap > 0):
+        return text + (f" The zoo's pair at 41M tokens (one seed each) gives MHA - DCMHA = "
+                       f"{gap:+.3f} nats.")
+    text += (f" At 41M tokens the zoo's pair (one seed each) reverses the order: MHA - DCMHA "
+             f"= {gap:+.3f} nats, beyond the 10M-token runs' seed scale (95% half-width up to "
+             f"{half:.3f})")
+    if induction and {"mha", "dcmha"} <= set(induction):
+        from interp.zoo.text_studies import INDUCTION_THRESHOLD
+
+        formed = {v: induction[v] >= INDUCTION_THRESHOLD for v in ("mha", "dcmha")}
+        scores = (f"best induction score MHA {induction['mha']:.3f}, DCMHA "
+                  f"{induction['dcmha']:.3f}; the bar is {INDUCTION_THRESHOLD}")
+        if formed["mha"] != formed["dcmha"]:
+            ahead = "MHA" if formed["mha"] else "DCMHA"
+            behind = "DCMHA" if formed["mha"] else "MHA"
+            text += (f", and in between {ahead} formed an induction head where {behind} did "
+                     f"not ({scores})")
+        else:
+            text += f" ({scores})"
+    return text + (". DCMHA's early lead does not last to our full budget; with one seed at "
+                   "41M tokens that is an observation, not an interval.")
+
+
+def _short_reading(rows: list[dict], mha: list[float], dc: list[float], welch) -> str:
+    """The short runs' verdict on the paper's direction."""
+    _, lo, hi = welch
     params = {r["variant"]: r["parameters"] for r in rows if "-short-" in r["model"]}
     extra = 100 * (params["dcmha"] / params["mha"] - 1)
     scale = (f"~{params['mha'] / 1e6:.1f}M parameters (DCMHA {extra:+.1f}%), 2 attention-only "
@@ -121,6 +156,22 @@ def _seeds(rows: list[dict]) -> str:
     return f"{mha} seed(s) of MHA and {dc} of DCMHA"
 
 
+def zoo_induction() -> dict[str, float]:
+    """`{variant: best induction score}` of the zoo's text-mha-l2 / text-dcmha-l2 cards (the
+    eval command's), for the shipped ones."""
+    import json
+
+    from interp.zoo.paper.report import ROOT
+    from interp.zoo.text_compare import FULL
+
+    out = {}
+    for name in FULL:
+        card = ROOT / "hooked_models" / "zoo" / name / "card.json"
+        if card.is_file():
+            out[name.split("-")[1]] = json.loads(card.read_text())["metrics"]["induction_score"]
+    return out
+
+
 def section(figure_dir=None) -> str | None:
     """The report's Markdown for the text comparison, or None when its CSV is not there."""
     from interp.zoo.paper.report import FIGURES, save_png
@@ -130,6 +181,7 @@ def section(figure_dir=None) -> str | None:
     if not path.is_file():
         return None
     rows = read_csv(path)
+    induction = zoo_induction()
     curves_path = FIGURES / CURVES_CSV
     figure = ""
     if figure_dir is not None and curves_path.is_file():
@@ -147,4 +199,4 @@ def section(figure_dir=None) -> str | None:
             "to each model's training context); `python -m interp.zoo.text_compare`.\n\n"
             + _table(rows) + figure + "\n\n" + " ".join(compare_text(rows))
             + f"\n\n{len({r['model'] for r in rows})} models, {cpu:.1f} CPU-hours of training."
-            + f"\n\n**Our reading.** {reading(rows)}")
+            + f"\n\n**Our reading.** {reading(rows, induction)}")

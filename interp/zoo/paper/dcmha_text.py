@@ -108,9 +108,14 @@ def reading(rows: list[dict], induction: dict[str, float] | None = None) -> str:
     if abs(gap) <= half or (gap > 0) == (short_gap > 0):
         return text + (f" The zoo's pair at 41M tokens (one seed each) gives MHA - DCMHA = "
                        f"{gap:+.3f} nats.")
-    text += (f" At 41M tokens the zoo's pair (one seed each) reverses the order: MHA - DCMHA "
-             f"= {gap:+.3f} nats, beyond the 10M-token runs' seed scale (95% half-width up to "
-             f"{half:.3f})")
+    _, lo, hi = welch_interval(mha, dc)
+    separated = lo > 0 or hi < 0
+    text += (" At 41M tokens the zoo's pair (one seed each) "
+             + ("reverses the order" if separated else
+                f"reverses the order of the 10M-token means (MHA - DCMHA {short_gap:+.3f}, "
+                f"not separated)")
+             + f": MHA - DCMHA = {gap:+.3f} nats, beyond the 10M-token runs' seed scale (95% "
+             f"half-width up to {half:.3f})")
     if induction and {"mha", "dcmha"} <= set(induction):
         from interp.zoo.text_studies import INDUCTION_THRESHOLD
 
@@ -124,8 +129,10 @@ def reading(rows: list[dict], induction: dict[str, float] | None = None) -> str:
                      f"not ({scores})")
         else:
             text += f" ({scores})"
-    return text + (". DCMHA's early lead does not last to our full budget; with one seed at "
-                   "41M tokens that is an observation, not an interval.")
+    leader = "MHA" if gap > 0 else "DCMHA"
+    return text + (f". {leader}'s {'lead' if separated else 'small lead in the means'} at 10M "
+                   f"tokens does not last to our full budget; with one seed at 41M tokens that "
+                   f"is an observation, not an interval.")
 
 
 def _short_reading(rows: list[dict], mha: list[float], dc: list[float], welch) -> str:

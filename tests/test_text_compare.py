@@ -75,8 +75,9 @@ def test_window_losses_match_a_naive_cross_entropy(release):
 def test_rows_curves_and_csv_round_trip(release, tmp_path):
     models = text_compare.find_models(release, release)
     windows = load_eval_tokens(models["text-mha-l2"])
-    rows = text_compare.model_rows("text-dcmha-l2-short-s1", models["text-dcmha-l2-short-s1"],
-                                   windows)
+    short = models["text-dcmha-l2-short-s1"]
+    rows = text_compare.model_rows("text-dcmha-l2-short-s1", short, windows,
+                                   text_compare.read_card(short))
     assert [(r["compose"], r["seed"], r["variant"]) for r in rows] == [("on", 1, "dcmha"),
                                                                        ("off", 1, "dcmha")]
     assert rows[0]["ctx"] == 64                           # the smoke curriculum ends at n_ctx
@@ -84,9 +85,10 @@ def test_rows_curves_and_csv_round_trip(release, tmp_path):
     assert rows[0]["val_loss"] == pytest.approx(
         float(text_compare.window_losses(model, windows).mean()), abs=1e-4)
     assert rows[1]["val_loss"] != rows[0]["val_loss"]     # the knock-out changes the model
-    mha_rows = text_compare.model_rows("text-mha-l2", models["text-mha-l2"], windows)
+    mha = models["text-mha-l2"]
+    mha_rows = text_compare.model_rows("text-mha-l2", mha, windows, text_compare.read_card(mha))
     assert [r["compose"] for r in mha_rows] == ["on"]     # no Compose to knock out
-    curves = text_compare.curve_rows("text-mha-l2", models["text-mha-l2"])
+    curves = text_compare.curve_rows("text-mha-l2", mha, text_compare.read_card(mha))
     assert [c["step"] for c in curves] == [2, 4]
     text_compare.write_csv(rows, tmp_path / "r.csv")
     assert text_compare.read_csv(tmp_path / "r.csv") == rows
@@ -181,7 +183,8 @@ def test_committed_rows_of_the_zoo_models_recompute():
     assert set(text_compare.FULL) <= names <= set(text_compare.SHORT) | set(text_compare.FULL)
     windows = load_eval_tokens(ZOO / text_compare.WINDOWS_FROM)
     for name in text_compare.FULL:
-        fresh = text_compare.model_rows(name, ZOO / name, windows)
+        fresh = text_compare.model_rows(name, ZOO / name, windows,
+                                        text_compare.read_card(ZOO / name))
         mine = [r for r in rows if r["model"] == name]
         assert [(r["ctx"], r["compose"]) for r in fresh] == [(r["ctx"], r["compose"])
                                                               for r in mine]

@@ -32,7 +32,7 @@ import torch
 
 from hooked_models.model import HookedVariantTransformer
 from interp.zoo.paper.dcmha import knockout_hooks
-from interp.zoo.text_eval import load_eval_tokens
+from interp.zoo.text_eval import chunk_losses, load_eval_tokens
 
 FIELDS = ("model", "variant", "seed", "steps", "tokens", "parameters", "ctx", "compose",
           "val_loss", "cpu_time_s")
@@ -42,17 +42,11 @@ FULL = ("text-mha-l2", "text-dcmha-l2")
 WINDOWS_FROM = "text-mha-l2"       # whose stored validation windows every model is scored on
 
 
-@torch.no_grad()
 def window_losses(model, windows: torch.Tensor, fwd_hooks=(), batch: int = 8) -> torch.Tensor:
     """`[n_windows]` mean next-token loss of each window (every position after BOS)."""
     model.eval()
-    out = []
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
-        for i in range(0, len(windows), batch):
-            chunk = windows[i:i + batch].to(model.W_E.device)
-            per = model(chunk, return_type="loss", loss_per_token=True).float()
-            out.append(per.mean(-1).cpu())
-    return torch.cat(out)
+    return torch.cat([per.mean(-1).cpu() for per in chunk_losses(model, windows, batch,
+                                                                   fwd_hooks)])
 
 
 def trained_ctx(card: dict, model) -> int:
@@ -67,12 +61,15 @@ def trained_ctx(card: dict, model) -> int:
     return ctx
 
 
-def model_rows(name: str, directory, windows: torch.Tensor) -> list[dict]:
-    """Rows of `FIELDS` for one released model: validation loss at the context it ended
-    training at (and at 256 when that is longer, to line up with the short runs), DCMHA also
-    with Compose off."""
+def read_card(directory) -> dict:
+    return json.loads((Path(directory) / "card.json").read_text())
+
+
+def model_rows(name: str, directory, windows: torch.Tensor, card: dict) -> list[dict]:
+    """Rows of `FIELDS` for one released model (`card`: its card.json): validation loss at the
+    context it ended training at (and at 256 when that is longer, to line up with the short
+    runs), DCMHA also with Compose off."""
     directory = Path(directory)
-    card = json.loads((directory / "card.json").read_text())
     model = HookedVariantTransformer.from_pretrained(directory, device="cpu")
     variant = model.cfg.attention
     end_ctx = trained_ctx(card, model)
@@ -92,10 +89,9 @@ def model_rows(name: str, directory, windows: torch.Tensor) -> list[dict]:
     return rows
 
 
-def curve_rows(name: str, directory) -> list[dict]:
+def curve_rows(name: str, directory, card: dict) -> list[dict]:
     """Rows of `CURVE_FIELDS`: the validation loss each evaluation of the training log
     recorded (16 windows at the run's context of that moment)."""
-    card = json.loads((Path(directory) / "card.json").read_text())
     rows = []
     for line in (Path(directory) / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -168,8 +164,9 @@ def main(argv=None) -> None:
     windows = load_eval_tokens(models[WINDOWS_FROM])
     rows, curves = [], []
     for name, directory in models.items():
-        rows += model_rows(name, directory, windows)
-        curves += curve_rows(name, directory)
+        card = read_card(directory)
+        rows += model_rows(name, directory, windows, card)
+        curves += curve_rows(name, directory, card)
         print(name, [(r["ctx"], r["compose"], r["val_loss"]) for r in rows if r["model"] == name],
               flush=True)
     write_csv(rows, args.csv)

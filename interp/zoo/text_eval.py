@@ -54,13 +54,20 @@ def load_eval_tokens(directory) -> torch.Tensor:
     return load_file(str(path))["val_windows"].long()
 
 
-@torch.no_grad()
+def chunk_losses(model, windows: torch.Tensor, batch: int = 8, fwd_hooks=()):
+    """Yield `[b pos-1]` next-token losses of `windows`, `batch` windows at a time (no grad,
+    with `fwd_hooks` attached), for callers to reduce per position or per window."""
+    with torch.no_grad(), model.hooks(fwd_hooks=list(fwd_hooks)):
+        for i in range(0, len(windows), batch):
+            chunk = windows[i:i + batch].to(model.W_E.device)
+            yield model(chunk, return_type="loss", loss_per_token=True).float()
+
+
 def position_losses(model, windows: torch.Tensor, batch: int = 8) -> torch.Tensor:
     """`[pos-1]` mean next-token loss at each position over `windows`."""
     total = None
-    for i in range(0, len(windows), batch):
-        chunk = windows[i:i + batch].to(model.W_E.device)
-        per = model(chunk, return_type="loss", loss_per_token=True).float().sum(0)
+    for per in chunk_losses(model, windows, batch):
+        per = per.sum(0)
         total = per if total is None else total + per
     return (total / len(windows)).cpu()
 

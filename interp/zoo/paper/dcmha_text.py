@@ -5,6 +5,8 @@ recomputes the zoo models' rows from their weights."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from interp.zoo.text_compare import losses
 
 PHENOMENON = "dcmha-text-lm"
@@ -51,20 +53,39 @@ def _table(rows: list[dict]) -> str:
                            "Compose", "val loss", "CPU-h"], body)
 
 
-def compare_text(rows: list[dict]) -> list[str]:
-    """The reading's sentences, each number from `rows`."""
-    from interp.zoo.paper.report import describe, t_interval, welch_interval
+@dataclass(frozen=True)
+class ShortRuns:
+    """The 10M-token runs' validation losses (context 256, Compose on) and, with >= 2 seeds of
+    each, the Welch interval of MHA - DCMHA and the larger of the two 95% half-widths."""
+    mha: list[float]
+    dcmha: list[float]
+    welch: tuple[float, float, float] | None = None     # (difference, low, high)
+    half: float | None = None
 
-    mha, dc = losses(rows, "mha", short=True), losses(rows, "dcmha", short=True)
+    @classmethod
+    def of(cls, rows: list[dict]) -> ShortRuns:
+        from interp.zoo.paper.report import t_interval, welch_interval
+
+        mha, dc = losses(rows, "mha", short=True), losses(rows, "dcmha", short=True)
+        if min(len(mha), len(dc)) < 2:
+            return cls(mha, dc)
+        half = max(t_interval(x)[2] - t_interval(x)[0] for x in (mha, dc))
+        return cls(mha, dc, welch_interval(mha, dc), half)
+
+
+def compare_text(rows: list[dict], short: ShortRuns | None = None) -> list[str]:
+    """The reading's sentences, each number from `rows` (`short`: `ShortRuns.of(rows)`)."""
+    from interp.zoo.paper.report import describe
+
+    short = short or ShortRuns.of(rows)
+    mha, dc = short.mha, short.dcmha
     if not mha or not dc:
         return ["The short runs are not all evaluated yet: no seed comparison."]
     lines = [f"At 10M tokens (context 256): MHA {describe(mha, fmt=loss3, clip=None)}; DCMHA "
              f"{describe(dc, fmt=loss3, clip=None)} nats."]
-    spread = None   # the larger 95% half-width of the two variants
-    if min(len(mha), len(dc)) >= 2:
-        d, lo, hi = welch_interval(mha, dc)
-        spread = max(t_interval(mha)[2] - t_interval(mha)[0],
-                     t_interval(dc)[2] - t_interval(dc)[0])
+    spread = short.half   # the larger 95% half-width of the two variants
+    if short.welch is not None:
+        d, lo, hi = short.welch
         gap = f"MHA - DCMHA = {d:+.3f} nats (Welch 95% interval {lo:+.3f} to {hi:+.3f})"
         lines.append(f"DCMHA's loss is lower: {gap}, separated from 0 at 95%." if lo > 0 else
                      f"MHA's loss is lower: {gap}, separated from 0 at 95%." if hi < 0 else
@@ -88,27 +109,26 @@ def compare_text(rows: list[dict]) -> list[str]:
     return lines
 
 
-def reading(rows: list[dict], induction: dict[str, float] | None = None) -> str:
+def reading(rows: list[dict], induction: dict[str, float] | None = None,
+            short: ShortRuns | None = None) -> str:
     """Whether the paper's claim reproduces at our scale: the short runs' interval, then
     whether the zoo's one-seed pair at 41M tokens keeps the order (`induction`: the zoo
-    models' induction scores from their cards, `{variant: score}`, when known)."""
-    from interp.zoo.paper.report import t_interval, welch_interval
-
-    mha, dc = losses(rows, "mha", short=True), losses(rows, "dcmha", short=True)
-    if min(len(mha), len(dc)) < 2:
+    models' induction scores from their cards, `{variant: score}`, when known; `short`:
+    `ShortRuns.of(rows)`)."""
+    short = short or ShortRuns.of(rows)
+    if short.welch is None:
         return "Too few seeds for a reading."
-    text = _short_reading(rows, mha, dc, welch_interval(mha, dc))
+    text = _short_reading(rows, short.welch)
     fm, fd = losses(rows, "mha", short=False, ctx=512), losses(rows, "dcmha", short=False,
                                                                ctx=512)
     if not (fm and fd):
         return text
-    half = max(t_interval(x)[2] - t_interval(x)[0] for x in (mha, dc))
+    half = short.half
     gap = fm[0] - fd[0]
-    short_gap = sum(mha) / len(mha) - sum(dc) / len(dc)
+    short_gap, lo, hi = short.welch
     if abs(gap) <= half or (gap > 0) == (short_gap > 0):
         return text + (f" The zoo's pair at 41M tokens (one seed each) gives MHA - DCMHA = "
                        f"{gap:+.3f} nats.")
-    _, lo, hi = welch_interval(mha, dc)
     separated = lo > 0 or hi < 0
     text += (" At 41M tokens the zoo's pair (one seed each) "
              + ("reverses the order" if separated else
@@ -135,7 +155,7 @@ def reading(rows: list[dict], induction: dict[str, float] | None = None) -> str:
                    f"is an observation, not an interval.")
 
 
-def _short_reading(rows: list[dict], mha: list[float], dc: list[float], welch) -> str:
+def _short_reading(rows: list[dict], welch) -> str:
     """The short runs' verdict on the paper's direction."""
     _, lo, hi = welch
     params = {r["variant"]: r["parameters"] for r in rows if "-short-" in r["model"]}
@@ -188,6 +208,7 @@ def section(figure_dir=None) -> str | None:
     if not path.is_file():
         return None
     rows = read_csv(path)
+    short = ShortRuns.of(rows)
     induction = zoo_induction()
     curves_path = FIGURES / CURVES_CSV
     figure = ""
@@ -204,6 +225,6 @@ def section(figure_dir=None) -> str | None:
             "zoo's two models (41M tokens, 256 then 512 tokens of context). Validation loss on "
             "the zoo's held-out windows (64 x 512 tokens of files the training never saw, cut "
             "to each model's training context); `python -m interp.zoo.text_compare`.\n\n"
-            + _table(rows) + figure + "\n\n" + " ".join(compare_text(rows))
+            + _table(rows) + figure + "\n\n" + " ".join(compare_text(rows, short))
             + f"\n\n{len({r['model'] for r in rows})} models, {cpu:.1f} CPU-hours of training."
-            + f"\n\n**Our reading.** {reading(rows, induction)}")
+            + f"\n\n**Our reading.** {reading(rows, induction, short)}")

@@ -10,6 +10,9 @@ without them (CoPE on every k-th layer) are skipped, models without them raise V
   counted units are, and its mean position at the last query (how many units it sees).
 - `positional_attention`: softmax_j(q_i.e[p_ij]) over the allowed keys, the attention a head
   would pay on position alone (paper Fig. 4).
+- `gates_by_category`: per head, the mean gate by the key token's coarse category in Python
+  source (`token_category`: newline, indentation, identifier, ...): a head whose gates open on
+  newlines counts lines.
 
 Example:
     >>> gate_openers(model, tokens).head()                     # doctest: +SKIP
@@ -32,6 +35,9 @@ from interp._common import (
 )
 
 NEEDED = ("gates", "positions", "pos_logits")
+TOKEN_CATEGORIES = ("newline", "indentation", "identifier", "keyword-like", "number",
+                    "punctuation", "string/other")
+_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls"}
 
 
 def cope_layers(model) -> list[int]:
@@ -143,3 +149,49 @@ def positional_attention(model, tokens, layer: int) -> Tensor:
     out = torch.softmax(logits.double().masked_fill(~allowed, float("-inf")), dim=-1)
     out = torch.where(allowed.any(-1, keepdim=True), out, torch.zeros_like(out))
     return out.to(logits.dtype)
+
+
+def token_category(text: str) -> str:
+    """A coarse class of a token's text in Python source, one of `TOKEN_CATEGORIES`.
+
+    Example:
+        >>> token_category("\\n    "), token_category(" def"), token_category(" foo")
+        ('newline', 'keyword-like', 'identifier')
+    """
+    if "\n" in text:
+        return "newline"
+    if text and text.strip() == "":
+        return "indentation"
+    core = text.strip()
+    if core.isidentifier():
+        return "keyword-like" if core in _KEYWORDS else "identifier"
+    if core.replace("_", "").replace(".", "").isdigit():
+        return "number"
+    if core and all(not ch.isalnum() for ch in core):
+        return "punctuation"
+    return "string/other"
+
+
+def gates_by_category(model, tokens) -> pd.DataFrame:
+    """Mean CoPE gate per head and `token_category` of the key: what each head counts.
+
+    Returns `head_label`, `layer`, `head`, `category`, `count` (key positions of that
+    category) and `mean_gate` (each key's gate averaged over the queries that see it, then
+    over the category's keys). The BOS key is left out: a sink every query sees, not a unit of
+    text. Needs the model's tokenizer (to read each key's text).
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("gates_by_category reads each key's text: this model has no "
+                         "tokenizer (model.tokenizer is None)")
+    table = gate_openers(model, tokens, top=None)
+    bos = tokenizer.bos_token_id
+    if bos is not None:
+        table = table[table["token"] != bos].reset_index(drop=True)
+    strings = {t: tokenizer.decode([t]) for t in table["token"].unique()}
+    table["category"] = table["token"].map(lambda t: token_category(strings[t]))
+    table["weighted"] = table["mean_gate"] * table["count"]
+    grouped = table.groupby(["head_label", "layer", "head", "category"], as_index=False)[
+        ["weighted", "count"]].sum()
+    grouped["mean_gate"] = grouped["weighted"] / grouped["count"]
+    return grouped.drop(columns="weighted")

@@ -376,5 +376,5 @@ def test_existing_pages_report_bad_values(app):
     _, resp = call(app, "diversity-graph", {"ctl-model.value": "nope"})
     assert "unknown model 'nope'" in resp["response"]["diversity-error"]["children"]
     _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-mha",
-                                         "gating-text.value": ""})
+                                         "gating-text.value": ""}, changed="gating-run.n_clicks")
     assert "default text" in resp["response"]["gating-error"]["children"]

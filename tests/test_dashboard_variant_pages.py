@@ -15,7 +15,7 @@ from dashboards.app import create_app
 from dashboards.map_cache import MapCache
 from dashboards.pages import variants
 from dashboards.store import ModelStore
-from interp.cope import counted_units
+from interp.cope import counted_units, gates_by_category
 from interp.explore import explore_maps
 from interp.infini import memory_specialisation
 
@@ -174,8 +174,44 @@ def test_explanations_for_every_view_and_diversity_gating_for_every_variant(app,
                                                 "diversity-composed.value": []})
         assert resp["response"]["diversity-error"]["children"] == "", name
         _, resp = call(app, "gating-gates", {"ctl-model.value": name,
-                                             "gating-text.value": TEXT})
+                                             "gating-text.value": TEXT},
+                       changed="gating-text.n_blur")
         assert resp["response"]["gating-error"]["children"] == "", name
+
+
+def test_gating_shows_what_each_cope_head_counts(app, store):
+    """CoPE has no per-head gate stage: the page shows its gates by key category instead of an
+    empty figure, the numbers those of interp.cope.gates_by_category."""
+    _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-cope",
+                                         "gating-text.value": TEXT}, changed="gating-run.n_clicks")
+    fig = resp["response"]["gating-gates"]["figure"]
+    assert fig["data"][0]["type"] == "heatmap" and "counts" in fig["layout"]["title"]["text"]
+    model = store.get("tiny-cope")
+    table = gates_by_category(model, model.to_tokens(TEXT))
+    assert set(table["category"]) == set(fig["data"][0]["x"])
+    grid = table.pivot_table(index="head_label", columns="category", values="mean_gate")
+    assert list(grid.index) == fig["data"][0]["y"]
+    z = array(fig["data"][0]["z"]).astype(float).reshape(grid.shape)
+    assert np.allclose(z, grid.to_numpy(), equal_nan=True)
+    assert ((0 <= table["mean_gate"]) & (table["mean_gate"] <= 1)).all()
+    bos = model.tokenizer.bos_token_id
+    tokens = model.to_tokens(TEXT)[0]
+    keys = int((tokens != bos).sum()) if bos is not None else len(tokens)
+    assert (table.groupby("head_label")["count"].sum() == keys).all()   # every key, once
+
+
+def test_gating_model_change_uses_the_new_models_default_text(app):
+    """The box still holds the old model's text when the model changes (and is empty at the
+    first draw): the page must not run the new model on it; leaving the box or run applies
+    it."""
+    _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-mta",
+                                         "gating-text.value": "z" * 500},
+                   changed="ctl-model.value")
+    assert resp["response"]["gating-error"]["children"] == ""
+    _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-mta",
+                                         "gating-text.value": "z" * 500},
+                   changed="gating-text.n_blur")
+    assert "tiny-mta reads at most 48" in resp["response"]["gating-error"]["children"]
 
 
 def test_model_change_picks_a_view_the_model_has(app):

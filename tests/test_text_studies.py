@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from dashboards.cli import main as cli_main
+from interp.cope import token_category
 from interp.zoo import zoo_docs
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
@@ -16,7 +17,6 @@ from interp.zoo.text_studies import (
     induction_study,
     released_models,
     run_studies,
-    token_category,
     training_logs,
 )
 

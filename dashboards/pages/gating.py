@@ -1,27 +1,50 @@
-"""Gating specialization: every per-head gate of the catalogue, and Infini-attention's
-memory-vs-local split of each head on the model's default input."""
+"""Gating specialization: every per-head gate of the catalogue, Infini-attention's
+memory-vs-local split of each head, and, for CoPE (whose gates are per query-key pair, not per
+head), what each head counts: its mean gate by the key token's category."""
 
 from __future__ import annotations
 
-from dash import Input, Output, dcc, html
+from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards.figures import graph, loading
+from interp.cope import cope_layers, gates_by_category
 from interp.gating import gate_values
 from interp.infini import CLASS_NAMES, memory_layers, memory_specialisation
-from interp.plots import gate_figure, memory_figure
+from interp.plots import cope_category_figure, gate_figure, memory_figure
 
 TITLE = "Gating"
 ID = "gating"
+COPE_NOTE = ("CoPE's gates are one per (query, key) pair: each key's gate averaged over the "
+             "queries that see it, then over the keys of each category (BOS left out); the "
+             "full maps are on the Variants page.")
 
 
 def layout(store):
     return html.Div([
         html.P("The model is the bar's \"one-model pages\" choice.", style={"color": "#555"}),
-        dcc.Input(id="gating-text", type="text", debounce=True, placeholder="input text",
-                  style={"width": "100%", "marginTop": "8px"}),
+        html.Div([
+            dcc.Textarea(id="gating-text", value="", rows=6, placeholder="input text (empty: "
+                         "the model's default text); applied on leaving the box or on run",
+                         style={"flex": "1", "fontFamily": "monospace"}),
+            html.Button("run", id="gating-run", n_clicks=0),
+        ], style={"display": "flex", "gap": "8px", "marginTop": "8px"}),
         html.Div(id="gating-error", style={"color": "#b00020"}),
         loading([graph("gating-gates"), graph("gating-memory")]),
     ])
+
+
+def _gates(model, tokens):
+    """The per-head gate figure; for a model with no per-head gate stage but CoPE layers,
+    the CoPE category view instead."""
+    # Infini's memory gate in the words of the memory figure below
+    table = gate_values(model, tokens)
+    if len(table) or not cope_layers(model):
+        return gate_figure(table, CLASS_NAMES if memory_layers(model) else None)
+    fig = cope_category_figure(gates_by_category(model, tokens))
+    fig.update_layout(title=dict(text="CoPE: what each head counts (mean gate by key token "
+                                 f"category)<br><sup>{COPE_NOTE}</sup>"),
+                      margin=dict(t=90))
+    return fig
 
 
 def register(app, store):
@@ -31,14 +54,17 @@ def register(app, store):
 
     @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
                   Output("gating-memory", "style"), Output("gating-error", "children"),
-                  Input("ctl-model", "value"), Input("gating-text", "value"))
-    def _update(name, text):
+                  Input("ctl-model", "value"), Input("gating-run", "n_clicks"),
+                  Input("gating-text", "n_blur"), State("gating-text", "value"))
+    def _update(name, _clicks, _blur, text):
+        if ctx.triggered_id in (None, "ctl-model"):
+            # the page's first draw, or a new model while the box still holds the previous
+            # model's text: this model's default text (what the box is about to show)
+            text = store.default_text.get(name, "")
         try:
             prompt = store.prompt(name, text)
             with store.using(name) as model:
-                # Infini's memory gate in the words of the memory figure below
-                names = CLASS_NAMES if memory_layers(model) else None
-                gates = gate_figure(gate_values(model, prompt.tokens), names)
+                gates = _gates(model, prompt.tokens)
                 if not memory_layers(model):
                     return gates, {}, {"display": "none"}, prompt.note
                 memory = memory_specialisation(model, prompt.tokens)

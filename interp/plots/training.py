@@ -105,9 +105,12 @@ def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
 
 def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     """Mean CoPE gate per head (rows) and key-token category (columns): what each head
-    counts. Sequential scale on [0, 1] with a colour bar."""
-    _need(table, ["model", "head_label", "category", "mean_gate"], "cope_category_figure")
-    table = table.assign(row=table["model"] + " " + table["head_label"])
+    counts (`interp.cope.gates_by_category`; rows named by `model` too when the table has that
+    column, several models' tables concatenated). Sequential scale on [0, 1] with a colour
+    bar."""
+    _need(table, ["head_label", "category", "mean_gate"], "cope_category_figure")
+    row = table["head_label"]
+    table = table.assign(row=table["model"] + " " + row if "model" in table else row)
     grid = table.pivot_table(index="row", columns="category", values="mean_gate")
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
                                zmin=0, zmax=1, colorscale=SEQUENTIAL,

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from interp.cope import gate_openers
+from interp.cope import gates_by_category
 from interp.diversity import diversity_summary, head_diversity
 from interp.gating import gate_values
 from interp.infini import memory_specialisation
@@ -50,8 +50,6 @@ COPY_DISTANCES = (20, 50, 100, 150, 200, 255)
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
 # text-<variant>-<shape>, the data-mix twins as shape "l2-mix" (their own rows, beside "l2")
 NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix)?)$")
-TOKEN_CATEGORIES = ("newline", "indentation", "identifier", "keyword-like", "number",
-                    "punctuation", "string/other")
 
 
 def released_models(release_dir) -> dict[str, Path]:
@@ -185,42 +183,6 @@ def diversity_study(models: dict[str, Path], n_baseline: int = 2) -> tuple[pd.Da
     return pd.concat(curves, ignore_index=True), pd.concat(summaries, ignore_index=True)
 
 
-def token_category(text: str) -> str:
-    """A coarse class of a BPE token's text (Python source): see TOKEN_CATEGORIES."""
-    if "\n" in text:
-        return "newline"
-    if text and text.strip() == "":
-        return "indentation"
-    core = text.strip()
-    if core.isidentifier():
-        return "keyword-like" if core in _KEYWORDS else "identifier"
-    if core.replace("_", "").replace(".", "").isdigit():
-        return "number"
-    if core and all(not ch.isalnum() for ch in core):
-        return "punctuation"
-    return "string/other"
-
-
-_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls"}
-
-
-def cope_categories(model, windows: torch.Tensor) -> pd.DataFrame:
-    """Mean CoPE gate per head and token category of the key (what the head counts). The BOS
-    key that leads every window is left out: it is a sink every query sees, not a unit of
-    text (with it, 'string/other' topped every head on 2 keys a window)."""
-    table = gate_openers(model, windows, top=None)
-    bos = model.tokenizer.bos_token_id
-    if bos is not None:
-        table = table[table["token"] != bos].reset_index(drop=True)
-    strings = {t: model.tokenizer.decode([t]) for t in table["token"].unique()}
-    table["category"] = table["token"].map(lambda t: token_category(strings[t]))
-    table["weighted"] = table["mean_gate"] * table["count"]
-    grouped = table.groupby(["head_label", "layer", "head", "category"], as_index=False)[
-        ["weighted", "count"]].sum()
-    grouped["mean_gate"] = grouped["weighted"] / grouped["count"]
-    return grouped.drop(columns="weighted")
-
-
 def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dict[str,
                                                                                  pd.DataFrame]:
     """Per variant, the gating tables of its models (a `model` column each):
@@ -248,7 +210,7 @@ def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dic
             gates = gate_values(model, windows)
             add("dcmha_dynamic", gates[gates["stage"].str.endswith("dd")], name)
         elif variant == "cope":
-            add("cope_categories", cope_categories(model, windows), name)
+            add("cope_categories", gates_by_category(model, windows), name)
     return {k: pd.concat(v, ignore_index=True) for k, v in out.items()}
 
 

@@ -113,9 +113,11 @@ def test_memory_knockout_changes_the_output():
 
 def test_grid_figure(tmp_path):
     fig = infini.grid_figure([_card(0, 0.9, 0.3), _card(1, 0.7, 0.1)])
-    z = fig.data[0].z
+    z = fig.data[0].z                              # token accuracy, mean of the seeds
     assert len(z) == len(infini.FACTORS) and z[0][0] == pytest.approx(0.8)
     assert z[-1][-1] == pytest.approx(0.2)
+    exact = fig.data[1].z                          # exact key
+    assert exact[0][0] == pytest.approx(0.4) and exact[-1][-1] == pytest.approx(0.1)
 
 
 def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):

@@ -287,3 +287,14 @@ def test_partial_groups_claim_nothing_without_intervals(no_drawing):
              != "nope"]
     text = cope.reading("cope-flipflop-long", cards)
     assert text.count("One seed of NoPE so far, no interval") == 4 and "on no split" in text
+
+
+def test_budget_counts_cpu_time_when_every_card_has_it():
+    cards = [{"train_seconds": 3600.0, "cpu_seconds": 2700.0, "device": "cpu (1 thread)"},
+             {"train_seconds": 7200.0, "cpu_seconds": 6300.0, "device": "cpu (1 thread)"}]
+    text = report.budget_spent(cards)
+    assert text.startswith("Budget spent: 2.5 CPU-hours of training (the sum of the 2 runs' "
+                           "process CPU times") and "3.0 hours of wall time" in text
+    del cards[0]["cpu_seconds"]           # one legacy card: wall times for all
+    assert "3.0 CPU-hours of training (the sum of the 2 runs' wall times" in \
+        report.budget_spent(cards)

@@ -139,6 +139,10 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     with pytest.raises(_Stop):
         train_recipe(recipe, tmp_path / "split", interrupted, run_root=tmp_path / "b")
     assert not (tmp_path / "split").exists()
+    from hooked_models.train_state import latest_checkpoint, load_timing
+
+    run = tmp_path / "b" / recipe.name
+    first = load_timing(latest_checkpoint(run))          # the interrupted piece, to step 3
     resumed = train_recipe(recipe, tmp_path / "split", _sample(recipe), run_root=tmp_path / "b")
     for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values(),
                             strict=True):
@@ -150,6 +154,11 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     assert card["seed"] == recipe.seed and card["steps"] == 6
     assert card["train_command"] == f"python -m interp.zoo.paper train {recipe.name} --resume"
     assert card["train_seconds"] >= 0 and card["device"].startswith(("cpu", "cuda"))
+    # the time counts the interrupted piece too: the checkpoints carry it across the resume
+    last = load_timing(latest_checkpoint(run))
+    assert last["from_step"] == 0 and last["wall_s"] >= first["wall_s"] > 0
+    assert card["train_seconds"] == round(last["wall_s"], 1)
+    assert card["cpu_seconds"] == round(last["cpu_s"], 1)
     assert card["train_loss_curve"][-1][0] == 6
     assert card["final_train_loss"] == card["train_loss_curve"][-1][1]
     assert isinstance(loaded.cfg, VariantConfig) and loaded.cfg.seed == recipe.seed

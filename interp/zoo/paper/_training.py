@@ -93,6 +93,23 @@ def _read_wall(run_dir: Path) -> float:
     return json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
 
 
+def run_timing(run_dir: Path, legacy_wall: float) -> dict:
+    """The card's `train_seconds` (wall) and `cpu_seconds` (process CPU time) of a run.
+
+    From the latest checkpoint's `timing`, which the trainer carries across resumes and which
+    therefore counts the pieces a session's end interrupted. A run whose first checkpoints
+    predate that count (`from_step` > 0) falls back on `legacy_wall`, the sum over the
+    training processes that ran to their end (`WALL_FILE`: a lower bound), with no CPU time.
+    """
+    from hooked_models.train_state import latest_checkpoint, load_timing
+
+    ckpt = latest_checkpoint(run_dir)
+    timing = load_timing(ckpt) if ckpt is not None else None
+    if timing is None or timing.get("from_step"):
+        return {"train_seconds": round(legacy_wall, 1)}
+    return {"train_seconds": round(timing["wall_s"], 1), "cpu_seconds": round(timing["cpu_s"], 1)}
+
+
 def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
                  run_root: Path | None = None,
                  evaluate: Callable[[object], dict] | None = None) -> HookedVariantTransformer:
@@ -125,7 +142,7 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
         **({"stopped_early": stopped} if cfg.early_stop_patience else {}),
         **({"best_step": _best_step(run_dir)} if cfg.early_stop_keep_best else {}),
         "train_command": f"{CLI} train {recipe.name} --resume",
-        "train_seconds": round(wall, 1), "device": device_name(),
+        **run_timing(run_dir, wall), "device": device_name(),
         "final_train_loss": final_loss, "train_loss_curve": curve,
     }
     # Every shipped model carries its tokenizer (DESIGN.md contract 6): the task's vocabulary.

@@ -241,19 +241,26 @@ def _mean(cards: list[dict], key: str) -> float:
 
 
 def grid_figure(cards: list[dict]):
-    """Plotly heatmap of the token accuracy (mean over the cards' seeds), length x depth."""
+    """Plotly heatmaps, length x depth, of the token accuracy and of the exact-key accuracy
+    (the whole key right: the paper's measure), each the mean over the cards' seeds."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     length = train_length(cards)
-    z = [[_mean(cards, f"acc_x{f}_d{d:.2f}") for d in DEPTHS] for f in FACTORS]
-    fig = go.Figure(go.Heatmap(z=z, x=[f"{d:g}" for d in DEPTHS],
-                               y=[f"{f}x ({f * length})" for f in FACTORS],
-                               zmin=0, zmax=1, colorscale="Viridis", text=z,
-                               texttemplate="%{text:.2f}", colorbar=dict(title="accuracy")))
-    fig.update_layout(title=f"Passkey token accuracy, trained at {length} tokens "
-                            f"(Infini, {SEGMENT_LEN}-token segments)",
-                      xaxis_title="depth of the key", yaxis_title="length", width=640,
-                      height=420)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=["token accuracy", "exact key (whole key right)"])
+    for col, kind in enumerate(("acc", "exact"), start=1):
+        z = [[_mean(cards, f"{kind}_x{f}_d{d:.2f}") for d in DEPTHS] for f in FACTORS]
+        fig.add_trace(go.Heatmap(z=z, x=[f"{d:g}" for d in DEPTHS],
+                                 y=[f"{f}x ({f * length})" for f in FACTORS], zmin=0, zmax=1,
+                                 colorscale="Viridis", text=z, texttemplate="%{text:.2f}",
+                                 colorbar=dict(title="accuracy"), showscale=col == 2),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="depth of the key", row=1, col=col)
+    seeds = f"{len(cards)} seed{'s' * (len(cards) > 1)}"
+    fig.update_layout(title=f"Passkey retrieval, trained at {length} tokens (Infini, "
+                            f"{SEGMENT_LEN}-token segments; mean of {seeds})",
+                      yaxis_title="length", width=980, height=440)
     return fig
 
 

@@ -199,19 +199,25 @@ def _threads(device: str) -> int | None:
 
 
 def budget_spent(cards: list[dict]) -> str:
-    """The training budget the cards spent: the sum of their wall times (`train_seconds`) in
-    CPU-hours, the devices, and core-hours (wall time x threads) when a run used several."""
+    """The training budget the cards spent: the sum of their process CPU times
+    (`cpu_seconds`, counted across resumed pieces) in CPU-hours when every card has one, else
+    of their wall times (`train_seconds`), with the devices, and core-hours (wall time x
+    threads) when a run used several."""
     hours = sum(c.get("train_seconds", 0) for c in cards) / 3600
     devices = ", ".join(sorted({c.get("device", "?") for c in cards}))
     threads = [_threads(c.get("device", "")) for c in cards]
-    n = f"{len(cards)} run{'s' * (len(cards) > 1)}"
+    n = f"{len(cards)} runs'" if len(cards) > 1 else "1 run's"     # possessive
+    if all("cpu_seconds" in c for c in cards):
+        cpu = sum(c["cpu_seconds"] for c in cards) / 3600
+        return (f"Budget spent: {cpu:.1f} CPU-hours of training (the sum of the {n} process "
+                f"CPU times, `cpu_seconds`; {hours:.1f} hours of wall time) on {devices}.")
     if all(t is not None for t in threads):
         core = sum(c.get("train_seconds", 0) * t for c, t in zip(cards, threads,
                                                                   strict=True)) / 3600
         cores = f", {core:.1f} core-hours" if max(threads) > 1 else ""
-        return (f"Budget spent: {hours:.1f} CPU-hours of training (the sum of the {n}' wall "
+        return (f"Budget spent: {hours:.1f} CPU-hours of training (the sum of the {n} wall "
                 f"times, `train_seconds`) on {devices}{cores}.")
-    return (f"Budget spent: {hours:.1f} hours of training (the sum of the {n}' wall times, "
+    return (f"Budget spent: {hours:.1f} hours of training (the sum of the {n} wall times, "
             f"`train_seconds`) on {devices}.")
 
 

@@ -7,8 +7,11 @@ grow with the stream. Feeding a sequence in any chunking gives the same logits a
 forward over it (same segment boundaries, same arithmetic). The stream is not limited by n_ctx.
 
 Hooks: the per-token hooks (embed, resid, q/k/v, rot_q/rot_k, z, attn_out, mlp) fire for every
-chunk; the attention stage hooks, which span the whole context, fire only in one-shot forwards.
-Inspect the memory with `stream.memory(layer)`.
+chunk, and the attention stages `a_dot`, `a_mem` (`[batch piece head_index d_head]`) and `gate`
+(`[batch head_index]`) for every segment piece of it, so a hook that edits them (the memory
+knock-out: `a_mem` or `gate` to 0) acts as in a one-shot forward. The stages that span the whole
+context (`pattern`, `mem_weights`, `memory`, ...) cannot fire on a stream: `feed` raises
+ValueError while one is hooked. Inspect the memory with `stream.memory(layer)`.
 
 Example:
     >>> from hooked_models import VariantConfig, HookedVariantTransformer

@@ -139,3 +139,66 @@ def test_bad_models_and_inputs():
         stream.feed(torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="prompt"):
         InfiniStream(infini(4)).generate(2)
+
+
+# -- attention-stage hooks on a stream -------------------------------------------------------
+
+def _knockouts(model):
+    zero = lambda x, hook: torch.zeros_like(x)            # noqa: E731
+    scale = lambda x, hook: 0.5 * x                        # noqa: E731
+    return {"a_mem zeroed": [(f"blocks.{i}.attn.hook_a_mem", zero)
+                             for i in range(model.cfg.n_layers)],
+            "gate zeroed": [("blocks.0.attn.hook_gate", zero)],
+            "a_dot halved": [("blocks.1.attn.hook_a_dot", scale)]}
+
+
+@pytest.mark.parametrize("update", ["linear", "delta"])
+def test_stage_edits_on_a_stream_equal_the_one_shot_edits_float64(update):
+    """The memory knock-out (and any a_dot / a_mem / gate edit) acts on a stream exactly as in
+    one forward, in any chunking; each edit changes the output (it is not ignored)."""
+    model = infini(5, update, dtype="float64")
+    tokens = random_tokens(model, batch=2, pos=31)
+    with torch.no_grad():
+        plain = model(tokens)
+    for name, hooks in _knockouts(model).items():
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            full = model(tokens)
+        assert (full - plain).abs().max() > 1e-3, name
+        for chunks in ([31], [1] * 31, [3, 7, 2, 9, 10]):
+            with model.hooks(fwd_hooks=hooks):
+                out, _ = stream_in_chunks(model, tokens, chunks)
+            torch.testing.assert_close(out, full, atol=1e-12, rtol=0, msg=f"{name} {chunks}")
+
+
+def test_stream_stage_hooks_see_the_one_shot_values_per_piece():
+    model = infini(4, "delta", dtype="float64")
+    tokens = random_tokens(model, batch=1, pos=14)
+    _, cache = model.run_with_cache(tokens)
+    seen = {"a_mem": [], "a_dot": [], "gate": []}
+
+    def keep(x, hook):
+        seen[hook.name.split("_", 1)[1]].append(x.clone())
+
+    hooks = [(f"blocks.0.attn.hook_{s}", keep) for s in seen]
+    with model.hooks(fwd_hooks=hooks):
+        stream_in_chunks(model, tokens, [6, 8])       # pieces 4+2, 2+4+2: 5 pieces
+    assert [x.shape[1] for x in seen["a_mem"]] == [4, 2, 2, 4, 2]
+    for stage in ("a_mem", "a_dot"):
+        torch.testing.assert_close(torch.cat(seen[stage], 1), cache[f"blocks.0.attn.hook_{stage}"],
+                                   atol=1e-12, rtol=0)
+    assert all(torch.equal(g, cache["blocks.0.attn.hook_gate"]) for g in seen["gate"])
+
+
+def test_whole_context_stage_hooks_refuse_to_stream():
+    from hooked_models.attention.infini import STREAM_STAGES, WHOLE_CONTEXT_STAGES
+
+    model = infini(4)
+    names = {s.name for s in model.stages(0)}
+    assert names == set(STREAM_STAGES) | set(WHOLE_CONTEXT_STAGES)   # every stage has a rule
+    tokens = random_tokens(model, batch=1, pos=8)
+    for stage in WHOLE_CONTEXT_STAGES:
+        with model.hooks(fwd_hooks=[(f"blocks.1.attn.hook_{stage}", lambda x, hook: None)]):
+            with pytest.raises(ValueError, match=f"layer 1: hooks on \\['{stage}'\\] cannot "
+                                                 "run while streaming"):
+                InfiniStream(model).feed(tokens)
+    InfiniStream(model).feed(tokens)                  # the hooks are gone: streams again

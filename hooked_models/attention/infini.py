@@ -31,7 +31,9 @@ The memory states `memory` and `memory_z` are read-only records: z is computed f
 weights (`mem_weights`), not from M, and an edited M has no per-token weights, so a hook that
 returns (or leaves in place) a changed memory raises ValueError instead of being ignored. Knock
 the memory out by setting `hook_gate` to 0; edit what is read through `hook_mem_weights` or
-`hook_a_mem`.
+`hook_a_mem`. Streaming (`InfiniStream`) fires `a_dot`, `a_mem` and `gate` per segment piece,
+edits included, and raises ValueError while a whole-context stage (`WHOLE_CONTEXT_STAGES`) is
+hooked, since a stream never holds the whole context.
 
 Example:
     >>> from hooked_models import VariantConfig, HookedVariantTransformer
@@ -318,6 +320,14 @@ class InfiniAttention(VariantAttention):
         """
         N, md, opts = self.opts.segment_len, mem.memory_dtype(q.dtype), self.opts
         b, m, H, d = q.shape
+        spanning = [s.name for s in self.stages if s.name in WHOLE_CONTEXT_STAGES
+                    and is_observed(getattr(self, s.hook_name))]
+        if spanning:
+            raise ValueError(
+                f"layer {self.layer}: hooks on {spanning} cannot run while streaming: those "
+                "stages span the whole context, which a stream never holds. Streaming fires "
+                f"{list(STREAM_STAGES)} per segment piece (and the per-token hooks); read the "
+                "memory with InfiniStream.memory(layer), or run the input in one forward")
         if state.M is None:
             state.M, state.z = mem.empty_memory(b, H, d, v.shape[-1], md, q.device)
         elif state.M.shape[0] != b:
@@ -335,7 +345,15 @@ class InfiniAttention(VariantAttention):
             a_dot = mem.local_attention(qr[:, sl].to(md), k_rot.to(md), v_all.to(md), None,
                                         offset, self.cfg.attn_scale)
             a_mem = mem.retrieve(mem.sigma(q[:, sl].to(md)), state.M, state.z)
-            outs.append(mem.mix(a_mem, a_dot, self.gate, mem.memory_nonempty(state.z)))
+            a_dot = _fire(self.hook_a_dot, a_dot, q.dtype)
+            a_mem = _fire(self.hook_a_mem, a_mem, q.dtype)
+            nonempty = mem.memory_nonempty(state.z)
+            if is_observed(self.hook_gate):
+                gate = self.hook_gate(self.gate.to(q.dtype).expand(b, -1)).to(md)
+                g = gate[:, None, :, None] * nonempty[:, None, :, None]
+                outs.append(g * a_mem + (1 - g) * a_dot)
+            else:
+                outs.append(mem.mix(a_mem, a_dot, self.gate, nonempty))
             state.pos += sl.stop - sl.start
             if state.pos % N == 0:      # segment complete: write it to memory, drop its keys
                 state.M, state.z = mem.update(mem.sigma(k_all.to(md)), v_all.to(md), state.M,
@@ -348,6 +366,20 @@ class InfiniAttention(VariantAttention):
                 state.k_rot, state.k, state.v = k_rot, k_all, v_all
             i = sl.stop
         return torch.cat(outs, 1).to(q.dtype)
+
+
+# While streaming (`_stream`), `a_dot` and `a_mem` fire per segment piece `[batch piece
+# head_index d_head]` and `gate` per piece `[batch head_index]`, edits taking effect as in a
+# one-shot forward; the stages below span the whole context and refuse to stream while hooked.
+STREAM_STAGES = ("a_dot", "a_mem", "gate")
+WHOLE_CONTEXT_STAGES = ("attn_scores", "local_pattern", "mem_weights", "memory", "memory_z",
+                        "pattern")
+
+
+def _fire(point, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """`x` through hook `point` in the model's `dtype` (as a one-shot forward shows it), back
+    in `x`'s dtype; untouched (no rounding) while nothing observes the point."""
+    return point(x.to(dtype)).to(x.dtype) if is_observed(point) else x
 
 
 def _read_only(point, record: Tensor) -> None:

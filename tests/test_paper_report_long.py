@@ -6,6 +6,7 @@ verdicts follow the numbers. Synthetic cards only: no training, no model loading
 from __future__ import annotations
 
 import copy
+import re
 import statistics
 
 import pytest
@@ -191,6 +192,25 @@ def test_infini_long_reading_verdict_flips_with_the_numbers():
     assert "At 16x, exact key outside the last segment is not separated from the knock-out" in bad
     unsure = infini.reading("infini-passkey-long", _infini_cards(far=(0.5, 0.9, 1.0)))
     assert unsure.startswith("Not established (3 seeds")
+
+
+def test_infini_long_reading_compares_each_length_with_its_own_knockout():
+    good = infini.reading("infini-passkey-long", _infini_cards(far=(0.96, 0.97, 0.98)))
+    assert "up to 16x the training length (10240 tokens), not beyond" in good
+    assert "Baseline, memory read zeroed (same prompts): 1x token" in good and "; 16x token" in good
+    bad = infini.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06)))
+    assert "up to 1x the training length (640 tokens), not beyond" in bad
+    # a knock-out as good as the memory: no reach at all
+    flat = infini.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06), ko=0.99))
+    assert "At no length does the key outside the last segment come back whole" in flat
+    # cards evaluated when only 1x had a knock-out: 16x is read against the 1x baseline
+    old = _infini_cards(far=(0.05, 0.07, 0.06))
+    for card in old:
+        card["metrics"] = {k: v for k, v in card["metrics"].items() if not k.startswith("ko_")
+                           or re.match(r"ko_(acc|exact)_x1(_|$)", k)}
+    text = infini.reading("infini-passkey-long", old)
+    assert "not separated from the 1x knock-out baseline" in text and "; 2x token" not in text
+    assert "| 2x (1280), memory read zeroed |" not in infini.report_section(old)
 
 
 # --- cope-*-long --------------------------------------------------------------------------

@@ -506,7 +506,7 @@ def _long_section(cards: list[dict], figure_dir=None) -> str:
 def _long_reading(cards: list[dict]) -> str:
     """The reading of early-stopped runs: by length factor with intervals over seeds, against
     the memory knock-out, and whether the paper's length generalisation reproduces."""
-    from interp.zoo.paper.report import acc2, describe, span, t_interval, welch_interval
+    from interp.zoo.paper.report import acc2, short, span, t_interval, welch_interval
 
     cards = sorted(cards, key=lambda c: c.get("seed"))
     length = train_length(cards)
@@ -530,10 +530,12 @@ def _long_reading(cards: list[dict]) -> str:
                              f"{ci([_memory_exact(c, f) for c in cards])}" for f in FACTORS)
                  + ".")
     knocked = _knockouts(cards)
-    lines.append("Baseline, memory read zeroed (same prompts): " + "; ".join(
-        f"{f}x token {describe(vals(f'ko_acc_x{f}'), fmt=acc2)}, exact key outside the last "
-        f"segment {describe([_memory_exact(c, f, 'ko_') for c in cards], fmt=acc2)}"
-        for f in knocked) + ".")
+    seeds = " (1 seed, no intervals)" if len(cards) == 1 else " (mean [95% t-interval])"
+    lines.append(f"Baseline, memory read zeroed (same prompts; token / exact key outside the "
+                 f"last segment){seeds}: " + "; ".join(
+                     f"{f}x {short(vals(f'ko_acc_x{f}'), fmt=acc2)} / "
+                     f"{short([_memory_exact(c, f, 'ko_') for c in cards], fmt=acc2)}"
+                     for f in knocked) + ".")
     for f in (FACTORS[0], FACTORS[-1]):
         # each length against its own knock-out; cards evaluated before every length had one
         # fall back on the 1x baseline (said so)

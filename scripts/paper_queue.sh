@@ -6,7 +6,8 @@
 # Runs live under $RUNS = ${ATTNLENS_RUNS:-~/.cache/attnlens}/paper-zoo, outside the work
 # tree, so they continue in a later session on the same machine; each finished model is saved to
 # hooked_models/zoo/<name>/ with its card and evaluated (`python -m interp.zoo.paper train`).
-# A finished run is skipped in seconds (it resumes at its last step, or at its early stop).
+# A run that is finished, shipped and evaluated is skipped (`_training.up_to_date`); one finished
+# but not yet evaluated is saved and evaluated again.
 # Cheapest first: DCMHA vs MHA on the conjunction task (about 5-12 CPU-minutes each), then the
 # Infini passkey curriculum (about 0.3-1.3 CPU-s per step), then CoPE at 4 layers of d_model
 # 128 (0.13-0.28 CPU-s per step; the paper's 4 x 256 does not fit: interp/zoo/paper/cope.py),

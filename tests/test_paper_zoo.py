@@ -172,6 +172,26 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     assert written["eval_command"] == f"python -m interp.zoo.paper eval {recipe.name} --write"
 
 
+def test_a_finished_evaluated_run_is_up_to_date_and_nothing_else(tmp_path):
+    """`train --resume` skips what `up_to_date` says (no re-save, no re-evaluation that would
+    leave the shipped card without metrics meanwhile)."""
+    from interp.zoo.paper._training import EVAL_SEED, up_to_date
+
+    recipe, out, runs = _tiny(), tmp_path / "out", tmp_path / "runs"
+    assert not up_to_date(recipe, out, runs)                       # nothing yet
+    train_recipe(recipe, out, _sample(recipe), run_root=runs)
+    assert not up_to_date(recipe, out, runs)                       # trained, not evaluated
+    write_metrics(out, {"error_id": 0.5}, eval_seed=EVAL_SEED + 1)
+    assert not up_to_date(recipe, out, runs)                       # another eval seed
+    write_metrics(out, {"error_id": 0.5})
+    assert up_to_date(recipe, out, runs)
+    assert not up_to_date(_tiny(steps=9), out, runs)               # the recipe asks for more
+    assert not up_to_date(recipe, out, tmp_path / "elsewhere")     # no run to vouch for it
+    card = json.loads((out / "card.json").read_text())
+    (out / "card.json").write_text(json.dumps({**card, "steps": 3}))
+    assert not up_to_date(recipe, out, runs)                       # an older release
+
+
 def test_restart_without_resume_starts_over(tmp_path):
     recipe = _tiny(steps=3)
     first = train_recipe(recipe, tmp_path / "m", _sample(recipe), run_root=tmp_path / "r")

@@ -21,7 +21,13 @@ import torch
 
 from hooked_models.zoo import available, load
 from interp.zoo.paper._registry import all_recipes, module_of
-from interp.zoo.paper._training import EVAL_SEED, evaluate_model, write_metrics, zoo_dir
+from interp.zoo.paper._training import (
+    EVAL_SEED,
+    evaluate_model,
+    up_to_date,
+    write_metrics,
+    zoo_dir,
+)
 
 
 def _select(patterns: list[str]) -> list[str]:
@@ -82,6 +88,10 @@ def main(argv=None) -> None:
         recipes = all_recipes()
         for name in _select(args.names):
             recipe = recipes[name]
+            if args.resume and up_to_date(recipe, zoo_dir(name)):
+                print(f"{name}: finished, shipped and evaluated; skipped (eval {name} --write "
+                      "re-measures its card)", file=sys.stderr, flush=True)
+                continue
             print(f"training {name}", file=sys.stderr, flush=True)
             module_of(recipe).train(recipe, zoo_dir(name), resume=args.resume)
             _eval([name], write=True)

@@ -176,6 +176,25 @@ def _best_step(run_dir: Path) -> int | None:
     return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
+def up_to_date(recipe: Recipe, out_dir, run_root: Path | None = None) -> bool:
+    """Whether `out_dir` holds `recipe`'s finished run, evaluated: its card records the step
+    the run's latest checkpoint holds, the run had ended there (early stop or its ceiling) and
+    the card carries metrics at `EVAL_SEED`. `train --resume` skips such a recipe instead of
+    saving and evaluating it again (`eval --write` re-measures a card)."""
+    from hooked_models.train_state import latest_checkpoint, read_train_state
+
+    card_path = Path(out_dir) / "card.json"
+    run_dir = Path(run_root or default_run_root()) / recipe.name
+    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if not card_path.is_file() or ckpt is None:
+        return False
+    card = json.loads(card_path.read_text())
+    step = read_train_state(ckpt)["step"]
+    finished = card.get("stopped_early") or step == recipe.train["steps"]
+    return bool(card.get("recipe") == recipe.name and card.get("steps") == step and finished
+                and card.get("metrics") and card.get("eval_seed") == EVAL_SEED)
+
+
 def _run_end(run_dir: Path, max_steps: int) -> tuple[int, bool]:
     """(steps the run took, whether early stopping ended it), from its metrics log."""
     log = Path(run_dir) / METRICS_FILE

@@ -100,8 +100,12 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     On any failure the temp file is removed and `path` keeps its old content.
     """
     tmp = _new_temp(path)
+    mode = tmp.stat().st_mode & 0o777   # what the umask allows
     try:
         write(tmp)
+        # safetensors writes a file of its own, readable by its owner only (0600): give it the
+        # permissions every other checkpoint file gets
+        os.chmod(tmp, mode)
         _fsync(tmp)   # the data must be on disk before the rename makes it the checkpoint
         os.replace(tmp, path)
     except BaseException:

@@ -375,3 +375,19 @@ def test_dtype_conversions_keep_cfg_in_sync_through_a_save(tmp_path, convert, dt
     for key, value in model.state_dict().items():
         got = loaded.state_dict()[key]
         assert got.dtype == value.dtype and torch.equal(got, value), key
+
+
+def test_saved_files_get_the_permissions_the_umask_gives(tmp_path):
+    """safetensors writes the weights readable by their owner only; a checkpoint's files all
+    get what the umask allows, like any file the user writes (a shared model directory)."""
+    old = os.umask(0o022)
+    try:
+        trained_model().save_pretrained(tmp_path / "a")
+        os.umask(0o077)
+        trained_model().save_pretrained(tmp_path / "b")
+    finally:
+        os.umask(old)
+    modes = {d: {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / d).iterdir()}
+             for d in ("a", "b")}
+    assert set(modes["a"].values()) == {0o644}, modes
+    assert set(modes["b"].values()) == {0o600}, modes

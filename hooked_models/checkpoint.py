@@ -113,6 +113,12 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def save_tensors(tensors: dict, path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (a temp file renamed over `path`), with the
+    permissions the umask gives (safetensors alone writes 0600)."""
+    _write_atomic(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
 def _stage(path: Path, text: str | None) -> Path:
     """The next content of `path` in a fsynced temp file beside it; empty stands for "remove
     `path`" (no checkpoint file is ever empty). Returns the temp file."""

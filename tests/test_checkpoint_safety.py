@@ -383,6 +383,7 @@ def test_saved_files_get_the_permissions_the_umask_gives(tmp_path):
     old = os.umask(0o022)
     try:
         trained_model().save_pretrained(tmp_path / "a")
+        checkpoint.save_tensors({"x": torch.zeros(2)}, tmp_path / "a" / "x.safetensors")
         os.umask(0o077)
         trained_model().save_pretrained(tmp_path / "b")
     finally:

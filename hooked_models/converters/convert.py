@@ -29,9 +29,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
+from hooked_models.checkpoint import save_tensors
 from hooked_models.converters._shards import (
     PICKLE_SUFFIXES,
     SAFETENSORS_INDEX,
@@ -140,7 +140,7 @@ def convert_checkpoint(src, dst) -> Path:
                 if stray:
                     raise ValueError(f"{path.name} holds tensors {stray[:5]} that its index "
                                      "places elsewhere or not at all")
-            save_file(state, str(tmp / target), metadata={"format": "pt"})
+            save_tensors(state, tmp / target, metadata={"format": "pt"})
             total += sum(t.numel() * t.element_size() for t in state.values())
             index.update(dict.fromkeys(state, target))
             del state

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from hooked_models.checkpoint import save_tensors
 from interp.heads import induction_table
 
 EVAL_TOKENS_FILE = "eval_tokens.safetensors"
@@ -43,8 +44,8 @@ def val_windows(stream: np.ndarray, n_ctx: int, bos: int, n: int = N_VAL_WINDOWS
 
 
 def save_eval_tokens(directory, windows: torch.Tensor) -> None:
-    save_file({"val_windows": windows.to(torch.int32).contiguous()},
-              str(Path(directory) / EVAL_TOKENS_FILE))
+    save_tensors({"val_windows": windows.to(torch.int32).contiguous()},
+                 Path(directory) / EVAL_TOKENS_FILE)
 
 
 def load_eval_tokens(directory) -> torch.Tensor:

@@ -175,10 +175,11 @@ def token_category(text: str) -> str:
 def gates_by_category(model, tokens) -> pd.DataFrame:
     """Mean CoPE gate per head and `token_category` of the key: what each head counts.
 
-    Returns `head_label`, `layer`, `head`, `category`, `count` (key positions of that
-    category) and `mean_gate` (each key's gate averaged over the queries that see it, then
-    over the category's keys). The BOS key is left out: a sink every query sees, not a unit of
-    text. Needs the model's tokenizer (to read each key's text).
+    Returns `head_label`, `layer`, `head`, `category` (in `TOKEN_CATEGORIES` order), `count`
+    (key positions of that category) and `mean_gate` (each key's gate averaged over the
+    queries that see it, then over the category's keys). The BOS key is left out: a sink
+    every query sees, not a unit of text. Needs the model's tokenizer (to read each key's
+    text).
     """
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
@@ -194,4 +195,8 @@ def gates_by_category(model, tokens) -> pd.DataFrame:
     grouped = table.groupby(["head_label", "layer", "head", "category"], as_index=False)[
         ["weighted", "count"]].sum()
     grouped["mean_gate"] = grouped["weighted"] / grouped["count"]
+    order = {c: i for i, c in enumerate(TOKEN_CATEGORIES)}
+    grouped = grouped.sort_values(["layer", "head", "category"],
+                                  key=lambda col: col.map(order) if col.name == "category"
+                                  else col, ignore_index=True)
     return grouped.drop(columns="weighted")

@@ -15,7 +15,7 @@ from dashboards.app import create_app
 from dashboards.map_cache import MapCache
 from dashboards.pages import variants
 from dashboards.store import ModelStore
-from interp.cope import counted_units, gates_by_category
+from interp.cope import TOKEN_CATEGORIES, counted_units, gates_by_category
 from interp.explore import explore_maps
 from interp.infini import memory_specialisation
 
@@ -189,8 +189,10 @@ def test_gating_shows_what_each_cope_head_counts(app, store):
     model = store.get("tiny-cope")
     table = gates_by_category(model, model.to_tokens(TEXT))
     assert set(table["category"]) == set(fig["data"][0]["x"])
-    grid = table.pivot_table(index="head_label", columns="category", values="mean_gate")
-    assert list(grid.index) == fig["data"][0]["y"]
+    order = list(dict.fromkeys(table["category"]))
+    assert order == [c for c in TOKEN_CATEGORIES if c in order]     # in the categories' order
+    grid = table.pivot_table(index="head_label", columns="category", values="mean_gate")[order]
+    assert list(grid.index) == fig["data"][0]["y"] and order == list(fig["data"][0]["x"])
     z = array(fig["data"][0]["z"]).astype(float).reshape(grid.shape)
     assert np.allclose(z, grid.to_numpy(), equal_nan=True)
     assert ((0 <= table["mean_gate"]) & (table["mean_gate"] <= 1)).all()

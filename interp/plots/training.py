@@ -106,16 +106,17 @@ def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
 def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     """Mean CoPE gate per head (rows) and key-token category (columns): what each head
     counts (`interp.cope.gates_by_category`; rows named by `model` too when the table has that
-    column, several models' tables concatenated). Sequential scale on [0, 1] with a colour
-    bar."""
+    column, several models' tables concatenated; columns in the table's order of first
+    appearance). Sequential scale on [0, 1] with a colour bar."""
     _need(table, ["head_label", "category", "mean_gate"], "cope_category_figure")
     row = table["head_label"]
     table = table.assign(row=table["model"] + " " + row if "model" in table else row)
     grid = table.pivot_table(index="row", columns="category", values="mean_gate")
+    grid = grid[[c for c in dict.fromkeys(table["category"]) if c in grid.columns]]
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
                                zmin=0, zmax=1, colorscale=SEQUENTIAL,
                                colorbar=dict(title="mean gate"),
-                               text=grid.round(2).to_numpy(), texttemplate="%{text}"))
+                               text=grid.to_numpy(), texttemplate="%{text:.2f}"))
     fig.update_layout(title="CoPE: what each head counts (mean gate by key token category)",
                       xaxis_title="key token category", yaxis_title="head")
     return fig

@@ -55,6 +55,12 @@ def test_every_page_on_the_opened_text_models(server, browser, store, shots, pag
     if page == "tokens":
         spans = wait(browser, "return document.querySelectorAll('.attn-tok').length")
         assert spans == len(store.prompt(name, "").labels)
+        # the source keeps its lines: one line break after each newline a token holds
+        model = store.get(name)
+        newlines = sum(t.count("\n") for t in model.to_str_tokens(store.prompt(name, "")
+                                                                   .tokens[0]))
+        assert newlines > 10 and wait(browser, "return document.querySelectorAll("
+                                               "'#tokens-text br').length") == newlines
         browser.execute_script("document.getElementById('tokens-text').scrollIntoView();"
                                "window.scrollBy(0, -120);")
         browser.save_screenshot(str(shots / f"text-tokenview-{name}.png"))

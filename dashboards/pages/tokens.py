@@ -101,6 +101,9 @@ def text_view(store, name, text, layer, head, stage, token, mode, direction) -> 
                               "fontFamily": "monospace", "display": "inline-block",
                               "cursor": "pointer", "whiteSpace": "pre"})
              for i, t in enumerate(view)]
+    # a token that ends a line ends the line here too: source code keeps its layout
+    spans = [part for span, t in zip(spans, view, strict=True)
+             for part in [span] + [html.Br()] * t["text"].count("\n")]
     who = f"L{layer}H{head}" if mode == "head" else f"L{layer} (mean of heads)"
     what = "attends to" if direction == "from" else "is attended by"
     note = (f"{name}: token {token} ({shown_text(view[token]['text'])}) {what}, {who}, "

@@ -174,24 +174,25 @@ print(f"16 more prompts at 8x, depth 0: token accuracy "
 # a curriculum of 160, 320 and 640-token prompts (5 to 20 segments, keys far outside the last
 # segment) until the loss on the key's digits of held-out prompts stopped improving
 # (`python -m interp.zoo.paper train infini-passkey-long-s0`; it stopped early at step 8,750,
-# about 1 CPU-hour). One seed so far: these are observations of one model, not intervals
-# (docs/reproduction.md adds the other seeds as they finish). The card's grid, from the eval
-# command on held-out prompts (eval seed 60613579): exact-key accuracy (all 5 digits right) by
-# length and depth, and the same prompts at 1x with every layer's memory read zeroed.
+# about 1 CPU-hour). This notebook looks at seed 0, so its numbers are one model's, not
+# intervals; docs/reproduction.md pools every seed with intervals. The card's grid, from the
+# eval command on held-out prompts (eval seed 60613579): exact-key accuracy (all 5 digits
+# right) by length and depth, and the same prompts with every layer's memory read zeroed.
 
 # %%
 long_model = zoo.load("infini-passkey-long-s0")
 lm, train_len = long_model.card["metrics"], long_model.cfg.n_ctx
 exact = pd.DataFrame([{"length": f"{f}x ({f * train_len})", "depth": d,
                        "exact key": lm[f"exact_x{f}_d{d:.2f}"]} for f in FACTORS for d in DEPTHS]
-                     + [{"length": "1x, memory read zeroed", "depth": d,
-                         "exact key": lm[f"ko_exact_x1_d{d:.2f}"]} for d in DEPTHS])
+                     + [{"length": f"{f}x, memory read zeroed", "depth": d,
+                         "exact key": lm[f"ko_exact_x{f}_d{d:.2f}"]} for f in FACTORS
+                        for d in DEPTHS])
 exact.pivot_table(index="length", columns="depth", values="exact key", sort=False)
 
 # %% [markdown]
 # Within the training length every key comes back whole from every depth, and zeroing the
-# memory read takes that to 0: the key travels through the memory, not through local
-# attention. The memory keeps working at twice the training length and then fades (about 0.7 at
+# memory read takes that to 0 at every length: the key travels through the memory, not
+# through local attention. The memory keeps working at twice the training length and then fades (about 0.7 at
 # 4x, 0.2 at 8x, 0 at 16x): the paper's retrieval at 1M tokens does not reproduce in this
 # 2-layer, d_model-64 model. Its gates now include a memory specialist:
 

@@ -153,3 +153,22 @@ def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):
 
     card = json.loads((tmp_path / "model" / "card.json").read_text())
     assert card["stopped_early"] is True and card["steps"] == 4
+
+
+def test_eval_data_seeds_are_the_seeds_evaluate_draws_from(monkeypatch):
+    """The held-out check (tests/test_paper_report.py) trusts `eval_data_seeds`: it must list
+    every seed `evaluate` builds prompts from, and nothing else."""
+    from interp.tasks import passkey
+
+    seen: set[int] = set()
+    original = passkey.passkey_task
+
+    def recording(batch, length, depth, tokenizer, *args, seed, **kwargs):
+        seen.add(seed)
+        return original(1, length, depth, tokenizer, *args, seed=seed, **kwargs)   # 1 prompt
+
+    monkeypatch.setattr(passkey, "passkey_task", recording)
+    monkeypatch.setattr(infini, "passkey_task", recording)
+    model = build_model(infini.RECIPES["infini-passkey-s0"]).eval()
+    infini.evaluate(model, infini.RECIPES["infini-passkey-s0"])
+    assert seen == infini.eval_data_seeds()

@@ -185,6 +185,16 @@ def gate_table(model, n: int = 8, seed: int = EVAL_SEED) -> pd.DataFrame:
         return memory_specialisation(model, batch.tokens)
 
 
+def eval_data_seeds(eval_seed: int = EVAL_SEED) -> set[int]:
+    """Every seed `evaluate` draws prompts from: one per (length factor, depth) cell of `grid`
+    (`evaluate_passkey` seeds cell (i, j) with eval_seed + 1000 i + j; the knock-out reruns
+    the same prompts) and `gate_table`'s. Training batches are drawn from [0, 2^31), so a few
+    of thousands can fall inside the 100k-wide band `_training.eval_seeds` reserves; what
+    keeps the evaluation held out is that none is one of these (tests/test_paper_report.py)."""
+    return ({eval_seed + 1000 * i + j for i in range(len(FACTORS)) for j in range(len(DEPTHS))}
+            | {eval_seed})
+
+
 @torch.no_grad()
 def evaluate(model, recipe: Recipe) -> dict[str, float]:
     """Deterministic metrics: accuracy per (length factor, depth), per factor, and the gates.

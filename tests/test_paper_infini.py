@@ -67,7 +67,7 @@ def _card(seed: int, acc_near: float, acc_far: float) -> dict:
         for d in infini.DEPTHS:
             metrics[f"exact_x{f}_d{d:.2f}"] = acc / 2
         metrics[f"exact_x{f}"] = acc / 2
-    for f in infini.KNOCKOUT_FACTORS:
+    for f in infini.FACTORS:
         for kind in ("acc", "exact"):
             metrics[f"ko_{kind}_x{f}"] = 0.1
             metrics.update({f"ko_{kind}_x{f}_d{d:.2f}": 0.1 for d in infini.DEPTHS})

@@ -190,7 +190,7 @@ def test_infini_cards_have_exact_and_knockout():
         m = card["metrics"]
         for f in infini.FACTORS:
             assert all(f"exact_x{f}_d{d:.2f}" in m for d in infini.DEPTHS)
-        for f in infini.KNOCKOUT_FACTORS:
+        for f in infini.FACTORS:
             assert all(f"ko_exact_x{f}_d{d:.2f}" in m for d in infini.DEPTHS)
         assert m["ko_exact_x1"] < m["exact_x1"]
 

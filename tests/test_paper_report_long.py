@@ -147,7 +147,7 @@ def _infini_card(seed: int, far_exact: float, ko_exact: float = 0.05) -> dict:
             m[f"acc_x{f}_d{d:.2f}"] = min(1.0, exact + 0.05)
             m[f"exact_x{f}_d{d:.2f}"] = exact
         m[f"acc_x{f}"], m[f"exact_x{f}"] = min(1.0, exact + 0.05), exact
-    for f in infini.KNOCKOUT_FACTORS:
+    for f in infini.FACTORS:
         for d in infini.DEPTHS:
             m[f"ko_acc_x{f}_d{d:.2f}"], m[f"ko_exact_x{f}_d{d:.2f}"] = 0.2, ko_exact + 0.01 * seed
         m[f"ko_acc_x{f}"], m[f"ko_exact_x{f}"] = 0.2, ko_exact + 0.01 * seed

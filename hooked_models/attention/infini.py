@@ -348,12 +348,9 @@ class InfiniAttention(VariantAttention):
             a_dot = _fire(self.hook_a_dot, a_dot, q.dtype)
             a_mem = _fire(self.hook_a_mem, a_mem, q.dtype)
             nonempty = mem.memory_nonempty(state.z)
-            if is_observed(self.hook_gate):
-                gate = self.hook_gate(self.gate.to(q.dtype).expand(b, -1)).to(md)
-                g = gate[:, None, :, None] * nonempty[:, None, :, None]
-                outs.append(g * a_mem + (1 - g) * a_dot)
-            else:
-                outs.append(mem.mix(a_mem, a_dot, self.gate, nonempty))
+            gate = (self.hook_gate(self.gate.to(q.dtype).expand(b, -1)).to(md)
+                    if is_observed(self.hook_gate) else self.gate)
+            outs.append(mem.mix(a_mem, a_dot, gate, nonempty))
             state.pos += sl.stop - sl.start
             if state.pos % N == 0:      # segment complete: write it to memory, drop its keys
                 state.M, state.z = mem.update(mem.sigma(k_all.to(md)), v_all.to(md), state.M,

@@ -203,6 +203,12 @@ def predict(model, batch: PasskeyBatch, chunk: int = 4096) -> Tensor:
     return torch.cat(pred, 1)[:, :-1]
 
 
+def cell_seed(seed: int, i: int, j: int) -> int:
+    """The prompt seed of `evaluate_passkey`'s cell (length index i, depth index j): one
+    formula, so that code listing the evaluation's seeds (held-out checks) cannot drift."""
+    return seed + 1000 * i + j
+
+
 def evaluate_passkey(model, lengths, depths=(0.0, 0.5, 1.0), n: int = 8, n_digits: int = 5,
                      seed: int = 0, tokenizer=None, chunk: int = 4096) -> pd.DataFrame:
     """Accuracy over a grid of lengths x depths; one row per cell.
@@ -215,7 +221,8 @@ def evaluate_passkey(model, lengths, depths=(0.0, 0.5, 1.0), n: int = 8, n_digit
     rows = []
     for i, length in enumerate(lengths):
         for j, depth in enumerate(depths):
-            batch = passkey_task(n, length, depth, tokenizer, n_digits, seed=seed + 1000 * i + j)
+            batch = passkey_task(n, length, depth, tokenizer, n_digits,
+                                 seed=cell_seed(seed, i, j))
             pred = predict(model, batch, chunk)
             rows.append(dict(length=length, depth=depth, n=n,
                              token_accuracy=passkey_accuracy(pred, batch),
@@ -223,5 +230,5 @@ def evaluate_passkey(model, lengths, depths=(0.0, 0.5, 1.0), n: int = 8, n_digit
     return pd.DataFrame(rows)
 
 
-__all__ = ["PasskeyBatch", "PasskeyTokenizer", "evaluate_passkey", "passkey_accuracy",
-           "passkey_task", "predict"]
+__all__ = ["PasskeyBatch", "PasskeyTokenizer", "cell_seed", "evaluate_passkey",
+           "passkey_accuracy", "passkey_task", "predict"]

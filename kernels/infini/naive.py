@@ -117,10 +117,12 @@ def local_attention(qr: Float[Tensor, "batch q head_index d_head"],
     return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
 
-def mix(a_mem: Tensor, a_dot: Tensor, gate: Float[Tensor, "head_index"],
+def mix(a_mem: Tensor, a_dot: Tensor, gate: Tensor,
         nonempty: Bool[Tensor, "batch head_index"]) -> Tensor:
-    """Eq. 10 with the gate switched off where the memory is empty: `[batch pos head d]`."""
-    g = gate[None, None, :, None] * nonempty[:, None, :, None]
+    """Eq. 10 with the gate switched off where the memory is empty: `[batch pos head d]`.
+    `gate` is per head, or per (batch, head) where a hook has edited it."""
+    gate = gate if gate.dim() == 2 else gate[None]
+    g = gate[:, None, :, None] * nonempty[:, None, :, None]
     return g * a_mem + (1 - g) * a_dot
 
 

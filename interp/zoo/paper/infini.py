@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from interp.infini import memory_specialisation
-from interp.tasks.passkey import PasskeyTokenizer, evaluate_passkey, passkey_task
+from interp.tasks.passkey import PasskeyTokenizer, cell_seed, evaluate_passkey, passkey_task
 from interp.zoo.paper._registry import Recipe
 from interp.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
 from interp.zoo.paper._training import answer_loss_metric, replay, train_recipe
@@ -35,9 +35,6 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # 32 prompts per cell (160 key tokens: one flipped token moves token accuracy by 0.006, one
 # prompt moves exact accuracy by 0.031); seeds from the held-out EVAL_SEED.
 EVAL_N, EVAL_SEED = 32, HELDOUT_SEED
-# The memory knock-out at every length: its hooks act on the streamed forwards too
-# (hooked_models.streaming), so each length has its own no-memory baseline.
-KNOCKOUT_FACTORS = FACTORS
 PHENOMENON = "infini-passkey"
 SEEDS = (0, 1)
 
@@ -164,18 +161,15 @@ def memory_knockout_hooks(model) -> list:
 
 
 def _knockouts(cards: list[dict]) -> list[int]:
-    """The `KNOCKOUT_FACTORS` every card has knock-out metrics for (cards evaluated before the
+    """The `FACTORS` every card has knock-out metrics for (cards evaluated before the
     knock-out covered every length have 1x only)."""
-    return [f for f in KNOCKOUT_FACTORS
-            if all(f"ko_exact_x{f}" in c["metrics"] for c in cards)]
+    return [f for f in FACTORS if all(f"ko_exact_x{f}" in c["metrics"] for c in cards)]
 
 
 def knockout_grid(model, n: int = EVAL_N, seed: int = EVAL_SEED) -> pd.DataFrame:
-    """`grid` at `KNOCKOUT_FACTORS` with the memory read zeroed (the same prompts as `grid`:
-    `evaluate_passkey` seeds each cell by its index, and these factors lead FACTORS)."""
-    assert FACTORS[:len(KNOCKOUT_FACTORS)] == KNOCKOUT_FACTORS
+    """`grid` with the memory read zeroed, on the same prompts."""
     with model.hooks(fwd_hooks=memory_knockout_hooks(model)):
-        return grid(model, n=n, seed=seed, factors=KNOCKOUT_FACTORS)
+        return grid(model, n=n, seed=seed)
 
 
 def gate_table(model, n: int = 8, seed: int = EVAL_SEED) -> pd.DataFrame:
@@ -187,12 +181,12 @@ def gate_table(model, n: int = 8, seed: int = EVAL_SEED) -> pd.DataFrame:
 
 def eval_data_seeds(eval_seed: int = EVAL_SEED) -> set[int]:
     """Every seed `evaluate` draws prompts from: one per (length factor, depth) cell of `grid`
-    (`evaluate_passkey` seeds cell (i, j) with eval_seed + 1000 i + j; the knock-out reruns
-    the same prompts) and `gate_table`'s. Training batches are drawn from [0, 2^31), so a few
-    of thousands can fall inside the 100k-wide band `_training.eval_seeds` reserves; what
-    keeps the evaluation held out is that none is one of these (tests/test_paper_report.py)."""
-    return ({eval_seed + 1000 * i + j for i in range(len(FACTORS)) for j in range(len(DEPTHS))}
-            | {eval_seed})
+    (`passkey.cell_seed`; the knock-out reruns the same prompts) and `gate_table`'s.
+    Training batches are drawn from [0, 2^31), so a few of thousands can fall inside the
+    100k-wide band `_training.eval_seeds` reserves; what keeps the evaluation held out is
+    that none is one of these (tests/test_paper_report.py)."""
+    return ({cell_seed(eval_seed, i, j) for i in range(len(FACTORS))
+             for j in range(len(DEPTHS))} | {eval_seed})
 
 
 @torch.no_grad()
@@ -202,14 +196,14 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     Keys: `acc_x{f}_d{depth}` (token accuracy: the share of key digits right) and
     `exact_x{f}_d{depth}` (whole-key accuracy: all 5 digits right), `acc_x{f}` and
     `exact_x{f}` (means over depths); the same with the memory read zeroed at
-    `KNOCKOUT_FACTORS` (`ko_acc_*`, `ko_exact_*`, same prompts); `gate_L{l}H{h}`
+    every factor (`ko_acc_*`, `ko_exact_*`, same prompts); `gate_L{l}H{h}`
     (sigmoid(beta)), `memory_ratio_L{l}H{h}`, and the counts `heads_memory`, `heads_local`,
     `heads_mixer`, `heads_intermediate`.
     """
     torch.manual_seed(0)
     out: dict[str, float] = {}
     for prefix, table, factors in (("", grid(model), FACTORS),
-                                   ("ko_", knockout_grid(model), KNOCKOUT_FACTORS)):
+                                   ("ko_", knockout_grid(model), FACTORS)):
         for f in factors:
             rows = table[table.length == f * model.cfg.n_ctx]
             for _, r in rows.iterrows():
@@ -239,13 +233,14 @@ def train_length(cards: list[dict]) -> int:
     return max(args.get("lengths") or [args.get("length", TRAIN_LENGTH)])
 
 
-def _grid_markdown(cards: list[dict]) -> str:
-    """Token / exact accuracy per (length, depth), and the memory knock-out rows."""
+def _grid_markdown(cards: list[dict], knocked: list[int]) -> str:
+    """Token / exact accuracy per (length, depth), and the memory knock-out rows at the
+    factors `knocked` (`_knockouts`)."""
     from interp.zoo.paper.report import markdown_table
 
     rows, length = [], train_length(cards)
     for prefix, factors, tag in (("", FACTORS, ""),
-                                 ("ko_", _knockouts(cards), ", memory read zeroed")):
+                                 ("ko_", knocked, ", memory read zeroed")):
         for f in factors:
             rows.append([f"{f}x ({f * length}){tag}",
                          *(f"{_cell(cards, f'{prefix}acc_x{f}_d{d:.2f}')} / "
@@ -315,6 +310,7 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
         return _long_section(cards, figure_dir)
     in_dist = [c["metrics"]["acc_x1"] for c in cards]
     far = [c["metrics"][f"acc_x{FACTORS[-1]}"] for c in cards]
+    knocked = _knockouts(cards)
     if min(far) >= 0.9:
         verdict = "**reproduces** the paper's length generalisation"
     elif max(far) < 0.5:
@@ -339,7 +335,7 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
         f"accuracy (all 5 digits right). The last rows zero the memory read A_mem in every "
         f"layer (output (1 - gate) x local attention) on the same prompts: the baseline of "
         f"what the model retrieves without its memory (measured at "
-        f"{'/'.join(f'{f}x' for f in _knockouts(cards))}).\n\n{_grid_markdown(cards)}"
+        f"{'/'.join(f'{f}x' for f in knocked)}).\n\n{_grid_markdown(cards, knocked)}"
         f"{figure}\n\n"
         f"In distribution (1x) the key comes back with token accuracy "
         f"{describe(in_dist, fmt=acc2)}; at {FACTORS[-1]}x the training length it is "
@@ -422,14 +418,15 @@ def _depths_text() -> str:
     return "/".join(f"{d:g}" for d in MEMORY_DEPTHS)
 
 
-def _factor_markdown(cards: list[dict]) -> str:
+def _factor_markdown(cards: list[dict], knocked: list[int]) -> str:
     """Per length factor, over seeds: token and whole-key accuracy (means over depths) and
-    whole-key accuracy with the key outside the last segment; the knock-out rows below."""
+    whole-key accuracy with the key outside the last segment; the knock-out rows (at
+    `knocked`) below."""
     from interp.zoo.paper.report import acc2, markdown_table, short
 
     length, rows = train_length(cards), []
     for prefix, factors, tag in (("", FACTORS, ""),
-                                 ("ko_", _knockouts(cards), ", memory read zeroed")):
+                                 ("ko_", knocked, ", memory read zeroed")):
         for f in factors:
             rows.append([f"{f}x ({f * length}){tag}",
                          short([c["metrics"][f"{prefix}acc_x{f}"] for c in cards], fmt=acc2),
@@ -486,6 +483,7 @@ def _long_section(cards: list[dict], figure_dir=None) -> str:
     cards = sorted(cards, key=lambda c: c.get("seed"))
     lengths = cards[0].get("task_args", {}).get("lengths") or [train_length(cards)]
     verdict, evidence = length_verdict(cards)
+    knocked = _knockouts(cards)
     figure = ""
     if figure_dir is not None:
         from interp.zoo.paper.report import save_png
@@ -501,13 +499,13 @@ def _long_section(cards: list[dict], figure_dir=None) -> str:
         f"prompts per cell (eval seed {cards[0].get('eval_seed')}). Cells: token accuracy "
         f"/ exact-key accuracy, mean [95% t-interval] (n seeds); the knock-out rows zero "
         f"the memory read A_mem in every layer on the same prompts (at "
-        f"{'/'.join(f'{f}x' for f in _knockouts(cards))}).\n\n"
+        f"{'/'.join(f'{f}x' for f in knocked)}).\n\n"
         f"**Runs**\n\n{runs_table(cards, label=lambda c: c.get('recipe', 'infini'))}\n\n"
         f"{budget_spent(cards)}\n\n"
-        f"**Length x depth**\n\n{_grid_markdown(cards)}{figure}\n\n"
+        f"**Length x depth**\n\n{_grid_markdown(cards, knocked)}{figure}\n\n"
         f"**By length** (means over depths; the last column averages depths "
         f"{_depths_text()}, whose key lies outside the last segment and must come back "
-        f"through the memory):\n\n{_factor_markdown(cards)}\n\n"
+        f"through the memory):\n\n{_factor_markdown(cards, knocked)}\n\n"
         f"Length generalisation: {evidence}: **{verdict}**.\n\n"
         f"**Gates per seed** (sigmoid(beta) / memory share |g A_mem| / |A|; classes: memory "
         f">= 0.8, local <= 0.2, mixer 0.35-0.65):\n\n{_gates_per_seed(cards)}")

@@ -305,3 +305,28 @@ def test_paper_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
     monkeypatch.delenv("ATTNLENS_RUNS")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_run_root() == tmp_path / "home" / ".cache" / "attnlens" / "paper-zoo"
+
+
+@pytest.mark.parametrize("attention, stage", [("mha", None), ("cope", None), ("mta", "softmax"),
+                                              ("dcmha", "probs"), ("infini", "local_pattern")])
+def test_probe_adds_the_row_stochastic_stage_where_pattern_is_not_one(attention, stage):
+    """MTA's, DCMHA's and Infini's `pattern` is not a distribution over keys, so the probe also
+    scores the last row-stochastic stage before it: that stage's best stripe, recomputed here,
+    and at most 1."""
+    from interp.heads import induction_table
+    from interp.zoo.text_eval import PROBE_SEED, distribution_stage, induction_probe
+
+    from helpers import tiny_model
+
+    attn_cfg = {"segment_len": 8} if attention == "infini" else None
+    model = tiny_model(attention, n_ctx=32, attn_cfg=attn_cfg)
+    assert distribution_stage(model) == stage
+    probe = induction_probe(model, batch=2, half=6)
+    extra = [k for k in probe if k.startswith("induction_score_")]
+    if stage is None:
+        assert extra == []
+        return
+    assert extra == [f"induction_score_{stage}"]
+    table = induction_table(model, batch=2, half_len=6, seed=PROBE_SEED, stage=stage)
+    assert probe[extra[0]] == pytest.approx(float(table["induction_stripe"].max()), abs=1e-7)
+    assert 0.0 <= probe[extra[0]] <= 1.0 + 1e-6

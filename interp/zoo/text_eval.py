@@ -6,7 +6,12 @@
   minus at an early one (their 500th vs 50th token; here 0.98 n_ctx vs 0.1 n_ctx, each averaged
   over 5 neighbouring positions). Negative: later tokens are predicted better thanks to context.
 - `induction_score`: the best head's attention on the induction stripe of `[BOS] r r` repeated
-  random tokens; `repeat_loss`: loss on the second copy (low once induction works).
+  random tokens, at the `pattern` stage (the weights on the values); `repeat_loss`: loss on the
+  second copy (low once induction works). Where `pattern` is not row-stochastic (MTA's
+  post-softmax convolution and head mixing, DCMHA's post-softmax Compose, Infini's memory mix),
+  a stripe score above 1 or from a head that only borrows others' maps is possible, so the
+  probe also reports `induction_score_<stage>` at the last row-stochastic stage before it
+  (`softmax`, `probs`, `local_pattern`).
 - `head_table`: every head's previous-token, duplicate-token and induction scores (interp.heads).
 
 The validation windows are stored beside the weights (`eval_tokens.safetensors`, 64 KB), so a
@@ -108,9 +113,24 @@ def induction_probe(model, batch: int = 8, seed: int = PROBE_SEED,
     table = induction_table(model, batch=batch, half_len=half, seed=seed)
     tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed)
     first, second = copy_losses(model, tokens, half)
-    return {"induction_score": float(table["induction_stripe"].max()),
-            "first_copy_loss": first, "repeat_loss": second,
-            "copy_loss_ratio": second / first, "table": table}
+    out = {"induction_score": float(table["induction_stripe"].max())}
+    stage = distribution_stage(model)
+    if stage is not None:
+        dist = induction_table(model, batch=batch, half_len=half, seed=seed, stage=stage)
+        out[f"induction_score_{stage}"] = float(dist["induction_stripe"].max())
+    return out | {"first_copy_loss": first, "repeat_loss": second,
+                  "copy_loss_ratio": second / first, "table": table}
+
+
+def distribution_stage(model) -> str | None:
+    """The last row-stochastic map stage before `pattern` when `pattern` itself is not one
+    (None when it is, or when no earlier stage is)."""
+    stages = list(model.stages(0))
+    names = [s.name for s in stages]
+    if "pattern" not in names or stages[names.index("pattern")].row_stochastic:
+        return None
+    before = [s.name for s in stages[:names.index("pattern")] if s.row_stochastic]
+    return before[-1] if before else None
 
 
 @torch.no_grad()

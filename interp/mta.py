@@ -9,6 +9,11 @@ share of the kernel's energy (sum of squared taps) on tap groups:
 - "diagonal" (sequence matching): the diagonal ending at that tap (query i - d with key j - d)
   holds >= 80% with >= 20% off the centre: the head scores a key by how well the keys before it
   matched the queries before the current one (paper Sec. 2, "find the block");
+- "induction" (the previous-key diagonal): the diagonal ending at (current query, previous
+  key), query i - d with key j - 1 - d, holds >= 80%: the head scores key j by how well the
+  key before it (and the keys before that) matched the current query (and the queries before
+  it), so it attends to the token after an earlier occurrence of the current one: an induction
+  head in one layer, the previous-token shift done by the kernel instead of an earlier head;
 - "priming": the same-key column (earlier queries, same key) holds >= 80% with >= 20% above the
   current query: a key is favoured if earlier queries attended to it;
 - "edge": taps of both signs that nearly cancel (|sum| <= 30% of sum |tap|, negative share >=
@@ -25,7 +30,10 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pandas as pd
+import torch
 from torch import Tensor
 
 from hooked_models.attention._mta_ops import key_padding
@@ -59,18 +67,23 @@ def kernel_features(kernel: Tensor, centre: int) -> dict[str, float]:
     energy = k.pow(2)
     total = float(energy.sum()) or 1e-300
     cur = c_q - 1
-    diag = sum(float(energy[a, centre - (cur - a)]) for a in range(c_q)
-               if 0 <= centre - (cur - a) < c_k)
+    def diagonal(end: int) -> float:   # energy on the diagonal ending at (cur, end)
+        return sum(float(energy[a, end - (cur - a)]) for a in range(c_q)
+                   if 0 <= end - (cur - a) < c_k)
+
+    diag = diagonal(centre)
     column = float(energy[:, centre].sum())
     absolute = float(k.abs().sum()) or 1e-300
     return {"identity_share": float(energy[cur, centre]) / total,
-            "diagonal_share": diag / total, "priming_share": column / total,
+            "diagonal_share": diag / total,
+            "induction_share": (diagonal(centre - 1) if centre >= 1 else 0.0) / total,
+            "priming_share": column / total,
             "balance": abs(float(k.sum())) / absolute,
             "negative_share": float(k.clamp(max=0).abs().sum()) / absolute}
 
 
 def classify_kernel(kernel: Tensor, centre: int, share: float = 0.8) -> str:
-    """One of "identity", "diagonal", "priming", "edge", "mixed".
+    """One of "identity", "diagonal", "induction", "priming", "edge", "mixed".
 
     Example:
         >>> k = torch.zeros(3, 5); k[2, 2] = 1.0
@@ -83,6 +96,8 @@ def classify_kernel(kernel: Tensor, centre: int, share: float = 0.8) -> str:
         return "identity"
     if f["diagonal_share"] >= share and f["diagonal_share"] - f["identity_share"] >= 0.2:
         return "diagonal"
+    if f["induction_share"] >= share:
+        return "induction"
     if f["priming_share"] >= share and f["priming_share"] - f["identity_share"] >= 0.2:
         return "priming"
     if f["balance"] <= 0.3 and f["negative_share"] >= 0.2:
@@ -94,7 +109,8 @@ def kernel_table(model, share: float = 0.8) -> pd.DataFrame:
     """One row per (layer, phase, head) with a key-query kernel: its class and energy shares.
 
     Returns columns `head_label`, `layer`, `head`, `phase` ("pre"/"post" softmax), `class`,
-    `identity_share`, `diagonal_share`, `priming_share`, `balance`, `negative_share`; empty
+    `identity_share`, `diagonal_share`, `induction_share`, `priming_share`, `balance`,
+    `negative_share`; empty
     for a model without key-query kernels.
     """
     check_fraction("share", share, open_low=True)
@@ -106,5 +122,35 @@ def kernel_table(model, share: float = 0.8) -> pd.DataFrame:
                          "phase": phase, "class": classify_kernel(k, centre, share),
                          **kernel_features(k, centre)})
     return pd.DataFrame(rows, columns=["head_label", "layer", "head", "phase", "class",
-                                       "identity_share", "diagonal_share", "priming_share",
-                                       "balance", "negative_share"])
+                                       "identity_share", "diagonal_share", "induction_share",
+                                       "priming_share", "balance", "negative_share"])
+
+
+@contextmanager
+def plain_kernel(model, layer: int, head: int, phase: str = "pre"):
+    """Within the block, head `head` of `layer` has the identity key-query kernel at `phase`
+    ("pre"/"post" softmax): that head's convolution is switched off (plain attention for its
+    map), every other weight unchanged; the trained kernel is restored on exit.
+
+    Example:
+        >>> with plain_kernel(model, 0, 3):                       # doctest: +SKIP
+        ...     loss = model(tokens, return_type="loss")
+    """
+    if phase not in KERNEL_ATTRS:
+        raise ValueError(f"phase must be one of {list(KERNEL_ATTRS)}, got {phase!r}")
+    kernels = key_query_kernels(model)
+    if (layer, phase) not in kernels:
+        raise ValueError(f"layer {layer} has no {phase}-softmax key-query kernel")
+    if not 0 <= head < kernels[(layer, phase)].shape[0]:
+        raise ValueError(f"head {head} out of range [0, {kernels[(layer, phase)].shape[0]})")
+    weight = getattr(model.blocks[layer].attn, KERNEL_ATTRS[phase])
+    saved = weight.detach().clone()
+    c_q, c_k = weight.shape[-2:]
+    try:
+        with torch.no_grad():
+            weight[head].zero_()
+            weight[head, 0, c_q - 1, kernel_centre(model, layer, c_k)] = 1.0
+        yield model
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)

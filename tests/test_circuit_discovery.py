@@ -209,6 +209,26 @@ def test_zoo_induction_mha_recovered():
     assert found.faithfulness["faithfulness"] > 0.9
 
 
+def test_recovery_counts_a_layer_0_induction_head_as_one_layer():
+    """A layer-0 induction head writing to the logits has no earlier head to compose with: it
+    is recovered as a one-layer circuit; a later layer's head still needs K-composition."""
+    import pandas as pd
+
+    from interp.circuit_discovery import recovery
+
+    graph = build_graph(tiny_model("mta"))
+    scores = pd.DataFrame({"edge": [e.name for e in graph.edges],
+                           "abs_score": [1.0] * len(graph.edges)})
+    by_name = {e.name: e for e in graph.edges}
+    heads = {"previous_token": ["L0H0"], "induction": ["L0H1", "L1H2"]}
+    one = recovery(graph, scores, [by_name["L0H1->logits"]], heads)
+    assert one["one_layer"] == ["L0H1"] and one["recovered"] and not one["k_composition"]
+    later = recovery(graph, scores, [by_name["L1H2->logits"]], heads)
+    assert later["one_layer"] == [] and not later["recovered"]
+    both = recovery(graph, scores, [by_name["L1H2->logits"], by_name["L0H0->L1H2.k"]], heads)
+    assert both["recovered"] and both["k_composition"] == ["L0H0->L1H2.k"]
+
+
 def test_cli_circuit(tmp_path, capsys):
     from dashboards.cli import main
 

@@ -48,7 +48,7 @@ def test_documented_text_circuit_is_recomputed(name):
     doc = documented_rows()[name]
     for column in ("prev-token heads", "induction heads", "edges",
                    "K-composition edges (of possible)", "best K-comp rank",
-                   "induction -> logits", "recovered"):
+                   "induction -> logits", "recovered", "how"):
         assert doc[column] == str(top[column]), column
     for column in ("faith EAP-IG", "faith AP", "faith EAP-IG, mean-ablated"):
         assert float(doc[column]) == pytest.approx(top[column], abs=0.01), column

@@ -37,11 +37,23 @@ def _kernel(c_q=3, c_k=5, taps=()):
     ((((2, 2), 1.0),), "identity"),
     ((((2, 2), 1.0), ((1, 1), 0.9), ((0, 0), 0.8)), "diagonal"),
     ((((2, 2), 1.0), ((1, 2), 0.9), ((0, 2), 0.8)), "priming"),
+    ((((2, 1), 1.0), ((1, 0), 0.4)), "induction"),            # current query, previous key
+    ((((2, 1), 1.0),), "induction"),
     ((((2, 2), 1.0), ((2, 3), -1.0)), "edge"),
     ((((2, 2), 1.0), ((0, 4), 0.9), ((1, 0), 0.7)), "mixed"),
 ])
 def test_kernel_classes_on_constructed_kernels(taps, expected):
     assert mta.classify_kernel(_kernel(taps=taps), centre=2) == expected
+
+
+def test_induction_share_is_the_previous_key_diagonal():
+    """The diagonal ending at (current query, previous key): taps (2, 1), (1, 0) of a 3 x 5
+    kernel centred on column 2; the identity diagonal (2, 2), (1, 1), (0, 0) is not counted."""
+    k = _kernel(taps=(((2, 1), 3.0), ((1, 0), 1.0), ((2, 2), 1.0), ((1, 1), 1.0), ((0, 4), 1.0)))
+    f = mta.kernel_features(k, centre=2)
+    assert f["induction_share"] == pytest.approx(10.0 / 13.0)
+    assert f["diagonal_share"] == pytest.approx(2.0 / 13.0)
+    assert mta.kernel_features(_kernel(taps=(((2, 0), 1.0),)), centre=0)["induction_share"] == 0
 
 
 def test_kernel_table_reads_the_model():

@@ -175,3 +175,19 @@ def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
     assert _parts("text-infini-l4mlp") == ("infini", "l4mlp")
     with pytest.raises(ValueError, match="not a text-zoo model name"):
         _parts("text-mha-l2-ctx256")
+
+
+def test_mta_calibration_text_reads_the_crossing_and_the_peak():
+    import pandas as pd
+
+    traj = pd.DataFrame({"run": ["text-mta-l2"] * 3, "step": [250, 500, 750],
+                         "tokens": [1e6, 2e6, 3e6], "val_loss": [4.0, 3.0, 2.7],
+                         "induction_score": [0.2, 1.04, 0.9],
+                         "copy_loss_ratio": [0.96, 0.49, 0.34],
+                         "text_copy_ratio": [0.92, 0.42, 0.32]})
+    text = zoo_docs.mta_calibration_text(traj)
+    assert "from 0.96x the first at 1.0M tokens to 0.49x at 2.0M" in text
+    assert "0.92 to 0.42" in text and "ended at 0.34x" in text
+    assert "peaked at 1.04 at 2.0M tokens and drifted to 0.90" in text
+    assert zoo_docs.mta_calibration_text(traj.assign(copy_loss_ratio=0.9)) is None
+    assert zoo_docs.mta_calibration_text(traj.assign(run="other")) is None

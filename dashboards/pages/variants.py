@@ -46,9 +46,11 @@ EXPLAIN = {
     "mta": "Multi-Token Attention convolves each head's score map over neighbouring queries "
            "and keys (the key-query kernel) and mixes the maps of a group of heads, before "
            "and/or after the softmax. Below: each head's kernel with its class (identity = "
-           "plain attention; diagonal = matches a block of tokens; priming = keys that earlier "
-           "queries liked), the head-mixing matrices, and how much each step changes each "
-           "head's map (Jensen-Shannon divergence between consecutive stages, in bits).",
+           "plain attention; diagonal = matches a block of tokens; induction = matches the "
+           "token before each key, so the head attends to what followed an earlier copy; "
+           "priming = keys that earlier queries liked), the head-mixing matrices, and how much "
+           "each step changes each head's map (Jensen-Shannon divergence between consecutive "
+           "stages, in bits).",
     "dcmha": "DCMHA composes heads dynamically: at every query-key pair the scores (before the "
              "softmax) and the weights (after it) of a head are a mix of all heads' maps, with "
              "mixing weights computed from the query and key tokens. Below: who borrows from "

@@ -95,7 +95,10 @@ def recovery(graph: CircuitGraph, scores: pd.DataFrame, circuit: list[Edge],
     Returns: the K-composition edges (previous-token head -> a later induction head's keys) in
     the circuit and their count among the possible ones, the best rank of such an edge by
     |score|, the induction heads writing to the logits in the circuit, the map edges in the
-    circuit, and `recovered`: at least one K-composition edge and one induction head -> logits.
+    circuit, `one_layer`: those of them in layer 0, which no earlier head can feed (the
+    previous-token shift then happens inside the layer, e.g. in an MTA key-query kernel), and
+    `recovered`: at least one K-composition edge and one induction head -> logits, or a
+    one-layer induction head -> logits.
     """
     nodes = graph.nodes
     possible = [f"{p}->{i}.k" for p in heads["previous_token"] for i in heads["induction"]
@@ -105,8 +108,10 @@ def recovery(graph: CircuitGraph, scores: pd.DataFrame, circuit: list[Edge],
     ranks = [ranked.index(e) + 1 for e in possible if e in ranked]
     k_comp = [e for e in possible if e in names]
     to_logits = [i for i in heads["induction"] if f"{i}->logits" in names]
+    one_layer = [i for i in to_logits if nodes[i].layer == 0]
     return {"k_composition": k_comp, "k_composition_possible": len(possible),
             "best_k_composition_rank": min(ranks) if ranks else None,
             "induction_to_logits": to_logits,
             "map_edges": [e.name for e in circuit if e.kind != "resid"],
-            "recovered": bool(k_comp) and bool(to_logits)}
+            "one_layer": one_layer,
+            "recovered": (bool(k_comp) and bool(to_logits)) or bool(one_layer)}

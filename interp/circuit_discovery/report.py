@@ -72,7 +72,9 @@ def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
                                                 + (" ".join(comp) or "-"),
            "best K-comp rank": rec["best_k_composition_rank"] or "-",
            "induction -> logits": " ".join(rec["induction_to_logits"]) or "none",
-           "recovered": rec["recovered"]}
+           "recovered": rec["recovered"],
+           "how": ("K-composition" if rec["k_composition"] and rec["induction_to_logits"]
+                   else "one layer" if rec["one_layer"] else "-")}
     curve = faithfulness_curve(model, graph, found.scores, task.clean, task.corrupted,
                                task.metric, sizes=SIZES)
     enough = curve[curve.faithfulness >= 0.9]

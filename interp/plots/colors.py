@@ -47,6 +47,7 @@ CLASS_COLOURS = {"memory specialist": "#d62728", "local specialist": "#1f77b4",
                  "mixer": "#2ca02c", "intermediate": "#7f7f7f",
                  "excite": "#d62728", "inhibit": "#1f77b4", "neutral": "#7f7f7f",
                  "identity": "#7f7f7f", "diagonal": "#9467bd", "priming": "#ff7f0e",
+                 "induction": "#e377c2",
                  "edge": "#17becf", "mixed": "#8c564b"}
 
 

@@ -26,24 +26,34 @@ def _need(df: pd.DataFrame, columns: list[str], what: str) -> None:
 
 
 def phase_change_figure(log: pd.DataFrame) -> go.Figure:
-    """Induction score (top) and validation loss (bottom) against tokens seen, one line per
-    model: colour = variant, dash = shape (1-layer controls dotted). The induction phase change
-    shows as a jump in the score with a bump in the loss."""
+    """Induction score (top), second-copy / first-copy loss where the log has it (middle), and
+    validation loss (bottom) against tokens seen, one line per model: colour = variant, dash =
+    shape (1-layer controls dotted). The induction phase change shows as a jump in the score,
+    a drop of the copy ratio and a bump in the loss. The score is read at the `pattern` stage,
+    which for MTA is not a distribution (it can exceed 1); the copy ratio compares variants
+    on behaviour alone."""
     _need(log, ["model", "variant", "shape", "tokens", "induction_score", "val_loss"],
           "phase_change_figure")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["best head's induction score", "validation loss"])
+    panels = [("induction_score", "best head's induction score (pattern stage)", "score")]
+    if "copy_loss_ratio" in log and log["copy_loss_ratio"].notna().any():
+        panels.append(("copy_loss_ratio", "second-copy / first-copy loss, random tokens "
+                       "(1: no copying)", "ratio"))
+    panels.append(("val_loss", "validation loss", "loss (nats/token)"))
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=[title for _, title, _ in panels])
     for name, g in log.groupby("model", sort=True):
         variant, shape = g["variant"].iloc[0], g["shape"].iloc[0]
         style = dict(color=VARIANT_COLOURS.get(variant), dash=SHAPE_DASH.get(shape, "solid"))
-        for row, column in ((1, "induction_score"), (2, "val_loss")):
+        for row, (column, _, _) in enumerate(panels, 1):
             fig.add_trace(go.Scatter(x=g["tokens"], y=g[column], mode="lines+markers",
                                      name=name, legendgroup=name, showlegend=row == 1,
                                      line=style, marker=dict(size=4)), row=row, col=1)
-    fig.update_xaxes(title="tokens seen", row=2, col=1)
-    fig.update_yaxes(title="score", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(title="loss (nats/token)", row=2, col=1)
-    fig.update_layout(title="Induction heads across training", height=620)
+    for row, (_, _, axis) in enumerate(panels, 1):
+        fig.update_yaxes(title=axis, row=row, col=1)
+    top = max(1.02, float(log["induction_score"].max()) * 1.05)
+    fig.update_yaxes(range=[0, top], row=1, col=1)
+    fig.update_xaxes(title="tokens seen", row=len(panels), col=1)
+    fig.update_layout(title="Induction heads across training", height=300 + 220 * len(panels))
     return fig
 
 

@@ -79,7 +79,8 @@ def load_card(directory) -> dict:
 
 def training_logs(models: dict[str, Path]) -> pd.DataFrame:
     """Every validation row of every model's metrics.jsonl: `model`, `variant`, `shape`,
-    `step`, `tokens`, `val_loss`, `induction_score`, `repeat_loss`."""
+    `step`, `tokens`, `val_loss`, `induction_score`, `repeat_loss`, `copy_loss_ratio`
+    (None in logs written before the probe had it)."""
     rows = []
     for name, d in models.items():
         variant, shape = _parts(name)
@@ -94,17 +95,39 @@ def training_logs(models: dict[str, Path]) -> pd.DataFrame:
                              "step": r["step"], "tokens": r.get("tokens"),
                              "val_loss": r.get("val_loss"),
                              "induction_score": r["induction_score"],
-                             "repeat_loss": r.get("repeat_loss")})
+                             "repeat_loss": r.get("repeat_loss"),
+                             "copy_loss_ratio": r.get("copy_loss_ratio")})
     return pd.DataFrame(rows, columns=["model", "variant", "shape", "step", "tokens",
-                                       "val_loss", "induction_score", "repeat_loss"])
+                                       "val_loss", "induction_score", "repeat_loss",
+                                       "copy_loss_ratio"])
+
+
+def distribution_score(metrics: dict) -> tuple[str, float] | None:
+    """`(stage, score)` of the probe's row-stochastic stage where the card has one
+    (`induction_score_<stage>`: the variant's pattern is not a distribution), else None."""
+    extra = [(k.removeprefix("induction_score_"), v) for k, v in metrics.items()
+             if k.startswith("induction_score_")]
+    return extra[0] if extra else None
+
+
+def has_induction_head(metrics: dict, threshold: float = INDUCTION_THRESHOLD) -> bool:
+    """The bar's first half: the best head's induction score >= `threshold` at the pattern
+    stage or, where the card has one, at the row-stochastic stage before it (the head's
+    attention distribution). Either counts because a non-stochastic pattern's scale need not
+    mean anything: MTA's post-softmax head mix scales each head's map (row sums 0.18-0.32 in
+    text-mta-l2) and the group RMSNorm after it undoes any such scale. The bar's second half,
+    the copy-loss ratio, checks that the head is used."""
+    dist = distribution_score(metrics)
+    return bool(metrics["induction_score"] >= threshold
+                or (dist is not None and dist[1] >= threshold))
 
 
 def forms_induction(metrics: dict, threshold: float = INDUCTION_THRESHOLD) -> bool:
-    """The zoo's bar on a card's probe: best head's induction score >= `threshold` and, where
-    the card has it, second-copy loss < COPY_RATIO_THRESHOLD x the first-copy loss."""
+    """The zoo's bar on a card's probe: `has_induction_head` and, where the card has it,
+    second-copy loss < COPY_RATIO_THRESHOLD x the first-copy loss."""
     ratio = metrics.get("copy_loss_ratio")
-    return bool(metrics["induction_score"] >= threshold
-                and (ratio is None or ratio < COPY_RATIO_THRESHOLD))
+    return has_induction_head(metrics, threshold) and (ratio is None
+                                                       or ratio < COPY_RATIO_THRESHOLD)
 
 
 def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESHOLD
@@ -120,6 +143,9 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
                      "val_loss": m["val_loss"], "icl_score": m["icl_score"],
                      "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
                      "copy_loss_ratio": m.get("copy_loss_ratio"), "best_head": best["label"],
+                     "distribution_stage": (distribution_score(m) or (None, None))[0],
+                     "distribution_score": (distribution_score(m) or (None, None))[1],
+                     "has_induction_head": has_induction_head(m, threshold),
                      "forms_induction": forms_induction(m, threshold)})
     return pd.DataFrame(rows)
 

@@ -328,10 +328,14 @@ def report_section(cards: list[dict], figure_dir) -> str:
                       f"(`interp.mta.kernel_table`): "
                       + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + " heads. "
                       "Per head, the share of the kernel's energy on the diagonal (sequence "
-                      "matching), on the current tap (identity) and on the same-key column:",
-                  "", markdown_table(["head", "class", "identity", "diagonal", "same key"],
+                      "matching), on the current tap (identity), on the previous-key diagonal "
+                      "(induction: query i - d against key j - 1 - d) and on the same-key "
+                      "column:",
+                  "", markdown_table(["head", "class", "identity", "diagonal",
+                                      "previous-key diagonal", "same key"],
                                      [[r.head_label, r["class"], f"{r.identity_share:.2f}",
-                                       f"{r.diagonal_share:.2f}", f"{r.priming_share:.2f}"]
+                                       f"{r.diagonal_share:.2f}", f"{r.induction_share:.2f}",
+                                       f"{r.priming_share:.2f}"]
                                       for _, r in table.iterrows()])]
         for (layer, phase), kernels in key_query_kernels(model).items():
             classes = list(table[(table.layer == layer) & (table.phase == phase)]["class"])

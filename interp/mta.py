@@ -10,7 +10,8 @@ share of the kernel's energy (sum of squared taps) on tap groups:
   holds >= 80% with >= 20% off the centre: the head scores a key by how well the keys before it
   matched the queries before the current one (paper Sec. 2, "find the block");
 - "induction" (the previous-key diagonal): the diagonal ending at (current query, previous
-  key), query i - d with key j - 1 - d, holds >= 80%: the head scores key j by how well the
+  key), query i - d with key j - 1 - d, holds >= 80% and its taps sum positive (a negative
+  one avoids such keys and falls to "edge" or "mixed"): the head scores key j by how well the
   key before it (and the keys before that) matched the current query (and the queries before
   it), so it attends to the token after an earlier occurrence of the current one: an induction
   head in one layer, the previous-token shift done by the kernel instead of an earlier head;
@@ -30,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import pandas as pd
@@ -67,8 +69,8 @@ def kernel_features(kernel: Tensor, centre: int) -> dict[str, float]:
     energy = k.pow(2)
     total = float(energy.sum()) or 1e-300
     cur = c_q - 1
-    def diagonal(end: int) -> float:   # energy on the diagonal ending at (cur, end)
-        return sum(float(energy[a, end - (cur - a)]) for a in range(c_q)
+    def diagonal(end: int, of: Tensor = energy) -> float:   # sum on the diagonal to (cur, end)
+        return sum(float(of[a, end - (cur - a)]) for a in range(c_q)
                    if 0 <= end - (cur - a) < c_k)
 
     diag = diagonal(centre)
@@ -77,6 +79,9 @@ def kernel_features(kernel: Tensor, centre: int) -> dict[str, float]:
     return {"identity_share": float(energy[cur, centre]) / total,
             "diagonal_share": diag / total,
             "induction_share": (diagonal(centre - 1) if centre >= 1 else 0.0) / total,
+            # +1 when the previous-key diagonal's taps sum positive (attend), -1 negative (avoid)
+            "induction_sign": float(math.copysign(1.0, diagonal(centre - 1, k)))
+            if centre >= 1 and diagonal(centre - 1, k) != 0 else 0.0,
             "priming_share": column / total,
             "balance": abs(float(k.sum())) / absolute,
             "negative_share": float(k.clamp(max=0).abs().sum()) / absolute}
@@ -96,7 +101,7 @@ def classify_kernel(kernel: Tensor, centre: int, share: float = 0.8) -> str:
         return "identity"
     if f["diagonal_share"] >= share and f["diagonal_share"] - f["identity_share"] >= 0.2:
         return "diagonal"
-    if f["induction_share"] >= share:
+    if f["induction_share"] >= share and f["induction_sign"] > 0:
         return "induction"
     if f["priming_share"] >= share and f["priming_share"] - f["identity_share"] >= 0.2:
         return "priming"
@@ -123,7 +128,8 @@ def kernel_table(model, share: float = 0.8) -> pd.DataFrame:
                          **kernel_features(k, centre)})
     return pd.DataFrame(rows, columns=["head_label", "layer", "head", "phase", "class",
                                        "identity_share", "diagonal_share", "induction_share",
-                                       "priming_share", "balance", "negative_share"])
+                                       "induction_sign", "priming_share", "balance",
+                                       "negative_share"])
 
 
 @contextmanager

@@ -39,6 +39,7 @@ def _kernel(c_q=3, c_k=5, taps=()):
     ((((2, 2), 1.0), ((1, 2), 0.9), ((0, 2), 0.8)), "priming"),
     ((((2, 1), 1.0), ((1, 0), 0.4)), "induction"),            # current query, previous key
     ((((2, 1), 1.0),), "induction"),
+    ((((2, 1), -1.0), ((1, 0), -0.4)), "mixed"),              # the same diagonal, negative
     ((((2, 2), 1.0), ((2, 3), -1.0)), "edge"),
     ((((2, 2), 1.0), ((0, 4), 0.9), ((1, 0), 0.7)), "mixed"),
 ])
@@ -53,6 +54,8 @@ def test_induction_share_is_the_previous_key_diagonal():
     f = mta.kernel_features(k, centre=2)
     assert f["induction_share"] == pytest.approx(10.0 / 13.0)
     assert f["diagonal_share"] == pytest.approx(2.0 / 13.0)
+    assert f["induction_sign"] == 1.0
+    assert mta.kernel_features(-k, centre=2)["induction_sign"] == -1.0
     assert mta.kernel_features(_kernel(taps=(((2, 0), 1.0),)), centre=0)["induction_share"] == 0
 
 

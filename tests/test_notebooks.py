@@ -103,7 +103,7 @@ def test_the_induction_notebook_states_each_text_models_verdict():
     head but misses the copy-ratio half, or has none, as its card's probe numbers decide
     (text-mha-l2: an induction head, copy ratio 0.68 against the bar's 0.5)."""
     from hooked_models import zoo
-    from interp.zoo.text_studies import INDUCTION_THRESHOLD, forms_induction
+    from interp.zoo.text_studies import forms_induction, has_induction_head
 
     nb = nbformat.read(str(NOTEBOOKS / "02_induction_heads.ipynb"), as_version=4)
     printed = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
@@ -111,7 +111,7 @@ def test_the_induction_notebook_states_each_text_models_verdict():
         metrics = zoo.load(name).card["metrics"]
         verdict = ("meets the bar" if forms_induction(metrics) else
                    "an induction head, copy-ratio bar missed"
-                   if metrics["induction_score"] >= INDUCTION_THRESHOLD else "no induction head")
+                   if has_induction_head(metrics) else "no induction head")
         assert f"{name}: {verdict}:" in printed
     assert "text-mha-l2: an induction head, copy-ratio bar missed:" in printed
     assert "text-mha-l1: no induction head:" in printed

@@ -308,7 +308,8 @@ def test_partial_groups_claim_nothing_without_intervals(no_drawing):
     cards = [c for c in _cope_cards("flipflop", 0.01, 0.2) if c["seed"] == 0 or c["variant"]
              != "nope"]
     text = cope.reading("cope-flipflop-long", cards)
-    assert text.count("One seed of NoPE so far, no interval") == 4 and "on no split" in text
+    assert text.count("One seed of NoPE so far: no split can show") == 1
+    assert "apart" not in text and "advantage is not established yet" in text
 
 
 def test_budget_counts_cpu_time_when_every_card_has_it():

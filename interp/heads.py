@@ -156,18 +156,31 @@ def stage_maps(model, tokens, stage: str = "pattern", layers: Iterable[int] | No
     Example:
         >>> maps = stage_maps(model, tokens, "softmax")        # doctest: +SKIP
     """
+    return stages_maps(model, tokens, [stage], layers, fwd_hooks)[stage]
+
+
+def stages_maps(model, tokens, stages: Iterable[str], layers: Iterable[int] | None = None,
+                fwd_hooks=()) -> dict[str, dict[int, Tensor]]:
+    """`{stage: {layer: [batch head q k]}}` for several map stages, from one forward.
+
+    Example:
+        >>> maps = stages_maps(model, tokens, ["softmax", "pattern"])   # doctest: +SKIP
+    """
     tokens = as_tokens(model, tokens)
-    layers = layers_with_stage(model, stage) if layers is None else [check_layer(model, x)
+    names: dict[str, dict[int, str]] = {}
+    for stage in stages:
+        at = layers_with_stage(model, stage) if layers is None else [check_layer(model, x)
                                                                      for x in layers]
-    if not layers:
-        raise ValueError(f"no layer of this {model.cfg.attention!r} model has a stage {stage!r}; "
-                         f"stages: {[s.name for s in model.stages(0)]}")
-    for layer in layers:
-        if not find_stage(model, layer, stage).is_map:
-            raise ValueError(f"stage {stage!r} is not a [batch head query key] map")
-    names = {layer: model.stage_hook_name(layer, stage) for layer in layers}
-    store = run_cache(model, tokens, list(names.values()), fwd_hooks)
-    return {layer: store[name] for layer, name in names.items()}
+        if not at:
+            raise ValueError(f"no layer of this {model.cfg.attention!r} model has a stage "
+                             f"{stage!r}; stages: {[s.name for s in model.stages(0)]}")
+        for layer in at:
+            if not find_stage(model, layer, stage).is_map:
+                raise ValueError(f"stage {stage!r} is not a [batch head query key] map")
+        names[stage] = {layer: model.stage_hook_name(layer, stage) for layer in at}
+    store = run_cache(model, tokens, [n for by in names.values() for n in by.values()],
+                      fwd_hooks)
+    return {stage: {layer: store[n] for layer, n in by.items()} for stage, by in names.items()}
 
 
 def detect_heads(model, tokens, detectors: Iterable[str] = tuple(DETECTORS),
@@ -200,7 +213,14 @@ def detect_heads(model, tokens, detectors: Iterable[str] = tuple(DETECTORS),
         raise ValueError(f"unknown detectors {unknown}; choose from {list(DETECTORS)}")
     tokens = as_tokens(model, tokens)
     maps = stage_maps(model, tokens, stage, fwd_hooks=fwd_hooks)
-    kw = dict(exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+    return _detector_table(model, tokens, maps, stage, detectors,
+                           dict(exclude_bos=exclude_bos,
+                                exclude_current_token=exclude_current_token))
+
+
+def _detector_table(model, tokens: Tensor, maps: dict[int, Tensor], stage: str,
+                    detectors: list[str], kw: dict) -> pd.DataFrame:
+    """`detect_heads`'s table from maps already cached."""
     rows = []
     for layer, m in maps.items():
         dist = _scorable(m, find_stage(model, layer, stage))
@@ -223,6 +243,17 @@ def induction_table(model, batch: int = 8, half_len: int | None = None, seed: in
         >>> induction_table(model, half_len=10)["induction_stripe"].idxmax()  # doctest: +SKIP
         'L1H2'
     """
+    return induction_tables(model, [stage], batch, half_len, seed, fwd_hooks)[stage]
+
+
+def induction_tables(model, stages: Iterable[str] = ("pattern",), batch: int = 8,
+                     half_len: int | None = None, seed: int = 0,
+                     fwd_hooks=()) -> dict[str, pd.DataFrame]:
+    """`{stage: induction_table(..., stage=stage)}` for several map stages, from one forward.
+
+    Example:
+        >>> induction_tables(model, ["softmax", "pattern"])["softmax"]   # doctest: +SKIP
+    """
     check_int("batch", batch)
     check_int("seed", seed, minimum=0)
     half = max(2, (model.cfg.n_ctx - 1) // 2) if half_len is None else check_int("half_len",
@@ -231,14 +262,16 @@ def induction_table(model, batch: int = 8, half_len: int | None = None, seed: in
         raise ValueError(f"half_len={half} needs {1 + 2 * half} positions; n_ctx="
                          f"{model.cfg.n_ctx}")
     tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed).to(model.W_E.device)
-    table = detect_heads(model, tokens, stage=stage, fwd_hooks=fwd_hooks)
-    maps = stage_maps(model, tokens, stage, fwd_hooks=fwd_hooks)
-    stripe = []
-    for layer, m in maps.items():
-        dist = _scorable(m, find_stage(model, layer, stage))
-        stripe.extend(float(x) for x in repeated_induction_scores(dist, half).cpu())
-    table["induction_stripe"] = stripe
-    return table
+    tables = {}
+    for stage, maps in stages_maps(model, tokens, stages, fwd_hooks=fwd_hooks).items():
+        table = _detector_table(model, tokens, maps, stage, list(DETECTORS),
+                                dict(exclude_bos=False, exclude_current_token=False))
+        table["induction_stripe"] = [
+            float(x) for layer, m in maps.items()
+            for x in repeated_induction_scores(_scorable(m, find_stage(model, layer, stage)),
+                                               half).cpu()]
+        tables[stage] = table
+    return tables
 
 
 def ablation_hooks(model, heads: Iterable[tuple[int, int]], how: str = "zero",

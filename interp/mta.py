@@ -76,12 +76,12 @@ def kernel_features(kernel: Tensor, centre: int) -> dict[str, float]:
     diag = diagonal(centre)
     column = float(energy[:, centre].sum())
     absolute = float(k.abs().sum()) or 1e-300
+    previous = diagonal(centre - 1, k) if centre >= 1 else 0.0   # signed previous-key taps
     return {"identity_share": float(energy[cur, centre]) / total,
             "diagonal_share": diag / total,
             "induction_share": (diagonal(centre - 1) if centre >= 1 else 0.0) / total,
             # +1 when the previous-key diagonal's taps sum positive (attend), -1 negative (avoid)
-            "induction_sign": float(math.copysign(1.0, diagonal(centre - 1, k)))
-            if centre >= 1 and diagonal(centre - 1, k) != 0 else 0.0,
+            "induction_sign": float(math.copysign(1.0, previous)) if previous != 0 else 0.0,
             "priming_share": column / total,
             "balance": abs(float(k.sum())) / absolute,
             "negative_share": float(k.clamp(max=0).abs().sum()) / absolute}
@@ -144,12 +144,12 @@ def plain_kernel(model, layer: int, head: int, phase: str = "pre"):
     """
     if phase not in KERNEL_ATTRS:
         raise ValueError(f"phase must be one of {list(KERNEL_ATTRS)}, got {phase!r}")
-    kernels = key_query_kernels(model)
-    if (layer, phase) not in kernels:
+    weight = (getattr(model.blocks[layer].attn, KERNEL_ATTRS[phase], None)
+              if isinstance(layer, int) and 0 <= layer < len(model.blocks) else None)
+    if weight is None:
         raise ValueError(f"layer {layer} has no {phase}-softmax key-query kernel")
-    if not 0 <= head < kernels[(layer, phase)].shape[0]:
-        raise ValueError(f"head {head} out of range [0, {kernels[(layer, phase)].shape[0]})")
-    weight = getattr(model.blocks[layer].attn, KERNEL_ATTRS[phase])
+    if not 0 <= head < weight.shape[0]:
+        raise ValueError(f"head {head} out of range [0, {weight.shape[0]})")
     saved = weight.detach().clone()
     c_q, c_k = weight.shape[-2:]
     try:

@@ -107,6 +107,29 @@ def test_induction_before_and_after_mta_convolution():
     assert after.loc["L1H0", "duplicate_token"] > 5 * after.loc["L1H0", "induction"]
 
 
+def test_induction_tables_share_one_forward():
+    """Both stages' tables from one forward, each equal to its own `detect_heads` + stripe."""
+    model = build_induction_model("mta", dtype="float64")
+    forwards = []
+    handle = model.embed.register_forward_hook(lambda *a: forwards.append(1))
+    tables = heads.induction_tables(model, ["softmax", "pattern"], batch=4, half_len=HALF)
+    handle.remove()
+    assert len(forwards) == 1 and set(tables) == {"softmax", "pattern"}
+    tokens = repeated_tokens(4, HALF, V, seed=0)
+    for stage, table in tables.items():
+        alone = heads.detect_heads(model, tokens, stage=stage)
+        assert table[list(heads.DETECTORS)].equals(alone[list(heads.DETECTORS)])
+        maps = heads.stage_maps(model, tokens, stage)      # both stages come after softmax
+        naive = []
+        for m in maps.values():        # query i of the second copy, key i - HALF + 1
+            for h in range(2):
+                hits = [m[b, h, i, i - HALF + 1] for b in range(4)
+                        for i in range(1 + HALF, 1 + 2 * HALF)]
+                naive.append(float(sum(hits)) / len(hits))
+        torch.testing.assert_close(torch.tensor(table["induction_stripe"].to_numpy()),
+                                   torch.tensor(naive, dtype=torch.float64), **EXACT)
+
+
 @pytest.mark.parametrize("variant", available_variants())
 def test_detect_heads_agrees_with_transformer_lens(variant):
     model = tiny_model(variant, tokenizer_alphabet="abcdefghij ", n_ctx=64, dtype="float64")

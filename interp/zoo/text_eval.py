@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from hooked_models.checkpoint import save_tensors
-from interp.heads import induction_table
+from interp.heads import induction_tables
 
 EVAL_TOKENS_FILE = "eval_tokens.safetensors"
 N_VAL_WINDOWS = 64
@@ -110,14 +110,15 @@ def induction_probe(model, batch: int = 8, seed: int = PROBE_SEED,
     from interp.tasks.induction import repeated_tokens
 
     half = half or min(PROBE_HALF, (model.cfg.n_ctx - 1) // 2)
-    table = induction_table(model, batch=batch, half_len=half, seed=seed)
+    stage = distribution_stage(model)
+    tables = induction_tables(model, ["pattern"] + ([stage] if stage else []), batch=batch,
+                              half_len=half, seed=seed)
+    table = tables["pattern"]
     tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed)
     first, second = copy_losses(model, tokens, half)
     out = {"induction_score": float(table["induction_stripe"].max())}
-    stage = distribution_stage(model)
     if stage is not None:
-        dist = induction_table(model, batch=batch, half_len=half, seed=seed, stage=stage)
-        out[f"induction_score_{stage}"] = float(dist["induction_stripe"].max())
+        out[f"induction_score_{stage}"] = float(tables[stage]["induction_stripe"].max())
     return out | {"first_copy_loss": first, "repeat_loss": second,
                   "copy_loss_ratio": second / first, "table": table}
 

@@ -139,12 +139,12 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
         variant, shape = _parts(name)
         m = load_card(d)["metrics"]
         best = max(m["head_table"], key=lambda h: h["induction_stripe"])
+        dist_stage, dist_score = distribution_score(m) or (None, None)
         rows.append({"model": name, "variant": variant, "shape": shape,
                      "val_loss": m["val_loss"], "icl_score": m["icl_score"],
                      "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
                      "copy_loss_ratio": m.get("copy_loss_ratio"), "best_head": best["label"],
-                     "distribution_stage": (distribution_score(m) or (None, None))[0],
-                     "distribution_score": (distribution_score(m) or (None, None))[1],
+                     "distribution_stage": dist_stage, "distribution_score": dist_score,
                      "has_induction_head": has_induction_head(m, threshold),
                      "forms_induction": forms_induction(m, threshold)})
     return pd.DataFrame(rows)

@@ -7,13 +7,15 @@
 # corrupted run. The graph has the usual residual edges, plus within-layer edges where heads mix
 # their maps (MTA head mixing, DCMHA Compose) and Infini's memory reads.
 #
-# This notebook runs it on four bundled models:
+# This notebook runs it on five bundled models:
 #
 # 1. the induction circuit of `induction-mha`;
 # 2. MTA's find-the-block (`mta-findblock-last-mta-s0`);
 # 3. DCMHA's conjunction lookup (`dcmha-conjunction-dcmha-s0`): its Compose edges are in the
 #    circuit, but the model has not learned the conjunction itself;
-# 4. the induction circuit of `text-mha-l2`, a language model trained on source code.
+# 4. the induction circuit of `text-mha-l2`, a language model trained on source code;
+# 5. the one-layer induction circuit of `text-mta-l2`, which runs through head mixing: the
+#    edges that a graph without head-to-head edges cannot draw.
 #
 # The full tables are in [docs/circuit_discovery.md](../docs/circuit_discovery.md).
 
@@ -157,6 +159,57 @@ pd.DataFrame(rows).T.round(3)
 
 # %%
 circuit_figure(lm_found.graph, lm_found.scores, lm_found.circuit)
+
+# %% [markdown]
+# ## 5. An induction head in one layer, lent to other heads by head mixing (MTA)
+#
+# `text-mta-l2` is the MTA model of the same recipe. The search finds no previous-token head:
+# the shift that MHA buys with a second layer is in L0H3's pre-softmax key-query kernel, which
+# scores the current query against the key *before* each key, so layer 0 already attends to the
+# token after an earlier occurrence of the current one (`interp.mta.kernel_table` calls that
+# kernel class "induction"). `recovery` counts such a layer-0 induction head -> logits as a
+# circuit of its own (`one_layer`). The post-softmax head mixing then hands L0H3's map to other
+# heads of layer 0: those within-layer edges are in the circuit, and the circuit without them
+# keeps much less of the gap.
+
+# %%
+from interp.mta import plain_kernel  # noqa: E402
+
+mta_lm = zoo.load("text-mta-l2")
+mta_task = induction_task(mta_lm, n_prompts=32, half_len=20, seed=0)
+mta_heads = induction_heads(mta_lm, mta_task)
+mta_found = discover(mta_lm, mta_task, method="eap-ig", steps=10, top_k=20)
+mta_rec = recovery(mta_found.graph, mta_found.scores, mta_found.circuit, mta_heads)
+faith = mta_found.faithfulness
+ref = reference_record(mta_lm, mta_found.graph, mta_task.corrupted)
+residual_only = [e for e in mta_found.circuit if e.kind != "mix"]
+without = circuit_metric(mta_lm, mta_found.graph, residual_only, mta_task.clean,
+                         mta_task.metric, ref)
+print("previous-token heads:", mta_heads["previous_token"] or "none", "| induction heads:",
+      mta_heads["induction"], "| layer-0 induction heads -> logits:", mta_rec["one_layer"])
+print(f"metric clean {faith['clean']:.3f}, corrupted {faith['ablated']:.3f}; "
+      f"top-20 faithfulness {faith['faithfulness']:.3f}")
+print("head-mixing edges in it:", ", ".join(e.name for e in mta_found.circuit if e.kind == "mix"))
+print(f"faithfulness without them: "
+      f"{(without - faith['ablated']) / (faith['clean'] - faith['ablated']):.3f}")
+mta_found.top_edges(10)
+
+# %% [markdown]
+# The kernel is the mechanism: switch L0H3's pre-softmax kernel to the identity
+# (`plain_kernel`, every other weight unchanged) and the model no longer copies: the clean
+# metric falls most of the way to the corrupted one (what is left, about 1.5 nats, the other
+# heads still recover).
+
+# %%
+with torch.no_grad():
+    with plain_kernel(mta_lm, 0, 3):
+        switched = float(mta_task.metric(mta_lm(mta_task.clean)))
+    trained = float(mta_task.metric(mta_lm(mta_task.clean)))
+print(f"log-prob of the second copy: trained {trained:.3f}, L0H3 kernel switched off "
+      f"{switched:.3f}, corrupted {faith['ablated']:.3f}")
+
+# %%
+circuit_figure(mta_found.graph, mta_found.scores, mta_found.circuit)
 
 # %% [markdown]
 # ## From a sweep

@@ -19,6 +19,10 @@
     attnlens sweep SPEC [--out DIR] [--ray [ADDRESS]] [--workers N]
                                   run a sweep spec (models x prompt sets x analyses, YAML/JSON)
                                   in shards, resumably; merged Parquet table + summary figures
+    attnlens circuit CKPT_DIR_OR_ZOO_NAME [--task induction|findblock|conjunction-...] [--out DIR]
+                                  find a circuit by edge attribution patching (EAP-IG or first
+                                  order) on every variant's graph, head-mixing edges included;
+                                  top edges, faithfulness, a figure (see docs/circuit_discovery.md)
 """
 
 from __future__ import annotations

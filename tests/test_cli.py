@@ -20,3 +20,15 @@ def test_stages_lists_every_variant(capsys):
     assert "neither" not in out
     gates = next(line for line in out.splitlines() if "hook_gates" in line)
     assert "not softmax" in gates and "pre-softmax" not in gates
+
+
+def test_help_describes_every_command():
+    """The top-level help (the module docstring) has a usage line for each subcommand."""
+    import argparse
+
+    import dashboards.cli as cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in sub.choices:
+        assert f"\n    attnlens {name}" in cli.__doc__, name

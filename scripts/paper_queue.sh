@@ -19,9 +19,11 @@ bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
 export ATTNLENS_RUNS=${ATTNLENS_RUNS:-$HOME/.cache/attnlens}
 RUNS=$ATTNLENS_RUNS/paper-zoo
 mkdir -p "$RUNS"
+# CoPE: one task's three seeds before the next task's, so each result gets its intervals as
+# early as possible.
 PAPER=${PAPER:-"dcmha-conjunction-full-* infini-passkey-long-*
-  cope-flipflop-*-long-s0 cope-counting-3var-*-long-s0 cope-counting-5var-*-long-s0
-  cope-flipflop-*-long-s1 cope-counting-3var-*-long-s1 cope-counting-5var-*-long-s1
-  cope-flipflop-*-long-s2 cope-counting-3var-*-long-s2 cope-counting-5var-*-long-s2"}
+  cope-flipflop-*-long-s0 cope-flipflop-*-long-s1 cope-flipflop-*-long-s2
+  cope-counting-3var-*-long-s0 cope-counting-3var-*-long-s1 cope-counting-3var-*-long-s2
+  cope-counting-5var-*-long-s0 cope-counting-5var-*-long-s1 cope-counting-5var-*-long-s2"}
 OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m interp.zoo.paper train $PAPER --resume \
   --threads 1 >> "$RUNS/paper.log" 2>&1

@@ -161,6 +161,51 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     assert "### Head diversity" in text and "dcmha composed QK" in text
     assert "text-infini-l2: gate classes" in text
     assert "text-cope-l2: mean gate by the key's token category" in text
+    assert "### Where attention gets its sharpness" in text and "`composed_scores`" in text
+
+
+def test_sharpness_study_has_every_head_of_every_model(release, studies):
+    _, tables = studies
+    spread = tables["score_spread"]
+    assert set(spread["model"]) == set(NAMES)
+    for name, g in spread.groupby("model"):
+        cfg = json.loads((release / name / "config.json").read_text())
+        assert len(g) == len(set(g.head_label)) == cfg["n_layers"] * cfg["n_heads"], name
+    measured = spread[spread["rows"] > 0]      # the smoke Infini's segments are < 32 keys
+    assert measured.model.nunique() >= 5 and spread[spread["rows"] == 0].raw_std.isna().all()
+    assert (measured["raw_std"] > 0).all() and measured["max_weight"].between(0, 1).all()
+    mha = spread[spread.variant == "mha"]
+    assert (mha.raw_std == mha.logit_std).all()
+
+
+def test_sharpness_section_names_the_stage_that_widens_the_spread():
+    import pandas as pd
+
+    from interp.zoo.sharpness_docs import sharpness_section
+
+    rows = [dict(model=m, layer=0, head=h, logit_stage=st, raw_std=raw, logit_std=lg,
+                 entropy=2.0, max_weight=0.4)
+            for m, st, raw, lg in [("a", "composed_scores", 0.5, 1.5), ("b", "attn_scores", 2, 2)]
+            for h in range(2)]
+    text = sharpness_section(pd.DataFrame(rows))
+    assert "`a` layer 0: `composed_scores` widens the q.k spread 3.0x (0.50 -> 1.50)." in text
+    assert "`b` layer 0" not in text          # ratio 1: no finding
+    assert "ranges from 0.50 (`a`) to 2.00 (`b`)" in text
+
+
+def test_shipped_sharpness_table_is_recomputed():
+    """docs/figures/zoo/score_spread.csv's rows of one shipped model, recomputed."""
+    import pandas as pd
+
+    from interp.zoo.text_studies import sharpness_study
+
+    name = "text-dcmha-l2"
+    doc = pd.read_csv(zoo_docs.DEFAULTS["studies"] / "score_spread.csv")
+    doc = doc[doc.model == name].reset_index(drop=True)
+    got = sharpness_study({name: zoo_docs.DEFAULTS["zoo"] / name})
+    assert list(got.head_label) == list(doc.head_label)
+    for col in ("raw_std", "logit_std", "entropy", "max_weight"):
+        assert got[col].to_numpy() == pytest.approx(doc[col].to_numpy(), abs=1e-3), col
 
 
 def test_docs_zoo_md_is_current():

@@ -1,4 +1,4 @@
-"""The four studies of the text-LM zoo (issue 17 items 4-6), run on released models.
+"""The studies of the text-LM zoo (issue 17 items 4-6, issue 26 item 5), run on released models.
 
     python -m interp.zoo.text_studies RELEASE_DIR [--out docs/figures/zoo] [--no-png]
 
@@ -22,6 +22,9 @@ figures (HTML, and PNG when kaleido works) into OUT, where `interp.zoo.zoo_docs`
    segment (`interp.infini.memory_specialisation`), MTA's output gates and key-query kernel
    classes, DCMHA's dynamic weights (`interp.gating.gate_values` on the dd stages), CoPE's
    gates by token category (what it counts: newlines, indentation, identifiers, ...).
+4. Sharpness (`sharpness_study`): per head, the spread of the raw q.k scores and of the logits
+   entering the softmax, and the entropy of the attention they give, on validation windows
+   (`interp.score_spread`): where a variant's attention gets its sharpness.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from interp.diversity import diversity_summary, head_diversity
 from interp.gating import gate_values
 from interp.infini import memory_specialisation
 from interp.mta import kernel_table
+from interp.score_spread import score_spread
 from interp.zoo.text_eval import load_eval_tokens
 
 INDUCTION_THRESHOLD = 0.3
@@ -240,8 +244,21 @@ def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dic
     return {k: pd.concat(v, ignore_index=True) for k, v in out.items()}
 
 
+def sharpness_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> pd.DataFrame:
+    """`interp.score_spread` of every model on its first `n_windows` validation windows, with
+    `model`, `variant` and `shape` columns."""
+    frames = []
+    for name, d in models.items():
+        variant, shape = _parts(name)
+        table = score_spread(_load(d), load_eval_tokens(d)[:n_windows]).reset_index()
+        frames.append(table.assign(model=name, variant=variant, shape=shape))
+    table = pd.concat(frames, ignore_index=True)
+    return table[["model", "variant", "shape", *[c for c in table.columns
+                                                 if c not in ("model", "variant", "shape")]]]
+
+
 def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -> dict:
-    """Run the four studies on the models in `release_dir`; write CSVs and figures to
+    """Run the studies on the models in `release_dir`; write CSVs and figures to
     `out_dir`. Returns `{table name: DataFrame}`."""
     from tqdm.auto import tqdm
 
@@ -259,7 +276,7 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
                          f"card) in {str(release_dir)!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=5, desc="text-zoo studies", disable=not progress)
+    steps = tqdm(total=6, desc="text-zoo studies", disable=not progress)
     tables = {"induction": induction_study(models), "training_log": training_logs(models)}
     steps.update()
     tables["copy_distance"] = copy_distance_study(models)
@@ -267,6 +284,8 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
     tables["diversity_curves"], tables["diversity"] = diversity_study(models)
     steps.update()
     tables.update(gating_study(models))
+    steps.update()
+    tables["score_spread"] = sharpness_study(models)
     steps.update()
     for key, frame in tables.items():
         frame.to_csv(out / f"{key}.csv", index=False)

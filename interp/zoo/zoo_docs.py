@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from interp.zoo.sharpness_docs import sharpness_section
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
@@ -567,6 +568,10 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
         if gating:
             parts += ["### Gating specialisation", "", gating,
                       _figure(studies, out, "cope_categories")]
+        spread = _csv(studies, "score_spread")
+        if spread is not None and not spread.empty:
+            parts += ["", "### Where attention gets its sharpness", "",
+                      sharpness_section(spread)]
     return "\n".join(parts).rstrip() + "\n"
 
 

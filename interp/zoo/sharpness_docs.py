@@ -12,7 +12,7 @@ INTRO = ("Where a head's attention gets its sharpness (`interp.score_spread`, th
          "spread (row standard deviation) of the raw q.k scores, the spread of the logits that "
          "enter the softmax (after CoPE's position logits, MTA's convolution and head mixing, "
          "DCMHA's pre-softmax Compose), their ratio, and the entropy and largest weight of "
-         "the attention rows they give (uniform over 256 keys: 5.5 nats).")
+         "the attention rows they give (a uniform row over 256 keys would have 5.5 nats).")
 
 
 def by_layer(table: pd.DataFrame) -> pd.DataFrame:

@@ -207,6 +207,59 @@ def test_write_metrics_refuses_other_cards(tmp_path):
         write_metrics(tmp_path, {"x": 1.0})
 
 
+def test_publish_moves_an_evaluated_model_into_place(tmp_path, monkeypatch):
+    """`train` saves and evaluates in a hidden staging directory, then renames it into the
+    zoo, replacing an older release; the zoo never lists the staging directory."""
+    from hooked_models import zoo
+    from interp.zoo.paper._training import publish
+
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
+    recipe = _tiny(steps=2)
+    staging, target = tmp_path / ".tiny.staging", tmp_path / "tiny"
+    train_recipe(recipe, staging, _sample(recipe), run_root=tmp_path / "r")
+    assert zoo.available() == []                          # staged, not a model yet
+    with pytest.raises(ValueError, match="no evaluated card"):
+        publish(staging, target)
+    assert staging.is_dir() and not target.exists()       # nothing moved
+    write_metrics(staging, {"acc": 0.5})
+    target.mkdir()
+    (target / "stale.txt").write_text("an older release")
+    publish(staging, target)
+    assert not staging.exists() and not (target / "stale.txt").exists()
+    assert json.loads((target / "card.json").read_text())["metrics"] == {"acc": 0.5}
+    assert zoo.available() == ["tiny"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "r", "tiny"]
+
+
+def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, capsys):
+    """`python -m interp.zoo.paper train`: while the new model is evaluated the zoo lists
+    nothing; afterwards it holds the model with its metrics, and a second run skips it."""
+    from hooked_models import zoo
+    from interp.zoo.paper import __main__ as cli
+    from interp.zoo.paper import _training
+
+    recipe = _tiny(steps=2)
+    (tmp_path / "zoo").mkdir()
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setattr(_training, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(cli, "all_recipes", lambda: {recipe.name: recipe})
+    listed = []
+
+    def spy(directory, metrics, eval_seed):
+        listed.append(zoo.available())
+        return write_metrics(directory, metrics, eval_seed=eval_seed)
+
+    monkeypatch.setattr(cli, "write_metrics", spy)
+    cli.main(["train", recipe.name, "--resume"])
+    assert listed == [[]]
+    card = json.loads((tmp_path / "zoo" / recipe.name / "card.json").read_text())
+    assert card["metrics"] and card["eval_seed"] == _training.EVAL_SEED
+    assert [p.name for p in (tmp_path / "zoo").iterdir()] == [recipe.name]
+    cli.main(["train", recipe.name, "--resume"])
+    assert "skipped" in capsys.readouterr().err and listed == [[]]
+
+
 def test_evaluate_model_refuses_other_models():
     model = HookedVariantTransformer(VariantConfig(d_model=8, d_head=4, n_layers=1, n_ctx=8,
                                                    d_vocab=8, attn_only=True))

@@ -17,10 +17,12 @@ ZOO_DIR = Path(__file__).parent
 
 
 def available(kind: str | None = None) -> list[str]:
-    """Names of the bundled checkpoints (directories holding a config.json); with `kind`, only
+    """Names of the bundled checkpoints (directories holding a config.json; hidden ones, such as
+    a paper run's staging directory, are not models yet); with `kind`, only
     those whose card says that kind ("induction" for the toy models, whose cards name none;
     "paper-task" for the models of docs/reproduction.md; "text-lm")."""
-    names = sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+    names = sorted(p.name for p in ZOO_DIR.iterdir()
+                   if not p.name.startswith(".") and (p / "config.json").is_file())
     if kind is None:
         return names
     return [n for n in names if _card_kind(ZOO_DIR / n) == kind]

@@ -1,7 +1,8 @@
 """Command line of the paper-task zoo.
 
     python -m interp.zoo.paper list [PATTERN...]          recipes, and which are shipped
-    python -m interp.zoo.paper train NAME... [--resume]   train into hooked_models/zoo/NAME + eval
+    python -m interp.zoo.paper train NAME... [--resume]   train, eval, then publish the finished
+                                                          model into hooked_models/zoo/NAME
     python -m interp.zoo.paper eval NAME... [--write]     re-measure; --write stores card metrics
     python -m interp.zoo.paper report                     docs/reproduction.md + its figures
     python -m interp.zoo.paper lr-probe NAME... --lrs LR... [--steps N] [--csv PATH]
@@ -19,11 +20,14 @@ import sys
 
 import torch
 
+from hooked_models.model import HookedVariantTransformer
 from hooked_models.zoo import available, load
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
     EVAL_SEED,
     evaluate_model,
+    publish,
+    staging_dir,
     up_to_date,
     write_metrics,
     zoo_dir,
@@ -93,8 +97,12 @@ def main(argv=None) -> None:
                       "re-measures its card)", file=sys.stderr, flush=True)
                 continue
             print(f"training {name}", file=sys.stderr, flush=True)
-            module_of(recipe).train(recipe, zoo_dir(name), resume=args.resume)
-            _eval([name], write=True)
+            staging = staging_dir(name)
+            module_of(recipe).train(recipe, staging, resume=args.resume)
+            metrics = evaluate_model(HookedVariantTransformer.from_pretrained(staging))
+            print(name, f"eval seed {EVAL_SEED}", json.dumps(metrics), flush=True)
+            write_metrics(staging, metrics, eval_seed=EVAL_SEED)
+            publish(staging, zoo_dir(name))
     elif args.command == "eval":
         torch.set_num_threads(args.threads)
         _eval(_select(args.names), args.write)

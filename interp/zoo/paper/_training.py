@@ -220,6 +220,33 @@ def zoo_dir(name: str) -> Path:
     return ZOO_DIR / name
 
 
+def staging_dir(name: str) -> Path:
+    """Where `train` saves and evaluates a model before `publish` moves it into the zoo: a
+    hidden sibling of its zoo directory (same file system, so the move is a rename; the zoo's
+    `available` skips hidden directories), so nothing reading the zoo meanwhile sees a card
+    without its metrics."""
+    return ZOO_DIR / f".{name}.staging"
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Move the finished, evaluated `staging` directory to `target` by renames: a previous
+    `target` is renamed aside first and removed only once the new one is in place."""
+    import shutil
+
+    staging, target = Path(staging), Path(target)
+    if not (staging / "card.json").is_file() or "metrics" not in json.loads(
+            (staging / "card.json").read_text()):
+        raise ValueError(f"{staging} holds no evaluated card; nothing published")
+    old = target.with_name(f".{target.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def write_metrics(directory: Path, metrics: dict[str, float], eval_seed: int = EVAL_SEED) -> dict:
     """Store `metrics`, the eval command and the held-out `eval_seed` they were measured on in
     `directory/card.json`, atomically."""

@@ -169,8 +169,8 @@ def stages_maps(model, tokens, stages: Iterable[str], layers: Iterable[int] | No
     tokens = as_tokens(model, tokens)
     names: dict[str, dict[int, str]] = {}
     for stage in stages:
-        at = layers_with_stage(model, stage) if layers is None else [check_layer(model, x)
-                                                                     for x in layers]
+        at = (layers_with_stage(model, stage) if layers is None
+              else [check_layer(model, x) for x in layers])
         if not at:
             raise ValueError(f"no layer of this {model.cfg.attention!r} model has a stage "
                              f"{stage!r}; stages: {[s.name for s in model.stages(0)]}")
@@ -213,17 +213,21 @@ def detect_heads(model, tokens, detectors: Iterable[str] = tuple(DETECTORS),
         raise ValueError(f"unknown detectors {unknown}; choose from {list(DETECTORS)}")
     tokens = as_tokens(model, tokens)
     maps = stage_maps(model, tokens, stage, fwd_hooks=fwd_hooks)
-    return _detector_table(model, tokens, maps, stage, detectors,
+    return _detector_table(model, tokens, _scorable_maps(model, maps, stage), stage, detectors,
                            dict(exclude_bos=exclude_bos,
                                 exclude_current_token=exclude_current_token))
 
 
-def _detector_table(model, tokens: Tensor, maps: dict[int, Tensor], stage: str,
+def _scorable_maps(model, maps: dict[int, Tensor], stage: str) -> dict[int, Tensor]:
+    """`{layer: _scorable(map)}`: what the detectors score."""
+    return {layer: _scorable(m, find_stage(model, layer, stage)) for layer, m in maps.items()}
+
+
+def _detector_table(model, tokens: Tensor, dists: dict[int, Tensor], stage: str,
                     detectors: list[str], kw: dict) -> pd.DataFrame:
-    """`detect_heads`'s table from maps already cached."""
+    """`detect_heads`'s table from scorable maps already cached (`_scorable_maps`)."""
     rows = []
-    for layer, m in maps.items():
-        dist = _scorable(m, find_stage(model, layer, stage))
+    for layer, dist in dists.items():
         scores = {d: DETECTORS[d](dist, tokens, **kw).cpu() for d in detectors}
         for h in range(model.cfg.n_heads):
             rows.append({"head_label": head_label(layer, h), "layer": layer, "head": h,
@@ -264,12 +268,11 @@ def induction_tables(model, stages: Iterable[str] = ("pattern",), batch: int = 8
     tokens = repeated_tokens(batch, half, model.cfg.d_vocab, seed=seed).to(model.W_E.device)
     tables = {}
     for stage, maps in stages_maps(model, tokens, stages, fwd_hooks=fwd_hooks).items():
-        table = _detector_table(model, tokens, maps, stage, list(DETECTORS),
+        dists = _scorable_maps(model, maps, stage)
+        table = _detector_table(model, tokens, dists, stage, list(DETECTORS),
                                 dict(exclude_bos=False, exclude_current_token=False))
-        table["induction_stripe"] = [
-            float(x) for layer, m in maps.items()
-            for x in repeated_induction_scores(_scorable(m, find_stage(model, layer, stage)),
-                                               half).cpu()]
+        table["induction_stripe"] = [float(x) for dist in dists.values()
+                                     for x in repeated_induction_scores(dist, half).cpu()]
         tables[stage] = table
     return tables
 

@@ -38,7 +38,7 @@ def documented_rows() -> dict[str, dict[str, str]]:
 def test_the_section_lists_every_shipped_2_layer_text_model():
     rows = documented_rows()
     shipped = {n for n in available() if re.fullmatch(r"text-[a-z]+-l2", n)}
-    assert shipped and set(rows) == shipped
+    assert shipped and shipped <= set(rows) <= set(available())   # data-mix twins may join
 
 
 @pytest.mark.parametrize("name", sorted(documented_rows()))

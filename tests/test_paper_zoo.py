@@ -27,6 +27,8 @@ ABS_TOL = 0.02
 def _paper_dirs():
     out = []
     for d in sorted(ZOO_DIR.iterdir()):
+        if d.name.startswith("."):       # a run being staged (interp.zoo.paper train)
+            continue
         card = d / "card.json"
         if card.is_file() and json.loads(card.read_text()).get("kind") == KIND:
             out.append(d)

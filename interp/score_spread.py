@@ -70,16 +70,15 @@ def score_spread(model, tokens, min_keys: int = 32) -> pd.DataFrame:
     if tokens.shape[1] <= min_keys:
         raise ValueError(f"{tokens.shape[1]} positions leave no query with min_keys={min_keys} "
                          f"keys")
-    names, stages = [], {}
-    for layer in range(model.cfg.n_layers):
-        stages[layer] = ("attn_scores", *softmax_stages(model, layer))
-        names += [model.stage_hook_name(layer, s) for s in stages[layer]]
-    store = run_cache(model, tokens, sorted(set(names)))
+    stages = {layer: ("attn_scores", *softmax_stages(model, layer))
+              for layer in range(model.cfg.n_layers)}
+    hook_names = {layer: [model.stage_hook_name(layer, s) for s in layer_stages]
+                  for layer, layer_stages in stages.items()}
+    store = run_cache(model, tokens, sorted({n for names in hook_names.values() for n in names}))
     rows = []
-    for layer, (raw_name, logit_name, dist_name) in stages.items():
-        raw = store[model.stage_hook_name(layer, raw_name)]
-        logits = store[model.stage_hook_name(layer, logit_name)]
-        dist = store[model.stage_hook_name(layer, dist_name)].double()
+    for layer, (_, logit_name, dist_name) in stages.items():
+        raw, logits, dist = (store[name] for name in hook_names[layer])
+        dist = dist.double()
         keep = (torch.isfinite(logits).sum(-1) >= min_keys).double()        # [batch head q]
         plogp = torch.where(dist > 0, dist * dist.clamp(min=1e-300).log(), 0.0)
         entropy = _mean_over_rows(-plogp.sum(-1), keep)

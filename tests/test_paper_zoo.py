@@ -260,6 +260,12 @@ def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, ca
     assert [p.name for p in (tmp_path / "zoo").iterdir()] == [recipe.name]
     cli.main(["train", recipe.name, "--resume"])
     assert "skipped" in capsys.readouterr().err and listed == [[]]
+    # `eval --write` re-measures the published model through the same path: same metrics
+    cli.main(["eval", recipe.name, "--write"])
+    assert listed == [[], [recipe.name]]
+    again = json.loads((tmp_path / "zoo" / recipe.name / "card.json").read_text())
+    assert again["metrics"] == card["metrics"]
+    assert recipe.name in capsys.readouterr().out
 
 
 def test_evaluate_model_refuses_other_models():

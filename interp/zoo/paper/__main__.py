@@ -17,11 +17,12 @@ import argparse
 import fnmatch
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from hooked_models.model import HookedVariantTransformer
-from hooked_models.zoo import available, load
+from hooked_models.zoo import available
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
     EVAL_SEED,
@@ -45,16 +46,22 @@ def _select(patterns: list[str]) -> list[str]:
     return chosen
 
 
+def _measure(name: str, directory: Path, write: bool) -> None:
+    """Evaluate the model saved in `directory` on the eval seed, print the metrics and, with
+    `write`, store them in its card."""
+    metrics = evaluate_model(HookedVariantTransformer.from_pretrained(directory))
+    print(name, f"eval seed {EVAL_SEED}", json.dumps(metrics), flush=True)
+    if write:
+        write_metrics(directory, metrics, eval_seed=EVAL_SEED)
+
+
 def _eval(names: list[str], write: bool) -> None:
     shipped = set(available())
     for name in names:
         if name not in shipped:
             raise SystemExit(f"{name} is not shipped (train it first: "
                              f"python -m interp.zoo.paper train {name} --resume)")
-        metrics = evaluate_model(load(name))
-        print(name, f"eval seed {EVAL_SEED}", json.dumps(metrics), flush=True)
-        if write:
-            write_metrics(zoo_dir(name), metrics, eval_seed=EVAL_SEED)
+        _measure(name, zoo_dir(name), write)
 
 
 def main(argv=None) -> None:
@@ -99,9 +106,7 @@ def main(argv=None) -> None:
             print(f"training {name}", file=sys.stderr, flush=True)
             staging = staging_dir(name)
             module_of(recipe).train(recipe, staging, resume=args.resume)
-            metrics = evaluate_model(HookedVariantTransformer.from_pretrained(staging))
-            print(name, f"eval seed {EVAL_SEED}", json.dumps(metrics), flush=True)
-            write_metrics(staging, metrics, eval_seed=EVAL_SEED)
+            _measure(name, staging, write=True)
             publish(staging, zoo_dir(name))
     elif args.command == "eval":
         torch.set_num_threads(args.threads)

@@ -88,13 +88,28 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 4096) -> BPETokenizer:
     return BPETokenizer(tok)
 
 
-def encode_documents(tokenizer: BPETokenizer, texts: Iterable[str]) -> np.ndarray:
-    """One uint16 stream: each document as [BOS] + its tokens, documents concatenated in order."""
+def encode_documents(tokenizer: BPETokenizer, texts: Iterable[str],
+                     chunk: int = 256) -> np.ndarray:
+    """One uint16 stream: each document as [BOS] + its tokens, documents concatenated in order.
+
+    Documents are encoded `chunk` at a time, so a corpus of hundreds of MB never holds more
+    than one chunk's encodings (the stream does not depend on `chunk`)."""
     if tokenizer.vocab_size > np.iinfo(np.uint16).max + 1:
         raise ValueError(f"vocab_size {tokenizer.vocab_size} does not fit uint16 streams")
-    texts = list(texts)
-    encodings = tokenizer.inner.encode_batch(texts, add_special_tokens=False)
-    parts = [np.asarray([tokenizer.bos_token_id] + e.ids, dtype=np.uint16) for e in encodings]
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    parts, batch = [], []
+
+    def flush():
+        for e in tokenizer.inner.encode_batch(batch, add_special_tokens=False):
+            parts.append(np.asarray([tokenizer.bos_token_id] + e.ids, dtype=np.uint16))
+        batch.clear()
+
+    for text in texts:
+        batch.append(text)
+        if len(batch) == chunk:
+            flush()
+    flush()
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
 
 

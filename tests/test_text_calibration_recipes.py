@@ -6,6 +6,7 @@ import pytest
 
 from interp.zoo.text_recipes import (
     CALIBRATION_RECIPES,
+    PACKAGE_RECIPES,
     RECIPES,
     SESSION_CALIBRATION,
     ZOO_TRAIN,
@@ -20,7 +21,8 @@ def tokens_of(recipe) -> int:
     return tcfg.steps * tcfg.batch_size * cfg.n_ctx
 
 
-@pytest.mark.parametrize("name", sorted(set(CALIBRATION_RECIPES) - set(SESSION_CALIBRATION)))
+@pytest.mark.parametrize("name", sorted(set(CALIBRATION_RECIPES) - set(SESSION_CALIBRATION)
+                                         - set(PACKAGE_RECIPES)))
 def test_calibration_recipes_change_one_thing_at_the_zoo_budget(name):
     recipe, zoo = get_recipe(name), RECIPES["text-mha-l2"]
     assert tokens_of(recipe) == tokens_of(zoo) == 5000 * 16 * 512
@@ -54,3 +56,16 @@ def test_session_calibration_runs_fit_a_session_and_change_only_the_data(name):
     assert tcfg.batch_size * cfg.n_ctx == 4096 and tcfg.lr == ZOO_TRAIN["lr"]
     assert recipe.data_mix and set(recipe.data_mix) <= {
         "repeat_fraction", "span", "span_tokens", "toy_schedule", "toy_copy", "toy_vocab"}
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGE_RECIPES))
+def test_package_corpus_twins_change_only_the_training_text(name):
+    """text-{v}-l2-pkgs is the zoo's text-{v}-l2 (model, optimiser, curriculum, tokens) on
+    the standard library followed by the pinned distributions' sources."""
+    recipe = get_recipe(name)
+    zoo = RECIPES[name.removesuffix("-pkgs")]
+    assert recipe.corpus == "stdlib+packages" and zoo.corpus == "stdlib"
+    assert vars(recipe.config(d_vocab=4096)) | {"metadata": None} == \
+        vars(zoo.config(d_vocab=4096)) | {"metadata": None}
+    assert train_config(recipe.train_overrides) == train_config(zoo.train_overrides)
+    assert recipe.data_mix == zoo.data_mix and tokens_of(recipe) == tokens_of(zoo)

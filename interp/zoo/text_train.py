@@ -28,6 +28,7 @@ import torch
 from hooked_models.bpe import BPETokenizer, cached_stream, train_bpe
 from hooked_models.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
 from hooked_models.model import HookedVariantTransformer
+from hooked_models.package_corpus import PackageCorpus
 from hooked_models.train_state import latest_checkpoint, read_train_state, runs_root
 from hooked_models.trainer import METRICS_FILE, fit
 from interp.zoo.text_eval import (
@@ -43,6 +44,7 @@ from interp.zoo.text_recipes import (
     VOCAB_SIZE,
     flops_per_token,
     get_recipe,
+    package_pins,
     run_seed,
 )
 from interp.zoo.text_recipes import train_config as make_train_config
@@ -78,6 +80,18 @@ def prepare_data(cache_dir, vocab_size: int = VOCAB_SIZE, max_files: int | None 
         tokenizer.save(tok_path)
     return TextData(corpus, tokenizer, cached_stream(tokenizer, corpus, "train", cache_dir),
                     cached_stream(tokenizer, corpus, "val", cache_dir))
+
+
+def training_stream(name: str, data: TextData, cache_dir) -> tuple[np.ndarray, dict | None]:
+    """Recipe `name`'s training token stream and, for a "stdlib+packages" recipe, the record of
+    its package corpus for the card (None for the standard library alone). The package sources'
+    stream, in the zoo's tokenizer, is cached under `cache_dir` like the standard library's."""
+    if get_recipe(name).corpus == "stdlib":
+        return data.train, None
+    extra = PackageCorpus.from_installed(package_pins(), data.corpus)
+    stream = cached_stream(data.tokenizer, extra, "train", cache_dir)
+    return np.concatenate([data.train, stream]), extra.describe() | {
+        "tokens": int(len(stream)), "stdlib_train_tokens": int(len(data.train))}
 
 
 def window_sampler(stream: np.ndarray, n_ctx: int, bos: int, repeat_fraction: float = 0.0,
@@ -236,6 +250,9 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
         curriculum = SMOKE["ctx_schedule"]
     card = {"recipe": name, "train_command": command, "device": device,
             "data_mix": mix or "natural text"}
+    stream, extra_corpus = training_stream(name, data, Path(out_dir) / "cache")
+    if extra_corpus:
+        card["extra_corpus"] = extra_corpus
     if curriculum:
         card["ctx_schedule"] = curriculum
     ckpt = latest_checkpoint(run_dir)
@@ -244,7 +261,7 @@ def train_recipe(name: str, data: TextData, out_dir, device: str = "cpu", seed: 
         forked = json.loads((ckpt / "card.json").read_text()).get("forked_from")
         if forked:
             card["forked_from"] = forked
-    sampler = window_sampler(data.train, model.cfg.n_ctx, data.tokenizer.bos_token_id,
+    sampler = window_sampler(stream, model.cfg.n_ctx, data.tokenizer.bos_token_id,
                              vocab_size=data.tokenizer.vocab_size, start_step=start_step,
                              ctx_schedule=curriculum or (), **mix)
     fit(model, sampler, tcfg,
@@ -311,7 +328,7 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
                           "sha256": data.tokenizer.sha256},
             "weights_dtype": "float16", "python": platform.python_version(),
             "torch": torch.__version__, "metrics": metrics, **card_timing(run_dir, state)}
-    for key in ("ctx_schedule", "forked_from"):
+    for key in ("ctx_schedule", "forked_from", "extra_corpus"):
         if (model.card or {}).get(key):
             card[key] = model.card[key]
     (out / "card.json").write_text(json.dumps(card, indent=2, sort_keys=True))

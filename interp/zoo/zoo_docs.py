@@ -460,6 +460,9 @@ def run_setup(name: str) -> str:
         parts.append(f"W_E ~ N(0, {recipe.embed_std:g})")
     if not recipe.data_mix or set(recipe.data_mix) == {"ctx_schedule"}:
         parts.append("natural text")
+    if recipe.corpus == "stdlib+packages":
+        parts.append("the standard library, then the pinned distributions' sources "
+                     "(10x the text)")
     return "; ".join(parts)
 
 

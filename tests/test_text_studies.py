@@ -236,3 +236,23 @@ def test_mta_calibration_text_reads_the_crossing_and_the_peak():
     assert "peaked at 1.04 at 2.0M tokens and drifted to 0.90" in text
     assert zoo_docs.mta_calibration_text(traj.assign(copy_loss_ratio=0.9)) is None
     assert zoo_docs.mta_calibration_text(traj.assign(run="other")) is None
+
+
+def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_tokens():
+    import pandas as pd
+
+    def log(run, tokens, score, ratio, text, val):
+        return pd.DataFrame({"run": run, "step": range(1, len(tokens) + 1), "tokens": tokens,
+                             "val_loss": val, "induction_score": score,
+                             "copy_loss_ratio": ratio, "text_copy_ratio": text})
+
+    twin = log("text-dcmha-l2", [1e6, 2e6, 3e6], [0.01, 0.02, 0.5], [0.99, 0.98, 0.3],
+               [0.97, 0.96, 0.2], [4.0, 3.5, 3.0])
+    pkgs = log("text-dcmha-l2-pkgs", [1e6, 2e6], [0.01, 0.4], [0.99, 0.45],
+               [0.98, 0.5], [4.2, 3.7])
+    text = zoo_docs.corpus_calibration_text(pd.concat([twin, pkgs]))
+    assert ("`text-dcmha-l2-pkgs` against `text-dcmha-l2` over their first 2.0M tokens: best "
+            "induction score 0.400 against 0.020, lowest copy ratio 0.45 / 0.50 against "
+            "0.98 / 0.96 (random / text), bar met at 2.0M tokens against not met, "
+            "validation loss 3.700 against 3.500") in text
+    assert zoo_docs.corpus_calibration_text(twin) is None

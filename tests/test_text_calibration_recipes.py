@@ -6,6 +6,7 @@ import pytest
 
 from interp.zoo.text_recipes import (
     CALIBRATION_RECIPES,
+    LR_RECIPES,
     PACKAGE_RECIPES,
     RECIPES,
     SESSION_CALIBRATION,
@@ -22,7 +23,7 @@ def tokens_of(recipe) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(set(CALIBRATION_RECIPES) - set(SESSION_CALIBRATION)
-                                         - set(PACKAGE_RECIPES)))
+                                         - set(PACKAGE_RECIPES) - set(LR_RECIPES)))
 def test_calibration_recipes_change_one_thing_at_the_zoo_budget(name):
     recipe, zoo = get_recipe(name), RECIPES["text-mha-l2"]
     assert tokens_of(recipe) == tokens_of(zoo) == 5000 * 16 * 512
@@ -68,4 +69,14 @@ def test_package_corpus_twins_change_only_the_training_text(name):
     assert vars(recipe.config(d_vocab=4096)) | {"metadata": None} == \
         vars(zoo.config(d_vocab=4096)) | {"metadata": None}
     assert train_config(recipe.train_overrides) == train_config(zoo.train_overrides)
+    assert recipe.data_mix == zoo.data_mix and tokens_of(recipe) == tokens_of(zoo)
+
+
+def test_the_lr_twin_changes_only_the_learning_rate():
+    recipe, zoo = get_recipe("text-dcmha-l2-lr1e3"), RECIPES["text-dcmha-l2"]
+    assert vars(recipe.config(d_vocab=4096)) | {"metadata": None} == \
+        vars(zoo.config(d_vocab=4096)) | {"metadata": None}
+    ours, theirs = train_config(recipe.train_overrides), train_config(zoo.train_overrides)
+    assert ours.lr == 1e-3 and theirs.lr == ZOO_TRAIN["lr"] == 3e-3
+    assert ours.to_dict() | {"lr": None} == theirs.to_dict() | {"lr": None}
     assert recipe.data_mix == zoo.data_mix and tokens_of(recipe) == tokens_of(zoo)

@@ -185,6 +185,13 @@ PACKAGE_RECIPES: dict[str, Recipe] = {
                                 train_overrides=CURRICULUM_TRAIN, corpus="stdlib+packages")
     for v in ("dcmha", "mha")}
 CALIBRATION_RECIPES.update(PACKAGE_RECIPES)
+# The 2-layer DCMHA at a third of the zoo's learning rate (1e-3 for the same warmup, hold and
+# decay): its q.k scores are the zoo's flattest and it attends through Compose's dynamic
+# weights (docs/zoo.md, sharpness), which may not settle at 3e-3. Trained only when named.
+LR_RECIPES: dict[str, Recipe] = {
+    "text-dcmha-l2-lr1e3": Recipe("text-dcmha-l2-lr1e3", "dcmha", "l2", CTX_CURRICULUM,
+                                  train_overrides={**CURRICULUM_TRAIN, "lr": 1e-3})}
+CALIBRATION_RECIPES.update(LR_RECIPES)
 
 
 # Issue 24 item 3: DCMHA vs MHA on text at equal tokens, three seeds each. The zoo's 2-layer

@@ -435,7 +435,7 @@ LEGACY_SUFFIX = "-v1"
 
 def run_setup(name: str) -> str:
     """What a calibration run trains on, in a few words, from its recipe ("-" if none)."""
-    from interp.zoo.text_recipes import ARCH, get_recipe, train_config
+    from interp.zoo.text_recipes import ARCH, ZOO_TRAIN, get_recipe, train_config
 
     legacy = name.endswith(LEGACY_SUFFIX)
     try:
@@ -452,6 +452,8 @@ def run_setup(name: str) -> str:
         parts = [" then ".join([f"{tcfg.batch_size * n_ctx // ctx} x {ctx} for {steps:,} steps"
                                 for steps, ctx in schedule] + [f"{tcfg.batch_size} x {n_ctx}"])]
         parts[0] = f"{recipe.shape}, {parts[0]}"
+        if tcfg.lr != ZOO_TRAIN["lr"]:
+            parts.append(f"lr {tcfg.lr:g} (the zoo's: {ZOO_TRAIN['lr']:g})")
         if tcfg.cooldown:
             parts.append(f"lr decayed over the last {tcfg.cooldown:,} steps")
     if mix.get("toy_schedule"):

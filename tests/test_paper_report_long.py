@@ -60,7 +60,7 @@ def test_dcmha_full_pools_every_seed_whatever_its_steps():
     assert "trained to early stopping (steps taken 1750-20000 of a 20000-step ceiling; 4 of 6 " \
            "runs stopped early, 2 hit the ceiling)" in text
     assert "| dcmha-conjunction-full-mha-s2 | 2 | 20000 | no: hit the 20000-step ceiling | " \
-           "150 | cpu (1 thread) |" in text
+           "150 | - | cpu (1 thread) |" in text
     assert "| dcmha-conjunction-full-dcmha-s0 | 0 | 1750 | stopped early (patience 8) | 60 |" \
         in text
     assert "Budget spent: 10.0 CPU-hours of training (the sum of the 6 runs' wall times" in text
@@ -321,3 +321,17 @@ def test_budget_counts_cpu_time_when_every_card_has_it():
     del cards[0]["cpu_seconds"]           # one legacy card: wall times for all
     assert "3.0 CPU-hours of training (the sum of the 2 runs' wall times" in \
         report.budget_spent(cards)
+
+
+def test_runs_table_gives_wall_and_cpu_minutes():
+    cards = [{"variant": "cope", "seed": 1, "steps": 8000, "stopped_early": True,
+              "train": {"early_stop_patience": 8}, "train_seconds": 10158.4,
+              "cpu_seconds": 1984.9, "device": "cpu (1 thread)"},
+             {"variant": "rope", "seed": 0, "steps": 100, "train_seconds": 120.0,
+              "device": "cpu (1 thread)"}]   # a card from before cpu_seconds was kept
+    table = report.runs_table(cards).splitlines()
+    assert table[0] == ("| model | seed | steps taken | stopped early | wall time (min) | "
+                        "CPU time (min) | device |")
+    assert table[2] == ("| cope | 1 | 8000 | stopped early (patience 8) | 169 | 33 | "
+                        "cpu (1 thread) |")
+    assert table[3] == "| rope | 0 | 100 | no | 2 | - | cpu (1 thread) |"

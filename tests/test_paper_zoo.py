@@ -164,6 +164,16 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     assert card["train_loss_curve"][-1][0] == 6
     assert card["final_train_loss"] == card["train_loss_curve"][-1][1]
     assert isinstance(loaded.cfg, VariantConfig) and loaded.cfg.seed == recipe.seed
+    # shipped as fp16 weights (the card says so), loaded back into the float32 model
+    assert card["weights_dtype"] == "float16"
+    header = (tmp_path / "split" / "model.safetensors").read_bytes()
+    size = int.from_bytes(header[:8], "little")
+    assert {v["dtype"] for k, v in json.loads(header[8:8 + size]).items()
+            if k != "__metadata__"} == {"F16"}
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    for (name, p), q in zip(resumed.state_dict().items(), loaded.state_dict().values(),
+                            strict=True):
+        assert torch.equal(p.half().float(), q), name
 
     metrics = evaluate_model(loaded)
     assert set(metrics) == {"error_id", "error_sparse", "error_long_2x", "error_sparse_long_2x"}

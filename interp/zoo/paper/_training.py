@@ -149,7 +149,11 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
     from interp.tasks.prompts import task_tokenizer
 
     model.tokenizer = task_tokenizer(recipe.task_args)
-    model.save_pretrained(out_dir, card=card)
+    # fp16 weights, as the text zoo ships: the 36 CoPE models of 4 x 128 would take 115 MB in
+    # fp32, most of the zoo's cap; the card is measured on these weights (paper train evaluates
+    # the saved model)
+    model.save_pretrained(out_dir, card={**card, "weights_dtype": "float16"},
+                          weights_dtype=torch.float16)
     return model
 
 

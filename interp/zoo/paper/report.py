@@ -183,11 +183,18 @@ def _stop_cell(card: dict) -> str:
 
 def runs_table(cards: list[dict], label=lambda c: c.get("variant")) -> str:
     """One row per run: `label(card)`, seed, steps taken, whether it stopped early (or hit
-    the ceiling), training wall time in minutes and the device."""
+    the ceiling), training wall time and process CPU time in minutes ("-" for cards that
+    predate `cpu_seconds`; on a shared machine the wall time also counts the time the run
+    waited for a core) and the device."""
+    def cpu(card):
+        seconds = card.get("cpu_seconds")
+        return "-" if seconds is None else f"{seconds / 60:.0f}"
+
     rows = [[label(c), c.get("seed"), c.get("steps"), _stop_cell(c),
-             f"{c.get('train_seconds', 0) / 60:.0f}", c.get("device", "-")] for c in cards]
-    return markdown_table(["model", "seed", "steps taken", "stopped early", "train time (min)",
-                           "device"], rows)
+             f"{c.get('train_seconds', 0) / 60:.0f}", cpu(c), c.get("device", "-")]
+            for c in cards]
+    return markdown_table(["model", "seed", "steps taken", "stopped early", "wall time (min)",
+                           "CPU time (min)", "device"], rows)
 
 
 def _threads(device: str) -> int | None:

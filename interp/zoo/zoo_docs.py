@@ -524,8 +524,10 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
             return "not met" if pd.isna(row.induction_at_tokens) else \
                 f"met at {row.induction_at_tokens / 1e6:.1f}M tokens"
 
+        partial = " (where the `-pkgs` run stood when this page was written)" \
+            if ours.tokens.max() < theirs.tokens.max() else ""
         lines.append(
-            f"`{name}` against `{twin}` over their first {upto / 1e6:.1f}M tokens: best "
+            f"`{name}` against `{twin}` over their first {upto / 1e6:.1f}M tokens{partial}: best "
             f"induction score {a.best_induction_score:.3f} against {b.best_induction_score:.3f}, "
             f"lowest copy ratio {a.lowest_copy_loss_ratio:.2f} / {a.lowest_text_copy_ratio:.2f} "
             f"against {b.lowest_copy_loss_ratio:.2f} / {b.lowest_text_copy_ratio:.2f} (random / "

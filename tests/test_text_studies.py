@@ -254,7 +254,8 @@ def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_t
     assert ("`text-dcmha-l2-pkgs` against `text-dcmha-l2` over their first 2.0M tokens (where "
             "the `-pkgs` run stood when this page was written): best "
             "induction score 0.400 against 0.020, lowest copy ratio 0.45 / 0.50 against "
-            "0.98 / 0.96 (random / text), bar met at 2.0M tokens against not met, "
+            "0.98 / 0.96 (random / text), an induction score of 0.3 first at 2.0M tokens "
+            "against none, bar met at 2.0M tokens against not met, "
             "validation loss 3.700 against 3.500") in text
     assert zoo_docs.corpus_calibration_text(twin) is None
     done = zoo_docs.corpus_calibration_text(pd.concat([twin[twin.tokens <= 2e6], pkgs]))

@@ -520,6 +520,11 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
         table = onset_table(traj[traj.run.isin([name, twin]) & (traj.tokens <= upto)])
         a, b = (table[table.run == r].iloc[0] for r in (name, twin))
 
+        def head(log, upto=upto) -> str:
+            reached = log[(log.tokens <= upto) & (log.induction_score >= INDUCTION_THRESHOLD)]
+            return "none" if reached.empty else \
+                f"{reached.tokens.min() / 1e6:.1f}M tokens"
+
         def met(row) -> str:
             return "not met" if pd.isna(row.induction_at_tokens) else \
                 f"met at {row.induction_at_tokens / 1e6:.1f}M tokens"
@@ -531,8 +536,9 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
             f"induction score {a.best_induction_score:.3f} against {b.best_induction_score:.3f}, "
             f"lowest copy ratio {a.lowest_copy_loss_ratio:.2f} / {a.lowest_text_copy_ratio:.2f} "
             f"against {b.lowest_copy_loss_ratio:.2f} / {b.lowest_text_copy_ratio:.2f} (random / "
-            f"text), bar {met(a)} against {met(b)}, validation loss {a.last_val_loss:.3f} "
-            f"against {b.last_val_loss:.3f}")
+            f"text), an induction score of {INDUCTION_THRESHOLD} first at {head(ours)} against "
+            f"{head(theirs)}, bar {met(a)} against {met(b)}, validation loss "
+            f"{a.last_val_loss:.3f} against {b.last_val_loss:.3f}")
     if not lines:
         return None
     return ("- **Ten times the text, none of it read twice.** The `-pkgs` twins train on the "

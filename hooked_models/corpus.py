@@ -35,6 +35,13 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def hash_files(h, root: Path, files: list[str]) -> None:
+    """Feed (path, NUL, bytes, NUL) of every file in `files` (relative to `root`) to `h`."""
+    for rel in files:
+        h.update(rel.encode("utf-8") + b"\0")
+        h.update((root / rel).read_bytes() + b"\0")
+
+
 def is_validation(relpath: str, val_fraction: float) -> bool:
     """Whether the file `relpath` is held out (by the hash of its path, not its content)."""
     digest = hashlib.sha256(relpath.encode("utf-8")).digest()
@@ -125,9 +132,7 @@ class Corpus:
         """sha256 over (path, NUL, bytes, NUL) of every kept file, plus the split fraction."""
         if self._fingerprint is None:
             h = hashlib.sha256(f"val_fraction={self.val_fraction!r}\0".encode())
-            for rel in self.files:
-                h.update(rel.encode("utf-8") + b"\0")
-                h.update((self.root / rel).read_bytes() + b"\0")
+            hash_files(h, self.root, self.files)
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 

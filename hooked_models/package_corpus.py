@@ -33,7 +33,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hooked_models.corpus import Corpus
+from hooked_models.corpus import Corpus, hash_files
 
 
 def site_packages() -> Path:
@@ -142,9 +142,7 @@ class PackageCorpus:
             h = hashlib.sha256()
             for name, version in sorted(self.pins.items()):
                 h.update(f"{name}=={version}\0".encode())
-            for rel in self.files:
-                h.update(rel.encode("utf-8") + b"\0")
-                h.update((self.root / rel).read_bytes() + b"\0")
+            hash_files(h, self.root, self.files)
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 

@@ -38,8 +38,13 @@ def stdlib_root() -> Path:
 def hash_files(h, root: Path, files: list[str]) -> None:
     """Feed (path, NUL, bytes, NUL) of every file in `files` (relative to `root`) to `h`."""
     for rel in files:
-        h.update(rel.encode("utf-8") + b"\0")
-        h.update((root / rel).read_bytes() + b"\0")
+        hash_file(h, rel, (root / rel).read_bytes())
+
+
+def hash_file(h, rel: str, data: bytes) -> None:
+    """Feed one file's (path, NUL, bytes, NUL) to `h`: `hash_files` for bytes already read."""
+    h.update(rel.encode("utf-8") + b"\0")
+    h.update(data + b"\0")
 
 
 def is_validation(relpath: str, val_fraction: float) -> bool:

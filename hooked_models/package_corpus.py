@@ -33,7 +33,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hooked_models.corpus import Corpus, hash_files
+from hooked_models.corpus import Corpus, hash_file, hash_files
 
 
 def site_packages() -> Path:
@@ -79,7 +79,9 @@ class PackageCorpus:
     def __post_init__(self) -> None:
         if not self.files:
             raise ValueError(f"no .py files kept from {sorted(self.pins)} under {self.root}")
+        # set by from_installed, which reads every file once for the dedup anyway
         self._fingerprint: str | None = None
+        self._bytes: int | None = None
 
     @classmethod
     def from_installed(cls, pins: dict[str, str], stdlib: Corpus,
@@ -113,6 +115,7 @@ class PackageCorpus:
         dropped = {"not_utf8": 0, "duplicate": 0, "same_bytes_as_stdlib": 0,
                    "path_of_heldout_stdlib_file": 0}
         kept, seen, per_dist = [], set(), dict.fromkeys(pins, 0)
+        fingerprint, size = _pins_hash(pins), 0    # one read of each file serves both
         for rel in sorted(candidates):
             data = (root / rel).read_bytes()
             reason = _drop_reason(rel, data, seen, stdlib_digests, heldout)
@@ -122,8 +125,12 @@ class PackageCorpus:
             seen.add(_digest(data))
             kept.append(rel)
             per_dist[candidates[rel]] += 1
-        return cls(root=root, pins=dict(pins), files=kept, dropped=dropped,
-                   files_per_distribution=per_dist)
+            hash_file(fingerprint, rel, data)
+            size += len(data)
+        corpus = cls(root=root, pins=dict(pins), files=kept, dropped=dropped,
+                     files_per_distribution=per_dist)
+        corpus._fingerprint, corpus._bytes = fingerprint.hexdigest(), size
+        return corpus
 
     def texts(self, split: str = "train"):
         """The kept files' texts in sorted path order. All of them are training text
@@ -139,20 +146,26 @@ class PackageCorpus:
     def fingerprint(self) -> str:
         """sha256 over the pins, then (path, NUL, bytes, NUL) of every kept file."""
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            for name, version in sorted(self.pins.items()):
-                h.update(f"{name}=={version}\0".encode())
+            h = _pins_hash(self.pins)
             hash_files(h, self.root, self.files)
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 
     def describe(self) -> dict:
         """A JSON-ready record for cards."""
-        size = sum((self.root / rel).stat().st_size for rel in self.files)
+        size = self._bytes if self._bytes is not None else sum(
+            (self.root / rel).stat().st_size for rel in self.files)
         return {"source": "installed-distributions", "pins": dict(sorted(self.pins.items())),
                 "n_files": len(self.files), "bytes": size, "dropped": dict(self.dropped),
                 "files_per_distribution": dict(sorted(self.files_per_distribution.items())),
                 "sha256": self.fingerprint}
+
+
+def _pins_hash(pins: dict[str, str]):
+    h = hashlib.sha256()
+    for name, version in sorted(pins.items()):
+        h.update(f"{name}=={version}\0".encode())
+    return h
 
 
 def _digest(data: bytes) -> bytes:

@@ -137,3 +137,26 @@ def rewind_metrics(path: Path, step: int) -> None:
     kept = [ln for ln in lines if json.loads(ln)["step"] <= step]
     if len(kept) != len(lines):
         _atomic_write(path, "".join(ln + "\n" for ln in kept))
+
+
+TRAINING_ROW_KEYS = frozenset({"step", "tokens", "lr", "train_loss", "tokens_per_s"})
+
+
+def thin_metrics(src: Path, dst: Path, every: int) -> dict:
+    """Write `src`'s metrics log to `dst` with every row that holds an evaluation (any key
+    beyond a training row's), and of the per-step training rows the first, the last and every
+    `every`-th step. A released model ships this: the full log is one row per step (about 1 MB
+    for 10,000 steps) and what reads it (loss curves, the phase change) needs no more.
+    Returns what a card records: `{"metrics_rows": "...", "every": every}`."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    lines = [ln for ln in Path(src).read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{src} is empty: no training log to release")
+    rows = [json.loads(ln) for ln in lines]
+    last = max(r["step"] for r in rows)
+    kept = [ln for ln, r in zip(lines, rows, strict=True)
+            if set(r) - TRAINING_ROW_KEYS or r["step"] in (1, last) or r["step"] % every == 0]
+    _atomic_write(Path(dst), "".join(ln + "\n" for ln in kept))
+    return {"metrics_rows": (f"every evaluation row; the training rows of step 1, the last "
+                             f"step and every {every}th step"), "every": every}

@@ -105,6 +105,17 @@ def test_fingerprint_tracks_pins_paths_and_bytes(world):
     assert only_beta.fingerprint != before
 
 
+def test_the_one_pass_fingerprint_and_size_equal_a_fresh_read(world):
+    """from_installed hashes and sizes the files in its dedup pass; a corpus built from the same
+    file list (which reads them again) gets the same fingerprint and byte count."""
+    stdlib, site, _ = world
+    pins = {"alpha": "1.0", "beta": "2.5"}
+    once = PackageCorpus.from_installed(pins, stdlib, root=site)
+    fresh = PackageCorpus(root=once.root, pins=pins, files=list(once.files))
+    assert fresh.fingerprint == once.fingerprint
+    assert fresh.describe()["bytes"] == once.describe()["bytes"] > 0
+
+
 def test_stream_is_cached_and_chunking_does_not_change_it(world, tmp_path):
     stdlib, site, _ = world
     corpus = PackageCorpus.from_installed({"alpha": "1.0", "beta": "2.5"}, stdlib, root=site)

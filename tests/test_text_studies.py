@@ -217,6 +217,7 @@ def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
     from interp.zoo.text_studies import _parts
 
     assert _parts("text-mha-l2-mix") == ("mha", "l2-mix")
+    assert _parts("text-dcmha-l2-pkgs") == ("dcmha", "l2-pkgs")
     assert _parts("text-infini-l4mlp") == ("infini", "l4mlp")
     with pytest.raises(ValueError, match="not a text-zoo model name"):
         _parts("text-mha-l2-ctx256")

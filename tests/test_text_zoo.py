@@ -65,7 +65,8 @@ def test_smoke_run_releases_fp16_models_with_complete_cards(smoke_run):
         model = HookedVariantTransformer.from_pretrained(rel)
         assert len(m["head_table"]) == model.cfg.n_layers * model.cfg.n_heads
         log = [json.loads(x) for x in (rel / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in log] == [1, 2, 3, 4]
+        # the release's log: every evaluation (steps 2, 4), step 1 and the last; step 3 is thinned
+        assert [r["step"] for r in log] == [1, 2, 4] and card["metrics_log"]["every"] == 10
         assert {"val_loss", "induction_score", "repeat_loss"} <= set(log[1]) and \
             "val_loss" not in log[0]
         assert model.to_str_tokens("def f():")[0] == "<|bos|>"

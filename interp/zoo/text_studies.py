@@ -52,8 +52,9 @@ COPY_RATIO_THRESHOLD = 0.5
 # the zoo) to the longest that fits n_ctx 512 (the zoo's probe is 150).
 COPY_DISTANCES = (20, 50, 100, 150, 200, 255)
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
-# text-<variant>-<shape>, the data-mix twins as shape "l2-mix" (their own rows, beside "l2")
-NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix)?)$")
+# text-<variant>-<shape>; the data-mix and package-corpus twins as shapes "l2-mix" and
+# "l2-pkgs" (their own rows, beside "l2")
+NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix|-pkgs)?)$")
 
 
 def released_models(release_dir) -> dict[str, Path]:

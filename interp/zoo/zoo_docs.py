@@ -59,12 +59,14 @@ a few percent across variants, checked by tests/test_text_zoo.py). fp16 weights.
 site-packages excluded, test directories included (real, varied code; 31 MB on CPython 3.11,
 about 9M training tokens), non-UTF-8 files skipped. Sorted relative paths; the card records the
 sha256 of paths + bytes. 5% of the files, chosen by the hash of their path, are held out.
-The `text-*-l2-pkgs` calibration recipes train on those files followed by the `.py` sources of
+The `text-*-l2-pkgs` recipes train on those files followed by the `.py` sources of
 the distributions the project's installation brings (`hooked_models/package_corpus.py`, pinned by
 name and version in `interp/zoo/package_pins.json`: N_PINS distributions; on 2026-11-28 334 MB
 and 116M tokens, so 41M tokens read no text twice), deduplicated by content, without any file
 that has a standard-library file's bytes or a held-out file's path; validation stays the
-standard library's held-out files, so both corpora are measured on the same windows.
+standard library's held-out files, so both corpora are measured on the same windows. They are
+trained only when named; `text-dcmha-l2-pkgs` is shipped beside `text-dcmha-l2`, which formed no
+induction head on the standard library alone (Calibration below).
 **Tokenizer.** Byte-level BPE (HF `tokenizers`), 4096 ids, id 0 = `<|bos|>`, trained on the
 training files, shipped as `tokenizer.json` beside each checkpoint. Every training context is
 BOS and then tokens from a random offset of the concatenated files (each file led by BOS).
@@ -209,7 +211,7 @@ def induction_findings(table: pd.DataFrame) -> str:
     for variant, g in table.groupby("variant", sort=False):
         by_shape = {r["shape"]: r for _, r in g.iterrows()}
         parts = []
-        for shape in ("l1", "l2", "l2-mix", "l4mlp"):
+        for shape in ("l1", "l2", "l2-mix", "l2-pkgs", "l4mlp"):
             if shape in by_shape:
                 r = by_shape[shape]
                 stage = r.get("distribution_stage")

@@ -36,6 +36,8 @@ def card_row(m):
     mix = m.card.get("data_mix") or "natural text"
     return {"layers": m.cfg.n_layers, "tokens trained": m.card["tokens"],
             "data": mix if isinstance(mix, str) else f"repeated-span mix {json.dumps(mix)}",
+            "corpus": ("standard library + packages" if m.card.get("extra_corpus")
+                       else "standard library"),
             "best induction score": metrics["induction_score"], "best head": best["label"],
             "second/first copy loss": metrics["copy_loss_ratio"],
             "held-out text read twice": metrics["text_copy_ratio"],

@@ -92,7 +92,7 @@ def test_rows_curves_and_csv_round_trip(release, tmp_path):
     assert [c["step"] for c in curves] == [2, 4]
     text_compare.write_csv(rows, tmp_path / "r.csv")
     assert text_compare.read_csv(tmp_path / "r.csv") == rows
-    assert text_compare.losses(rows, "dcmha", short=True, compose="off", ctx=64) == [
+    assert text_compare.losses(rows, "dcmha", "short", compose="off", ctx=64) == [
         rows[1]["val_loss"]]
 
 
@@ -172,6 +172,41 @@ def test_section_numbers_follow_the_rows():
         "2 seed(s) of MHA and 1 of DCMHA")
 
 
+def test_the_package_corpus_pair_is_its_own_group():
+    rows = synthetic_rows([3.30, 3.31, 3.32], [3.20, 3.22, 3.21], [])
+    pkgs = [{**rows[0], "model": f"text-{v}-l2-pkgs", "variant": v, "ctx": 512, "val_loss": loss,
+             "tokens": 40_960_000} for v, loss in (("mha", 3.25), ("dcmha", 3.36))]
+    assert [text_compare.group(r["model"]) for r in pkgs] == ["pkgs", "pkgs"]
+    assert text_compare.group("text-mha-l2") == "full"
+    # the pair's rows never enter the short runs' seeds or the zoo pair's
+    assert text_compare.losses(rows + pkgs, "mha", "short") == [3.30, 3.31, 3.32]
+    assert text_compare.losses(rows + pkgs, "mha", "full", ctx=512) == []
+    assert text_compare.losses(rows + pkgs, "dcmha", "pkgs", ctx=512) == [3.36]
+    with pytest.raises(ValueError, match="group 'long'"):
+        text_compare.losses(rows, "mha", "long")
+    text = " ".join(dcmha_text.compare_text(rows + pkgs))
+    assert "at context 512: MHA 3.250, DCMHA 3.360 (MHA - DCMHA = -0.110 nats)" in text
+    half = dcmha_text.ShortRuns.of(rows).half
+    read = dcmha_text.reading(rows + pkgs, pkgs_induction={"mha": 0.5, "dcmha": 0.42})
+    assert "MHA - DCMHA = -0.110 nats at context 512" in read
+    assert ("beyond" if 0.110 > half else "within") + " the 10M-token runs' seed scale" in read
+    assert "best induction score MHA 0.500, DCMHA 0.420" in read
+    assert "ten times the text" not in dcmha_text.reading(rows)
+
+
+def test_a_lone_package_corpus_model_is_left_out(release, tmp_path, capsys):
+    zoo = tmp_path / "zoo"
+    for name in (*text_compare.FULL, "text-dcmha-l2-pkgs"):
+        (zoo / name).mkdir(parents=True)
+        (zoo / name / "card.json").write_text("{}")
+    found = text_compare.find_models(release, zoo)
+    assert "text-dcmha-l2-pkgs" not in found
+    assert "its twin of the package-corpus pair is not shipped" in capsys.readouterr().err
+    (zoo / "text-mha-l2-pkgs").mkdir()
+    (zoo / "text-mha-l2-pkgs" / "card.json").write_text("{}")
+    assert set(text_compare.PKGS) <= set(text_compare.find_models(release, zoo))
+
+
 COMMITTED = FIGURES / dcmha_text.CSV
 
 
@@ -180,9 +215,10 @@ COMMITTED = FIGURES / dcmha_text.CSV
 def test_committed_rows_of_the_zoo_models_recompute():
     rows = text_compare.read_csv(COMMITTED)
     names = {r["model"] for r in rows}       # every zoo model; the short runs released
-    assert set(text_compare.FULL) <= names <= set(text_compare.SHORT) | set(text_compare.FULL)
+    assert set(text_compare.FULL) <= names <= {*text_compare.SHORT, *text_compare.FULL,
+                                               *text_compare.PKGS}
     windows = load_eval_tokens(ZOO / text_compare.WINDOWS_FROM)
-    for name in text_compare.FULL:
+    for name in [*text_compare.FULL, *sorted(names & set(text_compare.PKGS))]:
         fresh = text_compare.model_rows(name, ZOO / name, windows,
                                         text_compare.read_card(ZOO / name))
         mine = [r for r in rows if r["model"] == name]

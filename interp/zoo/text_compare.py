@@ -10,7 +10,10 @@ the 2-layer attention-only text models (d_model 128, 4 heads of 32, vocabulary 4
 - Three seeds of each at 10M tokens (`text-{mha,dcmha}-l2-short-s{0,1,2}`,
   `interp.zoo.text_recipes.COMPARISON_RECIPES`: `attnlens train --zoo text --only ...` writes
   them to RELEASE_DIR), which measure the seed spread;
-- the zoo's `text-mha-l2` and `text-dcmha-l2` (one seed each, 41M tokens), read from the zoo.
+- the zoo's `text-mha-l2` and `text-dcmha-l2` (one seed each, 41M tokens), read from the zoo;
+- when both are shipped, `text-mha-l2-pkgs` and `text-dcmha-l2-pkgs` (one seed each, 41M tokens
+  of the standard library followed by the installed packages' sources, none of it read twice),
+  the same pair without the repetition of 4.5 passes over the standard library.
 
 Every model is evaluated on the same held-out windows (the zoo's stored validation windows,
 `eval_tokens.safetensors` of `text-mha-l2`, cut to the context each was trained at last), and
@@ -39,6 +42,8 @@ FIELDS = ("model", "variant", "seed", "steps", "tokens", "parameters", "ctx", "c
 CURVE_FIELDS = ("model", "variant", "seed", "step", "tokens", "val_loss")
 SHORT = tuple(f"text-{v}-l2-short-s{s}" for s in (0, 1, 2) for v in ("mha", "dcmha"))
 FULL = ("text-mha-l2", "text-dcmha-l2")
+PKGS = ("text-mha-l2-pkgs", "text-dcmha-l2-pkgs")
+GROUPS = ("short", "full", "pkgs")   # the 10M-token seeds, the zoo's pair, the package-corpus pair
 WINDOWS_FROM = "text-mha-l2"       # whose stored validation windows every model is scored on
 
 
@@ -102,12 +107,25 @@ def curve_rows(name: str, directory, card: dict) -> list[dict]:
     return rows
 
 
+def group(model: str) -> str:
+    """Which of `GROUPS` a comparison model belongs to, by its name."""
+    return "short" if "-short-" in model else "pkgs" if model in PKGS else "full"
+
+
 def find_models(release_dir, zoo_dir, partial: bool = False) -> dict[str, Path]:
     """`{name: directory}` of the comparison's models: the short runs in `release_dir`, the
-    2-layer pair in `zoo_dir`; a missing one is an error naming it. With `partial`, missing
-    short runs are left out (a warning names them; the report then has fewer seeds), as long
-    as each variant has one."""
+    2-layer pair in `zoo_dir`, and the package-corpus pair in `zoo_dir` when both of it are
+    shipped (one alone is left out, with a warning); a missing short run or zoo model is an
+    error naming it. With `partial`, missing short runs are left out (a warning names them; the
+    report then has fewer seeds), as long as each variant has one."""
     found = {n: Path(release_dir) / n for n in SHORT} | {n: Path(zoo_dir) / n for n in FULL}
+    pkgs = {n: Path(zoo_dir) / n for n in PKGS}
+    shipped = [n for n, d in pkgs.items() if (d / "card.json").is_file()]
+    if len(shipped) == len(PKGS):
+        found |= pkgs
+    elif shipped:
+        print(f"left out {shipped[0]}: its twin of the package-corpus pair is not shipped yet",
+              file=sys.stderr)
     missing = [n for n, d in found.items() if not (d / "card.json").is_file()]
     if partial and not set(missing) & set(FULL):
         kept = {n: d for n, d in found.items() if n not in missing}
@@ -142,11 +160,14 @@ def read_csv(path) -> list[dict]:
     return out
 
 
-def losses(rows: list[dict], variant: str, short: bool, compose: str = "on",
+def losses(rows: list[dict], variant: str, of: str, compose: str = "on",
            ctx: int = 256) -> list[float]:
-    """Validation losses of `variant`'s short runs (`short`) or zoo model, at `ctx`."""
+    """Validation losses of `variant`'s models in group `of` (`GROUPS`: "short" runs, the
+    zoo's "full" model, the "pkgs" twin), at `ctx`."""
+    if of not in GROUPS:
+        raise ValueError(f"group {of!r}: choose from {GROUPS}")
     return [r["val_loss"] for r in rows if r["variant"] == variant and r["compose"] == compose
-            and r["ctx"] == ctx and ("-short-" in r["model"]) == short]
+            and r["ctx"] == ctx and group(r["model"]) == of]
 
 
 def main(argv=None) -> None:

@@ -66,7 +66,7 @@ class ShortRuns:
     def of(cls, rows: list[dict]) -> ShortRuns:
         from interp.zoo.paper.report import t_interval, welch_interval
 
-        mha, dc = losses(rows, "mha", short=True), losses(rows, "dcmha", short=True)
+        mha, dc = losses(rows, "mha", "short"), losses(rows, "dcmha", "short")
         if min(len(mha), len(dc)) < 2:
             return cls(mha, dc)
         half = max(t_interval(x)[2] - t_interval(x)[0] for x in (mha, dc))
@@ -90,14 +90,13 @@ def compare_text(rows: list[dict], short: ShortRuns | None = None) -> list[str]:
         lines.append(f"DCMHA's loss is lower: {gap}, separated from 0 at 95%." if lo > 0 else
                      f"MHA's loss is lower: {gap}, separated from 0 at 95%." if hi < 0 else
                      f"{gap}: the interval includes 0, no difference can be claimed.")
-    off = losses(rows, "dcmha", short=True, compose="off")
+    off = losses(rows, "dcmha", "short", compose="off")
     if len(off) == len(dc) and off:
         cost = [o - c for o, c in zip(off, dc, strict=True)]
         lines.append(f"Zeroing DCMHA's dynamic weights (Compose off, the same weights as plain "
                      f"MHA) raises its loss by {describe(cost, fmt=loss3, clip=None)} nats.")
     for ctx in (256, 512):
-        fm, fd = losses(rows, "mha", short=False, ctx=ctx), losses(rows, "dcmha", short=False,
-                                                                   ctx=ctx)
+        fm, fd = losses(rows, "mha", "full", ctx=ctx), losses(rows, "dcmha", "full", ctx=ctx)
         if fm and fd:
             text = (f"The zoo's text-mha-l2 and text-dcmha-l2 (1 seed each, 41M tokens) at "
                     f"context {ctx}: MHA {loss3(fm[0])}, DCMHA {loss3(fd[0])} "
@@ -106,21 +105,62 @@ def compare_text(rows: list[dict], short: ShortRuns | None = None) -> list[str]:
                 text += (f"; one seed, to be read against the 10M-token runs' seed scale, a "
                          f"95% half-width up to {spread:.3f}")
             lines.append(text + ").")
+    for ctx in (256, 512):
+        pm, pd_ = losses(rows, "mha", "pkgs", ctx=ctx), losses(rows, "dcmha", "pkgs", ctx=ctx)
+        if pm and pd_:
+            lines.append(f"On ten times the text (text-mha-l2-pkgs and text-dcmha-l2-pkgs, 1 "
+                         f"seed each, 41M tokens, none of it read twice) at context {ctx}: MHA "
+                         f"{loss3(pm[0])}, DCMHA {loss3(pd_[0])} (MHA - DCMHA = "
+                         f"{pm[0] - pd_[0]:+.3f} nats).")
     return lines
 
 
 def reading(rows: list[dict], induction: dict[str, float] | None = None,
-            short: ShortRuns | None = None) -> str:
+            short: ShortRuns | None = None,
+            pkgs_induction: dict[str, float] | None = None) -> str:
     """Whether the paper's claim reproduces at our scale: the short runs' interval, then
     whether the zoo's one-seed pair at 41M tokens keeps the order (`induction`: the zoo
     models' induction scores from their cards, `{variant: score}`, when known; `short`:
-    `ShortRuns.of(rows)`)."""
+    `ShortRuns.of(rows)`), then the package-corpus pair when its rows are there
+    (`pkgs_induction`: its cards' induction scores)."""
     short = short or ShortRuns.of(rows)
     if short.welch is None:
         return "Too few seeds for a reading."
+    return _zoo_pair_reading(rows, induction, short) + _pkgs_reading(rows, pkgs_induction,
+                                                                     short.half)
+
+
+def _induction_words(induction: dict[str, float]) -> str:
+    from interp.zoo.text_studies import INDUCTION_THRESHOLD
+
+    return (f"best induction score MHA {induction['mha']:.3f}, DCMHA {induction['dcmha']:.3f}; "
+            f"the bar is {INDUCTION_THRESHOLD}")
+
+
+def _pkgs_reading(rows: list[dict], induction: dict[str, float] | None, half: float) -> str:
+    """The package-corpus pair's sentence ("" without its rows): its gap at context 512 read
+    against the short runs' seed scale `half`."""
+    pm, pd_ = losses(rows, "mha", "pkgs", ctx=512), losses(rows, "dcmha", "pkgs", ctx=512)
+    if not (pm and pd_):
+        return ""
+    gap = pm[0] - pd_[0]
+    leader = "MHA" if gap < 0 else "DCMHA"
+    verdict = (f"within the 10M-token runs' seed scale (95% half-width up to {half:.3f}): no "
+               f"difference can be read from it" if abs(gap) <= half else
+               f"beyond the 10M-token runs' seed scale (95% half-width up to {half:.3f}), "
+               f"{leader} ahead")
+    scores = f"; {_induction_words(induction)}" if induction and {"mha", "dcmha"} <= set(
+        induction) else ""
+    return (f" On ten times the text, none of it read twice (the `-pkgs` pair, one seed each, "
+            f"41M tokens; validation is the standard library's held-out files, and the "
+            f"standard library is a small part of their training stream), MHA - DCMHA = "
+            f"{gap:+.3f} nats at context 512, {verdict}{scores}.")
+
+
+def _zoo_pair_reading(rows: list[dict], induction: dict[str, float] | None,
+                      short: ShortRuns) -> str:
     text = _short_reading(rows, short.welch)
-    fm, fd = losses(rows, "mha", short=False, ctx=512), losses(rows, "dcmha", short=False,
-                                                               ctx=512)
+    fm, fd = losses(rows, "mha", "full", ctx=512), losses(rows, "dcmha", "full", ctx=512)
     if not (fm and fd):
         return text
     half = short.half
@@ -140,8 +180,7 @@ def reading(rows: list[dict], induction: dict[str, float] | None = None,
         from interp.zoo.text_studies import INDUCTION_THRESHOLD
 
         formed = {v: induction[v] >= INDUCTION_THRESHOLD for v in ("mha", "dcmha")}
-        scores = (f"best induction score MHA {induction['mha']:.3f}, DCMHA "
-                  f"{induction['dcmha']:.3f}; the bar is {INDUCTION_THRESHOLD}")
+        scores = _induction_words(induction)
         if formed["mha"] != formed["dcmha"]:
             ahead = "MHA" if formed["mha"] else "DCMHA"
             behind = "DCMHA" if formed["mha"] else "MHA"
@@ -177,22 +216,22 @@ def _short_reading(rows: list[dict], welch) -> str:
 def _seeds(rows: list[dict]) -> str:
     """"Three seeds of each variant", or how many each has when a run is missing."""
     words = {1: "One seed", 2: "Two seeds", 3: "Three seeds"}
-    mha, dc = (len(losses(rows, v, short=True)) for v in ("mha", "dcmha"))
+    mha, dc = (len(losses(rows, v, "short")) for v in ("mha", "dcmha"))
     if mha == dc:
         return f"{words.get(mha, f'{mha} seeds')} of each variant"
     return f"{mha} seed(s) of MHA and {dc} of DCMHA"
 
 
-def zoo_induction() -> dict[str, float]:
-    """`{variant: best induction score}` of the zoo's text-mha-l2 / text-dcmha-l2 cards (the
-    eval command's), for the shipped ones."""
+def zoo_induction(names=None) -> dict[str, float]:
+    """`{variant: best induction score}` of the zoo cards (the eval command's) of `names`
+    (default: text-mha-l2 / text-dcmha-l2), for the shipped ones."""
     import json
 
     from interp.zoo.paper.report import ROOT
     from interp.zoo.text_compare import FULL
 
     out = {}
-    for name in FULL:
+    for name in names or FULL:
         card = ROOT / "hooked_models" / "zoo" / name / "card.json"
         if card.is_file():
             out[name.split("-")[1]] = json.loads(card.read_text())["metrics"]["induction_score"]
@@ -207,9 +246,12 @@ def section(figure_dir=None) -> str | None:
     path = FIGURES / CSV
     if not path.is_file():
         return None
+    from interp.zoo.text_compare import PKGS
+
     rows = read_csv(path)
     short = ShortRuns.of(rows)
     induction = zoo_induction()
+    pkgs = any(r["model"] in PKGS for r in rows)
     curves_path = FIGURES / CURVES_CSV
     figure = ""
     if figure_dir is not None and curves_path.is_file():
@@ -222,9 +264,14 @@ def section(figure_dir=None) -> str | None:
             "4 heads of 32, rotary positions, trained with the zoo's schedule (lr 3e-3, "
             f"AdamW). {_seeds(rows)} at 10M tokens (`text-{{mha,dcmha}}-l2-short-s*`: "
             "2,500 steps of 16 x 256 tokens, the lr decaying to 0 over the last 500), and the "
-            "zoo's two models (41M tokens, 256 then 512 tokens of context). Validation loss on "
+            "zoo's two models (41M tokens, 256 then 512 tokens of context)"
+            + (", and their twins on ten times the text (`text-{mha,dcmha}-l2-pkgs`: the same "
+               "recipe on the standard library followed by the installed packages' sources, "
+               "so 41M tokens read no text twice)" if pkgs else "")
+            + ". Validation loss on "
             "the zoo's held-out windows (64 x 512 tokens of files the training never saw, cut "
             "to each model's training context); `python -m interp.zoo.text_compare`.\n\n"
             + _table(rows) + figure + "\n\n" + " ".join(compare_text(rows, short))
             + f"\n\n{len({r['model'] for r in rows})} models, {cpu:.1f} CPU-hours of training."
-            + f"\n\n**Our reading.** {reading(rows, induction, short)}")
+            + f"\n\n**Our reading.** "
+            f"{reading(rows, induction, short, zoo_induction(PKGS) if pkgs else None)}")

@@ -58,6 +58,25 @@ def test_zoo_page_shows_the_calibration_table(tmp_path):
     assert calibration_section(tmp_path / "nothing", tmp_path / "zoo.md") == []
 
 
+def test_a_finished_run_without_the_bar_reads_not_met(tmp_path):
+    from interp.zoo.zoo_docs import calibration_section, run_budget_tokens
+
+    assert run_budget_tokens("text-mha-l2") == 40_960_000
+    assert run_budget_tokens("text-mha-l2-ctx256") == 40_960_000     # 10,000 x 16 x 256
+    assert run_budget_tokens("text-infini-l2-v1") == 40_960_000      # 5,000 x 16 x 512
+    assert run_budget_tokens("no-such-run") is None
+    for run, tokens in (("text-mha-l1", 40_960_000), ("text-cope-l1", 2_048_000)):
+        write_log(tmp_path / "runs" / run, [
+            {"step": 250, "tokens": tokens, "val_loss": 4.5, "induction_score": 0.01,
+             "copy_loss_ratio": 0.99, "text_copy_ratio": 0.98, "train_loss": 4.4}])
+    trajectories([tmp_path / "runs" / r for r in ("text-mha-l1", "text-cope-l1")]).to_csv(
+        tmp_path / "calibration.csv", index=False)
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip()
+            for line in calibration_section(tmp_path, tmp_path / "zoo.md")
+            if line.startswith("| `")}
+    assert rows == {"`text-mha-l1`": "not met", "`text-cope-l1`": "not yet"}
+
+
 def test_keep_carries_earlier_runs_and_the_new_logs_win(tmp_path):
     """`--keep`: runs of an earlier CSV whose logs are gone stay; a run present in both is
     read from its log."""

@@ -35,6 +35,9 @@ SHAPES = {
                         d_vocab=4096, attn_only=True),
     "issue-16x256": dict(batch=16, n_ctx=256, d_model=128, n_heads=4, d_head=32, n_layers=2,
                          d_vocab=4096, attn_only=True),
+    # The text zoo's deeper shape: 4 layers with MLPs (d_mlp 512).
+    "zoo-l4mlp": dict(batch=16, n_ctx=512, d_model=128, n_heads=4, d_head=32, n_layers=4,
+                      d_vocab=4096, attn_only=False, d_mlp=512),
     # A smoke shape (`python -m hooked_models.bench --quick`): checks the script, measures nothing.
     "tiny": dict(batch=2, n_ctx=64, d_model=32, n_heads=2, d_head=16, n_layers=1, d_vocab=128,
                  attn_only=True),
@@ -47,16 +50,21 @@ ATTN_CFG = {"infini": lambda n_ctx: {"segment_len": min(128, n_ctx // 2), "updat
 
 
 class PlainGPT(nn.Module):
-    """The baseline: an attention-only pre-LN GPT with rotary and SDPA, nothing else."""
+    """The baseline: a pre-LN GPT with rotary and SDPA, nothing else; attention-only, or with a
+    GELU MLP of width `d_mlp` after each attention layer."""
 
     def __init__(self, d_vocab: int, d_model: int, n_heads: int, d_head: int, n_layers: int,
-                 n_ctx: int):
+                 n_ctx: int, d_mlp: int | None = None):
         super().__init__()
         self.h, self.dh = n_heads, d_head
         self.embed = nn.Embedding(d_vocab, d_model)
         self.ln = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.qkv = nn.ModuleList(nn.Linear(d_model, 3 * n_heads * d_head) for _ in range(n_layers))
         self.out = nn.ModuleList(nn.Linear(n_heads * d_head, d_model) for _ in range(n_layers))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, d_mlp), nn.GELU(),
+                          nn.Linear(d_mlp, d_model))
+            for _ in range(n_layers if d_mlp else 0))
         self.ln_f = nn.LayerNorm(d_model)
         self.unembed = nn.Linear(d_model, d_vocab)
         inv = 1.0 / (10000 ** (torch.arange(0, d_head, 2).float() / d_head))
@@ -72,18 +80,28 @@ class PlainGPT(nn.Module):
     def forward(self, tokens):
         b, n = tokens.shape
         x = self.embed(tokens)
-        for ln, qkv, out in zip(self.ln, self.qkv, self.out, strict=True):
+        for i, (ln, qkv, out) in enumerate(zip(self.ln, self.qkv, self.out, strict=True)):
             q, k, v = qkv(ln(x)).view(b, n, 3, self.h, self.dh).permute(2, 0, 3, 1, 4)
             z = F.scaled_dot_product_attention(self.rotate(q), self.rotate(k), v, is_causal=True)
             x = x + out(z.transpose(1, 2).reshape(b, n, -1))
+            if self.mlps:
+                x = x + self.mlps[i](x)
         logits = self.unembed(self.ln_f(x))
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
+def plain_model(s: dict) -> PlainGPT:
+    """The plain PyTorch model of shape `s`."""
+    return PlainGPT(s["d_vocab"], s["d_model"], s["n_heads"], s["d_head"], s["n_layers"],
+                    s["n_ctx"], None if s["attn_only"] else s["d_mlp"])
+
+
 def variant_model(variant: str, s: dict) -> nn.Module:
+    mlp = {} if s["attn_only"] else dict(d_mlp=s["d_mlp"], act_fn="gelu",
+                                         normalization_type="LN")
     cfg = VariantConfig(d_model=s["d_model"], d_head=s["d_head"], n_heads=s["n_heads"],
                         n_layers=s["n_layers"], n_ctx=s["n_ctx"], d_vocab=s["d_vocab"],
-                        attn_only=s["attn_only"], attention=variant,
+                        attn_only=s["attn_only"], attention=variant, **mlp,
                         positional_embedding_type=POSITIONS.get(variant, "rotary"),
                         attn_cfg=ATTN_CFG[variant](s["n_ctx"]) if variant in ATTN_CFG else None,
                         seed=0)
@@ -135,7 +153,7 @@ def target_verdicts(label: str, plain: float, rates: dict[str, float]) -> list[s
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="zoo-l2,issue-8x512,issue-16x256")
+    parser.add_argument("--shapes", default="zoo-l2,zoo-l4mlp,issue-8x512,issue-16x256")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
@@ -164,9 +182,7 @@ def main(argv=None) -> None:
         for mode in modes:
             compiled = mode == "compiled"
             torch.manual_seed(0)
-            plain = tokens_per_cpu_s(PlainGPT(s["d_vocab"], s["d_model"], s["n_heads"],
-                                              s["d_head"], s["n_layers"], s["n_ctx"]),
-                                     s, steps, compiled)
+            plain = tokens_per_cpu_s(plain_model(s), s, steps, compiled)
             rates = {v: tokens_per_cpu_s(variant_model(v, s), s, steps, compiled)
                      for v in variants}
             cells = [f"{plain:,.0f}"] + [f"{rates[v]:,.0f}" for v in variants]

@@ -261,3 +261,15 @@ def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_t
     assert zoo_docs.corpus_calibration_text(twin) is None
     done = zoo_docs.corpus_calibration_text(pd.concat([twin[twin.tokens <= 2e6], pkgs]))
     assert "over their first 2.0M tokens: best" in done   # both finished: nothing partial
+
+
+def test_the_corpus_reading_names_who_formed_a_head_only_on_the_larger_corpus():
+    reading = zoo_docs._corpus_reading
+    assert reading({"dcmha": (37.9e6, None), "mha": (25.6e6, 24.6e6)}) == (
+        " Read together, one seed each: dcmha formed an induction head only on the larger "
+        "corpus, while mha formed one on both at about the same point (mha: 25.6M tokens "
+        "against 24.6M tokens): the larger corpus, at the same tokens, is what dcmha lacked.")
+    far = reading({"dcmha": (37.9e6, None), "mha": (10e6, 24.6e6)})
+    assert "about the same point" not in far and "mha: 10.0M tokens against 24.6M" in far
+    assert reading({"dcmha": (None, None), "mha": (25.6e6, 24.6e6)}) == ""   # nothing to contrast
+    assert reading({"dcmha": (37.9e6, None)}) == ""

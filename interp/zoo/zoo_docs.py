@@ -66,7 +66,8 @@ and 116M tokens, so 41M tokens read no text twice), deduplicated by content, wit
 that has a standard-library file's bytes or a held-out file's path; validation stays the
 standard library's held-out files, so both corpora are measured on the same windows. They are
 trained only when named; `text-dcmha-l2-pkgs` is shipped beside `text-dcmha-l2`, which formed no
-induction head on the standard library alone (Calibration below).
+induction head on the standard library alone (Calibration below), with its MHA twin
+`text-mha-l2-pkgs`, so that the pair separates the text from the architecture.
 **Tokenizer.** Byte-level BPE (HF `tokenizers`), 4096 ids, id 0 = `<|bos|>`, trained on the
 training files, shipped as `tokenizer.json` beside each checkpoint. Every training context is
 BOS and then tokens from a random offset of the concatenated files (each file led by BOS).
@@ -529,7 +530,7 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
     from interp.zoo.calibration import onset_table
     from interp.zoo.text_recipes import PACKAGE_RECIPES
 
-    lines = []
+    lines, onsets = [], {}
     for name in sorted(PACKAGE_RECIPES):
         twin = name.removesuffix("-pkgs")
         ours, theirs = traj[traj.run == name], traj[traj.run == twin]
@@ -539,15 +540,18 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
         table = onset_table(traj[traj.run.isin([name, twin]) & (traj.tokens <= upto)])
         a, b = (table[table.run == r].iloc[0] for r in (name, twin))
 
-        def head(log, upto=upto) -> str:
+        def first(log, upto=upto) -> float | None:
             reached = log[(log.tokens <= upto) & (log.induction_score >= INDUCTION_THRESHOLD)]
-            return "none" if reached.empty else \
-                f"{reached.tokens.min() / 1e6:.1f}M tokens"
+            return None if reached.empty else float(reached.tokens.min())
+
+        def head(log) -> str:
+            return _tokens_or_none(first(log))
 
         def met(row) -> str:
             return "not met" if pd.isna(row.induction_at_tokens) else \
                 f"met at {row.induction_at_tokens / 1e6:.1f}M tokens"
 
+        onsets[PACKAGE_RECIPES[name].variant] = (first(ours), first(theirs))
         partial = " (where the `-pkgs` run stood when this page was written)" \
             if ours.tokens.max() < theirs.tokens.max() else ""
         lines.append(
@@ -565,7 +569,32 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
             "the standard library is 7% of that stream), the zoo's recipe otherwise; one seed "
             "each, so single trajectories. " + "; ".join(lines) + ". The validation windows are "
             "the standard library's held-out files for both, text that is most of the zoo "
-            "twin's training stream and a small part of the `-pkgs` run's.")
+            "twin's training stream and a small part of the `-pkgs` run's."
+            + _corpus_reading(onsets))
+
+
+def _tokens_or_none(tokens: float | None) -> str:
+    return "none" if tokens is None else f"{tokens / 1e6:.1f}M tokens"
+
+
+def _corpus_reading(onsets: dict[str, tuple[float | None, float | None]]) -> str:
+    """What the pairs say together (`onsets`: `{variant: (tokens at the first score of 0.3
+    with the packages, without)}`, None for never): the variants that formed a head only on the
+    larger corpus, beside those that formed one on both (and whether at about the same point:
+    within 20% of each other's tokens)."""
+    only_more = sorted(v for v, (ours, theirs) in onsets.items()
+                       if ours is not None and theirs is None)
+    both = sorted(v for v, (ours, theirs) in onsets.items() if None not in (ours, theirs))
+    if not only_more or not both:
+        return ""
+    alike = all(abs(a - b) <= 0.2 * min(a, b) for a, b in (onsets[v] for v in both))
+    return (f" Read together, one seed each: {', '.join(only_more)} formed an induction head "
+            f"only on the larger corpus, while {', '.join(both)} formed one on both"
+            + (" at about the same point" if alike else "") + " ("
+            + "; ".join(f"{v}: {_tokens_or_none(onsets[v][0])} against "
+                        f"{_tokens_or_none(onsets[v][1])}" for v in both)
+            + "): the larger corpus, at the same tokens, is what "
+            f"{' and '.join(only_more)} lacked.")
 
 
 def calibration_section(studies: Path, out: Path) -> list[str]:

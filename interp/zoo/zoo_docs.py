@@ -436,34 +436,43 @@ def calibration_numbers(traj: pd.DataFrame) -> dict | None:
 LEGACY_SUFFIX = "-v1"
 
 
-def run_budget_tokens(name: str) -> int | None:
-    """The tokens a calibration run's recipe trains for (None for a run without a recipe), so a
-    finished run that never met the bar reads "not met" rather than "not yet". Every curriculum
-    stage keeps the tokens per step (16 x 256 = 8 x 512); the zoo's first recipe ("-v1") was
-    ZOO_TRAIN at n_ctx 512."""
-    from interp.zoo.text_recipes import ARCH, ZOO_TRAIN, get_recipe, train_config
+def _run_recipe(name: str):
+    """`(recipe, train config, n_ctx, legacy)` of a calibration run (a "-v1" run is its
+    recipe's first version), or None for a run without a recipe."""
+    from interp.zoo.text_recipes import ARCH, get_recipe, train_config
 
     try:
         recipe = get_recipe(name.removesuffix(LEGACY_SUFFIX))
     except ValueError:
         return None
-    if name.endswith(LEGACY_SUFFIX):
+    n_ctx = {**ARCH, **(recipe.arch_overrides or {})}["n_ctx"]
+    return recipe, train_config(recipe.train_overrides), n_ctx, name.endswith(LEGACY_SUFFIX)
+
+
+def run_budget_tokens(name: str) -> int | None:
+    """The tokens a calibration run's recipe trains for (None for a run without a recipe), so a
+    finished run that never met the bar reads "not met" rather than "not yet". Every curriculum
+    stage keeps the tokens per step (16 x 256 = 8 x 512); the zoo's first recipe ("-v1") was
+    ZOO_TRAIN at n_ctx 512."""
+    from interp.zoo.text_recipes import ARCH, ZOO_TRAIN
+
+    found = _run_recipe(name)
+    if found is None:
+        return None
+    _, tcfg, n_ctx, legacy = found
+    if legacy:
         return ZOO_TRAIN["steps"] * ZOO_TRAIN["batch_size"] * ARCH["n_ctx"]
-    tcfg = train_config(recipe.train_overrides)
-    return tcfg.steps * tcfg.batch_size * {**ARCH, **(recipe.arch_overrides or {})}["n_ctx"]
+    return tcfg.steps * tcfg.batch_size * n_ctx
 
 
 def run_setup(name: str) -> str:
     """What a calibration run trains on, in a few words, from its recipe ("-" if none)."""
-    from interp.zoo.text_recipes import ARCH, ZOO_TRAIN, get_recipe, train_config
+    from interp.zoo.text_recipes import ZOO_TRAIN
 
-    legacy = name.endswith(LEGACY_SUFFIX)
-    try:
-        recipe = get_recipe(name.removesuffix(LEGACY_SUFFIX))
-    except ValueError:
+    found = _run_recipe(name)
+    if found is None:
         return "-"
-    tcfg = train_config(recipe.train_overrides)
-    n_ctx = {**ARCH, **(recipe.arch_overrides or {})}["n_ctx"]
+    recipe, tcfg, n_ctx, legacy = found
     mix = dict(recipe.data_mix or {})
     schedule = mix.pop("ctx_schedule", ())
     if legacy:

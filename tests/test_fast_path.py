@@ -139,36 +139,42 @@ def test_mta_fast_path_in_row_blocks(name, monkeypatch):
     test_fast_path_equals_hooked_path(name, monkeypatch)
 
 
-# (c_q, c_k, top, left, right, rows, keys, key chunk of the weight gradient): first blocks
-# (top = c_q - 1) and later ones (top = 0), both / one-sided / no key padding, chunks that do and
-# do not divide the keys, a chunk wider than the keys, 1x1 kernels.
-BLOCK_CONV_CASES = [(6, 11, 5, 5, 5, 7, 9, 4), (6, 11, 0, 5, 5, 12, 20, 16),
-                    (3, 2, 2, 1, 0, 5, 7, 3), (2, 4, 1, 0, 3, 4, 3, 2),
-                    (4, 3, 3, 2, 0, 2, 5, 16), (1, 1, 0, 0, 0, 3, 4, 3)]
+# (c_q, c_k, top, left, right, rows, keys, Mask_0 diagonal of the input, of the output): first
+# blocks (top = c_q - 1) and later ones (top = 0), both / one-sided / no key padding, masks on
+# either side (None: off) at diagonals inside and beyond the block, 1x1 kernels.
+BLOCK_CONV_CASES = [(6, 11, 5, 5, 5, 7, 9, 0, None), (6, 11, 0, 5, 5, 12, 20, 8, None),
+                    (6, 11, 0, 5, 5, 12, 20, None, 13), (3, 2, 2, 1, 0, 5, 7, None, None),
+                    (2, 4, 1, 0, 3, 4, 3, 1, 1), (4, 3, 3, 2, 0, 2, 5, None, 0),
+                    (1, 1, 0, 0, 0, 3, 4, 2, 2)]
 
 
 @pytest.mark.parametrize("case", BLOCK_CONV_CASES)
-def test_mta_block_conv_backward_gradcheck(case, monkeypatch):
-    """The block convolution's hand-written backward (flipped-kernel map gradient, chunked
-    batched-product kernel gradient) in float64: gradcheck, and the kernel gradient equals
-    aten's own depthwise convolution backward."""
+def test_mta_block_conv_backward_gradcheck(case):
+    """The block convolution with its causal masks folded in, in float64: the forward equals a
+    masked, padded aten convolution; gradcheck of the hand-written backward (flipped-kernel map
+    gradient, correlation kernel gradient); the kernel gradient equals aten's own depthwise
+    convolution backward."""
     from hooked_models.attention import _mta_block_conv as conv
 
-    c_q, c_k, top, left, right, rows, keys, chunk = case
-    monkeypatch.setattr(conv, "WEIGHT_GRAD_CHUNK", chunk)
-    g = torch.Generator().manual_seed(sum(case))
+    c_q, c_k, top, left, right, rows, keys, in_diag, out_diag = case
+    g = torch.Generator().manual_seed(sum(case[:7]))
     maps = torch.randn(2, 3, rows, keys, generator=g, dtype=torch.float64, requires_grad=True)
     kernel = torch.randn(3, 1, c_q, c_k, generator=g, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda m, w: conv.block_conv(m, w, top, left, right),
-                                    (maps, kernel))
-    out = conv.block_conv(maps, kernel, top, left, right)
-    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    padded = torch.nn.functional.pad(maps.detach(), (left, right, top, 0))
-    _, expected, _ = torch.ops.aten.convolution_backward(
+    run = lambda m, w: conv.block_conv(m, w, top, left, right, in_diag, out_diag)  # noqa: E731
+    assert torch.autograd.gradcheck(run, (maps, kernel))
+    source = maps.detach() if in_diag is None else maps.detach().tril(in_diag)
+    padded = torch.nn.functional.pad(source, (left, right, top, 0))
+    expected = torch.nn.functional.conv2d(padded, kernel.detach(), groups=3)
+    expected = expected if out_diag is None else expected.tril(out_diag)
+    torch.testing.assert_close(run(maps, kernel).detach(), expected, **EXACT)
+    if in_diag is not None:   # the mask really removes something
+        assert not torch.equal(source, maps.detach())
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    _, expected_w, _ = torch.ops.aten.convolution_backward(
         grad, padded, kernel.detach(), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 3,
         [False, True, False])
-    got = conv.depthwise_weight_grad(grad, maps.detach(), c_q, c_k, top, left, right)
-    torch.testing.assert_close(got, expected, **EXACT)
+    got = conv.depthwise_weight_grad(grad, source, c_q, c_k, top, left, right)
+    torch.testing.assert_close(got, expected_w, **EXACT)
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("dcmha")])

@@ -196,17 +196,56 @@ def _causal_rows(row0: int, n_rows: int, n_k: int, device) -> Tensor:
     return torch.ones(n_rows, n_k, dtype=torch.bool, device=device).tril(row0)
 
 
-def _conv_block(maps: Tensor, row0: int, kernel: Tensor, pad_key: str) -> tuple[Tensor, int]:
-    """Conv2d of Mask_0-ed maps holding query rows [row0, row0 + R) and every key they read.
+def _conv_block(maps: Tensor, row0: int, kernel: Tensor, pad_key: str, mask_input: bool = False,
+                mask_output: bool = False) -> tuple[Tensor, int]:
+    """Conv2d of maps holding query rows [row0, row0 + R) and every key they read.
 
     Row 0 has zero rows above it (causal padding); a later block starts with its own c_q - 1
-    rows of history. Returns the convolved rows and the first row they stand for.
+    rows of history. `mask_input` applies Mask_0 (causal) to the input, `mask_output` to the
+    output, both inside the op's padding copies. Returns the convolved rows and the first row
+    they stand for.
     """
     c_q, c_k = kernel.shape[2:]
     left, right = key_padding(c_k, pad_key)
     top = c_q - 1 if row0 == 0 else 0
-    out = block_conv(maps, kernel.to(maps.dtype), top, left, right)
-    return out, row0 + (c_q - 1) - top
+    first = row0 + (c_q - 1) - top
+    out = block_conv(maps, kernel.to(maps.dtype), top, left, right,
+                     row0 if mask_input else None, first if mask_output else None)
+    return out, first
+
+
+def _block_rows(n_q: int, block_rows: int, h_pre: int, h_post: int):
+    """(r0, r1, a0, s0) of each block: output rows [r0, r1), softmax rows from a0 (what the
+    post convolution reads), score rows from s0 (what the pre convolution reads)."""
+    for r0 in range(0, n_q, block_rows):
+        a0 = max(0, r0 - h_post)
+        yield r0, min(n_q, r0 + block_rows), a0, max(0, a0 - h_pre)
+
+
+def _mta_block(q: Tensor, k: Tensor, v: Tensor, kernels, pad_key: str, rows) -> Tensor:
+    """z `[batch head rows d_head]` of output rows [r0, r1) from q rows [s0, r1) (scaled) and
+    k, v rows [0, r1), all `[batch head pos d_head]`."""
+    pre_conv, pre_mix, post_conv, post_mix = kernels
+    r0, r1, a0, s0 = rows
+    scores = q @ k.transpose(-1, -2)
+    first = s0
+    if pre_conv is not None:   # Eq. 5, Mask_0 inside the op
+        scores, first = _conv_block(scores, s0, pre_conv, pad_key, mask_input=True)
+    if a0 > first:   # (slice only when needed: a no-op slice still costs a backward)
+        scores = scores[:, :, a0 - first:]
+    if pre_mix is not None:   # Eq. 7 on the logits
+        scores = head_mix(scores, pre_mix)
+    causal = _causal_rows(a0, r1 - a0, r1, q.device)
+    work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    maps = torch.softmax(work.masked_fill(~causal, float("-inf")), -1).to(scores.dtype)
+    first = a0
+    if post_conv is not None:   # Eq. 6; the softmax left zeros, Mask_0 after inside the op
+        maps, first = _conv_block(maps, a0, post_conv, pad_key, mask_output=True)
+    if r0 > first:
+        maps = maps[:, :, r0 - first:]
+    if post_mix is not None:
+        maps = head_mix(maps, post_mix)
+    return maps @ v
 
 
 def causal_mta_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
@@ -227,32 +266,8 @@ def causal_mta_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     h_pre = 0 if pre_conv is None else pre_conv.shape[2] - 1
     h_post = 0 if post_conv is None else post_conv.shape[2] - 1
     # [batch head pos d_head], contiguous so that every block's slices feed bmm as views
-    q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    out = []
-    for r0 in range(0, n_q, block_rows):
-        r1 = min(n_q, r0 + block_rows)
-        a0 = max(0, r0 - h_post)          # rows of the softmax the post conv reads
-        s0 = max(0, a0 - h_pre)           # rows of scores the pre conv reads
-        scores = (q[:, :, s0:r1] @ k[:, :, :r1].transpose(-1, -2)) * scale
-        first = s0
-        if pre_conv is not None:   # Eq. 5
-            masked = scores.masked_fill(~_causal_rows(s0, r1 - s0, r1, q.device), 0.0)
-            scores, first = _conv_block(masked, s0, pre_conv, pad_key)
-        if a0 > first:   # (slice only when needed: a no-op slice still costs a backward)
-            scores = scores[:, :, a0 - first:]
-        if pre_mix is not None:   # Eq. 7 on the logits
-            scores = head_mix(scores, pre_mix)
-        causal = _causal_rows(a0, r1 - a0, r1, q.device)
-        work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        maps = torch.softmax(work.masked_fill(~causal, float("-inf")), -1).to(scores.dtype)
-        first = a0
-        if post_conv is not None:   # Eq. 6; the softmax left zeros to mask
-            maps, first = _conv_block(maps, a0, post_conv, pad_key)
-        if r0 > first:
-            maps = maps[:, :, r0 - first:]
-        if post_conv is not None:
-            maps = maps.masked_fill(~causal[r0 - a0:], 0.0)
-        if post_mix is not None:
-            maps = head_mix(maps, post_mix)
-        out.append(maps @ v[:, :, :r1])
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (q * scale, k, v))
+    out = [_mta_block(q[:, :, s0:r1], k[:, :, :r1], v[:, :, :r1], kernels, pad_key,
+                      (r0, r1, a0, s0))
+           for r0, r1, a0, s0 in _block_rows(n_q, block_rows, h_pre, h_post)]
     return torch.cat(out, 2).transpose(1, 2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 
 from dashboards.cli import main as cli_main
@@ -259,6 +260,9 @@ def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_t
             "against none, bar met at 2.0M tokens against not met, "
             "validation loss 3.700 against 3.500") in text
     assert zoo_docs.corpus_calibration_text(twin) is None
+    assert "standard library is" not in text
+    assert "(Corpus above; the standard library is 8% of that stream)" in \
+        zoo_docs.corpus_calibration_text(pd.concat([twin, pkgs]), 0.0767)
     done = zoo_docs.corpus_calibration_text(pd.concat([twin[twin.tokens <= 2e6], pkgs]))
     assert "over their first 2.0M tokens: best" in done   # both finished: nothing partial
 
@@ -273,3 +277,39 @@ def test_the_corpus_reading_names_who_formed_a_head_only_on_the_larger_corpus():
     assert "about the same point" not in far and "mha: 10.0M tokens against 24.6M" in far
     assert reading({"dcmha": (None, None), "mha": (25.6e6, 24.6e6)}) == ""   # nothing to contrast
     assert reading({"dcmha": (37.9e6, None)}) == ""
+
+
+def test_one_layer_findings_name_a_copying_control_and_its_kernel():
+    """A clean 1-layer control gets no line; one that copies is named, and an MTA control whose
+    best head has an induction-class pre-softmax kernel gets the mechanism with its share."""
+    table = pd.DataFrame([
+        dict(model="text-mha-l1", shape="l1", forms_induction=False, has_induction_head=False,
+             copy_loss_ratio=1.0, best_head="L0H1"),
+        dict(model="text-mha-l2", shape="l2", forms_induction=True, has_induction_head=True,
+             copy_loss_ratio=0.4, best_head="L1H0")])
+    assert zoo_docs.one_layer_findings(table, None) == ""
+    table.loc[len(table)] = dict(model="text-mta-l1", shape="l1", forms_induction=True,
+                                 has_induction_head=True, copy_loss_ratio=0.25, best_head="L0H1")
+    plain = zoo_docs.one_layer_findings(table, None)
+    assert "`text-mta-l1` copies" in plain and "0.25x" in plain and "kernel" not in plain
+    kernels = pd.DataFrame([
+        dict(model="text-mta-l1", head_label="L0H1", phase="post", **{"class": "induction"},
+             induction_share=0.5),
+        dict(model="text-mta-l1", head_label="L0H1", phase="pre", **{"class": "induction"},
+             induction_share=0.983)])
+    text = zoo_docs.one_layer_findings(table, kernels)
+    assert "98% of its energy" in text and "text-mha" not in text
+    kernels.loc[1, "class"] = "mixed"
+    assert "kernel" not in zoo_docs.one_layer_findings(table, kernels)
+
+
+def test_stdlib_share_is_read_from_a_pkgs_card(tmp_path):
+    """The `-pkgs` paragraph's standard-library share comes from the card, not from the page."""
+    assert zoo_docs.stdlib_share(tmp_path) is None
+    (tmp_path / "text-mha-l2-pkgs").mkdir()
+    card = {"extra_corpus": {"stdlib_train_tokens": 8_865_194, "tokens": 115_554_611}}
+    (tmp_path / "text-mha-l2-pkgs" / "card.json").write_text(json.dumps(card))
+    share = zoo_docs.stdlib_share(tmp_path)
+    assert share == pytest.approx(0.0767, abs=1e-4)
+    shipped = zoo_docs.stdlib_share(zoo_docs.DEFAULTS["zoo"])
+    assert shipped is None or 0 < shipped < 1

@@ -229,6 +229,31 @@ def induction_findings(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def one_layer_findings(table: pd.DataFrame, kernels: pd.DataFrame | None) -> str:
+    """A line for each 1-layer control that copies anyway (an induction head or the full bar),
+    with its best head's pre-softmax key-query kernel class where it has one (MTA): an
+    "induction" kernel reads the score of key j - 1 into key j's entry, the previous-token step
+    that attention without it needs a second layer for. Empty when every control is clean."""
+    lines = []
+    for _, r in table[table["shape"] == "l1"].iterrows():
+        if not (r["forms_induction"] or r["has_induction_head"]):
+            continue
+        line = (f"- **The 1-layer control `{r['model']}` copies** (second-copy loss "
+                f"{r['copy_loss_ratio']:.2f}x the first, best head {r['best_head']})")
+        rows = None if kernels is None else kernels[
+            (kernels["model"] == r["model"]) & (kernels["head_label"] == r["best_head"])
+            & (kernels["phase"] == "pre")]
+        if rows is not None and not rows.empty and rows.iloc[0]["class"] == "induction":
+            share = float(rows.iloc[0]["induction_share"])
+            line += (f": its pre-softmax key-query kernel is of the induction class "
+                     f"({share:.0%} of its energy on the previous-key diagonal), so the "
+                     "convolution moves each query's match with key j - 1 onto key j, and one "
+                     "layer both finds the earlier occurrence and attends to the token after "
+                     "it, the previous-token step that MHA takes a second layer for")
+        lines.append(line + ".")
+    return "\n".join(lines)
+
+
 # Across segments, a second-copy / first-copy loss ratio below this counts as copying through
 # Infini's memory (the probe's run-to-run spread at ratio ~1 is about +-0.02).
 MEMORY_COPY_RATIO = 0.95
@@ -532,10 +557,21 @@ def mta_calibration_text(traj: pd.DataFrame, run: str = "text-mta-l2") -> str | 
             f"induction section below).")
 
 
-def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
+def stdlib_share(zoo_dir: Path) -> float | None:
+    """The standard library's share of a shipped `-pkgs` model's training stream, from its
+    card (`extra_corpus`: `stdlib_train_tokens` / `tokens`); None when none is shipped."""
+    for card in sorted(zoo_dir.glob("text-*-pkgs/card.json")):
+        extra = json.loads(card.read_text()).get("extra_corpus") or {}
+        if extra.get("tokens") and extra.get("stdlib_train_tokens") is not None:
+            return extra["stdlib_train_tokens"] / extra["tokens"]
+    return None
+
+
+def corpus_calibration_text(traj: pd.DataFrame, share: float | None = None) -> str | None:
     """Each `text-{v}-l2-pkgs` run (the standard library, then the pinned packages' sources)
     beside its zoo twin `text-{v}-l2` (the standard library alone) at the tokens both have
-    seen; None when no pair is in `traj`."""
+    seen, with the standard library's `share` of that stream when given (`stdlib_share`); None
+    when no pair is in `traj`."""
     from interp.zoo.calibration import onset_table
     from interp.zoo.text_recipes import PACKAGE_RECIPES
 
@@ -574,8 +610,9 @@ def corpus_calibration_text(traj: pd.DataFrame) -> str | None:
     if not lines:
         return None
     return ("- **Ten times the text, none of it read twice.** The `-pkgs` twins train on the "
-            "standard library followed by the installed distributions' sources (Corpus above; "
-            "the standard library is 7% of that stream), the zoo's recipe otherwise; one seed "
+            "standard library followed by the installed distributions' sources (Corpus above"
+            + ("" if share is None else f"; the standard library is {share:.0%} of that stream")
+            + "), the zoo's recipe otherwise; one seed "
             "each, so single trajectories. " + "; ".join(lines) + ". The validation windows are "
             "the standard library's held-out files for both, text that is most of the zoo "
             "twin's training stream and a small part of the `-pkgs` run's."
@@ -606,8 +643,9 @@ def _corpus_reading(onsets: dict[str, tuple[float | None, float | None]]) -> str
             f"{' and '.join(only_more)} lacked.")
 
 
-def calibration_section(studies: Path, out: Path) -> list[str]:
-    """The calibration table (and figure) from `studies/calibration.csv`, if it exists."""
+def calibration_section(studies: Path, out: Path, share: float | None = None) -> list[str]:
+    """The calibration table (and figure) from `studies/calibration.csv`, if it exists; `share`
+    is the standard library's share of the `-pkgs` stream (`stdlib_share`)."""
     path = studies / "calibration.csv"
     if not path.is_file():
         return []
@@ -628,7 +666,7 @@ def calibration_section(studies: Path, out: Path) -> list[str]:
                     f"{r.lowest_text_copy_ratio:.2f} | {r.last_val_loss:.3f} |")
     numbers = calibration_numbers(traj)
     findings = [CALIBRATION_FINDINGS.format(**numbers), ""] if numbers else []
-    for text in (mta_calibration_text(traj), corpus_calibration_text(traj)):
+    for text in (mta_calibration_text(traj), corpus_calibration_text(traj, share)):
         findings += [text, ""] if text else []
     return ["### Calibration", "", CALIBRATION_INTRO, "", *rows,
             _figure(studies, out, "calibration"), "", *findings,
@@ -655,7 +693,7 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
     parts += [toy_section(zoo_dir), "", "## Text language models", "",
               PIPELINE.replace("SHAPES_TABLE", shapes_table())
               .replace("N_PINS", str(len(package_pins()))), "",
-              *calibration_section(studies, out)]
+              *calibration_section(studies, out, stdlib_share(zoo_dir))]
     if models:
         parts += ["### The models", "", "Every number below is the eval command's "
                   "(`python -m interp.zoo.evaluate NAME`), re-measured by the tests.", "",
@@ -667,6 +705,7 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
                       f"reaches {INDUCTION_THRESHOLD} and the second copy of 150 random ids "
                       f"costs less than {COPY_RATIO_THRESHOLD} x the first; the 1-layer models "
                       "are the controls.", "", induction_findings(induction),
+                      one_layer_findings(induction, _csv(studies, "mta_kernels")),
                       _figure(studies, out, "phase_change")]
         distance = _csv(studies, "copy_distance")
         if distance is not None and not distance.empty:

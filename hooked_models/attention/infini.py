@@ -60,6 +60,7 @@ from hooked_models.attention.base import (
     AttentionContext,
     Stage,
     VariantAttention,
+    is_plain_causal,
     masked_softmax,
 )
 from hooked_models.attention.observe import is_observed
@@ -207,8 +208,12 @@ class InfiniAttention(VariantAttention):
             return q, k
         # GQA: rotate and hook the kv_heads keys (k[:, :, ::kv_group] undoes expand_kv exactly),
         # so hook_rot_k has hook_k's shape in every variant.
-        k_rot = self.hook_rot_k(self.rotary(k[:, :, ::self.kv_group], within))
-        return self.hook_rot_q(self.rotary(q, within)), self.expand_kv(k_rot)
+        # Positions within a segment are 0..N-1 (`pos % N` is never negative): passing that bound
+        # spares the rotary table's range check a device sync, so a compiled step is one graph.
+        top = self.opts.segment_len - 1
+        top = top if top < self.rotary.cos.shape[0] else None
+        k_rot = self.hook_rot_k(self.rotary(k[:, :, ::self.kv_group], within, top))
+        return self.hook_rot_q(self.rotary(q, within, top)), self.expand_kv(k_rot)
 
     def _stages_observed(self) -> bool:
         return any(is_observed(hp)
@@ -228,13 +233,15 @@ class InfiniAttention(VariantAttention):
         qr, kr = self._rotate(q, k, pos % N)
         if self._stages_observed():
             return self._attend_materialised(q, k, v, qr, kr, pos, valid, ctx.allowed)
-        return self._attend_segments(q, k, v, qr, kr, pos, valid)
+        # The plain causal mask (no padding, no cache) has positions 0..T-1: aligned, no sync.
+        return self._attend_segments(q, k, v, qr, kr, pos, valid, is_plain_causal(ctx.allowed))
 
-    def _attend_segments(self, q, k, v, qr, kr, pos, valid) -> Tensor:
-        """The segment loop (`_infini_memory.segment_pass`) on a slot-per-position layout."""
+    def _attend_segments(self, q, k, v, qr, kr, pos, valid, aligned: bool = False) -> Tensor:
+        """The segment loop (`_infini_memory.segment_pass`) on a slot-per-position layout;
+        `aligned` (position p of every row at index p, no padding) is checked when not given."""
         md, (b, T) = mem.memory_dtype(q.dtype), q.shape[:2]
-        aligned = bool(valid.all()) and torch.equal(pos, torch.arange(T, device=pos.device)
-                                                    .expand(b, T))
+        aligned = aligned or (bool(valid.all()) and torch.equal(
+            pos, torch.arange(T, device=pos.device).expand(b, T)))
         tensors = [t.to(md) for t in (qr, kr, q, k, v)]
         if aligned:
             slot_valid = None

@@ -179,10 +179,13 @@ def cmd_train(args) -> int:
         print(f"projected total on {device}: {table.projected_s.sum() / 60:.1f} min "
               f"(training steps only; evaluation adds about 1%)")
         return 0
+    from hooked_models import zoo
+
     command = "attnlens " + shlex.join(args.argv)
     released = train_zoo(args.out, device=device, names=names, seed=args.seed,
                          smoke=args.smoke, release_to=args.release_to,
-                         progress=not args.no_progress, command=command)
+                         progress=not args.no_progress, command=command,
+                         skip_shipped_in=zoo.ZOO_DIR if args.skip_shipped else None)
     for path in released:
         print(f"released {path}")
     return 0
@@ -348,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=int, default=1,
                     help="torch threads for this process (default 1; 0: torch's default)")
     tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--skip-shipped", action="store_true",
+                    help="skip the recipes whose model is shipped in hooked_models/zoo at "
+                         "today's recipe (what scripts/zoo_queue.sh does)")
     tr.set_defaults(fn=cmd_train)
     from interp.analyze import ANALYSES
 

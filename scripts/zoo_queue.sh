@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh   # .venv with attnlens installed (idempotent)
 OUT=${OUT:-${ATTNLENS_RUNS:-$HOME/.cache/attnlens}/zoo-text}
 mkdir -p "$OUT"
-# Finished runs are skipped in a second (they resume at their last step and release). Every
+# Models shipped in hooked_models/zoo at today's recipe are skipped (`--skip-shipped`: a fresh
+# machine, whose cache is empty, trains only what is missing); finished runs in $OUT are
+# skipped in a second (they resume at their last step and release). Every
 # recipe trains with the context curriculum (interp/zoo/text_recipes.py: CTX_CURRICULUM); the
 # 2-layer / 1-layer pairs come first, the costly variants (MTA, DCMHA) spread over both lanes,
 # the 4-layer MLP models last. text-mha-l2 is shipped and not queued (its first 6,250 steps are the
@@ -23,7 +25,7 @@ LANE_B=${LANE_B-"text-mha-l1 text-cope-l2 text-dcmha-l2 text-cope-l1 text-dcmha-
 run_lane() {   # an empty lane (LANE_A="") runs nothing
   [ -n "${1//[[:space:]]/}" ] || return 0
   OMP_NUM_THREADS=1 nice -n 19 .venv/bin/attnlens train --zoo text --device cpu --threads 1 \
-    --out "$OUT" --no-progress --only $1 >> "$OUT/$2.log" 2>&1
+    --out "$OUT" --no-progress --skip-shipped --only $1 >> "$OUT/$2.log" 2>&1
 }
 # The corpus, tokenizer and token streams are built once, before the lanes share the cache.
 OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -c "

@@ -15,7 +15,7 @@ from dashboards.cli import main as cli_main
 from hooked_models import HookedVariantTransformer, zoo
 from interp.zoo.text_eval import evaluate_windows, icl_positions, load_eval_tokens
 from interp.zoo.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, ZOO_TRAIN, train_config
-from interp.zoo.text_train import prepare_data, release, train_recipe
+from interp.zoo.text_train import prepare_data, release, shipped_recipes, train_recipe, train_zoo
 
 NAMES = ["text-mha-l1", "text-infini-l2"]
 TOL = 1e-3  # card values are rounded to 4 decimals; float32 on one CPU reproduces them exactly
@@ -88,6 +88,23 @@ def test_running_the_command_again_resumes_instead_of_retraining(smoke_run):
     log = (out / "runs" / NAMES[0] / "metrics.jsonl").read_text()
     assert cli_main(argv[:5] + [NAMES[0]] + argv[6 + len(NAMES) - 1:]) == 0
     assert (out / "runs" / NAMES[0] / "metrics.jsonl").read_text() == log
+
+
+def test_skip_shipped_trains_only_what_the_zoo_lacks(smoke_run, tmp_path, capsys):
+    out, _ = smoke_run
+    # NAMES are released (smoke cards) under out/release; text-cope-l1 is not
+    train_zoo(tmp_path, names=[NAMES[0], "text-cope-l1"], smoke=True, progress=False,
+              skip_shipped_in=out / "release")
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["text-cope-l1"]
+    assert f"{NAMES[0]}" in capsys.readouterr().err
+    # the command's flag reads the bundled zoo, where text-mha-l1 is shipped at today's recipe
+    assert "text-mha-l1" in shipped_recipes(["text-mha-l1"], zoo.ZOO_DIR)
+    fresh = tmp_path / "fresh"
+    assert cli_main(["train", "--zoo", "text", "--smoke", "--skip-shipped", "--only",
+                     "text-mha-l1", "--out", str(fresh), "--device", "cpu",
+                     "--no-progress"]) == 0
+    assert not (fresh / "runs").exists()
+    assert "text-mha-l1        shipped in" in capsys.readouterr().err
 
 
 def test_an_unfinished_run_is_not_released(tmp_path, smoke_run):

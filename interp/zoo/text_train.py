@@ -434,12 +434,26 @@ def print_queue_status(rows: list[dict]) -> None:
         print(f"[attnlens train] {r['recipe']:<18} {what}", file=sys.stderr)
 
 
+def shipped_recipes(names, zoo_dir) -> list[str]:
+    """The recipes among `names` whose model in `zoo_dir` is a release of today's recipe."""
+    return [n for n in names if released_under(Path(zoo_dir) / n, n) == "current"]
+
+
 def train_zoo(out_dir, device: str = "cpu", names=None, seed: int = 0, smoke: bool = False,
-              release_to=None, progress: bool = True, command: str = "") -> list[Path]:
-    """Train every recipe in `names` (default: all 15), resuming finished or partial runs."""
+              release_to=None, progress: bool = True, command: str = "",
+              skip_shipped_in=None) -> list[Path]:
+    """Train every recipe in `names` (default: all 15), resuming finished or partial runs;
+    with `skip_shipped_in` (a zoo directory), not those already shipped there at today's
+    recipe (a fresh machine then trains only what is missing, not the whole zoo again)."""
     names = list(names or RECIPES)
     for n in names:
         get_recipe(n)
+    if skip_shipped_in is not None:
+        shipped = shipped_recipes(names, skip_shipped_in)
+        for n in shipped:
+            print(f"[attnlens train] {n:<18} shipped in {skip_shipped_in} (today's recipe): "
+                  "skipped", file=sys.stderr)
+        names = [n for n in names if n not in shipped]
     out_dir = Path(out_dir)
     data = prepare_data(out_dir / "cache", vocab_size=SMOKE["vocab_size"] if smoke else VOCAB_SIZE,
                         max_files=SMOKE["max_files"] if smoke else None,

@@ -163,6 +163,24 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     assert "text-infini-l2: gate classes" in text
     assert "text-cope-l2: mean gate by the key's token category" in text
     assert "### Where attention gets its sharpness" in text and "`composed_scores`" in text
+    from interp.zoo.text_recipes import RECIPES
+    status = text.split("Status: ", 1)[1].split("\n", 1)[0]
+    missing = [n for n in RECIPES if n not in NAMES]
+    assert f"{len(missing)} of the zoo's {len(RECIPES)} recipes are not shipped yet" in status
+    assert all(f"`{n}`" in status for n in missing)
+    assert not any(f"`{n}`" in status for n in NAMES)
+
+
+def test_a_release_of_an_older_recipe_counts_as_not_shipped(release, tmp_path):
+    zoo = tmp_path / "zoo"
+    shutil.copytree(release / NAMES[1], zoo / NAMES[1])
+    card_path = zoo / NAMES[1] / "card.json"
+    card = json.loads(card_path.read_text())
+    assert f"`{NAMES[1]}`" not in zoo_docs.unshipped_text(zoo)
+    card.pop("smoke_test_only", None)
+    card["train_config"] = {**card["train_config"], "steps": 1}
+    card_path.write_text(json.dumps(card))
+    assert f"`{NAMES[1]}`" in zoo_docs.unshipped_text(zoo)
 
 
 def test_sharpness_study_has_every_head_of_every_model(release, studies):

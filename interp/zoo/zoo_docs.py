@@ -673,6 +673,20 @@ def calibration_section(studies: Path, out: Path, share: float | None = None) ->
             _figure(studies, out, "calibration_curriculum")]
 
 
+def unshipped_text(zoo_dir: Path) -> str:
+    """A sentence naming the zoo recipes (issue 26's 15) not shipped in `zoo_dir` at today's
+    recipe, or saying that every one is."""
+    from interp.zoo.text_recipes import RECIPES
+    from interp.zoo.text_train import released_under
+
+    missing = [n for n in RECIPES if released_under(Path(zoo_dir) / n, n) != "current"]
+    if not missing:
+        return f"all {len(RECIPES)} of the zoo's recipes are shipped."
+    names = ", ".join(f"`{n}`" for n in missing)
+    return (f"{len(missing)} of the zoo's {len(RECIPES)} recipes are not shipped yet ({names}): "
+            "they are training on the CPU (`bash scripts/zoo_queue.sh`, issue 26).")
+
+
 def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
            out: Path = DEFAULTS["out"]) -> str:
     models = released_models(zoo_dir)
@@ -680,8 +694,8 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
     if models:
         n = len(models)
         parts += [f"Status: {n} text language model{'s' * (n != 1)} "
-                  f"{'are' if n != 1 else 'is'} shipped (`hooked_models/zoo/text-*`); the "
-                  "rest of the text zoo is still training on the CPU (issue 26). Beside them: "
+                  f"{'are' if n != 1 else 'is'} shipped (`hooked_models/zoo/text-*`); "
+                  + unshipped_text(zoo_dir) + " Beside them: "
                   "the toy induction models and the paper-task models of "
                   "[reproduction.md](reproduction.md).", ""]
     else:

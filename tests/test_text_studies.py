@@ -15,6 +15,7 @@ from interp.zoo import zoo_docs
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
+    STUDY_TABLES,
     induction_study,
     released_models,
     run_studies,
@@ -37,6 +38,24 @@ def release(tmp_path_factory):
 def studies(release, tmp_path_factory):
     out = tmp_path_factory.mktemp("studies")
     return out, run_studies(release, out, png=False, progress=False)
+
+
+def test_studies_of_some_models_replace_their_rows_as_a_full_run_writes_them(release, studies,
+                                                                            tmp_path):
+    full_dir, _ = studies
+    part = tmp_path / "part"
+    shutil.copytree(full_dir, part)
+    redo = ["text-infini-l2", "text-mha-l2"]
+    stale = pd.read_csv(part / "induction.csv")
+    stale.loc[stale.model.isin(redo), "induction_score"] = 99.0     # rows that must be replaced
+    stale.to_csv(part / "induction.csv", index=False)
+    run_studies(release, part, png=False, progress=False, only=redo)
+    for key in STUDY_TABLES:
+        if (full_dir / f"{key}.csv").is_file():
+            pd.testing.assert_frame_equal(pd.read_csv(part / f"{key}.csv"),
+                                          pd.read_csv(full_dir / f"{key}.csv"), obj=key)
+    with pytest.raises(ValueError, match="text-mha-l7"):
+        run_studies(release, part, png=False, progress=False, only=["text-mha-l7"])
 
 
 def test_released_models_are_found_by_name_and_card(release, tmp_path):

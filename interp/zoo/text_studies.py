@@ -258,9 +258,34 @@ def sharpness_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> 
                                                  if c not in ("model", "variant", "shape")]]]
 
 
-def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -> dict:
+STUDY_TABLES = ("induction", "training_log", "copy_distance", "diversity_curves", "diversity",
+                "infini_memory", "mta_gates", "mta_kernels", "dcmha_dynamic", "cope_categories",
+                "score_spread")
+
+
+def merge_into_tables(new: dict[str, pd.DataFrame], out_dir, names) -> dict[str, pd.DataFrame]:
+    """The study tables in `out_dir` with the rows of models `names` replaced by `new`'s, in the
+    order a run on every model writes (by model name, each model's rows in their own order)."""
+    merged = {}
+    for key in STUDY_TABLES:
+        path = Path(out_dir) / f"{key}.csv"
+        old = pd.read_csv(path) if path.is_file() else None
+        frames = [] if old is None else [old[~old["model"].isin(names)]]
+        if key in new and len(new[key]):
+            frames.append(new[key])
+        frames = [f for f in frames if len(f)]
+        if frames:
+            table = pd.concat(frames, ignore_index=True)
+            merged[key] = table.sort_values("model", kind="stable").reset_index(drop=True)
+    return merged
+
+
+def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True,
+                only=None) -> dict:
     """Run the studies on the models in `release_dir`; write CSVs and figures to
-    `out_dir`. Returns `{table name: DataFrame}`."""
+    `out_dir`. Returns `{table name: DataFrame}`. With `only` (model names), run them on those
+    models alone and replace their rows in the tables already in `out_dir` (a model shipped
+    into a studied zoo costs its own studies, not the whole zoo's)."""
     from tqdm.auto import tqdm
 
     from interp.plots import save_figure
@@ -275,6 +300,11 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
     if not models:
         raise ValueError(f"no released text model (text-<variant>-<shape>/ with a text-lm "
                          f"card) in {str(release_dir)!r}")
+    if only:
+        unknown = sorted(set(only) - set(models))
+        if unknown:
+            raise ValueError(f"not released text models in {str(release_dir)!r}: {unknown}")
+        models = {n: d for n, d in models.items() if n in set(only)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=6, desc="text-zoo studies", disable=not progress)
@@ -288,6 +318,8 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True) -
     steps.update()
     tables["score_spread"] = sharpness_study(models)
     steps.update()
+    if only:
+        tables = merge_into_tables(tables, out, list(models))
     for key, frame in tables.items():
         frame.to_csv(out / f"{key}.csv", index=False)
     figures = {"phase_change": phase_change_figure(tables["training_log"]),
@@ -308,8 +340,11 @@ def main(argv=None) -> int:
     parser.add_argument("release_dir", help="directory of released text models")
     parser.add_argument("--out", default="docs/figures/zoo", help="tables and figures go here")
     parser.add_argument("--no-png", action="store_true", help="HTML figures only")
+    parser.add_argument("--only", nargs="+", metavar="MODEL",
+                        help="study these models alone and replace their rows in the tables "
+                             "already in --out (the other models' rows are kept)")
     args = parser.parse_args(argv)
-    tables = run_studies(args.release_dir, args.out, png=not args.no_png)
+    tables = run_studies(args.release_dir, args.out, png=not args.no_png, only=args.only)
     print(tables["induction"].to_string(index=False))
     return 0
 

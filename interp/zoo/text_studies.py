@@ -271,7 +271,7 @@ def merge_into_tables(new: dict[str, pd.DataFrame], out_dir, names) -> dict[str,
         path = Path(out_dir) / f"{key}.csv"
         old = pd.read_csv(path) if path.is_file() else None
         frames = [] if old is None else [old[~old["model"].isin(names)]]
-        if key in new and len(new[key]):
+        if key in new:
             frames.append(new[key])
         frames = [f for f in frames if len(f)]
         if frames:
@@ -304,7 +304,7 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True,
         unknown = sorted(set(only) - set(models))
         if unknown:
             raise ValueError(f"not released text models in {str(release_dir)!r}: {unknown}")
-        models = {n: d for n, d in models.items() if n in set(only)}
+        models = {n: d for n, d in models.items() if n in only}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=6, desc="text-zoo studies", disable=not progress)

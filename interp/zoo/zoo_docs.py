@@ -677,9 +677,10 @@ def unshipped_text(zoo_dir: Path) -> str:
     """A sentence naming the zoo recipes (issue 26's 15) not shipped in `zoo_dir` at today's
     recipe, or saying that every one is."""
     from interp.zoo.text_recipes import RECIPES
-    from interp.zoo.text_train import released_under
+    from interp.zoo.text_train import shipped_recipes
 
-    missing = [n for n in RECIPES if released_under(Path(zoo_dir) / n, n) != "current"]
+    shipped = shipped_recipes(RECIPES, zoo_dir)
+    missing = [n for n in RECIPES if n not in shipped]
     if not missing:
         return f"all {len(RECIPES)} of the zoo's recipes are shipped."
     names = ", ".join(f"`{n}`" for n in missing)

@@ -154,6 +154,7 @@ def cmd_train(args) -> int:
 
     import torch
 
+    from hooked_models.stop_signals import TrainingStopped
     from interp.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE
     from interp.zoo.text_train import default_runs_dir, measure, prepare_data, train_zoo
 
@@ -182,10 +183,14 @@ def cmd_train(args) -> int:
     from hooked_models import zoo
 
     command = "attnlens " + shlex.join(args.argv)
-    released = train_zoo(args.out, device=device, names=names, seed=args.seed,
-                         smoke=args.smoke, release_to=args.release_to,
-                         progress=not args.no_progress, command=command,
-                         skip_shipped_in=zoo.ZOO_DIR if args.skip_shipped else None)
+    try:
+        released = train_zoo(args.out, device=device, names=names, seed=args.seed,
+                             smoke=args.smoke, release_to=args.release_to,
+                             progress=not args.no_progress, command=command,
+                             skip_shipped_in=zoo.ZOO_DIR if args.skip_shipped else None)
+    except TrainingStopped as stop:   # SIGTERM / SIGHUP / Ctrl-C, after the step's checkpoint
+        print(f"[attnlens train] {stop}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
     for path in released:
         print(f"released {path}")
     return 0

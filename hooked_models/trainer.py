@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from hooked_models.stop_signals import StopSignals, TrainingStopped
 from hooked_models.train_state import (
     latest_checkpoint,
     load_timing,
@@ -313,6 +314,9 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     With `run_dir`, metrics go to `run_dir/metrics.jsonl` and checkpoints to `run_dir/step-N/`
     (`latest` names the newest); with `resume`, a run directory that holds a checkpoint is
     continued from it (weights, optimizer, schedule position, batch generator, metrics log).
+    With `run_dir`, SIGTERM, SIGHUP (unless ignored, as under nohup) or Ctrl-C ends the current
+    step, checkpoints it and raises `TrainingStopped` (hooked_models.stop_signals): calling
+    `fit` again resumes from that step.
     """
     run_dir = None if run_dir is None else Path(run_dir)
     if cfg.checkpoint_every and run_dir is None:
@@ -360,51 +364,57 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     t_last, tok_last = time.perf_counter(), tokens_seen
     t_saved = t_last
     wall0, cpu0 = t_last, time.process_time()
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * lr_factor(step, cfg)
-        tokens, mask = sample(cfg.batch_size, gen)
-        tokens = tokens.to(device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss = masked_next_token_loss(forward, tokens, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        tokens_seen += tokens.numel()
-        losses.append(loss.item())
-        done = step + 1
-        now = time.perf_counter()
-        tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
-        t_last, tok_last = now, tokens_seen
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tok_s:,.0f}")
-        record = {"step": done, "tokens": tokens_seen, "lr": opt.param_groups[0]["lr"],
-                  "train_loss": losses[-1], "tokens_per_s": round(tok_s, 1)}
-        last = done == cfg.steps
-        if evaluate is not None and (last or (cfg.eval_every and done % cfg.eval_every == 0)):
-            model.eval()
-            with torch.no_grad(), torch.autocast(device_type=device.type,
-                                                 dtype=torch.bfloat16, enabled=use_bf16):
-                record.update(evaluate(model))
-            model.train()
-            if early.update(record):
-                record["early_stop"] = True
-                last = True
-            if best is not None and early.improved:
-                best.keep(model, done, early.best)
-        if run_dir is not None:
-            _append_jsonl(run_dir / METRICS_FILE, record)
-            due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
-            if last or due or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-                spent = {"wall_s": round(timing["wall_s"] + time.perf_counter() - wall0, 3),
-                         "cpu_s": round(timing["cpu_s"] + time.process_time() - cpu0, 3),
-                         "from_step": timing["from_step"]}
-                save_train_state(run_dir, model, opt, gen, done, tokens_seen, cfg.to_dict(),
-                                 card=card, timing=spent)
-                t_saved = time.perf_counter()
-        if last:
-            break
+    # SIGTERM / SIGHUP / Ctrl-C: finish the step, checkpoint it, raise TrainingStopped.
+    with StopSignals(enabled=run_dir is not None) as stop:
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * lr_factor(step, cfg)
+            tokens, mask = sample(cfg.batch_size, gen)
+            tokens = tokens.to(device)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                loss = masked_next_token_loss(forward, tokens, mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            tokens_seen += tokens.numel()
+            losses.append(loss.item())
+            done = step + 1
+            now = time.perf_counter()
+            tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
+            t_last, tok_last = now, tokens_seen
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tok_s:,.0f}")
+            record = {"step": done, "tokens": tokens_seen, "lr": opt.param_groups[0]["lr"],
+                      "train_loss": losses[-1], "tokens_per_s": round(tok_s, 1)}
+            last = done == cfg.steps
+            if evaluate is not None and (last or (cfg.eval_every and done % cfg.eval_every == 0)):
+                model.eval()
+                with torch.no_grad(), torch.autocast(device_type=device.type,
+                                                     dtype=torch.bfloat16, enabled=use_bf16):
+                    record.update(evaluate(model))
+                model.train()
+                if early.update(record):
+                    record["early_stop"] = True
+                    last = True
+                if best is not None and early.improved:
+                    best.keep(model, done, early.best)
+            if run_dir is not None:
+                _append_jsonl(run_dir / METRICS_FILE, record)
+                due = cfg.checkpoint_minutes and now - t_saved >= 60 * cfg.checkpoint_minutes
+                if (last or due or stop.received is not None
+                        or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+                    spent = {"wall_s": round(timing["wall_s"] + time.perf_counter() - wall0, 3),
+                             "cpu_s": round(timing["cpu_s"] + time.process_time() - cpu0, 3),
+                             "from_step": timing["from_step"]}
+                    saved = save_train_state(run_dir, model, opt, gen, done, tokens_seen,
+                                             cfg.to_dict(), card=card, timing=spent)
+                    t_saved = time.perf_counter()
+                    if stop.received is not None:
+                        bar.close()
+                        raise TrainingStopped(stop.received, done, saved)
+            if last:
+                break
     if best is not None:
         best.restore(model)
     model.eval()

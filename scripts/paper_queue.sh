@@ -3,6 +3,7 @@
 # lowest priority, each resuming from its last checkpoint (run it again after any interruption).
 #   bash scripts/paper_queue.sh                  # in the foreground; log in $RUNS/paper.log
 #   PAPER="infini-passkey-long-*" bash scripts/paper_queue.sh
+#   PAPER="..." LOG=lane-2 bash scripts/paper_queue.sh   # a second lane beside the first
 # Runs live under $RUNS = ${ATTNLENS_RUNS:-~/.cache/attnlens}/paper-zoo, outside the work
 # tree, so they continue in a later session on the same machine; each finished model is saved to
 # hooked_models/zoo/<name>/ with its card and evaluated (`python -m interp.zoo.paper train`).
@@ -26,4 +27,4 @@ PAPER=${PAPER:-"dcmha-conjunction-full-* infini-passkey-long-*
   cope-counting-3var-*-long-s0 cope-counting-3var-*-long-s1 cope-counting-3var-*-long-s2
   cope-counting-5var-*-long-s0 cope-counting-5var-*-long-s1 cope-counting-5var-*-long-s2"}
 OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m interp.zoo.paper train $PAPER --resume \
-  --threads 1 >> "$RUNS/paper.log" 2>&1
+  --threads 1 >> "$RUNS/${LOG:-paper}.log" 2>&1

@@ -278,6 +278,51 @@ def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, ca
     assert recipe.name in capsys.readouterr().out
 
 
+def test_train_command_stopped_by_sigterm_saves_the_step_and_publishes_nothing(
+        tmp_path, monkeypatch, capsys):
+    """SIGTERM (a session ending) during `train`: the step is checkpointed, the command says
+    how to continue and exits 143 without publishing; `train --resume` then finishes it."""
+    import os
+    import signal
+
+    from hooked_models import zoo
+    from interp.zoo.paper import __main__ as cli
+    from interp.zoo.paper import _training
+
+    recipe = _tiny(steps=6)
+    (tmp_path / "zoo").mkdir()
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setattr(_training, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(cli, "all_recipes", lambda: {recipe.name: recipe})
+    real_fit = _training.fit
+
+    def fit_signalled_at_step_2(model, sample, *args, **kwargs):
+        calls = []
+
+        def signalled(batch, gen):
+            calls.append(batch)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return sample(batch, gen)
+
+        return real_fit(model, signalled, *args, **kwargs)
+
+    monkeypatch.setattr(_training, "fit", fit_signalled_at_step_2)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", recipe.name, "--resume"])
+    assert stopped.value.code == 143
+    err = capsys.readouterr().err
+    assert f"{recipe.name}: stopped by SIGTERM after step 2" in err and "--resume" in err
+    assert not (tmp_path / "zoo" / recipe.name).exists()
+    run_dir = tmp_path / "runs" / "paper-zoo" / recipe.name
+    assert (run_dir / "latest").read_text() == "step-0000002"
+    monkeypatch.setattr(_training, "fit", real_fit)
+    cli.main(["train", recipe.name, "--resume"])
+    card = json.loads((tmp_path / "zoo" / recipe.name / "card.json").read_text())
+    assert card["metrics"]
+
+
 def test_evaluate_model_refuses_other_models():
     model = HookedVariantTransformer(VariantConfig(d_model=8, d_head=4, n_layers=1, n_ctx=8,
                                                    d_vocab=8, attn_only=True))

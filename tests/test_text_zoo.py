@@ -205,6 +205,48 @@ def test_a_run_stopped_mid_way_resumes_bit_exactly_from_the_command(smoke_run, t
     assert losses(tmp_path) == losses(out)
 
 
+def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_path,
+                                                               monkeypatch, capsys):
+    """A session's end (SIGTERM) loses nothing: the command finishes the step, checkpoints it,
+    says so and exits 128 + 15; run again, it continues with the uninterrupted losses."""
+    import os
+    import signal
+
+    import interp.zoo.text_train as text_train
+
+    out, argv = smoke_run
+    (tmp_path / "cache").symlink_to(out / "cache", target_is_directory=True)
+    new_argv = [*argv[:argv.index("--only") + 1], NAMES[0], "--out", str(tmp_path),
+                "--device", "cpu", "--no-progress"]
+    real = text_train.window_sampler
+
+    def signalled(*args, **kwargs):
+        sample, calls = real(*args, **kwargs), []
+
+        def wrapped(batch, gen):
+            calls.append(batch)
+            if len(calls) == 3:   # while step 3 is prepared: no periodic checkpoint at 3
+                os.kill(os.getpid(), signal.SIGTERM)
+            return sample(batch, gen)
+
+        return wrapped
+
+    monkeypatch.setattr(text_train, "window_sampler", signalled)
+    capsys.readouterr()
+    assert cli_main(new_argv) == 143
+    assert "stopped by SIGTERM after step 3; checkpoint saved in" in capsys.readouterr().err
+    assert not (tmp_path / "release" / NAMES[0]).exists()
+    monkeypatch.setattr(text_train, "window_sampler", real)
+    assert cli_main(new_argv) == 0
+    assert "step 3 of 4" in capsys.readouterr().err
+
+    def losses(run):
+        return [json.loads(line)["train_loss"]
+                for line in (run / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(tmp_path) == losses(out)
+
+
 def test_a_text_model_is_served_on_held_out_source_code(smoke_run):
     """Issue 26 item 6: the dashboard's default prompt of a text model is its first held-out
     validation window's text (a source file training never saw), within n_ctx."""

@@ -35,7 +35,9 @@ PIPELINE = """\
 The zoo trains on the CPU (issue 26): two cores, one thread per model, two models at a time, at
 the lowest priority, for as many sessions as it takes. Every run checkpoints every 250 steps and
 every 4 minutes to `RUNS/runs/NAME/` and resumes exactly from its last checkpoint when the
-command is run again; a finished run is evaluated and released with its card. RUNS is
+command is run again; SIGTERM, SIGHUP or Ctrl-C first finish the step and checkpoint it (exit
+status 143, 129 or 130), so a stopped run loses no steps. A finished run is evaluated and
+released with its card. RUNS is
 `$ATTNLENS_RUNS/zoo-text`, by default `~/.cache/attnlens/zoo-text`, outside the work tree: each
 session's work tree is laid anew from git, so the checkpoints of the old default
 (`out/zoo-text`) never reached the next session (all of them were lost between the sessions of

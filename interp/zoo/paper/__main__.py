@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import signal
 import sys
 from pathlib import Path
 
 import torch
 
 from hooked_models.model import HookedVariantTransformer
+from hooked_models.stop_signals import TrainingStopped
 from hooked_models.zoo import available
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
@@ -105,7 +107,13 @@ def main(argv=None) -> None:
                 continue
             print(f"training {name}", file=sys.stderr, flush=True)
             staging = staging_dir(name)
-            module_of(recipe).train(recipe, staging, resume=args.resume)
+            try:
+                module_of(recipe).train(recipe, staging, resume=args.resume)
+            except TrainingStopped as stop:   # SIGTERM / SIGHUP / Ctrl-C, after a checkpoint
+                print(f"{name}: stopped by {signal.Signals(stop.signum).name} after step "
+                      f"{stop.step:,}, checkpoint saved in {stop.checkpoint}; train it again "
+                      "with --resume to continue", file=sys.stderr, flush=True)
+                sys.exit(128 + stop.signum)
             _measure(name, staging, write=True)
             publish(staging, zoo_dir(name))
     elif args.command == "eval":

@@ -168,6 +168,13 @@ def cmd_train(args) -> int:
         # two-thread run (issue 26's measurements).
         torch.set_num_threads(args.threads)
     names = args.only or list(RECIPES)
+    if args.status:
+        from hooked_models import zoo
+        from interp.zoo.text_train import print_queue_status, queue_status, shipped_recipes
+
+        print_queue_status(queue_status(args.out, names, args.release_to), file=sys.stdout,
+                           shipped=shipped_recipes(names, zoo.ZOO_DIR))
+        return 0
     if args.measure:
         data = prepare_data(f"{args.out}/cache",
                             vocab_size=SMOKE["vocab_size"] if args.smoke else VOCAB_SIZE,
@@ -349,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--smoke", action="store_true",
                     help="tiny shapes, 40 files, 4 steps: checks the pipeline, never a zoo")
+    tr.add_argument("--status", action="store_true",
+                    help="print where each recipe stands (shipped, released, step x of y with "
+                         "CPU hours so far and the time left at its recent pace, not started); "
+                         "train nothing")
     tr.add_argument("--measure", action="store_true",
                     help="print tokens/s of each recipe and the projected time; train nothing")
     tr.add_argument("--measure-steps", type=int, default=3)

@@ -236,9 +236,15 @@ def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_p
     assert cli_main(new_argv) == 143
     assert "stopped by SIGTERM after step 3; checkpoint saved in" in capsys.readouterr().err
     assert not (tmp_path / "release" / NAMES[0]).exists()
+    # --status reads the stopped run without training it
+    assert cli_main([*new_argv, "--status"]) == 0
+    status = capsys.readouterr().out
+    assert f"{NAMES[0]} " in status and "step 3 of 4 (" in status and "CPU-h so far" in status
     monkeypatch.setattr(text_train, "window_sampler", real)
     assert cli_main(new_argv) == 0
     assert "step 3 of 4" in capsys.readouterr().err
+    assert cli_main([*new_argv, "--status"]) == 0
+    assert "done (released)" in capsys.readouterr().out
 
     def losses(run):
         return [json.loads(line)["train_loss"]

@@ -30,6 +30,7 @@ from hooked_models.model import HookedVariantTransformer
 from hooked_models.package_corpus import PackageCorpus
 from hooked_models.train_state import latest_checkpoint, read_train_state, runs_root, thin_metrics
 from hooked_models.trainer import METRICS_FILE, fit
+from interp.zoo.run_progress import describe, progress
 from interp.zoo.text_eval import (
     evaluate_windows,
     induction_probe,
@@ -391,18 +392,12 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
 
 
 def queue_status(out_dir, names, release_dir=None) -> list[dict]:
-    """Where each recipe's run stands: steps done of the total, tokens, and whether released."""
+    """Where each recipe's run stands: `interp.zoo.run_progress.progress` (steps done of the
+    total, tokens, CPU hours, the recent pace and the time left) and whether it is released."""
     out_dir = Path(out_dir)
     release_dir = Path(release_dir) if release_dir else out_dir / "release"
-    rows = []
-    for name in names:
-        ckpt = latest_checkpoint(out_dir / "runs" / name)
-        state = read_train_state(ckpt) if ckpt else {}
-        total = state.get("train_config", {}).get("steps")
-        rows.append({"recipe": name, "step": state.get("step", 0), "of": total,
-                     "tokens": state.get("tokens", 0),
-                     "released": released_under(release_dir / name, name)})
-    return rows
+    return [{"recipe": name, **progress(out_dir / "runs" / name),
+             "released": released_under(release_dir / name, name)} for name in names]
 
 
 def released_under(directory: Path, name: str) -> str | None:
@@ -420,18 +415,22 @@ def released_under(directory: Path, name: str) -> str | None:
     return "current" if card.get("train_config") == today else "older recipe"
 
 
-def print_queue_status(rows: list[dict]) -> None:
-    """One line per recipe on stderr: done, in progress (step x of y) or not started."""
+def print_queue_status(rows: list[dict], file=None, shipped=()) -> None:
+    """One line per recipe (on stderr unless `file`): shipped (the recipes in `shipped`),
+    done, in progress (step x of y, CPU hours so far, time left at the recent pace) or not
+    started."""
     for r in rows:
         if r["released"] == "current":
             what = "done (released)"
         elif r["step"]:
-            what = f"step {r['step']:,} of {r['of']:,} ({r['tokens'] / 1e6:.1f}M tokens)"
+            what = describe(r)
         else:
             what = "not started"
         if r["released"] == "older recipe":
             what += "; the release there is of an older recipe, replaced when this one ends"
-        print(f"[attnlens train] {r['recipe']:<18} {what}", file=sys.stderr)
+        if r["recipe"] in shipped:   # a run of a shipped recipe is shown only if it exists
+            what = "shipped in hooked_models/zoo" + (f"; run: {what}" if r["step"] else "")
+        print(f"[attnlens train] {r['recipe']:<18} {what}", file=file or sys.stderr)
 
 
 def shipped_recipes(names, zoo_dir) -> list[str]:

@@ -4,6 +4,7 @@
 #   bash scripts/paper_queue.sh                  # in the foreground; log in $RUNS/paper.log
 #   PAPER="infini-passkey-long-*" bash scripts/paper_queue.sh
 #   PAPER="..." LOG=lane-2 bash scripts/paper_queue.sh   # a second lane beside the first
+#   .venv/bin/python -m interp.zoo.paper list "cope-*-long-*"   # shipped, or the step a run is at
 # Runs live under $RUNS = ${ATTNLENS_RUNS:-~/.cache/attnlens}/paper-zoo, outside the work
 # tree, so they continue in a later session on the same machine; each finished model is saved to
 # hooked_models/zoo/<name>/ with its card and evaluated (`python -m interp.zoo.paper train`).

@@ -317,6 +317,8 @@ def test_train_command_stopped_by_sigterm_saves_the_step_and_publishes_nothing(
     assert not (tmp_path / "zoo" / recipe.name).exists()
     run_dir = tmp_path / "runs" / "paper-zoo" / recipe.name
     assert (run_dir / "latest").read_text() == "step-0000002"
+    cli.main(["list", recipe.name])   # the run in progress, not "-"
+    assert f"{recipe.name}" in (listed := capsys.readouterr().out) and "step 2 of " in listed
     monkeypatch.setattr(_training, "fit", real_fit)
     cli.main(["train", recipe.name, "--resume"])
     card = json.loads((tmp_path / "zoo" / recipe.name / "card.json").read_text())

@@ -50,6 +50,9 @@ def test_progress_of_a_real_run_and_its_projection(tmp_path):
     assert p["longer_context_ahead"] is True
     assert "at least" in describe(p) and "longer contexts ahead" in describe(p)
     assert describe(p).startswith("step 6 of 12 (0.0M tokens, ")
+    p["longer_context_ahead"] = False   # an early-stopping run: the steps are a ceiling
+    assert describe(p, ceiling=True).startswith("step 6 of at most 12 (")
+    assert "; at most 0.00 h left at 48 tokens/s, early stopping)" in describe(p, ceiling=True)
 
 
 def test_a_run_without_a_checkpoint_is_at_step_zero(tmp_path):

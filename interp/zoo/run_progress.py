@@ -72,16 +72,20 @@ def progress(run_dir: Path, window: int = WINDOW) -> dict:
             "longer_context_ahead": step < phases_end}
 
 
-def describe(p: dict) -> str:
+def describe(p: dict, ceiling: bool = False) -> str:
     """One line: 'step 750 of 10,000 (3.1M tokens, 0.41 CPU-h so far; at least 2.97 h left at
-    3,550 tokens/s, longer contexts ahead)'."""
+    3,550 tokens/s, longer contexts ahead)'. With `ceiling` (a run that stops early when its
+    validation loss stops improving), the total steps are a ceiling and the time left a most."""
     parts = [f"{p['tokens'] / 1e6:.1f}M tokens"]
     if p["cpu_h"] is not None:
         parts.append(f"{p['cpu_h']:.2f} CPU-h so far")
-    text = f"step {p['step']:,} of {p['of']:,} ({', '.join(parts)}"
-    if p["left_h"] is not None and p["longer_context_ahead"]:
-        text += (f"; at least {p['left_h']:.2f} h left at {p['tokens_per_s']:,.0f} tokens/s, "
-                 "longer contexts ahead")
-    elif p["left_h"] is not None:
-        text += f"; about {p['left_h']:.2f} h left at {p['tokens_per_s']:,.0f} tokens/s"
+    text = f"step {p['step']:,} of {'at most ' if ceiling else ''}{p['of']:,} ({', '.join(parts)}"
+    if p["left_h"] is not None:
+        bound = ("at most" if ceiling and not p["longer_context_ahead"] else
+                 "at least" if p["longer_context_ahead"] and not ceiling else "about")
+        text += f"; {bound} {p['left_h']:.2f} h left at {p['tokens_per_s']:,.0f} tokens/s"
+        if p["longer_context_ahead"]:
+            text += ", longer contexts ahead"
+        if ceiling:
+            text += ", early stopping"
     return text + ")"

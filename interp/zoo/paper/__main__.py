@@ -28,6 +28,7 @@ from hooked_models.zoo import available
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
     EVAL_SEED,
+    default_run_root,
     evaluate_model,
     publish,
     staging_dir,
@@ -35,6 +36,7 @@ from interp.zoo.paper._training import (
     write_metrics,
     zoo_dir,
 )
+from interp.zoo.run_progress import describe, progress
 
 
 def _select(patterns: list[str]) -> list[str]:
@@ -95,6 +97,9 @@ def main(argv=None) -> None:
         recipes = all_recipes()
         for name in _select(args.names):
             mark = "shipped" if name in shipped else "-"
+            run = progress(default_run_root() / name)
+            if run["step"] and name not in shipped:   # a run in progress (or not evaluated)
+                mark = describe(run, ceiling=bool(recipes[name].train.get("early_stop_patience")))
             print(f"{name:50s} {recipes[name].phenomenon:22s} {mark}")
     elif args.command == "train":
         torch.set_num_threads(args.threads)

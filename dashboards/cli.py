@@ -269,6 +269,7 @@ def cmd_circuit(args) -> int:
         find_block_task,
         induction_task,
     )
+    from interp.plots.analyses import save_figure
 
     torch.set_num_threads(max(1, args.threads))
     model = load_model(args.model, args.device, "circuit")
@@ -299,13 +300,16 @@ def cmd_circuit(args) -> int:
         fig = circuit_figure(found.graph, found.scores, found.circuit,
                              title=f"{args.model}: {args.method} circuit, faithfulness "
                                    f"{faith['faithfulness']:.3f}")
-        fig.write_html(out / "circuit.html", include_plotlyjs="cdn")
+        # plotly.min.js is written beside the page, which then works offline (no CDN)
+        written = save_figure(fig, out / "circuit", png=not args.no_png)
         (out / "circuit.json").write_text(json.dumps({
             "model": args.model, "task": task.description, "method": args.method,
             "steps": args.steps, "faithfulness": faith,
             "circuit": [e.name for e in found.circuit], "figure": json.loads(fig.to_json())}))
         found.scores.to_csv(out / "scores.csv", index=False)
-        print(f"wrote {out / 'circuit.html'}, circuit.json, scores.csv")
+        names = [p.name for p in written]
+        print(f"wrote {', '.join(str(out / n) for n in names)}, circuit.json, scores.csv "
+              "(plotly.min.js beside the page: it opens offline)")
     return 0
 
 
@@ -421,7 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     circuit.add_argument("--seed", type=int, default=0)
     circuit.add_argument("--ablation", choices=["corrupted", "mean"], default="corrupted")
     circuit.add_argument("--show", type=int, default=15, help="edges printed")
-    circuit.add_argument("--out", default=None, help="write circuit.html/.json, scores.csv here")
+    circuit.add_argument("--out", default=None,
+                         help="write circuit.html (with plotly.min.js beside it, so it opens "
+                              "offline), circuit.png, circuit.json and scores.csv here")
+    circuit.add_argument("--no-png", action="store_true", help="HTML figure only")
     circuit.add_argument("--device", default="cpu")
     circuit.add_argument("--threads", type=int, default=1)
     circuit.set_defaults(fn=cmd_circuit)

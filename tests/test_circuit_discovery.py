@@ -233,10 +233,14 @@ def test_cli_circuit(tmp_path, capsys):
     from dashboards.cli import main
 
     assert main(["circuit", "induction-mha", "--prompts", "4", "--steps", "3",
-                 "--out", str(tmp_path)]) == 0
+                 "--out", str(tmp_path), "--no-png"]) == 0
     out = capsys.readouterr().out
     assert "faithfulness" in out and "L0H1->" in out
     assert (tmp_path / "circuit.html").is_file() and (tmp_path / "circuit.json").is_file()
+    # the page opens offline: plotly.js is beside it, not on a CDN
+    page = (tmp_path / "circuit.html").read_text()
+    assert 'src="plotly.min.js"' in page and "cdn.plot.ly" not in page
+    assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000
     with pytest.raises(SystemExit, match="neither"):
         main(["circuit", "no-such-model"])
 

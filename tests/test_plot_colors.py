@@ -111,3 +111,16 @@ def test_old_module_names_are_the_package_modules():
     for name in ("map_figure", "head_heatmap", "token_circuit_figure", "top_k_figure",
                  "phase_change_figure", "save_figure", "kernel_figure", "SEQUENTIAL"):
         assert hasattr(plots, name), name
+
+
+def test_every_shipped_text_model_has_its_own_line_style_in_the_training_figures():
+    """Colour is the variant and dash the shape: each shipped text model (the 2-layer twins on
+    the data mix and the package corpus included) gets a pair no other model has."""
+    from hooked_models.zoo import ZOO_DIR
+    from interp.plots.training import SHAPE_DASH, SHAPE_MARKER
+    from interp.zoo.text_studies import _parts, released_models
+
+    pairs = [_parts(name) for name in released_models(ZOO_DIR)]
+    assert pairs and all(s in SHAPE_DASH and s in SHAPE_MARKER for _, s in pairs), pairs
+    styles = [(variant, SHAPE_DASH[shape]) for variant, shape in pairs]
+    assert len(set(styles)) == len(styles)

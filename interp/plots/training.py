@@ -16,7 +16,12 @@ from plotly.subplots import make_subplots
 
 from interp.plots.colors import SEQUENTIAL, VARIANT_COLOURS  # noqa: F401 (re-exported)
 
-SHAPE_DASH = {"l1": "dot", "l2": "solid", "l4mlp": "dash"}
+# One line style per shape, so a variant's models (one colour) stay apart: the 2-layer twins
+# on the data mix and on the package corpus get their own.
+SHAPE_DASH = {"l1": "dot", "l2": "solid", "l4mlp": "dash", "l2-mix": "dashdot",
+              "l2-pkgs": "longdash"}
+SHAPE_MARKER = {"l1": "circle", "l2": "circle", "l4mlp": "diamond", "l2-mix": "square",
+                "l2-pkgs": "triangle-up"}
 
 
 def _need(df: pd.DataFrame, columns: list[str], what: str) -> None:
@@ -44,10 +49,12 @@ def phase_change_figure(log: pd.DataFrame) -> go.Figure:
     for name, g in log.groupby("model", sort=True):
         variant, shape = g["variant"].iloc[0], g["shape"].iloc[0]
         style = dict(color=VARIANT_COLOURS.get(variant), dash=SHAPE_DASH.get(shape, "solid"))
+        symbol = SHAPE_MARKER.get(shape, "circle")
         for row, (column, _, _) in enumerate(panels, 1):
             fig.add_trace(go.Scatter(x=g["tokens"], y=g[column], mode="lines+markers",
                                      name=name, legendgroup=name, showlegend=row == 1,
-                                     line=style, marker=dict(size=4)), row=row, col=1)
+                                     line=style, marker=dict(size=5, symbol=symbol)),
+                          row=row, col=1)
     for row, (_, _, axis) in enumerate(panels, 1):
         fig.update_yaxes(title=axis, row=row, col=1)
     top = max(1.02, float(log["induction_score"].max()) * 1.05)
@@ -70,10 +77,12 @@ def copy_distance_figure(table: pd.DataFrame) -> go.Figure:
     for name, g in table.groupby("model", sort=True):
         variant, shape = g["variant"].iloc[0], g["shape"].iloc[0]
         style = dict(color=VARIANT_COLOURS.get(variant), dash=SHAPE_DASH.get(shape, "solid"))
+        symbol = SHAPE_MARKER.get(shape, "circle")
         for row, column in ((1, "induction_score"), (2, "copy_loss_ratio")):
             fig.add_trace(go.Scatter(x=g["distance"], y=g[column], mode="lines+markers",
                                      name=name, legendgroup=name, showlegend=row == 1,
-                                     line=style, marker=dict(size=5)), row=row, col=1)
+                                     line=style, marker=dict(size=6, symbol=symbol)),
+                          row=row, col=1)
     if "segment_len" in table:
         for seg in sorted(table["segment_len"].dropna().unique()):
             fig.add_vline(x=float(seg), line=dict(dash="dot", color="grey"),

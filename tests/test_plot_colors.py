@@ -124,3 +124,21 @@ def test_every_shipped_text_model_has_its_own_line_style_in_the_training_figures
     assert pairs and all(s in SHAPE_DASH and s in SHAPE_MARKER for _, s in pairs), pairs
     styles = [(variant, SHAPE_DASH[shape]) for variant, shape in pairs]
     assert len(set(styles)) == len(styles)
+
+
+def test_diversity_comparison_draws_one_labelled_horizontal_bar_per_model_layer():
+    import pandas as pd
+
+    from interp.plots.training import diversity_comparison_figure
+
+    rows = [{"model": f"text-{v}-l{n}", "variant": v, "layer": layer, "circuit": c,
+             "composed": composed, "mean_captured": 0.7, "baseline_mean_captured": 0.6}
+            for v in ("mha", "dcmha") for n in (1, 2) for layer in range(n)
+            for c in ("ov", "qk") for composed in ((False, True) if v == "dcmha" else (False,))]
+    fig = diversity_comparison_figure(pd.DataFrame(rows))
+    labels = {y for trace in fig.data for y in trace.y}
+    assert labels == {"text-mha-l1 L0", "text-mha-l2 L0", "text-mha-l2 L1", "text-dcmha-l1 L0",
+                      "text-dcmha-l2 L0", "text-dcmha-l2 L1"}
+    assert all(trace.orientation == "h" for trace in fig.data)
+    assert fig.layout.height >= 24 * len(labels)     # room for every label
+    assert list(fig.layout.yaxis.categoryarray)[:2] == ["text-mha-l1 L0", "text-mha-l2 L0"]

@@ -96,29 +96,41 @@ def copy_distance_figure(table: pd.DataFrame) -> go.Figure:
 
 
 def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
-    """Mean captured variance (lower = more diverse heads) of every model's layers, QK and OV
-    panels side by side, composed circuits hatched, with the random-init baseline as a line."""
+    """Mean captured variance (lower = more diverse heads) of every model's layers, one
+    horizontal bar per model and layer (so every label stays readable however many models the
+    zoo holds), QK and OV panels side by side, composed circuits hatched, with the random-init
+    baseline as a line."""
     _need(summary, ["model", "variant", "layer", "circuit", "composed", "mean_captured"],
           "diversity_comparison_figure")
     circuits = list(dict.fromkeys(summary["circuit"]))
-    fig = make_subplots(rows=1, cols=len(circuits), shared_yaxes=True,
+    fig = make_subplots(rows=1, cols=len(circuits), shared_yaxes=True, horizontal_spacing=0.04,
                         subplot_titles=[f"{c.upper()} circuits" for c in circuits])
+    order = list(dict.fromkeys(f"{m} L{x}" for m, x in zip(summary["model"], summary["layer"],
+                                                             strict=True)))
     for i, c in enumerate(circuits):
         part = summary[summary["circuit"] == c]
         for composed, g in part.groupby("composed"):
             labels = [f"{m} L{x}" for m, x in zip(g["model"], g["layer"], strict=True)]
             fig.add_trace(go.Bar(
-                x=labels, y=g["mean_captured"],
+                y=labels, x=g["mean_captured"], orientation="h",
                 marker=dict(color=[VARIANT_COLOURS.get(v) for v in g["variant"]],
                             pattern_shape="/" if composed else ""),
                 name="composed" if composed else "per-head", legendgroup=str(composed),
                 showlegend=i == 0), row=1, col=i + 1)
         if "baseline_mean_captured" in part:
             base = float(part["baseline_mean_captured"].mean())
-            fig.add_hline(y=base, line=dict(dash="dash", color="black"),
-                          annotation_text="random init", row=1, col=i + 1)
-    fig.update_yaxes(title="mean captured variance (lower = more diverse)", col=1)
-    fig.update_layout(title="Head diversity by variant", barmode="group")
+            fig.add_vline(x=base, line=dict(dash="dash", color="black"),
+                          annotation_text="random init", annotation_position="bottom right",
+                          row=1, col=i + 1)
+        fig.update_xaxes(title="mean captured variance (lower = more diverse)", range=[0, 1],
+                         row=1, col=i + 1)
+    fig.update_yaxes(categoryorder="array", categoryarray=order, autorange="reversed",
+                     tickfont=dict(size=11))
+    fig.update_layout(title="Head diversity by variant", barmode="group",
+                      height=180 + 24 * len(order), width=1000,
+                      margin=dict(t=120),
+                      legend=dict(orientation="h", y=1.045, yanchor="bottom", x=1, xanchor="right",
+                                  title_text=""))
     return fig
 
 

@@ -113,3 +113,25 @@ def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_pa
     assert len(figure(traj).data) == 2
     with pytest.raises(SystemExit, match="unknown: \\['zz'\\]"):
         main([str(tmp_path / "a"), "--focus", "zz", "--focus-png", str(tmp_path / "f.png")])
+
+
+def test_zoo_models_and_calibration_runs_get_a_row_each_and_no_two_runs_look_alike(tmp_path):
+    from interp.plots.colors import VARIANT_COLOURS
+    from interp.zoo.calibration import figure, run_style
+
+    records = [{"step": s, "tokens": s * 10, "val_loss": 4.0, "induction_score": 0.1,
+                "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]
+    names = ["text-mha-l2", "text-mha-l4mlp", "text-cope-l2-pkgs", *[
+        f"text-mha-l2-cal{i}" for i in range(12)]]
+    for name in names:
+        write_log(tmp_path / name, records)
+    traj = trajectories([tmp_path / n for n in names])
+    fig = figure(traj)
+    rows = {t.name: t.xaxis for t in fig.data if t.showlegend}
+    assert {rows[n] for n in names[:3]} == {"x"} and {rows[n] for n in names[3:]} == {"x3"}
+    looks = {(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data if t.showlegend}
+    assert len(looks) == len(names)                # 15 runs, 15 looks (the old palette had 10)
+    assert run_style("text-cope-l2-pkgs", 0)[0]["color"] == VARIANT_COLOURS["cope"]
+    assert run_style("text-mha-l2-v1", 3)[2] is False   # a calibration run, not a zoo model
+    few = figure(traj[traj.run.isin(names[:2])], val_loss=True, split=False)
+    assert len({t.line.color for t in few.data}) == 2 and len(few.data) == 6

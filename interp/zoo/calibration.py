@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -76,35 +77,69 @@ def onset_table(traj: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def figure(traj: pd.DataFrame, val_loss: bool = False):
-    """Copy-loss ratio (random tokens) and best induction score against tokens, one line per
-    run, with the bar drawn (and the validation loss, with `val_loss`)."""
-    from plotly.subplots import make_subplots
-
-    titles = ["second / first copy loss (random tokens)", "best head's induction score"]
-    fig = make_subplots(rows=1, cols=2 + val_loss,
-                        subplot_titles=titles + ["validation loss"] * val_loss)
+def run_style(run: str, index: int) -> tuple[dict, str, bool]:
+    """(line, marker symbol, is a zoo model) of `run`: a zoo model (text-VARIANT-SHAPE) in its
+    variant's colour and its shape's dash and marker, as in docs/zoo.md's other figures; any
+    other run (a calibration run) in colour `index` of a 24-colour palette, solid."""
     from plotly.colors import qualitative
 
-    palette = qualitative.Plotly
-    for i, (run, g) in enumerate(traj.groupby("run", sort=True)):
-        g = g.sort_values("tokens")
-        x, line = g.tokens / 1e6, dict(color=palette[i % len(palette)])
-        fig.add_scatter(x=x, y=g.copy_loss_ratio, mode="lines+markers", name=run, line=line,
-                        legendgroup=run, row=1, col=1)
-        fig.add_scatter(x=x, y=g.induction_score, mode="lines+markers", name=run, line=line,
-                        legendgroup=run, showlegend=False, row=1, col=2)
-        if val_loss:
-            fig.add_scatter(x=x, y=g.val_loss, mode="lines+markers", name=run, line=line,
-                            legendgroup=run, showlegend=False, row=1, col=3)
-    fig.add_hline(y=COPY_RATIO_THRESHOLD, line_dash="dot", row=1, col=1)
-    fig.add_hline(y=INDUCTION_THRESHOLD, line_dash="dot", row=1, col=2)
-    fig.update_xaxes(title_text="training tokens (M)")
+    from interp.plots.colors import VARIANT_COLOURS
+    from interp.plots.training import SHAPE_DASH, SHAPE_MARKER
+
+    m = re.fullmatch(r"text-(?P<variant>[a-z]+)-(?P<shape>.+)", run)
+    if m and m["variant"] in VARIANT_COLOURS and m["shape"] in SHAPE_DASH:
+        return (dict(color=VARIANT_COLOURS[m["variant"]], dash=SHAPE_DASH[m["shape"]]),
+                SHAPE_MARKER[m["shape"]], True)
+    palette = qualitative.Dark24
+    return dict(color=palette[index % len(palette)], dash="solid"), "x-thin-open", False
+
+
+def figure(traj: pd.DataFrame, val_loss: bool = False, split: bool = True):
+    """Copy-loss ratio (random tokens) and best induction score against tokens, one line per
+    run, with the bar drawn (and the validation loss, with `val_loss`). With `split`, zoo
+    models and calibration runs get a row each when both are drawn (zoo models in their
+    variant's colour and shape's dash, calibration runs in 24 distinct colours), so no two
+    runs look alike; without it (a few runs compared on the same axes) every run gets its own
+    colour of the 24."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    runs = sorted(traj["run"].unique())
+    styles, calibration = {}, 0
+    for i, run in enumerate(runs):
+        styles[run] = run_style(run, calibration)
+        calibration += not styles[run][2]
+        if not split:
+            palette = qualitative.Dark24
+            styles[run] = (dict(color=palette[i % len(palette)], dash="solid"), "circle", True)
+    kinds = [k for k in (True, False) if any(st[2] == k for st in styles.values())]
+    titles = ["second / first copy loss (random tokens)", "best head's induction score"]
+    titles += ["validation loss"] * val_loss
+    label = {True: "zoo models", False: "calibration runs"}
+    fig = make_subplots(rows=len(kinds), cols=len(titles), vertical_spacing=0.12,
+                        subplot_titles=[f"{label[k]}: {t}" if len(kinds) > 1 else t
+                                        for k in kinds for t in titles])
+    for run in runs:
+        line, symbol, zoo_model = styles[run]
+        row = kinds.index(zoo_model) + 1
+        g = traj[traj["run"] == run].sort_values("tokens")
+        x = g.tokens / 1e6
+        columns = ["copy_loss_ratio", "induction_score"] + ["val_loss"] * val_loss
+        for col, column in enumerate(columns, 1):
+            fig.add_scatter(x=x, y=g[column], mode="lines+markers", name=run, line=line,
+                            marker=dict(symbol=symbol, size=5), legendgroup=run,
+                            showlegend=col == 1, row=row, col=col)
+    for row in range(1, len(kinds) + 1):
+        fig.add_hline(y=COPY_RATIO_THRESHOLD, line_dash="dot", row=row, col=1)
+        fig.add_hline(y=INDUCTION_THRESHOLD, line_dash="dot", row=row, col=2)
+    fig.update_xaxes(title_text="training tokens (M)", row=len(kinds))
     # the legend below the plots, four runs a row, so every run is named however many there are
-    rows = -(-traj["run"].nunique() // 4)
-    fig.update_layout(width=1100, height=440 + 24 * rows, title="Induction-head formation by run",
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, entrywidth=250,
-                                  font=dict(size=11)))
+    legend_rows = -(-len(runs) // 4)
+    height = 120 + 320 * len(kinds)
+    fig.update_layout(width=1100, height=height + 24 * legend_rows + 60,
+                      title="Induction-head formation by run",
+                      legend=dict(orientation="h", yanchor="top",
+                                  y=-60 / height, entrywidth=250, font=dict(size=11)))
     return fig
 
 
@@ -137,7 +172,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"--focus needs --focus-png and runs of the trajectories; "
                              f"unknown: {unknown}")
         args.focus_png.parent.mkdir(parents=True, exist_ok=True)
-        figure(traj[traj["run"].isin(args.focus)], val_loss=True).write_image(str(args.focus_png))
+        figure(traj[traj["run"].isin(args.focus)], val_loss=True,
+               split=False).write_image(str(args.focus_png))
     return 0
 
 

@@ -209,3 +209,30 @@ def test_old_split_names_still_give_the_same_batches():
         for old, new in names.items():
             a, b = cope.task_batch(args, old, 4, 7), cope.task_batch(args, new, 4, 7)
             assert torch.equal(a.tokens, b.tokens)
+
+
+def test_cope_figures_draw_each_settings_interval_over_its_seeds(monkeypatch, tmp_path):
+    """The bar chart shows what the table says: the mean over seeds with its 95% t-interval
+    (clipped to 0-100%), the seeds' values on hover; one seed: no bar to draw."""
+    drawn = {}
+    monkeypatch.setattr(report, "save_png", lambda fig, name, d: drawn.setdefault(name, fig)
+                        and "")
+    cards = [c for k, c in CARDS.items() if k.startswith("cope-flipflop-") and k.endswith(
+        ("-long-s0", "-long-s1", "-long-s2"))]
+    if len({c["seed"] for c in cards}) < 2:
+        pytest.skip("the flip-flop -long models are not shipped with several seeds")
+    cope.report_section(cards, tmp_path)
+    fig = drawn["cope-flipflop-long"]
+    assert "95% t-interval" in fig.layout.title.text
+    split = list(cope.SPLITS["flipflop"])[2]          # FFL(0.8), 64 instructions (2x)
+    bar = fig.data[2]
+    assert list(bar.x) == ["cope", "rope", "absolute", "nope"]
+    for i, scheme in enumerate(bar.x):
+        values = [c["metrics"][f"error_{split}"] for c in cards if c["variant"] == scheme]
+        m, lo, hi = report.t_interval(values)
+        assert bar.y[i] == pytest.approx(100 * m)
+        assert bar.y[i] + bar.error_y.array[i] == pytest.approx(100 * min(hi, 1.0))
+        assert bar.y[i] - bar.error_y.arrayminus[i] == pytest.approx(100 * max(lo, 0.0))
+    assert cope.error_bar([0.25]) == (25.0, 25.0, 25.0)
+    m, lo, hi = cope.error_bar([0.0, 0.0, 0.3])
+    assert m == pytest.approx(10.0) and lo == 0.0 and hi > m   # clipped at 0%

@@ -242,6 +242,17 @@ def errors(group: list[dict], split: str) -> list[float]:
     return [c["metrics"][f"error_{split}"] for c in group]
 
 
+def error_bar(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high) in %: the 95% t-interval over seeds clipped to 0-100 (low = high =
+    mean for one seed: no interval to draw)."""
+    from interp.zoo.paper.report import t_interval
+
+    if len(values) == 1:
+        return (100 * values[0],) * 3
+    m, lo, hi = t_interval(values)
+    return 100 * m, 100 * max(lo, 0.0), 100 * min(hi, 1.0)
+
+
 def _steps_cell(group: list[dict]) -> int | str:
     """The table's steps: the fixed budget, or the steps each seed took before it stopped."""
     from interp.zoo.paper.report import early_stopped
@@ -284,9 +295,16 @@ def report_section(cards: list[dict], figure_dir) -> str:
               + ("1 seed per setting: no interval, so the table ranks nothing."
                  if n_seeds == [1] else "several seeds: mean [95% t-interval] (n seeds)."))
     fig = go.Figure()
+    many = max(n_seeds) > 1   # error bars only where some setting has an interval
     for split, (_, label) in splits.items():
+        bars = [error_bar(errors(g, split)) for g in groups.values()]
         fig.add_bar(name=label, x=[f"{v} ({setting(n)})" if n else v for n, v in groups],
-                    y=[100 * sum(errors(g, split)) / len(g) for g in groups.values()])
+                    y=[m for m, _, _ in bars],
+                    error_y=dict(type="data", symmetric=False, array=[hi - m for m, _, hi in bars],
+                                 arrayminus=[m - lo for m, lo, _ in bars], thickness=1.2,
+                                 visible=many),
+                    hovertext=[" / ".join(f"{100 * e:.1f}" for e in errors(g, split))
+                               for g in groups.values()])
     runs = [c for g in groups.values() for c in g if early_stopped(c)]
     if runs:
         table += (f"\n\n**Runs** ({_shape(runs)}, each trained until the answer "
@@ -295,7 +313,8 @@ def report_section(cards: list[dict], figure_dir) -> str:
                   f"\n\n{runs_table(runs, label=lambda c: c['recipe'])}\n\n"
                   f"{budget_spent(runs)}")
     phenomenon = cards[0]["phenomenon"]
-    fig.update_layout(barmode="group", title=f"{phenomenon}: error by positional scheme",
+    fig.update_layout(barmode="group", title=f"{phenomenon}: error by positional scheme"
+                      + (" (mean over seeds, 95% t-interval)" if many else " (1 seed each)"),
                       yaxis_title="error (%)", width=900, height=420)
     out = table + "\n\n" + save_png(fig, phenomenon, figure_dir)
     curves = go.Figure()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import sys
 import time
@@ -85,17 +86,27 @@ def cmd_stages(args) -> int:
 ZOO_KINDS = {"text": "text-lm", "induction": "induction", "paper": "paper-task"}
 
 
+# MHA, then CoPE: the Compare page opens on two maps that are both distributions, on one colour
+# scale (MTA's effective pattern is not one: its small values would draw blank beside them).
+OPENING_VARIANTS = ("mha", "cope", "mta", "dcmha", "infini")
+
+
 def default_sources() -> list[str]:
     """What `attnlens serve` opens on without sources: every text language model of the zoo,
-    2-layer models first (the ones with circuits to find), then by depth and name; the toy
-    induction models when no text model is bundled."""
+    the zoo's own 2-layer models first (the ones with circuits to find), MHA first and then
+    CoPE, MTA, DCMHA, Infini, so the opening Compare page sets MHA's textbook induction circuit
+    beside CoPE's, which splits it over two pairs of heads; then the 2-layer twins (data mix,
+    package corpus), then by depth; the toy induction models when no text model is bundled."""
     from hooked_models import zoo
 
-    def depth_first_two(name: str) -> tuple:
-        layers = json.loads((zoo.path(name) / "config.json").read_text())["n_layers"]
-        return layers != 2, layers, name
+    def opening_order(name: str) -> tuple:
+        cfg = json.loads((zoo.path(name) / "config.json").read_text())
+        layers, variant = cfg["n_layers"], cfg.get("attention", "mha")
+        twin = not re.fullmatch(r"text-[a-z]+-l\d+(mlp)?", name)
+        rank = OPENING_VARIANTS.index(variant) if variant in OPENING_VARIANTS else 99
+        return layers != 2, twin, layers, rank, name
 
-    return sorted(zoo.available(kind="text-lm"), key=depth_first_two) or zoo.available(
+    return sorted(zoo.available(kind="text-lm"), key=opening_order) or zoo.available(
         kind="induction")
 
 

@@ -27,17 +27,25 @@ def test_the_default_set_is_every_text_model_two_layers_first():
 
 
 def test_the_order_puts_two_layers_first_then_by_depth(tmp_path, monkeypatch):
-    """Models still in training (a data-mix twin, other variants, the deeper ones) join the
-    default set in this order when they are committed."""
-    layers = {"text-cope-l1": 1, "text-cope-l4mlp": 4, "text-mha-l1": 1, "text-mha-l2": 2,
-              "text-mha-l2-mix": 2, "text-infini-l2": 2}
-    for name, n in layers.items():
+    """The zoo's own 2-layer models first, MHA then CoPE, MTA, DCMHA, Infini (the opening
+    Compare page: MHA's textbook circuit beside CoPE's, both maps distributions on one colour
+    scale), then the 2-layer twins, then by depth; models still in training join in this
+    order when they are committed."""
+    configs = {"text-cope-l1": (1, "cope"), "text-cope-l4mlp": (4, "cope"),
+               "text-mha-l1": (1, "mha"), "text-mha-l2": (2, "mha"),
+               "text-mha-l2-mix": (2, "mha"), "text-infini-l2": (2, "infini"),
+               "text-mta-l2": (2, "mta"), "text-mha-l4mlp": (4, "mha"),
+               "text-cope-l2": (2, "cope")}
+    for name, (n, variant) in configs.items():
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps({"n_layers": n}))
-    monkeypatch.setattr(zoo, "available", lambda kind=None: sorted(layers))
+        (tmp_path / name / "config.json").write_text(json.dumps({"n_layers": n,
+                                                                  "attention": variant}))
+    monkeypatch.setattr(zoo, "available", lambda kind=None: sorted(configs))
     monkeypatch.setattr(zoo, "path", lambda name: tmp_path / name)
-    assert cli.default_sources() == ["text-infini-l2", "text-mha-l2", "text-mha-l2-mix",
-                                     "text-cope-l1", "text-mha-l1", "text-cope-l4mlp"]
+    assert cli.default_sources() == ["text-mha-l2", "text-cope-l2", "text-mta-l2",
+                                     "text-infini-l2",
+                                     "text-mha-l2-mix", "text-mha-l1", "text-cope-l1",
+                                     "text-mha-l4mlp", "text-cope-l4mlp"]
 
 
 def test_without_text_models_the_toys_are_the_default(monkeypatch):

@@ -14,6 +14,8 @@ from dashboards import cli
 pytestmark = pytest.mark.browser
 
 OPENED = cli.default_sources()[:2]    # the Compare page's first two models
+# and the first deeper model (4 layers with MLPs), whose pages must handle MLPs and layers 2-3
+DEEP = [n for n in cli.default_sources() if n.endswith("-l4mlp")][:1]
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +39,11 @@ def test_the_dashboard_opens_on_the_text_models(server, browser, store, shots):
 
 
 @pytest.mark.parametrize("page", list(PAGES))
-@pytest.mark.parametrize("name", OPENED)
+@pytest.mark.parametrize("name", OPENED + DEEP)
 def test_every_page_on_the_opened_text_models(server, browser, store, shots, page, name):
     title, graph_id, error_id = PAGES[page]
-    models = ",".join(OPENED) if page == "compare" else name
+    models = ",".join(OPENED if name in OPENED else [name, OPENED[0]]) if page == "compare" \
+        else name
     layer = store.get(name).cfg.n_layers - 1        # the last layer: a 2-layer model's second
     browser.get(f"{server}/?page={page}&models={models}&layer={layer}&head=1")
     wait(browser, "return document.title === 'attnlens'")

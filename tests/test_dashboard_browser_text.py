@@ -1,7 +1,7 @@
 """Issue 26 item 6 in headless Chromium: the dashboard `attnlens serve` opens with no arguments
 (the bundled text language models, each on about 500 tokens of a held-out source file), every
-page on the models it opens on, with a screenshot of each written to out/screenshots/ (or
-$ATTNLENS_SCREENSHOTS) as text-<page>-<model>.png."""
+page on the models it opens on and on the first 4-layer model, with a screenshot of each
+written to out/screenshots/ (or $ATTNLENS_SCREENSHOTS) as text-<page>-<model>.png."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """dashboards/pages/circuits_auto.py (issue 25): the circuit discovery page's computation and
-callbacks, without a browser (the page is not yet in dashboards.pages.PAGES)."""
+callbacks, without a browser (tests/test_dashboard_browser_zoo.py and _text.py open it in
+Chromium on every model they test)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def test_circuit_view(store):
     fig, note, links, stem = circuits_auto.circuit_view(store, ["induction-mha"], "eap-ig",
                                                         top_k=20, prompts=6)
     assert len(fig.data) > 10 and "faithfulness" in note and stem.startswith("induction-mha")
+    assert fig.layout.width is None and fig.layout.autosize   # fits the page, however deep
     assert "[L0H1](?page=explorer&models=induction-mha&layer=0&head=1)" in links
 
 

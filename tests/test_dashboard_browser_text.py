@@ -67,7 +67,12 @@ def test_every_page_on_the_opened_text_models(server, browser, store, shots, pag
         browser.execute_script("document.getElementById('tokens-text').scrollIntoView();"
                                "window.scrollBy(0, -120);")
         browser.save_screenshot(str(shots / f"text-tokenview-{name}.png"))
-    if graph_id is not None:
+    if graph_id is not None:   # every figure fits the page: nothing drawn past its right edge
+        overflow = browser.execute_script(
+            f"const g = document.getElementById('{graph_id}');"
+            "const svg = g && g.querySelector('.main-svg');"
+            "return svg ? svg.getBoundingClientRect().right - document.body.clientWidth : 0;")
+        assert overflow <= 1, f"{page} on {name}: the figure runs {overflow:.0f} px off the page"
         browser.execute_script(f"const g = document.getElementById('{graph_id}');"
                                "if (g) g.scrollIntoView({block: 'start'});")
     browser.save_screenshot(str(shots / f"text-{page}-{name}.png"))

@@ -32,6 +32,7 @@ PAGES = {
     "attribution": ("Logit attribution", "attribution-graph", "attribution-error"),
     "heads": ("Induction heads", "heads-scores-0", "heads-error"),
     "circuits": ("Circuits", "circuits-qk", "circuits-error"),
+    "circuitsauto": ("Circuit discovery", "circuitsauto-graph", "circuitsauto-error"),
     "variants": ("Variants", None, "variants-error"),
     "diversity": ("Head diversity", "diversity-graph", "diversity-error"),
     "gating": ("Gating", "gating-gates", "gating-error"),

@@ -37,7 +37,7 @@ def layout(store):
                "top edges connected to the logits form the circuit. Blue: the edge carries the "
                "behaviour. Faithfulness: the circuit's metric with everything else corrupted, "
                "1 = the full model's."),
-        control_row("circuitsauto",
+        control_row("method",
                     dcc.RadioItems([{"label": "EAP-IG (10 steps)", "value": "eap-ig"},
                                     {"label": "attribution patching (first order)",
                                      "value": "attribution"}], "eap-ig",
@@ -73,6 +73,9 @@ def circuit_view(store, names, method: str = "eap-ig", top_k=20, prompts=16) -> 
     fig = circuit_figure(found.graph, found.scores, found.circuit, title=(
         f"{name}: {method} circuit, {len(found.circuit)} edges, faithfulness "
         f"{faith['faithfulness']:.2f}"))
+    # The page's width, not the export's 220 px per column: a 4-layer model with MLPs (14
+    # columns) would be drawn 3,000 px wide and cut off at the page's edge.
+    fig.update_layout(width=None, autosize=True)
     top = found.top_edges(8)
     note = (f"{task.description}\nfaithfulness {faith['faithfulness']:.3f}: metric "
             f"{faith['clean']:.3f} (full model), {faith['circuit']:.3f} (circuit), "

@@ -19,6 +19,19 @@ from tests.test_trainer import run, sample, tiny
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
 
 
+@pytest.fixture(autouse=True)
+def live_signals():
+    """The signals with their usual handlers, whatever this test process inherited: under
+    nohup (as CI may run) SIGHUP is ignored, in a shell's background job SIGINT, and
+    StopSignals rightly leaves an ignored signal ignored."""
+    usual = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
+             signal.SIGINT: signal.default_int_handler}
+    before = {sig: signal.signal(sig, handler) for sig, handler in usual.items()}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
 def config():
     return TrainConfig(steps=8, batch_size=4, lr=3e-3, warmup=2, progress=False,
                        checkpoint_every=3)
@@ -95,7 +108,8 @@ def test_a_second_ctrl_c_stops_at_once_and_ignored_signals_stay_ignored():
 def test_a_terminated_training_process_leaves_a_checkpoint_of_its_last_step(tmp_path):
     """The real thing: another process, SIGTERM from outside, exit status and message."""
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # whatever the parent inherited
         from hooked_models.trainer import TrainConfig, fit
         from tests.test_trainer import sample, tiny
         def slow_sample(batch, gen):

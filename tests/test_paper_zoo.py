@@ -243,6 +243,20 @@ def test_publish_moves_an_evaluated_model_into_place(tmp_path, monkeypatch):
         "r", "tiny"]
 
 
+def _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe) -> None:
+    """`python -m interp.zoo.paper` on `recipe` alone, with its zoo in tmp_path/zoo and its
+    runs under tmp_path/runs."""
+    from hooked_models import zoo
+    from interp.zoo.paper import __main__ as cli
+    from interp.zoo.paper import _training
+
+    (tmp_path / "zoo").mkdir()
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setattr(_training, "ZOO_DIR", tmp_path / "zoo")
+    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(cli, "all_recipes", lambda: {recipe.name: recipe})
+
+
 def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, capsys):
     """`python -m interp.zoo.paper train`: while the new model is evaluated the zoo lists
     nothing; afterwards it holds the model with its metrics, and a second run skips it."""
@@ -251,11 +265,7 @@ def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, ca
     from interp.zoo.paper import _training
 
     recipe = _tiny(steps=2)
-    (tmp_path / "zoo").mkdir()
-    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
-    monkeypatch.setattr(_training, "ZOO_DIR", tmp_path / "zoo")
-    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setattr(cli, "all_recipes", lambda: {recipe.name: recipe})
+    _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe)
     listed = []
 
     def spy(directory, metrics, eval_seed):
@@ -285,16 +295,11 @@ def test_train_command_stopped_by_sigterm_saves_the_step_and_publishes_nothing(
     import os
     import signal
 
-    from hooked_models import zoo
     from interp.zoo.paper import __main__ as cli
     from interp.zoo.paper import _training
 
     recipe = _tiny(steps=6)
-    (tmp_path / "zoo").mkdir()
-    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
-    monkeypatch.setattr(_training, "ZOO_DIR", tmp_path / "zoo")
-    monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setattr(cli, "all_recipes", lambda: {recipe.name: recipe})
+    _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe)
     real_fit = _training.fit
 
     def fit_signalled_at_step_2(model, sample, *args, **kwargs):

@@ -30,6 +30,36 @@ def smoke_run(tmp_path_factory):
     return out, argv
 
 
+def _one_recipe_argv(smoke_run, tmp_path):
+    """The smoke command for NAMES[0] alone into tmp_path, sharing the smoke run's data cache."""
+    out, argv = smoke_run
+    (tmp_path / "cache").symlink_to(out / "cache", target_is_directory=True)
+    return [*argv[:argv.index("--only") + 1], NAMES[0], "--out", str(tmp_path),
+            "--device", "cpu", "--no-progress"]
+
+
+def _sampler_acting_on_third_batch(real, action):
+    """A `window_sampler` replacement whose samplers call `action()` while the third batch
+    (that of step 3) is drawn, then draw it as usual."""
+    def sampler(*args, **kwargs):
+        sample, calls = real(*args, **kwargs), []
+
+        def wrapped(batch, gen):
+            calls.append(batch)
+            if len(calls) == 3:
+                action()
+            return sample(batch, gen)
+
+        return wrapped
+
+    return sampler
+
+
+def _train_losses(out):
+    return [json.loads(line)["train_loss"]
+            for line in (out / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_recipe_table_covers_every_variant_and_shape_at_one_budget():
     assert len(RECIPES) == 15
     assert {(r.variant, r.shape) for r in RECIPES.values()} == {
@@ -172,37 +202,20 @@ def test_a_run_stopped_mid_way_resumes_bit_exactly_from_the_command(smoke_run, t
     losses, and says what is done and what is left."""
     import interp.zoo.text_train as text_train
 
-    out, argv = smoke_run
-    cache = tmp_path / "cache"
-    cache.symlink_to(out / "cache", target_is_directory=True)
-    new_argv = [*argv[:argv.index("--only") + 1], NAMES[0], "--out", str(tmp_path),
-                "--device", "cpu", "--no-progress"]
+    new_argv = _one_recipe_argv(smoke_run, tmp_path)
     real = text_train.window_sampler
 
-    def dying(*args, **kwargs):
-        sample, calls = real(*args, **kwargs), []
+    def die():
+        raise KeyboardInterrupt
 
-        def wrapped(batch, gen):
-            calls.append(batch)
-            if len(calls) == 3:
-                raise KeyboardInterrupt
-            return sample(batch, gen)
-
-        return wrapped
-
-    monkeypatch.setattr(text_train, "window_sampler", dying)
+    monkeypatch.setattr(text_train, "window_sampler", _sampler_acting_on_third_batch(real, die))
     with pytest.raises(KeyboardInterrupt):
         cli_main(new_argv)
     monkeypatch.setattr(text_train, "window_sampler", real)
     capsys.readouterr()
     assert cli_main(new_argv) == 0
     assert "step 2 of 4" in capsys.readouterr().err
-
-    def losses(run):
-        return [json.loads(line)["train_loss"]
-                for line in (run / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
-
-    assert losses(tmp_path) == losses(out)
+    assert _train_losses(tmp_path) == _train_losses(smoke_run[0])
 
 
 def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_path,
@@ -214,24 +227,13 @@ def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_p
 
     import interp.zoo.text_train as text_train
 
-    out, argv = smoke_run
-    (tmp_path / "cache").symlink_to(out / "cache", target_is_directory=True)
-    new_argv = [*argv[:argv.index("--only") + 1], NAMES[0], "--out", str(tmp_path),
-                "--device", "cpu", "--no-progress"]
+    new_argv = _one_recipe_argv(smoke_run, tmp_path)
     real = text_train.window_sampler
 
-    def signalled(*args, **kwargs):
-        sample, calls = real(*args, **kwargs), []
+    def sigterm():   # while step 3 is prepared: no periodic checkpoint at 3
+        os.kill(os.getpid(), signal.SIGTERM)
 
-        def wrapped(batch, gen):
-            calls.append(batch)
-            if len(calls) == 3:   # while step 3 is prepared: no periodic checkpoint at 3
-                os.kill(os.getpid(), signal.SIGTERM)
-            return sample(batch, gen)
-
-        return wrapped
-
-    monkeypatch.setattr(text_train, "window_sampler", signalled)
+    monkeypatch.setattr(text_train, "window_sampler", _sampler_acting_on_third_batch(real, sigterm))
     capsys.readouterr()
     assert cli_main(new_argv) == 143
     assert "stopped by SIGTERM after step 3; checkpoint saved in" in capsys.readouterr().err
@@ -245,12 +247,7 @@ def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_p
     assert "step 3 of 4" in capsys.readouterr().err
     assert cli_main([*new_argv, "--status"]) == 0
     assert "done (released)" in capsys.readouterr().out
-
-    def losses(run):
-        return [json.loads(line)["train_loss"]
-                for line in (run / "runs" / NAMES[0] / "metrics.jsonl").read_text().splitlines()]
-
-    assert losses(tmp_path) == losses(out)
+    assert _train_losses(tmp_path) == _train_losses(smoke_run[0])
 
 
 def test_a_text_model_is_served_on_held_out_source_code(smoke_run):

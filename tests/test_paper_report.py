@@ -236,3 +236,19 @@ def test_cope_figures_draw_each_settings_interval_over_its_seeds(monkeypatch, tm
     assert cope.error_bar([0.25]) == (25.0, 25.0, 25.0)
     m, lo, hi = cope.error_bar([0.0, 0.0, 0.3])
     assert m == pytest.approx(10.0) and lo == 0.0 and hi > m   # clipped at 0%
+
+
+
+def test_each_section_states_its_training_time_once():
+    """A section whose runs record CPU time states the budget once (`budget_spent`: CPU-hours
+    and wall hours, summed over its cards); the others state their summed wall time."""
+    text = report.REPORT.read_text(encoding="utf-8")
+    long = text.split("## cope-counting-long\n")[1].split("\n## ")[0]
+    mine = [c for k, c in CARDS.items() if k.startswith("cope-counting-") and "-long-" in k]
+    assert long.count(report.budget_spent(mine)) == 1
+    assert "min of training" not in long
+    short = text.split("## cope-counting\n")[1].split("\n## ")[0]
+    mine = [c for k, c in CARDS.items() if re.fullmatch(r"cope-counting-\dvar-[a-z]+-s\d", k)]
+    wall = sum(c["train_seconds"] for c in mine) / 60
+    assert f"{len(mine)} models, {wall:.0f} min of training (wall time) in all on " in short
+    assert "Budget spent" not in short

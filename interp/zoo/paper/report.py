@@ -343,11 +343,12 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True) -> str:
                     parts += ["**Tasks here.**", "", *(f"- {t}" for t in tasks), ""]
                 section = getattr(mod, "report_section", None)
                 parts.append(section(mine, figure_dir) if section else generic_section(mine))
-                secs = sum(c["train_seconds"] for c in mine)
-                devices = sorted({c["device"] for c in mine})
-                plural = "s" * (len(mine) > 1)
-                parts += ["", f"{len(mine)} model{plural}, {secs / 60:.0f} min of training in "
-                              f"all on {', '.join(devices)}."]
+                if "Budget spent:" not in parts[-1]:   # else the section states it already
+                    secs = sum(c["train_seconds"] for c in mine)
+                    devices = sorted({c["device"] for c in mine})
+                    plural = "s" * (len(mine) > 1)
+                    parts += ["", f"{len(mine)} model{plural}, {secs / 60:.0f} min of training "
+                                  f"(wall time) in all on {', '.join(devices)}."]
             else:
                 parts.append("No model of this phenomenon is shipped yet.")
             reading = getattr(mod, "reading", None)

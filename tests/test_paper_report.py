@@ -238,6 +238,29 @@ def test_cope_figures_draw_each_settings_interval_over_its_seeds(monkeypatch, tm
     assert m == pytest.approx(10.0) and lo == 0.0 and hi > m   # clipped at 0%
 
 
+def test_a_one_seed_setting_beside_several_draws_no_error_bar(monkeypatch, tmp_path):
+    """Where one setting has several seeds and another one, the one-seed bar has no error bar
+    (None, not a zero-width cap that reads as a certain value) and its label says "1 seed"."""
+    drawn = {}
+    monkeypatch.setattr(report, "save_png", lambda fig, name, d: drawn.setdefault(name, fig)
+                        and "")
+    cards = [copy.deepcopy(c) for k, c in CARDS.items()
+             if re.fullmatch(r"cope-flipflop-(cope|rope)-long-s[01]", k)]
+    cards = [c for c in cards if not (c["variant"] == "rope" and c["seed"] == 1)]
+    if len(cards) != 3:
+        pytest.skip("the flip-flop -long models are not shipped")
+    cope.report_section(cards, tmp_path)
+    fig = drawn["cope-flipflop-long"]
+    label = list(cope.SPLITS["flipflop"].values())[2][1]
+    both, one = [t for t in fig.data if t.offsetgroup == label]
+    assert list(fig.layout.xaxis.categoryarray) == ["cope", "rope (1 seed)"]
+    assert list(both.x) == ["cope"] and both.error_y.array[0] > 0 and both.showlegend
+    assert list(one.x) == ["rope (1 seed)"] and one.error_y.visible is False
+    assert not one.showlegend and one.marker.color == both.marker.color
+    rope = next(c for c in cards if c["variant"] == "rope")
+    assert one.y[0] == pytest.approx(100 * rope["metrics"]["error_" + list(
+        cope.SPLITS["flipflop"])[2]])
+
 
 def test_each_section_states_its_training_time_once():
     """A section whose runs record CPU time states the budget once (`budget_spent`: CPU-hours

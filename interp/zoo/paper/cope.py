@@ -253,6 +253,20 @@ def error_bar(values: list[float]) -> tuple[float, float, float]:
     return 100 * m, 100 * max(lo, 0.0), 100 * min(hi, 1.0)
 
 
+def plotly_colours() -> list[str]:
+    """Plotly's default trace colours, so that two traces of one split share one colour."""
+    import plotly.express as px
+
+    return px.colors.qualitative.Plotly
+
+
+def _bar_label(scheme: str, setting: str | None, seeds: int, many: bool) -> str:
+    """A bar's x label: the scheme, its setting, and "1 seed" where other settings have an
+    interval and this one has none."""
+    notes = [x for x in (setting, "1 seed" if many and seeds == 1 else None) if x]
+    return f"{scheme} ({', '.join(notes)})" if notes else scheme
+
+
 def _steps_cell(group: list[dict]) -> int | str:
     """The table's steps: the fixed budget, or the steps each seed took before it stopped."""
     from interp.zoo.paper.report import early_stopped
@@ -296,15 +310,29 @@ def report_section(cards: list[dict], figure_dir) -> str:
                  if n_seeds == [1] else "several seeds: mean [95% t-interval] (n seeds)."))
     fig = go.Figure()
     many = max(n_seeds) > 1   # error bars only where some setting has an interval
-    for split, (_, label) in splits.items():
-        bars = [error_bar(errors(g, split)) for g in groups.values()]
-        fig.add_bar(name=label, x=[f"{v} ({setting(n)})" if n else v for n, v in groups],
-                    y=[m for m, _, _ in bars],
-                    error_y=dict(type="data", symmetric=False, array=[hi - m for m, _, hi in bars],
-                                 arrayminus=[m - lo for m, lo, _ in bars], thickness=1.2,
-                                 visible=many),
-                    hovertext=[" / ".join(f"{100 * e:.1f}" for e in errors(g, split))
-                               for g in groups.values()])
+    labels = [_bar_label(v, setting(n) if n else None, len(g), many)
+              for (n, v), g in groups.items()]
+    colours = plotly_colours()
+    for k, (split, (_, label)) in enumerate(splits.items()):
+        # one trace per split for the settings with an interval, one beside it (same slot,
+        # colour and legend entry) for the one-seed settings, which get no error bar at all:
+        # plotly draws a missing error value as a zero-width cap, which reads as certainty
+        for with_interval in (True, False):
+            idx = [i for i, g in enumerate(groups.values()) if (len(g) > 1) == with_interval]
+            if not idx:
+                continue
+            gs = [list(groups.values())[i] for i in idx]
+            bars = [error_bar(errors(g, split)) for g in gs]
+            error_y = (dict(type="data", symmetric=False, array=[hi - m for m, _, hi in bars],
+                            arrayminus=[m - lo for m, lo, _ in bars], thickness=1.2)
+                       if with_interval else dict(visible=False))
+            fig.add_bar(name=label, x=[labels[i] for i in idx], y=[m for m, _, _ in bars],
+                        error_y=error_y, offsetgroup=label, legendgroup=label,
+                        marker_color=colours[k % len(colours)],
+                        showlegend=with_interval or len(idx) == len(groups),
+                        hovertext=[" / ".join(f"{100 * e:.1f}" for e in errors(g, split))
+                                   for g in gs])
+    fig.update_xaxes(categoryorder="array", categoryarray=labels)
     runs = [c for g in groups.values() for c in g if early_stopped(c)]
     if runs:
         table += (f"\n\n**Runs** ({_shape(runs)}, each trained until the answer "

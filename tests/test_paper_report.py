@@ -275,3 +275,28 @@ def test_each_section_states_its_training_time_once():
     wall = sum(c["train_seconds"] for c in mine) / 60
     assert f"{len(mine)} models, {wall:.0f} min of training (wall time) in all on " in short
     assert "Budget spent" not in short
+
+
+def test_loss_figure_has_a_panel_per_setting_a_colour_per_scheme_and_a_style_per_seed():
+    """A dozen runs stay tellable apart: counting's settings get their own panel, each scheme
+    one colour and one legend entry, each training seed one line style; each curve is its
+    card's."""
+    cards = [c for k, c in CARDS.items() if k.startswith("cope-counting-") and "-long-" in k]
+    if len({c["seed"] for c in cards}) < 2:
+        pytest.skip("the counting -long models are not shipped with several seeds")
+    fig = cope.loss_figure(cards, "cope-counting-long")
+    assert len(fig.data) == len(cards)
+    settings = sorted({c["task_args"]["n_vars"] for c in cards})
+    assert [a.text for a in fig.layout.annotations] == [f"{n} variables" for n in settings]
+    by_recipe = {c["recipe"]: c for c in cards}
+    colour = {}
+    for trace in fig.data:
+        card = by_recipe[trace.hovertext]
+        assert list(trace.y) == [loss for _, loss in card["train_loss_curve"]]
+        assert colour.setdefault(card["variant"], trace.line.color) == trace.line.color
+        assert trace.line.dash == cope.SEED_DASH[card["seed"]]
+        panel = settings.index(card["task_args"]["n_vars"]) + 1
+        assert trace.xaxis == ("x" if panel == 1 else f"x{panel}")
+    assert len(set(colour.values())) == len(colour)
+    assert sorted(t.name for t in fig.data if t.showlegend) == sorted(
+        cope.NAMES[v] for v in colour)

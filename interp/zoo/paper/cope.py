@@ -345,20 +345,49 @@ def report_section(cards: list[dict], figure_dir) -> str:
                       + (" (mean over seeds, 95% t-interval)" if many else " (1 seed each)"),
                       yaxis_title="error (%)", width=900, height=420)
     out = table + "\n\n" + save_png(fig, phenomenon, figure_dir)
-    curves = go.Figure()
-    for c in cards:
-        if c.get("train_loss_curve"):
-            steps, losses = zip(*c["train_loss_curve"], strict=True)
-            n = c["task_args"].get("n_vars")
-            name = c["variant"] + (f" ({setting(n)})" if n else "")
-            name += f" s{c['seed']}" if early_stopped(c) else ""
-            curves.add_scatter(x=steps, y=losses, mode="lines", name=name)
+    curves = loss_figure(cards, phenomenon)
     if curves.data:
-        curves.update_layout(title=f"{phenomenon}: training loss on the answers",
-                             xaxis_title="step", yaxis_title="loss", yaxis_type="log",
-                             width=900, height=380)
         out += "\n\n" + save_png(curves, f"{phenomenon}-loss", figure_dir)
     return out
+
+
+SEED_DASH = ("solid", "dash", "dot", "dashdot")
+
+
+def loss_figure(cards: list[dict], phenomenon: str):
+    """The runs' training loss on the answers: one panel per setting (counting's number of
+    variables), one colour per positional scheme (one legend entry each), one line style per
+    training seed, so that a dozen runs stay tellable apart."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    runs = [c for c in cards if c.get("train_loss_curve")]
+    if not runs:
+        return go.Figure()
+    panels = sorted({c["task_args"].get("n_vars") for c in runs}, key=lambda n: n or 0)
+    titles = [f"{n} variable{'s' * (n > 1)}" if n else "" for n in panels]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, shared_yaxes=True,
+                        horizontal_spacing=0.04)
+    colours, schemes = plotly_colours(), list(NAMES)
+    shown = set()
+    for c in sorted(runs, key=lambda c: (schemes.index(c["variant"]), c["seed"])):
+        steps, losses = zip(*c["train_loss_curve"], strict=True)
+        n, v = c["task_args"].get("n_vars"), c["variant"]
+        fig.add_scatter(x=steps, y=losses, mode="lines", name=NAMES[v], legendgroup=v,
+                        showlegend=v not in shown,
+                        line=dict(color=colours[schemes.index(v) % len(colours)],
+                                  dash=SEED_DASH[c["seed"] % len(SEED_DASH)], width=1.5),
+                        hovertext=c["recipe"], row=1, col=panels.index(n) + 1)
+        shown.add(v)
+    seeds = sorted({c["seed"] for c in runs})
+    styles = ", ".join(f"{SEED_DASH[s % len(SEED_DASH)]} {s}" for s in seeds)
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="loss", row=1, col=1)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title=f"{phenomenon}: training loss on the answers"
+                      + (f" (line style = training seed: {styles})" if len(seeds) > 1 else ""),
+                      width=max(900, 420 * len(panels)), height=400)
+    return fig
 
 
 def _by_scheme(groups, n_vars: int, split: str) -> str:

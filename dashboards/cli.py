@@ -33,6 +33,7 @@ import re
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -150,9 +151,17 @@ def cmd_serve(args) -> int:
     from hooked_models import zoo
 
     sources = [*(args.sources or []), *(args.models or [])]
-    for kind in args.zoo or []:
-        sources += [n for n in zoo.available(kind=ZOO_KINDS[kind]) if n not in sources]
-    store = build_store(sources)
+    for kind in args.zoo or []:   # a zoo's superseded models (1000-step baselines) come last
+        names = zoo.available(kind=ZOO_KINDS[kind], superseded=False)
+        names += [n for n in zoo.available(kind=ZOO_KINDS[kind]) if n not in names]
+        sources += [n for n in names if n not in sources]
+    with warnings.catch_warnings():   # said once below, not once per model
+        warnings.simplefilter("ignore", zoo.SupersededModelWarning)
+        store = build_store(sources)
+    old = [n for n in sources if n in store.names and zoo.superseded_by(n)]
+    if old:
+        print(f"{len(old)} superseded model(s), kept as baselines, better ones bundled "
+              f"(docs/reproduction.md, 'Superseded models'): {', '.join(old)}", file=sys.stderr)
     app = create_app(store, host=args.host)
     print(f"attnlens dashboard on http://{args.host}:{args.port} with {', '.join(store.names)}")
     app.run(host=args.host, port=args.port, debug=False)

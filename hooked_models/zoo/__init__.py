@@ -11,18 +11,39 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).parent
+SUPERSEDED_FILE = "superseded.json"   # written by `python -m interp.zoo.paper report`
 
 
-def available(kind: str | None = None) -> list[str]:
+class SupersededModelWarning(UserWarning):
+    """A bundled model was loaded that a better one of the same setting replaces."""
+
+
+def _superseded_table() -> dict[str, dict]:
+    table = ZOO_DIR / SUPERSEDED_FILE
+    return json.loads(table.read_text()) if table.is_file() else {}
+
+
+def superseded_by(name: str) -> list[str]:
+    """The bundled models that replace `name` (its setting's larger-budget runs, which score
+    better: docs/reproduction.md, "Superseded models"); [] for a current model."""
+    entry = _superseded_table().get(name)
+    return list(entry["by"]) if entry else []
+
+
+def available(kind: str | None = None, superseded: bool = True) -> list[str]:
     """Names of the bundled checkpoints (directories holding a config.json; hidden ones, such as
     a paper run's staging directory, are not models yet); with `kind`, only
     those whose card says that kind ("induction" for the toy models, whose cards name none;
-    "paper-task" for the models of docs/reproduction.md; "text-lm")."""
+    "paper-task" for the models of docs/reproduction.md; "text-lm"). `superseded=False` leaves
+    out the models that better ones replace (`superseded_by`)."""
     names = sorted(p.name for p in ZOO_DIR.iterdir()
                    if not p.name.startswith(".") and (p / "config.json").is_file())
+    if not superseded:
+        names = [n for n in names if n not in _superseded_table()]
     if kind is None:
         return names
     return [n for n in names if _card_kind(ZOO_DIR / n) == kind]
@@ -41,7 +62,13 @@ def path(name: str) -> Path:
 
 def load(name: str, device: str | None = None):
     """The bundled model `name` as an eval-mode HookedVariantTransformer (its card in
-    `model.card`), ready for TransformerLens's patching, which refuses training-mode models."""
+    `model.card`), ready for TransformerLens's patching, which refuses training-mode models.
+    A superseded model loads as asked, with a `SupersededModelWarning` naming its replacements."""
     from hooked_models.model import HookedVariantTransformer
 
+    better = superseded_by(name)
+    if better:
+        warnings.warn(f"{name} is superseded by {', '.join(better)}, which score better on its "
+                      "task (docs/reproduction.md, 'Superseded models'); it stays bundled as "
+                      "the 1000-step baseline", SupersededModelWarning, stacklevel=2)
     return HookedVariantTransformer.from_pretrained(path(name), device=device)

@@ -24,7 +24,7 @@ import torch
 
 from hooked_models.model import HookedVariantTransformer
 from hooked_models.stop_signals import TrainingStopped
-from hooked_models.zoo import available
+from hooked_models.zoo import available, superseded_by
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
     EVAL_SEED,
@@ -37,6 +37,14 @@ from interp.zoo.paper._training import (
     zoo_dir,
 )
 from interp.zoo.run_progress import describe, progress
+
+
+def _names(names: list[str]) -> str:
+    """`a-s0, a-s1, a-s2` as `a-s{0,1,2}` (seeds of one recipe), else comma-separated."""
+    stems = {n.rsplit("-s", 1)[0] for n in names}
+    if len(stems) == 1 and all(n.rsplit("-s", 1)[-1].isdigit() for n in names) and len(names) > 1:
+        return f"{stems.pop()}-s{{{','.join(n.rsplit('-s', 1)[1] for n in names)}}}"
+    return ", ".join(names)
 
 
 def _select(patterns: list[str]) -> list[str]:
@@ -97,6 +105,8 @@ def main(argv=None) -> None:
         recipes = all_recipes()
         for name in _select(args.names):
             mark = "shipped" if name in shipped else "-"
+            if name in shipped and superseded_by(name):
+                mark += f"; superseded by {_names(superseded_by(name))}"
             run = progress(default_run_root() / name)
             if run["step"] and name not in shipped:   # a run in progress (or not evaluated)
                 mark = describe(run, ceiling=bool(recipes[name].train.get("early_stop_patience")))

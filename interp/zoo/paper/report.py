@@ -361,6 +361,9 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True) -> str:
         # sections of results whose models live outside the paper zoo (the text zoo's)
         for title, text in getattr(mod, "extra_sections", lambda _: [])(figure_dir):
             parts += ["", f"## {title}", "", text]
+    from interp.zoo.paper import superseded
+
+    parts += ["", "## Superseded models", "", superseded.section(superseded.comparisons(cards))]
     return "\n".join(parts) + "\n"
 
 
@@ -374,4 +377,8 @@ def write_report(path: Path = REPORT, figure_dir: Path = FIGURES) -> Path:
               "figures (pip install -e '.[report]' to redraw them)", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+    if path == REPORT:   # the zoo's table goes with the committed report, not with a copy
+        from interp.zoo.paper import superseded
+
+        superseded.write(shipped_cards())
     return path

@@ -253,13 +253,6 @@ def error_bar(values: list[float]) -> tuple[float, float, float]:
     return 100 * m, 100 * max(lo, 0.0), 100 * min(hi, 1.0)
 
 
-def plotly_colours() -> list[str]:
-    """Plotly's default trace colours, so that two traces of one split share one colour."""
-    import plotly.express as px
-
-    return px.colors.qualitative.Plotly
-
-
 def _bar_label(scheme: str, setting: str | None, seeds: int, many: bool) -> str:
     """A bar's x label: the scheme, its setting, and "1 seed" where other settings have an
     interval and this one has none."""
@@ -283,6 +276,7 @@ def report_section(cards: list[dict], figure_dir) -> str:
     stopped at; its runs (steps, stop, time) and the CPU-hours spent are listed below."""
     import plotly.graph_objects as go
 
+    from interp.plots.colors import colour
     from interp.zoo.paper.report import (
         budget_spent,
         early_stopped,
@@ -310,29 +304,26 @@ def report_section(cards: list[dict], figure_dir) -> str:
                  if n_seeds == [1] else "several seeds: mean [95% t-interval] (n seeds)."))
     fig = go.Figure()
     many = max(n_seeds) > 1   # error bars only where some setting has an interval
-    labels = [_bar_label(v, setting(n) if n else None, len(g), many)
-              for (n, v), g in groups.items()]
-    colours = plotly_colours()
+    labelled = {_bar_label(v, setting(n) if n else None, len(g), many): g
+                for (n, v), g in groups.items()}
     for k, (split, (_, label)) in enumerate(splits.items()):
         # one trace per split for the settings with an interval, one beside it (same slot,
         # colour and legend entry) for the one-seed settings, which get no error bar at all:
         # plotly draws a missing error value as a zero-width cap, which reads as certainty
         for with_interval in (True, False):
-            idx = [i for i, g in enumerate(groups.values()) if (len(g) > 1) == with_interval]
-            if not idx:
+            part = {x: g for x, g in labelled.items() if (len(g) > 1) == with_interval}
+            if not part:
                 continue
-            gs = [list(groups.values())[i] for i in idx]
-            bars = [error_bar(errors(g, split)) for g in gs]
+            bars = [error_bar(errors(g, split)) for g in part.values()]
             error_y = (dict(type="data", symmetric=False, array=[hi - m for m, _, hi in bars],
                             arrayminus=[m - lo for m, lo, _ in bars], thickness=1.2)
                        if with_interval else dict(visible=False))
-            fig.add_bar(name=label, x=[labels[i] for i in idx], y=[m for m, _, _ in bars],
+            fig.add_bar(name=label, x=list(part), y=[m for m, _, _ in bars],
                         error_y=error_y, offsetgroup=label, legendgroup=label,
-                        marker_color=colours[k % len(colours)],
-                        showlegend=with_interval or len(idx) == len(groups),
+                        marker_color=colour(k), showlegend=with_interval or part == labelled,
                         hovertext=[" / ".join(f"{100 * e:.1f}" for e in errors(g, split))
-                                   for g in gs])
-    fig.update_xaxes(categoryorder="array", categoryarray=labels)
+                                   for g in part.values()])
+    fig.update_xaxes(categoryorder="array", categoryarray=list(labelled))
     runs = [c for g in groups.values() for c in g if early_stopped(c)]
     if runs:
         table += (f"\n\n**Runs** ({_shape(runs)}, each trained until the answer "
@@ -361,6 +352,8 @@ def loss_figure(cards: list[dict], phenomenon: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from interp.plots.colors import colour
+
     runs = [c for c in cards if c.get("train_loss_curve")]
     if not runs:
         return go.Figure()
@@ -368,14 +361,14 @@ def loss_figure(cards: list[dict], phenomenon: str):
     titles = [f"{n} variable{'s' * (n > 1)}" if n else "" for n in panels]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, shared_yaxes=True,
                         horizontal_spacing=0.04)
-    colours, schemes = plotly_colours(), list(NAMES)
+    schemes = list(NAMES)
     shown = set()
     for c in sorted(runs, key=lambda c: (schemes.index(c["variant"]), c["seed"])):
         steps, losses = zip(*c["train_loss_curve"], strict=True)
         n, v = c["task_args"].get("n_vars"), c["variant"]
         fig.add_scatter(x=steps, y=losses, mode="lines", name=NAMES[v], legendgroup=v,
                         showlegend=v not in shown,
-                        line=dict(color=colours[schemes.index(v) % len(colours)],
+                        line=dict(color=colour(schemes.index(v)),
                                   dash=SEED_DASH[c["seed"] % len(SEED_DASH)], width=1.5),
                         hovertext=c["recipe"], row=1, col=panels.index(n) + 1)
         shown.add(v)

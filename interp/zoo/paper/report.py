@@ -307,12 +307,14 @@ def eval_seed_text(cards: dict[str, dict]) -> str:
             f"current held-out eval seed is {EVAL_SEED}: re-run `{CLI} eval NAME --write`.")
 
 
-def build_report(figure_dir: Path = FIGURES, draw: bool = True) -> str:
+def build_report(figure_dir: Path = FIGURES, draw: bool = True,
+                 cards: dict[str, dict] | None = None) -> str:
     """The Markdown of docs/reproduction.md from the shipped cards. With `draw`, figures are
     (re)drawn where kaleido is installed; without it nothing is written (the text is the same
-    whenever the figures and their manifest are unchanged)."""
+    whenever the figures and their manifest are unchanged). `cards` defaults to
+    `shipped_cards()`."""
     _DRAW.update(enabled=draw, kept=[])
-    cards = shipped_cards()
+    cards = shipped_cards() if cards is None else cards
     parts = [
         "# Reproduction: each paper's phenomenon on its own task",
         "",
@@ -371,7 +373,8 @@ def write_report(path: Path = REPORT, figure_dir: Path = FIGURES) -> Path:
     """Write the report (and its figures where kaleido is installed); returns its path."""
     import sys
 
-    text = build_report(figure_dir, draw=True)
+    cards = shipped_cards()   # read once: for the page and for the zoo's superseded table
+    text = build_report(figure_dir, draw=True, cards=cards)
     if _DRAW["kept"]:
         print(f"kaleido is not installed: kept the previous PNGs of {len(_DRAW['kept'])} "
               "figures (pip install -e '.[report]' to redraw them)", file=sys.stderr)
@@ -380,5 +383,5 @@ def write_report(path: Path = REPORT, figure_dir: Path = FIGURES) -> Path:
     if path == REPORT:   # the zoo's table goes with the committed report, not with a copy
         from interp.zoo.paper import superseded
 
-        superseded.write(shipped_cards())
+        superseded.write(cards)
     return path

@@ -382,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tiny shapes, 40 files, 4 steps: checks the pipeline, never a zoo")
     tr.add_argument("--status", action="store_true",
                     help="print where each recipe stands (shipped, released, step x of y with "
-                         "CPU hours so far and the time left at its recent pace, not started); "
-                         "train nothing")
+                         "CPU hours so far and the CPU hours left at its recent tokens per "
+                         "CPU-second, not started); train nothing")
     tr.add_argument("--measure", action="store_true",
                     help="print tokens/s of each recipe and the projected time; train nothing")
     tr.add_argument("--measure-steps", type=int, default=3)

@@ -139,7 +139,8 @@ def rewind_metrics(path: Path, step: int) -> None:
         _atomic_write(path, "".join(ln + "\n" for ln in kept))
 
 
-TRAINING_ROW_KEYS = frozenset({"step", "tokens", "lr", "train_loss", "tokens_per_s"})
+TRAINING_ROW_KEYS = frozenset({"step", "tokens", "lr", "train_loss", "tokens_per_s",
+                               "tokens_per_cpu_s"})
 
 
 def thin_metrics(src: Path, dst: Path, every: int) -> dict:

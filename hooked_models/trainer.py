@@ -364,6 +364,7 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
     t_last, tok_last = time.perf_counter(), tokens_seen
     t_saved = t_last
     wall0, cpu0 = t_last, time.process_time()
+    cpu_last = cpu0
     # SIGTERM / SIGHUP / Ctrl-C: finish the step, checkpoint it, raise TrainingStopped.
     with StopSignals(enabled=run_dir is not None) as stop:
         for step in bar:
@@ -381,12 +382,16 @@ def fit(model, sample: Sampler, cfg: TrainConfig, run_dir=None, resume: bool = T
             tokens_seen += tokens.numel()
             losses.append(loss.item())
             done = step + 1
-            now = time.perf_counter()
+            now, cpu_now = time.perf_counter(), time.process_time()
+            # Wall pace, and CPU pace (all of the process's threads): on a shared machine the
+            # wall pace drops with the load, the CPU pace measures the step itself.
             tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
-            t_last, tok_last = now, tokens_seen
+            tok_cpu_s = (tokens_seen - tok_last) / max(cpu_now - cpu_last, 1e-9)
+            t_last, cpu_last, tok_last = now, cpu_now, tokens_seen
             bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tok_s:,.0f}")
             record = {"step": done, "tokens": tokens_seen, "lr": opt.param_groups[0]["lr"],
-                      "train_loss": losses[-1], "tokens_per_s": round(tok_s, 1)}
+                      "train_loss": losses[-1], "tokens_per_s": round(tok_s, 1),
+                      "tokens_per_cpu_s": round(tok_cpu_s, 1)}
             last = done == cfg.steps
             if evaluate is not None and (last or (cfg.eval_every and done % cfg.eval_every == 0)):
                 model.eval()

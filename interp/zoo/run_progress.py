@@ -2,15 +2,18 @@
 
 A run directory (hooked_models.trainer.fit) holds the latest checkpoint, whose state records the
 step, the tokens seen and the training time spent (wall and CPU seconds), and `metrics.jsonl`,
-one line per step with its tokens per wall-second. The time left is projected from the last
-`window` steps' pace, not the run's average. The zoo's runs lengthen their context as they go
-(a curriculum: `ctx_schedule` in the checkpoint's card), so while a shorter-context phase runs
-the projection is a lower bound, and says so (`longer_context_ahead`). Steps that ran an
-evaluation are left out of the pace (an evaluation's time is charged to the step after it).
+one line per step with its tokens per wall-second and, in logs written since 2026-11-29, per
+CPU-second. The time left is projected from the last `window` steps' pace, not the run's average:
+in CPU hours from the CPU pace where the log has it (a shared machine's load slows the wall pace
+but not the CPU pace, so the projection holds whatever else runs), else in wall hours. The zoo's
+runs lengthen their context as they go (a curriculum: `ctx_schedule` in the checkpoint's card),
+so while a shorter-context phase runs the projection is a lower bound, and says so
+(`longer_context_ahead`). Steps that ran an evaluation are left out of the pace (an evaluation's
+time is charged to the step after it).
 
     >>> progress(Path.home() / ".cache/attnlens/zoo-text/runs/text-mta-l4mlp")  # doctest: +SKIP
-    {'step': 750, 'of': 10000, 'tokens': 3072000, 'cpu_h': 0.41, 'tokens_per_s': 3550.2,
-     'left_h': 2.97, 'longer_context_ahead': True}
+    {'step': 2500, 'of': 10000, 'tokens': 10240000, 'cpu_h': 0.81, 'tokens_per_s': 3914.0,
+     'clock': 'cpu', 'left_h': 2.18, 'longer_context_ahead': True}
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ from hooked_models.trainer import METRICS_FILE
 WINDOW = 100   # steps the pace is read from
 
 
-def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW) -> float | None:
-    """Median tokens per wall-second of the last `window` plain steps up to `up_to_step` (None
-    when the log has none); the median, so a step slowed by a checkpoint or a busy moment on a
-    shared machine does not move it."""
+PACE_KEYS = {"cpu": "tokens_per_cpu_s", "wall": "tokens_per_s"}
+
+
+def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW,
+                clock: str = "wall") -> float | None:
+    """Median tokens per second of `clock` ("wall" or "cpu") over the last `window` plain steps
+    up to `up_to_step` that record it (None when the log has none); the median, so a step slowed
+    by a checkpoint or a busy moment on a shared machine does not move it."""
+    if clock not in PACE_KEYS:
+        raise ValueError(f"clock must be one of {sorted(PACE_KEYS)}, got {clock!r}")
     if not metrics_path.is_file():
         return None
     records = []
@@ -38,28 +47,35 @@ def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW) -> fl
         if r["step"] <= up_to_step:
             records.append(r)
     after_eval = {r["step"] + 1 for r in records if "val_loss" in r}
-    plain = [r["tokens_per_s"] for r in records
+    key = PACE_KEYS[clock]
+    plain = [r[key] for r in records
              if r["step"] > 1 and "val_loss" not in r and r["step"] not in after_eval
-             and r.get("tokens_per_s")]
+             and r.get(key)]
     pace = sorted(plain[-window:])
     return pace[len(pace) // 2] if pace else None
 
 
 def progress(run_dir: Path, window: int = WINDOW) -> dict:
     """`step`, `of` (the run's total steps), `tokens`, `cpu_h` (CPU hours the checkpointed steps
-    took; None for a checkpoint without timing), `tokens_per_s` (the recent pace) and `left_h`
-    (hours the remaining steps take at that pace; None when unknown) and `longer_context_ahead`
-    (the run is in a shorter-context phase of its curriculum, so `left_h` is a lower bound). A
-    run with no checkpoint is at step 0 with everything else None or False."""
+    took; None for a checkpoint without timing), `tokens_per_s` (the recent pace, per second of
+    `clock`: "cpu" where the log records CPU times, else "wall"), `left_h` (hours of that clock
+    the remaining steps take at that pace; None when unknown) and `longer_context_ahead` (the
+    run is in a shorter-context phase of its curriculum, so `left_h` is a lower bound). A run
+    with no checkpoint is at step 0 with everything else None or False."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return {"step": 0, "of": None, "tokens": 0, "cpu_h": None, "tokens_per_s": None,
-                "left_h": None, "longer_context_ahead": False}
+                "clock": None, "left_h": None, "longer_context_ahead": False}
     state = read_train_state(ckpt)
     step, tokens = state["step"], state["tokens"]
     total = state.get("train_config", {}).get("steps")
     timing = state.get("timing")
-    pace = recent_pace(Path(run_dir) / METRICS_FILE, step, window)
+    metrics = Path(run_dir) / METRICS_FILE
+    clock = "cpu"
+    pace = recent_pace(metrics, step, window, clock)
+    if pace is None:   # a log from before CPU times were recorded
+        clock = "wall"
+        pace = recent_pace(metrics, step, window, clock)
     left = None
     if pace and total and step:
         left = round((total - step) * (tokens / step) / pace / 3600, 2)
@@ -68,14 +84,17 @@ def progress(run_dir: Path, window: int = WINDOW) -> dict:
     phases_end = sum(steps for steps, _ in card.get("ctx_schedule") or ())
     return {"step": step, "of": total, "tokens": tokens,
             "cpu_h": round(timing["cpu_s"] / 3600, 2) if timing else None,
-            "tokens_per_s": round(pace, 1) if pace else None, "left_h": left,
+            "tokens_per_s": round(pace, 1) if pace else None, "clock": clock if pace else None,
+            "left_h": left,
             "longer_context_ahead": step < phases_end}
 
 
 def describe(p: dict, ceiling: bool = False) -> str:
-    """One line: 'step 750 of 10,000 (3.1M tokens, 0.41 CPU-h so far; at least 2.97 h left at
-    3,550 tokens/s, longer contexts ahead)'. With `ceiling` (a run that stops early when its
-    validation loss stops improving), the total steps are a ceiling and the time left a most."""
+    """One line: 'step 2,500 of 10,000 (10.2M tokens, 0.81 CPU-h so far; at least 2.18 CPU-h
+    left at 3,914 tokens per CPU-second, longer contexts ahead)' (from a log without CPU times:
+    '... 2.18 h left at 3,914 tokens per wall-second ...'). With `ceiling` (a run that stops
+    early when its validation loss stops improving), the total steps are a ceiling and the time
+    left at most."""
     parts = [f"{p['tokens'] / 1e6:.1f}M tokens"]
     if p["cpu_h"] is not None:
         parts.append(f"{p['cpu_h']:.2f} CPU-h so far")
@@ -83,7 +102,9 @@ def describe(p: dict, ceiling: bool = False) -> str:
     if p["left_h"] is not None:
         bound = ("at most" if ceiling and not p["longer_context_ahead"] else
                  "at least" if p["longer_context_ahead"] and not ceiling else "about")
-        text += f"; {bound} {p['left_h']:.2f} h left at {p['tokens_per_s']:,.0f} tokens/s"
+        hours, per = ("CPU-h", "CPU-second") if p.get("clock") == "cpu" else ("h", "wall-second")
+        text += (f"; {bound} {p['left_h']:.2f} {hours} left at {p['tokens_per_s']:,.0f} tokens "
+                 f"per {per}")
         if p["longer_context_ahead"]:
             text += ", longer contexts ahead"
         if ceiling:

@@ -275,6 +275,13 @@ def test_each_section_states_its_training_time_once():
     wall = sum(c["train_seconds"] for c in mine) / 60
     assert f"{len(mine)} models, {wall:.0f} min of training (wall time) in all on " in short
     assert "Budget spent" not in short
+    for title, section in sections(text).items():   # every section: one statement, no twins
+        assert section.count("Budget spent:") + section.count("min of training") <= 1, title
+
+
+def sections(text: str) -> dict[str, str]:
+    """docs/reproduction.md's "## " sections by title."""
+    return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
 
 
 def test_loss_figure_has_a_panel_per_setting_a_colour_per_scheme_and_a_style_per_seed():

@@ -345,7 +345,10 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True,
                     parts += ["**Tasks here.**", "", *(f"- {t}" for t in tasks), ""]
                 section = getattr(mod, "report_section", None)
                 parts.append(section(mine, figure_dir) if section else generic_section(mine))
-                if "Budget spent:" not in parts[-1]:   # else the section states it already
+                # Early-stopped runs are listed by the section in a runs table followed by the
+                # budget they spent (`budget_spent`); a section of fixed-step runs gets the sum
+                # of its wall times here.
+                if not all(early_stopped(c) for c in mine):
                     secs = sum(c["train_seconds"] for c in mine)
                     devices = sorted({c["device"] for c in mine})
                     plural = "s" * (len(mine) > 1)

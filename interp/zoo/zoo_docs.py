@@ -47,7 +47,8 @@ handed the same machine, which is not promised: size a run to finish within one 
 
     bash scripts/zoo_queue.sh                  # two lanes (2-layer and 1-layer models first)
     attnlens train --zoo text --only text-mha-l2 --threads 1    # one recipe; prints the queue
-    attnlens train --zoo text --status     # where each run stands, CPU hours, time left
+    attnlens train --zoo text --status     # where each run stands, CPU hours so far and left
+    bash scripts/ship_text_models.sh       # finished runs -> hooked_models/zoo, studies, docs
     attnlens train --zoo text --release-to hooked_models/zoo    # train (resuming), then ship
     attnlens train --zoo text --device cuda    # the same queue on a GPU, when one is lent
     python -m interp.zoo.text_studies hooked_models/zoo     # the four studies -> docs/figures/zoo

@@ -11,7 +11,7 @@ import pytest
 
 from dashboards.cli import main as cli_main
 from interp.cope import token_category
-from interp.zoo import zoo_docs
+from interp.zoo import calibration_docs, zoo_docs
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
@@ -269,12 +269,12 @@ def test_mta_calibration_text_reads_the_crossing_and_the_peak():
                          "induction_score": [0.2, 1.04, 0.9],
                          "copy_loss_ratio": [0.96, 0.49, 0.34],
                          "text_copy_ratio": [0.92, 0.42, 0.32]})
-    text = zoo_docs.mta_calibration_text(traj)
+    text = calibration_docs.mta_calibration_text(traj)
     assert "from 0.96x the first at 1.0M tokens to 0.49x at 2.0M" in text
     assert "0.92 to 0.42" in text and "ended at 0.34x" in text
     assert "peaked at 1.04 at 2.0M tokens and drifted to 0.90" in text
-    assert zoo_docs.mta_calibration_text(traj.assign(copy_loss_ratio=0.9)) is None
-    assert zoo_docs.mta_calibration_text(traj.assign(run="other")) is None
+    assert calibration_docs.mta_calibration_text(traj.assign(copy_loss_ratio=0.9)) is None
+    assert calibration_docs.mta_calibration_text(traj.assign(run="other")) is None
 
 
 def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_tokens():
@@ -289,23 +289,23 @@ def test_corpus_calibration_text_compares_each_pkgs_run_with_its_twin_at_equal_t
                [0.97, 0.96, 0.2], [4.0, 3.5, 3.0])
     pkgs = log("text-dcmha-l2-pkgs", [1e6, 2e6], [0.01, 0.4], [0.99, 0.45],
                [0.98, 0.5], [4.2, 3.7])
-    text = zoo_docs.corpus_calibration_text(pd.concat([twin, pkgs]))
+    text = calibration_docs.corpus_calibration_text(pd.concat([twin, pkgs]))
     assert ("`text-dcmha-l2-pkgs` against `text-dcmha-l2` over their first 2.0M tokens (where "
             "the `-pkgs` run stood when this page was written): best "
             "induction score 0.400 against 0.020, lowest copy ratio 0.45 / 0.50 against "
             "0.98 / 0.96 (random / text), an induction score of 0.3 first at 2.0M tokens "
             "against none, bar met at 2.0M tokens against not met, "
             "validation loss 3.700 against 3.500") in text
-    assert zoo_docs.corpus_calibration_text(twin) is None
+    assert calibration_docs.corpus_calibration_text(twin) is None
     assert "standard library is" not in text
     assert "(Corpus above; the standard library is 8% of that stream)" in \
-        zoo_docs.corpus_calibration_text(pd.concat([twin, pkgs]), 0.0767)
-    done = zoo_docs.corpus_calibration_text(pd.concat([twin[twin.tokens <= 2e6], pkgs]))
+        calibration_docs.corpus_calibration_text(pd.concat([twin, pkgs]), 0.0767)
+    done = calibration_docs.corpus_calibration_text(pd.concat([twin[twin.tokens <= 2e6], pkgs]))
     assert "over their first 2.0M tokens: best" in done   # both finished: nothing partial
 
 
 def test_the_corpus_reading_names_who_formed_a_head_only_on_the_larger_corpus():
-    reading = zoo_docs._corpus_reading
+    reading = calibration_docs._corpus_reading
     assert reading({"dcmha": (37.9e6, None), "mha": (25.6e6, 24.6e6)}) == (
         " Read together, one seed each: dcmha formed an induction head only on the larger "
         "corpus, while mha formed one on both at about the same point (mha: 25.6M tokens "
@@ -342,11 +342,11 @@ def test_one_layer_findings_name_a_copying_control_and_its_kernel():
 
 def test_stdlib_share_is_read_from_a_pkgs_card(tmp_path):
     """The `-pkgs` paragraph's standard-library share comes from the card, not from the page."""
-    assert zoo_docs.stdlib_share(tmp_path) is None
+    assert calibration_docs.stdlib_share(tmp_path) is None
     (tmp_path / "text-mha-l2-pkgs").mkdir()
     card = {"extra_corpus": {"stdlib_train_tokens": 8_865_194, "tokens": 115_554_611}}
     (tmp_path / "text-mha-l2-pkgs" / "card.json").write_text(json.dumps(card))
-    share = zoo_docs.stdlib_share(tmp_path)
+    share = calibration_docs.stdlib_share(tmp_path)
     assert share == pytest.approx(0.0767, abs=1e-4)
-    shipped = zoo_docs.stdlib_share(zoo_docs.DEFAULTS["zoo"])
+    shipped = calibration_docs.stdlib_share(zoo_docs.DEFAULTS["zoo"])
     assert shipped is None or 0 < shipped < 1

@@ -44,7 +44,7 @@ def test_a_directory_without_a_log_is_named(tmp_path):
 
 
 def test_zoo_page_shows_the_calibration_table(tmp_path):
-    from interp.zoo.zoo_docs import calibration_section
+    from interp.zoo.calibration_docs import calibration_section
 
     records = [{"step": 250, "tokens": 2_048_000, "val_loss": 4.5, "induction_score": 0.4,
                 "copy_loss_ratio": 0.45, "text_copy_ratio": 0.6, "train_loss": 4.4}]
@@ -59,7 +59,7 @@ def test_zoo_page_shows_the_calibration_table(tmp_path):
 
 
 def test_a_finished_run_without_the_bar_reads_not_met(tmp_path):
-    from interp.zoo.zoo_docs import calibration_section, run_budget_tokens
+    from interp.zoo.calibration_docs import calibration_section, run_budget_tokens
 
     assert run_budget_tokens("text-mha-l2") == 40_960_000
     assert run_budget_tokens("text-mha-l2-ctx256") == 40_960_000     # 10,000 x 16 x 256

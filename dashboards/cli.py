@@ -204,8 +204,9 @@ def cmd_train(args) -> int:
                        smoke=args.smoke)
         table = pd.DataFrame(rows).set_index("recipe")
         print(table.to_string())
-        print(f"projected total on {device}: {table.projected_s.sum() / 60:.1f} min "
-              f"(training steps only; evaluation adds about 1%)")
+        print(f"projected total on {device}: {table.projected_s.sum() / 60:.1f} min of wall "
+              f"time, {table.projected_cpu_s.sum() / 3600:.2f} CPU-hours (training steps only; "
+              f"evaluation adds about 1%)")
         return 0
     from hooked_models import zoo
 
@@ -385,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "CPU hours so far and the CPU hours left at its recent tokens per "
                          "CPU-second, not started); train nothing")
     tr.add_argument("--measure", action="store_true",
-                    help="print tokens/s of each recipe and the projected time; train nothing")
+                    help="print tokens per wall-second and per CPU-second of each recipe and the "
+                         "projected time; train nothing")
     tr.add_argument("--measure-steps", type=int, default=3)
     tr.add_argument("--measure-batch", type=int, default=None)
     tr.add_argument("--threads", type=int, default=1,

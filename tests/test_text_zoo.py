@@ -393,3 +393,23 @@ def test_probe_adds_the_row_stochastic_stage_where_pattern_is_not_one(attention,
     table = induction_table(model, batch=2, half_len=6, seed=PROBE_SEED, stage=stage)
     assert probe[extra[0]] == pytest.approx(float(table["induction_stripe"].max()), abs=1e-7)
     assert 0.0 <= probe[extra[0]] <= 1.0 + 1e-6
+
+
+def test_measure_prints_the_wall_and_cpu_pace_and_the_projection(smoke_run, tmp_path, capsys):
+    """`--measure` times a few steps of each recipe, per wall-second and per CPU-second, and
+    projects the budget from each; it trains nothing."""
+    argv = _one_recipe_argv(smoke_run, tmp_path)
+    assert cli_main([*argv, "--measure", "--measure-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    for column in ("tokens_per_s", "tokens_per_cpu_s", "projected_s", "projected_cpu_s"):
+        assert column in header
+    row = next(line.split() for line in out.splitlines() if line.startswith(NAMES[0]))
+    values = dict(zip(header, (float(x) for x in row[1:]), strict=True))
+    assert values["tokens_per_s"] > 0 and values["tokens_per_cpu_s"] > 0
+    for pace, projected in (("tokens_per_s", "projected_s"),
+                            ("tokens_per_cpu_s", "projected_cpu_s")):   # whole seconds
+        assert abs(values[projected] - values["budget_tokens"] / values[pace]) <= 0.51
+    assert "CPU-hours (training steps only" in out
+    assert not (tmp_path / "runs").exists()
+

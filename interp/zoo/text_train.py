@@ -2,7 +2,8 @@
 
     attnlens train --zoo text --device cuda          all 15 recipes, resumable, into
                                                      ~/.cache/attnlens/zoo-text (default_runs_dir)
-    attnlens train --zoo text --measure              tokens/s per recipe and the projected time
+    attnlens train --zoo text --measure              tokens per wall- and CPU-second of each
+                                                     recipe, and its projected time
     attnlens train --zoo text --smoke                the whole pipeline in seconds (never a zoo)
 
 Each recipe trains in `OUT/runs/<name>/` (checkpoints every 250 steps, metrics.jsonl); a killed
@@ -359,7 +360,11 @@ def _cpu_model() -> str | None:
 
 def measure(names, data: TextData, device: str, steps: int = 3, batch: int | None = None,
             smoke: bool = False) -> list[dict]:
-    """Tokens/s of a few training steps of each recipe (the first step is a warm-up)."""
+    """Tokens per wall-second and per CPU-second (all of the process's threads) of a few
+    training steps of each recipe (the first step is a warm-up), and the projected time of the
+    recipe's whole budget: `projected_s` in wall seconds at the wall pace, `projected_cpu_s` in
+    CPU seconds at the CPU pace (on a shared machine the wall pace depends on the load, the CPU
+    pace much less)."""
     rows = []
     for name in names:
         model = build_model(name, data, device, smoke=smoke)
@@ -370,10 +375,10 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         use_bf16 = device.startswith("cuda")
         gen = torch.Generator().manual_seed(0)
-        times = []
+        times, cpu_times = [], []
         for _ in range(steps + 1):
             tokens = sample(bsz, gen)[0].to(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
                                 enabled=use_bf16):
                 loss = model(tokens, return_type="loss")
@@ -383,11 +388,16 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        tok_s = bsz * model.cfg.n_ctx * steps / sum(times[1:])
+            cpu_times.append(time.process_time() - c0)
+        measured = bsz * model.cfg.n_ctx * steps
+        tok_s = measured / sum(times[1:])
+        tok_cpu_s = measured / max(sum(cpu_times[1:]), 1e-9)
         budget = tcfg.steps * tcfg.batch_size * model.cfg.n_ctx
         rows.append({"recipe": name, "parameters": sum(p.numel() for p in model.parameters()),
                      "flops_per_token": flops_per_token(model.cfg), "tokens_per_s": round(tok_s),
-                     "budget_tokens": budget, "projected_s": round(budget / tok_s)})
+                     "tokens_per_cpu_s": round(tok_cpu_s), "budget_tokens": budget,
+                     "projected_s": round(budget / tok_s),
+                     "projected_cpu_s": round(budget / tok_cpu_s)})
     return rows
 
 

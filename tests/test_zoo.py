@@ -49,6 +49,20 @@ def test_unknown_zoo_name():
         zoo.load("nope")
 
 
+def test_unknown_zoo_name_names_the_closest_models_not_all_of_them():
+    names = [f"text-{v}-l{n}" for v in ("mha", "cope", "mta") for n in (1, 2)]
+    names += [f"task-model-s{s}" for s in range(10)]
+    text = zoo.unknown_model_message("text-mha-l3", names)
+    assert text.startswith("no bundled model 'text-mha-l3'; the closest: ")
+    assert "'text-mha-l1'" in text and "'text-mha-l2'" in text and "task-model-s0" not in text
+    assert "16 models are bundled: zoo.available()" in text
+    assert "attnlens train --zoo text --status" in text
+    text = zoo.unknown_model_message("qqq", names)
+    assert "closest" not in text and "--status" not in text and "16 models" in text
+    few = zoo.unknown_model_message("x", ["a", "b"])
+    assert few == "no bundled model 'x'; available: ['a', 'b']"
+
+
 def test_default_dashboard_text_fits_every_bundled_model():
     from hooked_models.zoo.recipes import default_text
 

@@ -55,9 +55,30 @@ def _card_kind(directory: Path) -> str:
 
 
 def path(name: str) -> Path:
-    if name not in available():
-        raise ValueError(f"no bundled model {name!r}; available: {available()}")
+    names = available()
+    if name not in names:
+        raise ValueError(unknown_model_message(name, names))
     return ZOO_DIR / name
+
+
+def unknown_model_message(name: str, names: list[str]) -> str:
+    """The error for a name not among `names`: the closest names (difflib), how to list them
+    all, and for a text-zoo name where a model still in training will appear."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    text = f"no bundled model {name!r}"
+    if len(names) <= 12:
+        return f"{text}; available: {names}"
+    if close:
+        text += f"; the closest: {', '.join(map(repr, close))}"
+    text += (f". {len(names)} models are bundled: zoo.available() lists them, "
+             "zoo.available(kind='text-lm') those of one kind ('text-lm', 'paper-task', "
+             "'induction')")
+    if str(name).startswith("text-"):
+        text += (". A text-zoo model still training is bundled when its run ends "
+                 "(`attnlens train --zoo text --status` says where each run stands)")
+    return text + "."
 
 
 def load(name: str, device: str | None = None):

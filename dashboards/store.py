@@ -177,8 +177,9 @@ def load_store(sources: list[str]) -> ModelStore:
             name, model = source, zoo.load(source, device="cpu")
             directory = zoo.path(source)
         else:
+            bundled = zoo.unknown_model_message(source, zoo.available())
             raise ValueError(f"{source!r} is neither a checkpoint directory (with config.json) "
-                             f"nor a bundled model; bundled: {zoo.available()}")
+                             f"nor a bundled model: {bundled}")
         text = default_prompt(model, directory)
         try:
             ok = model.to_tokens(text).shape[1] <= model.cfg.n_ctx

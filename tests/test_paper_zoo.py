@@ -89,6 +89,22 @@ def test_recipe_validation():
         Recipe("a/b", "p", "v", "t", 0, config={}, train={"steps": 1})
     with pytest.raises(ValueError, match="no paper-task recipe"):
         get_recipe("no-such-recipe")
+    with pytest.raises(ValueError, match="the closest: cope-flipflop-cope-long-s0, ") as err:
+        get_recipe("cope-flipflop-cop-long-s0")
+    assert "dcmha-" not in str(err.value)
+
+
+def test_a_pattern_that_matches_no_recipe_names_the_closest_not_all():
+    from interp.zoo.paper import __main__ as cli
+
+    with pytest.raises(SystemExit) as stopped:
+        cli._select(["cope-flipflop-cop-long-s0"])
+    text = str(stopped.value)
+    assert text.startswith("no recipe matches 'cope-flipflop-cop-long-s0'; the closest: ")
+    assert "cope-flipflop-cope-long-s0" in text and "dcmha-" not in text
+    assert f"lists all {len(all_recipes())} recipes" in text
+    assert cli._select(["cope-flipflop-cope-long-s*"]) == [
+        f"cope-flipflop-cope-long-s{s}" for s in range(3)]
 
 
 def test_registry_tolerates_missing_but_not_broken_modules(monkeypatch):

@@ -14,6 +14,7 @@ NAME may be a shell-style pattern ("mta-findblock-first-*"), quoted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import fnmatch
 import json
 import signal
@@ -27,6 +28,7 @@ from hooked_models.stop_signals import TrainingStopped
 from hooked_models.zoo import available, superseded_by
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
+    CLI,
     EVAL_SEED,
     default_run_root,
     evaluate_model,
@@ -53,7 +55,11 @@ def _select(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         hits = fnmatch.filter(names, pattern)
         if not hits:
-            raise SystemExit(f"no recipe matches {pattern!r}; known: {names}")
+            close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.6)
+            raise SystemExit(f"no recipe matches {pattern!r}"
+                             + (f"; the closest: {', '.join(close)}" if close else "")
+                             + f". `{CLI} list` lists all {len(names)} recipes; a pattern "
+                             "may use * and ? (e.g. 'cope-flipflop-*-long-s0').")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 

@@ -96,7 +96,12 @@ def all_recipes() -> dict[str, Recipe]:
 def get_recipe(name: str) -> Recipe:
     recipes = all_recipes()
     if name not in recipes:
-        raise ValueError(f"no paper-task recipe {name!r}; known: {sorted(recipes)}")
+        import difflib
+
+        close = difflib.get_close_matches(name, sorted(recipes), n=5, cutoff=0.6)
+        raise ValueError(f"no paper-task recipe {name!r}"
+                         + (f"; the closest: {', '.join(close)}" if close else "")
+                         + f" ({len(recipes)} recipes: `python -m interp.zoo.paper list`)")
     return recipes[name]
 
 

@@ -81,8 +81,8 @@ def _model(i: int, entry, base: Path) -> dict:
                                      f"(no config.json)")
     else:
         raise _fail(f"{field}.{key}", f"{raw!r} is neither a checkpoint directory (with "
-                                      f"config.json) nor a bundled zoo model "
-                                      f"{zoo.available()}")
+                                      f"config.json) nor a bundled zoo model: "
+                                      f"{zoo.unknown_model_message(raw, zoo.available())}")
     dtype = entry.get("dtype")
     if dtype is not None and dtype not in DTYPES:
         raise _fail(f"{field}.dtype", f"{dtype!r}; choose from {list(DTYPES)}")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from interp.zoo.paper import dcmha, lr_probe
+from interp.zoo.paper import dcmha, dcmha_report, lr_probe
 from interp.zoo.paper.report import FIGURES
 
 
@@ -52,7 +52,7 @@ def test_full_recipes_train_at_the_probed_lr():
     for name, recipe in dcmha.RECIPES.items():
         if recipe.phenomenon == "dcmha-conjunction-full":
             assert recipe.train["lr"] == best[recipe.variant], name
-    text = dcmha._probe_text("dcmha-conjunction-full")
+    text = dcmha_report._probe_text("dcmha-conjunction-full")
     assert "(chosen)" in text and "lowest validation loss at the last step" in text
 
 
@@ -60,7 +60,7 @@ def test_twin_plateau_reading_follows_the_probe(tmp_path, monkeypatch):
     """The -twin section says whether 20,000 steps without early stopping leave the tie."""
     from interp.zoo.paper import report
 
-    text = dcmha._probe_text("dcmha-conjunction-twin")
+    text = dcmha_report._probe_text("dcmha-conjunction-twin")
     rows = lr_probe.read_csv(FIGURES / dcmha.TWIN_PROBE_CSV)
     assert max(r["step"] for r in rows) == 20_000 and {r["variant"] for r in rows} == {
         "dcmha", "mha"}
@@ -69,5 +69,5 @@ def test_twin_plateau_reading_follows_the_probe(tmp_path, monkeypatch):
     fake = [dict(r, val_loss=0.3 if r["step"] > 15000 else r["val_loss"]) for r in rows]
     lr_probe.write_csv(fake, tmp_path / dcmha.TWIN_PROBE_CSV)
     monkeypatch.setattr(report, "FIGURES", tmp_path)
-    assert "a late phase change that early stopping cut off" in dcmha._probe_text(
+    assert "a late phase change that early stopping cut off" in dcmha_report._probe_text(
         "dcmha-conjunction-twin")

@@ -7,7 +7,7 @@ import torch
 
 from hooked_models import HookedVariantTransformer, VariantConfig
 from interp.tasks.conjunction import conjunction_task
-from interp.zoo.paper import dcmha
+from interp.zoo.paper import dcmha, dcmha_report
 from interp.zoo.paper._training import build_model
 
 
@@ -93,7 +93,7 @@ def test_report_section(tmp_path):
     assert "MHA 0.405" in text
     assert "| dcmha | 0 | 1000 | 100 | 0.900 | - | 0.300 | - | - | - | - |" in text
     assert "DCMHA is better here" in text and "1/3" in text
-    fig = dcmha.accuracy_figure(cards)
+    fig = dcmha_report.accuracy_figure(cards)
     ys = [list(t.y) for t in fig.data]
     assert ys == [pytest.approx(y) for y in ([0.9, 0.91], [0.4, 0.41], [0.3, 0.3])]
     assert "No evaluated" in dcmha.findings([])
@@ -110,13 +110,13 @@ def test_report_section_does_not_rank_single_seeds():
 
 def test_comparison_states_the_interval_and_the_winner():
     """Item 17: every MHA seed above every DCMHA seed, separated at 95%: say MHA is better."""
-    text = dcmha.comparison([0.26, 0.27, 0.265], [0.29, 0.30, 0.295])
+    text = dcmha_report.comparison([0.26, 0.27, 0.265], [0.29, 0.30, 0.295])
     assert "MHA is better here on every seed" not in text   # separated: the plain verdict
     assert "MHA is better here: every MHA seed beats every DCMHA seed; MHA - DCMHA = 3.0 " \
            "points (Welch 95% interval" in text
-    overlap = dcmha.comparison([0.26, 0.30, 0.28], [0.27, 0.31, 0.29])
+    overlap = dcmha_report.comparison([0.26, 0.30, 0.28], [0.27, 0.31, 0.29])
     assert "no difference can be claimed" in overlap
-    apart = dcmha.comparison([0.26, 0.27, 0.30], [0.305, 0.31, 0.36])
+    apart = dcmha_report.comparison([0.26, 0.27, 0.30], [0.305, 0.31, 0.36])
     assert "MHA is better here on every seed" in apart and "includes 0" in apart
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interp.tasks.counting import counting_batch
-from interp.zoo.paper import _training, cope, dcmha, infini, mta, report
+from interp.zoo.paper import _training, cope, cope_report, dcmha, infini, mta, report
 from interp.zoo.paper._registry import all_recipes, get_recipe, module_of, modules
 from interp.zoo.paper._training import EVAL_SEED, eval_seeds, train_recipe, training_seeds
 
@@ -57,7 +57,7 @@ def test_reading_numbers_are_the_table_numbers(phenomenon):
     text = report.REPORT.read_text(encoding="utf-8")
     section = text.split(f"## {phenomenon}\n")[1].split("\n## ")[0]
     table, reading = section.split("**Our reading.**")
-    numbers = set(re.findall(r"\d+\.\d", reading)) - {f"{100 * cope.SOLVED:.1f}"}
+    numbers = set(re.findall(r"\d+\.\d", reading)) - {f"{100 * cope_report.SOLVED:.1f}"}
     cells = set(re.findall(r"\d+\.\d", table))
     assert numbers and numbers <= cells, numbers - cells
 
@@ -233,8 +233,8 @@ def test_cope_figures_draw_each_settings_interval_over_its_seeds(monkeypatch, tm
         assert bar.y[i] == pytest.approx(100 * m)
         assert bar.y[i] + bar.error_y.array[i] == pytest.approx(100 * min(hi, 1.0))
         assert bar.y[i] - bar.error_y.arrayminus[i] == pytest.approx(100 * max(lo, 0.0))
-    assert cope.error_bar([0.25]) == (25.0, 25.0, 25.0)
-    m, lo, hi = cope.error_bar([0.0, 0.0, 0.3])
+    assert cope_report.error_bar([0.25]) == (25.0, 25.0, 25.0)
+    m, lo, hi = cope_report.error_bar([0.0, 0.0, 0.3])
     assert m == pytest.approx(10.0) and lo == 0.0 and hi > m   # clipped at 0%
 
 
@@ -291,7 +291,7 @@ def test_loss_figure_has_a_panel_per_setting_a_colour_per_scheme_and_a_style_per
     cards = [c for k, c in CARDS.items() if k.startswith("cope-counting-") and "-long-" in k]
     if len({c["seed"] for c in cards}) < 2:
         pytest.skip("the counting -long models are not shipped with several seeds")
-    fig = cope.loss_figure(cards, "cope-counting-long")
+    fig = cope_report.loss_figure(cards, "cope-counting-long")
     assert len(fig.data) == len(cards)
     settings = sorted({c["task_args"]["n_vars"] for c in cards})
     assert [a.text for a in fig.layout.annotations] == [f"{n} variables" for n in settings]
@@ -301,9 +301,9 @@ def test_loss_figure_has_a_panel_per_setting_a_colour_per_scheme_and_a_style_per
         card = by_recipe[trace.hovertext]
         assert list(trace.y) == [loss for _, loss in card["train_loss_curve"]]
         assert colour.setdefault(card["variant"], trace.line.color) == trace.line.color
-        assert trace.line.dash == cope.SEED_DASH[card["seed"]]
+        assert trace.line.dash == cope_report.SEED_DASH[card["seed"]]
         panel = settings.index(card["task_args"]["n_vars"]) + 1
         assert trace.xaxis == ("x" if panel == 1 else f"x{panel}")
     assert len(set(colour.values())) == len(colour)
     assert sorted(t.name for t in fig.data if t.showlegend) == sorted(
-        cope.NAMES[v] for v in colour)
+        cope_report.NAMES[v] for v in colour)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from interp.tasks.passkey import KEY_LINE, PasskeyTokenizer, passkey_accuracy, passkey_task
-from interp.zoo.paper import infini
+from interp.zoo.paper import infini, infini_report
 from interp.zoo.paper._training import build_model
 
 
@@ -112,7 +112,7 @@ def test_memory_knockout_changes_the_output():
 
 
 def test_grid_figure(tmp_path):
-    fig = infini.grid_figure([_card(0, 0.9, 0.3), _card(1, 0.7, 0.1)])
+    fig = infini_report.grid_figure([_card(0, 0.9, 0.3), _card(1, 0.7, 0.1)])
     z = fig.data[0].z                              # token accuracy, mean of the seeds
     assert len(z) == len(infini.FACTORS) and z[0][0] == pytest.approx(0.8)
     assert z[-1][-1] == pytest.approx(0.2)

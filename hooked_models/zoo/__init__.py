@@ -61,12 +61,17 @@ def path(name: str) -> Path:
     return ZOO_DIR / name
 
 
-def unknown_model_message(name: str, names: list[str]) -> str:
-    """The error for a name not among `names`: the closest names (difflib), how to list them
-    all, and for a text-zoo name where a model still in training will appear."""
+def closest_names(name: str, names: list[str]) -> list[str]:
+    """Up to five of `names` closest to a mistyped `name` (difflib), best first."""
     import difflib
 
-    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    return difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+
+
+def unknown_model_message(name: str, names: list[str]) -> str:
+    """The error for a name not among `names`: the closest names (`closest_names`), how to list
+    them all, and for a text-zoo name where a model still in training will appear."""
+    close = closest_names(name, names)
     text = f"no bundled model {name!r}"
     if len(names) <= 12:
         return f"{text}; available: {names}"

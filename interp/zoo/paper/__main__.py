@@ -14,7 +14,6 @@ NAME may be a shell-style pattern ("mta-findblock-first-*"), quoted.
 from __future__ import annotations
 
 import argparse
-import difflib
 import fnmatch
 import json
 import signal
@@ -25,7 +24,7 @@ import torch
 
 from hooked_models.model import HookedVariantTransformer
 from hooked_models.stop_signals import TrainingStopped
-from hooked_models.zoo import available, superseded_by
+from hooked_models.zoo import available, closest_names, superseded_by
 from interp.zoo.paper._registry import all_recipes, module_of
 from interp.zoo.paper._training import (
     CLI,
@@ -55,7 +54,7 @@ def _select(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         hits = fnmatch.filter(names, pattern)
         if not hits:
-            close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.6)
+            close = closest_names(pattern, names)
             raise SystemExit(f"no recipe matches {pattern!r}"
                              + (f"; the closest: {', '.join(close)}" if close else "")
                              + f". `{CLI} list` lists all {len(names)} recipes; a pattern "

@@ -96,9 +96,9 @@ def all_recipes() -> dict[str, Recipe]:
 def get_recipe(name: str) -> Recipe:
     recipes = all_recipes()
     if name not in recipes:
-        import difflib
+        from hooked_models.zoo import closest_names
 
-        close = difflib.get_close_matches(name, sorted(recipes), n=5, cutoff=0.6)
+        close = closest_names(name, sorted(recipes))
         raise ValueError(f"no paper-task recipe {name!r}"
                          + (f"; the closest: {', '.join(close)}" if close else "")
                          + f" ({len(recipes)} recipes: `python -m interp.zoo.paper list`)")

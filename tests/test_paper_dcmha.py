@@ -88,7 +88,7 @@ def test_report_section(tmp_path):
              for v, acc, n, extra in (("dcmha", 0.9, 100, {"acc_no_compose": 0.3}),
                                       ("mha", 0.4, 99, {}))
              for s in (0, 1)]
-    text = dcmha.report_section(cards)
+    text = dcmha_report.report_section(cards)
     assert "DCMHA 0.905, 95% t-interval 0.841 to 0.969 over 2 seeds (0.900 / 0.910)" in text
     assert "MHA 0.405" in text
     assert "| dcmha | 0 | 1000 | 100 | 0.900 | - | 0.300 | - | - | - | - |" in text
@@ -96,14 +96,14 @@ def test_report_section(tmp_path):
     fig = dcmha_report.accuracy_figure(cards)
     ys = [list(t.y) for t in fig.data]
     assert ys == [pytest.approx(y) for y in ([0.9, 0.91], [0.4, 0.41], [0.3, 0.3])]
-    assert "No evaluated" in dcmha.findings([])
+    assert "No evaluated" in dcmha_report.report_section([])
 
 
 def test_report_section_does_not_rank_single_seeds():
     cards = [{"phenomenon": "dcmha-composition", "variant": v, "seed": 0, "steps": 1000,
               "metrics": {"accuracy": acc, "n_params": 10}} for v, acc in (("dcmha", 0.33),
                                                                            ("mha", 0.32))]
-    text = dcmha.report_section(cards)
+    text = dcmha_report.report_section(cards)
     assert "One seed on a side, no interval" in text and "better" not in text
     assert "1/3" not in text
 

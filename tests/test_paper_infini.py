@@ -75,25 +75,25 @@ def _card(seed: int, acc_near: float, acc_far: float) -> dict:
     return {"seed": seed, "metrics": metrics}
 
 
-def test_findings_reports_the_grid_honestly():
-    text = infini.findings([_card(0, 0.95, 0.2), _card(1, 0.9, 0.1)])
+def test_report_section_reports_the_grid_honestly():
+    text = infini_report.report_section([_card(0, 0.95, 0.2), _card(1, 0.9, 0.1)])
     assert "| 16x (2560) |" in text and "0.15 [0.00, 0.79] (n=2) / 0.08 [0.00, 0.39] (n=2)" in text
     assert "| 1x (160), memory read zeroed |" in text
     assert "does **not** reproduce" in text and "2 memory, 1 local, 3 mixer" in text
-    assert "**reproduces**" in infini.findings([_card(0, 1.0, 0.95)])
-    assert "No evaluated" in infini.findings([{"seed": 0}])
+    assert "**reproduces**" in infini_report.report_section([_card(0, 1.0, 0.95)])
+    assert "No evaluated" in infini_report.report_section([{"seed": 0}])
 
 
 def test_one_seed_is_said_and_not_printed_as_a_range():
     """Item 19: one seed gives no "seeds separated by /" and no "1.00-1.00" ranges."""
-    text = infini.findings([_card(0, 1.0, 0.3)])
+    text = infini_report.report_section([_card(0, 1.0, 0.3)])
     assert "separated by /" not in text and "1.00-1.00" not in text
     assert "1 seed (seed 0), no interval" in text and "1.00 (1 seed, no interval)" in text
 
 
 def test_reading_reports_exact_keys_and_the_knockout_baseline():
     """Item 15: whole-key accuracy beside token accuracy, and the memory knock-out."""
-    text = infini.reading(infini.PHENOMENON, [_card(0, 1.0, 0.3)])
+    text = infini_report.reading(infini.PHENOMENON, [_card(0, 1.0, 0.3)])
     assert "exact key 0.50 (1 seed, no interval)" in text
     assert "with the memory read zeroed, 1x drops to token 0.10" in text
     assert "whole-key accuracy only 0.15" in text

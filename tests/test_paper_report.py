@@ -26,10 +26,32 @@ def test_report_is_rebuilt_from_the_cards():
 
 
 def test_no_hand_written_notes():
-    """Item 20: readings are computed (`reading(phenomenon, cards)`), not typed-in NOTES."""
+    """Item 20: readings are computed (`reading(phenomenon, cards)` of each module's report
+    module), not typed-in NOTES; the report code lives only in the report modules."""
     for name, mod in modules().items():
         assert not hasattr(mod, "NOTES"), f"{name} still has hand-written NOTES"
-        assert callable(getattr(mod, "reading", None)), name
+        writer = report.report_module(mod)
+        assert writer is not None and writer.__name__ == f"interp.zoo.paper.{name}_report"
+        assert callable(getattr(writer, "reading", None)), name
+        assert callable(getattr(writer, "report_section", None)), name
+        for attr in ("reading", "report_section", "extra_sections"):
+            assert not hasattr(mod, attr), f"{name}.{attr}: report code belongs in {name}_report"
+
+
+def test_report_module_is_none_where_there_is_none_and_a_broken_one_raises(monkeypatch):
+    """A module without `<name>_report` gets the plain table; a report module whose own imports
+    fail is an error, not a silent fall-back to the plain table."""
+    import types
+
+    bare = types.ModuleType("interp.zoo.paper.no_such_variant")
+    assert report.report_module(bare) is None
+
+    def import_inside_fails(name):
+        raise ModuleNotFoundError("No module named 'kaleido_missing'", name="kaleido_missing")
+
+    monkeypatch.setattr(report.importlib, "import_module", import_inside_fails)
+    with pytest.raises(ModuleNotFoundError, match="kaleido_missing"):
+        report.report_module(modules()["mta"])
 
 
 def _cope_report(monkeypatch, edit) -> str:
@@ -65,7 +87,7 @@ def test_reading_numbers_are_the_table_numbers(phenomenon):
 def test_one_seed_claims_no_ordering():
     """Item 14: one training seed per scheme: the reading says so and ranks nothing."""
     cards = [c for c in CARDS.values() if c["phenomenon"] == "cope-counting"]
-    text = cope.reading("cope-counting", cards)
+    text = cope_report.reading("cope-counting", cards)
     assert text.count("1 seed per scheme, no interval") == 3
     assert "no ordering of CoPE against" in text and "slightly better" not in text
     assert "With 5 variables the paper's CoPE advantage (its Table 3) is not established" in text
@@ -221,7 +243,7 @@ def test_cope_figures_draw_each_settings_interval_over_its_seeds(monkeypatch, tm
         ("-long-s0", "-long-s1", "-long-s2"))]
     if len({c["seed"] for c in cards}) < 2:
         pytest.skip("the flip-flop -long models are not shipped with several seeds")
-    cope.report_section(cards, tmp_path)
+    cope_report.report_section(cards, tmp_path)
     fig = drawn["cope-flipflop-long"]
     assert "95% t-interval" in fig.layout.title.text
     split = list(cope.SPLITS["flipflop"])[2]          # FFL(0.8), 64 instructions (2x)
@@ -249,7 +271,7 @@ def test_a_one_seed_setting_beside_several_draws_no_error_bar(monkeypatch, tmp_p
     cards = [c for c in cards if not (c["variant"] == "rope" and c["seed"] == 1)]
     if len(cards) != 3:
         pytest.skip("the flip-flop -long models are not shipped")
-    cope.report_section(cards, tmp_path)
+    cope_report.report_section(cards, tmp_path)
     fig = drawn["cope-flipflop-long"]
     label = list(cope.SPLITS["flipflop"].values())[2][1]
     both, one = [t for t in fig.data if t.offsetgroup == label]

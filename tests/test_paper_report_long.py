@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from interp.zoo.paper import cope, dcmha, infini, report
+from interp.zoo.paper import cope, cope_report, dcmha, dcmha_report, infini, infini_report, report
 
 STEPS = (1750, 3250, 20_000)        # seed 2 runs to the ceiling without stopping early
 SECONDS = (3600.0, 5400.0, 9000.0)  # 5 hours in all
@@ -52,7 +52,7 @@ def _dcmha_cards(dc=DC_ACC, mha=MHA_ACC, cost=(0.2, 0.25, 0.3)) -> list[dict]:
 
 
 def test_dcmha_full_pools_every_seed_whatever_its_steps():
-    text = dcmha.report_section(_dcmha_cards())
+    text = dcmha_report.report_section(_dcmha_cards())
     mean = statistics.mean(DC_ACC)
     assert f"DCMHA {mean:.3f}, 95% t-interval" in text
     assert "over 3 seeds (0.900 / 0.940 / 0.970)" in text            # the 20000-step seed too
@@ -68,7 +68,7 @@ def test_dcmha_full_pools_every_seed_whatever_its_steps():
 
 
 def test_dcmha_full_reading_follows_the_numbers():
-    win = dcmha.reading("dcmha-conjunction-full", _dcmha_cards())
+    win = dcmha_report.reading("dcmha-conjunction-full", _dcmha_cards())
     assert "DCMHA is better here" in win and "Welch 95% interval" in win
     assert ("3 model(s) pass the 1/3 ceiling of additive matching (by more than 0.020, its 95% "
             "margin) (DCMHA 3 of 3 seeds, MHA 0 of 3), also where no value is the only one of "
@@ -76,12 +76,12 @@ def test_dcmha_full_reading_follows_the_numbers():
     assert "the paper's DCMHA advantage reproduces here" in win
     assert "DCMHA does lean on Compose: zeroing its dynamic weights costs 25.0, 95% " \
            "t-interval" in win
-    lose = dcmha.reading("dcmha-conjunction-full",
+    lose = dcmha_report.reading("dcmha-conjunction-full",
                          _dcmha_cards(dc=(0.28, 0.29, 0.30), mha=(0.31, 0.32, 0.30),
                                       cost=(0.01, -0.01, 0.0)))
     assert "No model passes the 1/3 ceiling" in lose and "reproduces here" not in lose
     assert "reliance on Compose is not shown" in lose and "does lean" not in lose
-    mha_wins = dcmha.reading("dcmha-conjunction-full", _dcmha_cards(dc=MHA_ACC, mha=DC_ACC))
+    mha_wins = dcmha_report.reading("dcmha-conjunction-full", _dcmha_cards(dc=MHA_ACC, mha=DC_ACC))
     assert "MHA is ahead at 95%: the paper's DCMHA advantage is not reproduced" in mha_wins
 
 
@@ -91,34 +91,35 @@ def test_dcmha_reading_catches_the_unique_value_shortcut():
     cards = _dcmha_cards()
     for c, twin in zip(cards, (0.10, 0.12, 0.15, 0.30, 0.31, 0.30), strict=True):
         c["metrics"]["acc_twin"] = twin
-    text = dcmha.reading("dcmha-conjunction-full", cards)
+    text = dcmha_report.reading("dcmha-conjunction-full", cards)
     assert ("3 model(s) pass the 1/3 ceiling of additive matching (by more than 0.020, its 95% "
             "margin) (DCMHA 3 of 3 seeds, MHA 0 of 3); 0 of them also where no value is the "
             "only one of its kind (twin prompts), so none combines both attributes.") in text
     assert "Not every DCMHA seed combines both attributes" in text
     assert "reproduces here" not in text
     assert "DCMHA lose" in text and "by its value being written once" in text
-    section = dcmha.report_section(cards)
+    section = dcmha_report.report_section(cards)
     assert "| dcmha | 0 | 1750 | 34850 | 0.900 | 0.100 | 0.700 |" in section
     # trained on twin lookups: past the ceiling means the conjunction
     for c in cards:
         del c["metrics"]["acc_twin"]
         c["task_args"] = {**c["task_args"], "twin_target": True}
-    assert "so they combine both attributes" in dcmha.reading("dcmha-conjunction-twin", cards)
+    twin = "dcmha-conjunction-twin"
+    assert "so they combine both attributes" in dcmha_report.reading(twin, cards)
     # 0.34 on 2048 questions is within the ceiling's 95% margin: not past it
     for c in cards:
         c["metrics"]["accuracy"] = 0.345
-    assert "No model passes the 1/3 ceiling" in dcmha.reading("dcmha-conjunction-twin", cards)
+    assert "No model passes the 1/3 ceiling" in dcmha_report.reading(twin, cards)
     # asked plain lookups, twin-trained models that answer "a value written twice" fall below 1/3
     for c, plain in zip(cards, (0.0, 0.01, 0.0, 0.12, 0.09, 0.11), strict=True):
         c["metrics"]["acc_plain"] = plain
-    text = dcmha.reading("dcmha-conjunction-twin", cards)
+    text = dcmha_report.reading("dcmha-conjunction-twin", cards)
     assert "these models trained on twin lookups score DCMHA 0.003, 95% t-interval" in text
     assert "DCMHA and MHA stay below 1/3 at 95%: they answer a value written twice" in text
-    assert "| 0.120 |" in dcmha.report_section(cards)          # the plain-prompts column
+    assert "| 0.120 |" in dcmha_report.report_section(cards)          # the plain-prompts column
     for c in cards:
         c["metrics"]["acc_plain"] = 0.6 + 0.01 * c["seed"]
-    assert "below 1/3" not in dcmha.reading("dcmha-conjunction-twin", cards)
+    assert "below 1/3" not in dcmha_report.reading("dcmha-conjunction-twin", cards)
 
 
 def test_dcmha_fixed_steps_are_budgets_of_their_own():
@@ -130,10 +131,10 @@ def test_dcmha_fixed_steps_are_budgets_of_their_own():
         del c["stopped_early"]
     cards += [{**c, "seed": 0, "steps": 3000, "metrics": {**c["metrics"], "accuracy": 0.5}}
               for c in (cards[0], cards[3])]
-    text = dcmha.report_section(cards)
+    text = dcmha_report.report_section(cards)
     assert f"at 1000 steps, DCMHA {statistics.mean(DC_ACC):.3f}" in text
     assert "Runs" not in text and "CPU-hours" not in text
-    reading = dcmha.reading("dcmha-conjunction", cards)
+    reading = dcmha_report.reading("dcmha-conjunction", cards)
     assert "At 3000 steps: DCMHA 0.500 (1 seed, no interval)" in reading
 
 
@@ -164,7 +165,7 @@ def _infini_cards(far=(0.95, 0.97, 0.99), ko=0.05) -> list[dict]:
 
 
 def test_infini_long_pools_seeds_and_states_the_criterion():
-    text = infini.report_section(_infini_cards())
+    text = infini_report.report_section(_infini_cards())
     assert "| 16x (10240) |" in text and "| 1x (640), memory read zeroed |" in text
     # exact key 0.95 / 0.97 / 0.99: mean 0.97, half-width t(2) 4.303 x 0.02 / sqrt(3) = 0.050
     assert "| 16x (10240) | 1.00 [1.00, 1.00] (n=3) | 0.97 [0.92, 1.00] (n=3) | " \
@@ -181,38 +182,39 @@ def test_infini_long_pools_seeds_and_states_the_criterion():
 
 
 def test_infini_long_reading_verdict_flips_with_the_numbers():
-    good = infini.reading("infini-passkey-long", _infini_cards(far=(0.96, 0.97, 0.98)))
+    good = infini_report.reading("infini-passkey-long", _infini_cards(far=(0.96, 0.97, 0.98)))
     assert good.startswith("Reproduced (3 seeds, trained to early stopping)")
     assert "At 16x, exact key outside the last segment is above the knock-out baseline" in good
     # 0.96 / 0.97 / 0.98: half-width 4.303 x 0.01 / sqrt(3) = 0.025
     assert "16x (10240) 1.00 [1.00, 1.00] / 0.97 [0.95, 0.99], outside 0.97 [0.95, 0.99]" in good
     assert "Fig. 3's memory/local split appears in 2 of 3 seeds" in good
-    bad = infini.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06)))
+    bad = infini_report.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06)))
     assert bad.startswith("Not reproduced (3 seeds")
     assert "At 16x, exact key outside the last segment is not separated from the knock-out" in bad
-    unsure = infini.reading("infini-passkey-long", _infini_cards(far=(0.5, 0.9, 1.0)))
+    unsure = infini_report.reading("infini-passkey-long", _infini_cards(far=(0.5, 0.9, 1.0)))
     assert unsure.startswith("Not established (3 seeds")
 
 
 def test_infini_long_reading_compares_each_length_with_its_own_knockout():
-    good = infini.reading("infini-passkey-long", _infini_cards(far=(0.96, 0.97, 0.98)))
+    good = infini_report.reading("infini-passkey-long", _infini_cards(far=(0.96, 0.97, 0.98)))
     assert "up to 16x the training length (10240 tokens), not beyond" in good
     assert ("Baseline, memory read zeroed (same prompts; token / exact key outside the last "
             "segment) (mean [95% t-interval]): 1x 0.20 [0.20, 0.20] (n=3) / 0.06 [0.04, 0.08] "
             "(n=3); 2x") in good
-    bad = infini.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06)))
+    bad = infini_report.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06)))
     assert "up to 1x the training length (640 tokens), not beyond" in bad
     # a knock-out as good as the memory: no reach at all
-    flat = infini.reading("infini-passkey-long", _infini_cards(far=(0.05, 0.07, 0.06), ko=0.99))
+    flat = infini_report.reading("infini-passkey-long",
+                                 _infini_cards(far=(0.05, 0.07, 0.06), ko=0.99))
     assert "At no length does the key outside the last segment come back whole" in flat
     # cards evaluated when only 1x had a knock-out: 16x is read against the 1x baseline
     old = _infini_cards(far=(0.05, 0.07, 0.06))
     for card in old:
         card["metrics"] = {k: v for k, v in card["metrics"].items() if not k.startswith("ko_")
                            or re.match(r"ko_(acc|exact)_x1(_|$)", k)}
-    text = infini.reading("infini-passkey-long", old)
+    text = infini_report.reading("infini-passkey-long", old)
     assert "not separated from the 1x knock-out baseline" in text and "2x 0.20" not in text
-    assert "| 2x (1280), memory read zeroed |" not in infini.report_section(old)
+    assert "| 2x (1280), memory read zeroed |" not in infini_report.report_section(old)
 
 
 # --- cope-*-long --------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def no_drawing(monkeypatch):
 
 def test_cope_long_table_pools_seeds(tmp_path, no_drawing):
     cards = _cope_cards("flipflop", 0.01, 0.2)
-    text = cope.report_section(cards, tmp_path)
+    text = cope_report.report_section(cards, tmp_path)
     errs = [c["metrics"]["error_id"] for c in cards if c["variant"] == "cope"]
     assert errs == [0.01, 0.02, 0.03]
     lo, hi = report.t_interval(errs)[1:]
@@ -251,16 +253,16 @@ def test_cope_long_table_pools_seeds(tmp_path, no_drawing):
 
 
 def test_cope_long_reading_states_the_comparison_only_where_intervals_separate():
-    win = cope.reading("cope-flipflop-long", _cope_cards("flipflop", 0.0, 0.2))
+    win = cope_report.reading("cope-flipflop-long", _cope_cards("flipflop", 0.0, 0.2))
     assert "on 4 of 4 splits" in win and "reproduces on every split" in win
     assert win.count("CoPE is below every other scheme (95% t-intervals apart).") == 4
     assert "In distribution CoPE stays below 1.0% on every seed" not in win   # 0.0-0.026
     assert ("Our models have 4 layers of d_model 128 (the paper's are 4 layers of d_model 256: "
             "ours is the nearest shape that the CPU calibration allows") in win
-    tie = cope.reading("cope-flipflop-long", _cope_cards("flipflop", 0.2, 0.2))
+    tie = cope_report.reading("cope-flipflop-long", _cope_cards("flipflop", 0.2, 0.2))
     assert "on no split" in tie and "The paper's CoPE advantage is not established here." in tie
     assert "not separated from RoPE, learned absolute, NoPE" in tie
-    lose = cope.reading("cope-counting-long",
+    lose = cope_report.reading("cope-counting-long",
                         _cope_cards("counting", 0.3, 0.05, n_vars=(3, 5)))
     assert "**3 variables**" in lose and "**5 variables**" in lose
     assert lose.count("above RoPE, learned absolute, NoPE") == 2 * len(cope.SPLITS["counting"])
@@ -271,9 +273,10 @@ def test_fixed_step_readings_are_unchanged():
     """The shipped fixed-step cards give the readings the committed page prints."""
     page = report.REPORT.read_text(encoding="utf-8")
     cards = report.shipped_cards()
-    for mod, phenomenon in ((dcmha, "dcmha-conjunction"), (dcmha, "dcmha-composition"),
-                            (infini, "infini-passkey"), (cope, "cope-flipflop"),
-                            (cope, "cope-counting"), (cope, "cope-selcopy")):
+    for mod, phenomenon in ((dcmha_report, "dcmha-conjunction"),
+                            (dcmha_report, "dcmha-composition"),
+                            (infini_report, "infini-passkey"), (cope_report, "cope-flipflop"),
+                            (cope_report, "cope-counting"), (cope_report, "cope-selcopy")):
         mine = [c for c in cards.values() if c["phenomenon"] == phenomenon]
         if mine:
             assert f"**Our reading.** {mod.reading(phenomenon, copy.deepcopy(mine))}" in page
@@ -301,13 +304,13 @@ def test_page_with_full_cards_keeps_the_other_sections(monkeypatch):
 
 def test_partial_groups_claim_nothing_without_intervals(no_drawing):
     """Seeds land one by one: a side with one seed gets no verdict from an interval."""
-    one = infini.reading("infini-passkey-long", _infini_cards()[:1])
+    one = infini_report.reading("infini-passkey-long", _infini_cards()[:1])
     assert one.startswith("Not established (1 seed") and "(1 seed, no interval)" in one
-    dc = dcmha.reading("dcmha-conjunction-full", _dcmha_cards()[:4])   # MHA: seed 0 only
+    dc = dcmha_report.reading("dcmha-conjunction-full", _dcmha_cards()[:4])   # MHA: seed 0 only
     assert "One seed on a side: the paper's DCMHA advantage is not established." in dc
     cards = [c for c in _cope_cards("flipflop", 0.01, 0.2) if c["seed"] == 0 or c["variant"]
              != "nope"]
-    text = cope.reading("cope-flipflop-long", cards)
+    text = cope_report.reading("cope-flipflop-long", cards)
     assert text.count("One seed of NoPE so far: no split can show") == 1
     assert "apart" not in text and "advantage is not established yet" in text
 

@@ -20,7 +20,7 @@ Every model is evaluated on the same held-out windows (the zoo's stored validati
 DCMHA also with Compose knocked out (its dynamic weights zeroed: the same weights as plain MHA).
 `--csv` writes one row per model and condition (`FIELDS`), `--curves` each run's validation
 loss against tokens from its training log; the reproduction report reads both
-(`interp.zoo.paper.dcmha.extra_sections`) and a test recomputes the zoo models' rows.
+(`interp.zoo.paper.dcmha_report.extra_sections`) and a test recomputes the zoo models' rows.
 """
 
 from __future__ import annotations

@@ -220,17 +220,3 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
             total += n
         out[f"error_{split}"] = round(wrong / total, 4)
     return out
-
-
-def report_section(cards: list[dict], figure_dir) -> str:
-    """docs/reproduction.md's section for these cards (`interp.zoo.paper.cope_report`)."""
-    from interp.zoo.paper import cope_report
-
-    return cope_report.report_section(cards, figure_dir)
-
-
-def reading(phenomenon: str, cards: list[dict]) -> str:
-    """What the cards' numbers say about the paper's claim (`interp.zoo.paper.cope_report`)."""
-    from interp.zoo.paper import cope_report
-
-    return cope_report.reading(phenomenon, cards)

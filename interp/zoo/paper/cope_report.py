@@ -1,7 +1,7 @@
 """docs/reproduction.md's CoPE sections: per-scheme error tables and bar charts with 95%
 t-intervals over seeds, the loss figure, and the reading of whether CoPE's advantage reproduces
-(`reading`), for the models of `interp.zoo.paper.cope`. Called through that module's
-`report_section` and `reading` (the report finds them there)."""
+(`reading`), for the models of `interp.zoo.paper.cope`. `interp.zoo.paper.report` finds
+`report_section` and `reading` here (`report.report_module`)."""
 
 from __future__ import annotations
 

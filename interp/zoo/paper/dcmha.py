@@ -347,31 +347,5 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     return out
 
 
-def report_section(cards: list[dict], figure_dir=None) -> str:
-    """docs/reproduction.md's section for these cards (`interp.zoo.paper.dcmha_report`)."""
-    from interp.zoo.paper import dcmha_report
-
-    return dcmha_report.report_section(cards, figure_dir)
-
-
-def reading(phenomenon: str, cards: list[dict]) -> str:
-    """What the cards' numbers say about the paper's claim (`interp.zoo.paper.dcmha_report`)."""
-    from interp.zoo.paper import dcmha_report
-
-    return dcmha_report.reading(phenomenon, cards)
-
-
-def extra_sections(figure_dir=None) -> list[tuple[str, str]]:
-    """The report's DCMHA vs MHA comparison on text (`dcmha_text`), once its CSV is there."""
-    from interp.zoo.paper import dcmha_text
-
-    text = dcmha_text.section(figure_dir)
-    return [(dcmha_text.PHENOMENON, text)] if text else []
-
-
-findings = report_section
-
-
-__all__ = ["CLAIMS", "RECIPES", "reading", "evaluate", "extra_sections", "findings",
-           "knockout_hooks", "matched_mha_d_mlp", "param_counts", "report_section", "sampler",
-           "selectivity", "train"]
+__all__ = ["CLAIMS", "RECIPES", "evaluate", "knockout_hooks", "matched_mha_d_mlp",
+           "param_counts", "sampler", "selectivity", "train"]

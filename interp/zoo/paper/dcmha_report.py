@@ -1,7 +1,7 @@
 """docs/reproduction.md's DCMHA sections: the DCMHA vs MHA verdict over seeds (`comparison`), the
 accuracy figure, the results table with the Compose knock-outs, and the reading of what the
-numbers say (`reading`), for the models of `interp.zoo.paper.dcmha`. Called through that
-module's `report_section` and `reading` (the report finds them there)."""
+numbers say (`reading`), for the models of `interp.zoo.paper.dcmha`. `interp.zoo.paper.report`
+finds `report_section` and `reading` here (`report.report_module`)."""
 
 from __future__ import annotations
 
@@ -405,3 +405,11 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
                      "parameters and more after billions of tokens. Longer or GPU-sized runs "
                      "may change this.")
     return " ".join(lines)
+
+
+def extra_sections(figure_dir=None) -> list[tuple[str, str]]:
+    """The report's DCMHA vs MHA comparison on text (`dcmha_text`), once its CSV is there."""
+    from interp.zoo.paper import dcmha_text
+
+    text = dcmha_text.section(figure_dir)
+    return [(dcmha_text.PHENOMENON, text)] if text else []

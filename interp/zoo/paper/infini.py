@@ -219,22 +219,5 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     return out
 
 
-def report_section(cards: list[dict], figure_dir=None) -> str:
-    """docs/reproduction.md's section for these cards (`interp.zoo.paper.infini_report`)."""
-    from interp.zoo.paper import infini_report
-
-    return infini_report.report_section(cards, figure_dir)
-
-
-def reading(phenomenon: str, cards: list[dict]) -> str:
-    """What the cards' numbers say about the paper's claim (`interp.zoo.paper.infini_report`)."""
-    from interp.zoo.paper import infini_report
-
-    return infini_report.reading(phenomenon, cards)
-
-
-findings = report_section
-
-
-__all__ = ["CLAIMS", "CONFIG", "RECIPES", "reading", "TRAIN", "evaluate", "findings", "gate_table",
-           "grid", "report_section", "sampler", "train"]
+__all__ = ["CLAIMS", "CONFIG", "RECIPES", "TRAIN", "evaluate", "gate_table", "grid",
+           "sampler", "train"]

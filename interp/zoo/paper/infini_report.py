@@ -1,7 +1,7 @@
 """docs/reproduction.md's Infini-attention sections: the length x depth grid with the memory
 knock-out, the gate classes, the figure, and the reading of how far the memory carries the key
-(`reading`), for the models of `interp.zoo.paper.infini`. Called through that module's
-`report_section` and `reading` (the report finds them there)."""
+(`reading`), for the models of `interp.zoo.paper.infini`. `interp.zoo.paper.report` finds
+`report_section` and `reading` here (`report.report_module`)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,16 @@ def _seeds(cards: list[dict]) -> str:
     return f"{len(cards)} seeds ({seeds}); cells: mean [95% t-interval] (n)"
 
 
+def _grid_png(cards: list[dict], name: str, figure_dir) -> str:
+    """The grid figure as a Markdown image (`report.save_png`) after a blank line; "" without a
+    `figure_dir`."""
+    if figure_dir is None:
+        return ""
+    from interp.zoo.paper.report import save_png
+
+    return "\n\n" + save_png(grid_figure(cards), name, figure_dir)
+
+
 def report_section(cards: list[dict], figure_dir=None) -> str:
     """Markdown for docs/reproduction.md: our length x depth grid (token and whole-key
     accuracy, with the memory knock-out as baseline) and gates, from the cards, with a verdict
@@ -119,11 +129,7 @@ def report_section(cards: list[dict], figure_dir=None) -> str:
         f"seed {c.get('seed')}: {int(c['metrics']['heads_memory'])} memory, "
         f"{int(c['metrics']['heads_local'])} local, {int(c['metrics']['heads_mixer'])} mixer, "
         f"{int(c['metrics']['heads_intermediate'])} intermediate heads" for c in cards)
-    figure = ""
-    if figure_dir is not None:
-        from interp.zoo.paper.report import save_png
-
-        figure = "\n\n" + save_png(grid_figure(cards), "infini_passkey_grid", figure_dir)
+    figure = _grid_png(cards, "infini_passkey_grid", figure_dir)
     return (
         f"2-layer, 4-head Infini-attention models (d_model 64, d_head 16, linear + delta "
         f"memory, {SEGMENT_LEN}-token segments) trained from scratch at {TRAIN_LENGTH} tokens "
@@ -282,11 +288,7 @@ def _long_section(cards: list[dict], figure_dir=None) -> str:
     lengths = cards[0].get("task_args", {}).get("lengths") or [train_length(cards)]
     verdict, evidence = length_verdict(cards)
     knocked = _knockouts(cards)
-    figure = ""
-    if figure_dir is not None:
-        from interp.zoo.paper.report import save_png
-
-        figure = "\n\n" + save_png(grid_figure(cards), "infini_passkey_long_grid", figure_dir)
+    figure = _grid_png(cards, "infini_passkey_long_grid", figure_dir)
     return (
         f"2-layer, 4-head Infini-attention models (d_model 64, d_head 16, linear + delta "
         f"memory, {SEGMENT_LEN}-token segments) trained from scratch on a curriculum of "

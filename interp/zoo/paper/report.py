@@ -3,9 +3,10 @@
     python -m interp.zoo.paper report
 
 For every phenomenon the report quotes the paper's claim (`CLAIMS` of its module), shows our
-numbers from the shipped cards (the module's `report_section(cards, figure_dir)`, or a plain
-table of metrics), adds our reading (the module's `reading(phenomenon, cards)`, prose whose every
-number is computed from the same cards as the tables) and lists the recipes not trained yet with
+numbers from the shipped cards (`report_section(cards, figure_dir)` of the module's report
+module, e.g. `mta_report` beside `mta`, found by `report_module`; a plain table of metrics where
+there is none), adds our reading (its `reading(phenomenon, cards)`, prose whose every number is
+computed from the same cards as the tables) and lists the recipes not trained yet with
 the command that trains them. Every claim carries its number of seeds and an interval
 (`describe`: mean and 95% t-interval over seeds; "1 seed, no interval" otherwise); no number of
 ours is typed in by hand, and tests/test_paper_report.py rebuilds the report from the cards.
@@ -23,12 +24,14 @@ and the report says so under any figure that predates the cards' evaluation.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 from pathlib import Path
 
 from hooked_models.zoo import ZOO_DIR
+from interp.plots.png import write_png
 from interp.zoo.paper._registry import modules
 from interp.zoo.paper._training import CLI, EVAL_SEED, KIND
 
@@ -267,7 +270,7 @@ def save_png(fig, name: str, figure_dir: Path) -> str:
     if _DRAW["enabled"] and _can_draw():
         figure_dir.mkdir(parents=True, exist_ok=True)
         fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50))
-        fig.write_image(path, width=fig.layout.width or 800, height=fig.layout.height or 420)
+        write_png(fig, path, width=fig.layout.width or 800, height=fig.layout.height or 420)
         manifest[name] = EVAL_SEED
         (figure_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     elif _DRAW["enabled"]:
@@ -283,7 +286,7 @@ def save_png(fig, name: str, figure_dir: Path) -> str:
 
 
 def generic_section(cards: list[dict]) -> str:
-    """A table of every card's metrics (for modules without `report_section`)."""
+    """A table of every card's metrics (for modules without a report module)."""
     keys = sorted({k for c in cards for k in c["metrics"]})
     rows = [[c["recipe"], c["variant"], c["seed"], c["steps"],
              *(c["metrics"].get(k, "-") for k in keys)] for c in cards]
@@ -305,6 +308,19 @@ def eval_seed_text(cards: dict[str, dict]) -> str:
                 "checks).")
     return (f"The cards were evaluated on eval seeds {', '.join(map(str, seeds))}; the "
             f"current held-out eval seed is {EVAL_SEED}: re-run `{CLI} eval NAME --write`.")
+
+
+def report_module(mod):
+    """The module that writes `mod`'s sections of the report: `interp.zoo.paper.<name>_report`
+    beside `interp.zoo.paper.<name>` (its `report_section`, `reading` and optional
+    `extra_sections`), or None where there is none (the report then shows a plain table)."""
+    name = f"{mod.__name__}_report"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:      # the report module exists but an import inside it fails
+            raise
+        return None
 
 
 def build_report(figure_dir: Path = FIGURES, draw: bool = True,
@@ -330,6 +346,7 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True,
         "Error rates are in %.",
     ]
     for mod in modules().values():
+        writer = report_module(mod)
         for phenomenon, recipes in _phenomena(mod).items():
             mine = [cards[r.name] for r in recipes if r.name in cards]
             missing = [r.name for r in recipes if r.name not in cards]
@@ -343,7 +360,7 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True,
                     parts += [f"**Task here.** {tasks[0]}", ""]
                 else:
                     parts += ["**Tasks here.**", "", *(f"- {t}" for t in tasks), ""]
-                section = getattr(mod, "report_section", None)
+                section = getattr(writer, "report_section", None)
                 parts.append(section(mine, figure_dir) if section else generic_section(mine))
                 # Early-stopped runs are listed by the section in a runs table followed by the
                 # budget they spent (`budget_spent`); a section of fixed-step runs gets the sum
@@ -356,7 +373,7 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True,
                                   f"(wall time) in all on {', '.join(devices)}."]
             else:
                 parts.append("No model of this phenomenon is shipped yet.")
-            reading = getattr(mod, "reading", None)
+            reading = getattr(writer, "reading", None)
             note = reading(phenomenon, mine) if reading and mine else None
             if note:
                 parts += ["", f"**Our reading.** {note}"]
@@ -364,7 +381,7 @@ def build_report(figure_dir: Path = FIGURES, draw: bool = True,
                 parts += ["", f"Not trained yet ({len(missing)}): `{CLI} train "
                               + " ".join(missing) + " --resume`"]
         # sections of results whose models live outside the paper zoo (the text zoo's)
-        for title, text in getattr(mod, "extra_sections", lambda _: [])(figure_dir):
+        for title, text in getattr(writer, "extra_sections", lambda _: [])(figure_dir):
             parts += ["", f"## {title}", "", text]
     from interp.zoo.paper import superseded
 

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -303,9 +304,10 @@ def save_figure(fig: go.Figure, path: str | Path, png: bool = True,
     fig.write_html(html, include_plotlyjs=plotlyjs)
     written = [html]
     if png and kaleido_available():
+        from interp.plots.png import PngError, write_png
+
         try:
-            fig.write_image(path.with_suffix(".png"))
-            written.append(path.with_suffix(".png"))
-        except Exception:  # noqa: BLE001 - kaleido without a browser: keep the HTML
-            pass
+            written.append(write_png(fig, path.with_suffix(".png")))
+        except PngError as error:   # e.g. kaleido without a browser: keep the HTML, say so
+            warnings.warn(f"{error}; {html.name} is written", stacklevel=2)
     return written

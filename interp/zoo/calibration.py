@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from interp.plots.png import write_png
 from interp.zoo.text_studies import COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction
 
 COLUMNS = ["run", "step", "tokens", "val_loss", "induction_score", "copy_loss_ratio",
@@ -165,15 +166,15 @@ def main(argv=None) -> int:
         traj.to_csv(args.csv, index=False)
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
-        figure(traj).write_image(str(args.png))
+        write_png(figure(traj), args.png)
     if args.focus:
         unknown = sorted(set(args.focus) - set(traj["run"]))
         if unknown or not args.focus_png:
             raise SystemExit(f"--focus needs --focus-png and runs of the trajectories; "
                              f"unknown: {unknown}")
         args.focus_png.parent.mkdir(parents=True, exist_ok=True)
-        figure(traj[traj["run"].isin(args.focus)], val_loss=True,
-               split=False).write_image(str(args.focus_png))
+        write_png(figure(traj[traj["run"].isin(args.focus)], val_loss=True, split=False),
+                  args.focus_png)
     return 0
 
 

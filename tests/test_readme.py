@@ -32,3 +32,15 @@ def test_the_bundled_models_section_shows_the_text_models_first():
     assert first in zoo.available(kind="text-lm")
     named = re.findall(r"'(text-[a-z0-9-]+)'", text)
     assert named and all(name in zoo.available(kind="text-lm") for name in named)
+
+
+def test_the_text_model_listing_is_the_zoo_now():
+    """The README's `zoo.available(kind="text-lm")` example shows exactly what that call
+    returns: no model missing, none that is not shipped."""
+    from hooked_models import zoo
+
+    text = README.read_text()
+    listing = re.search(r'zoo\.available\(kind="text-lm"\)\n((?:#.*\n)+)', text)
+    assert listing, "README lost its zoo.available(kind=\"text-lm\") example"
+    shown = re.findall(r"'(text-[a-z0-9-]+)'", listing.group(1))
+    assert shown == zoo.available(kind="text-lm")

@@ -185,7 +185,8 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     from interp.zoo.text_recipes import RECIPES
     status = text.split("Status: ", 1)[1].split("\n", 1)[0]
     missing = [n for n in RECIPES if n not in NAMES]
-    assert f"{len(missing)} of the zoo's {len(RECIPES)} recipes are not shipped yet" in status
+    verb = "is" if len(missing) == 1 else "are"
+    assert f"{len(missing)} of the zoo's {len(RECIPES)} recipes {verb} not shipped yet" in status
     assert all(f"`{n}`" in status for n in missing)
     assert not any(f"`{n}`" in status for n in NAMES)
 
@@ -350,3 +351,25 @@ def test_stdlib_share_is_read_from_a_pkgs_card(tmp_path):
     assert share == pytest.approx(0.0767, abs=1e-4)
     shipped = calibration_docs.stdlib_share(zoo_docs.DEFAULTS["zoo"])
     assert shipped is None or 0 < shipped < 1
+
+
+@pytest.mark.parametrize("n_models", [3, 18, 40])
+def test_training_figures_are_tall_enough_to_name_every_model(n_models):
+    """The copy-distance figure was 620 px whatever the zoo held: with 17 models its legend
+    was cut off after 15 and the last two models went unnamed. Both text-zoo figures grow
+    with the number of models so every legend entry fits."""
+    from interp.plots.training import (
+        LEGEND_ROW_PX,
+        copy_distance_figure,
+        legend_height,
+        phase_change_figure,
+    )
+
+    rows = [dict(model=f"text-mha-m{i:02d}", variant="mha", shape="l2", distance=d, tokens=d,
+                 induction_score=0.1, copy_loss_ratio=0.9, val_loss=3.0, segment_len=None)
+            for i in range(n_models) for d in (20, 50)]
+    table = pd.DataFrame(rows)
+    for fig in (copy_distance_figure(table), phase_change_figure(table)):
+        named = [t.name for t in fig.data if t.showlegend]
+        assert len(named) == n_models
+        assert fig.layout.height >= legend_height(n_models) >= LEGEND_ROW_PX * n_models

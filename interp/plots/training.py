@@ -24,6 +24,15 @@ SHAPE_MARKER = {"l1": "circle", "l2": "circle", "l4mlp": "diamond", "l2-mix": "s
                 "l2-pkgs": "triangle-up"}
 
 
+LEGEND_ROW_PX = 30   # one legend entry's height in a kaleido PNG (29 px measured)
+
+
+def legend_height(n_entries: int) -> int:
+    """Pixels a figure needs for a vertical legend of `n_entries` below its title: a figure
+    shorter than this cuts the legend off (its last models are then not named)."""
+    return 200 + LEGEND_ROW_PX * n_entries     # + the top and bottom margins (about 180 px)
+
+
 def _need(df: pd.DataFrame, columns: list[str], what: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
@@ -60,7 +69,8 @@ def phase_change_figure(log: pd.DataFrame) -> go.Figure:
     top = max(1.02, float(log["induction_score"].max()) * 1.05)
     fig.update_yaxes(range=[0, top], row=1, col=1)
     fig.update_xaxes(title="tokens seen", row=len(panels), col=1)
-    fig.update_layout(title="Induction heads across training", height=300 + 220 * len(panels))
+    fig.update_layout(title="Induction heads across training",
+                      height=max(300 + 220 * len(panels), legend_height(log["model"].nunique())))
     return fig
 
 
@@ -91,7 +101,7 @@ def copy_distance_figure(table: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title="score", range=[0, 1.02], row=1, col=1)
     fig.update_yaxes(title="loss ratio", row=2, col=1)
     fig.update_layout(title="Induction by copy distance (probe [BOS] r r, random ids)",
-                      height=620)
+                      height=max(620, legend_height(table["model"].nunique())))
     return fig
 
 

@@ -372,8 +372,10 @@ def unshipped_text(zoo_dir: Path) -> str:
     if not missing:
         return f"all {len(RECIPES)} of the zoo's recipes are shipped."
     names = ", ".join(f"`{n}`" for n in missing)
-    return (f"{len(missing)} of the zoo's {len(RECIPES)} recipes are not shipped yet ({names}): "
-            "they are training on the CPU (`bash scripts/zoo_queue.sh`, issue 26).")
+    one = len(missing) == 1
+    return (f"{len(missing)} of the zoo's {len(RECIPES)} recipes {'is' if one else 'are'} not "
+            f"shipped yet ({names}): {'it is' if one else 'they are'} training on the CPU "
+            "(`bash scripts/zoo_queue.sh`, issue 26).")
 
 
 def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],

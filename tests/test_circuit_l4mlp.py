@@ -1,8 +1,11 @@
-"""docs/circuit_discovery.md on the 4-layer text models: the induction circuit runs from the first
-MLP through a layer-1 previous-token head into last-layer induction heads, and is spread over
-more edges than the 2-layer models' (ranks and faithfulness recomputed here)."""
+"""docs/circuit_discovery.md on the 4-layer text models: in MHA, Infini and CoPE the induction
+circuit runs from the first MLP through a layer-1 previous-token head into last-layer induction
+heads, and is spread over more edges than the 2-layer models'; MTA's stays in layer 0, with its
+pre-softmax head mixing (ranks, faithfulness and the mixing numbers recomputed here)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from hooked_models.zoo import available
 from interp.circuit_discovery.discover import discover
 from interp.circuit_discovery.extract import faithfulness_curve
 from interp.circuit_discovery.induction import induction_task
-from interp.circuit_discovery.report import load
+from interp.circuit_discovery.report import load, model_rows
 
 # model: {edge: rank among all edges by |EAP-IG score|}, {circuit size: faithfulness}
 DOCUMENTED = {
@@ -20,6 +23,9 @@ DOCUMENTED = {
                        {20: 0.59, 100: 0.90, 150: 0.95}),
     "text-infini-l4mlp": ({"input->MLP0": 1, "L1H3->L3H1.k": 3, "MLP0->L1H3.v": 4},
                           {20: 0.51, 100: 0.86, 150: 0.94}),
+    "text-cope-l4mlp": ({"input->MLP0": 1, "MLP0->L1H3.v": 3, "L1H3->L3H1.k": 4,
+                         "L1H3->L3H0.k": 6, "L1H3->L3H2.k": 8},
+                        {20: 0.56, 100: 0.92, 150: 0.96}),
 }
 
 
@@ -40,3 +46,38 @@ def test_the_4_layer_circuit_reads_mlp0_through_a_layer_1_previous_token_head(na
     for size, faith in curve.items():
         row = got[got.top_k == size]
         assert float(row.faithfulness.iloc[0]) == pytest.approx(faith, abs=0.01), size
+
+
+def _layers(edge: str) -> set[int]:
+    """The layers of the heads and MLPs an edge joins (`input` and `logits` have none)."""
+    return {int(n) for n in re.findall(r"(?:L|MLP)(\d+)", edge)}
+
+
+def test_mta_4_layer_model_copies_in_layer_0_through_its_pre_softmax_mixing():
+    name = "text-mta-l4mlp"
+    if name not in available():
+        pytest.skip(f"{name} is not shipped")
+    torch.manual_seed(0)
+    model = load(name)
+    task = induction_task(model, n_prompts=32, half_len=20, seed=0)
+    found = discover(model, task, "eap-ig", steps=10, top_k=20)
+    ranked = found.scores.sort_values("abs_score", ascending=False).edge.tolist()
+    assert len(ranked) == 575                      # MHA's 479 + 12 head pairs x 2 x 4 layers
+    ranks = {"input->L0H3.k": 1, "L0H3->logits": 2, "L0H1->logits": 3, "L0H3->L0H1[pre]": 7,
+             "L0H2->logits": 8, "MLP3->logits": 15}
+    assert {edge: ranked.index(edge) + 1 for edge in ranks} == ranks
+    later = [e for e in ranked[:20] if _layers(e) - {0}]
+    assert later == ["MLP3->logits"]
+    curve = faithfulness_curve(model, found.graph, found.scores, task.clean, task.corrupted,
+                               task.metric, sizes=(20, 100))
+    assert curve.faithfulness.tolist() == pytest.approx([0.82, 1.01], abs=0.01)
+    torch.manual_seed(0)
+    top, within = model_rows(name, half_len=20)
+    assert top["induction heads"] == "L0H1 L0H2 L0H3" and top["how"] == "one layer"
+    assert within["edges for faith >= 0.9"] == 40 and within["within-layer edges in it"] == 12
+    assert within["its faith"] == pytest.approx(0.92, abs=0.01)
+    assert within["faith without them"] == pytest.approx(0.21, abs=0.01)
+    assert within["all within-layer edges patched (metric change)"] == pytest.approx(-6.82,
+                                                                                      abs=0.02)
+    edge, change = within["strongest single one (exact change)"].split(": ")
+    assert edge == "L0H3->L0H1[pre]" and float(change) == pytest.approx(-2.29, abs=0.01)

@@ -420,7 +420,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         return self.unembed.W_U
 
     @property
-    def b_U(self) -> Float[Tensor, "d_vocab"]:
+    def b_U(self) -> Float[Tensor, "d_vocab"]:  # noqa: F821 (jaxtyping axis)
         return self.unembed.b_U
 
     @property
@@ -449,8 +449,9 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
             raise ValueError(f"token ids must lie in [0, {self.cfg.d_vocab})")
         return self.W_U[:, tokens].movedim(0, -1)
 
-    def accumulated_bias(self, layer: int, mlp_input: bool = False,
-                         include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True,
+    ) -> Float[Tensor, "d_model"]:  # noqa: F821 (jaxtyping axis)
         """Sum of the attention b_O (and MLP b_out) biases written before `layer`."""
         total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
         for i in range(layer):

@@ -96,7 +96,7 @@ def normalize_rope_scaling(value: Any) -> dict[str, Any] | None:
 
 
 def rotary_inv_freq(rotary_dim: int, base: float, scaling: dict[str, Any] | None = None,
-                    seq_len: int | None = None) -> Float[Tensor, "half"]:
+                    seq_len: int | None = None) -> Float[Tensor, "half"]:  # noqa: F821 (jaxtyping axis)
     """The `rotary_dim // 2` inverse frequencies in float64, scaled as `scaling` says.
 
     `seq_len` (the call's `max(positions) + 1`) matters only for "dynamic" scaling.

@@ -179,7 +179,8 @@ def depth_scale(layer: int) -> float:
     return 1.0 - (0.8 - 0.6 * math.exp(-0.3 * layer))
 
 
-def rms_norm(x: Float[Tensor, "... d_head"], weight: Float[Tensor, "d_head"],
+def rms_norm(x: Float[Tensor, "... d_head"],
+             weight: Float[Tensor, "d_head"],  # noqa: F821 (jaxtyping axis)
              eps: float) -> Float[Tensor, "... d_head"]:
     """`x / sqrt(mean(x^2) + eps) * weight` over the last axis, computed in >= float32."""
     work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -179,7 +179,7 @@ class InfiniAttention(VariantAttention):
             self.beta.fill_(float(self.opts.gate_init))
 
     @property
-    def gate(self) -> Float[Tensor, "head_index"]:
+    def gate(self) -> Float[Tensor, "head_index"]:  # noqa: F821 (jaxtyping axis)
         """sigmoid(beta) per head (memory dtype)."""
         return torch.sigmoid(self.beta.to(mem.memory_dtype(self.beta.dtype)))
 

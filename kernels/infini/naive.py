@@ -128,7 +128,8 @@ def mix(a_mem: Tensor, a_dot: Tensor, gate: Tensor,
 
 def segment_pass(qr: Tensor, kr: Tensor, q: Tensor, k: Tensor, v: Tensor,
                  valid: Bool[Tensor, "batch pos"] | None, segment_len: int,
-                 gate: Float[Tensor, "head_index"], rule: str = "linear", scale: float = 1.0,
+                 gate: Float[Tensor, "head_index"],  # noqa: F821 (jaxtyping axis)
+                 rule: str = "linear", scale: float = 1.0,
                  detach_every: int = 0, memory: tuple[Tensor, Tensor] | None = None,
                  ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """The whole-input pass: split into segments of `segment_len`, attend, read, update, repeat.

@@ -25,7 +25,9 @@ def infini_reference(qr: Float[Tensor, "batch pos head_index d_head"],
                      q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos head_index d_head"],
                      v: Float[Tensor, "batch pos head_index d_head"],
-                     segment_len: int, gate: Float[Tensor, "head_index"], rule: str = "linear",
+                     segment_len: int,
+                     gate: Float[Tensor, "head_index"],  # noqa: F821 (jaxtyping axis)
+                     rule: str = "linear",
                      scale: float = 1.0, valid: Bool[Tensor, "batch pos"] | None = None,
                      detach_every: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """`(A [batch pos head_index d_head], (M, z))` as `naive.segment_pass`.

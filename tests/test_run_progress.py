@@ -81,4 +81,4 @@ def test_progress_of_a_real_run_and_its_projection(tmp_path):
 def test_a_run_without_a_checkpoint_is_at_step_zero(tmp_path):
     assert progress(tmp_path) == {"step": 0, "of": None, "tokens": 0, "cpu_h": None,
                                   "tokens_per_s": None, "clock": None, "left_h": None,
-                                  "longer_context_ahead": False}
+                                  "longer_context_ahead": False, "left_range": None}

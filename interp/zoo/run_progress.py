@@ -8,12 +8,15 @@ in CPU hours from the CPU pace where the log has it (a shared machine's load slo
 but not the CPU pace, so the projection holds whatever else runs), else in wall hours. The zoo's
 runs lengthen their context as they go (a curriculum: `ctx_schedule` in the checkpoint's card),
 so while a shorter-context phase runs the projection is a lower bound, and says so
-(`longer_context_ahead`). Steps that ran an evaluation are left out of the pace (an evaluation's
-time is charged to the step after it).
+(`longer_context_ahead`); where finished runs of the same schedule lie beside it, their slowdown
+in the longer phases bounds the whole time left (`left_range`, `interp.zoo.phase_projection`).
+Steps that ran an evaluation are left out of the pace (an evaluation's time is charged to the
+step after it).
 
     >>> progress(Path.home() / ".cache/attnlens/zoo-text/runs/text-mta-l4mlp")  # doctest: +SKIP
     {'step': 2500, 'of': 10000, 'tokens': 10240000, 'cpu_h': 0.81, 'tokens_per_s': 3914.0,
-     'clock': 'cpu', 'left_h': 2.18, 'longer_context_ahead': True}
+     'clock': 'cpu', 'left_h': 2.18, 'longer_context_ahead': True,
+     'left_range': {'low': 2.18, 'high': 2.81, 'runs': [...], 'ratios': (0.72, 1.0)}}
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def progress(run_dir: Path, window: int = WINDOW) -> dict:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return {"step": 0, "of": None, "tokens": 0, "cpu_h": None, "tokens_per_s": None,
-                "clock": None, "left_h": None, "longer_context_ahead": False}
+                "clock": None, "left_h": None, "longer_context_ahead": False, "left_range": None}
     state = read_train_state(ckpt)
     step, tokens = state["step"], state["tokens"]
     total = state.get("train_config", {}).get("steps")
@@ -82,11 +85,16 @@ def progress(run_dir: Path, window: int = WINDOW) -> dict:
     card_path = ckpt / "card.json"
     card = json.loads(card_path.read_text()) if card_path.is_file() else {}
     phases_end = sum(steps for steps, _ in card.get("ctx_schedule") or ())
+    left_range = None
+    if step < phases_end and left is not None:
+        from interp.zoo.phase_projection import later_phases_range
+
+        left_range = later_phases_range(Path(run_dir), card, step, total, tokens / step, pace)
     return {"step": step, "of": total, "tokens": tokens,
             "cpu_h": round(timing["cpu_s"] / 3600, 2) if timing else None,
             "tokens_per_s": round(pace, 1) if pace else None, "clock": clock if pace else None,
             "left_h": left,
-            "longer_context_ahead": step < phases_end}
+            "longer_context_ahead": step < phases_end, "left_range": left_range}
 
 
 def describe(p: dict, ceiling: bool = False) -> str:
@@ -107,6 +115,16 @@ def describe(p: dict, ceiling: bool = False) -> str:
                  f"per {per}")
         if p["longer_context_ahead"]:
             text += ", longer contexts ahead"
+            rng = p.get("left_range")
+            if rng:
+                n = len(rng["runs"])
+                span = (f"about {rng['low']:.2f}" if rng["low"] == rng["high"]
+                        else f"{rng['low']:.2f}-{rng['high']:.2f}")
+                least, most = rng["ratios"]
+                text += (f"; {span} {hours} in all if they slow it as they slowed the "
+                         f"{n} finished run{'s' * (n > 1)} of this schedule ("
+                         + (f"{least:.2f}x" if least == most else f"{least:.2f}-{most:.2f}x")
+                         + ")")
         if ceiling:
             text += ", early stopping"
     return text + ")"

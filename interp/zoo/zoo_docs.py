@@ -55,7 +55,7 @@ handed the same machine, which is not promised: size a run to finish within one 
     attnlens train --zoo text --release-to hooked_models/zoo    # train (resuming), then ship
     attnlens train --zoo text --device cuda    # the same queue on a GPU, when one is lent
     python -m interp.zoo.text_studies hooked_models/zoo     # the four studies -> docs/figures/zoo
-    python -m interp.zoo.zoo_docs                           # this page, from cards and studies
+    python -m interp.zoo.zoo_docs      # this page and the README's table, from cards and studies
 
 SHAPES_TABLE
 

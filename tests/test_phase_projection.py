@@ -93,3 +93,18 @@ def test_progress_and_describe_give_the_range(tmp_path):
 
 def test_no_checkpoint_no_range(tmp_path):
     assert progress(tmp_path / "empty")["left_range"] is None
+
+
+def test_the_pace_is_the_current_phases_and_a_shorter_phases_only_as_a_lower_bound(tmp_path):
+    """Just after the change to the longer context the last 100 steps are the shorter
+    context's: their pace is a lower bound ('at least'), and once steps of the new phase are
+    logged their pace alone is used, not a mix of both phases."""
+    runs = tmp_path / "runs"
+    _run(runs / "now", at_step=8, paces=(100.0, 25.0))      # steps 1-8 logged at 100/CPU-s
+    p = progress(runs / "now")
+    assert (p["tokens_per_s"], p["longer_context_ahead"]) == (100.0, True)
+    assert "at least" in describe(p)
+    _run(runs / "later", at_step=10, paces=(100.0, 25.0))   # steps 9-10 logged at 25
+    p = progress(runs / "later")
+    assert (p["tokens_per_s"], p["longer_context_ahead"]) == (25.0, False)
+    assert "; about " in describe(p)

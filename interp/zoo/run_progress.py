@@ -26,6 +26,7 @@ from pathlib import Path
 
 from hooked_models.train_state import latest_checkpoint, read_train_state
 from hooked_models.trainer import METRICS_FILE
+from interp.zoo.phase_projection import later_phases_range, phases
 
 WINDOW = 100   # steps the pace is read from
 
@@ -34,10 +35,10 @@ PACE_KEYS = {"cpu": "tokens_per_cpu_s", "wall": "tokens_per_s"}
 
 
 def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW,
-                clock: str = "wall") -> float | None:
+                clock: str = "wall", since: int = 1) -> float | None:
     """Median tokens per second of `clock` ("wall" or "cpu") over the last `window` plain steps
-    up to `up_to_step` that record it (None when the log has none); the median, so a step slowed
-    by a checkpoint or a busy moment on a shared machine does not move it."""
+    from `since` to `up_to_step` that record it (None when the log has none); the median, so a
+    step slowed by a checkpoint or a busy moment on a shared machine does not move it."""
     if clock not in PACE_KEYS:
         raise ValueError(f"clock must be one of {sorted(PACE_KEYS)}, got {clock!r}")
     if not metrics_path.is_file():
@@ -47,7 +48,7 @@ def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW,
         if not line.strip():
             continue
         r = json.loads(line)
-        if r["step"] <= up_to_step:
+        if since <= r["step"] <= up_to_step:
             records.append(r)
     after_eval = {r["step"] + 1 for r in records if "val_loss" in r}
     key = PACE_KEYS[clock]
@@ -74,27 +75,39 @@ def progress(run_dir: Path, window: int = WINDOW) -> dict:
     total = state.get("train_config", {}).get("steps")
     timing = state.get("timing")
     metrics = Path(run_dir) / METRICS_FILE
-    clock = "cpu"
-    pace = recent_pace(metrics, step, window, clock)
-    if pace is None:   # a log from before CPU times were recorded
-        clock = "wall"
-        pace = recent_pace(metrics, step, window, clock)
-    left = None
-    if pace and total and step:
-        left = round((total - step) * (tokens / step) / pace / 3600, 2)
     card_path = ckpt / "card.json"
     card = json.loads(card_path.read_text()) if card_path.is_file() else {}
     phases_end = sum(steps for steps, _ in card.get("ctx_schedule") or ())
+    # the pace of the context phase the run is in; just after a phase change, before any of
+    # its steps is logged, the last phase's pace, a lower bound like any shorter context's
+    start = next((first for first, last in phases(card, total or step) if first <= step + 1
+                  <= last), 1)
+    clock, pace = _pace(metrics, step, window, since=start)
+    from_shorter_context = False
+    if pace is None and start > 1:
+        clock, pace = _pace(metrics, step, window, since=1)
+        from_shorter_context = pace is not None
+    left = None
+    if pace and total and step:
+        left = round((total - step) * (tokens / step) / pace / 3600, 2)
     left_range = None
     if step < phases_end and left is not None:
-        from interp.zoo.phase_projection import later_phases_range
-
         left_range = later_phases_range(Path(run_dir), card, step, total, tokens / step, pace)
     return {"step": step, "of": total, "tokens": tokens,
             "cpu_h": round(timing["cpu_s"] / 3600, 2) if timing else None,
-            "tokens_per_s": round(pace, 1) if pace else None, "clock": clock if pace else None,
-            "left_h": left,
-            "longer_context_ahead": step < phases_end, "left_range": left_range}
+            "tokens_per_s": round(pace, 1) if pace else None, "clock": clock,
+            "left_h": left, "longer_context_ahead": step < phases_end or from_shorter_context,
+            "left_range": left_range}
+
+
+def _pace(metrics: Path, step: int, window: int, since: int) -> tuple[str | None, float | None]:
+    """`(clock, pace)`: the CPU pace where the log records CPU times, else the wall pace
+    (a log from before CPU times were recorded), of the plain steps from `since` on."""
+    for clock in ("cpu", "wall"):
+        pace = recent_pace(metrics, step, window, clock, since=since)
+        if pace is not None:
+            return clock, pace
+    return None, None
 
 
 def describe(p: dict, ceiling: bool = False) -> str:

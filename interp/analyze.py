@@ -163,7 +163,9 @@ def _views(model, w: _Writer, tokens) -> None:
         for (layer, phase), k in mta.key_query_kernels(model).items():
             classes = list(kernels[(kernels.layer == layer) & (kernels.phase == phase)]["class"])
             w.figure("views", f"kernels_L{layer}_{phase}",
-                     plots.kernel_figure(k, classes, f"Layer {layer} {phase}-softmax kernels"))
+                     plots.kernel_figure(k, classes, f"Layer {layer} {phase}-softmax kernels",
+                                         key_centre=mta.kernel_centre(model, layer,
+                                                                      k.shape[-1])))
     if cope.cope_layers(model):
         w.table("views", "gate_openers", cope.gate_openers(model, tokens), index=False)
         w.table("views", "counted_units", cope.counted_units(model, tokens))

@@ -142,3 +142,27 @@ def test_diversity_comparison_draws_one_labelled_horizontal_bar_per_model_layer(
     assert all(trace.orientation == "h" for trace in fig.data)
     assert fig.layout.height >= 24 * len(labels)     # room for every label
     assert list(fig.layout.yaxis.categoryarray)[:2] == ["text-mha-l1 L0", "text-mha-l2 L0"]
+
+
+def test_kernel_offsets_read_relative_to_the_query_and_its_key():
+    """With `key_centre` the ticks are the offsets of the map cell (i-1, i; j-2 ... j+2): set as
+    an array, since plotly ignores tick labels on a linear axis (the paper report's kernel
+    figures were drawn with 0, 1, ... for that reason)."""
+    fig = plots.kernel_figure(torch.randn(2, 2, 5), ["mixed", "edge"], key_centre=2)
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert axis.tickmode == "array" and list(axis.ticktext) == ["j-2", "j-1", "j", "j+1",
+                                                                   "j+2"]
+    assert fig.layout.yaxis.tickmode == "array" and list(fig.layout.yaxis.ticktext) == ["i-1", "i"]
+    assert plots.kernel_figure(torch.randn(1, 2, 5)).layout.xaxis.tickmode == "linear"
+    with pytest.raises(ValueError, match="key_centre 5 is not a column of a 5-wide kernel"):
+        plots.kernel_figure(torch.randn(1, 2, 5), key_centre=5)
+
+
+def test_wide_kernels_shrink_to_fit_four_across_a_page():
+    """text-mta-l2's 6 x 11 kernels at 34 px made the dashboard's figure 1,896 px wide: the
+    fourth head was cut off. With `max_width` the cells shrink to fit."""
+    wide = plots.kernel_figure(torch.randn(4, 6, 11))
+    fits = plots.kernel_figure(torch.randn(4, 6, 11), max_width=1250)
+    assert wide.layout.width > 1800 and fits.layout.width <= 1250
+    small = plots.kernel_figure(torch.randn(2, 2, 5), max_width=1250)
+    assert small.layout.width == plots.kernel_figure(torch.randn(2, 2, 5)).layout.width

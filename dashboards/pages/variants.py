@@ -19,7 +19,7 @@ from interp.cope import cope_layers, counted_units, gate_openers, positional_att
 from interp.explore import downsample, downsample_labels, find_map_stage
 from interp.gating import gate_values
 from interp.infini import memory_layers, memory_specialisation
-from interp.mta import kernel_table, key_query_kernels
+from interp.mta import kernel_centre, kernel_table, key_query_kernels
 from interp.plots import (
     head_heatmap,
     kernel_figure,
@@ -34,6 +34,7 @@ from interp.stage_change import catalogue_changes
 TITLE = "Variants"
 ID = "variants"
 VIEW_SIZE = 256          # maps of this page: at most 256 x 256 cells (block means beyond)
+KERNELS_PX = 1250        # the kernels' small multiples fit a 1280-px page (four across)
 
 EXPLAIN = {
     "cope": "CoPE (contextual position encoding) lets each head decide what to count. For a "
@@ -185,7 +186,8 @@ def _mta_figures(name, prompt, layer, model) -> list:
         if lay == layer:
             classes = list(table[(table.layer == lay) & (table.phase == phase)]["class"])
             out.append(graph(f"variants-mta-kernel-{phase}", figure=kernel_figure(
-                k, classes, title=f"Layer {lay} key-query kernels ({phase}-softmax)")))
+                k, classes, title=f"Layer {lay} key-query kernels ({phase}-softmax)",
+                key_centre=kernel_centre(model, lay, k.shape[-1]), max_width=KERNELS_PX)))
     if not out:
         raise ValueError(f"layer {layer} of {name} has no key-query kernel; layers with one: "
                          f"{sorted({lay for lay, _ in kernels})}")

@@ -203,16 +203,22 @@ def mixing_figure(M: torch.Tensor, layer: int, phase: str) -> go.Figure:
 
 
 def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
-                  title: str = "", cell_px: int = 34) -> go.Figure:
+                  title: str = "", cell_px: int = 34,
+                  key_centre: int | None = None, max_width: int | None = None) -> go.Figure:
     """Small multiples of `[head c_q c_k]` key-query kernels (rows: query offset, current
     query at the bottom; columns: key offset), square cells of `cell_px` pixels, one shared
-    zero-centred colour bar, every offset labelled."""
+    zero-centred colour bar, every offset labelled. With `key_centre`, the column of the
+    query's own key (`interp.mta.kernel_centre`), the offsets read relative to the map cell:
+    queries `i-1, i`, keys `j-2 ... j ... j+2`; without it, as kernel indices 0, 1, ...
+    With `max_width` (pixels), cells shrink (to 12 px at least) so four panels fit across it."""
     H, cq, ck = kernels.shape
     titles = [f"H{h}" + (f" ({classes[h]})" if classes else "") for h in range(H)]
     cols = min(H, 4)
     rows = (H + cols - 1) // cols
-    w, h_px = ck * cell_px, cq * cell_px            # one kernel's plot area
     gap_x, gap_y = 60, 70                             # room for ticks and subplot titles
+    if max_width is not None:
+        cell_px = max(12, min(cell_px, int(((max_width - 160) / cols - gap_x) / ck)))
+    w, h_px = ck * cell_px, cq * cell_px            # one kernel's plot area
     width, height = cols * (w + gap_x) + 160, rows * (h_px + gap_y) + 90
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles,
                         horizontal_spacing=gap_x / width, vertical_spacing=gap_y / height)
@@ -226,6 +232,15 @@ def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
     fig.update_xaxes(tickmode="linear", dtick=1, title_text="key offset",
                      title_font=dict(size=10), constrain="domain")
     fig.update_yaxes(tickmode="linear", dtick=1, autorange="reversed", constrain="domain")
+    if key_centre is not None:
+        if not 0 <= key_centre < ck:
+            raise ValueError(f"key_centre {key_centre} is not a column of a {ck}-wide kernel")
+        fig.update_xaxes(tickmode="array", tickvals=list(range(ck)), title_text="key",
+                         ticktext=[f"j{b - key_centre:+d}" if b != key_centre else "j"
+                                   for b in range(ck)])
+        fig.update_yaxes(tickmode="array", tickvals=list(range(cq)), title_text="query",
+                         ticktext=[f"i{a - cq + 1:+d}" if a != cq - 1 else "i"
+                                   for a in range(cq)])
     for i in range(H):   # square cells in every panel
         suffix = "" if i == 0 else str(i + 1)
         fig.layout[f"yaxis{suffix}"].update(scaleanchor=f"x{suffix}", scaleratio=1)

@@ -60,7 +60,8 @@ kernels = mta.key_query_kernels(model)
 layer, phase = next(iter(kernels))
 plots.kernel_figure(kernels[(layer, phase)],
                     table.query("layer == @layer and phase == @phase")["class"].tolist(),
-                    title=f"layer {layer} {phase}-softmax key-query kernels"
+                    title=f"layer {layer} {phase}-softmax key-query kernels",
+                    key_centre=mta.kernel_centre(model, layer, kernels[(layer, phase)].shape[-1])
                     ).update_layout(height=320)
 
 # %% [markdown]

@@ -180,17 +180,10 @@ def report_section(cards: list[dict], figure_dir) -> str:
                                       for _, r in table.iterrows()])]
         for (layer, phase), kernels in key_query_kernels(model).items():
             classes = list(table[(table.layer == layer) & (table.phase == phase)]["class"])
-            c_q, c_k = kernels.shape[-2:]
-            centre = kernel_centre(model, layer, c_k)
-            fig = kernel_figure(kernels.float(), classes,
+            centre = kernel_centre(model, layer, kernels.shape[-1])
+            fig = kernel_figure(kernels.float(), classes, key_centre=centre,
                                 title=f"{c['recipe']}: layer {layer} {phase}-softmax "
                                       "key-query kernels")
-            fig.update_xaxes(tickvals=list(range(c_k)), title_text="key",
-                             ticktext=[f"j{b - centre:+d}" if b != centre else "j"
-                                       for b in range(c_k)])
-            fig.update_yaxes(tickvals=list(range(c_q)), title_text="query",
-                             ticktext=[f"i{a - c_q + 1:+d}" if a != c_q - 1 else "i"
-                                       for a in range(c_q)])
             fig.update_layout(width=800, height=320)
             parts += ["", save_png(fig, f"{c['recipe']}-L{layer}-kernels", figure_dir)]
     return "\n".join(parts)

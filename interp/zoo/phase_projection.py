@@ -9,9 +9,9 @@ schedule in the same runs directory measured both phases: each gives the ratio o
 later-phase pace to its pace in the phase the run is in now (median tokens per second of all
 plain steps of each phase, per CPU-second where both phases have it, else per wall-second).
 The run's recent pace times each finished run's ratios gives one projection; their least and
-greatest bound the time left. The ratio depends on the variant (on 2026-11-29, the four
-finished 4-layer runs went from 256 to 512 tokens at 0.69x (MTA), 0.74x (CoPE), 0.86x (MHA)
-and 0.99x (Infini, whose local attention is per segment)), so the range is wide, and honest.
+greatest bound the time left. The ratio depends on the variant (on 2026-11-29, `sibling_ratios`
+of the four finished 4-layer runs, 256 -> 512 tokens: 0.72x MTA, 0.78x CoPE, 0.85x MHA, 1.00x
+Infini, whose local attention is per segment), so the range is wide, and honest.
 """
 
 from __future__ import annotations
@@ -22,7 +22,16 @@ from pathlib import Path
 from hooked_models.train_state import latest_checkpoint, read_train_state
 from hooked_models.trainer import METRICS_FILE
 
-PACE_KEYS = ("tokens_per_cpu_s", "tokens_per_s")   # preferred first
+PACE_KEYS = {"cpu": "tokens_per_cpu_s", "wall": "tokens_per_s"}   # the CPU pace preferred
+
+
+def plain_steps(records: list[dict]) -> list[dict]:
+    """The steps of a `metrics.jsonl` whose pace is the training's own: not step 1 (start-up,
+    compilation), not a step that ran an evaluation, nor the step after it (an evaluation's time
+    is charged to the next step)."""
+    after_eval = {r["step"] + 1 for r in records if "val_loss" in r}
+    return [r for r in records
+            if r["step"] > 1 and "val_loss" not in r and r["step"] not in after_eval]
 
 
 def phases(card: dict, total: int) -> list[tuple[int, int]]:
@@ -40,19 +49,17 @@ def phases(card: dict, total: int) -> list[tuple[int, int]]:
 
 def phase_paces(metrics_path: Path, bounds: list[tuple[int, int]]) -> dict[str, list]:
     """`{key: [median pace of each phase or None]}` for each pace key of `PACE_KEYS`, over the
-    plain steps of each phase (not step 1, an evaluation step or the step after one)."""
-    per = {key: [[] for _ in bounds] for key in PACE_KEYS}
+    `plain_steps` of each phase."""
+    keys = list(PACE_KEYS.values())
+    per = {key: [[] for _ in bounds] for key in keys}
     if not metrics_path.is_file():
-        return {key: [None] * len(bounds) for key in PACE_KEYS}
+        return {key: [None] * len(bounds) for key in keys}
     records = [json.loads(line) for line in metrics_path.read_text().splitlines()
                if line.strip()]
-    after_eval = {r["step"] + 1 for r in records if "val_loss" in r}
-    for r in records:
-        if r["step"] <= 1 or "val_loss" in r or r["step"] in after_eval:
-            continue
+    for r in plain_steps(records):
         for i, (first, last) in enumerate(bounds):
             if first <= r["step"] <= last:
-                for key in PACE_KEYS:
+                for key in keys:
                     if r.get(key):
                         per[key][i].append(r[key])
     return {key: [sorted(v)[len(v) // 2] if v else None for v in lists]
@@ -83,7 +90,7 @@ def sibling_ratios(run_dir: Path, bounds: list[tuple[int, int]],
         if done is None or phases(*done) != bounds:
             continue
         paces = phase_paces(other / METRICS_FILE, bounds)
-        for key in PACE_KEYS:
+        for key in PACE_KEYS.values():
             mine = paces[key]
             if mine[current] and all(mine[current + 1:]):
                 out[other.name] = [p / mine[current] for p in mine[current + 1:]]
@@ -117,4 +124,5 @@ def later_phases_range(run_dir: Path, card: dict, step: int, total: int,
             "ratios": (round(min(flat), 2), round(max(flat), 2))}
 
 
-__all__ = ["later_phases_range", "phase_paces", "phases", "sibling_ratios"]
+__all__ = ["PACE_KEYS", "later_phases_range", "phase_paces", "phases", "plain_steps",
+           "sibling_ratios"]

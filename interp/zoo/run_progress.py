@@ -26,12 +26,15 @@ from pathlib import Path
 
 from hooked_models.train_state import latest_checkpoint, read_train_state
 from hooked_models.trainer import METRICS_FILE
-from interp.zoo.phase_projection import later_phases_range, phases
+from interp.zoo.phase_projection import (
+    PACE_KEYS,
+    later_phases_range,
+    phases,
+    plain_steps,
+)
 
 WINDOW = 100   # steps the pace is read from
 
-
-PACE_KEYS = {"cpu": "tokens_per_cpu_s", "wall": "tokens_per_s"}
 
 
 def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW,
@@ -50,11 +53,8 @@ def recent_pace(metrics_path: Path, up_to_step: int, window: int = WINDOW,
         r = json.loads(line)
         if since <= r["step"] <= up_to_step:
             records.append(r)
-    after_eval = {r["step"] + 1 for r in records if "val_loss" in r}
     key = PACE_KEYS[clock]
-    plain = [r[key] for r in records
-             if r["step"] > 1 and "val_loss" not in r and r["step"] not in after_eval
-             and r.get(key)]
+    plain = [r[key] for r in plain_steps(records) if r.get(key)]
     pace = sorted(plain[-window:])
     return pace[len(pace) // 2] if pace else None
 

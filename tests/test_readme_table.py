@@ -56,6 +56,18 @@ def test_rows_by_shape_then_variant_with_the_cards_numbers(zoo, tmp_path):
     assert lines[2] == "| `text-mha-l1` | 1 layer | 1.12M | 1.12 | 3.40 | L0H1 0.00 | 1.00x | no |"
 
 
+def test_a_different_best_head_at_the_row_stochastic_stage_is_named(zoo, tmp_path):
+    """text-dcmha-l4mlp: L3H0 leads the composed pattern, L3H2 the softmax before it."""
+    _study(tmp_path / "studies", [{**ROWS[0], "distribution_head": "L0H3"},
+                                  {**ROWS[1], "distribution_head": None}, ROWS[2]])
+    lines = summary_table(zoo, tmp_path / "studies").splitlines()
+    assert "| L0H1 0.12; L0H3 0.92 at `softmax` |" in lines[3]
+    assert lines[4].endswith("| L1H3 0.37 | 0.68x | head only |")
+    _study(tmp_path / "studies", [{**ROWS[0], "distribution_head": "L0H1"}, *ROWS[1:]])
+    assert "| L0H1 0.12; 0.92 at `softmax` |" in summary_table(
+        zoo, tmp_path / "studies").splitlines()[3]
+
+
 def test_a_model_missing_from_the_study_is_named(zoo, tmp_path):
     _study(tmp_path / "studies", ROWS[:2])
     with pytest.raises(ValueError, match=r"no row for \['text-mha-l1'\].*--only text-mha-l1"):

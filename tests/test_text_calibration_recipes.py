@@ -9,9 +9,12 @@ from interp.zoo.text_recipes import (
     LR_RECIPES,
     PACKAGE_RECIPES,
     RECIPES,
+    REPLICATE_SEEDS,
+    SEED_RECIPES,
     SESSION_CALIBRATION,
     ZOO_TRAIN,
     get_recipe,
+    run_seed,
     train_config,
 )
 
@@ -80,3 +83,16 @@ def test_the_lr_twin_changes_only_the_learning_rate():
     assert ours.lr == 1e-3 and theirs.lr == ZOO_TRAIN["lr"] == 3e-3
     assert ours.to_dict() | {"lr": None} == theirs.to_dict() | {"lr": None}
     assert recipe.data_mix == zoo.data_mix and tokens_of(recipe) == tokens_of(zoo)
+
+
+@pytest.mark.parametrize("name", sorted(SEED_RECIPES))
+def test_seed_replicates_are_the_zoo_recipes_with_another_seed(name):
+    recipe = get_recipe(name)
+    zoo = RECIPES[name.rsplit("-s", 1)[0]]
+    assert (recipe.variant, recipe.shape, recipe.data_mix, recipe.train_overrides,
+            recipe.corpus) == (zoo.variant, zoo.shape, zoo.data_mix, zoo.train_overrides,
+                               zoo.corpus)
+    assert run_seed(name, seed=0) == int(name[-1]) != 0        # the shipped models are seed 0
+    assert recipe.config(d_vocab=4096, seed=1).seed == 1
+    assert sorted(SEED_RECIPES) == sorted(f"text-{v}-l2-s{s}" for v in ("mha", "dcmha")
+                                          for s in REPLICATE_SEEDS)

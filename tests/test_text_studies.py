@@ -11,11 +11,14 @@ import pytest
 
 from dashboards.cli import main as cli_main
 from interp.cope import token_category
+from interp.heads import induction_tables
 from interp.zoo import calibration_docs, zoo_docs
+from interp.zoo.text_eval import PROBE_HALF, PROBE_SEED, distribution_stage
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
     STUDY_TABLES,
+    _load,
     induction_study,
     released_models,
     run_studies,
@@ -72,6 +75,7 @@ def test_induction_study_reads_the_cards_and_logs(release, studies):
     models = released_models(release)
     table = induction_study(models)
     assert list(table["model"]) == sorted(NAMES)
+    measured = 0
     for _, row in table.iterrows():
         card = json.loads((release / row["model"] / "card.json").read_text())["metrics"]
         assert row["induction_score"] == card["induction_score"]
@@ -79,6 +83,20 @@ def test_induction_study_reads_the_cards_and_logs(release, studies):
                                           and card["copy_loss_ratio"] < COPY_RATIO_THRESHOLD)
         best = max(card["head_table"], key=lambda h: h["induction_stripe"])
         assert row["best_head"] == best["label"]
+        model = _load(release / row["model"])
+        stage = distribution_stage(model)
+        if stage is None:
+            assert pd.isna(row["distribution_head"]) and pd.isna(row["distribution_stage"])
+            continue
+        # the row-stochastic stage's best head, re-measured on the card's probe
+        measured += 1
+        assert row["distribution_stage"] == stage
+        half = min(PROBE_HALF, (model.cfg.n_ctx - 1) // 2)
+        heads = induction_tables(model, [stage], batch=8, half_len=half, seed=PROBE_SEED)[stage]
+        assert row["distribution_head"] == heads["induction_stripe"].idxmax()
+        assert card[f"induction_score_{stage}"] == pytest.approx(
+            heads["induction_stripe"].max(), abs=1e-4)
+    assert measured == 3                                   # MTA, DCMHA and Infini
     log = training_logs(models)
     assert set(log["model"]) == set(NAMES)
     steps = log.groupby("model")["step"].apply(list).to_dict()

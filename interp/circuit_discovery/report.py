@@ -88,7 +88,9 @@ def model_rows(name: str, prompts: int = 32, seed: int = 0, top_k: int = 20,
         return (value - faith["ablated"]) / gap
 
     inner = [e for e in circuit if e.kind != "resid"]
-    within = {"model": name, "edges for faith >= 0.9": len(circuit),
+    within = {"model": name,
+              # the largest size tried when no size reaches 0.9 ("> 100": its faith says how far)
+              "edges for faith >= 0.9": len(circuit) if len(enough) else f"> {SIZES[-1]}",
               "its faith": faith_of(circuit), "within-layer edges in it": len(inner),
               "faith without them": faith_of([e for e in circuit if e.kind == "resid"])
               if inner else "-"}

@@ -39,8 +39,14 @@ def _score(row) -> str:
     stage = row.get("distribution_stage")
     text = f"{row['induction_score']:.2f}"
     if isinstance(stage, str) and stage:
-        text += f"; {row['distribution_score']:.2f} at `{stage}`"
+        text += f"; {_other_head(row)}{row['distribution_score']:.2f} at `{stage}`"
     return text
+
+
+def _other_head(row) -> str:
+    """`"L3H2 "` when the row-stochastic stage's best head is not the pattern's, else ``."""
+    head = row.get("distribution_head")
+    return f"{head} " if isinstance(head, str) and head != row["best_head"] else ""
 
 
 def summary_table(zoo_dir: Path, studies: Path) -> str:

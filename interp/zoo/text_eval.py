@@ -123,6 +123,22 @@ def induction_probe(model, batch: int = 8, seed: int = PROBE_SEED,
                   "copy_loss_ratio": second / first, "table": table}
 
 
+@torch.no_grad()
+def distribution_head(model, batch: int = 8, seed: int = PROBE_SEED,
+                      half: int | None = None) -> tuple[str, str, float] | None:
+    """`(stage, head label, score)` of the best head at the row-stochastic stage of
+    `induction_probe` (the same probe, so `score` is the card's `induction_score_<stage>`), or
+    None when the model's pattern is itself a distribution. It need not be the pattern's best
+    head: text-dcmha-l4mlp's post-softmax Compose moves L3H2's induction map onto L3H0/L3H1."""
+    stage = distribution_stage(model)
+    if stage is None:
+        return None
+    half = half or min(PROBE_HALF, (model.cfg.n_ctx - 1) // 2)
+    table = induction_tables(model, [stage], batch=batch, half_len=half, seed=seed)[stage]
+    label = table["induction_stripe"].idxmax()
+    return stage, str(label), float(table["induction_stripe"].max())
+
+
 def distribution_stage(model) -> str | None:
     """The last row-stochastic map stage before `pattern` when `pattern` itself is not one
     (None when it is, or when no earlier stage is)."""

@@ -207,7 +207,18 @@ COMPARISON_RECIPES: dict[str, Recipe] = {
     for v in ("mha", "dcmha") for seed in COMPARISON_SEEDS}
 
 
-_TABLES = (RECIPES, MIX_RECIPES, CALIBRATION_RECIPES, COMPARISON_RECIPES)
+# Seed replicates of the zoo's headline contrast (the 2-layer MHA forms an induction head on
+# natural text, the 2-layer DCMHA does not): the zoo's own recipes at the full 41M tokens with
+# training seeds 1 and 2 (the shipped models are seed 0), so that contrast carries an interval.
+# Never zoo models; trained only when named.
+REPLICATE_SEEDS = (1, 2)
+SEED_RECIPES: dict[str, Recipe] = {
+    f"text-{v}-l2-s{seed}": Recipe(f"text-{v}-l2-s{seed}", v, "l2", CTX_CURRICULUM,
+                                   train_overrides=CURRICULUM_TRAIN, seed=seed)
+    for v in ("mha", "dcmha") for seed in REPLICATE_SEEDS}
+
+
+_TABLES = (RECIPES, MIX_RECIPES, CALIBRATION_RECIPES, COMPARISON_RECIPES, SEED_RECIPES)
 
 
 def all_recipe_names() -> list[str]:

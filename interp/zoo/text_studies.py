@@ -138,18 +138,30 @@ def forms_induction(metrics: dict, threshold: float = INDUCTION_THRESHOLD) -> bo
 def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESHOLD
                     ) -> pd.DataFrame:
     """One row per model from its card (the eval command's numbers): `induction_score`,
-    `repeat_loss`, `icl_score`, `val_loss`, the best induction head and `forms_induction`."""
+    `repeat_loss`, `icl_score`, `val_loss`, the best induction head and `forms_induction`.
+    Where the card has a row-stochastic stage, `distribution_head` is that stage's best head
+    (re-measured on the card's probe: the card keeps the pattern stage's head table only)."""
+    from interp.zoo.text_eval import distribution_head
+
     rows = []
     for name, d in models.items():
         variant, shape = _parts(name)
         m = load_card(d)["metrics"]
         best = max(m["head_table"], key=lambda h: h["induction_stripe"])
         dist_stage, dist_score = distribution_score(m) or (None, None)
+        dist_head = None
+        if dist_stage is not None:
+            stage, dist_head, score = distribution_head(_load(d))
+            if stage != dist_stage or abs(score - dist_score) > 1e-3:
+                raise ValueError(f"{name}: the probe's best `{stage}` score {score:.4f} is not "
+                                 f"the card's {dist_stage} {dist_score}: re-run `python -m "
+                                 f"interp.zoo.evaluate {name}`")
         rows.append({"model": name, "variant": variant, "shape": shape,
                      "val_loss": m["val_loss"], "icl_score": m["icl_score"],
                      "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
                      "copy_loss_ratio": m.get("copy_loss_ratio"), "best_head": best["label"],
                      "distribution_stage": dist_stage, "distribution_score": dist_score,
+                     "distribution_head": dist_head,
                      "has_induction_head": has_induction_head(m, threshold),
                      "forms_induction": forms_induction(m, threshold)})
     return pd.DataFrame(rows)

@@ -219,11 +219,13 @@ def induction_findings(table: pd.DataFrame) -> str:
                 verdict = ("meets the bar" if r["forms_induction"] else
                            "has an induction head but misses the copy-ratio bar"
                            if r["has_induction_head"] else "does not")
+                head = r.get("distribution_head")
+                other = isinstance(head, str) and head != r["best_head"]
                 at_stage = (f"; {r['distribution_score']:.2f} at the row-stochastic `{stage}` "
-                            f"stage" if stage else "")
-                parts.append(f"{shape} {verdict} (score {r['induction_score']:.2f}{at_stage}, best "
-                             f"{r['best_head']}, second-copy loss {r['repeat_loss']:.2f} = "
-                             f"{r['copy_loss_ratio']:.2f}x the first)")
+                            f"stage{f', by {head}' if other else ''}" if stage else "")
+                parts.append(f"{shape} {verdict} (best head {r['best_head']}, score "
+                             f"{r['induction_score']:.2f}{at_stage}; second-copy loss "
+                             f"{r['repeat_loss']:.2f} = {r['copy_loss_ratio']:.2f}x the first)")
         lines.append(f"- **{variant}**: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 

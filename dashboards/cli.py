@@ -368,8 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="recipes to train: text-{mha,mta,cope,dcmha,infini}-{l1,l2,l4mlp}, "
                          "a 2-layer data-mix twin text-VARIANT-l2-mix, a calibration run "
                          "text-mha-l2-* (ctx256, b8 and the session-sized runs listed in "
-                         "docs/zoo.md), or a seed of the DCMHA vs MHA comparison "
-                         "text-{mha,dcmha}-l2-short-s{0,1,2} (default: the 15)")
+                         "docs/zoo.md), a seed of the DCMHA vs MHA comparison "
+                         "text-{mha,dcmha}-l2-short-s{0,1,2}, or a seed replicate of the zoo's "
+                         "text-{mha,dcmha}-l2-s{1,2} (default: the 15)")
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default=None,
                     help="runs, caches and releases go here (default $ATTNLENS_RUNS/zoo-text, "

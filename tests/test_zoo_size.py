@@ -29,9 +29,10 @@ def test_shipped_zoo_is_under_the_cap():
 
 
 def test_zoo_with_every_recipe_trained_fits_the_cap():
-    """The shapes chosen for the models still to train (the text zoo's 15 recipes, the paper
-    zoo's -long/-full groups) leave the finished zoo under the cap: shipped directories count as
-    they are, the others as their fp16 weights plus a shipped sibling's tokenizer and card."""
+    """The shapes chosen for the models still to train (the text zoo's 15 recipes and its seed
+    replicates, the paper zoo's -long/-full groups) leave the finished zoo under the cap:
+    shipped directories count as they are, the others as their fp16 weights plus a shipped
+    sibling's tokenizer and card."""
     from hooked_models.model import HookedVariantTransformer
 
     shipped = {d.name for d in ZOO_DIR.iterdir() if (d / "card.json").is_file()}
@@ -39,7 +40,7 @@ def test_zoo_with_every_recipe_trained_fits_the_cap():
     text_extra = max(_dir_bytes(ZOO_DIR / n) - (ZOO_DIR / n / "model.safetensors").stat().st_size
                      for n in shipped if n.startswith("text-"))
     d_vocab = text_recipes.VOCAB_SIZE
-    for name, recipe in text_recipes.RECIPES.items():
+    for name, recipe in {**text_recipes.RECIPES, **text_recipes.SEED_RECIPES}.items():
         if name not in shipped:
             model = HookedVariantTransformer(recipe.config(d_vocab))
             total += _fp16_bytes(model) + text_extra

@@ -26,6 +26,22 @@ SHAPE_TEXT = {"l1": "1 layer", "l2": "2 layers", "l2-mix": "2 layers, data mix",
               "l2-pkgs": "2 layers, 10x text", "l4mlp": "4 layers + MLPs"}
 
 
+def shape_text(shape: str) -> str:
+    """`"2 layers, seed 1"` for a seed replicate's shape (`l2-s1`), else SHAPE_TEXT's words."""
+    base, _, seed = shape.partition("-s")
+    if seed.isdigit() and base in SHAPE_TEXT:
+        return f"{SHAPE_TEXT[base]}, seed {seed}"
+    return SHAPE_TEXT.get(shape, shape)
+
+
+def _shape_rank(shape: str) -> float:
+    """Replicates right after their base shape; unknown shapes last."""
+    base, _, seed = shape.partition("-s")
+    if seed.isdigit() and base in SHAPE_ORDER:
+        return SHAPE_ORDER.index(base) + 0.5
+    return SHAPE_ORDER.index(shape) if shape in SHAPE_ORDER else 99
+
+
 def _verdict(row) -> str:
     if row["forms_induction"]:
         return "yes"
@@ -65,7 +81,7 @@ def summary_table(zoo_dir: Path, studies: Path) -> str:
 
     def order(name: str):
         row = induction.loc[name]
-        shape = SHAPE_ORDER.index(row["shape"]) if row["shape"] in SHAPE_ORDER else 99
+        shape = _shape_rank(row["shape"])
         variant = (VARIANT_ORDER.index(row["variant"]) if row["variant"] in VARIANT_ORDER
                    else 99)
         return shape, variant, name
@@ -77,7 +93,7 @@ def summary_table(zoo_dir: Path, studies: Path) -> str:
         card = json.loads((models[name] / "card.json").read_text())
         row = induction.loc[name]
         cpu = card.get("cpu_time_s")
-        rows.append(f"| `{name}` | {SHAPE_TEXT.get(row['shape'], row['shape'])} | "
+        rows.append(f"| `{name}` | {shape_text(row['shape'])} | "
                     f"{card['parameters'] / 1e6:.2f}M | "
                     f"{'-' if cpu is None else f'{cpu / 3600:.2f}'} | "
                     f"{card['metrics']['val_loss']:.2f} | {row['best_head']} {_score(row)} | "

@@ -54,7 +54,7 @@ COPY_DISTANCES = (20, 50, 100, 150, 200, 255)
 STUDY_WINDOWS = 8            # validation windows the gating study reads (each n_ctx tokens)
 # text-<variant>-<shape>; the data-mix and package-corpus twins as shapes "l2-mix" and
 # "l2-pkgs" (their own rows, beside "l2")
-NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix|-pkgs)?)$")
+NAME = re.compile(r"^text-(?P<variant>[a-z]+)-(?P<shape>[a-z0-9]+(?:-mix|-pkgs|-s\d+)?)$")
 
 
 def released_models(release_dir) -> dict[str, Path]:

@@ -22,7 +22,9 @@ import pandas as pd
 
 from interp.zoo.calibration_docs import calibration_section, stdlib_share
 from interp.zoo.docs_figures import figure_markdown
+from interp.zoo.seed_docs import seed_findings
 from interp.zoo.sharpness_docs import sharpness_section
+from interp.zoo.text_eval import PROBE_SEED
 from interp.zoo.text_recipes import package_pins
 from interp.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
@@ -416,6 +418,14 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
                       "are the controls.", "", induction_findings(induction),
                       one_layer_findings(induction, _csv(studies, "mta_kernels")),
                       figure_markdown(studies, out, "phase_change")]
+            seeds = seed_findings(induction, models)
+            if seeds:
+                parts += ["### Seeds", "",
+                          "The models above are one training seed each (0). The 2-layer MHA "
+                          "and DCMHA are trained again with seeds 1 and 2 (`text-{mha,dcmha}-"
+                          "l2-s{1,2}`: the same recipe, data and 41M tokens; the seed sets the "
+                          "initialisation and the batch order), on the same probe (seed "
+                          f"{PROBE_SEED}) and validation windows:", "", seeds, ""]
         distance = _csv(studies, "copy_distance")
         if distance is not None and not distance.empty:
             parts += ["### Induction by copy distance", "",

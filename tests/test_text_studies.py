@@ -26,7 +26,7 @@ from interp.zoo.text_studies import (
 )
 
 NAMES = ["text-mha-l1", "text-mha-l2", "text-mta-l2", "text-cope-l2", "text-dcmha-l2",
-         "text-infini-l2"]
+         "text-infini-l2", "text-mha-l2-s1"]                 # and a seed replicate
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +200,9 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     assert "text-infini-l2: gate classes" in text
     assert "text-cope-l2: mean gate by the key's token category" in text
     assert "### Where attention gets its sharpness" in text and "`composed_scores`" in text
+    seeds = text.split("### Seeds", 1)[1].split("###", 1)[0]
+    assert "- **text-mha-l2**, training seeds 0, 1: an induction head in" in seeds
+    assert "t-interval" in seeds and "text-dcmha-l2**" not in seeds      # no DCMHA replicate
     from interp.zoo.text_recipes import RECIPES
     status = text.split("Status: ", 1)[1].split("\n", 1)[0]
     missing = [n for n in RECIPES if n not in NAMES]
@@ -276,6 +279,7 @@ def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
     assert _parts("text-mha-l2-mix") == ("mha", "l2-mix")
     assert _parts("text-dcmha-l2-pkgs") == ("dcmha", "l2-pkgs")
     assert _parts("text-infini-l4mlp") == ("infini", "l4mlp")
+    assert _parts("text-mha-l2-s2") == ("mha", "l2-s2")
     with pytest.raises(ValueError, match="not a text-zoo model name"):
         _parts("text-mha-l2-ctx256")
 

@@ -30,15 +30,21 @@ DOCUMENTED = {
 }
 
 
+def _discovered(name: str):
+    """The docs' command on `name`: 32 prompts of |r| = 20 (seed 0), EAP-IG with 10 steps; the
+    model, the task, the search and every edge ranked by |score|."""
+    torch.manual_seed(0)
+    model = load(name)
+    task = induction_task(model, n_prompts=32, half_len=20, seed=0)
+    found = discover(model, task, "eap-ig", steps=10, top_k=20)
+    return model, task, found, found.scores.sort_values("abs_score", ascending=False).edge.tolist()
+
+
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
 def test_the_4_layer_circuit_reads_mlp0_through_a_layer_1_previous_token_head(name):
     if name not in available():
         pytest.skip(f"{name} is not shipped")
-    torch.manual_seed(0)
-    model = load(name)
-    task = induction_task(model, n_prompts=32, half_len=20, seed=0)   # the docs' command
-    found = discover(model, task, "eap-ig", steps=10, top_k=20)
-    ranked = found.scores.sort_values("abs_score", ascending=False).edge.tolist()
+    model, task, found, ranked = _discovered(name)
     ranks, curve = DOCUMENTED[name]
     assert {edge: ranked.index(edge) + 1 for edge in ranks} == ranks
     assert [found.scores.set_index("edge").score[e] < 0 for e in ranks] == [True] * len(ranks)
@@ -58,11 +64,7 @@ def test_mta_4_layer_model_copies_in_layer_0_through_its_pre_softmax_mixing():
     name = "text-mta-l4mlp"
     if name not in available():
         pytest.skip(f"{name} is not shipped")
-    torch.manual_seed(0)
-    model = load(name)
-    task = induction_task(model, n_prompts=32, half_len=20, seed=0)
-    found = discover(model, task, "eap-ig", steps=10, top_k=20)
-    ranked = found.scores.sort_values("abs_score", ascending=False).edge.tolist()
+    model, task, found, ranked = _discovered(name)
     assert len(ranked) == 575                      # MHA's 479 + 12 head pairs x 2 x 4 layers
     ranks = {"input->L0H3.k": 1, "L0H3->logits": 2, "L0H1->logits": 3, "L0H3->L0H1[pre]": 7,
              "L0H2->logits": 8, "MLP3->logits": 15}
@@ -92,11 +94,7 @@ def test_dcmha_4_layer_model_hands_its_induction_map_between_last_layer_heads():
     name = "text-dcmha-l4mlp"
     if name not in available():
         pytest.skip(f"{name} is not shipped")
-    torch.manual_seed(0)
-    model = load(name)
-    task = induction_task(model, n_prompts=32, half_len=20, seed=0)
-    found = discover(model, task, "eap-ig", steps=10, top_k=20)
-    ranked = found.scores.sort_values("abs_score", ascending=False).edge.tolist()
+    model, task, found, ranked = _discovered(name)
     assert len(ranked) == 609
     ranks = {"input->MLP0": 1, "L3H1->logits": 2, "L3H0->logits": 3, "MLP0->L1H0.v": 4,
              "L1H0->L3H2.k": 5, "L3H2->logits": 6, "L1H0->L3H0.k": 7, "L3H0->L3H2[pre]": 8,

@@ -26,19 +26,23 @@ SHAPE_TEXT = {"l1": "1 layer", "l2": "2 layers", "l2-mix": "2 layers, data mix",
               "l2-pkgs": "2 layers, 10x text", "l4mlp": "4 layers + MLPs"}
 
 
+def _replicate(shape: str) -> tuple[str, str] | None:
+    """`(base shape, seed)` of a seed replicate's shape (`l2-s1` -> ("l2", "1")), else None."""
+    base, _, seed = shape.partition("-s")
+    return (base, seed) if seed.isdigit() and base in SHAPE_ORDER else None
+
+
 def shape_text(shape: str) -> str:
     """`"2 layers, seed 1"` for a seed replicate's shape (`l2-s1`), else SHAPE_TEXT's words."""
-    base, _, seed = shape.partition("-s")
-    if seed.isdigit() and base in SHAPE_TEXT:
-        return f"{SHAPE_TEXT[base]}, seed {seed}"
-    return SHAPE_TEXT.get(shape, shape)
+    rep = _replicate(shape)
+    return f"{SHAPE_TEXT[rep[0]]}, seed {rep[1]}" if rep else SHAPE_TEXT.get(shape, shape)
 
 
 def _shape_rank(shape: str) -> float:
     """Replicates right after their base shape; unknown shapes last."""
-    base, _, seed = shape.partition("-s")
-    if seed.isdigit() and base in SHAPE_ORDER:
-        return SHAPE_ORDER.index(base) + 0.5
+    rep = _replicate(shape)
+    if rep:
+        return SHAPE_ORDER.index(rep[0]) + 0.5
     return SHAPE_ORDER.index(shape) if shape in SHAPE_ORDER else 99
 
 

@@ -51,9 +51,33 @@ def _stage_names(store, names) -> list[str]:
     return out
 
 
+def _options(store, names) -> tuple[list, list, list]:
+    """Options of the layer, head and stage dropdowns: every layer, head and map stage of every
+    model in the store, those none of the chosen `names` has greyed out (disabled).
+
+    Never fewer: a dropdown drops a value that is not among its options, and a link sets the
+    models and the stage at once, so a stage of the linked model must be an option before the
+    models arrive (issue 49). A page shows the closest view when the chosen model lacks one
+    (`dashboards.panels.choose_view`).
+    """
+    chosen = [store.models[n] for n in (names or []) if n in store.models]
+    everything = list(store.models.values())
+
+    def numbers(size) -> list[dict]:
+        most = max((size(m) for m in chosen), default=0)
+        return [{"label": str(i), "value": i, "disabled": i >= most}
+                for i in range(max(size(m) for m in everything))]
+
+    mine = _stage_names(store, names)
+    others = [s for s in _stage_names(store, store.names) if s not in mine]
+    stages = [{"label": s, "value": s} for s in mine] + [
+        {"label": f"{s} (other models)", "value": s, "disabled": True} for s in others]
+    return (numbers(lambda m: m.cfg.n_layers), numbers(lambda m: m.cfg.n_heads), stages)
+
+
 def _controls(store) -> html.Div:
     names = store.names
-    biggest = max(store.models.values(), key=lambda m: m.cfg.n_layers * m.cfg.n_heads)
+    layers, heads, stages = _options(store, names[:2])
     label = {"style": {"fontWeight": "bold"}}
     return html.Div([
         html.Div([
@@ -61,13 +85,13 @@ def _controls(store) -> html.Div:
             dcc.Dropdown(names, names[:2], id="ctl-models", multi=True, clearable=False,
                          style={"minWidth": "320px"}),
             html.Label("layer", **label),
-            dcc.Dropdown(list(range(biggest.cfg.n_layers)), 0, id="ctl-layer", clearable=False,
+            dcc.Dropdown(layers, 0, id="ctl-layer", clearable=False,
                          style={"width": "80px"}),
             html.Label("head", **label),
-            dcc.Dropdown(list(range(biggest.cfg.n_heads)), 0, id="ctl-head", clearable=False,
+            dcc.Dropdown(heads, 0, id="ctl-head", clearable=False,
                          style={"width": "80px"}),
             html.Label("stage", **label),
-            dcc.Dropdown(_stage_names(store, names[:2]), "pattern", id="ctl-stage",
+            dcc.Dropdown(stages, "pattern", id="ctl-stage",
                          clearable=False, style={"width": "200px"}),
             # the one model of the one-model pages (Variants, Diversity, Gating)
             html.Label("one-model pages", **label, title="the model of Variants, Diversity "
@@ -134,13 +158,8 @@ def _register_shared(app: Dash, store) -> None:
 
     @app.callback(Output("ctl-layer", "options"), Output("ctl-head", "options"),
                   Output("ctl-stage", "options"), Input("ctl-models", "value"))
-    def _options(names):
-        models = [store.models[n] for n in (names or []) if n in store.models]
-        if not models:
-            return [], [], []
-        layers = max(m.cfg.n_layers for m in models)
-        heads = max(m.cfg.n_heads for m in models)
-        return list(range(layers)), list(range(heads)), _stage_names(store, names)
+    def _chosen_options(names):
+        return _options(store, names)
 
     # URL key and component property of every linked control, shared ones first
     linked = [("page", "tabs.value"), ("models", "ctl-models.value"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboards.figures import check_index, safe_filename
+from dashboards.figures import safe_filename
 from dashboards.map_cache import MAP_CACHE
 from hooked_models.attention import Stage
 from interp.explore import (
@@ -51,40 +51,79 @@ class Panel:
         return safe_filename(f"{self.name}_L{self.layer}H{self.head}_{self.stage.name}")
 
 
-def wanted_stage(store, names: list[str], stage) -> Stage:
-    """The catalogue entry of `stage` in the first chosen model that has it as a map stage."""
-    for name in names:
-        model = store.get(name)
+@dataclass(frozen=True)
+class Choice:
+    """The layer, head and stage a page shows for a request, and `note`: what it shows instead
+    of what was asked for ("" when it shows just that)."""
+
+    layer: int
+    head: int
+    stage: Stage
+    note: str = ""
+
+
+def _closest_index(what: str, value, size: int, name: str) -> tuple[int, str]:
+    """`value` (an int, or digits from a URL) as an index below `size`, else the closest one and
+    a note naming what was replaced."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value < size:
+            return value, ""
+        got = min(max(value, 0), size - 1)
+        return got, (f"{name} has no {what} {value} ({what}s 0 .. {size - 1}): showing "
+                     f"{what} {got}")
+    return 0, f"{what} {value!r} is not a {what} number: showing {what} 0"
+
+
+def stage_entry(store, names, stage: str) -> Stage | None:
+    """The catalogue entry named `stage`: from the chosen models first (a name's role may
+    differ between variants: MHA's pattern is row-stochastic, MTA's is not), then any model of
+    the store; None when no model has such a map stage."""
+    for name in [*(names or []), *store.names]:
+        if name not in store.models:
+            continue
+        model = store.models[name]
         for layer in range(model.cfg.n_layers):
             for s in map_stages(model, layer):
                 if s.name == stage:
                     return s
-    raise ValueError(f"stage {stage!r} is not a map stage of {', '.join(names)}")
+    return None
 
 
-def build_panel(store, name: str, text, layer, head, stage, closest: Stage | None = None
-                ) -> Panel:
+def choose_view(store, name: str, layer, head, stage, names=None) -> Choice:
+    """What model `name` shows for a request: the asked-for layer, head and stage where it has
+    them, else the closest ones (the last layer for too large a layer; the stage playing the
+    same role, `interp.explore.closest_stage`), with a note that says which. A link made for
+    another model, or edited by hand, thus still shows a map. `names`: the chosen models, where
+    the stage's role is looked up first."""
+    model = store.get(name)
+    layer, layer_note = _closest_index("layer", layer, model.cfg.n_layers, name)
+    head, head_note = _closest_index("head", head, model.cfg.n_heads, name)
+    wanted = stage_entry(store, names, stage) if isinstance(stage, str) else None
+    if wanted is None:
+        chosen = find_map_stage(model, layer, "pattern")
+        stage_note = (f"stage {stage!r} is not a map stage of any model here: showing "
+                      f"hook_pattern" if stage != "pattern" else "")
+    else:
+        chosen = closest_stage(model, layer, wanted)
+        stage_note = ("" if chosen.name == stage else
+                      f"{name} has no hook_{stage}; showing its closest stage hook_{chosen.name}")
+    note = "; ".join(n for n in (layer_note, head_note, stage_note) if n)
+    return Choice(layer, head, chosen, note)
+
+
+def build_panel(store, name: str, text, layer, head, stage, names=None) -> Panel:
     """Validate the request for model `name` and compute its maps (ValueError for the user).
 
-    With `closest`, a model lacking the stage shows the stage playing the same role
-    (`interp.explore.closest_stage`) and says so; without it, the stage must exist.
+    A layer, head or stage the model lacks is replaced by the closest one and the panel's note
+    says so (`choose_view`); `names`: the chosen models (the Compare page's columns).
     """
-    model = store.get(name)
-    layer = check_index("layer", layer, model.cfg.n_layers, name)
-    head = check_index("head", head, model.cfg.n_heads, name)
-    if not isinstance(stage, str):
-        raise ValueError(f"stage {stage!r} must be a stage name")
-    note = ""
-    if closest is None:
-        chosen = find_map_stage(model, layer, stage)
-    else:
-        chosen = closest_stage(model, layer, closest)
-        if chosen.name != stage:
-            note = f"{name} has no hook_{stage}; showing its closest stage hook_{chosen.name}"
+    choice = choose_view(store, name, layer, head, stage, names or [name])
     prompt = store.prompt(name, text)
-    key, view = MAP_CACHE.view(store, name, prompt.tokens, chosen.name, layer)
-    note = "; ".join(n for n in (prompt.note, note) if n)
-    return Panel(name, layer, head, chosen, prompt.labels, view, note, key)
+    key, view = MAP_CACHE.view(store, name, prompt.tokens, choice.stage.name, choice.layer)
+    note = "; ".join(n for n in (prompt.note, choice.note) if n)
+    return Panel(name, choice.layer, choice.head, choice.stage, prompt.labels, view, note, key)
 
 
 def zoom_figure(panel: Panel, window: int = WINDOW) -> dict:

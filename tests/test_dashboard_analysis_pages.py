@@ -354,8 +354,6 @@ def test_induction_page_scores_every_model(app, store):
     ({"heads-half.value": "6"}, "random tokens per copy '6'"),
     ({"heads-half.value": None}, "random tokens per copy None"),
     ({"heads-probe.value": "mine"}, "probe 'mine' is not one of"),
-    ({"ctl-stage.value": "probs"}, "stage 'probs' is not a map stage of tiny-mha"),
-    ({"ctl-stage.value": None}, "stage None is not a map stage"),
     ({"ctl-models.value": ["tiny-mha", "ghost"]}, "unknown model 'ghost'"),
     ({"heads-probe.value": "text", "ctl-applied-prompt.data": "x" * 60}, "reads at most 48"),
 ])
@@ -367,11 +365,23 @@ def test_induction_page_bad_values(app, change, message):
     assert out["heads-scores"]["children"] == []
 
 
-def test_a_model_without_the_stage_is_named_not_dropped_silently(app):
+def test_a_model_without_the_stage_is_scored_at_its_closest_stage_and_named(app):
     out = response(app, "heads-scores", values("heads", ["tiny-mha", "tiny-dcmha"],
                                                stage="probs"))
-    assert len(out["heads-scores"]["children"]) == 1
-    assert "tiny-mha: stage 'probs' is not a map stage" in out["heads-note"]["children"]
+    assert len(out["heads-scores"]["children"]) == 2
+    assert "tiny-mha has no hook_probs; showing its closest stage hook_pattern" in \
+        out["heads-note"]["children"]
+    assert "tiny-dcmha" not in out["heads-note"]["children"]
+
+
+@pytest.mark.parametrize("stage, note", [
+    ("probs", "tiny-mha has no hook_probs; showing its closest stage hook_pattern"),
+    (None, "tiny-mha: stage None is not a map stage of any model here: showing hook_pattern"),
+])
+def test_induction_page_falls_back_to_the_closest_stage(app, stage, note):
+    out = response(app, "heads-scores", values("heads", stage=stage))
+    assert note in out["heads-note"]["children"] and out["heads-error"]["children"] == ""
+    assert out["heads-scores"]["children"]
 
 
 def test_ablation_moves_scores_and_loss(app, store):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 
 from dashboards.figures import check_models, error_box, graph, graph_config, loading
-from dashboards.panels import build_panel, mosaic_figure, wanted_stage, zoom_figure
+from dashboards.panels import build_panel, mosaic_figure, zoom_figure
 from interp.plots.colors import colorbar_title
 from interp.plots.maps import MapScale
 
@@ -74,11 +74,10 @@ def compute(store, names, text, layer, head, stage, scale: str = "shared") -> li
     if scale not in SCALES:
         raise ValueError(f"colour scale {scale!r} is not one of {list(SCALES)}")
     names = check_models(store, names, minimum=2)
-    wanted = wanted_stage(store, names, stage)
     panels = {}
     for name in names:
         try:
-            panels[name] = build_panel(store, name, text, layer, head, stage, closest=wanted)
+            panels[name] = build_panel(store, name, text, layer, head, stage, names)
         except ValueError as err:  # this model cannot answer (e.g. prompt outside its alphabet)
             panels[name] = err
     good = {n: p for n, p in panels.items() if not isinstance(p, ValueError)}

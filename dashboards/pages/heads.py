@@ -22,6 +22,7 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
+from dashboards.panels import choose_view
 from interp._common import map_stage_names
 from interp.circuits import composition_table
 from interp.induction_study import (
@@ -160,11 +161,11 @@ def probe_for(store, name, kind, half, text):
     return make_probe(model, "random", half_len=half, batch=PROBE_BATCH), ""
 
 
-def check_stage(model, name, stage) -> str:
-    if not isinstance(stage, str) or stage not in map_stage_names(model):
-        raise ValueError(f"stage {stage!r} is not a map stage of {name}; its map stages: "
-                         f"{map_stage_names(model)}")
-    return stage
+def scored_stage(store, name, stage, names) -> tuple[str, str]:
+    """The stage `name` is scored at: `stage`, or the closest one it has (`choose_view`), and a
+    note saying so ("" when it has `stage`)."""
+    choice = choose_view(store, name, 0, 0, stage, names)
+    return choice.stage.name, choice.note
 
 
 def ranking(name: str, table, by: str, stage: str, text) -> html.Table:
@@ -197,22 +198,24 @@ def scores(store, names, text, kind, half, stage, rank_by="induction") -> tuple[
     for i, name in enumerate(names):
         try:
             model = store.get(name)
-            check_stage(model, name, stage)
+            shown, replaced = scored_stage(store, name, stage, names)
             probe, note = probe_for(store, name, kind, half, text)
             with store.using(name):
-                table = probe_scores(model, probe, stage)
+                table = probe_scores(model, probe, shown)
         except ValueError as err:
             notes.append(f"{name}: {err}")
             continue
+        if replaced:   # "NAME has no hook_probs ..." names the model itself
+            notes.append(replaced if replaced.startswith(name) else f"{name}: {replaced}")
         if note:
             notes.append(f"{name}: {note}")
         columns = SCORES + (["induction_stripe"] if "induction_stripe" in table else [])
         block = [graph(f"heads-scores-{i}", figure=scores_figure(
-            table, columns, title=f"{name}: hook_{stage}, {probe_label(probe)}"))]
+            table, columns, title=f"{name}: hook_{shown}, {probe_label(probe)}"))]
         if rank_by in table:
             block += [html.Div(f"{name}: heads by {rank_by} (a name opens it in the explorer)",
                                style={"fontWeight": "bold"}),
-                      ranking(name, table, rank_by, stage, text)]
+                      ranking(name, table, rank_by, shown, text)]
         else:
             notes.append(f"{name}: no {rank_by} score on this probe to rank by")
         figures.append(html.Div(block, className="heads-model"))
@@ -232,7 +235,7 @@ def ablation(store, names, text, kind, half, stage, choice, at, how, score):
     name = names[0]
     model = store.get(name)
     chosen = parse_head(choice, model, name)
-    check_stage(model, name, stage)
+    stage, _ = scored_stage(store, name, stage, names)
     if at not in ["z", "v", *map_stage_names(model)]:
         raise ValueError(f"knock-out point {at!r} is not z, v or a map stage of {name}")
     if how not in HOW:

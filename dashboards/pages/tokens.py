@@ -16,8 +16,8 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.figures import check_index, control_row, error_box, graph, loading, note_box
 from dashboards.map_cache import MAP_CACHE
+from dashboards.panels import choose_view
 from hooked_models.tokenizer import CharTokenizer
-from interp.explore import find_map_stage
 from interp.plots.views import head_view_figure, shown_text, token_view
 
 TITLE = "Tokens"
@@ -56,19 +56,17 @@ def layout(store):
 
 
 def _request(store, name, text, layer, head, stage, token):
-    """(model, prompt, stage, layer, head, token, maps [head q k]) of a request; ValueError for
-    the user."""
+    """(model, prompt, stage, layer, head, token, maps [head q k], note) of a request: a layer,
+    head or stage the model lacks is replaced by the closest and the note says so
+    (`choose_view`); ValueError for the user."""
     model = store.get(name)
-    layer = check_index("layer", layer, model.cfg.n_layers, name)
-    head = check_index("head", head, model.cfg.n_heads, name)
-    if not isinstance(stage, str):
-        raise ValueError(f"stage {stage!r} must be a stage name")
-    chosen = find_map_stage(model, layer, stage)
+    choice = choose_view(store, name, layer, head, stage)
+    layer, head, chosen = choice.layer, choice.head, choice.stage
     prompt = store.prompt(name, text)
     n = prompt.tokens.shape[1]
     token = n - 1 if token is None else check_index("token", token, n, "the prompt")
     _, maps = MAP_CACHE.maps(store, name, prompt.tokens, [(layer, chosen.name)])
-    return model, prompt, chosen, layer, head, token, maps[(layer, chosen.name)]
+    return model, prompt, chosen, layer, head, token, maps[(layer, chosen.name)], choice.note
 
 
 def _signed(stage) -> bool | None:
@@ -87,8 +85,8 @@ def text_view(store, name, text, layer, head, stage, token, mode, direction) -> 
         raise ValueError(f"colour mode {mode!r} is not one of {list(MODES)}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r} is not one of {list(DIRECTIONS)}")
-    model, prompt, chosen, layer, head, token, maps = _request(store, name, text, layer, head,
-                                                               stage, token)
+    model, prompt, chosen, layer, head, token, maps, replaced = _request(
+        store, name, text, layer, head, stage, token)
     view = token_view(_strings(model, prompt), maps, token, direction,
                       head if mode == "head" else None, signed=_signed(chosen))
     gap = "1px" if isinstance(model.tokenizer, CharTokenizer) else "4px"
@@ -108,14 +106,15 @@ def text_view(store, name, text, layer, head, stage, token, mode, direction) -> 
     what = "attends to" if direction == "from" else "is attended by"
     note = (f"{name}: token {token} ({shown_text(view[token]['text'])}) {what}, {who}, "
             f"hook_{chosen.name}")
-    if prompt.note:
-        note += f"; {prompt.note}"
+    for extra in (prompt.note, replaced):
+        if extra:
+            note += f"; {extra}"
     return spans, note
 
 
 def lines_view(store, name, text, layer, head, stage, token) -> dict:
-    model, prompt, chosen, layer, head, token, maps = _request(store, name, text, layer, head,
-                                                               stage, token)
+    model, prompt, chosen, layer, head, token, maps, _ = _request(store, name, text, layer, head,
+                                                                  stage, token)
     fig = head_view_figure(_strings(model, prompt), maps, token, chosen=head, title=(
         f"{name} L{layer} hook_{chosen.name}: token {token} attends to (every head; "
         f"H{head} thicker)"))

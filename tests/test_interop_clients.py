@@ -80,6 +80,39 @@ def test_nnsight_reads_each_stage_alone(case):
     torch.testing.assert_close(last, cache["pattern", 1], **EXACT)
 
 
+def test_the_catalogue_lists_a_layers_stages_in_the_order_their_hooks_fire(case):
+    """Clients that follow the forward (nnsight) must ask for stages in execution order; the
+    catalogue is that order. DCMHA listed its maps before the dynamic weights they are computed
+    from, so reading its stages in catalogue order failed at hook_pre_qw1 (issue 48)."""
+    model, tokens, _ = case
+    for layer in range(model.cfg.n_layers):
+        stages = [s.name for s in model.stages(layer)]
+        fired: list[str] = []
+        handles = [model.hook_dict[f"blocks.{layer}.attn.hook_{s}"].register_forward_hook(
+            lambda m, i, o, s=s: fired.append(s)) for s in stages]
+        try:
+            model(tokens)
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert fired == stages, f"layer {layer}: hooks fire {fired}, catalogue {stages}"
+
+
+def test_nnsight_reads_every_stage_of_a_layer_in_one_trace(case):
+    model, tokens, cache = case
+    traced = NNsight(model)
+    for layer in range(model.cfg.n_layers):
+        names = [s.name for s in model.stages(layer)]
+        saved = []
+        with traced.trace(tokens):   # nnsight runs the block's own lines: a loop, not a list
+            for name in names:       # comprehension (a scope of its own)
+                saved.append(getattr(traced.blocks[layer].attn, f"hook_{name}").output.save())
+        for name, value in zip(names, saved, strict=True):
+            torch.testing.assert_close(value, cache[f"blocks.{layer}.attn.hook_{name}"], **EXACT,
+                                       equal_nan=True,
+                                       msg=lambda m, n=name: f"L{layer} {n}: {m}")
+
+
 def test_nnsight_edits_like_a_transformer_lens_hook(case):
     model, tokens, _ = case
     traced = NNsight(model)

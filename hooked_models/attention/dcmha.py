@@ -153,13 +153,15 @@ def base_matrix(attn: "DCMHAttention", phase: str) -> Tensor:
 class DCMHAttention(VariantAttention):
     """DCMHA: softmax attention whose logits and probabilities are composed across heads.
 
-    Stages (in order): the four maps `attn_scores -> composed_scores -> probs -> pattern`, then
-    the dynamic weights `{pre,post}_{q,k}{w1,w2,dd}` (key-side ones absent when query-wise).
+    Stages, in the order their hooks fire (a client that reads several stages in one pass, such
+    as nnsight, must ask in this order): the dynamic weights `{pre,post}_{q,k}{w1,w2,dd}`
+    (key-side ones absent when query-wise), computed from x before any map, then the four maps
+    `attn_scores -> composed_scores -> probs -> pattern`.
     `z = pattern @ v` exactly (DESIGN.md contract 4); `pattern` rows need not sum to 1.
     """
 
     Options = DCMHAOptions
-    stages = (
+    stages = _weight_stages() + (
         Stage("attn_scores", "scaled q.k logits (causal/window mask as -inf), before Compose",
               "pre"),
         Stage("composed_scores", "logits after the pre-softmax Compose (B + W_q + W_k)^T A, "
@@ -168,7 +170,7 @@ class DCMHAttention(VariantAttention):
               "post", True),
         Stage("pattern", "probabilities after the post-softmax Compose: the weights on the "
               "values (rows need not sum to 1)", "post"),
-    ) + _weight_stages()
+    )
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)

@@ -40,6 +40,16 @@ def test_committed_figures_carry_a_png(stem):
             assert "image/png" in o.data, f"{stem}: a plotly figure without its PNG"
 
 
+@pytest.mark.parametrize("stem", sorted(SOURCES))
+def test_every_notebook_draws_a_figure(stem):
+    """Each notebook shows what it computes, not only tables (notebook 07 had 8 outputs and
+    no figure; issue 48)."""
+    nb = nbformat.read(str(NOTEBOOKS / f"{stem}.ipynb"), as_version=4)
+    figures = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+               if PLOTLY in o.get("data", {})]
+    assert figures, f"{stem}: no figure among its committed outputs"
+
+
 def test_parse_reads_percent_cells():
     cells = build_notebooks.parse("# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\nx\n")
     assert cells == [("md", "# Title\n\ntext"), ("code", "x = 1\nx")]

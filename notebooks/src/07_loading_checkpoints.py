@@ -85,6 +85,35 @@ print("hook_q", tuple(cache["q", 0].shape), "hook_k", tuple(cache["k", 0].shape)
 pd.DataFrame({"llama": parity(llama, models["llama"])}).T
 
 # %% [markdown]
+# ### The parity, drawn
+#
+# Every logit of the three imports against the reference's (16 positions x 100 tokens each): the
+# points lie on the diagonal, and each panel's title gives the largest difference.
+
+# %%
+from plotly.subplots import make_subplots  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+
+references = {"gpt2": gpt2, "pythia": pythia, "llama": llama}
+fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=[
+    f"{name}: max |diff| {parity(hf, models[name])['max |logit diff|']:.1e}"
+    for name, hf in references.items()])
+for col, (name, hf) in enumerate(references.items(), start=1):
+    with torch.no_grad():
+        theirs = hf(tokens).logits.flatten()
+        ours = models[name](tokens).flatten()
+    low, high = float(theirs.min()), float(theirs.max())
+    fig.add_trace(go.Scattergl(x=theirs, y=ours, mode="markers", name=name,
+                               marker=dict(size=3, opacity=0.5)), row=1, col=col)
+    fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", showlegend=False,
+                             line=dict(color="#888", dash="dot")), row=1, col=col)
+    fig.update_xaxes(title_text="transformers logit", row=1, col=col)
+    fig.update_yaxes(title_text="attnlens logit" if col == 1 else None, row=1, col=col)
+fig.update_layout(height=360, width=980, showlegend=False,
+                  title="imported checkpoints reproduce the reference logits")
+fig
+
+# %% [markdown]
 # ## DCFormer / DCPythia: `from_dcformer`
 #
 # The DCFormer release (`Caiyun-AI/DCFormer-2.8B`) ships a `config.json` and safetensors weights
@@ -141,6 +170,22 @@ _, cache = dc.run_with_cache(torch.randint(0, V, (1, 12)))
 pd.DataFrame([{"hook": f"blocks.0.attn.hook_{s.name}", "softmax": s.softmax,
                "shape": tuple(cache[f"blocks.0.attn.hook_{s.name}"].shape)}
               for s in dc.stages(0)])
+
+# %% [markdown]
+# What a loaded DCFormer checkpoint looks like inside: every head's softmax (`probs`, rows sum to
+# 1) and the effective pattern after the post-softmax Compose (`pattern`, what multiplies the
+# values; signed, rows need not sum to 1). With random weights the maps are diffuse; the point
+# is that the imported model's maps are there to read, stage by stage.
+
+# %%
+from interp.explore import explore_maps, find_map_stage  # noqa: E402
+from interp.plots.maps import head_grid_figure  # noqa: E402
+
+dc_tokens = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(1))
+for stage_name in ("probs", "pattern"):
+    view = explore_maps(dc, dc_tokens, stage=stage_name, layer=0)
+    head_grid_figure(view.grid, find_map_stage(dc, 0, stage_name), cell_px=90,
+                     title=f"imported DCFormer: every head at hook_{stage_name}").show()
 
 # %% [markdown]
 # Pickled weights are refused with a pointer to the converter:

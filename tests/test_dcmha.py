@@ -113,9 +113,11 @@ def test_causal_and_pattern_identity(attn_cfg):
 def test_catalogue_and_window():
     model = dcmha(FULL, **ROPE)
     stages = model.stages(0)
-    assert [s.name for s in stages[:4]] == ["attn_scores", "composed_scores", "probs", "pattern"]
-    assert [s.row_stochastic for s in stages[:4]] == [False, False, True, False]
-    assert stages[4].shape == "batch pos group rank head_index"
+    maps = [s for s in stages if s.is_map]   # after the dynamic weights, the order hooks fire
+    assert [s.name for s in maps] == ["attn_scores", "composed_scores", "probs", "pattern"]
+    assert [s.row_stochastic for s in maps] == [False, False, True, False]
+    assert list(stages[-4:]) == maps
+    assert stages[0].name == "pre_qw1" and stages[0].shape == "batch pos group rank head_index"
     _, cache = model.run_with_cache(random_tokens(model))
     ones = torch.ones(2, 4, 12, dtype=torch.float64)
     torch.testing.assert_close(cache["blocks.0.attn.hook_probs"].sum(-1), ones, **EXACT)

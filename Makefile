@@ -1,6 +1,7 @@
 # attnlens: `make serve` runs the main job (the dashboard on the bundled text models; toy models:
-# `.venv/bin/attnlens serve --zoo induction`), `make test` runs the tests. Both set up .venv first.
-.PHONY: setup serve test lint bench notebooks docs
+# `.venv/bin/attnlens serve --zoo induction`), `make test` runs the fast test tier, `make
+# reproduce` re-derives every documented number (docs/testing.md). All set up .venv first.
+.PHONY: setup serve test reproduce lint bench notebooks docs
 
 setup:
 	bash scripts/setup.sh
@@ -10,6 +11,10 @@ serve: setup
 
 test: setup
 	bash scripts/test.sh
+
+reproduce: setup
+	bash scripts/ensure_browser.sh
+	.venv/bin/python -m scripts.reproduce
 
 lint: setup
 	.venv/bin/ruff check .

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The test command: browser set-up, lint, then the whole pytest suite (unit, integration, kernels,
-# browser, notebooks). Run through `make test`, which creates .venv first.
+# The test command, the fast tier (docs/testing.md): browser set-up, lint, then every test not
+# marked `reproduce` (unit, property, parity, interop, kernels, browser, CLI, notebooks and one
+# cheap re-derivation of each kind of documented result), spread over the cores with
+# pytest-xdist. `make reproduce` runs the other tier. Run through `make test`, which creates
+# .venv first; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure_browser.sh
 . .venv/bin/activate
 ruff check .
+workers=${ATTNLENS_TEST_WORKERS:-auto}
 if [ "${ATTNLENS_SKIP_BROWSER:-0}" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   echo "attnlens: ATTNLENS_SKIP_BROWSER=1 and no chromium: the browser tests are NOT run" >&2
-  python -m pytest -m "not browser" "$@"
+  python -m pytest -n "$workers" -m "not reproduce and not browser" "$@"
 else
-  python -m pytest "$@"
+  python -m pytest -n "$workers" -m "not reproduce" "$@"
 fi

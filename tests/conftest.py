@@ -75,3 +75,25 @@ def browser():
     driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
     yield driver
     driver.quit()
+
+
+# -- the two tiers (tests/tiers.py, docs/testing.md) --
+
+def pytest_addoption(parser):
+    parser.addoption("--reproduce-state", default=None, metavar="PATH",
+                     help="make reproduce: resume from / record into this JSON file, with a "
+                          "progress bar and a summary table (tests/tiers.py)")
+
+
+def pytest_configure(config):
+    state = config.getoption("--reproduce-state")
+    if state:
+        from tiers import ReproducePlugin
+
+        config.pluginmanager.register(ReproducePlugin(config, state), "attnlens-reproduce")
+
+
+def pytest_collection_modifyitems(config, items):
+    from tiers import check_marks
+
+    check_marks(items)

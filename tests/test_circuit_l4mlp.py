@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from tiers import reproduce
 
 from hooked_models.zoo import available
 from interp.circuit_discovery.discover import discover
@@ -16,6 +17,10 @@ from interp.circuit_discovery.extract import faithfulness_curve
 from interp.circuit_discovery.induction import induction_task
 from interp.circuit_discovery.report import load, model_rows
 from interp.tasks.induction import repeated_tokens
+
+# 6.5 minutes of circuit search on the 4-layer models: the reproduce tier (make reproduce); the
+# fast tier re-derives the documented circuit of text-mha-l2 (test_circuit_docs_text.py).
+pytestmark = reproduce("circuit")
 
 # model: {edge: rank among all edges by |EAP-IG score|}, {circuit size: faithfulness}
 DOCUMENTED = {

@@ -89,7 +89,7 @@ def test_the_catalogue_lists_a_layers_stages_in_the_order_their_hooks_fire(case)
         stages = [s.name for s in model.stages(layer)]
         fired: list[str] = []
         handles = [model.hook_dict[f"blocks.{layer}.attn.hook_{s}"].register_forward_hook(
-            lambda m, i, o, s=s: fired.append(s)) for s in stages]
+            lambda m, i, o, s=s, fired=fired: fired.append(s)) for s in stages]
         try:
             model(tokens)
         finally:
@@ -110,7 +110,7 @@ def test_nnsight_reads_every_stage_of_a_layer_in_one_trace(case):
         for name, value in zip(names, saved, strict=True):
             torch.testing.assert_close(value, cache[f"blocks.{layer}.attn.hook_{name}"], **EXACT,
                                        equal_nan=True,
-                                       msg=lambda m, n=name: f"L{layer} {n}: {m}")
+                                       msg=lambda m, n=name, la=layer: f"L{la} {n}: {m}")
 
 
 def test_nnsight_edits_like_a_transformer_lens_hook(case):

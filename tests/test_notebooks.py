@@ -14,6 +14,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 sys.path.insert(0, str(NOTEBOOKS))
 import build_notebooks  # noqa: E402
+from tiers import documented, documented_params  # noqa: E402
 
 SOURCES = build_notebooks.sources()
 PLOTLY = "application/vnd.plotly.v1+json"
@@ -23,6 +24,7 @@ def test_there_are_notebooks():
     assert len(SOURCES) >= 3, "notebooks/src/ has too few notebook sources"
 
 
+@documented("notebook")
 def test_committed_notebooks_are_current():
     problems = build_notebooks.stale()
     assert not problems, (f"stale notebooks: {problems}; refresh with "
@@ -80,7 +82,10 @@ def test_stale_names_what_is_wrong(tmp_path, monkeypatch):
     assert "b.ipynb: no source notebooks/src/b.py" in build_notebooks.stale(tmp_path)
 
 
-@pytest.mark.parametrize("stem", sorted(SOURCES))
+# Executing every notebook takes about 4 minutes (02 alone 2): the fast tier runs 03 (10 s);
+# make reproduce runs them all.
+@pytest.mark.parametrize("stem", documented_params("notebook", sorted(SOURCES), ids=str,
+                                                   keep=["03_mta"]))
 def test_notebook_runs(stem):
     # Interactive figures only (no PNG): the same cells, without a headless browser.
     nb = build_notebooks.execute(build_notebooks.notebook_from(SOURCES[stem]),

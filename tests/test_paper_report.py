@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from tiers import documented
 
 from interp.tasks.counting import counting_batch
 from interp.zoo.paper import _training, cope, cope_report, dcmha, infini, mta, report
@@ -18,6 +19,7 @@ from interp.zoo.paper._training import EVAL_SEED, eval_seeds, train_recipe, trai
 CARDS = report.shipped_cards()
 
 
+@documented("report")
 def test_report_is_rebuilt_from_the_cards():
     """Item 20: the committed page equals the page the cards give now (text and tables)."""
     built = report.build_report(draw=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tiers import documented
 
 from dashboards.cli import main as cli_main
 from hooked_models.model import HookedVariantTransformer
@@ -212,6 +213,8 @@ COMMITTED = FIGURES / dcmha_text.CSV
 
 @pytest.mark.skipif(not COMMITTED.is_file() or not (ZOO / "text-dcmha-l2").is_dir(),
                     reason="the comparison's CSV or text-dcmha-l2 is not shipped yet")
+@pytest.mark.reproduce
+@documented("study")
 def test_committed_rows_of_the_zoo_models_recompute():
     rows = text_compare.read_csv(COMMITTED)
     names = {r["model"] for r in rows}       # every zoo model; the short runs released

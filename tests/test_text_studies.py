@@ -8,6 +8,7 @@ import shutil
 
 import pandas as pd
 import pytest
+from tiers import documented
 
 from dashboards.cli import main as cli_main
 from interp.cope import token_category
@@ -253,6 +254,7 @@ def test_sharpness_section_names_the_stage_that_widens_the_spread():
     assert "ranges from 0.50 (`a`) to 2.00 (`b`)" in text
 
 
+@documented("study")   # the fast tier's representative study re-derivation
 def test_shipped_sharpness_table_is_recomputed():
     """docs/figures/zoo/score_spread.csv's rows of one shipped model, recomputed."""
     import pandas as pd
@@ -268,6 +270,7 @@ def test_shipped_sharpness_table_is_recomputed():
         assert got[col].to_numpy() == pytest.approx(doc[col].to_numpy(), abs=1e-3), col
 
 
+@documented("report")
 def test_docs_zoo_md_is_current():
     assert zoo_docs.main(["--check"]) == 0, \
         "docs/zoo.md is stale: run `python -m interp.zoo.zoo_docs`"

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from tiers import documented
 
 from hooked_models import zoo
 from interp.zoo.induction import induction_metrics
@@ -15,6 +16,7 @@ def test_zoo_is_not_empty():
     assert "induction-mha" in NAMES
 
 
+@documented("toy card")
 @pytest.mark.parametrize("name", NAMES)
 def test_card_metrics_are_reproduced(name):
     model = zoo.load(name)

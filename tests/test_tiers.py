@@ -1,0 +1,131 @@
+"""The two tiers stay honest (docs/testing.md): every test file has a measured place, the fast
+tier's measured time stays inside its budget, the reproduce tier is only documented
+re-derivations, and the CI decision follows the diff."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from tiers import KINDS, ROOT, check_marks, documented_params, summary_table
+
+DURATIONS = json.loads((ROOT / "tests" / "tier_durations.json").read_text())
+TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+# make test must finish in 15 minutes on a fresh 2-core machine, setup (about 2 minutes of pip,
+# apt) included: the measured pytest wall time has to stay under 12.
+FAST_BUDGET_S = 12 * 60
+# One file's share of the fast tier (seconds of test time, summed over its tests): a file over
+# it is a re-derivation that belongs in the reproduce tier, or needs a cheaper fixture.
+FILE_BUDGET_S = 180
+
+
+def test_every_test_file_has_a_measured_fast_tier_duration():
+    recorded = set(DURATIONS["files"])
+    missing = sorted(set(TEST_FILES) - recorded)
+    assert not missing, (f"{missing}: not measured; place its slow re-derivations in the "
+                         "reproduce tier (tests/tiers.py) and run `python -m scripts.suite_time "
+                         "--update`")
+    gone = sorted(recorded - set(TEST_FILES))
+    assert not gone, f"tests/tier_durations.json lists files that no longer exist: {gone}"
+
+
+def test_the_measured_fast_tier_fits_its_budget():
+    assert DURATIONS["wall_seconds"] <= FAST_BUDGET_S, (
+        f"the fast tier took {DURATIONS['wall_seconds']} s on {DURATIONS['machine']} "
+        f"({DURATIONS['measured']}); budget {FAST_BUDGET_S} s: move re-derivations to the "
+        "reproduce tier")
+    heavy = {f: s for f, s in DURATIONS["files"].items() if (s or 0) > FILE_BUDGET_S}
+    assert not heavy, f"fast-tier files over {FILE_BUDGET_S} s of test time: {heavy}"
+
+
+def test_files_with_reproduce_tests_say_so_in_their_source():
+    """A file whose tests all left the fast tier (no time recorded) marks them in its source."""
+    for file, seconds in DURATIONS["files"].items():
+        if seconds is None:
+            text = (ROOT / file).read_text()
+            assert "reproduce" in text, f"{file} has no fast-tier time but no reproduce mark"
+
+
+def test_documented_params_keeps_the_smallest_of_each_group_fast():
+    params = documented_params("paper card", ["a1", "a22", "b333", "b4"], ids=str, size=len,
+                               group=lambda s: s[0])
+    tiers = {p.id: {m.name for m in p.marks} for p in params}
+    assert tiers == {"a1": {"documented"}, "a22": {"documented", "reproduce"},
+                     "b4": {"documented"}, "b333": {"documented", "reproduce"}}
+    assert all(m.kwargs == {"kind": "paper card"} for p in params for m in p.marks
+               if m.name == "documented")
+    with pytest.raises(ValueError, match="'papers' is not one of"):
+        documented_params("papers", ["x"], ids=str, size=len)
+
+
+class _Item:
+    def __init__(self, nodeid, *marks):
+        self.nodeid, self.marks = nodeid, {m.name: m for m in marks}
+
+    def get_closest_marker(self, name):
+        return self.marks.get(name)
+
+
+def test_a_reproduce_test_must_say_what_it_re_derives():
+    check_marks([_Item("ok", pytest.mark.reproduce.mark, pytest.mark.documented(kind="circuit")
+                       .mark)])
+    with pytest.raises(pytest.UsageError, match="marked reproduce but not documented"):
+        check_marks([_Item("t::x", pytest.mark.reproduce.mark)])
+    with pytest.raises(pytest.UsageError, match="must be documented"):
+        check_marks([_Item("t::y", pytest.mark.documented("circuit").mark)])
+
+
+def test_summary_table_counts_recomputed_resumed_and_differing_results():
+    tests = {"a::1": {"outcome": "passed", "seconds": 2.0, "kind": "circuit", "message": ""},
+             "a::2": {"outcome": "failed", "seconds": 3.0, "kind": "circuit",
+                      "message": "assert 0.91 == 0.93"},
+             "b::1": {"outcome": "passed", "seconds": 5.0, "kind": "notebook", "message": ""}}
+    table = summary_table(tests, ran={"a::2": tests["a::2"]})
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:4]}
+    assert rows["circuit"][1:] == ["1", "1", "1", "0", "3"]
+    assert rows["notebook"][1:] == ["0", "1", "0", "0", "0"]
+    assert "a::2: assert 0.91 == 0.93" in table
+
+
+def test_every_kind_has_a_documented_test_in_the_fast_tier():
+    """Each kind keeps a cheap representative in make test (the collection, read statically:
+    a documented mark without reproduce, or a documented_params call)."""
+    sources = {f: (ROOT / f).read_text() for f in TEST_FILES}
+    for kind in KINDS:
+        users = [f for f, text in sources.items() if f'"{kind}"' in text
+                 and ("documented" in text)]
+        assert users, f"no test re-derives a documented {kind}"
+        assert any(DURATIONS["files"].get(f) is not None for f in users), \
+            f"every {kind} re-derivation is in the reproduce tier: keep one in the fast tier"
+
+
+def _ci_decision(tmp_path, base: str | None) -> tuple[int, str]:
+    landed = tmp_path / "landed"
+    if base is not None:
+        landed.write_text(base + "\n")
+    code = ("import sys; from pathlib import Path; import scripts.ci_reproduce as c; "
+            f"run, why = c.decide(Path({str(landed)!r})); print(why); sys.exit(0 if run else 3)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True)
+    return out.returncode, out.stdout
+
+
+def test_ci_reproduces_when_it_cannot_tell_and_when_documented_files_changed(tmp_path):
+    from scripts.ci_reproduce import watched
+
+    assert watched(["docs/zoo.md", "interp/heads.py", "hooked_models/zoo/text-mha-l2/card.json",
+                    "notebooks/src/01_quickstart.py", "README.md", "kernels/mta/function.py"]
+                   ) == ["docs/zoo.md", "hooked_models/zoo/text-mha-l2/card.json",
+                         "notebooks/src/01_quickstart.py", "README.md"]
+    code, why = _ci_decision(tmp_path, None)
+    assert code == 0 and "no landed base" in why
+    code, why = _ci_decision(tmp_path, "0" * 40)
+    assert code == 0 and "not in this clone" in why
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    code, why = _ci_decision(tmp_path, head)   # nothing committed since: nothing to reproduce
+    assert code == 3 and "none a model" in why, why

@@ -103,8 +103,8 @@ def choose_view(store, name: str, layer, head, stage, names=None) -> Choice:
     wanted = stage_entry(store, names, stage) if isinstance(stage, str) else None
     if wanted is None:
         chosen = find_map_stage(model, layer, "pattern")
-        stage_note = (f"stage {stage!r} is not a map stage of any model here: showing "
-                      f"hook_pattern" if stage != "pattern" else "")
+        # every model has `pattern`, so a stage found nowhere is never `pattern` itself
+        stage_note = f"stage {stage!r} is not a map stage of any model here: showing hook_pattern"
     else:
         chosen = closest_stage(model, layer, wanted)
         stage_note = ("" if chosen.name == stage else

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -69,11 +68,6 @@ def documented_params(kind: str, items: Iterable, ids: Callable[[object], str],
             for it in items]
 
 
-def weight_bytes(directory: Path) -> int:
-    """The size of a checkpoint directory's weights (the representative's yardstick)."""
-    return (Path(directory) / "model.safetensors").stat().st_size
-
-
 def check_marks(items) -> None:
     """Every `reproduce` test is a documented re-derivation of a known kind."""
     for item in items:
@@ -105,13 +99,12 @@ class ReproducePlugin:
     A test that passed on this tree is not run again; everything else is."""
 
     def __init__(self, config, state: Path):
-        self.config, self.path = config, Path(state)
+        self.path = Path(state)
         self.tree = tree_key()
         self.state = self._load()
         self.is_worker = hasattr(config, "workerinput")
         self.ran: dict[str, dict] = {}
         self.bar = None
-        self.start = time.monotonic()
 
     def _load(self) -> dict:
         if self.path.is_file():

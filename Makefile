@@ -20,10 +20,10 @@ lint: setup
 	.venv/bin/ruff check .
 
 bench: setup
-	.venv/bin/python -m hooked_models.bench
+	.venv/bin/python -m attnlens.bench
 
 notebooks: setup
 	.venv/bin/python notebooks/build_notebooks.py --execute
 
 docs: setup
-	.venv/bin/python -m dashboards.docs_gen
+	.venv/bin/python -m attnlens.reports.docs_gen

@@ -18,7 +18,7 @@ from flask_compress import Compress
 from dashboards.figures import MAX_COMPARED
 from dashboards.pages import PAGES
 from dashboards.store import MAX_PROMPT_CHARS
-from interp.explore import map_stages
+from interp.tools.explore import map_stages
 
 # Flask refuses larger request bodies with 413 before any callback (or tokenizer) runs.
 MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 64_000
@@ -232,7 +232,7 @@ def create_app(store, host: str | None = None) -> Dash:
     _guard_hosts(app, served_hosts(host))
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     # Responses compressed (the browser asks for zstd or gzip): a map's masked half is NaN
-    # and compresses to nothing; level 1 costs a few ms (dashboards/benchmarks/explorer.py).
+    # and compresses to nothing; level 1 costs a few ms (attnlens/benchmarks/explorer.py).
     app.server.config.update(COMPRESS_ALGORITHM=["zstd", "gzip"], COMPRESS_ZSTD_LEVEL=1,
                              COMPRESS_LEVEL=1)
     Compress(app.server)

@@ -1,5 +1,5 @@
 """One model's view of the shared controls, shared by the explorer and compare pages: the
-request values checked, the maps computed by `interp.explore`, the figures by `interp.plots`.
+request values checked, the maps computed by `interp.tools.explore`, the figures by `interp.plots`.
 
 No analysis here: this file only wires validated inputs to interp calls.
 """
@@ -13,7 +13,8 @@ import pandas as pd
 from dashboards.figures import safe_filename
 from dashboards.map_cache import MAP_CACHE
 from hooked_models.attention import Stage
-from interp.explore import (
+from interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
+from interp.tools.explore import (
     ExploreView,
     all_map_keys,
     closest_stage,
@@ -22,7 +23,6 @@ from interp.explore import (
     find_map_stage,
     map_stages,
 )
-from interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
@@ -94,7 +94,7 @@ def stage_entry(store, names, stage: str) -> Stage | None:
 def choose_view(store, name: str, layer, head, stage, names=None) -> Choice:
     """What model `name` shows for a request: the asked-for layer, head and stage where it has
     them, else the closest ones (the last layer for too large a layer; the stage playing the
-    same role, `interp.explore.closest_stage`), with a note that says which. A link made for
+    same role, `interp.tools.explore.closest_stage`), with a note that says which. A link made for
     another model, or edited by hand, thus still shows a map. `names`: the chosen models, where
     the stage's role is looked up first."""
     model = store.get(name)

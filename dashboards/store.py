@@ -146,7 +146,7 @@ def default_prompt(model, directory: Path | None = None) -> str:
 
     card = getattr(model, "card", None) or {}
     if card.get("kind") == "text-lm" and directory is not None:
-        from interp.zoo.text_eval import load_eval_tokens
+        from interp.tools.text_eval import load_eval_tokens
 
         window = load_eval_tokens(directory)[0]
         bos = model.tokenizer.bos_token_id

@@ -19,7 +19,7 @@ from hooked_models.attention import (
 )
 from hooked_models.config import VariantConfig
 from hooked_models.model import HookedVariantTransformer, KVCache
-from hooked_models.tokenizer import CharTokenizer
+from hooked_models.tokenizers.vocab import CharTokenizer
 
 __all__ = [
     "CharTokenizer",

@@ -1,11 +1,12 @@
 """Checkpoints: a directory with `config.json`, `model.safetensors` and optionally `card.json`
 and `tokenizer.json` (a trained BPE in HF `tokenizers` format, or a word vocabulary:
-`hooked_models.tokenizer.WordTokenizer`).
+`hooked_models.tokenizers.vocab.WordTokenizer`).
 
 Nothing is ever unpickled. A save touches only those four files and nothing else in the
 directory (it may hold the user's own files, or a trainer's optimizer state).
 
-At every moment one complete checkpoint loads, the old one or the new one (DESIGN.md contract 6),
+At every moment one complete checkpoint loads, the old one or the new one (docs/design.md contract
+6),
 whatever the moment a save is interrupted. A save runs as a small transaction:
 
 1. stage: the new `tokenizer.json`, `card.json` and `config.json` are written to fsynced
@@ -384,8 +385,8 @@ def load_checkpoint(cls, directory, device: str | None = None, tokenizer=None):
 def _read_tokenizer(directory: Path, staged: dict):
     """The checkpoint's tokenizer (a word vocabulary or a trained BPE), or None when it has
     none."""
-    from hooked_models.bpe import BPETokenizer
-    from hooked_models.tokenizer import WordTokenizer
+    from hooked_models.tokenizers.bpe import BPETokenizer
+    from hooked_models.tokenizers.vocab import WordTokenizer
 
     path = directory / TOKENIZER_FILE
     if TOKENIZER_FILE not in staged:

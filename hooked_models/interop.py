@@ -1,4 +1,4 @@
-"""What other toolkits expect of a model, mixed into `HookedVariantTransformer` (DESIGN.md 9).
+"""What other toolkits expect of a model, mixed into `HookedVariantTransformer` (docs/design.md 9).
 
 - TransformerLens's `set_use_*` switches, which its patching and attribution tools flip:
   `set_use_attn_result` (per-head `attn.hook_result`), `set_use_split_qkv_input` (per-head

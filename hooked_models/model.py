@@ -29,8 +29,8 @@ from hooked_models.devices import check_device
 from hooked_models.generation import GenerationMixin
 from hooked_models.interop import InteropMixin
 from hooked_models.sizing import check_sizes
-from hooked_models.tokenization import TokenizationMixin
-from hooked_models.tokenizer import CharTokenizer
+from hooked_models.text_io import TokenizationMixin
+from hooked_models.tokenizers.vocab import CharTokenizer
 
 ReturnType = Literal["logits", "loss", "both", None]
 
@@ -385,7 +385,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         return lambda name: bool(select(name)) or (name in z_of and bool(select(z_of[name])))
 
     def stages(self, layer: int = 0) -> tuple[Stage, ...]:
-        """The ordered stage catalogue of `layer`'s attention (DESIGN.md contract 3)."""
+        """The ordered stage catalogue of `layer`'s attention (docs/design.md contract 3)."""
         return self.blocks[layer].attn.stages
 
     def stage_hook_name(self, layer: int, stage: str | Stage) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hooked_models.attention.infini import InfiniAttention, InfiniLayerState
+from hooked_models.attention.infini.layer import InfiniAttention, InfiniLayerState
 
 
 class InfiniStream:

@@ -1,7 +1,7 @@
-"""Triton kernels for attnlens, one folder per op (DESIGN.md contract 5: pay for what you look at).
+"""Triton kernels for attnlens, one folder per op (docs/design.md, "pay for what you look at").
 
-Each op folder holds `reference.py` (the plain-torch spec; `naive.py` where the model imports
-the same equations: `kernels.cope.naive`, `kernels.infini.naive`), `triton_*.py` (the kernels),
+Each op folder holds `reference.py` (the op's one plain-torch spec, which the layers' readable
+paths and the tests share), `triton_*.py` (the kernels),
 `function.py` (an autograd.Function) and the dispatch that decides when the fused path applies:
 
 - `kernels.flash_attention`: fused causal softmax attention returning the row log-sum-exp
@@ -13,7 +13,8 @@ the same equations: `kernels.cope.naive`, `kernels.infini.naive`), `triton_*.py`
   kernel epilogue, plus a batched compressive-memory pass.
 - `kernels.dispatch`: backend resolution for `cfg.backend` and `patterns_for`, which recomputes
   chosen pattern rows from the saved log-sum-exp.
-- `kernels.bench`: `python -m kernels.bench` prints time / memory / TFLOP/s tables.
+- `attnlens.benchmarks.kernels`: `python -m attnlens.benchmarks.kernels` prints time / memory /
+TFLOP/s tables.
 
 Importing `kernels` does not import triton; the op modules do. Kernels run compiled on CUDA, or
 on the CPU interpreter when `TRITON_INTERPRET=1` is set before they are imported.

@@ -1,4 +1,4 @@
-"""Pay for what you look at (DESIGN.md contract 5): backend resolution and `patterns_for`.
+"""Pay for what you look at (docs/design.md contract 5): backend resolution and `patterns_for`.
 
 A layer takes its fused kernel (`VariantAttention.fused_attend`) when `cfg.backend` allows it
 (`fused_backend_enabled`) and no hook is attached to one of its map stages; otherwise it takes the

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Ship finished text-zoo runs: copy each release into hooked_models/zoo, add its calibration
-# trajectory, run the studies on it, regenerate docs/zoo.md and the README's table and re-execute
-# the notebooks that load the zoo. What is left to a person: the README's findings, then the
-# tests and the commit.
+# trajectory, run the studies on it, regenerate docs/zoo.md (its table of the text models) and
+# re-execute the notebooks that load the zoo. What is left to a person: the findings
+# (attnlens/reports/zoo_findings.py), the README's zoo.available listing, then the tests and the
+# commit.
 #   bash scripts/ship_text_models.sh                  # every released run not shipped yet
 #   bash scripts/ship_text_models.sh text-mta-l4mlp   # these alone
 #   DRY_RUN=1 bash scripts/ship_text_models.sh        # print the commands, run none
@@ -45,16 +46,17 @@ for n in "${names[@]}"; do
   run cp -r "$OUT/release/$n" "$ZOO/$n"
 done
 CAL=docs/figures/zoo
-run "$PY" -m interp.zoo.calibration "${names[@]/#/$OUT/runs/}" --keep "$CAL/calibration.csv" \
+run "$PY" -m attnlens.zoo.calibration "${names[@]/#/$OUT/runs/}" --keep "$CAL/calibration.csv" \
   --csv "$CAL/calibration.csv" --png "$CAL/calibration.png" \
   --focus text-mha-l2-v1 text-mha-l2-ctx256 text-mha-l2 \
   --focus-png "$CAL/calibration_curriculum.png"
-run "$PY" -m interp.zoo.text_studies "$ZOO" --only "${names[@]}"
-run "$PY" -m interp.zoo.zoo_docs
+run "$PY" -m attnlens.zoo.text_studies "$ZOO" --only "${names[@]}"
+run "$PY" -m attnlens.reports.zoo_docs
 run "$PY" notebooks/build_notebooks.py --execute 01_quickstart 02_induction_heads
 cat >&2 <<EOF
 ship_text_models: done. Left to you:
-  - README.md: its table is regenerated; the findings and the zoo.available listing are yours;
+  - docs/zoo.md: its table is regenerated; the findings (attnlens/reports/zoo_findings.py) and
+    README.md's zoo.available listing are yours;
   - tests: .venv/bin/python -m pytest -q tests/test_text_zoo.py tests/test_zoo_size.py \\
       tests/test_text_studies.py tests/test_zoo_calibration.py tests/test_docs.py \\
       tests/test_serve_defaults.py tests/test_readme.py tests/test_notebooks.py -k "not test_notebook_runs"

@@ -75,7 +75,7 @@ def assert_causal(model, tokens: torch.Tensor, t: int, atol: float = EXACT["atol
 
 
 def assert_pattern_identity(model, tokens: torch.Tensor, atol: float = EXACT["atol"]) -> None:
-    """DESIGN.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer
+    """docs/design.md contract 4: z[b,q,h] == sum_k pattern[b,h,q,k] v[b,k,h] in every layer
     (float64 model, see EXACT); under grouped-query attention v is its group's value head."""
     _require_float64(model)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`make bench` / `python -m hooked_models.bench`: one entry point over every benchmark script."""
+"""`make bench` / `python -m attnlens.bench`: one entry point over every benchmark script."""
 
 import pkgutil
 import subprocess
@@ -7,25 +7,23 @@ from pathlib import Path
 
 import pytest
 
-import dashboards.benchmarks
-import hooked_models.benchmarks
-import interp.benchmarks
-from hooked_models import bench
+import attnlens.benchmarks
+from attnlens import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_benchmark_script_is_registered():
-    scripts = {f"{pkg.__name__}.{m.name}" for pkg in (hooked_models.benchmarks, interp.benchmarks,
-                                                          dashboards.benchmarks)
+    scripts = {f"{pkg.__name__}.{m.name}" for pkg in (attnlens.benchmarks, attnlens.benchmarks,
+                                                          attnlens.benchmarks)
                for m in pkgutil.iter_modules(pkg.__path__)}
     registered = {b.module for b in bench.BENCHMARKS}
-    assert scripts | {"kernels.bench"} == registered
+    assert scripts | {"attnlens.benchmarks.kernels"} == registered
 
 
 def test_makefile_bench_target_runs_this_module():
     makefile = (ROOT / "Makefile").read_text()
-    assert "-m hooked_models.bench" in makefile
+    assert "-m attnlens.bench" in makefile
 
 
 def test_unknown_name_is_refused_with_the_known_names(capsys):
@@ -37,7 +35,7 @@ def test_unknown_name_is_refused_with_the_known_names(capsys):
 
 
 def test_quick_run_prints_each_table_and_exits_zero():
-    out = subprocess.run([sys.executable, "-m", "hooked_models.bench", "--quick", "--only",
+    out = subprocess.run([sys.executable, "-m", "attnlens.bench", "--quick", "--only",
                           "core", "diversity", "kernels"], capture_output=True, text=True,
                          cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -47,7 +45,7 @@ def test_quick_run_prints_each_table_and_exits_zero():
 
 
 def test_a_failing_script_is_named_and_fails_the_run(monkeypatch, capsys):
-    broken = bench.Benchmark("broken", "hooked_models.benchmarks.no_such_module", "x", ())
+    broken = bench.Benchmark("broken", "attnlens.benchmarks.no_such_module", "x", ())
     monkeypatch.setattr(bench, "BENCHMARKS", (broken,))
     assert bench.main([]) == 1
     assert "FAILED benchmarks: broken" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Property test of the public boundary (DESIGN.md contract 9), with hypothesis.
+"""Property test of the public boundary (docs/design.md contract 9), with hypothesis.
 
 Random configs (every registered variant, small sizes, option values drawn at run time from each
 variant's `Options` dataclass fields, valid or not), shapes and token inputs either raise a

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from hooked_models import HookedVariantTransformer, checkpoint, zoo
-from hooked_models.bpe import train_bpe
+from hooked_models.tokenizers.bpe import train_bpe
 
 from helpers import random_tokens, tiny_cfg
 

@@ -1,4 +1,4 @@
-"""interp.circuit_discovery (issue 25): the graph of every variant, attribution patching against
+"""interp.circuits.discovery (issue 25): the graph of every variant, attribution patching against
 exact patching (float64), EAP-IG's completeness, per-edge IG's convergence, within-layer map
 edges that matter, circuit extraction, faithfulness, the figure, the CLI and the zoo."""
 
@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp.circuit_discovery import (
+from interp.circuits.discovery import (
     build_graph,
     circuit_figure,
     discover,
@@ -24,8 +24,8 @@ from interp.circuit_discovery import (
     prune,
     select_edges,
 )
-from interp.circuit_discovery.engine import run
-from interp.circuit_discovery.scoring import attribution_patching
+from interp.circuits.discovery.engine import run
+from interp.circuits.discovery.scoring import attribution_patching
 
 from helpers import random_tokens, tiny_model
 
@@ -95,7 +95,7 @@ def test_graph_shape(setup):
 
 def test_shared_code_names_no_variant():
     """Variants plug in through the catalogue and the mixing seam, never by name."""
-    for path in Path("interp/circuit_discovery").glob("*.py"):
+    for path in Path("interp/circuits/discovery").glob("*.py"):
         code = path.read_text()
         if path.name == "report.py":   # lists the bundled zoo names
             continue
@@ -197,7 +197,7 @@ def test_select_prune_and_faithfulness():
 
 def test_zoo_induction_mha_recovered():
     from hooked_models import zoo
-    from interp.circuit_discovery import induction_heads, recovery
+    from interp.circuits.discovery import induction_heads, recovery
 
     model = zoo.load("induction-mha")
     task = induction_task(model, n_prompts=8, half_len=8, seed=0)
@@ -214,7 +214,7 @@ def test_recovery_counts_a_layer_0_induction_head_as_one_layer():
     is recovered as a one-layer circuit; a later layer's head still needs K-composition."""
     import pandas as pd
 
-    from interp.circuit_discovery import recovery
+    from interp.circuits.discovery import recovery
 
     graph = build_graph(tiny_model("mta"))
     scores = pd.DataFrame({"edge": [e.name for e in graph.edges],
@@ -230,7 +230,7 @@ def test_recovery_counts_a_layer_0_induction_head_as_one_layer():
 
 
 def test_cli_circuit(tmp_path, capsys):
-    from dashboards.cli import main
+    from attnlens.cli import main
 
     assert main(["circuit", "induction-mha", "--prompts", "4", "--steps", "3",
                  "--out", str(tmp_path), "--no-png"]) == 0
@@ -248,7 +248,7 @@ def test_cli_circuit(tmp_path, capsys):
 def test_cli_circuit_paper_tasks(capsys):
     """`attnlens circuit --task findblock | conjunction-value` on the shipped paper-task models:
     MTA's find-the-block circuit runs through L0H1; DCMHA's value-copy graph has Compose edges."""
-    from dashboards.cli import main
+    from attnlens.cli import main
 
     assert main(["circuit", "mta-findblock-last-mta-s0", "--task", "findblock", "--prompts",
                  "4", "--steps", "3", "--top-k", "10"]) == 0

@@ -1,4 +1,4 @@
-"""Circuit discovery on the zoo's paper-task models (interp.circuit_discovery.paper_tasks).
+"""Circuit discovery on the zoo's paper-task models (interp.circuits.discovery.paper_tasks).
 
 The thresholds are what was measured on the shipped checkpoints, with margin
 (docs/circuit_discovery.md, "Find the block and conjunction"):
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from hooked_models import zoo
-from interp.circuit_discovery import discover
-from interp.circuit_discovery.extract import circuit_metric, reference_record
-from interp.circuit_discovery.paper_tasks import (
+from interp.circuits.discovery import discover
+from interp.circuits.discovery.extract import circuit_metric, reference_record
+from interp.circuits.discovery.paper_tasks import (
     conjunction_task_pair,
     find_block_task,
     model_variant,

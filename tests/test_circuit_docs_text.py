@@ -12,7 +12,7 @@ import torch
 from tiers import documented_params
 
 from hooked_models.zoo import available
-from interp.circuit_discovery.report import model_rows
+from interp.circuits.discovery.report import model_rows
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "circuit_discovery.md"
 SECTION = "## The induction circuit of a text language model"

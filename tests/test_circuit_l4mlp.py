@@ -12,10 +12,10 @@ import torch
 from tiers import reproduce
 
 from hooked_models.zoo import available
-from interp.circuit_discovery.discover import discover
-from interp.circuit_discovery.extract import faithfulness_curve
-from interp.circuit_discovery.induction import induction_task
-from interp.circuit_discovery.report import load, model_rows
+from interp.circuits.discovery.discover import discover
+from interp.circuits.discovery.extract import faithfulness_curve
+from interp.circuits.discovery.induction import induction_task
+from interp.circuits.discovery.report import load, model_rows
 from interp.tasks.induction import repeated_tokens
 
 # 6.5 minutes of circuit search on the 4-layer models: the reproduce tier (make reproduce); the

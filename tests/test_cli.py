@@ -1,6 +1,6 @@
 """The `attnlens` command line: demo and stages (analyze and serve are tested elsewhere)."""
 
-from dashboards.cli import main
+from attnlens.cli import main
 from hooked_models import available_variants
 
 
@@ -26,7 +26,7 @@ def test_help_describes_every_command():
     """The top-level help (the module docstring) has a usage line for each subcommand."""
     import argparse
 
-    import dashboards.cli as cli
+    import attnlens.cli as cli
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -25,7 +25,7 @@ def test_training_forward_is_one_graph(variant):
                         attention=variant, attn_only=False, d_mlp=64,
                         positional_embedding_type=positions, attn_cfg=attn_cfg, seed=0)
     model = HookedVariantTransformer(cfg)
-    # as hooked_models.trainer.compiled_forward arranges it
+    # as attnlens.training.trainer.compiled_forward arranges it
     model._check_tokens = torch.compiler.disable(model._check_tokens)
     tokens = torch.randint(0, 50, (2, 32), generator=torch.Generator().manual_seed(0))
     dynamo.reset()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dashboards.cli import main as cli_main
+from attnlens.cli import main as cli_main
 from hooked_models.converters.convert import convert_checkpoint
 
 

@@ -151,7 +151,7 @@ def test_long_recipes_stop_early_on_held_out_batches(tmp_path, monkeypatch):
     """Issue 24: the CoPE results that did not reproduce get the paper's depth at d_model 128
     (the nearest shape to its 4 x 256 that fits the CPU and the zoo's cap), three seeds and
     early stopping on validation batches no training or evaluation batch uses."""
-    from interp.zoo.paper import _training, cope
+    from attnlens.zoo.paper import _training, cope
 
     long = {n: r for n, r in cope.RECIPES.items() if "-long-" in n}
     settings = {(r.phenomenon, r.variant, r.task_args.get("n_vars")) for r in long.values()}

@@ -14,18 +14,18 @@ from dashboard_common import ALPHABET, call
 
 from dashboards.app import _parse_link, create_app, make_link
 from dashboards.store import MAX_PROMPT_CHARS, ModelStore
-from interp.circuit_tokens import circuit_token_ids, has_head_mixing, token_circuit
-from interp.circuits import composition_table
-from interp.composed import composed_ov, composed_qk, mixing_at
-from interp.induction_study import (
+from interp.circuits.composed import composed_ov, composed_qk, mixing_at
+from interp.circuits.qk_ov import composition_table
+from interp.circuits.tokens import circuit_token_ids, has_head_mixing, token_circuit
+from interp.plots.circuits import composition_vs_baseline_figure, token_circuit_figure
+from interp.tools.induction_study import (
     ablation_effect,
     make_probe,
     probe_loss,
     probe_scores,
     training_curve,
 )
-from interp.outputs import next_token_losses, repeat_losses, top_predictions
-from interp.plots.circuits import composition_vs_baseline_figure, token_circuit_figure
+from interp.tools.outputs import next_token_losses, repeat_losses, top_predictions
 
 from helpers import tiny_model
 

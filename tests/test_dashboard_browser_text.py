@@ -9,7 +9,7 @@ import pytest
 from browser_common import figure, open_tab, wait
 from test_dashboard_browser_zoo import ONE_MODEL, PAGES, _drawn_or_error
 
-from dashboards import cli
+from attnlens import cli
 
 pytestmark = pytest.mark.browser
 

@@ -104,8 +104,8 @@ def test_gate_classes_read_the_same_in_both_gating_figures(app):
 
 
 def test_titles_sit_below_the_modebar_and_two_head_titles_fit(store):
-    from interp.explore import find_map_stage
     from interp.plots.maps import MIN_MOSAIC_WIDTH, MODEBAR_PX, head_mosaic_figure, map_figure_dict
+    from interp.tools.explore import find_map_stage
 
     model = store.get("two-heads")
     stage = find_map_stage(model, 0, "pattern")

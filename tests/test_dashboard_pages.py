@@ -12,14 +12,14 @@ import pytest
 import torch
 from dashboard_common import ALPHABET, call, shared
 
+from attnlens.cli import build_store
 from dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
-from dashboards.cli import build_store
 from dashboards.figures import graph_config
 from dashboards.store import MAX_PROMPT_CHARS, ModelStore, load_store
 from hooked_models.attention import get_attention_class
-from interp.explore import closest_stage, downsample, find_map_stage
 from interp.plots import head_table_figure
 from interp.plots.maps import MAX_TICKS, head_grid_figure, map_figure, map_scale
+from interp.tools.explore import closest_stage, downsample, find_map_stage
 
 from helpers import tiny_model
 

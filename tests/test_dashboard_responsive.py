@@ -88,8 +88,8 @@ def test_every_progress_indicator_keeps_the_old_figure(store):
 
 
 def test_a_long_map_opens_on_a_window_of_square_cells(store):
-    from interp.explore import find_map_stage
     from interp.plots.maps import WINDOW, map_figure_dict
+    from interp.tools.explore import find_map_stage
 
     stage = find_map_stage(store.get("tiny-mha"), 0, "pattern")
     n = 150

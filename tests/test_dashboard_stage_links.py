@@ -12,7 +12,7 @@ from dashboard_common import ALPHABET, call, shared
 
 from dashboards.app import make_link
 from dashboards.store import ModelStore
-from interp.explore import map_stages
+from interp.tools.explore import map_stages
 
 from helpers import tiny_model
 

@@ -25,7 +25,7 @@ from dcformer_release_reference import (
     rope_release,
 )
 
-from dashboards.cli import main as cli_main
+from attnlens.cli import main as cli_main
 from hooked_models.converters.dcformer import dcformer_config, from_dcformer
 
 # The published config.json (GitHub pytorch/dcpythia/config.json) at tiny shapes.

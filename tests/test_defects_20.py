@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hooked_models import zoo
-from interp import gating
+from interp.tools import gating
 
 from helpers import random_tokens, tiny_cfg, tiny_model
 
@@ -29,8 +29,8 @@ def test_mta_without_gating_lists_no_gate_stage_and_gate_analyses_run(tmp_path):
 
 
 def test_gating_analysis_and_sweep_on_an_mta_model_without_gates(tmp_path):
-    from interp.analyze import run_analyses
     from interp.sweep import run_sweep
+    from interp.tools.analyze import run_analyses
 
     model = tiny_model("mta", attn_cfg={"add_gating": False}, dtype="float64")
     manifest = run_analyses(model, ["gating"], tmp_path / "out", batch=2, half_len=4,
@@ -72,7 +72,7 @@ def test_official_args_with_a_linear_head_build_it(alias, field, param):
 
 # -- item 2: analyze takes zoo names and names a missing path -----------------------------------
 def test_analyze_takes_a_zoo_name_and_names_a_missing_path(tmp_path, capsys):
-    from dashboards.cli import main
+    from attnlens.cli import main
 
     assert main(["analyze", "induction-dcmha", "--analysis", "circuits", "--out",
                  str(tmp_path / "o"), "--no-png"]) == 0
@@ -91,7 +91,7 @@ def test_analyze_takes_a_zoo_name_and_names_a_missing_path(tmp_path, capsys):
 def test_serve_refuses_a_taken_port_before_announcing_it(monkeypatch, capsys):
     import socket
 
-    from dashboards import cli
+    from attnlens import cli
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("serve went on with a taken port")

@@ -1,4 +1,4 @@
-"""Pay for what you look at (DESIGN.md contract 5): the backend dispatch and `patterns_for`.
+"""Pay for what you look at (docs/design.md contract 5): the backend dispatch and `patterns_for`.
 
 Runs the fused kernels on the Triton CPU interpreter (TRITON_INTERPRET=1, set by conftest).
 """
@@ -30,7 +30,7 @@ def model(backend="triton", **overrides):
 def calls(monkeypatch):
     """Counts per path: 'fused' kernel launches, 'torch' materialising attends and 'fast'
     (the CPU torch path with nothing observed: SDPA), per layer."""
-    import hooked_models.attention.mha as mha
+    import hooked_models.attention.mha.layer as mha
     import kernels.flash_attention.dispatch as fd
 
     log = spy(monkeypatch, fd, "flash_attention", [], "fused")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiers import documented
 
-from dashboards import docs_gen
+from attnlens.reports import docs_gen
 from hooked_models import available_variants
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -31,7 +31,7 @@ def test_stale_names_the_file_and_the_command(tmp_path, capsys, monkeypatch):
     assert docs_gen.stale(tmp_path) == ["hooks.md"]
     monkeypatch.setattr(docs_gen, "DOCS", tmp_path)
     assert docs_gen.main(["--check"]) == 1
-    assert "docs/hooks.md is stale; refresh it with `python -m dashboards.docs_gen`" in (
+    assert "docs/hooks.md is stale; refresh it with `python -m attnlens.reports.docs_gen`" in (
         capsys.readouterr().out)
 
 
@@ -52,7 +52,7 @@ def test_an_option_set_for_every_variant_is_required(monkeypatch):
 
 
 def test_cli_md_documents_every_subcommand_and_option():
-    from dashboards.cli import build_parser
+    from attnlens.cli import build_parser
 
     text = (DOCS / "cli.md").read_text()
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")

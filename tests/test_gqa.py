@@ -210,7 +210,7 @@ def test_invalid_n_key_value_heads_raise(kv):
 
 
 def test_ablating_values_of_one_head_is_refused_under_gqa():
-    from interp.heads import ablation_hooks
+    from interp.tools.heads import ablation_hooks
 
     with pytest.raises(ValueError, match="grouped-query"):
         ablation_hooks(tiny_model("mha", n_key_value_heads=2), [(0, 1)], hook="v")

@@ -14,7 +14,6 @@ import torch
 from dashboards.app import create_app
 from dashboards.map_cache import MAP_CACHE
 from dashboards.store import ModelStore
-from interp.explore import downsample, find_map_stage
 from interp.plots.maps import (
     blank_future,
     head_mosaic_figure,
@@ -23,6 +22,7 @@ from interp.plots.maps import (
     mosaic_head,
     typed_array,
 )
+from interp.tools.explore import downsample, find_map_stage
 
 from helpers import tiny_model
 
@@ -207,7 +207,7 @@ def test_block_means_match_a_float64_nanmean_reference():
 
 
 def test_benchmark_script_runs_and_reports_the_target(capsys):
-    from dashboards.benchmarks import explorer as bench
+    from attnlens.benchmarks import explorer as bench
 
     bench.main(["--variants", "mha", "--tokens", "40", "--layers", "2", "--heads", "2",
                 "--d-model", "16", "--repeats", "1"])

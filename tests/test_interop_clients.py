@@ -13,7 +13,7 @@ import torch
 from nnsight import NNsight
 
 from hooked_models import available_variants
-from interp.ecosystem import circuitsvis_args, row_stochastic_stage
+from interp.tools.ecosystem import circuitsvis_args, row_stochastic_stage
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -1,4 +1,4 @@
-"""TransformerLens's arguments and switches on every variant (issue 21, DESIGN.md contract 9):
+"""TransformerLens's arguments and switches on every variant (issue 21, docs/design.md contract 9):
 forward's stop/start_at_layer, prepend_bos, padding_side; generate's TransformerLens signature;
 the set_use_* switches TransformerLens's patching calls; default_prepend_bos without a
 tokenizer; test_prompt and evals with the character tokenizers."""
@@ -12,8 +12,8 @@ from transformer_lens.head_detector import detect_head
 from transformer_lens.utilities import test_prompt as tl_test_prompt
 
 from hooked_models import HookedVariantTransformer, VariantConfig, available_variants
-from interp.ecosystem import row_stochastic_stage, stage_cache
-from interp.evals import induction_loss
+from interp.tools.ecosystem import row_stochastic_stage, stage_cache
+from interp.tools.evals import induction_loss
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -9,7 +9,7 @@ import torch
 from test_interp_heads import V, build_induction_model
 
 from hooked_models import available_variants
-from interp import circuits
+from interp.circuits import qk_ov as circuits
 
 from helpers import EXACT, tiny_model
 

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from dashboards.cli import main
-from interp.analyze import ANALYSES, run_analyses
+from attnlens.cli import main
+from interp.tools.analyze import ANALYSES, run_analyses
 
 from helpers import tiny_model
 

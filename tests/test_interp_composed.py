@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hooked_models import available_variants
-from interp import composed
 from interp._common import attention_input_name, run_cache
+from interp.circuits import composed
 
 from helpers import EXACT, random_tokens, tiny_model
 

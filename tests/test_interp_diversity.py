@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hooked_models import available_variants
-from interp import diversity
+from interp.tools import diversity
 
 from helpers import EXACT, tiny_model
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from hooked_models import available_variants
-from interp import composed, gating, infini
+from interp.circuits import composed
+from interp.tools import gating
+from interp.variants import infini
 
 from helpers import random_tokens, tiny_model
 

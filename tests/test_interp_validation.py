@@ -15,9 +15,12 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 from hooked_models import available_variants
-from interp import analyze, circuits, composed, cope, diversity, gating, heads, infini, mta
-from interp import stage_change as change
-from interp.layer_stages import layer_stage_maps
+from interp.circuits import composed
+from interp.circuits import qk_ov as circuits
+from interp.tools import analyze, diversity, gating, heads
+from interp.tools import stage_change as change
+from interp.tools.layer_stages import layer_stage_maps
+from interp.variants import cope, infini, mta
 
 from helpers import random_tokens, tiny_model
 
@@ -178,7 +181,8 @@ def test_explicit_half_len_is_used_not_the_default():
     assert analyze.probe_tokens(model, batch=2, half_len=1)[1] == 1
 
 
-# --- agreement with TransformerLens's detect_head (docs/analyses.md, interp/heads.py) ---------
+# --- agreement with TransformerLens's detect_head (docs/analyses.md, interp/tools/heads.py)
+# ---------
 
 ALPHABET = "abcdefghij "
 DISTINCT_NEIGHBOURS = "abc dab cab abc eab dcab"     # no token equals the one before it

@@ -7,19 +7,12 @@ import pytest
 import torch
 
 from hooked_models import available_variants
-from hooked_models.attention._mta_ops import init_kernel
-from interp import (
-    circuits,
-    composed,
-    cope,
-    diversity,
-    gating,
-    heads,
-    infini,
-    mta,
-    plots,
-    stage_change,
-)
+from hooked_models.attention.mta.ops import init_kernel
+from interp import plots
+from interp.circuits import composed
+from interp.circuits import qk_ov as circuits
+from interp.tools import diversity, gating, heads, stage_change
+from interp.variants import cope, infini, mta
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -1,9 +1,11 @@
-"""`python -m kernels.bench`: exits cleanly without a GPU, and runs tiny sizes with --cpu."""
+"""`python -m attnlens.benchmarks.kernels`: exits cleanly without a GPU, and runs tiny sizes with
+--cpu."""
 
 import pytest
 import torch
 
-from kernels import _triton, bench
+from attnlens.benchmarks import kernels as bench
+from kernels import _triton
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
@@ -19,7 +21,7 @@ def test_cpu_smoke_run_prints_a_table(capsys):
     assert bench.main(["--cpu", "--T", "17", "--d", "16", "--reps", "1", "--ops", "flash"]) == 0
     out = capsys.readouterr().out
     assert "| 17 | 16 | fused |" in out and "| 17 | 16 | sdpa |" in out
-    assert "device: CPU" in out and "command: python -m kernels.bench --cpu" in out
+    assert "device: CPU" in out and "command: python -m attnlens.benchmarks.kernels --cpu" in out
 
 
 @pytest.mark.kernels

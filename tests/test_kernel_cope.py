@@ -12,8 +12,8 @@ from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from hooked_models.attention._cope_reference import cope_reference  # noqa: E402
 from kernels.cope import cope_attention, cope_attention_reference, cope_pattern_rows  # noqa: E402
+from kernels.cope.reference import cope_reference  # noqa: E402
 from kernels.flash_attention.reference import allowed_mask  # noqa: E402
 
 

@@ -19,8 +19,8 @@ from kernels.cope import (  # noqa: E402
     cope_attention,
     cope_attention_reference,
     cope_pattern_rows,
-    naive,  # noqa: E402
 )
+from kernels.cope import reference as naive  # noqa: E402
 from kernels.cope.dispatch import fused_cope_attention  # noqa: E402
 from kernels.flash_attention.reference import allowed_mask  # noqa: E402
 

@@ -101,7 +101,7 @@ def _check(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, dtype=torch.
 def test_reference_is_the_models_torch_path(attn_cfg, monkeypatch):
     from test_dcmha import dcmha
 
-    import hooked_models.attention.dcmha as dm
+    import hooked_models.attention.dcmha.layer as dm
 
     seen = []
     attend = dm.DCMHAttention.attend
@@ -309,7 +309,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
 
 
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
-    import hooked_models.attention.dcmha as dm
+    import hooked_models.attention.dcmha.layer as dm
 
     attends = spy(monkeypatch, dm.DCMHAttention, "attend", [], lambda self, *a: self.layer)
     fused = _model("triton")
@@ -350,7 +350,7 @@ def test_float64_model_kv_cache_and_shifted_window_positions_fall_back_to_torch(
 
 
 def test_bench_row_runs_fused_and_reference(capsys):
-    from kernels import bench
+    from attnlens.benchmarks import kernels as bench
 
     assert bench.main(["--cpu", "--T", "17", "--d", "16", "--reps", "1", "--ops", "dcmha"]) == 0
     out = capsys.readouterr().out

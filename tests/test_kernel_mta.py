@@ -247,7 +247,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
 
 
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
-    import hooked_models.attention.mta as mta_mod
+    import hooked_models.attention.mta.layer as mta_mod
 
     attends = spy(monkeypatch, mta_mod.MultiTokenAttention, "attend", [],
                   lambda self, *a: self.layer)

@@ -1,4 +1,4 @@
-"""The lr probe of the paper-task recipes (interp.zoo.paper.lr_probe): the -full DCMHA/MHA
+"""The lr probe of the paper-task recipes (attnlens.zoo.paper.lr_probe): the -full DCMHA/MHA
 recipes train at the lr their validation probe chose, and the probe does what it says."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from interp.zoo.paper import dcmha, dcmha_report, lr_probe
-from interp.zoo.paper.report import FIGURES
+from attnlens.reports.reproduction import dcmha as dcmha_report
+from attnlens.reports.reproduction.page import FIGURES
+from attnlens.zoo.paper import dcmha, lr_probe
 
 
 def _tiny(variant: str):
@@ -58,7 +59,7 @@ def test_full_recipes_train_at_the_probed_lr():
 
 def test_twin_plateau_reading_follows_the_probe(tmp_path, monkeypatch):
     """The -twin section says whether 20,000 steps without early stopping leave the tie."""
-    from interp.zoo.paper import report
+    from attnlens.reports.reproduction import page as report
 
     text = dcmha_report._probe_text("dcmha-conjunction-twin")
     rows = lr_probe.read_csv(FIGURES / dcmha.TWIN_PROBE_CSV)

@@ -9,8 +9,8 @@ import torch
 from torch.func import functional_call
 
 from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
-from hooked_models.attention import _mta_ops as mta_ops
 from hooked_models.attention.mta import MTAOptions, MultiTokenAttention
+from hooked_models.attention.mta import ops as mta_ops
 
 from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_model
 

@@ -1,5 +1,5 @@
 """MTA's one-layer induction head (docs/circuit_discovery.md, text-mta-l2): the numbers the docs
-quote, recomputed, and `interp.mta.plain_kernel`, the switch they come from."""
+quote, recomputed, and `interp.variants.mta.plain_kernel`, the switch they come from."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hooked_models import zoo
-from interp.mta import kernel_table, plain_kernel
-from interp.zoo.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
+from interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
+from interp.variants.mta import kernel_table, plain_kernel
 
 from helpers import tiny_model
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlens.reports.reproduction import infini as infini_report
+from attnlens.zoo.paper import infini
+from attnlens.zoo.paper._training import build_model
 from interp.tasks.passkey import KEY_LINE, PasskeyTokenizer, passkey_accuracy, passkey_task
-from interp.zoo.paper import infini, infini_report
-from interp.zoo.paper._training import build_model
 
 
 def test_word_tokenizer_round_trip_and_digits():
@@ -123,7 +124,7 @@ def test_grid_figure(tmp_path):
 def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):
     """Issue 24 item 2: lengths of 5-20 segments, one per batch, replayable; validation
     prompts from seeds no training or evaluation batch uses; early stopping on their loss."""
-    from interp.zoo.paper import _training
+    from attnlens.zoo.paper import _training
 
     recipe = infini.RECIPES["infini-passkey-long-s1"]
     assert recipe.config["n_ctx"] == max(infini.LONG_LENGTHS)

@@ -11,10 +11,12 @@ import pytest
 import torch
 from tiers import documented
 
+from attnlens.reports.reproduction import cope as cope_report
+from attnlens.reports.reproduction import page as report
+from attnlens.zoo.paper import _training, cope, dcmha, infini, mta
+from attnlens.zoo.paper._registry import all_recipes, get_recipe, module_of, modules
+from attnlens.zoo.paper._training import EVAL_SEED, eval_seeds, train_recipe, training_seeds
 from interp.tasks.counting import counting_batch
-from interp.zoo.paper import _training, cope, cope_report, dcmha, infini, mta, report
-from interp.zoo.paper._registry import all_recipes, get_recipe, module_of, modules
-from interp.zoo.paper._training import EVAL_SEED, eval_seeds, train_recipe, training_seeds
 
 CARDS = report.shipped_cards()
 
@@ -24,7 +26,7 @@ def test_report_is_rebuilt_from_the_cards():
     """Item 20: the committed page equals the page the cards give now (text and tables)."""
     built = report.build_report(draw=False)
     assert built == report.REPORT.read_text(encoding="utf-8"), (
-        "docs/reproduction.md is stale: run python -m interp.zoo.paper report")
+        "docs/reproduction.md is stale: run python -m attnlens.zoo.paper report")
 
 
 def test_no_hand_written_notes():
@@ -33,11 +35,11 @@ def test_no_hand_written_notes():
     for name, mod in modules().items():
         assert not hasattr(mod, "NOTES"), f"{name} still has hand-written NOTES"
         writer = report.report_module(mod)
-        assert writer is not None and writer.__name__ == f"interp.zoo.paper.{name}_report"
+        assert writer is not None and writer.__name__ == f"attnlens.reports.reproduction.{name}"
         assert callable(getattr(writer, "reading", None)), name
         assert callable(getattr(writer, "report_section", None)), name
         for attr in ("reading", "report_section", "extra_sections"):
-            assert not hasattr(mod, attr), f"{name}.{attr}: report code belongs in {name}_report"
+            assert not hasattr(mod, attr), f"{name}.{attr}: report code belongs in attnlens.reports"
 
 
 def test_report_module_is_none_where_there_is_none_and_a_broken_one_raises(monkeypatch):
@@ -45,7 +47,7 @@ def test_report_module_is_none_where_there_is_none_and_a_broken_one_raises(monke
     fail is an error, not a silent fall-back to the plain table."""
     import types
 
-    bare = types.ModuleType("interp.zoo.paper.no_such_variant")
+    bare = types.ModuleType("attnlens.zoo.paper.no_such_variant")
     assert report.report_module(bare) is None
 
     def import_inside_fails(name):

@@ -83,7 +83,7 @@ def test_masked_cells_are_grey_and_the_legend_says_so():
 
 
 def test_gate_classes_share_one_vocabulary():
-    from interp.infini import CLASS_NAMES
+    from interp.variants.infini import CLASS_NAMES
 
     df = pd.DataFrame({"head_label": ["L0H0", "L0H1"], "layer": [0, 0], "head": [0, 1],
                        "stage": ["gate", "gate"], "mean": [0.9, 0.1], "min": [0.8, 0.0],
@@ -101,13 +101,13 @@ def test_gate_classes_share_one_vocabulary():
 
 
 def test_old_module_names_are_the_package_modules():
-    import interp.circuit_plots
-    import interp.map_plots
-    import interp.output_plots
-    import interp.training_plots
+    import interp.plots.circuits
+    import interp.plots.maps
+    import interp.plots.outputs
+    import interp.plots.training
 
-    assert interp.map_plots is plots.maps and interp.circuit_plots is plots.circuits
-    assert interp.output_plots is plots.outputs and interp.training_plots is plots.training
+    assert interp.plots.maps is plots.maps and interp.plots.circuits is plots.circuits
+    assert interp.plots.outputs is plots.outputs and interp.plots.training is plots.training
     for name in ("map_figure", "head_heatmap", "token_circuit_figure", "top_k_figure",
                  "phase_change_figure", "save_figure", "kernel_figure", "SEQUENTIAL"):
         assert hasattr(plots, name), name
@@ -116,9 +116,9 @@ def test_old_module_names_are_the_package_modules():
 def test_every_shipped_text_model_has_its_own_line_style_in_the_training_figures():
     """Colour is the variant and dash the shape: each shipped text model (the 2-layer twins on
     the data mix and the package corpus included) gets a pair no other model has."""
+    from attnlens.zoo.text_studies import _parts, released_models
     from hooked_models.zoo import ZOO_DIR
     from interp.plots.training import SHAPE_DASH, SHAPE_MARKER
-    from interp.zoo.text_studies import _parts, released_models
 
     pairs = [_parts(name) for name in released_models(ZOO_DIR)]
     assert pairs and all(s in SHAPE_DASH and s in SHAPE_MARKER for _, s in pairs), pairs

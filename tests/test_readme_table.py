@@ -1,5 +1,6 @@
-"""interp.zoo.readme_table: the README's table of the text models, from the cards and the
-induction study, between two marker lines that nothing else may touch."""
+"""attnlens.reports.readme_table: the summary table of the text models, from the cards and the
+induction study. It opens docs/zoo.md with the words of attnlens.reports.zoo_findings (issue 46:
+the README links it instead of carrying it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from interp.zoo import zoo_docs
-from interp.zoo.readme_table import END, START, summary_table, with_table
+from attnlens.reports import zoo_docs, zoo_findings
+from attnlens.reports.readme_table import summary_table
 
 
 def _model(zoo, name, params, cpu_s, val_loss, ratio):
@@ -76,23 +77,43 @@ def test_a_model_missing_from_the_study_is_named(zoo, tmp_path):
         summary_table(zoo, tmp_path / "elsewhere")
 
 
-def test_only_the_text_between_the_markers_is_replaced():
-    readme = f"intro\n\n{START}\nold row\n{END}\n\nafter\n"
-    assert with_table(readme, "| new |") == f"intro\n\n{START}\n| new |\n{END}\n\nafter\n"
-    for broken in ("no markers\n", f"{START}\n{START}\n{END}\n", f"{END}\nx\n{START}\n"):
-        with pytest.raises(ValueError, match="exactly one"):
-            with_table(broken, "| new |")
+def test_zoo_md_opens_with_the_table_and_no_findings_about_models_it_lacks(zoo, tmp_path):
+    """A zoo that lacks a model the findings name (this small one) gets the table alone."""
+    section = zoo_docs.glance_section(zoo, tmp_path / "studies")
+    assert section.startswith("## The text models at a glance\n\n" + zoo_findings.INTRO)
+    assert summary_table(zoo, tmp_path / "studies") in section
+    assert zoo_findings.findings(["text-mha-l1", "text-mta-l1", "text-mha-l2"]) == ""
+    assert "What they show" not in section
+    assert zoo_docs.glance_section(zoo, tmp_path / "elsewhere") == ""   # not studied yet
 
 
-def test_zoo_docs_writes_and_checks_the_readme_table(zoo, tmp_path, monkeypatch):
+def test_the_findings_name_only_shipped_models_and_sit_under_the_table():
+    from hooked_models import zoo
+
+    names = zoo_findings.named_models()
+    assert "text-mha-l2" in names and "text-dcmha-l4mlp" in names
+    assert set(names) <= set(zoo.available(kind="text-lm"))
+    page = zoo_docs.DEFAULTS["out"].read_text(encoding="utf-8")
+    table = summary_table(zoo_docs.DEFAULTS["zoo"], zoo_docs.DEFAULTS["studies"])
+    glance = page.split("## The text models at a glance", 1)[1].split("\n## ", 1)[0]
+    assert table in glance and zoo_findings.FINDINGS in glance
+    assert glance.index(table) < glance.index(zoo_findings.FINDINGS)
+
+
+def test_the_readme_links_the_table_instead_of_carrying_it():
+    readme = (zoo_docs.ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/zoo.md)" in readme
+    assert "text-zoo table" not in readme and "| copy ratio |" not in readme
+    assert "What they show" not in readme
+
+
+def test_zoo_docs_writes_and_checks_the_page(zoo, tmp_path, monkeypatch):
     monkeypatch.setattr(zoo_docs, "render", lambda *a: "# zoo.md\n")   # the cards are minimal
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{START}\n{END}\ntail\n")
-    args = ["--zoo", str(zoo), "--studies", str(tmp_path / "studies"),
-            "--out", str(tmp_path / "zoo.md"), "--readme", str(readme)]
-    assert zoo_docs.main([*args, "--check"]) == 1              # both files stale
+    page = tmp_path / "zoo.md"
+    args = ["--zoo", str(zoo), "--studies", str(tmp_path / "studies"), "--out", str(page)]
+    assert zoo_docs.main([*args, "--check"]) == 1              # not written yet
     assert zoo_docs.main(args) == 0
-    assert "| `text-mta-l1` |" in readme.read_text() and readme.read_text().endswith("tail\n")
+    assert page.read_text() == "# zoo.md\n"
     assert zoo_docs.main([*args, "--check"]) == 0
-    readme.write_text(readme.read_text().replace("0.25x", "0.30x"))   # a hand edit
+    page.write_text("# zoo.md, edited by hand\n")
     assert zoo_docs.main([*args, "--check"]) == 1

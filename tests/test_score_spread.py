@@ -1,4 +1,4 @@
-"""interp.score_spread against a naive row-by-row loop (float64), plus its properties."""
+"""interp.tools.score_spread against a naive row-by-row loop (float64), plus its properties."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from hooked_models import available_variants
 from interp._common import run_cache
-from interp.score_spread import score_spread, softmax_stages
+from interp.tools.score_spread import score_spread, softmax_stages
 
 from helpers import random_tokens, tiny_model
 

@@ -1,6 +1,6 @@
-"""docs/zoo.md's seed section (interp.zoo.seed_docs): replicates grouped with their base model
+"""docs/zoo.md's seed section (attnlens.reports.seed_docs): replicates grouped with their base model
 by the cards' seeds, the proportion, t- and Welch intervals against hand computations, and the
-README table's words and order for a replicate."""
+summary table's words and order for a replicate (docs/zoo.md, attnlens.reports.readme_table)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import math
 import pandas as pd
 import pytest
 
-from interp.zoo.readme_table import _shape_rank, shape_text
-from interp.zoo.seed_docs import proportion_interval, seed_findings, seed_groups
-from interp.zoo.text_studies import _parts
+from attnlens.reports.readme_table import _shape_rank, shape_text
+from attnlens.reports.seed_docs import proportion_interval, seed_findings, seed_groups
+from attnlens.zoo.text_studies import _parts
 
 T_975 = {1: 12.706205, 2: 4.302653}          # two-sided 95% t quantiles by degrees of freedom
 

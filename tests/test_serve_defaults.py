@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dashboards import cli
+from attnlens import cli
 from hooked_models import zoo
 
 TEXT = zoo.available(kind="text-lm")

@@ -11,9 +11,9 @@ import textwrap
 import pytest
 import torch
 
-from hooked_models.stop_signals import StopSignals, TrainingStopped
-from hooked_models.train_state import LATEST_FILE
-from hooked_models.trainer import TrainConfig, fit
+from attnlens.training.stop_signals import StopSignals, TrainingStopped
+from attnlens.training.train_state import LATEST_FILE
+from attnlens.training.trainer import TrainConfig, fit
 from tests.test_trainer import run, sample, tiny
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
@@ -110,7 +110,7 @@ def test_a_terminated_training_process_leaves_a_checkpoint_of_its_last_step(tmp_
     script = textwrap.dedent(f"""
         import signal, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_DFL)   # whatever the parent inherited
-        from hooked_models.trainer import TrainConfig, fit
+        from attnlens.training.trainer import TrainConfig, fit
         from tests.test_trainer import sample, tiny
         def slow_sample(batch, gen):
             slow_sample.n += 1

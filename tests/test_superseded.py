@@ -11,8 +11,9 @@ import warnings
 
 import pytest
 
+from attnlens.reports.reproduction import page as report
+from attnlens.zoo.paper import superseded
 from hooked_models import zoo
-from interp.zoo.paper import report, superseded
 
 CARDS = report.shipped_cards()
 TABLE = json.loads((zoo.ZOO_DIR / zoo.SUPERSEDED_FILE).read_text())
@@ -20,7 +21,7 @@ TABLE = json.loads((zoo.ZOO_DIR / zoo.SUPERSEDED_FILE).read_text())
 
 def test_the_zoos_table_is_the_one_the_cards_give():
     assert TABLE == superseded.superseded(CARDS), (
-        "hooked_models/zoo/superseded.json is stale: run python -m interp.zoo.paper report")
+        "hooked_models/zoo/superseded.json is stale: run python -m attnlens.zoo.paper report")
     assert set(TABLE) <= set(CARDS) and all(set(t["by"]) <= set(CARDS) for t in TABLE.values())
 
 
@@ -42,7 +43,7 @@ def test_a_replacement_counts_only_where_it_scores_better_on_the_common_splits()
     assert "error_sparse" not in entry["score"]          # only what both cards report
     worse = _pair({"error_id": 0.1}, {"error_id": 0.2})
     assert superseded.superseded(worse) == {}
-    text = superseded.section(superseded.comparisons(worse))
+    text = report.superseded_section(superseded.comparisons(worse))
     assert text.startswith("No model is superseded yet.")
     assert "Not superseded" in text and "| `cope-flipflop-rope-s0` |" in text
     assert "| 10.0% (n=1) | 20.0% (n=1) |" in text
@@ -79,7 +80,7 @@ def test_loading_a_superseded_model_warns_and_names_its_replacements():
 
 
 def test_listings_leave_out_or_mark_the_superseded_models(capsys):
-    from interp.zoo.paper.__main__ import main
+    from attnlens.zoo.paper.__main__ import main
 
     every, current = zoo.available(kind="paper-task"), zoo.available("paper-task",
                                                                      superseded=False)
@@ -94,8 +95,8 @@ def test_listings_leave_out_or_mark_the_superseded_models(capsys):
 
 
 def test_serve_lists_a_zoos_superseded_models_last(monkeypatch, capsys):
+    import attnlens.cli as cli
     import dashboards.app
-    import dashboards.cli as cli
 
     seen = {}
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 import yaml
 
-from dashboards.cli import main as cli_main
-from interp import gating, heads
+from attnlens.cli import main as cli_main
 from interp.sweep import run_sweep
 from interp.sweep.prompts import make_prompts
 from interp.sweep.shards import plan
 from interp.sweep.spec import load_spec, parse_spec
 from interp.tasks.induction import repeated_tokens
+from interp.tools import gating, heads
 
 from helpers import EXACT, tiny_model
 
@@ -209,7 +209,7 @@ def test_errors_inside_a_shard_name_the_shard(ckpts, tmp_path):
 def test_circuit_edge_scores_merge_exactly_across_shards(ckpts, tmp_path, shard_size):
     """The `circuit` analysis: a shard's edge scores are the mean (and sum) over its prompts,
     so the prompt-weighted mean over shards equals EAP-IG on all 7 prompts at once."""
-    from interp.circuit_discovery.prompt_scores import prompt_edge_scores
+    from interp.circuits.discovery.prompt_scores import prompt_edge_scores
 
     spec = base_spec(ckpts, shard_size=shard_size,
                      analyses=[{"analysis": "circuit", "args": {"steps": 3}}])

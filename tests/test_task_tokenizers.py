@@ -12,7 +12,7 @@ from hooked_models import zoo
 from hooked_models.checkpoint import TOKENIZER_FILE
 from hooked_models.config import VariantConfig
 from hooked_models.model import HookedVariantTransformer
-from hooked_models.tokenizer import WordTokenizer
+from hooked_models.tokenizers.vocab import WordTokenizer
 from interp.tasks.prompts import example_prompt, task_tokenizer
 
 PAPER = zoo.available("paper-task")

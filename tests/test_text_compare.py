@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from tiers import documented
 
-from dashboards.cli import main as cli_main
+from attnlens.cli import main as cli_main
+from attnlens.reports.reproduction import dcmha_text
+from attnlens.reports.reproduction.page import FIGURES, welch_interval
+from attnlens.zoo import text_compare
+from attnlens.zoo.text_recipes import COMPARISON_RECIPES, RECIPES, get_recipe, run_seed
 from hooked_models.model import HookedVariantTransformer
-from interp.zoo import text_compare
-from interp.zoo.paper import dcmha_text
-from interp.zoo.paper.report import FIGURES, welch_interval
-from interp.zoo.text_eval import load_eval_tokens
-from interp.zoo.text_recipes import COMPARISON_RECIPES, RECIPES, get_recipe, run_seed
+from interp.tools.text_eval import load_eval_tokens
 
 ZOO = Path(__file__).resolve().parents[1] / "hooked_models" / "zoo"
 

@@ -10,12 +10,9 @@ import pandas as pd
 import pytest
 from tiers import documented
 
-from dashboards.cli import main as cli_main
-from interp.cope import token_category
-from interp.heads import induction_tables
-from interp.zoo import calibration_docs, zoo_docs
-from interp.zoo.text_eval import PROBE_HALF, PROBE_SEED, distribution_stage
-from interp.zoo.text_studies import (
+from attnlens.cli import main as cli_main
+from attnlens.reports import calibration_docs, zoo_docs
+from attnlens.zoo.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
     STUDY_TABLES,
@@ -25,6 +22,9 @@ from interp.zoo.text_studies import (
     run_studies,
     training_logs,
 )
+from interp.tools.heads import induction_tables
+from interp.tools.text_eval import PROBE_HALF, PROBE_SEED, distribution_stage
+from interp.variants.cope import token_category
 
 NAMES = ["text-mha-l1", "text-mha-l2", "text-mta-l2", "text-cope-l2", "text-dcmha-l2",
          "text-infini-l2", "text-mha-l2-s1"]                 # and a seed replicate
@@ -119,8 +119,8 @@ def test_diversity_and_gating_tables_cover_every_variant(release, studies):
     cope = tables["cope_categories"]
     assert cope["mean_gate"].between(0, 1).all() and (cope["count"] > 0).all()
     # every key but BOS (which leads each window and separates files), once per head
-    from interp.zoo.text_eval import load_eval_tokens
-    from interp.zoo.text_studies import STUDY_WINDOWS
+    from attnlens.zoo.text_studies import STUDY_WINDOWS
+    from interp.tools.text_eval import load_eval_tokens
 
     windows = load_eval_tokens(release / "text-cope-l2")[:STUDY_WINDOWS]
     per_head = cope.groupby("head_label")["count"].sum()
@@ -136,9 +136,9 @@ def test_copy_distance_study_is_the_probe_at_each_distance(release, studies):
     not fit n_ctx are left out; only Infini rows carry a segment length."""
     import math
 
+    from attnlens.zoo.text_studies import COPY_DISTANCES
     from hooked_models.model import HookedVariantTransformer
-    from interp.zoo.text_eval import induction_probe
-    from interp.zoo.text_studies import COPY_DISTANCES
+    from interp.tools.text_eval import induction_probe
 
     _, tables = studies
     table = tables["copy_distance"]
@@ -204,7 +204,7 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     seeds = text.split("### Seeds", 1)[1].split("###", 1)[0]
     assert "- **text-mha-l2**, training seeds 0, 1: an induction head in" in seeds
     assert "t-interval" in seeds and "text-dcmha-l2**" not in seeds      # no DCMHA replicate
-    from interp.zoo.text_recipes import RECIPES
+    from attnlens.zoo.text_recipes import RECIPES
     status = text.split("Status: ", 1)[1].split("\n", 1)[0]
     missing = [n for n in RECIPES if n not in NAMES]
     verb = "is" if len(missing) == 1 else "are"
@@ -242,7 +242,7 @@ def test_sharpness_study_has_every_head_of_every_model(release, studies):
 def test_sharpness_section_names_the_stage_that_widens_the_spread():
     import pandas as pd
 
-    from interp.zoo.sharpness_docs import sharpness_section
+    from attnlens.reports.sharpness_docs import sharpness_section
 
     rows = [dict(model=m, layer=0, head=h, logit_stage=st, raw_std=raw, logit_std=lg,
                  entropy=2.0, max_weight=0.4)
@@ -259,7 +259,7 @@ def test_shipped_sharpness_table_is_recomputed():
     """docs/figures/zoo/score_spread.csv's rows of one shipped model, recomputed."""
     import pandas as pd
 
-    from interp.zoo.text_studies import sharpness_study
+    from attnlens.zoo.text_studies import sharpness_study
 
     name = "text-dcmha-l2"
     doc = pd.read_csv(zoo_docs.DEFAULTS["studies"] / "score_spread.csv")
@@ -273,11 +273,11 @@ def test_shipped_sharpness_table_is_recomputed():
 @documented("report")
 def test_docs_zoo_md_is_current():
     assert zoo_docs.main(["--check"]) == 0, \
-        "docs/zoo.md is stale: run `python -m interp.zoo.zoo_docs`"
+        "docs/zoo.md is stale: run `python -m attnlens.reports.zoo_docs`"
 
 
 def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
-    from interp.zoo.text_studies import _parts
+    from attnlens.zoo.text_studies import _parts
 
     assert _parts("text-mha-l2-mix") == ("mha", "l2-mix")
     assert _parts("text-dcmha-l2-pkgs") == ("dcmha", "l2-pkgs")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hooked_models.train_state import thin_metrics
+from attnlens.training.train_state import thin_metrics
 
 
 def _write(path, rows):

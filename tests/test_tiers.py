@@ -115,7 +115,8 @@ def _ci_decision(tmp_path, base: str | None) -> tuple[int, str]:
 def test_ci_reproduces_when_it_cannot_tell_and_when_documented_files_changed(tmp_path):
     from scripts.ci_reproduce import watched
 
-    assert watched(["docs/zoo.md", "interp/heads.py", "hooked_models/zoo/text-mha-l2/card.json",
+    assert watched(["docs/zoo.md", "interp/tools/heads.py",
+                    "hooked_models/zoo/text-mha-l2/card.json",
                     "notebooks/src/01_quickstart.py", "README.md", "kernels/mta/function.py"]
                    ) == ["docs/zoo.md", "hooked_models/zoo/text-mha-l2/card.json",
                          "notebooks/src/01_quickstart.py", "README.md"]

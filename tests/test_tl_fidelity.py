@@ -1,7 +1,7 @@
 """TransformerLens's own tools give right numbers on every variant with the default config.
 
 Per-head results (stack_head_results, get_full_resid_decomposition), logit lens, test_prompt and
-generate, plus the input checks at the model boundary (DESIGN.md contracts 1 and 9).
+generate, plus the input checks at the model boundary (docs/design.md contracts 1 and 9).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformer_lens.utilities import test_prompt as tl_test_prompt
 
 from hooked_models import VariantConfig
 from hooked_models.attention.registry import available_variants
-from hooked_models.tokenizer import CharTokenizer
+from hooked_models.tokenizers.vocab import CharTokenizer
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE
-from hooked_models.trainer import (
+from attnlens.training.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE
+from attnlens.training.trainer import (
     TrainConfig,
     fit,
     gate_parameter_names,
@@ -18,6 +17,7 @@ from hooked_models.trainer import (
     param_groups,
     train,
 )
+from hooked_models import HookedVariantTransformer, VariantConfig
 
 
 def tiny(attention="mha", **kw):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from attnlens.training.train_state import latest_checkpoint, read_train_state
+from attnlens.training.trainer import TrainConfig, fit, lr_factor, resume_check_config
 from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.train_state import latest_checkpoint, read_train_state
-from hooked_models.trainer import TrainConfig, fit, lr_factor, resume_check_config
 
 
 def tiny():

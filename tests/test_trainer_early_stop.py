@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hooked_models.trainer import METRICS_FILE, TrainConfig, fit
+from attnlens.training.trainer import METRICS_FILE, TrainConfig, fit
 
 from helpers import tiny_model
 

@@ -1,5 +1,5 @@
 """Issue 22 item 6: the CircuitsVis-style token view, the bertviz-style head view and per-head
-direct logit attribution (interp.plots.views, interp.logit_attribution), on every variant."""
+direct logit attribution (interp.plots.views, interp.tools.logit_attribution), on every variant."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from hooked_models import zoo
-from interp.explore import compute_maps
-from interp.logit_attribution import head_logit_attribution
 from interp.plots.colors import MASKED
 from interp.plots.views import (
     head_view_figure,
@@ -17,6 +15,8 @@ from interp.plots.views import (
     token_view,
     token_view_html,
 )
+from interp.tools.explore import compute_maps
+from interp.tools.logit_attribution import head_logit_attribution
 
 VARIANTS = ["induction-mha", "induction-mta", "induction-cope", "induction-dcmha",
             "induction-infini"]

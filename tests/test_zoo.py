@@ -7,7 +7,7 @@ import torch
 from tiers import documented
 
 from hooked_models import zoo
-from interp.zoo.induction import induction_metrics
+from interp.tasks.zoo_induction import induction_metrics
 
 NAMES = zoo.available(kind="induction")   # paper-task models: tests/test_paper_zoo.py
 
@@ -30,7 +30,7 @@ def test_card_metrics_are_reproduced(name):
 def test_induction_circuit_in_the_mha_model():
     """The trained model has a previous-token head in layer 0 feeding induction heads in layer 1:
     zeroing that head's output collapses the layer-1 induction scores."""
-    from interp.heads import ablate_heads, induction_table
+    from interp.tools.heads import ablate_heads, induction_table
 
     model = zoo.load("induction-mha")
     table = induction_table(model, half_len=15)

@@ -1,4 +1,4 @@
-"""interp.zoo.calibration: trajectories and the first evaluation that meets the zoo's bar."""
+"""attnlens.zoo.calibration: trajectories and the first evaluation that meets the zoo's bar."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from interp.zoo.calibration import main, onset_table, trajectories
+from attnlens.zoo.calibration import main, onset_table, trajectories
 
 
 def write_log(run_dir, records):
@@ -44,7 +44,7 @@ def test_a_directory_without_a_log_is_named(tmp_path):
 
 
 def test_zoo_page_shows_the_calibration_table(tmp_path):
-    from interp.zoo.calibration_docs import calibration_section
+    from attnlens.reports.calibration_docs import calibration_section
 
     records = [{"step": 250, "tokens": 2_048_000, "val_loss": 4.5, "induction_score": 0.4,
                 "copy_loss_ratio": 0.45, "text_copy_ratio": 0.6, "train_loss": 4.4}]
@@ -59,7 +59,7 @@ def test_zoo_page_shows_the_calibration_table(tmp_path):
 
 
 def test_a_finished_run_without_the_bar_reads_not_met(tmp_path):
-    from interp.zoo.calibration_docs import calibration_section, run_budget_tokens
+    from attnlens.reports.calibration_docs import calibration_section, run_budget_tokens
 
     assert run_budget_tokens("text-mha-l2") == 40_960_000
     assert run_budget_tokens("text-mha-l2-ctx256") == 40_960_000     # 10,000 x 16 x 256
@@ -102,7 +102,7 @@ def test_keep_carries_earlier_runs_and_the_new_logs_win(tmp_path):
 
 
 def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_path):
-    from interp.zoo.calibration import figure
+    from attnlens.zoo.calibration import figure
 
     records = [{"step": s, "tokens": s * 10, "val_loss": 4.0 - s / 1000, "induction_score": 0.1,
                 "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]
@@ -116,8 +116,8 @@ def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_pa
 
 
 def test_zoo_models_and_calibration_runs_get_a_row_each_and_no_two_runs_look_alike(tmp_path):
+    from attnlens.zoo.calibration import figure, run_style
     from interp.plots.colors import VARIANT_COLOURS
-    from interp.zoo.calibration import figure, run_style
 
     records = [{"step": s, "tokens": s * 10, "val_loss": 4.0, "induction_score": 0.1,
                 "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]

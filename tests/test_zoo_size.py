@@ -7,10 +7,10 @@ import json
 
 import torch
 
+from attnlens.zoo import text_recipes
+from attnlens.zoo.paper._registry import all_recipes
+from attnlens.zoo.paper._training import build_model
 from hooked_models.zoo import ZOO_DIR
-from interp.zoo import text_recipes
-from interp.zoo.paper._registry import all_recipes
-from interp.zoo.paper._training import build_model
 
 ZOO_CAP_BYTES = 150 * 2**20
 

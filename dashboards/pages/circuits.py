@@ -19,15 +19,15 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.circuit_tokens import (
+from interp.circuits.composed import composed_ov, composed_qk
+from interp.circuits.qk_ov import composition_table, copying_scores
+from interp.circuits.tokens import (
     MAX_TOKENS,
     distinct_token_ids,
     has_head_mixing,
     token_circuit,
     token_labels,
 )
-from interp.circuits import composition_table, copying_scores
-from interp.composed import composed_ov, composed_qk
 from interp.plots.circuits import (
     composition_vs_baseline_figure,
     copying_scores_figure,

@@ -1,5 +1,5 @@
 """Circuit discovery: the circuit of the induction task found by edge attribution patching
-(`interp.circuit_discovery`) for the first chosen model, drawn layer by layer, with its
+(`interp.circuits.discovery`) for the first chosen model, drawn layer by layer, with its
 faithfulness, its top edges and a link from every head in it to the explorer."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.circuit_discovery import circuit_figure, discover, induction_task
+from interp.circuits.discovery import circuit_figure, discover, induction_task
 
 TITLE = "Circuit discovery"
 ID = "circuitsauto"

@@ -4,7 +4,7 @@ and that key's column, and the zoomed head at every stage of its catalogue. Seve
 per line; a text model reads all the lines as one) are averaged. Export: PNG or SVG through the
 camera button, CSV of the zoomed map.
 
-Speed (`dashboards/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
+Speed (`attnlens/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
 forward per model and prompt); the thumbnails are ONE heatmap (tiles with NaN gutters, a click
 mapped back to its head by the cell's axis labels), memoised with the maps; every figure is a
 plain dict with typed float32 arrays (no plotly validation, no per-number JSON); a response
@@ -25,9 +25,9 @@ from dashboards.panels import (
     zoom_figure,
     zoom_table,
 )
-from interp.explore import row_and_column
 from interp.plots import row_column_figure
 from interp.plots.maps import mosaic_head
+from interp.tools.explore import row_and_column
 
 TITLE = "Attention explorer"
 ID = "explorer"

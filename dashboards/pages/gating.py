@@ -7,10 +7,10 @@ from __future__ import annotations
 from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards.figures import graph, loading
-from interp.cope import cope_layers, gates_by_category
-from interp.gating import gate_values
-from interp.infini import CLASS_NAMES, memory_layers, memory_specialisation
 from interp.plots import cope_category_figure, gate_figure, memory_figure
+from interp.tools.gating import gate_values
+from interp.variants.cope import cope_layers, gates_by_category
+from interp.variants.infini import CLASS_NAMES, memory_layers, memory_specialisation
 
 TITLE = "Gating"
 ID = "gating"

@@ -24,16 +24,16 @@ from dashboards.figures import (
 )
 from dashboards.panels import choose_view
 from interp._common import map_stage_names
-from interp.circuits import composition_table
-from interp.induction_study import (
+from interp.circuits.qk_ov import composition_table
+from interp.plots.circuits import composition_vs_baseline_figure
+from interp.plots.outputs import ablation_effect_figure, scores_figure, training_curve_figure
+from interp.tools.induction_study import (
     METRICS_FILE,
     ablation_effect,
     make_probe,
     probe_scores,
     training_curve,
 )
-from interp.plots.circuits import composition_vs_baseline_figure
-from interp.plots.outputs import ablation_effect_figure, scores_figure, training_curve_figure
 
 TITLE = "Induction heads"
 ID = "heads"
@@ -60,7 +60,7 @@ def _head_options(store, names=None) -> list[dict]:
 
 
 def auto_knockout(table, n_layers: int) -> tuple[int, int]:
-    """The head the knock-out defaults to, from `interp.induction_study.probe_scores`' table:
+    """The head the knock-out defaults to, from `interp.tools.induction_study.probe_scores`' table:
     the strongest previous-token head below the last layer (the head an induction head reads
     through K-composition: knocking it out moves the later heads' bars); in a one-layer model
     the strongest induction head (its own bar drops)."""

@@ -19,8 +19,8 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.outputs import MAX_K, next_token_losses, repeat_losses, top_predictions
 from interp.plots.outputs import position_loss_figure, repeat_loss_figure, top_k_figure
+from interp.tools.outputs import MAX_K, next_token_losses, repeat_losses, top_predictions
 
 TITLE = "Outputs"
 ID = "outputs"

@@ -17,7 +17,7 @@ from dash.exceptions import PreventUpdate
 from dashboards.figures import check_index, control_row, error_box, graph, loading, note_box
 from dashboards.map_cache import MAP_CACHE
 from dashboards.panels import choose_view
-from hooked_models.tokenizer import CharTokenizer
+from hooked_models.tokenizers.vocab import CharTokenizer
 from interp.plots.views import head_view_figure, shown_text, token_view
 
 TITLE = "Tokens"

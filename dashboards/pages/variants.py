@@ -14,12 +14,7 @@ from dash import Input, Output, dcc, html
 
 from dashboards.figures import check_index, error_box, graph, graph_config, loading
 from dashboards.map_cache import MAP_CACHE
-from interp.composed import borrowing_table, mixing_matrices
-from interp.cope import cope_layers, counted_units, gate_openers, positional_attention
-from interp.explore import downsample, downsample_labels, find_map_stage
-from interp.gating import gate_values
-from interp.infini import memory_layers, memory_specialisation
-from interp.mta import kernel_centre, kernel_table, key_query_kernels
+from interp.circuits.composed import borrowing_table, mixing_matrices
 from interp.plots import (
     head_heatmap,
     kernel_figure,
@@ -29,7 +24,12 @@ from interp.plots import (
     stage_change_figure,
 )
 from interp.plots.maps import map_figure
-from interp.stage_change import catalogue_changes
+from interp.tools.explore import downsample, downsample_labels, find_map_stage
+from interp.tools.gating import gate_values
+from interp.tools.stage_change import catalogue_changes
+from interp.variants.cope import cope_layers, counted_units, gate_openers, positional_attention
+from interp.variants.infini import memory_layers, memory_specialisation
+from interp.variants.mta import kernel_centre, kernel_table, key_query_kernels
 
 TITLE = "Variants"
 ID = "variants"

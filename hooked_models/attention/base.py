@@ -1,6 +1,7 @@
 """The attention extension point: `VariantAttention`, the stage catalogue and the layer cache.
 
-A variant subclasses `VariantAttention`, declares its ordered map `stages` (DESIGN.md contract 3)
+A variant subclasses `VariantAttention`, declares its ordered map `stages` (docs/design.md contract
+3)
 and an `Options` dataclass, and implements `attend(q, k, v, ctx) -> z`. The base class owns the
 TransformerLens-layout weights (`W_Q/W_K/W_V [head_index d_model d_head]`, `W_O [head_index d_head
 d_model]`, biases), the q/k/v/rot/z/result hooks, one HookPoint per declared stage, masking,
@@ -160,7 +161,7 @@ class VariantAttention(nn.Module):
 
     Subclasses set `stages` (ordered, first to last) and `Options`, and implement `attend`.
     `hook_attn_scores` (raw scaled content scores, causal mask as -inf) and `hook_pattern` (the
-    effective pattern, `z = pattern @ v`, DESIGN.md contract 4) belong to every catalogue.
+    effective pattern, `z = pattern @ v`, docs/design.md contract 4) belong to every catalogue.
     """
 
     variant: ClassVar[str] = "?"
@@ -302,7 +303,7 @@ class VariantAttention(nn.Module):
         """One copy of each key/value head per query head of its group (no-op without GQA)."""
         return t if self.kv_group == 1 else t.repeat_interleave(self.kv_group, dim=2)
 
-    # -- pay for what you look at (DESIGN.md contract 5) ------------------------------------
+    # -- pay for what you look at (docs/design.md contract 5) ------------------------------------
     # Set by `kernels.dispatch.patterns_for`: while True, `fused_attend` keeps what it needs to
     # recompute pattern rows (e.g. q, k and the row log-sum-exp) in `fused_state`.
     keep_fused_state: bool = False
@@ -328,7 +329,7 @@ class VariantAttention(nn.Module):
                     ctx: AttentionContext) -> Tensor | None:
         """z by the fastest exact torch formulation while no map stage is observed, or None.
 
-        The CPU training path (DESIGN.md contract 5): called when the fused kernels did not run
+        The CPU training path (docs/design.md contract 5): called when the fused kernels did not run
         and no hook (of any client) is on a map stage of this layer, so the maps need not be
         materialised in hookable form. It must equal `attend` to float tolerance, gradients
         included (tests/test_fast_path.py). Default None: take `attend`.

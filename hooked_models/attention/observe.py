@@ -1,6 +1,7 @@
 """Whether anyone is looking at a HookPoint: the test behind "pay for what you look at".
 
-DESIGN.md contract 5: a layer takes its fast path only while none of its map stages is observed,
+docs/design.md contract 5: a layer takes its fast path only while none of its map stages is
+observed,
 and a hook from any client counts. TransformerLens registers through `HookPoint.add_hook` (which
 lands in `fwd_hooks` / `bwd_hooks` *and* in torch's own hook dicts); pyvene and plain
 `register_forward_hook` callers land only in torch's dicts. Checking torch's dicts therefore sees

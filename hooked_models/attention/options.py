@@ -1,4 +1,4 @@
-"""Option-name handling shared by the variants' `Options` dataclasses (DESIGN.md contract 8).
+"""Option-name handling shared by the variants' `Options` dataclasses (docs/design.md contract 8).
 
 A variant's `Options` may declare, beside its fields:
 

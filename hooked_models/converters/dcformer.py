@@ -74,7 +74,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from hooked_models.attention.dcmha import WINDOW_ALIASES
+from hooked_models.attention.dcmha.layer import WINDOW_ALIASES
 from hooked_models.config import VariantConfig
 from hooked_models.converters._shards import PICKLE_SUFFIXES as _PICKLE_SUFFIXES
 from hooked_models.converters._shards import pickle_refusal, read_safetensors_dir

@@ -1,7 +1,7 @@
-"""Bundled toy models: small checkpoints trained here (by `interp.zoo`), one per variant.
+"""Bundled toy models: small checkpoints trained here (by `attnlens.zoo`), one per variant.
 
 Each lives in `hooked_models/zoo/<name>/` as `config.json` + `model.safetensors` + `card.json`
-(task, training command, metrics written by `python -m interp.zoo.evaluate`).
+(task, training command, metrics written by `python -m attnlens.zoo.evaluate`).
 
 Example:
     >>> from hooked_models.zoo import available, load
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).parent
-SUPERSEDED_FILE = "superseded.json"   # written by `python -m interp.zoo.paper report`
+SUPERSEDED_FILE = "superseded.json"   # written by `python -m attnlens.zoo.paper report`
 
 
 class SupersededModelWarning(UserWarning):

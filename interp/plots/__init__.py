@@ -12,11 +12,11 @@ zero-centred signed maps, grey masked cells):
     views      token view (CircuitsVis-style), head view (bertviz-style), head ranking, DLA
 
 Every public name of these modules is importable from `interp.plots` itself; the earlier
-module names (`interp.map_plots`, `interp.circuit_plots`, `interp.output_plots`,
-`interp.training_plots`) are aliases of the modules here.
+module names (`interp.plots.maps`, `interp.plots.circuits`, `interp.plots.outputs`,
+`interp.plots.training`) are aliases of the modules here.
 
 Example:
-    >>> from interp.heads import induction_table
+    >>> from interp.tools.heads import induction_table
     >>> fig = head_heatmap(induction_table(model), "induction_stripe")   # doctest: +SKIP
     >>> save_figure(fig, "out/induction")                                # doctest: +SKIP
 """

@@ -32,7 +32,7 @@ def _symmetric(values) -> float:
 
 def token_circuit_figure(matrix: torch.Tensor, labels: list[str], kind: str,
                          title: str = "") -> go.Figure:
-    """A `[n n]` full circuit over tokens `labels` (`interp.circuit_tokens.token_circuit`)."""
+    """A `[n n]` full circuit over tokens `labels` (`interp.circuits.tokens.token_circuit`)."""
     if kind not in AXES:
         raise ValueError(f"kind={kind!r}; choose one of {list(AXES)}")
     n = len(labels)
@@ -57,7 +57,7 @@ def token_circuit_figure(matrix: torch.Tensor, labels: list[str], kind: str,
 
 
 def copying_scores_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
-    """Layer x head copying scores (`interp.circuits.copying_scores`) on a fixed -1 .. 1
+    """Layer x head copying scores (`interp.circuits.qk_ov.copying_scores`) on a fixed -1 .. 1
     diverging scale: +1 copies the attended token, -1 suppresses it."""
     grid = df.pivot_table(index="layer", columns="head", values="copying")
     fig = go.Figure(go.Heatmap(
@@ -73,7 +73,7 @@ def copying_scores_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
 
 def composition_vs_baseline_figure(table: pd.DataFrame, modes=("Q", "K", "V"),
                                    title: str = "") -> go.Figure:
-    """Writer head x reader head composition scores (`interp.circuits.composition_table`), one
+    """Writer head x reader head composition scores (`interp.circuits.qk_ov.composition_table`), one
     panel per mode, coloured by score minus the random baseline (diverging, centred on 0: red =
     more composition than random matrices of the same sizes); hover shows score and baseline."""
     modes = [m for m in modes if m in set(table["mode"])]

@@ -11,7 +11,7 @@ The scale comes from the stage catalogue (`Stage.softmax`, `Stage.row_stochastic
 The dashboard's hot paths use the plain-dict forms (`map_figure_dict`, `head_mosaic_figure`:
 every head as one heatmap of block-mean tiles; `mosaic_head` maps a click back to its head),
 whose arrays are plotly's typed float32 `{dtype, bdata, shape}`: no plotly validation, and JSON
-at the speed of one string (dashboards/benchmarks/explorer.py).
+at the speed of one string (attnlens/benchmarks/explorer.py).
 
 Example:
     >>> fig = map_figure(maps[0, 3], stage, labels, title="L1H3 pattern")   # doctest: +SKIP
@@ -31,8 +31,8 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from hooked_models.attention import Stage
-from interp.explore import downsample
 from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
+from interp.tools.explore import downsample
 
 MIN_MOSAIC_WIDTH = 440  # px: the title of a 2-head model's thumbnails fits
 MODEBAR_PX = 26          # the title sits below the modebar's row, never under its buttons
@@ -261,7 +261,7 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
                        title: str = "", cell_px: int = 100,
                        tiles: list[Tensor | None] | None = None) -> dict:
     """Thumbnails of every head as ONE heatmap (a plain figure dict): rows = layers, columns =
-    heads, each tile `interp.explore.downsample(map, size)` (block means, masked pairs
+    heads, each tile `interp.tools.explore.downsample(map, size)` (block means, masked pairs
     ignored), tiles separated by a one-cell NaN gutter, one colour bar (diverging around 0 for
     signed stages). One trace instead of layers x heads subplots is what keeps the update fast.
 

@@ -3,7 +3,7 @@
 kaleido 1.x draws a PNG by starting headless Chromium. Now and then that start never completes:
 `fig.write_image` then waits forever (kaleido's own 90 s limit covers the drawing, not the
 browser's start), and so does whatever called it. On 2026-11-29 it held
-`python -m interp.zoo.text_studies` for 14 minutes until killed; the same call then took 25 s.
+`python -m attnlens.zoo.text_studies` for 14 minutes until killed; the same call then took 25 s.
 
 `write_png` draws in a child process with a time limit. A child past the limit is killed with
 the browser it started, and the figure is drawn again in a fresh one, up to `tries` times; if

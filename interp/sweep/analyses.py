@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from interp import circuits, diversity, gating, heads
+from interp.circuits import qk_ov as circuits
+from interp.tools import diversity, gating, heads
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _composition(model, modes=circuits.MODES, n_baseline: int = 300,
 
 def _circuit(model, tokens, corrupt: str = "first_half", method: str = "eap-ig", steps: int = 5,
              seed: int = 0) -> pd.DataFrame:
-    from interp.circuit_discovery.prompt_scores import prompt_edge_scores
+    from interp.circuits.discovery.prompt_scores import prompt_edge_scores
 
     return prompt_edge_scores(model, tokens, corrupt, method, steps, seed)
 
@@ -72,19 +73,19 @@ _DETECTOR_MEANS = {d: "mean" for d in heads.DETECTORS}
 
 ANALYSES: dict[str, Analysis] = {
     "heads": Analysis(_heads, True, ("head_label", "layer", "head", "stage"), _DETECTOR_MEANS,
-                      "head detectors (interp.heads.detect_heads) on the prompts"),
+                      "head detectors (interp.tools.heads.detect_heads) on the prompts"),
     "gates": Analysis(_gates, True, ("head_label", "layer", "head", "stage"),
                       {"mean": "mean", "frac_low": "mean", "frac_high": "mean", "min": "min",
                        "max": "max", "signed": "any"},
-                      "per-head gate statistics (interp.gating.gate_values)"),
+                      "per-head gate statistics (interp.tools.gating.gate_values)"),
     "composition": Analysis(_composition, False, ("source", "dest", "mode"),
                             {"score": "mean", "z": "mean"},
-                            "Q/K/V composition scores (interp.circuits.composition_table)"),
+                            "Q/K/V composition scores (interp.circuits.qk_ov.composition_table)"),
     "circuit": Analysis(_circuit, True, ("edge", "edge_kind", "src", "dst"),
                         {"score": "mean", "score_sum": "sum", "metric_clean": "mean",
                          "metric_corrupted": "mean"},
-                        "edge scores of circuit discovery (interp.circuit_discovery."
+                        "edge scores of circuit discovery (interp.circuits.discovery."
                         "prompt_scores): per shard the mean and the sum over its prompts"),
     "diversity": Analysis(_diversity, False, ("layer", "circuit"), {},
-                          "head diversity k90/k95 (interp.diversity)"),
+                          "head diversity k90/k95 (interp.tools.diversity)"),
 }

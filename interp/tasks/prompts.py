@@ -34,7 +34,7 @@ def _family(task_args: dict) -> str:
 
 def task_tokenizer(task_args: dict):
     """The tokenizer of the task in `task_args` (a card's or recipe's `task_args`)."""
-    from hooked_models.tokenizer import WordTokenizer
+    from hooked_models.tokenizers.vocab import WordTokenizer
 
     family = _family(task_args)
     if family in ("counting", "flipflop", "selcopy"):

@@ -1,11 +1,11 @@
 """Fused CoPE attention (gates, contextual positions and interpolation inside the kernel).
 
-`naive.cope_reference` is the spec (paper eqs. 3-7, imported by the "cope" layer);
-`reference.cope_attention_reference` adds the row log-sum-exp the kernel returns;
+`reference` is the one spec: `cope_reference` (paper eqs. 3-7, imported by the "cope" layer)
+and `cope_attention_reference`, which adds the row log-sum-exp the kernel returns;
 `function.cope_attention` the differentiable fused op; `dispatch.fused_cope_attention` decides
 whether a layer's call fits the kernel.
 
-The fused names are loaded on first use, so that importing `kernels.cope.naive` (as the model
+The fused names are loaded on first use, so that importing `kernels.cope.reference` (as the model
 does) never imports triton.
 """
 

@@ -21,8 +21,7 @@ from torch import Tensor
 
 from kernels._triton import SUPPORTED_DTYPES, on_gpu
 from kernels.cope.function import cope_attention
-from kernels.cope.naive import DEFAULT_SCALING
-from kernels.cope.reference import cope_pattern_rows
+from kernels.cope.reference import DEFAULT_SCALING, cope_pattern_rows
 from kernels.cope.triton_fwd import MAX_NPOS
 from kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
 

@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from kernels._triton import kernel_dtype, kernel_key_valid
-from kernels.cope.naive import DEFAULT_SCALING, SCALINGS
+from kernels.cope.reference import DEFAULT_SCALING, SCALINGS
 from kernels.cope.triton_bwd import cope_bwd
 from kernels.cope.triton_fwd import cope_fwd
 from kernels.flash_attention.function import check_inputs
@@ -86,7 +86,7 @@ def cope_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
     lse [batch head_index query_pos] float32)`, differentiable in q, k, v, pos_emb, gate_k and
     rel_emb.
 
-    Semantics are `reference.cope_attention_reference` (`naive.cope_reference`): `scale`
+    Semantics are `reference.cope_attention_reference` (`reference.cope_reference`): `scale`
     multiplies the content scores (default d_head ** -0.5); `scaling` "repo" (default, official)
     scales q.e[p] by `scale` too, "paper" adds it as is. Options (the official flags):
     `gate_k` keys of the gates (sep-keys: the gate projection; val-gates: pass v), default k;

@@ -36,6 +36,7 @@ import math
 import torch
 
 from kernels._head_tiles import dot_rows
+from kernels._prologue import head_tile, load_tile
 from kernels._triton import next_pow2, tl, triton
 from kernels.cope.triton_fwd import (
     _cope_tile,
@@ -45,7 +46,7 @@ from kernels.cope.triton_fwd import (
     default_blocks,
     launch_args,
 )
-from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
+from kernels.flash_attention.triton_fwd import _dot
 
 
 @triton.jit
@@ -94,18 +95,16 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
     tiles; every product over or along d_head runs in DCH chunks read from memory, and dQ
     (zero-initialised, unscaled: the caller multiplies by `scale`) is added chunk by chunk
     with fp32 atomics."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
-                                                             BLOCK_D)
+    pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
+        T_Q, H, D, BLOCK_M, BLOCK_D)
     q_rows = b * sq_b + h * sq_h + offs_m * sq_t
     do_rows = b * sdo_b + h * sdo_h + offs_m * sdo_t
     if CHUNKED:
         q = tl.zeros([BLOCK_M, DCH], dtype=Q.dtype.element_ty)        # placeholders, unused
         do = q
     else:
-        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
-        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     # Rows past T_Q and rows with no allowed key (lse -inf) get +inf: their probabilities are 0.
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=float("inf"))
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2) * 1.4426950408889634

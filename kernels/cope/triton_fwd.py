@@ -25,8 +25,9 @@ import math
 import torch
 
 from kernels._head_tiles import d_chunk, dot_rows
+from kernels._prologue import head_tile, load_tile, softmax_state
 from kernels._triton import next_pow2, on_gpu, tl, triton
-from kernels.flash_attention.triton_fwd import _dot, _load_tile, _tile
+from kernels.flash_attention.triton_fwd import _dot
 
 # Largest position table a program keeps in registers on a GPU ([BLOCK_M, NPOS] fp32).
 MAX_NPOS = 256
@@ -181,15 +182,13 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
                     CHUNKED: tl.constexpr, DCH: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`. CHUNKED (fp32): products over d_head in DCH
     chunks read from memory, no q tile in registers (`chunking`)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
-                                                             BLOCK_D)
+    pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
+        T_Q, H, D, BLOCK_M, BLOCK_D)
     q_rows = b * sq_b + h * sq_h + offs_m * sq_t
     if CHUNKED:
         q = tl.zeros([BLOCK_M, DCH], dtype=Q.dtype.element_ty)        # placeholder, unused
     else:
-        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     Z, ZR = _tables(q, Q, q_rows, m_valid, sq_d, E, R, e_scale, scale, offs_d, d_valid, D, NPOS,
                     RNPOS, HAS_COPE, HAS_REL, NPOS_BLOCK, RNPOS_BLOCK, IEEE, CHUNKED, BLOCK_D,
                     DCH)
@@ -201,10 +200,8 @@ def cope_fwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, O, LSE, KVALID,
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
     kpos_ptr = KPOS + b * T_K
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i, l_i, acc = softmax_state(BLOCK_M, BLOCK_D)
+    c_i = tl.zeros([BLOCK_M], dtype=tl.float32)        # the gate carry (sum of visited gates)
     last, n_tiles = _tile_bounds(pid_m, T_K, Q_OFFSET, BLOCK_M, BLOCK_N)
     for i in range(0, n_tiles):                      # from the diagonal leftwards
         start_n = last - i * BLOCK_N

@@ -25,6 +25,7 @@ import math
 import torch
 
 from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
+from kernels._prologue import heads_tile
 from kernels._triton import next_pow2, tl, triton
 from kernels.dcmha.triton_fwd import (
     LOG2E,
@@ -110,17 +111,9 @@ def dcmha_delta_kernel(Q, K, V, DO, LSE, DLSE, DELTA, KVALID, B_PRE, W1Q, W2Q, D
                        HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: delta = sum_s A dA - dlse per row, head."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    r_ok = rows < T_Q
-    hm = h_valid[:, None] & r_ok[None, :]
-    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm,
+    b, prog, m0, rows, r_ok, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
+    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hr_mask,
                   other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     delta = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
@@ -134,8 +127,8 @@ def dcmha_delta_kernel(Q, K, V, DO, LSE, DLSE, DELTA, KVALID, B_PRE, W1Q, W2Q, D
             offs_d, d_valid, scale, D, HAS_KVALID, HAS_K, IEEE, HB, BLOCK_M, BLOCK_N, BLOCK_D,
             DCH)
         delta += tl.sum(probs * d_a, 2)
-    dlse = tl.load(DLSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm, other=0.0)
-    tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], delta - dlse, mask=hm)
+    dlse = tl.load(DLSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hr_mask, other=0.0)
+    tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], delta - dlse, mask=hr_mask)
 
 
 @triton.jit
@@ -152,20 +145,13 @@ def dcmha_bwd_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV,
                      BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of the tile; adds dk, dv, weight grads.
     DQ, DK, DV: fp32 contiguous `[batch pos head_index d_head]`."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    r_ok = rows < T_Q
-    hm = h_valid[:, None] & r_ok[None, :]
-    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm,
+    b, prog, m0, rows, r_ok, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
+    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hr_mask,
                   other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hm, other=0.0)
+    delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hr_mask,
+                    other=0.0)
     kv_ptr = KVALID + b * skv_b
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     # Every product over or along d_head runs in DCH chunks (`kernels._head_tiles`), and dq is

@@ -27,6 +27,7 @@ import math
 import torch
 
 from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
+from kernels._prologue import heads_tile
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -125,12 +126,8 @@ def dcmha_lse_kernel(Q, K, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
                      HB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
+    b, prog, m0, rows, r_ok, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
@@ -148,8 +145,7 @@ def dcmha_lse_kernel(Q, K, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DDK,
     empty = l_i == 0.0
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], lse,
-             mask=h_valid[:, None] & (rows < T_Q)[None, :])
+    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], lse, mask=hr_mask)
 
 
 @triton.jit
@@ -166,19 +162,12 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
     ADD_TO_OUT (many heads): O is a zeroed fp32 `[batch pos head d]` buffer and each key
     tile's product is added to it in d_head chunks (`dot_add_heads`; only this program writes
     these rows), instead of an `[HB, rows, d_head]` accumulator in registers."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    r_ok = rows < T_Q
+    b, prog, m0, rows, r_ok, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     kv_ptr = KVALID + b * skv_b
     # Rows outside the sequence and empty rows (lse -inf) get +inf: their probabilities are 0.
-    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
-                  mask=h_valid[:, None] & r_ok[None, :], other=float("inf"))
+    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :], mask=hr_mask,
+                  other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)

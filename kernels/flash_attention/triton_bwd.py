@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from kernels._prologue import head_tile, load_tile
 from kernels._triton import (
     LazyAutotune,
     head_dim_configs,
@@ -29,28 +30,23 @@ from kernels._triton import (
     triton,
     with_flag_tiles,
 )
-from kernels.flash_attention.triton_fwd import LOG2E, _dot, _load_tile, _tile
+from kernels.flash_attention.triton_fwd import LOG2E, _dot
 
 
 @triton.jit
 def _bwd_preprocess(O, DO, DLSE, DELTA, so_b, so_t, so_h, so_d, sdo_b, sdo_t, sdo_h, sdo_d,
                     H, T_Q, D, HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_D: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m < T_Q)[:, None] & (offs_d < D)[None, :]
-    o = tl.load(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d,
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                 mask=mask, other=0.0).to(tl.float32)
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: delta of one query tile."""
+    pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
+        T_Q, H, D, BLOCK_M, BLOCK_D)
+    o = load_tile(O + b * so_b + h * so_h, offs_m, so_t, offs_d, so_d, md_mask).to(tl.float32)
+    do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d,
+                   md_mask).to(tl.float32)
     delta = tl.sum(o * do, 1)
     if HAS_DLSE:
-        delta -= tl.load(DLSE + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
-    tl.store(DELTA + pid_bh * T_Q + offs_m, delta, mask=offs_m < T_Q)
+        delta -= tl.load(DLSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
+    tl.store(DELTA + pid_bh * T_Q + offs_m, delta, mask=m_valid)
 
 
 @triton.jit
@@ -63,13 +59,11 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr):
     """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n, pid_bh, b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = head_tile(
+        T_K, H, D, BLOCK_N, BLOCK_D)
     start_n = pid_n * BLOCK_N
-    b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = _tile(pid_n, pid_bh, H, T_K, D, BLOCK_N,
-                                                             BLOCK_D)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, sk_t, offs_d, sk_d, nd_mask)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, sv_t, offs_d, sv_d, nd_mask)
+    k = load_tile(K + b * sk_b + h * sk_h, offs_n, sk_t, offs_d, sk_d, nd_mask)
+    v = load_tile(V + b * sv_b + h * sv_h, offs_n, sv_t, offs_d, sv_d, nd_mask)
     keep_n = n_valid
     if HAS_KVALID:
         keep_n = keep_n & (tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0) != 0)
@@ -120,12 +114,10 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
-                                                             BLOCK_D)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
+    pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
+        T_Q, H, D, BLOCK_M, BLOCK_D)
+    q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+    do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from kernels._prologue import head_tile, load_tile, softmax_state
 from kernels._triton import (
     LazyAutotune,
     head_dim_configs,
@@ -38,24 +39,6 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
-
-
-@triton.jit
-def _tile(pid_tile, pid_bh, H, T, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The prologue every kernel shares: batch and head of program `pid_bh`, the positions
-    `offs` of its tile `pid_tile` along a length-T axis and the head dims, their validity, and
-    the `[BLOCK BLOCK_D]` load mask."""
-    offs = pid_tile * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, BLOCK_D)
-    valid = offs < T
-    d_valid = offs_d < D
-    return pid_bh // H, pid_bh % H, offs, offs_d, valid, d_valid, valid[:, None] & d_valid[None, :]
-
-
-@triton.jit
-def _load_tile(ptr, offs, s_t, offs_d, s_d, mask):
-    """`[BLOCK BLOCK_D]` rows `offs` of a strided `[pos d_head]` slice, 0 where masked."""
-    return tl.load(ptr + offs[:, None] * s_t + offs_d[None, :] * s_d, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -113,17 +96,13 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     `T_BUCKET` (a power of two >= T_Q) is unused by the body: it is the autotune key, so that
     lengths of the same bucket share a tuned config.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h, offs_m, offs_d, m_valid, d_valid, md_mask = _tile(pid_m, pid_bh, H, T_Q, D, BLOCK_M,
-                                                             BLOCK_D)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
+    pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
+        T_Q, H, D, BLOCK_M, BLOCK_D)
+    q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i, l_i, acc = softmax_state(BLOCK_M, BLOCK_D)
     # Key tiles in [start, u_lo) and [u_hi, hi) are masked; [u_lo, u_hi) is visible to every
     # row of the tile (in the sequence, causal, same segment) and runs unmasked.
     start = 0

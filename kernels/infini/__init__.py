@@ -1,11 +1,12 @@
 """Infini-attention on the fused kernels: segment-causal local attention with the gate in the
 epilogue, plus a batched compressive-memory pass.
 
-`naive` holds the paper's equations in plain torch (the spec, imported by the "infini" layer);
-`reference.infini_reference` is its segment pass with the fused op's argument order;
+`reference` holds the paper's equations in plain torch (the op's one spec, imported by the
+"infini" layer and the tests); `reference.infini_reference` is its segment pass with the fused
+op's argument order;
 `function.infini_attention` the differentiable fused op; `memory.memory_pass` the batched memory.
 
-The fused names are loaded on first use, so that importing `kernels.infini.naive` (as the model
+The fused names are loaded on first use, so that importing `kernels.infini.reference` (as the model
 does) never imports triton.
 """
 

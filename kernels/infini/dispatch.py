@@ -1,7 +1,7 @@
 """When an Infini-attention layer's segment pass fits the fused kernels.
 
 The variant materialises its whole-context maps only while one of its stages is hooked; its
-unhooked path is the segment pass (`kernels.infini.naive.segment_pass`), which this replaces
+unhooked path is the segment pass (`kernels.infini.reference.segment_pass`), which this replaces
 when the backend allows (`kernels.dispatch.fused_backend_enabled`). Covered: fp16/bf16/fp32,
 both update rules, truncated BPTT, padding slots. Not covered (None): float64.
 """

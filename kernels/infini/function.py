@@ -26,7 +26,7 @@ from kernels.flash_attention.function import check_inputs
 from kernels.flash_attention.triton_bwd import attn_bwd
 from kernels.flash_attention.triton_fwd import attn_fwd
 from kernels.infini.memory import memory_pass
-from kernels.infini.naive import UPDATE_RULES
+from kernels.infini.reference import UPDATE_RULES
 
 
 class InfiniLocalMixFunction(torch.autograd.Function):

@@ -25,6 +25,7 @@ import math
 import torch
 
 from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads, dot_rows, score_chunk
+from kernels._prologue import heads_tile
 from kernels._triton import next_pow2, tl, triton
 from kernels.mta.triton_fwd import (
     LAUNCH,
@@ -116,17 +117,12 @@ def mta_delta_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G,
                      SR: tl.constexpr, SC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
                      SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: delta_i = sum_j A_ij dA_ij per head."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    m0 = pid_m * BLOCK_M
-    prog = b * tl.num_programs(0) + pid_m
+    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     stage1 = STAGE1 + prog * (HB * SR * SC)
     stage_dp = STAGE_DP + prog * (HB * GR * GC)
     stage_g = STAGE_G + prog * (HB * GR * GC)
     kv_ptr = KVALID + b * skv_b
-    offs_m = m0 + tl.arange(0, BLOCK_M)
     lse2 = _row_lse2(LSE, b, H, T_Q, offs_m, offs_h, h_valid)
     delta = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
@@ -141,8 +137,7 @@ def mta_delta_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G,
                           m0, n0, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2,
                           HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N, GR, GC, BLOCK_D, SCH)
         delta += tl.sum(probs * d_probs, 2)
-    tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], delta,
-             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+    tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], delta, mask=hr_mask)
 
 
 @triton.jit
@@ -157,18 +152,12 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
                         SC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dv, dW' and dtheta' from the entries of P
     in this query tile (A staged on the forward's window, `AR x AC`)."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    m0 = pid_m * BLOCK_M
-    prog = b * tl.num_programs(0) + pid_m
+    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     stage1 = STAGE1 + prog * (HB * SR * SC)
     stage2 = STAGE2 + prog * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
     lse2 = _row_lse2(LSE, b, H, T_Q, m0 - (CQ2 - 1) + tl.arange(0, AR), offs_h, h_valid)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    m_in = offs_m < T_Q
     offs_i = tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
@@ -225,12 +214,8 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
     """Pass 3, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of this query tile; dk, dW, dtheta from
     the entries of R and C it owns. dL and dC live on the window `DR x DC` from
     `(m0, n0 - RIGHT)` that the transposed pre-softmax convolution reads."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    m0 = pid_m * BLOCK_M
-    prog = b * tl.num_programs(0) + pid_m
+    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     stage1 = STAGE1 + prog * (HB * SR * SC)
     stage_dp = STAGE_DP + prog * (HB * GR * GC)
     stage_g = STAGE_G + prog * (HB * GR * GC)
@@ -242,8 +227,6 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
     lse2 = _row_lse2(LSE, b, H, T_Q, w_rows, offs_h, h_valid)
     delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + w_rows[None, :],
                     mask=h_valid[:, None] & w_in[None, :], other=0.0)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    m_in = offs_m < T_Q
     # dq and dk over d_head in DCH chunks (`kernels._head_tiles`); dq is added to DQ (zeroed;
     # only this program writes these rows) tile by tile: no `[HB, rows, d_head]` tensor lives
     # across the loop (at d_head 128 they spilled).

@@ -29,6 +29,7 @@ import math
 import torch
 
 from kernels._head_tiles import dot_rows, score_chunk
+from kernels._prologue import heads_tile
 from kernels._triton import next_pow2, tl, triton
 from kernels.flash_attention.triton_fwd import _dot
 
@@ -117,12 +118,9 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SR: tl.constexpr, SC: tl.constexpr, SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    m0 = pid_m * BLOCK_M
-    stage = STAGE + (b * tl.num_programs(0) + pid_m) * (HB * SR * SC)
+    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
+    stage = STAGE + prog * (HB * SR * SC)
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
@@ -138,9 +136,7 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
     empty = l_i == 0.0
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse,
-             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse, mask=hr_mask)
 
 
 @triton.jit
@@ -157,14 +153,8 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
     A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
     keys the post-softmax convolution reads, staged in STAGE2; its logits stage their raw
     scores in STAGE1 (`SR x SC`)."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    offs_h = tl.arange(0, HB)
-    h_valid = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    d_valid = offs_d < D
-    m0 = pid_m * BLOCK_M
-    prog = b * tl.num_programs(0) + pid_m
+    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
+        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
     stage1 = STAGE1 + prog * (HB * SR * SC)
     stage2 = STAGE2 + prog * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
@@ -176,7 +166,6 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     offs_ar = tl.arange(0, AR)
     offs_ac = tl.arange(0, AC)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
     acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
@@ -200,8 +189,7 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
         acc += _dot(pattern.to(v.dtype), v, IEEE)
     tl.store(O + b * so_b + offs_h[:, None, None] * so_h + offs_m[None, :, None] * so_t
              + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
-             mask=h_valid[:, None, None] & (offs_m < T_Q)[None, :, None]
-             & d_valid[None, None, :])
+             mask=h_valid[:, None, None] & m_in[None, :, None] & d_valid[None, None, :])
 
 
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software

@@ -231,8 +231,8 @@ pd.DataFrame([{"variant": v, "hook": f"blocks.1.attn.hook_{s.name}", "softmax": 
 # stage where the variant builds it.
 
 # %%
-from interp.heads import induction_table
-from interp.layer_stages import layer_stage_maps
+from interp.tools.heads import induction_table
+from interp.tools.layer_stages import layer_stage_maps
 
 
 def head_at_every_stage(variant):

@@ -21,9 +21,12 @@ import plotly.express as px
 import torch
 
 from hooked_models import zoo
-from interp import circuits, heads, infini, plots
-from interp.zoo.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
-from interp.zoo.text_studies import (COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction,
+from interp.circuits import qk_ov as circuits
+from interp.tools import heads
+from interp.variants import infini
+from interp import plots
+from interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
+from attnlens.zoo.text_studies import (COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction,
                                      has_induction_head)
 
 torch.set_grad_enabled(False)
@@ -127,7 +130,7 @@ from plotly.subplots import make_subplots
 
 from interp.plots import SEQUENTIAL
 from interp.tasks.induction import repeated_tokens
-from interp.zoo.text_eval import distribution_stage
+from interp.tools.text_eval import distribution_stage
 
 half = 30
 shown = {**{n: m for n, m in text.items() if m.cfg.n_layers > 1}, "induction-mha (toy)": toy}
@@ -183,11 +186,11 @@ pd.concat({n: copying(m, best_head[n][0]) for n, m in text.items() if m.cfg.n_la
 # scores of neighbouring (query, key) pairs to each entry, and L0H3's puts almost all its
 # weight on the diagonal that ends at (current query, *previous* key), so entry (i, j) scores
 # how well token j-1 (and j-2, ...) match token i (and i-1, ...): attention to the token after
-# an earlier occurrence. `interp.mta.kernel_table` calls that class "induction". Rows: query
+# an earlier occurrence. `interp.variants.mta.kernel_table` calls that class "induction". Rows: query
 # offset (0 = current), columns: key offset (0 = same key):
 
 # %%
-from interp.mta import kernel_table, plain_kernel
+from interp.variants.mta import kernel_table, plain_kernel
 
 mta = text["text-mta-l2"]
 kernel = mta.blocks[0].attn.mta_kernel.detach()[3, 0]
@@ -348,7 +351,7 @@ plots.memory_figure(spec)
 # %% [markdown]
 # ## The phase change
 #
-# Train a fresh two-layer MHA model on the same task with `hooked_models.trainer.fit`, which
+# Train a fresh two-layer MHA model on the same task with `attnlens.training.trainer.fit`, which
 # logs every evaluation to `metrics.jsonl`; the evaluation here is the best head's induction
 # stripe score. The score jumps within a few dozen steps while the loss falls: the induction
 # phase change. (About half a minute on a laptop CPU.)
@@ -357,8 +360,8 @@ plots.memory_figure(spec)
 import tempfile
 
 from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.trainer import TrainConfig, fit
-from interp.induction_study import training_curve
+from attnlens.training.trainer import TrainConfig, fit
+from interp.tools.induction_study import training_curve
 from interp.tasks.induction import repeated_tokens, second_half_loss_mask
 
 torch.set_grad_enabled(True)

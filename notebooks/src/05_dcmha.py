@@ -19,9 +19,11 @@ import pandas as pd
 import torch
 
 from hooked_models import zoo
-from interp import composed, diversity, plots
+from interp.circuits import composed
+from interp.tools import diversity
+from interp import plots
 from interp.tasks.conjunction import conjunction_accuracy, conjunction_task
-from interp.zoo.paper.dcmha import knockout_hooks
+from interp.variants.dcmha import knockout_hooks
 
 torch.set_grad_enabled(False)
 names = [n for n in zoo.available(kind="paper-task") if n.startswith("dcmha-")]

@@ -10,7 +10,7 @@
 #
 # The model is the paper-task model `hooked_models/zoo/infini-passkey-s0` (2 layers, 4 heads,
 # d_head 16, 32-token segments, linear + delta memory), trained from scratch on passkey prompts
-# of 160 word-level tokens (`python -m interp.zoo.paper train infini-passkey-s0`): a 5-digit key
+# of 160 word-level tokens (`python -m attnlens.zoo.paper train infini-passkey-s0`): a 5-digit key
 # hidden in filler text, asked for at the end.
 
 # %%
@@ -20,10 +20,11 @@ import torch
 
 from hooked_models import zoo
 from hooked_models.streaming import InfiniStream
-from interp import infini, plots
+from interp.variants import infini
+from interp import plots
 from interp.tasks.passkey import passkey_accuracy, passkey_task, predict
-from interp.zoo.paper import infini as infini_paper
-from interp.zoo.paper.infini import DEPTHS, FACTORS, TOKENIZER
+from attnlens.zoo.paper import infini as infini_paper
+from attnlens.zoo.paper.infini import DEPTHS, FACTORS, TOKENIZER
 
 torch.set_grad_enabled(False)
 model = zoo.load("infini-passkey-s0")
@@ -173,7 +174,7 @@ print(f"16 more prompts at 8x, depth 0: token accuracy "
 # The model above was trained for 1000 steps at 160 tokens. Issue 24 trained the same shape on
 # a curriculum of 160, 320 and 640-token prompts (5 to 20 segments, keys far outside the last
 # segment) until the loss on the key's digits of held-out prompts stopped improving
-# (`python -m interp.zoo.paper train infini-passkey-long-s0`; it stopped early at step 8,750,
+# (`python -m attnlens.zoo.paper train infini-passkey-long-s0`; it stopped early at step 8,750,
 # about 1 CPU-hour). This notebook looks at seed 0, so its numbers are one model's, not
 # intervals; docs/reproduction.md pools every seed with intervals. The card's grid, from the
 # eval command on held-out prompts (eval seed 60613579): exact-key accuracy (all 5 digits
@@ -209,7 +210,7 @@ long_gates[["gate", "class", "memory_ratio"]].round(3)
 # %%
 far = passkey_task(16, 4 * train_len, depth=0.0, tokenizer=TOKENIZER, seed=6)
 with_memory = passkey_accuracy(predict(long_model, far), far, exact=True)
-with long_model.hooks(fwd_hooks=infini_paper.memory_knockout_hooks(long_model)):
+with long_model.hooks(fwd_hooks=infini.memory_knockout_hooks(long_model)):
     without = passkey_accuracy(predict(long_model, far), far, exact=True)
 print(f"exact key at 4x, depth 0: {with_memory:.2f} with the memory, {without:.2f} with "
       f"its read zeroed (16 prompts, seed 6)")

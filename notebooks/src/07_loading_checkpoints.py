@@ -178,7 +178,7 @@ pd.DataFrame([{"hook": f"blocks.0.attn.hook_{s.name}", "softmax": s.softmax,
 # is that the imported model's maps are there to read, stage by stage.
 
 # %%
-from interp.explore import explore_maps, find_map_stage  # noqa: E402
+from interp.tools.explore import explore_maps, find_map_stage  # noqa: E402
 from interp.plots.maps import head_grid_figure  # noqa: E402
 
 dc_tokens = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(1))

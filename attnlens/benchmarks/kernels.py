@@ -1,0 +1,304 @@
+"""Benchmark the fused kernels against their plain-torch references (and SDPA for causal attention).
+
+    python -m attnlens.benchmarks.kernels             # CUDA: T 1k/4k/16k, d_head 64/128, bf16
+    python -m attnlens.benchmarks.kernels --ops flash --T 1024,4096 --d 128 --dtype fp16
+    python -m attnlens.benchmarks.kernels --cpu       # tiny sizes on the Triton CPU interpreter
+
+Prints one markdown table per op, ready for docs/benchmarks.md: forward and forward+backward time
+(median over CUDA-event-timed repeats), peak memory above the inputs, and achieved TFLOP/s.
+FLOPs count the two attention matmuls, causal (halved): fwd `2 * 2 * B * H * T^2 * D / 2`,
+fwd+bwd 3.5x that (Infini: causal within segments of 1024, the memory not counted). A case
+that runs out of memory prints "OOM". Without a GPU (and without --cpu) it prints a message
+and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# -- ops: each returns {impl: (forward, inputs needing grad)} for one (B, H, T, D) --------------
+def flash_cases(B, H, T, D, dtype, device) -> dict[str, Callable]:
+    import torch.nn.functional as F
+
+    from kernels.flash_attention import attention_reference, flash_attention
+
+    def make():
+        return [torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(3)]
+
+    def sdpa(q, k, v):   # SDPA takes [B, H, T, D]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2)
+
+    return {"reference": (make, lambda q, k, v: attention_reference(q, k, v)[0]),
+            "fused": (make, lambda q, k, v: flash_attention(q, k, v)[0]),
+            "sdpa": (make, sdpa)}
+
+
+def cope_cases(B, H, T, D, dtype, device, npos: int = 64) -> dict[str, Callable]:
+    from kernels.cope import cope_attention, cope_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        E = torch.randn(D, npos, device=device, dtype=dtype) * 0.1
+        return [t.requires_grad_() for t in (*qkv, E)]
+
+    return {"reference": (make, lambda q, k, v, E: cope_attention_reference(q, k, v, E)[0]),
+            "fused": (make, lambda q, k, v, E: cope_attention(q, k, v, E)[0])}
+
+
+INFINI_SEGMENT = 1024
+
+
+def infini_cases(B, H, T, D, dtype, device, segment_len: int = INFINI_SEGMENT):
+    from kernels.infini import infini_attention, infini_reference
+
+    gate = torch.full((H,), 0.5, device=device)
+
+    def make():
+        return [torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(3)]
+
+    def reference(q, k, v):   # the variant's spec runs in float32 (its memory dtype)
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        return infini_reference(q32, k32, q32, k32, v32, segment_len, gate, "linear",
+                                D ** 0.5)[0].to(dtype)
+
+    return {"reference": (make, reference),
+            "fused": (make, lambda q, k, v: infini_attention(q, k, q, k, v, segment_len, gate,
+                                                             "linear", D ** 0.5)[0])}
+
+
+def mta_cases(B, H, T, D, dtype, device, c_q: int = 6, c_k: int = 11):
+    """MTA maps with the official sizes: both convolutions c_q x c_k, full head mixings."""
+    from kernels.mta import mta_attention, mta_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        kernels = [torch.randn(H, 1, c_q, c_k, device=device, dtype=dtype) * 0.1
+                   for _ in range(2)]
+        mixes = [torch.eye(H, device=device, dtype=dtype)[None] + 0.1 * torch.randn(
+            1, H, H, device=device, dtype=dtype) for _ in range(2)]
+        return [t.requires_grad_() for t in (*qkv, kernels[0], mixes[0], kernels[1], mixes[1])]
+
+    return {"reference": (make, lambda *a: mta_attention_reference(*a)[0]),
+            "fused": (make, lambda *a: mta_attention(*a)[0])}
+
+
+OPS = {"flash": flash_cases, "cope": cope_cases, "infini": infini_cases, "mta": mta_cases}
+# FLOPs of the attention matmuls, forward: causal T^2 (halved); Infini: causal within segments.
+FLOPS = {"infini": lambda B, H, T, D: 2 * 2 * B * H * T * min(T, INFINI_SEGMENT) * D * 0.5}
+
+
+def register_op(name: str, cases: Callable, flops: Callable | None = None) -> None:
+    """Add an op to the benchmark (`cases(B, H, T, D, dtype, device) -> {impl: (make, fn)}`,
+    `flops(B, H, T, D)` the forward FLOPs, default causal attention's)."""
+    OPS[name] = cases
+    if flops is not None:
+        FLOPS[name] = flops
+
+
+def cope_options_cases(B, H, T, D, dtype, device, npos: int = 64, rel_npos: int = 128):
+    """CoPE with the official options on: value gates and CoPE+rel (--rel-pos-extend)."""
+    from kernels.cope import cope_attention, cope_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        E = torch.randn(D, npos, device=device, dtype=dtype) * 0.1
+        R = torch.randn(D, rel_npos, device=device, dtype=dtype) * 0.1
+        return [t.requires_grad_() for t in (*qkv, E, R)]
+
+    def run(fn):
+        return lambda q, k, v, E, R: fn(q, k, v, E, gate_k=v, rel_emb=R, rel_extend=True)[0]
+
+    return {"reference": (make, run(cope_attention_reference)),
+            "fused": (make, run(cope_attention))}
+
+
+register_op("cope_options", cope_options_cases)
+
+
+def dcmha_cases(B, H, T, D, dtype, device, rank: int = 2):
+    """DCMHA maps with the official options: rank 2, one group, query- and key-wise, B = I."""
+    from kernels.dcmha import ComposeWeights, dcmha_attention, dcmha_attention_reference
+
+    def make():
+        qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
+        ws = [0.1 * torch.randn(B, T, 1, *shape, device=device, dtype=dtype)
+              for _ in range(2) for shape in ((rank, H), (rank, H), (H,)) * 2]
+        return [t.requires_grad_() for t in (*qkv, *ws)]
+
+    def run(fn):
+        return lambda q, k, v, *w: fn(q, k, v, ComposeWeights(*w[:6]), ComposeWeights(*w[6:]))[0]
+
+    return {"reference": (make, run(dcmha_attention_reference)),
+            "fused": (make, run(dcmha_attention))}
+
+
+register_op("dcmha", dcmha_cases)
+
+
+# -- timing ------------------------------------------------------------------------------------
+def _time_cuda(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _time_cpu(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure(make, fn, backward: bool, reps: int, cuda: bool) -> tuple[float, float | None]:
+    """(median ms, peak MiB above the inputs or None on CPU) of fn (+ backward)."""
+    inputs = make()
+
+    def step():
+        for t in inputs:
+            t.grad = None
+        out = fn(*inputs)
+        if backward:
+            out.backward(grad)
+        return out
+
+    out = fn(*inputs)
+    grad = torch.randn_like(out)
+    del out
+    for _ in range(2):     # warm-up (compilation, autotuning)
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        ms = _time_cuda(step, reps)
+    else:
+        peak = None
+        ms = _time_cpu(step, reps)
+    return ms, peak
+
+
+def _fmt(x, unit="") -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, str):
+        return x
+    if x < 0.01:
+        return f"{x:.2g}{unit}"
+    return f"{x:,.2f}{unit}" if x < 100 else f"{x:,.0f}{unit}"
+
+
+def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> list[str]:
+    lines = [f"### {name}  (batch {B}, heads {H}, {str(dtype).removeprefix('torch.')})", "",
+             "| T | d_head | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s "
+             "| peak MiB (fwd+bwd) |",
+             "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for T in Ts:
+        for D in Ds:
+            flops = FLOPS.get(name, lambda B, H, T, D: 2 * 2 * B * H * T * T * D * 0.5)(
+                B, H, T, D)
+            for impl, (make, fn) in OPS[name](B, H, T, D, dtype, device).items():
+                row = []
+                for backward in (False, True):
+                    try:
+                        ms, peak = measure(make, fn, backward, reps, cuda)
+                        tflops = flops * (3.5 if backward else 1.0) / (ms * 1e-3) / 1e12
+                        row.append((ms, tflops, peak))
+                    except torch.OutOfMemoryError:
+                        row.append(("OOM", "OOM", "OOM"))
+                    finally:
+                        if cuda:
+                            torch.cuda.empty_cache()
+                (f_ms, f_tf, _), (b_ms, b_tf, peak) = row
+                lines.append(f"| {T} | {D} | {impl} | {_fmt(f_ms)} | {_fmt(f_tf)} | {_fmt(b_ms)} "
+                             f"| {_fmt(b_tf)} | {_fmt(peak)} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def header(cuda: bool, argv: list[str]) -> str:
+    import triton
+
+    device = torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'}, "\
+        "Triton interpreter)"
+    return (f"device: {device}; torch {torch.__version__}; triton {triton.__version__}; "
+            f"date: {datetime.date.today().isoformat()}; "
+            f"command: python -m attnlens.benchmarks.kernels {' '.join(argv)}".rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m attnlens.benchmarks.kernels",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=None, help=f"comma list of {sorted(OPS)} (default all)")
+    parser.add_argument("--T", default=None, help="sequence lengths (default 1024,4096,16384)")
+    parser.add_argument("--d", default=None, help="head dims (default 64,128)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=None, help="default 16 (CUDA), 1 (CPU)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="default bf16 (CUDA), fp32 (CPU)")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--cpu", action="store_true",
+                        help="tiny sizes on the Triton CPU interpreter (sets TRITON_INTERPRET=1)")
+    args = parser.parse_args(argv)
+
+    cuda = torch.cuda.is_available() and not args.cpu
+    if not cuda and not args.cpu:
+        print("attnlens.benchmarks.kernels: no CUDA GPU found; the benchmark targets an H100 "
+              "(bf16). "
+              "Run it there, or use --cpu for a tiny interpreter smoke run.")
+        return 0
+    if args.cpu:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            print("attnlens.benchmarks.kernels --cpu: triton was imported before "
+                  "TRITON_INTERPRET=1 was set; "
+                  "run it as its own process.")
+            return 1
+        os.environ["TRITON_INTERPRET"] = "1"
+    ops = args.ops.split(",") if args.ops else list(OPS)
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        parser.error(f"unknown ops {unknown}; choose from {sorted(OPS)}")
+    Ts = [int(t) for t in (args.T or ("1024,4096,16384" if cuda else "64,128")).split(",")]
+    Ds = [int(d) for d in (args.d or ("64,128" if cuda else "32")).split(",")]
+    H = args.heads or (16 if cuda else 1)
+    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
+    reps = args.reps or (20 if cuda else 2)
+    device = "cuda" if cuda else "cpu"
+    print(header(cuda, argv) + "\n")
+    for name in ops:
+        run_op(name, Ts, Ds, args.batch, H, dtype, reps, cuda, device)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,10 @@
+"""Contextual Position Encoding (Golovneva et al. 2024): gated, counted positions.
+
+Files: `layer.py`, `ops.py`, `options.py`.
+Importing this package registers the variant "cope" (`layer.py`).
+"""
+
+from hooked_models.attention.cope.layer import CoPEAttention
+from hooked_models.attention.cope.options import CoPEOptions
+
+__all__ = ["CoPEAttention", "CoPEOptions"]

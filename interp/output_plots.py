@@ -1,8 +1,0 @@
-"""Alias of `interp.plots.outputs` (the figure modules are one package, `interp.plots`, since
-issue 22); kept so that earlier imports keep working. New code imports `interp.plots`."""
-
-import sys
-
-from interp.plots import outputs as _module
-
-sys.modules[__name__] = _module

@@ -25,22 +25,43 @@ REQUIRED = {"op", "kernel", "pass", "config", "arch", "dtype", "registers", "spi
 pytestmark = pytest.mark.skipif(not _triton.available(), reason="needs triton")
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compile_check") / "rows.json"
+def _run_quick(out, results_cache):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--quick", "--json",
-                           str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+                           str(out), "--no-progress", "--results-cache", str(results_cache)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     rows = json.loads(out.read_text()) if out.exists() else []
     return proc, rows
+
+
+@pytest.fixture(scope="module")
+def results_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("results_cache")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, results_cache):
+    """The quick check compiled from scratch (an empty results cache)."""
+    return _run_quick(tmp_path_factory.mktemp("compile_check") / "rows.json", results_cache)
 
 
 def test_quick_check_exits_zero_and_writes_rows(quick):
     proc, rows = quick
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert rows and all(REQUIRED <= set(r) for r in rows)
-    assert f"{len(rows)} kernels compiled" in proc.stdout
+    assert f"{len(rows)} kernels checked" in proc.stdout
+    assert not any(r["cached"] for r in rows)          # an empty cache: everything compiled
+
+
+def test_a_second_check_reads_every_kernel_from_the_results_cache(quick, results_cache,
+                                                                    tmp_path):
+    _, first = quick
+    proc, again = _run_quick(tmp_path / "rows.json", results_cache)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert len(again) == len(first) and all(r["cached"] for r in again)
+    assert "0 compiled" in proc.stdout and f"{len(first)} from the results cache" in proc.stdout
+    measured = ("kernel", "arch", "dtype", "registers", "spill_bytes", "shared_bytes")
+    assert [[r[k] for k in measured] for r in again] == [[r[k] for k in measured] for r in first]
 
 
 def test_every_op_compiles_forward_and_backward_in_bf16_for_sm90(quick):
@@ -97,3 +118,42 @@ def test_capture_refuses_to_run_under_the_interpreter():
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         with capturing():
             pass
+
+
+def test_results_cache_round_trip_and_misses(tmp_path):
+    """A stored row comes back; another key, an unreadable entry or an error row do not."""
+    from kernels.compile_check.results_cache import ROW_FIELDS, ResultCache
+
+    cache = ResultCache(tmp_path)
+    key = cache.key("launch A")
+    assert cache.key("launch A") == key != cache.key("launch B")
+    assert cache.get(key) is None
+    row = dict(kernel="k", registers=96, spill_bytes=0, stack_bytes=0, shared_bytes=1024,
+               compile_s=1.5, error=None)
+    cache.put(key, row, b"\x7fELF cubin")
+    assert cache.get(key) == {name: row[name] for name in ROW_FIELDS}
+    assert cache.get(cache.key("launch B")) is None
+    (tmp_path / key[:2] / f"{key}.json").write_text("{not json")
+    assert cache.get(key) is None                       # a torn entry is a miss, not a crash
+    with pytest.raises(ValueError, match="not cached"):
+        cache.put(key, dict(row, error="CompilationError: x"), b"")
+    with pytest.raises(ValueError, match="sha256"):
+        cache.get("../../etc/passwd")
+
+
+def test_doc_table_groups_precisions_and_many_head_cases():
+    from kernels.compile_check.__main__ import doc_table
+
+    def row(dtype, option, regs, spill=0, smem=2048, error=None):
+        return dict(op="mta", pass_="fwd", kernel="k", config="16x16 w8 s1", dtype=dtype,
+                    option=option, registers=regs, spill_bytes=spill, shared_bytes=smem,
+                    error=error, **{"pass": "fwd"})
+
+    rows = [row("fp16", "H4 6x11+mix", 100), row("bf16", "H4 6x11+mix", 120, smem=4096),
+            row("fp32", "H4 6x11+mix", 200, spill=16), row("bf16", "H16 6x11+mix", 255, 464),
+            row("fp16", "H4 mix only", 0, error="CompilationError: x")]
+    lines = doc_table(rows).splitlines()
+    assert lines[2:] == [
+        "| mta | fwd | k | 16x16 w8 s1 | fp16/bf16 | 2 | 100-120 | 0 | 4 |",
+        "| mta | fwd | k | 16x16 w8 s1 | fp32 | 1 | 200 | 16 | 2 |",
+        "| mta | fwd | k | 16x16 w8 s1 (H16) | bf16 | 1 | 255 | 464 | 2 |"]

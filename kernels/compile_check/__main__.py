@@ -1,5 +1,9 @@
 """`python -m kernels.compile_check [--quick] [--json FILE]`: compile every kernel for sm_80/sm_90.
 
+Kernels compiled before (same source, specialisation, options, architecture and toolchain) are
+read from a results cache (`results_cache`; `--no-results-cache` compiles everything), so a
+re-check after a change compiles only the kernels the change touched.
+
 Prints one row per compiled kernel (op, option, pass, kernel, config, dtype, d_head, arch,
 registers, spilled bytes, shared memory, compile seconds), then a summary per op, kernel and
 config. Exits 1 on a compile error, shared memory above the architecture's per-block limit, or
@@ -36,7 +40,16 @@ def _args(argv):
                         "core; the full matrix, 1,056 kernels, takes 11 min on 2 cores)")
     p.add_argument("--cache-dir", help="Triton cache to reuse (default: a fresh temporary one, "
                    "so compile times are real)")
+    p.add_argument("--results-cache", metavar="DIR",
+                   help="cache of compiled kernels (cubin + measured row) keyed by kernel "
+                        "source, specialisation, options, architecture and toolchain: a kernel "
+                        "compiled before is read, not compiled (default: "
+                        "~/.cache/attnlens/compile_check)")
+    p.add_argument("--no-results-cache", action="store_true",
+                   help="compile every kernel, reading and writing no results cache")
     p.add_argument("--fail-on-spill", action="store_true", help="also exit 1 on any spill")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write docs/benchmarks.md's per-kernel table (`doc_table`) here")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.workers < 1:
@@ -97,6 +110,38 @@ def format_summary(groups) -> str:
     return "\n".join(lines)
 
 
+def _many_heads(option: str) -> str:
+    """" (H16)" / " (H32)" for the many-head option cases, which get rows of their own."""
+    heads = option.split()[0]
+    return f" ({heads})" if heads.startswith("H") and heads[1:].isdigit() and \
+        int(heads[1:]) >= 16 else ""
+
+
+def doc_table(rows) -> str:
+    """docs/benchmarks.md's compile-check table: one row per op, pass, kernel, config (many-head
+    cases apart) and precision (fp16 and bf16 together when both are present), with the
+    kernels compiled, registers min-max, largest spill and shared memory over options, d_heads
+    and archs."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["error"]:
+            continue
+        precision = "fp32" if r["dtype"] == "fp32" else "fp16/bf16"
+        key = (r["op"], r["pass"], r["kernel"], r["config"] + _many_heads(r["option"]),
+               precision)
+        groups.setdefault(key, []).append(r)
+    lines = ["| op | pass | kernel | config | dtype | kernels | registers | max spill B | "
+             "max smem KB |", "|---|---|---|---|---|---|---|---|---|"]
+    for (op, pass_, kernel, config, _precision), rs in groups.items():
+        present = "/".join(d for d in ("fp16", "bf16", "fp32") if any(r["dtype"] == d for r in rs))
+        lo, hi = min(r["registers"] for r in rs), max(r["registers"] for r in rs)
+        regs = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        lines.append(f"| {op} | {pass_} | {kernel} | {config} | {present} | {len(rs)} | {regs} "
+                     f"| {max(r['spill_bytes'] for r in rs)} | "
+                     f"{max(r['shared_bytes'] for r in rs) / 1024:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -107,6 +152,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, quietly
     import triton
 
+    from kernels.compile_check.results_cache import ResultCache
     from kernels.compile_check.run import compile_all, jobs
 
     start = time.perf_counter()
@@ -130,7 +176,8 @@ def main(argv=None) -> int:
             bar.set_postfix_str(f"{row['op']} {row['kernel']}", refresh=False)
             bar.update()
 
-    rows = compile_all(job_list, workers=args.workers, progress=progress)
+    cache = None if args.no_results_cache else ResultCache(args.results_cache)
+    rows = compile_all(job_list, workers=args.workers, progress=progress, cache=cache)
     if bar is not None:
         bar.close()
     if log is not None:
@@ -142,11 +189,18 @@ def main(argv=None) -> int:
     print(format_summary(summary(rows)))
     bad = [r for r in rows if r["problems"]]
     spills = [r for r in rows if r["spill_bytes"]]
-    print(f"\n{len(rows)} kernels compiled in {wall:.0f} s ({sum(r['compile_s'] for r in rows):.0f}"
-          f" s compiling, {args.workers} worker(s)); {len(bad)} failing, {len(spills)} spilling")
+    hits = sum(r["cached"] for r in rows)
+    compiled_s = sum(r["compile_s"] for r in rows if not r["cached"])
+    print(f"\n{len(rows)} kernels checked in {wall:.0f} s: {len(rows) - hits} compiled "
+          f"({compiled_s:.0f} s compiling, {args.workers} worker(s)), {hits} from the results "
+          f"cache{'' if cache is None else f' ({cache.root})'}; {len(bad)} failing, "
+          f"{len(spills)} spilling")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(doc_table(rows) + "\n")
     if bad or (args.fail_on_spill and spills):
         return 1
     return 0

@@ -123,15 +123,24 @@ def problems(row: dict) -> list[str]:
     return out
 
 
-def compile_launch(launch, arch: int) -> dict:
+def compile_launch(launch, arch: int, cache=None, key: str | None = None) -> dict:
     """Compile `launch` for sm_`arch`; returns a row (registers, spills, shared, seconds) or a
-    row with `error` set when the compiler fails."""
+    row with `error` set when the compiler fails.
+
+    With a `cache` (`results_cache.ResultCache`) and the launch's `key` (`cache.key(launch_key(
+    launch, arch))`), a stored row is returned with `cached=True` and no compile; a new
+    successful compile is stored."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
     row = dict(kernel=launch.name, pass_=launch.pass_, config=launch.config,
                arch=ARCH_NAMES[arch], arch_cc=arch, num_warps=launch.num_warps,
-               num_stages=launch.num_stages, error=None)
+               num_stages=launch.num_stages, error=None, cached=False)
+    if cache is not None and key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            row.update(hit, cached=True)
+            return row
     start = time.perf_counter()
     try:
         target, signature, constexprs, attrs, options = _specialise(launch, arch)
@@ -146,6 +155,8 @@ def compile_launch(launch, arch: int) -> dict:
                stack_bytes=usage["stack_bytes"],
                shared_bytes=int(compiled.metadata.shared) + usage["static_shared"],
                compile_s=time.perf_counter() - start)
+    if cache is not None and key is not None:
+        cache.put(key, row, compiled.asm["cubin"])
     return row
 
 

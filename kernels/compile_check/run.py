@@ -36,6 +36,7 @@ class Job:
     d_head: int
     launch: Launch
     arch: int
+    key: str = ""      # `launch_key(launch, arch)`: what decides the compiled kernel
 
 
 def _record(case: Case, dtype: str, d_head: int) -> list[Launch]:
@@ -84,12 +85,17 @@ def jobs(quick: bool = False, ops=None, dtypes=None, archs=None, d_heads=None,
                         key = launch_key(launch, arch)
                         if key not in seen:
                             seen.add(key)
-                            out.append(Job(case, dtype, d_head, launch, arch))
+                            out.append(Job(case, dtype, d_head, launch, arch, key))
     return out
 
 
+_CACHE: list = [None]      # the ResultCache of this run (None: compile everything)
+
+
 def _row(job: Job) -> dict:
-    row = compile_launch(job.launch, job.arch)
+    cache = _CACHE[0]
+    key = cache.key(job.key) if cache is not None and job.key else None
+    row = compile_launch(job.launch, job.arch, cache, key)
     row = dict(op=job.case.op, option=job.case.name, main=job.case.main, dtype=job.dtype,
                d_head=job.d_head, **row)
     row["pass"] = row.pop("pass_")
@@ -105,8 +111,12 @@ def _row_at(i: int) -> dict:
     return _row(_JOBS[i])
 
 
-def compile_all(job_list: list[Job], workers: int = 1, progress=None) -> list[dict]:
-    """Rows in job order; `progress(row)` is called after each. `workers > 1` forks a pool."""
+def compile_all(job_list: list[Job], workers: int = 1, progress=None,
+                cache=None) -> list[dict]:
+    """Rows in job order; `progress(row)` is called after each. `workers > 1` forks a pool.
+    `cache` (a `results_cache.ResultCache`): rows of kernels compiled before are read from it
+    (`cached` True), new ones are added to it."""
+    _CACHE[0] = cache
     rows = []
     if workers <= 1:
         for job in job_list:

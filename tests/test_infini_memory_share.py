@@ -74,7 +74,7 @@ def test_bad_positions_are_refused():
 
 # -- the diagnosis of the shipped long models (docs/reproduction.md) --------------------------
 def test_diagnosis_table_reads_the_csv_as_documented():
-    """Reading heads, shares, contrast and the 1x-contrast dilution from a small synthetic CSV."""
+    """Reading heads, shares and exact accuracy from a small synthetic CSV."""
     import pandas as pd
 
     from attnlens.reports.reproduction.infini_diagnosis import diagnosis_table
@@ -92,8 +92,7 @@ def test_diagnosis_table_reads_the_csv_as_documented():
     assert table.L0_reader.tolist() == [1, 1]                 # the head reading most at 1x
     assert table.L0_share.tolist() == [0.5, 0.3]
     assert table.exact.tolist() == [1.0, 0.5]
-    # n_key c / (n_key c + n_other) with the 1x contrast 9: 90 / (90 + 90), 90 / (90 + 190)
-    assert table.L0_diluted.tolist() == pytest.approx([0.5, 90 / 280])
+    assert table.L0_contrast.tolist() == [9.0, 18.0] and table.memory_tokens.tolist() == [100, 200]
 
 
 DIAGNOSIS_CSV = (Path(__file__).resolve().parents[1] / "docs" / "figures" / "reproduction"

@@ -72,8 +72,9 @@ def diagnose(model, name: str, factor: int, depth: float, n: int = N_PROMPTS) ->
     table.insert(0, "factor", factor)
     table.insert(0, "model", name)
     table["key_tokens"] = sources.shape[1]
-    table["token_accuracy"] = token_acc[table.example.values].double().numpy()
-    table["exact"] = exact[table.example.values].numpy()
+    example = torch.tensor(table.example.tolist())
+    table["token_accuracy"] = token_acc[example].double().numpy()
+    table["exact"] = exact[example].numpy()
     return table
 
 
@@ -85,14 +86,14 @@ def run(models=MODELS, factors=FACTORS, depths=DIAGNOSIS_DEPTHS, n: int = N_PROM
         from tqdm import tqdm
         bar = tqdm(total=len(cells), unit="cell", file=sys.stderr)
     frames, loaded = [], {}
-    torch.set_grad_enabled(False)
-    for name, factor, depth in cells:
-        if name not in loaded:
-            loaded = {name: zoo.load(name).double()}
-        frames.append(diagnose(loaded[name], name, factor, depth, n))
-        if bar is not None:
-            bar.set_postfix_str(f"{name} {factor}x d{depth}", refresh=False)
-            bar.update()
+    with torch.no_grad():
+        for name, factor, depth in cells:
+            if name not in loaded:
+                loaded = {name: zoo.load(name).double()}
+            frames.append(diagnose(loaded[name], name, factor, depth, n))
+            if bar is not None:
+                bar.set_postfix_str(f"{name} {factor}x d{depth}", refresh=False)
+                bar.update()
     if bar is not None:
         bar.close()
     return pd.concat(frames, ignore_index=True)

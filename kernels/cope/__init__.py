@@ -9,18 +9,12 @@ The fused names are loaded on first use, so that importing `kernels.cope.referen
 does) never imports triton.
 """
 
-import importlib
+from kernels._lazy import lazy_getattr
 
-_LAZY = {"CoPEFunction": "kernels.cope.function",
-         "cope_attention": "kernels.cope.function",
-         "cope_attention_reference": "kernels.cope.reference",
-         "cope_pattern_rows": "kernels.cope.reference"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kernels.cope' has no attribute {name!r}")
-
+_LAZY = {"CoPEFunction": "function",
+         "cope_attention": "function",
+         "cope_attention_reference": "reference",
+         "cope_pattern_rows": "reference"}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["CoPEFunction", "cope_attention", "cope_attention_reference", "cope_pattern_rows"]

@@ -10,21 +10,15 @@ The fused names are loaded on first use, so that importing `kernels.dcmha.refere
 model does) never imports triton.
 """
 
-import importlib
+from kernels._lazy import lazy_getattr
 
-_LAZY = {"ComposeWeights": "kernels.dcmha.reference",
-         "DCMHAFunction": "kernels.dcmha.function",
-         "compose_reference": "kernels.dcmha.reference",
-         "dcmha_attention": "kernels.dcmha.function",
-         "dcmha_attention_reference": "kernels.dcmha.reference",
-         "dcmha_pattern_rows": "kernels.dcmha.reference"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kernels.dcmha' has no attribute {name!r}")
-
+_LAZY = {"ComposeWeights": "reference",
+         "DCMHAFunction": "function",
+         "compose_reference": "reference",
+         "dcmha_attention": "function",
+         "dcmha_attention_reference": "reference",
+         "dcmha_pattern_rows": "reference"}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["ComposeWeights", "DCMHAFunction", "compose_reference", "dcmha_attention",
            "dcmha_attention_reference", "dcmha_pattern_rows"]

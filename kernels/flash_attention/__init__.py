@@ -7,18 +7,12 @@ The fused names are loaded on first use, so that importing `kernels.flash_attent
 (as the CoPE spec does, and so the model) never imports triton.
 """
 
-import importlib
+from kernels._lazy import lazy_getattr
 
-_LAZY = {"FlashAttentionFunction": "kernels.flash_attention.function",
-         "flash_attention": "kernels.flash_attention.function",
-         "attention_reference": "kernels.flash_attention.reference",
-         "pattern_rows": "kernels.flash_attention.reference"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kernels.flash_attention' has no attribute {name!r}")
-
+_LAZY = {"FlashAttentionFunction": "function",
+         "flash_attention": "function",
+         "attention_reference": "reference",
+         "pattern_rows": "reference"}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["FlashAttentionFunction", "attention_reference", "flash_attention", "pattern_rows"]

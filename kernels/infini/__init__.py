@@ -10,18 +10,12 @@ The fused names are loaded on first use, so that importing `kernels.infini.refer
 does) never imports triton.
 """
 
-import importlib
+from kernels._lazy import lazy_getattr
 
-_LAZY = {"InfiniLocalMixFunction": "kernels.infini.function",
-         "infini_attention": "kernels.infini.function",
-         "infini_reference": "kernels.infini.reference",
-         "memory_pass": "kernels.infini.memory"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kernels.infini' has no attribute {name!r}")
-
+_LAZY = {"InfiniLocalMixFunction": "function",
+         "infini_attention": "function",
+         "infini_reference": "reference",
+         "memory_pass": "memory"}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["InfiniLocalMixFunction", "infini_attention", "infini_reference", "memory_pass"]

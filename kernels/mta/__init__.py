@@ -9,18 +9,12 @@ The fused names are loaded on first use, so that importing `kernels.mta.referenc
 model does) never imports triton.
 """
 
-import importlib
+from kernels._lazy import lazy_getattr
 
-_LAZY = {"MTAFunction": "kernels.mta.function",
-         "mta_attention": "kernels.mta.function",
-         "mta_attention_reference": "kernels.mta.reference",
-         "mta_pattern_rows": "kernels.mta.reference"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kernels.mta' has no attribute {name!r}")
-
+_LAZY = {"MTAFunction": "function",
+         "mta_attention": "function",
+         "mta_attention_reference": "reference",
+         "mta_pattern_rows": "reference"}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["MTAFunction", "mta_attention", "mta_attention_reference", "mta_pattern_rows"]

@@ -21,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -233,12 +234,60 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> lis
                         row.append((ms, tflops, peak))
                     except torch.OutOfMemoryError:
                         row.append(("OOM", "OOM", "OOM"))
+                    except Exception as err:   # a kernel that fails to compile or launch
+                        traceback.print_exc()
+                        row.append((f"error: {type(err).__name__}",) * 3)
                     finally:
                         if cuda:
                             torch.cuda.empty_cache()
                 (f_ms, f_tf, _), (b_ms, b_tf, peak) = row
                 lines.append(f"| {T} | {D} | {impl} | {_fmt(f_ms)} | {_fmt(f_tf)} | {_fmt(b_ms)} "
                              f"| {_fmt(b_tf)} | {_fmt(peak)} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def accuracy(name: str, B, H, T, D, dtype, device) -> dict[str, float]:
+    """The fused op in `dtype` against its plain-torch reference run in float32 on the same
+    inputs: max |fused - reference| / max |reference| of the output and of each input's
+    gradient (one random output gradient)."""
+    cases = OPS[name](B, H, T, D, dtype, device)
+    make, fused = cases["fused"]
+    _, reference = cases["reference"]
+    inputs = make()
+    out = fused(*inputs)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    inputs32 = [t.detach().float().requires_grad_() for t in inputs]
+    out32 = reference(*inputs32)
+    out32.backward(grad.to(out32.dtype))
+
+    def rel(a, b):
+        b = b.float()
+        return ((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+    errors = {"out": rel(out, out32)}
+    errors["grads"] = max(rel(t.grad, t32.grad) for t, t32 in zip(inputs, inputs32)
+                          if t.grad is not None and t32.grad is not None)
+    return errors
+
+
+def check_table(ops, Ts, Ds, B, H, dtype, device) -> list[str]:
+    """One markdown table of `accuracy` over ops x T x d_head."""
+    lines = [f"### fused vs float32 reference ({str(dtype).removeprefix('torch.')}, batch {B}, "
+             f"heads {H}): max abs error / max abs reference", "",
+             "| op | T | d_head | output | worst input gradient |", "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for name in ops:
+        for T in Ts:
+            for D in Ds:
+                try:
+                    e = accuracy(name, B, H, T, D, dtype, device)
+                    cells = f"{e['out']:.2e} | {e['grads']:.2e}"
+                except Exception as err:
+                    traceback.print_exc()
+                    cells = f"error: {type(err).__name__} | "
+                lines.append(f"| {name} | {T} | {D} | {cells} |")
                 print(lines[-1], flush=True)
     return lines
 
@@ -266,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default bf16 (CUDA), fp32 (CPU)")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--check", action="store_true",
+                        help="instead of timing, compare each fused op with its float32 "
+                             "reference (output and gradients)")
     parser.add_argument("--cpu", action="store_true",
                         help="tiny sizes on the Triton CPU interpreter (sets TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
@@ -294,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (20 if cuda else 2)
     device = "cuda" if cuda else "cpu"
     print(header(cuda, argv) + "\n")
+    if args.check:
+        check_table(ops, Ts, Ds, args.batch, H, dtype, device)
+        return 0
     for name in ops:
         run_op(name, Ts, Ds, args.batch, H, dtype, reps, cuda, device)
         print()

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU validation of the Triton kernels in one short run (for a lent GPU, where time is scarce):
+#   1. the fused ops against their float32 references at real sizes (bf16 and fp32),
+#   2. the bf16 benchmark at T=4096 (the issue targets' length),
+#   3. the kernel and dispatch tests compiled for the GPU instead of interpreted.
+# Each stage has its own time limit and writes its own file, so a stage that runs long costs
+# only itself.  Results land in $OUT (default out/gpu): env.txt, check.md, bench.md, tests.log.
+#
+#   OUT=out/gpu bash scripts/gpu_validate.sh
+#
+# Python packages the GPU image lacks (transformer-lens and the few it pulls in) can travel as
+# wheels in .whl/ (see the device notes); they are installed to /tmp/site first.
+set -u
+OUT=${OUT:-out/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+    $PY -c "import transformer_lens; print('transformer_lens ok')" 2>&1 | tail -1
+    nproc
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+stage() {  # stage SECONDS FILE CMD...: run CMD with a time limit, output to the screen and FILE
+    local limit=$1 file=$2
+    shift 2
+    echo "== $* (limit ${limit}s)" | tee -a "$file"
+    local t0=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee -a "$file"
+    echo "== exit ${PIPESTATUS[0]} after $((SECONDS - t0))s" | tee -a "$file"
+}
+
+BENCH="$PY -m attnlens.benchmarks.kernels"
+stage "${CHECK_S:-80}" "$OUT/check.md" $BENCH --check --T 1024,4096 --d 64,128 --dtype bf16
+stage "${CHECK32_S:-40}" "$OUT/check.md" $BENCH --check --T 1024 --d 64 --dtype fp32
+stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
+stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
+    --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
+    tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
+    tests/test_kernel_mta.py tests/test_kernel_dcmha.py tests/test_kernel_cope_options.py \
+    tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
+    tests/test_gqa.py

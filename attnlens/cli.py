@@ -23,6 +23,10 @@
                                   find a circuit by edge attribution patching (EAP-IG or first
                                   order) on every variant's graph, head-mixing edges included;
                                   top edges, faithfulness, a figure (see docs/circuit_discovery.md)
+    attnlens graph CKPT_DIR_OR_ZOO_NAME "prompt" [--target TOKEN] [--out DIR]
+                                  an attribution graph (transcoders in place of the MLPs, frozen
+                                  effective patterns): pruned, summarised, written as
+                                  circuit-tracer / Neuronpedia graph JSON (docs/attribution.md)
 """
 
 from __future__ import annotations
@@ -455,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     circuit.add_argument("--device", default="cpu")
     circuit.add_argument("--threads", type=int, default=1)
     circuit.set_defaults(fn=cmd_circuit)
+    from attnlens.commands import graph
+    graph.add_parser(sub)
     return parser
 
 

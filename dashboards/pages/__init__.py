@@ -20,11 +20,12 @@ from dashboards.pages import (
     diversity,
     explorer,
     gating,
+    graph,
     heads,
     outputs,
     tokens,
     variants,
 )
 
-PAGES = [compare, explorer, tokens, outputs, attribution, heads, circuits, circuits_auto, variants,
-         diversity, gating]
+PAGES = [compare, explorer, tokens, outputs, attribution, graph, heads, circuits, circuits_auto,
+         variants, diversity, gating]

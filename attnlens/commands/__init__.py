@@ -1,0 +1,1 @@
+"""Subcommands of the `attnlens` command line that live in their own modules."""

@@ -1,0 +1,138 @@
+"""`attnlens graph MODEL "prompt" [--target TOKEN]`: an attribution graph on a model with
+transcoders (interp.attribution; docs/attribution.md).
+
+Prints the target, the graph's size before and after pruning, the error nodes' share of the
+target's direct effects, and the most influential features (with their top contexts from the
+model's validation windows, `--contexts`). With `--out DIR` writes `<slug>.json` in the format
+circuit-tracer's local server and Neuronpedia's graph viewer read (plus `graph-metadata.json`)
+and `<slug>.html`, the pruned graph drawn with plotly (plotly.min.js beside it: it opens
+offline).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("graph", help="an attribution graph (transcoders, frozen patterns) on a "
+                                     "prompt, in circuit-tracer's JSON format")
+    p.add_argument("model", metavar="CKPT_DIR_OR_ZOO_NAME",
+                   help="a model with transcoders in <dir>/transcoders (the zoo's -l4mlp text "
+                        "models ship them)")
+    p.add_argument("prompt")
+    p.add_argument("--target", action="append", default=None, metavar="TOKEN",
+                   help="the logit to explain at the last position (text of one token; "
+                        "repeatable; default: the likeliest tokens up to 95%% probability)")
+    p.add_argument("--node-threshold", type=float, default=0.8,
+                   help="keep the features covering this share of influence (default 0.8)")
+    p.add_argument("--edge-threshold", type=float, default=0.98,
+                   help="keep the edges covering this share of edge influence (default 0.98)")
+    p.add_argument("--show", type=int, default=12, help="features printed")
+    p.add_argument("--contexts", type=int, default=0, metavar="N",
+                   help="print each shown feature's N top contexts (validation windows)")
+    p.add_argument("--batch-size", type=int, default=64, help="targets per backward pass")
+    p.add_argument("--out", default=None, help="write <slug>.json and <slug>.html here")
+    p.add_argument("--slug", default=None, help="graph name in the viewer (default: from the "
+                                                "model and prompt)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=run)
+
+
+def resolve(source: str) -> Path:
+    from hooked_models import zoo
+
+    path = Path(source)
+    if (path / "config.json").is_file():
+        return path
+    if source in zoo.available():
+        return zoo.path(source)
+    raise SystemExit(f"attnlens graph: {source!r} is neither a checkpoint directory (with "
+                     "config.json) nor a bundled model")
+
+
+def run(args) -> int:
+    from hooked_models import HookedVariantTransformer
+    from interp.attribution.contexts import transcoders_for
+    from interp.attribution.graph import attribute
+    from interp.attribution.prune import prune
+    from interp.attribution.replacement import float64_copy
+
+    directory = resolve(args.model)
+    try:
+        model = float64_copy(HookedVariantTransformer.from_pretrained(directory, device="cpu"))
+        if model.cfg.attn_only:
+            raise ValueError(f"{directory.name} is attention-only: attribution graphs replace "
+                             "MLPs by transcoders, so they need a model with MLPs (the zoo's "
+                             "-l4mlp text models ship transcoders)")
+        transcoders = transcoders_for(directory)
+        graph = attribute(model, transcoders, args.prompt, targets=args.target,
+                          batch_size=args.batch_size, progress=not args.no_progress,
+                          model_name=directory.name, transcoder_set=f"{directory.name}/transcoders")
+        pruned = prune(graph, args.node_threshold, args.edge_threshold)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"attnlens graph: {err}") from None
+    graph.node_influence = pruned.node_influence
+    summary(graph, pruned, args.show)
+    if args.contexts:
+        print_contexts(model, transcoders, directory, graph, pruned, args.show, args.contexts)
+    if args.out:
+        from interp.attribution.export import write_graph
+        from interp.plots.analyses import save_figure
+        from interp.plots.attribution_graph import graph_figure
+
+        out = Path(args.out)
+        slug = args.slug or slugify(f"{directory.name}-{args.prompt}")
+        path = write_graph(graph, out, slug, node_mask=pruned.node_mask,
+                           edge_mask=pruned.edge_mask, node_threshold=args.node_threshold)
+        fig = graph_figure(graph, pruned, title=f"{directory.name}: {args.prompt!r} -> "
+                                                 f"{graph.logit_token_strings[0]!r}")
+        written = save_figure(fig, out / slug, png=False)
+        print(f"wrote {path} (circuit-tracer / Neuronpedia graph JSON) and "
+              f"{', '.join(str(p) for p in written)}")
+    return 0
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "graph"
+
+
+def summary(graph, pruned, show: int) -> None:
+    n_edges = int((graph.adjacency != 0).sum())
+    print(f"{graph.model_name}: {graph.n_pos} tokens {graph.prompt_tokens}")
+    for i in range(graph.n_logits):
+        p = float(graph.logit_probabilities[i])
+        print(f"  logit {graph.logit_token_strings[i]!r}: p={p:.3f}")
+    print(f"graph: {graph.n_features} active features, {graph.n_errors} error nodes, "
+          f"{n_edges} edges; pruned to {int(pruned.node_mask[:graph.n_features].sum())} "
+          f"features and {int(pruned.edge_mask.sum())} edges (node threshold "
+          f"{pruned.node_threshold}, edge threshold {pruned.edge_threshold})")
+    print(f"error nodes' share of |direct effects| on {graph.logit_token_strings[0]!r}: "
+          f"{graph.error_share():.1%}")
+    influence = pruned.node_influence[:graph.n_features]
+    order = influence.argsort(descending=True)[:show]
+    print("most influential features:")
+    for i in order.tolist():
+        print(f"  {float(influence[i]):.3f}  {graph.node_label(i)}  "
+              f"(activation {float(graph.activations[i]):.3f})")
+
+
+def print_contexts(model, transcoders, directory, graph, pruned, show: int, n: int) -> None:
+    from hooked_models.checkpoint import read_weights
+    from interp.attribution.contexts import feature_activations, top_contexts
+
+    eval_file = Path(directory) / "eval_tokens.safetensors"
+    if not eval_file.is_file():
+        print(f"(no {eval_file.name} beside the model: no contexts)")
+        return
+    tokens = read_weights(eval_file)[0]["val_windows"][:, :256].long()
+    influence = pruned.node_influence[:graph.n_features]
+    acts = {}
+    for i in influence.argsort(descending=True)[:show].tolist():
+        layer, _, feature = graph.features[i].tolist()
+        if layer not in acts:
+            acts[layer] = feature_activations(model, transcoders[layer], tokens)
+        print(f"{graph.node_label(i)}:")
+        for c in top_contexts(model, acts[layer], tokens, feature, n=n):
+            print(f"    {c.activation:7.3f}  {(c.before + '[[' + c.token + ']]' + c.after)!r}")

@@ -1,0 +1,227 @@
+"""Attribution graph: the pruned graph of the prompt on a model with transcoders
+(`interp.attribution`), a clicked feature's top contexts from the model's validation windows and
+its strongest edges, and the QK side: why a head attended where it did, source by source, with
+the head one click away in the explorer. Model: the bar's "one-model pages" choice; prompt:
+the bar's (its first line)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboards.app_links import explorer_link
+from dashboards.figures import control_row, error_box, graph, loading, note_box
+from interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
+from interp.attribution.graph import attribute
+from interp.attribution.prune import prune
+from interp.attribution.qk import attribute_qk
+from interp.attribution.replacement import float64_copy
+from interp.plots.attribution_graph import graph_figure
+
+TITLE = "Attribution graph"
+ID = "graph"
+CACHED = 8
+_cache: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+def _remember(key, make):
+    with _lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    value = make()
+    with _lock:
+        _cache[key] = value
+        while len(_cache) > CACHED:
+            _cache.popitem(last=False)
+    return value
+
+
+def _number(input_id, value, step, width="80px"):
+    return dcc.Input(id=input_id, type="number", value=value, step=step, debounce=True,
+                     style={"width": width})
+
+
+def layout(store):
+    return html.Div([
+        html.P("The prompt's attribution graph: the MLPs replaced by the model's transcoders, "
+               "attention patterns and norm scales frozen at their values on the prompt, so "
+               "every edge is an exact direct effect (red raises its target, blue lowers it). "
+               "Rows: token embeddings (E), each layer's features (circles, sized by influence "
+               "on the output) and error nodes (grey diamonds: what the transcoders miss), "
+               "the logits on top. Click a node for its top contexts and strongest edges. "
+               "Below: why a head attended from one position to another, source by source. "
+               "Models without transcoders say how to train them."),
+        control_row("target token", dcc.Input(id="graph-target", type="text", value="",
+                                              debounce=True, placeholder="likeliest tokens",
+                                              style={"width": "140px"}),
+                    "node threshold", _number("graph-node-threshold", 0.8, 0.05),
+                    "edge threshold", _number("graph-edge-threshold", 0.98, 0.01)),
+        error_box("graph-error"),
+        note_box("graph-note"),
+        loading([graph("graph-figure")]),
+        html.Div(id="graph-node", style={"fontFamily": "monospace", "fontSize": "12px"}),
+        html.H4("Why did a head attend there? (QK attribution)"),
+        control_row("layer", _number("graph-qk-layer", 0, 1, "60px"),
+                    "head", _number("graph-qk-head", 0, 1, "60px"),
+                    "query position", _number("graph-qk-query", None, 1),
+                    "key position", _number("graph-qk-key", None, 1)),
+        error_box("graph-qk-error"),
+        loading([html.Div(id="graph-qk", style={"fontFamily": "monospace",
+                                                "fontSize": "12px"})]),
+    ])
+
+
+def _first_line(store, name, text) -> str:
+    prompt = text if isinstance(text, str) and text.strip() else store.default_text[name]
+    if not store.reads_line_breaks.get(name, False):
+        prompt = next((line for line in prompt.splitlines() if line.strip()), prompt)
+    return prompt
+
+
+def session(store, name):
+    """(float64 model, transcoders) of store model `name` (cached)."""
+    if store.get(name).cfg.attn_only:
+        raise ValueError(f"{name} is attention-only: attribution graphs replace MLPs by "
+                         "transcoders, so they need a model with MLPs (the zoo's -l4mlp text "
+                         "models ship transcoders)")
+    directory = store.directories.get(name)
+    if directory is None:
+        raise ValueError(f"{name} has no checkpoint directory, so no transcoders")
+
+    def make():
+        try:
+            transcoders = transcoders_for(directory)
+        except FileNotFoundError as err:
+            raise ValueError(str(err)) from None
+        return float64_copy(store.get(name)), transcoders
+
+    return _remember(("session", name), make)
+
+
+def compute_graph(store, name, text, target, node_threshold, edge_threshold):
+    model, transcoders = session(store, name)
+    prompt = _first_line(store, name, text)
+    targets = [target.strip()] if isinstance(target, str) and target.strip() else None
+    for label, value in (("node threshold", node_threshold), ("edge threshold", edge_threshold)):
+        if value is None or not 0 < float(value) <= 1:
+            raise ValueError(f"{label} must be in (0, 1], got {value!r}")
+
+    def make():
+        g = attribute(model, transcoders, prompt, targets=targets, model_name=name,
+                      transcoder_set=f"{name}/transcoders")
+        return g
+
+    g = _remember(("graph", name, prompt, tuple(targets or ())), make)
+    pruned = prune(g, float(node_threshold), float(edge_threshold))
+    g.node_influence = pruned.node_influence
+    return model, transcoders, prompt, g, pruned
+
+
+def note(g, pruned) -> str:
+    kept = int(pruned.node_mask[:g.n_features].sum())
+    return (f"{g.model_name}: target {g.logit_token_strings[0]!r} (p="
+            f"{float(g.logit_probabilities[0]):.3f}) of {g.n_logits} logit node(s); "
+            f"{g.n_features} active features, {kept} kept, {int(pruned.edge_mask.sum())} edges; "
+            f"error nodes carry {g.error_share():.1%} of the direct effects on the target.")
+
+
+def node_details(store, name, model, transcoders, g, pruned, index):
+    kind = g.node_kind(index)
+    parts = [html.B(g.node_label(index))]
+    row, column = g.adjacency[index], g.adjacency[:, index]
+    for title, values in (("strongest inputs", row), ("strongest outputs", column)):
+        order = values.abs().argsort(descending=True)[:6]
+        items = [html.Li(f"{float(values[i]):+.4f}  {g.node_label(i)}") for i in order.tolist()
+                 if values[i] != 0]
+        if items:
+            parts += [html.Div(title), html.Ul(items)]
+    if kind == "feature":
+        layer, _, feature = g.features[index].tolist()
+        directory = store.directories[name]
+        from hooked_models.checkpoint import read_weights
+
+        eval_file = directory / "eval_tokens.safetensors"
+        if eval_file.is_file():
+            tokens = read_weights(eval_file)[0]["val_windows"][:, :256].long()
+            acts = _remember(("acts", name, layer),
+                             lambda: feature_activations(model, transcoders[layer], tokens))
+            contexts = top_contexts(model, acts, tokens, feature, n=6)
+            parts += [html.Div("top contexts (validation windows)"),
+                      html.Ul([html.Li([f"{c.activation:.2f}  {c.before}", html.B(c.token),
+                                        c.after]) for c in contexts])]
+    return parts
+
+
+def qk_details(store, name, text, layer, head, query, key):
+    model, transcoders = session(store, name)
+    prompt = _first_line(store, name, text)
+    n = model.to_tokens(prompt).shape[1]
+    query = n - 1 if query is None else int(query)
+    key = 0 if key is None else int(key)
+    qk = attribute_qk(model, transcoders, prompt, int(layer), int(head), query, key)
+    link = explorer_link(name, int(layer), int(head), "pattern", prompt)
+    rows = []
+    for side, bias in (("query", qk.query_bias), ("key", qk.key_bias)):
+        rows.append(html.Div(f"through the {side}: bias {bias:+.3f}; top sources"))
+        rows.append(html.Ul([html.Li(f"{value:+.4f}  {label}") for label, value in
+                             qk.top(side, 8)]))
+    return [html.Div([f"L{layer}H{head} score {qk.score:+.4f} at query {query}, key {key} "
+                      f"({qk.stage.split('.')[-1]}); ",
+                      dcc.Link(f"open L{layer}H{head} in the explorer", href=link)]), *rows]
+
+
+def register(app, store):
+    @app.callback(Output("graph-figure", "figure"), Output("graph-note", "children"),
+                  Output("graph-error", "children"),
+                  Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
+                  Input("graph-target", "value"), Input("graph-node-threshold", "value"),
+                  Input("graph-edge-threshold", "value"), Input("tabs", "value"))
+    def _update(name, text, target, node_threshold, edge_threshold, tab):
+        if tab != ID:
+            raise PreventUpdate
+        try:
+            with store.using(name):
+                _, _, prompt, g, pruned = compute_graph(store, name, text, target,
+                                                        node_threshold, edge_threshold)
+        except ValueError as err:
+            return {}, "", str(err)
+        figure = graph_figure(g, pruned, title=f"{name}: {prompt!r} -> "
+                                               f"{g.logit_token_strings[0]!r}")
+        return figure, note(g, pruned), ""
+
+    @app.callback(Output("graph-node", "children"), Input("graph-figure", "clickData"),
+                  State("ctl-model", "value"), State("ctl-applied-prompt", "data"),
+                  State("graph-target", "value"), State("graph-node-threshold", "value"),
+                  State("graph-edge-threshold", "value"))
+    def _click(click, name, text, target, node_threshold, edge_threshold):
+        if not click or not click.get("points") or "customdata" not in click["points"][0]:
+            raise PreventUpdate
+        try:
+            with store.using(name):
+                model, transcoders, _, g, pruned = compute_graph(
+                    store, name, text, target, node_threshold, edge_threshold)
+                return node_details(store, name, model, transcoders, g, pruned,
+                                    int(click["points"][0]["customdata"]))
+        except ValueError as err:
+            return str(err)
+
+    @app.callback(Output("graph-qk", "children"), Output("graph-qk-error", "children"),
+                  Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
+                  Input("graph-qk-layer", "value"), Input("graph-qk-head", "value"),
+                  Input("graph-qk-query", "value"), Input("graph-qk-key", "value"),
+                  Input("tabs", "value"))
+    def _qk(name, text, layer, head, query, key, tab):
+        if tab != ID:
+            raise PreventUpdate
+        if layer is None or head is None:
+            return [], "choose a layer and a head"
+        try:
+            with store.using(name):
+                return qk_details(store, name, text, layer, head, query, key), ""
+        except ValueError as err:
+            return [], str(err)

@@ -1,0 +1,256 @@
+"""Attribution graphs: direct effects between features, embeddings, error nodes and logits.
+
+Nodes, in circuit-tracer's order: the active transcoder features (layer, position, feature),
+one error node per (layer, position), one embedding node per position, and the output logits
+chosen (the most likely tokens at the last position until `logit_mass` of probability is
+covered, at most `max_logits`; or the tokens asked for). `adjacency[target, source]` is the
+direct effect of `source` on `target` in the replacement model
+(`interp.attribution.replacement`): on a feature, on its pre-activation; on a logit, on the logit
+minus the mean logit (circuit-tracer's target). Since that model is linear in its sources,
+
+    target value = sum over sources of adjacency[target, source] + bias[target]
+
+exactly, where `bias` (the value with every source ablated) collects biases and norm offsets.
+
+Cost: each row is one gradient. Rows are computed `batch_size` at a time: one replacement
+forward over `batch_size` copies of the prompt and one backward, each copy seeded with its own
+target, so a graph costs about `n_targets / batch_size` forward + backward passes of the model on
+`batch_size x n_pos` tokens.
+
+Example:
+    >>> graph = attribute(model, transcoders, "def f(x): return x")        # doctest: +SKIP
+    >>> pruned = prune(graph)                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from interp.attribution.replacement import CleanRun, alphas_like, clean_run, frozen_forward
+from interp.sae.transcoder import Transcoder
+
+
+@dataclass
+class AttributionGraph:
+    """A prompt's attribution graph (see the module doc for the node order and the identity).
+
+    Attributes:
+        features: `[n_features 3]` rows (layer, pos, feature index).
+        activations: `[n_features]`.
+        logit_tokens, logit_probabilities: `[n_logits]`; logit_token_strings: their text.
+        adjacency: `[n_nodes n_nodes]`, `adjacency[target, source]`.
+        target_values: `[n_nodes]` each target's value (feature pre-activation, demeaned
+            logit; 0 for nodes that are not targets: errors and embeddings).
+        bias: `[n_nodes]` the part of each target value no source explains.
+    """
+
+    prompt: str
+    prompt_tokens: list[str]
+    tokens: Tensor
+    model_name: str
+    n_layers: int
+    features: Tensor
+    activations: Tensor
+    logit_tokens: Tensor
+    logit_token_strings: list[str]
+    logit_probabilities: Tensor
+    adjacency: Tensor
+    target_values: Tensor
+    bias: Tensor
+    target_logit: int = 0
+    node_influence: Tensor | None = None
+    feature_labels: dict = field(default_factory=dict)
+    transcoder_set: str = ""
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def n_features(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def n_errors(self) -> int:
+        return self.n_layers * self.n_pos
+
+    @property
+    def n_logits(self) -> int:
+        return self.logit_tokens.shape[0]
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_features + self.n_errors + self.n_pos + self.n_logits
+
+    def error_index(self, layer: int, pos: int) -> int:
+        return self.n_features + layer * self.n_pos + pos
+
+    def embedding_index(self, pos: int) -> int:
+        return self.n_features + self.n_errors + pos
+
+    def logit_index(self, i: int) -> int:
+        return self.n_features + self.n_errors + self.n_pos + i
+
+    def feature_index(self, layer: int, pos: int, feature: int) -> int:
+        hit = ((self.features[:, 0] == layer) & (self.features[:, 1] == pos)
+               & (self.features[:, 2] == feature)).nonzero()
+        if hit.numel() == 0:
+            raise KeyError(f"feature {feature} is not active at layer {layer}, position {pos}")
+        return int(hit[0, 0])
+
+    def node_kind(self, index: int) -> str:
+        if index < self.n_features:
+            return "feature"
+        if index < self.n_features + self.n_errors:
+            return "error"
+        if index < self.n_features + self.n_errors + self.n_pos:
+            return "embedding"
+        return "logit"
+
+    def node_label(self, index: int) -> str:
+        kind = self.node_kind(index)
+        if kind == "feature":
+            layer, pos, feat = self.features[index].tolist()
+            return f"L{layer} F{feat} @{pos} {self.prompt_tokens[pos]!r}"
+        if kind == "error":
+            layer, pos = divmod(index - self.n_features, self.n_pos)
+            return f"L{layer} error @{pos} {self.prompt_tokens[pos]!r}"
+        if kind == "embedding":
+            pos = index - self.n_features - self.n_errors
+            return f"embed @{pos} {self.prompt_tokens[pos]!r}"
+        i = index - self.n_features - self.n_errors - self.n_pos
+        return f"logit {self.logit_token_strings[i]!r} (p={float(self.logit_probabilities[i]):.3f})"
+
+    def error_share(self, target: int | None = None) -> float:
+        """The share of |direct effects| into `target` (default: the target logit) that comes
+        from error nodes: what the transcoders do not explain on that step."""
+        row = self.adjacency[self.logit_index(self.target_logit) if target is None else target]
+        errors = row[self.n_features:self.n_features + self.n_errors].abs().sum()
+        return float(errors / row.abs().sum().clamp(min=1e-30))
+
+
+def token_strings(model, ids) -> list[str]:
+    """The text of each token id (its id in angle brackets when the model has no tokenizer)."""
+    ids = [int(i) for i in ids]
+    if model.tokenizer is None:
+        return [f"<{i}>" for i in ids]
+    return [model.to_str_tokens(torch.tensor([i]))[0] for i in ids]
+
+
+def choose_logits(run: CleanRun, model, targets=None, logit_mass: float = 0.95,
+                  max_logits: int = 10) -> tuple[Tensor, Tensor]:
+    """(tokens, probabilities) of the logit nodes at the last position."""
+    probs = torch.softmax(run.logits[0, -1].double(), -1)
+    if targets is not None:
+        ids = []
+        for t in ([targets] if isinstance(targets, (str, int)) else list(targets)):
+            if isinstance(t, str):
+                tok = model.to_tokens(t, prepend_bos=False)[0]
+                if tok.numel() != 1:
+                    pieces = model.to_str_tokens(t, prepend_bos=False)
+                    raise ValueError(f"target {t!r} is {tok.numel()} tokens; give one token "
+                                     f"(the model's tokens for it: {pieces})")
+                t = int(tok[0])
+            if not 0 <= int(t) < probs.numel():
+                raise ValueError(f"target token id {t} is outside the vocabulary "
+                                 f"(0 .. {probs.numel() - 1})")
+            ids.append(int(t))
+        tokens = torch.tensor(ids)
+        return tokens, probs[tokens]
+    order = probs.argsort(descending=True)
+    mass = probs[order].cumsum(0)
+    n = min(max_logits, int((mass < logit_mass).sum()) + 1)
+    return order[:n], probs[order[:n]]
+
+
+def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
+              logit_mass: float = 0.95, max_logits: int = 10, batch_size: int = 64,
+              progress: bool = False, model_name: str = "", transcoder_set: str = ""
+              ) -> AttributionGraph:
+    """The attribution graph of `prompt` (see the module doc). `targets`: token ids or strings
+    for the logit nodes (default: the likeliest tokens). Runs in the model's dtype: use a
+    float64 model for exact identities."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    run = clean_run(model, transcoders, prompt)
+    logit_tokens, logit_probs = choose_logits(run, model, targets, logit_mass, max_logits)
+    layers = sorted(run.features)
+    feats = torch.cat([torch.stack([torch.full_like(run.features[layer][0], layer),
+                                    run.features[layer][0], run.features[layer][1]], -1)
+                       for layer in layers]) if layers else torch.zeros(0, 3, dtype=torch.long)
+    acts = torch.cat([run.features[layer][2] for layer in layers])
+    n_f, n_pos, n_layers = feats.shape[0], run.n_pos, model.cfg.n_layers
+    n_nodes = n_f + n_layers * n_pos + n_pos + len(logit_tokens)
+    dtype = run.errors[0].dtype
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
+    targets_all = [("feature", i) for i in range(n_f)] + \
+        [("logit", i) for i in range(len(logit_tokens))]
+    target_rows = list(range(n_f)) + [n_nodes - len(logit_tokens) + i
+                                      for i in range(len(logit_tokens))]
+
+    def values(out, chunk) -> Tensor:
+        """Each copy's own target value (copy i <-> chunk[i])."""
+        vals = []
+        for i, (kind, j) in enumerate(chunk):
+            if kind == "feature":
+                layer, pos, f = feats[j].tolist()
+                tc = transcoders[layer]
+                x = out.mlp_in[layer][i, pos]
+                vals.append(x.to(tc.W_enc.dtype) @ tc.W_enc[:, f] + tc.b_enc[f])
+            else:
+                logits = out.logits[i, -1]
+                vals.append(logits[logit_tokens[j]] - logits.mean())
+        return torch.stack(vals).to(dtype)
+
+    starts = range(0, len(targets_all), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+        starts = tqdm(starts, desc="attribution rows", unit="batch")
+    target_values = torch.zeros(n_nodes, dtype=dtype)
+    for start in starts:
+        chunk = targets_all[start:start + batch_size]
+        alphas = alphas_like(run, batch=len(chunk))
+        out = frozen_forward(model, run, alphas)
+        vals = values(out, chunk)
+        grads = torch.autograd.grad(vals.sum(), alphas.tensors(), allow_unused=True)
+        rows = _rows(grads, alphas, layers, run, n_layers, n_pos)
+        idx = target_rows[start:start + len(chunk)]
+        adjacency[idx] = torch.cat([rows, torch.zeros(len(chunk), len(logit_tokens),
+                                                      dtype=dtype)], 1)
+        target_values[idx] = vals.detach()
+    # the bias: every target's value with all sources ablated (alphas 0)
+    bias = torch.zeros(n_nodes, dtype=dtype)
+    with torch.no_grad():
+        for start in range(0, len(targets_all), batch_size):
+            chunk = targets_all[start:start + batch_size]
+            out = frozen_forward(model, run, alphas_like(run, len(chunk), 0.0, False))
+            bias[target_rows[start:start + len(chunk)]] = values(out, chunk)
+    prompt_text = prompt if isinstance(prompt, str) else ""
+    return AttributionGraph(
+        prompt=prompt_text, prompt_tokens=token_strings(model, run.tokens[0]),
+        tokens=run.tokens[0], model_name=model_name or model.cfg.metadata.get("recipe", ""),
+        n_layers=n_layers, features=feats, activations=acts, logit_tokens=logit_tokens,
+        logit_token_strings=token_strings(model, logit_tokens),
+        logit_probabilities=logit_probs, adjacency=adjacency, target_values=target_values,
+        bias=bias, transcoder_set=transcoder_set)
+
+
+def _rows(grads, alphas, layers, run: CleanRun, n_layers: int, n_pos: int) -> Tensor:
+    """Gradients by the alphas -> adjacency rows over [features, errors, embeddings]."""
+    batch = alphas.embed.shape[0]
+    g_embed, g_err, *g_feats = grads
+    dtype = alphas.embed.dtype
+
+    def dense(g, shape):
+        return torch.zeros(shape, dtype=dtype) if g is None else g
+
+    feats = [dense(g, (batch, len(run.features[layer][0])))
+             for g, layer in zip(g_feats, layers, strict=True)]
+    return torch.cat([*feats, dense(g_err, (batch, n_layers, n_pos)).reshape(batch, -1),
+                      dense(g_embed, (batch, n_pos))], 1)
+
+
+__all__ = ["AttributionGraph", "attribute", "choose_logits", "token_strings"]

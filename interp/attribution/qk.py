@@ -1,0 +1,282 @@
+"""Why a head attended where it did: the QK side of an attribution graph, for every variant.
+
+An attribution graph freezes attention patterns, so it says what flowed through a head, not why
+the head looked there. Here the head's pre-softmax score at (query, key) is attributed to the
+graph's sources (features, error nodes, embeddings) through the query and through the key.
+
+In the replacement model (`interp.attribution.replacement`) the queries and keys of a layer are
+affine in the sources, and each variant's pre-softmax score is *bilinear* in them: one affine
+function of the queries times one of the keys (`score_stage`):
+
+- MHA and Infini's local attention: `q . k / sqrt(d)` (`hook_attn_scores`);
+- MTA: the key-query convolution and pre-softmax head mixing are linear maps of the q . k map, so
+  the mixed logits (`hook_pre_sm_mix`, else `hook_pre_sm_conv`) are a weighted sum of q . k
+  products over the kernel's window and the mixed heads;
+- DCMHA: Compose's pre-softmax cross-head terms mix the heads' q . k maps with the prompt's
+  dynamic weights (frozen), so `hook_composed_scores` is a weighted sum over heads;
+- CoPE: content `q . k` plus the position logit `q . e[p]`, with the contextual positions `p`
+  frozen: the position term runs through the query only (`cope_position_counts` gives what
+  each token's gate added to the position).
+
+To keep the two sides apart, the replacement model runs two copies: the queries of copy 0 see
+source scales `alpha_q`, the keys (crossed in from copy 1) see `alpha_k`. Then, exactly,
+
+    query_side[s] = d score / d alpha_q[s]  = score - score(source s removed from the query)
+    key_side[s]   = d score / d alpha_k[s]  = score - score(source s removed from the key)
+
+and `sum(query_side) + query_bias == score == sum(key_side) + key_bias`, the biases being the
+score with every source removed from that side. `pairs` gives the bilinear terms between the
+largest sources of each side (`d^2 score / d alpha_q[s] d alpha_k[t]`).
+
+After the softmax, MTA's post-softmax convolution and head mixing and DCMHA's post-softmax
+Compose are linear in the softmax maps: `pattern_sources` splits an effective pattern entry
+exactly into the (head, query, key) softmax entries it mixes.
+
+Example:
+    >>> qk = attribute_qk(model, transcoders, "a b a", layer=1, head=0,
+    ...                   query_pos=2, key_pos=1)                          # doctest: +SKIP
+    >>> qk.top("query", 5)                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from interp.attribution.replacement import Alphas, CleanRun, alphas_like, clean_run, frozen_hooks
+from interp.sae.transcoder import Transcoder
+
+PRE_SOFTMAX_INPUTS = {"mta": "hook_softmax", "dcmha": "hook_probs"}
+
+
+def score_stage(model, layer: int) -> str:
+    """The hook holding the variant's final pre-softmax score map at `layer`."""
+    prefix = f"blocks.{layer}.attn."
+    options = {"mha": ["hook_attn_scores"], "infini": ["hook_attn_scores"],
+               "cope": ["hook_attn_logits"], "dcmha": ["hook_composed_scores"],
+               "mta": ["hook_pre_sm_mix", "hook_pre_sm_conv", "hook_attn_scores"]}
+    for name in options.get(model.cfg.attention, ["hook_attn_scores"]):
+        if prefix + name in model.hook_dict:
+            return prefix + name
+    raise ValueError(f"layer {layer} of this {model.cfg.attention} model has no score hook")
+
+
+def key_hook(model, layer: int) -> str:
+    prefix = f"blocks.{layer}.attn."
+    return prefix + ("hook_rot_k" if prefix + "hook_rot_k" in model.hook_dict else "hook_k")
+
+
+@dataclass
+class QKAttribution:
+    """A head's score at (query_pos, key_pos) split over sources, through query and key.
+
+    `query_side`, `key_side`: `[n_sources]` in graph order (features of `feature_rows`, then
+    error nodes layer-major, then embeddings); `labels` names them.
+    """
+
+    layer: int
+    head: int
+    query_pos: int
+    key_pos: int
+    stage: str
+    score: float
+    query_side: Tensor
+    key_side: Tensor
+    query_bias: float
+    key_bias: float
+    labels: list[str]
+    features: Tensor
+
+    def top(self, side: str = "query", n: int = 10) -> list[tuple[str, float]]:
+        values = {"query": self.query_side, "key": self.key_side}[side]
+        order = values.abs().argsort(descending=True)[:n]
+        return [(self.labels[i], float(values[i])) for i in order]
+
+
+def _stack(a: Alphas, b: Alphas) -> Alphas:
+    return Alphas(embed=torch.cat([a.embed, b.embed]), errors=torch.cat([a.errors, b.errors]),
+                  features={k: torch.cat([a.features[k], b.features[k]]) for k in a.features})
+
+
+def _cross_keys(act, hook):
+    """Copy 0's keys become copy 1's (so copy 0's scores pair alpha_q queries with alpha_k keys)."""
+    return torch.stack([act[1], act[1]])
+
+
+def qk_score(model, run: CleanRun, alphas_q: Alphas, alphas_k: Alphas, layer: int, head: int,
+             query_pos: int, key_pos: int, stage: str | None = None) -> Tensor:
+    """The score at (head, query_pos, key_pos) of `layer` with queries under `alphas_q` and keys
+    under `alphas_k` (differentiable in both)."""
+    stage = stage or score_stage(model, layer)
+    alphas = _stack(alphas_q, alphas_k)
+    store: dict = {}
+    hooks = frozen_hooks(model, run, alphas, read=(stage,), store=store)
+    hooks.append((key_hook(model, layer), _cross_keys))
+    with model.hooks(fwd_hooks=hooks):
+        model(run.tokens.expand(2, -1), stop_at_layer=layer + 1)
+    return store[stage][0, head, query_pos, key_pos]
+
+
+def source_labels(model, run: CleanRun) -> tuple[list[str], Tensor]:
+    from interp.attribution.graph import token_strings
+
+    tokens = token_strings(model, run.tokens[0])
+    labels, feats = [], []
+    for layer in sorted(run.features):
+        pos, feat, _ = run.features[layer]
+        for p, f in zip(pos.tolist(), feat.tolist(), strict=True):
+            labels.append(f"L{layer} F{f} @{p} {tokens[p]!r}")
+            feats.append((layer, p, f))
+    labels += [f"L{layer} error @{p} {tokens[p]!r}" for layer in range(len(run.errors))
+               for p in range(run.n_pos)]
+    labels += [f"embed @{p} {tokens[p]!r}" for p in range(run.n_pos)]
+    return labels, torch.tensor(feats, dtype=torch.long).reshape(-1, 3)
+
+
+def _flat(grads, alphas: Alphas, run: CleanRun) -> Tensor:
+    g_embed, g_err, *g_feats = grads
+    parts = []
+    for g, layer in zip(g_feats, sorted(run.features), strict=True):
+        parts.append(torch.zeros_like(alphas.features[layer][0]) if g is None else g[0])
+    parts.append((torch.zeros_like(alphas.errors[0]) if g_err is None else g_err[0]).flatten())
+    parts.append(torch.zeros_like(alphas.embed[0]) if g_embed is None else g_embed[0])
+    return torch.cat(parts)
+
+
+def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, head: int,
+                 query_pos: int, key_pos: int, run: CleanRun | None = None) -> QKAttribution:
+    """Attribute `layer`/`head`'s pre-softmax score at (query_pos, key_pos) (module doc)."""
+    run = run or clean_run(model, transcoders, prompt)
+    n = run.n_pos
+    for name, value, top in (("layer", layer, model.cfg.n_layers),
+                             ("head", head, model.cfg.n_heads), ("query_pos", query_pos, n),
+                             ("key_pos", key_pos, n)):
+        if not 0 <= value < top:
+            raise ValueError(f"{name}={value} is out of range (0 .. {top - 1})")
+    if key_pos > query_pos:
+        raise ValueError(f"key_pos {key_pos} is after query_pos {query_pos}: a causal head "
+                         "cannot attend there")
+    stage = score_stage(model, layer)
+    aq, ak = alphas_like(run), alphas_like(run)
+    score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos, stage)
+    if not torch.isfinite(score):
+        note = (" (Infini: a key outside the query's segment is read through the compressive "
+                "memory, which has no per-key score)" if model.cfg.attention == "infini" else "")
+        raise ValueError(f"the score at ({query_pos}, {key_pos}) of layer {layer} head {head} is "
+                         f"{score.item()}: that key is masked for that query{note}")
+    grads = torch.autograd.grad(score, aq.tensors() + ak.tensors(), allow_unused=True)
+    k = len(aq.tensors())
+    q_side, k_side = _flat(grads[:k], aq, run), _flat(grads[k:], ak, run)
+    with torch.no_grad():
+        zeros, ones = alphas_like(run, 1, 0.0, False), alphas_like(run, 1, 1.0, False)
+        no_q = qk_score(model, run, zeros, ones, layer, head, query_pos, key_pos, stage)
+        no_k = qk_score(model, run, ones, zeros, layer, head, query_pos, key_pos, stage)
+    labels, feats = source_labels(model, run)
+    return QKAttribution(layer=layer, head=head, query_pos=query_pos, key_pos=key_pos,
+                         stage=stage, score=score.item(), query_side=q_side.detach(),
+                         key_side=k_side.detach(), query_bias=float(no_q), key_bias=float(no_k),
+                         labels=labels, features=feats)
+
+
+def qk_pairs(model, run: CleanRun, layer: int, head: int, query_pos: int, key_pos: int,
+             query_sources, key_sources) -> Tensor:
+    """`[len(query_sources) len(key_sources)]` bilinear terms d^2 score / d alpha_q d alpha_k
+    between chosen sources (indices in graph order)."""
+    aq, ak = alphas_like(run), alphas_like(run)
+    score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos)
+    grads = torch.autograd.grad(score, aq.tensors(), create_graph=True, allow_unused=True)
+    q_side = _flat(grads, aq, run)
+    rows = []
+    for s in query_sources:
+        if not q_side.requires_grad:
+            rows.append(torch.zeros(len(key_sources), dtype=q_side.dtype))
+            continue
+        g = torch.autograd.grad(q_side[int(s)], ak.tensors(), retain_graph=True,
+                                allow_unused=True)
+        rows.append(_flat(g, ak, run)[torch.as_tensor(key_sources, dtype=torch.long)])
+    return torch.stack(rows).detach()
+
+
+@dataclass
+class PatternSources:
+    """An effective pattern entry split over the softmax entries that a variant's post-softmax
+    mixing combines: `entries` `[n 3]` (head, query, key), `contributions` `[n]`."""
+
+    value: float
+    entries: Tensor
+    contributions: Tensor
+    stage: str
+
+
+def pattern_sources(model, prompt, layer: int, head: int, query_pos: int, key_pos: int,
+                    min_share: float = 0.0) -> PatternSources:
+    """Split `hook_pattern[head, query_pos, key_pos]` into the softmax entries it mixes (MTA's
+    post-softmax convolution and head mixing, DCMHA's post-softmax Compose). The split is exact:
+    the pattern is linear in the softmax map when the dynamic weights are held fixed."""
+    name = PRE_SOFTMAX_INPUTS.get(model.cfg.attention)
+    if name is None:
+        raise ValueError(f"{model.cfg.attention} attention does not mix its softmax maps: its "
+                         "effective pattern is its softmax itself")
+    prefix = f"blocks.{layer}.attn."
+    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
+    store = {}
+
+    def leaf(act, hook):
+        store["probs"] = act.detach().requires_grad_()
+        return store["probs"]
+
+    def keep(act, hook):
+        store["pattern"] = act
+
+    dyn = [prefix + h for h in (f"hook_post_{s}{w}" for s in "qk" for w in ("w1", "w2", "dd"))
+           if prefix + h in model.hook_dict]
+    freeze = [(h, lambda act, hook: act.detach()) for h in dyn]
+    with model.hooks(fwd_hooks=freeze + [(prefix + name, leaf), (prefix + "hook_pattern", keep)]):
+        model(tokens, stop_at_layer=layer + 1)
+    value = store["pattern"][0, head, query_pos, key_pos]
+    (grad,) = torch.autograd.grad(value, store["probs"])
+    contrib = (grad * store["probs"].detach())[0]
+    entries = contrib.nonzero()
+    values = contrib[tuple(entries.T)]
+    keep_mask = values.abs() >= min_share * values.abs().sum()
+    order = values[keep_mask].abs().argsort(descending=True)
+    return PatternSources(value=value.item(), entries=entries[keep_mask][order],
+                          contributions=values[keep_mask][order].detach(),
+                          stage=prefix + name)
+
+
+@dataclass
+class PositionCounts:
+    """CoPE's contextual position of key `key_pos` for `query_pos`, split over the tokens
+    counted: `position = min(sum(gates), npos_max - 1)`, one gate per token from key to query
+    (`clamped` says whether the cap applies, and then the split is of the uncapped sum)."""
+
+    position: float
+    tokens: list[int]
+    gates: Tensor
+    clamped: bool
+
+
+@torch.no_grad()
+def cope_position_counts(model, prompt, layer: int, head: int, query_pos: int,
+                         key_pos: int) -> PositionCounts:
+    """What each token between `key_pos` and `query_pos` added to CoPE's position p[q, k]
+    (p[q, k] = sum over t from k to q of sigmoid(q_q . k_t), capped at npos_max - 1)."""
+    if model.cfg.attention != "cope":
+        raise ValueError(f"{model.cfg.attention} attention has no contextual positions")
+    prefix = f"blocks.{layer}.attn."
+    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
+    _, cache = model.run_with_cache(tokens, names_filter=[prefix + "hook_gates",
+                                                          prefix + "hook_positions"],
+                                    stop_at_layer=layer + 1)
+    gates = cache[prefix + "hook_gates"][0, head, query_pos, key_pos:query_pos + 1]
+    position = float(cache[prefix + "hook_positions"][0, head, query_pos, key_pos])
+    return PositionCounts(position=position, tokens=list(range(key_pos, query_pos + 1)),
+                          gates=gates.clone(), clamped=bool(gates.sum() > position + 1e-9))
+
+
+__all__ = ["PatternSources", "PositionCounts", "QKAttribution", "attribute_qk",
+           "cope_position_counts", "pattern_sources", "qk_pairs", "qk_score", "score_stage",
+           "source_labels"]

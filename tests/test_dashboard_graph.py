@@ -1,0 +1,109 @@
+"""The attribution-graph page (dashboards/pages/graph.py): the pruned graph on a model with
+transcoders, a clicked feature's contexts and edges, the QK panel with its explorer link, and
+clear messages for models without transcoders; callbacks directly and in headless Chromium."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from browser_common import figure, screenshot, wait
+from dashboard_common import ALPHABET
+
+from dashboards.pages import graph as page
+from dashboards.store import ModelStore
+from hooked_models.checkpoint import save_tensors
+from interp.sae.transcoder import Transcoder, TranscoderConfig
+from interp.sae.transcoder_train import save_transcoders
+
+from helpers import tiny_model
+
+TEXT = "the cat sat. the cat sat. the"
+
+
+def _with_transcoders(directory, model):
+    d = model.cfg.d_model
+    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=64, d_out=d,
+                                                         activation="topk", k=4, layer=layer),
+                                        seed=layer) for layer in range(model.cfg.n_layers)},
+                     directory / "transcoders")
+    gen = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, model.cfg.d_vocab, (4, 40), generator=gen)
+    save_tensors({"val_windows": windows}, directory / "eval_tokens.safetensors")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    store = ModelStore()
+    for variant in ("mha", "dcmha"):
+        model = tiny_model(variant, tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
+        directory = tmp_path_factory.mktemp(f"tiny-{variant}")
+        _with_transcoders(directory, model)
+        store.add(f"tiny-{variant}", model, TEXT, directory)
+    store.add("tiny-attn-only", tiny_model("mha", tokenizer_alphabet=ALPHABET, n_ctx=48,
+                                           attn_only=True), TEXT)
+    store.add("tiny-no-transcoders", tiny_model("mha", tokenizer_alphabet=ALPHABET, n_ctx=48),
+              TEXT, tmp_path_factory.mktemp("bare"))
+    return store
+
+
+def test_graph_note_details_and_qk(store):
+    model, tcs, prompt, g, pruned = page.compute_graph(store, "tiny-dcmha", "", "", 0.8, 0.98)
+    assert prompt == TEXT and model.cfg.dtype == torch.float64
+    assert store.get("tiny-dcmha").cfg.dtype == torch.float32      # the store's model untouched
+    text = page.note(g, pruned)
+    assert "tiny-dcmha: target" in text and "error nodes carry" in text
+    fig = page.graph_figure(g, pruned)
+    kinds = {t.name for t in fig.data if "markers" in t.mode}
+    assert {"feature", "embedding", "logit"} <= kinds
+    feature = int(pruned.node_influence[:g.n_features].argmax())
+    details = str(page.node_details(store, "tiny-dcmha", model, tcs, g, pruned, feature))
+    assert "strongest outputs" in details and "top contexts (validation windows)" in details
+    qk = str(page.qk_details(store, "tiny-dcmha", "", 1, 2, None, 3))
+    assert "L1H2 score" in qk and "through the query" in qk and "through the key" in qk
+    assert "page=explorer&amp;models=tiny-dcmha&amp;layer=1&amp;head=2" in qk or \
+        "page=explorer&models=tiny-dcmha&layer=1&head=2" in qk
+
+
+@pytest.mark.parametrize("name, message", [
+    ("tiny-attn-only", "is attention-only"),
+    ("tiny-no-transcoders", "has no transcoders .*attnlens.zoo.transcoders train"),
+])
+def test_models_without_transcoders_say_why(store, name, message):
+    with pytest.raises(ValueError, match=message):
+        page.compute_graph(store, name, "", "", 0.8, 0.98)
+
+
+def test_bad_thresholds_and_targets(store):
+    with pytest.raises(ValueError, match=r"node threshold must be in \(0, 1\]"):
+        page.compute_graph(store, "tiny-mha", "", "", 0, 0.98)
+    with pytest.raises(ValueError, match="give one token"):
+        page.compute_graph(store, "tiny-mha", "", "cat", 0.8, 0.98)
+    with pytest.raises(ValueError, match="key_pos 9 is after query_pos 3"):
+        page.qk_details(store, "tiny-mha", "", 0, 0, 3, 9)
+
+
+@pytest.mark.browser
+def test_graph_page_in_the_browser(server, browser, shots):
+    browser.get(f"{server}/?page=graph&models=tiny-mha")
+    wait(browser, "return document.title === 'attnlens'")
+    wait(browser, figure("graph-figure", "g.data.some(t => t.name === 'feature')"), timeout=120)
+    note = wait(browser, "const n = document.getElementById('graph-note');"
+                         "return n && n.innerText.includes('error nodes carry') ? n.innerText "
+                         ": null;")
+    assert "tiny-mha: target" in note
+    # click the most influential feature (plotly's click event, as a mouse click emits it)
+    browser.execute_script(
+        "const g = document.querySelector('#graph-figure .js-plotly-plot');"
+        "const t = g.data.findIndex(t => t.name === 'feature');"
+        "g.emit('plotly_click', {points: [{curveNumber: t, pointNumber: 0,"
+        " customdata: g.data[t].customdata[0]}]});")
+    details = wait(browser, "const d = document.getElementById('graph-node');"
+                            "return d && d.innerText.includes('top contexts') ? d.innerText "
+                            ": null;")
+    assert "strongest" in details
+    qk = wait(browser, "const d = document.getElementById('graph-qk');"
+                       "return d && d.innerText.includes('score') ? d.innerText : null;")
+    assert "through the query" in qk
+    link = browser.find_element("css selector", "#graph-qk a").get_attribute("href")
+    assert "page=explorer" in link and "models=tiny-mha" in link
+    screenshot(browser, shots, "graph")

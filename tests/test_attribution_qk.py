@@ -113,18 +113,24 @@ def test_bad_requests_are_named():
         attribute_qk(model, tcs, prompt(model), 1, 0, query_pos=QUERY, key_pos=KEY)
 
 
+@pytest.mark.parametrize("phase", ["pre", "post"])
 @pytest.mark.parametrize("case", ["mta", "dcmha"])
-def test_mixed_patterns_split_over_the_softmax_entries_they_mix(case):
+def test_mixed_maps_split_over_the_entries_they_mix(case, phase):
+    """post: the effective pattern over the softmax entries; pre: the final pre-softmax score
+    over the raw q . k scores (MTA's convolution and mixing, DCMHA's Compose)."""
     model, _ = model_and_transcoders(case)
-    split = pattern_sources(model, prompt(model), 1, 2, QUERY, KEY)
+    split = pattern_sources(model, prompt(model), 1, 2, QUERY, KEY, phase=phase)
     _, cache = model.run_with_cache(prompt(model))
-    value = float(cache["blocks.1.attn.hook_pattern"][0, 2, QUERY, KEY])
+    stage = "blocks.1.attn.hook_pattern" if phase == "post" else score_stage(model, 1)
+    value = float(cache[stage][0, 2, QUERY, KEY])
     assert abs(split.value - value) < 1e-13
     assert abs(float(split.contributions.sum()) - value) < 1e-12
     heads = set(split.entries[:, 0].tolist())
     assert len(heads) > 1          # other heads' maps are mixed in
     with pytest.raises(ValueError, match="does not mix its softmax maps"):
         pattern_sources(model_and_transcoders("cope")[0], prompt(model), 1, 0, 3, 1)
+    with pytest.raises(ValueError, match="phase must be"):
+        pattern_sources(model, prompt(model), 1, 0, 3, 1, phase="mid")
 
 
 def test_cope_positions_split_over_the_tokens_counted():

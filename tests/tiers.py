@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("paper card", "text card", "toy card", "circuit", "notebook", "study", "report")
+KINDS = ("paper card", "text card", "toy card", "transcoder card", "circuit", "notebook", "study",
+         "report")
 
 
 def documented(kind: str) -> pytest.MarkDecorator:

@@ -106,14 +106,16 @@ def _cross_keys(act, hook):
 
 
 def qk_score(model, run: CleanRun, alphas_q: Alphas, alphas_k: Alphas, layer: int, head: int,
-             query_pos: int, key_pos: int, stage: str | None = None) -> Tensor:
+             query_pos: int, key_pos: int, stage: str | None = None, extra_hooks=()) -> Tensor:
     """The score at (head, query_pos, key_pos) of `layer` with queries under `alphas_q` and keys
-    under `alphas_k` (differentiable in both)."""
+    under `alphas_k` (differentiable in both). `extra_hooks` edit the replacement model further
+    (they run after its own, e.g. zeroing a head's `hook_z` to take a path out)."""
     stage = stage or score_stage(model, layer)
     alphas = _stack(alphas_q, alphas_k)
     store: dict = {}
     hooks = frozen_hooks(model, run, alphas, read=(stage,), store=store)
     hooks.append((key_hook(model, layer), _cross_keys))
+    hooks += list(extra_hooks)
     with model.hooks(fwd_hooks=hooks):
         model(run.tokens.expand(2, -1), stop_at_layer=layer + 1)
     return store[stage][0, head, query_pos, key_pos]
@@ -146,8 +148,10 @@ def _flat(grads, alphas: Alphas, run: CleanRun) -> Tensor:
 
 
 def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, head: int,
-                 query_pos: int, key_pos: int, run: CleanRun | None = None) -> QKAttribution:
-    """Attribute `layer`/`head`'s pre-softmax score at (query_pos, key_pos) (module doc)."""
+                 query_pos: int, key_pos: int, run: CleanRun | None = None,
+                 extra_hooks=()) -> QKAttribution:
+    """Attribute `layer`/`head`'s pre-softmax score at (query_pos, key_pos) (module doc);
+    `extra_hooks` as in `qk_score`."""
     run = run or clean_run(model, transcoders, prompt)
     n = run.n_pos
     for name, value, top in (("layer", layer, model.cfg.n_layers),
@@ -160,7 +164,7 @@ def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, 
                          "cannot attend there")
     stage = score_stage(model, layer)
     aq, ak = alphas_like(run), alphas_like(run)
-    score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos, stage)
+    score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos, stage, extra_hooks)
     if not torch.isfinite(score):
         note = (" (Infini: a key outside the query's segment is read through the compressive "
                 "memory, which has no per-key score)" if model.cfg.attention == "infini" else "")
@@ -171,8 +175,10 @@ def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, 
     q_side, k_side = _flat(grads[:k], aq, run), _flat(grads[k:], ak, run)
     with torch.no_grad():
         zeros, ones = alphas_like(run, 1, 0.0, False), alphas_like(run, 1, 1.0, False)
-        no_q = qk_score(model, run, zeros, ones, layer, head, query_pos, key_pos, stage)
-        no_k = qk_score(model, run, ones, zeros, layer, head, query_pos, key_pos, stage)
+        no_q = qk_score(model, run, zeros, ones, layer, head, query_pos, key_pos, stage,
+                        extra_hooks)
+        no_k = qk_score(model, run, ones, zeros, layer, head, query_pos, key_pos, stage,
+                        extra_hooks)
     labels, feats = source_labels(model, run)
     return QKAttribution(layer=layer, head=head, query_pos=query_pos, key_pos=key_pos,
                          stage=stage, score=score.item(), query_side=q_side.detach(),
@@ -211,15 +217,23 @@ class PatternSources:
 
 
 def pattern_sources(model, prompt, layer: int, head: int, query_pos: int, key_pos: int,
-                    min_share: float = 0.0) -> PatternSources:
-    """Split `hook_pattern[head, query_pos, key_pos]` into the softmax entries it mixes (MTA's
-    post-softmax convolution and head mixing, DCMHA's post-softmax Compose). The split is exact:
-    the pattern is linear in the softmax map when the dynamic weights are held fixed."""
+                    min_share: float = 0.0, phase: str = "post") -> PatternSources:
+    """Split a mixed map's entry over the entries it mixes, exactly (the map is linear in them
+    when the dynamic weights are held fixed). phase "post": `hook_pattern[head, q, k]` over the
+    softmax entries (MTA's post-softmax convolution and head mixing, DCMHA's post-softmax
+    Compose); "pre": the final pre-softmax score (`score_stage`) over the raw `q . k` scores
+    `hook_attn_scores` (MTA's key-query convolution and pre-softmax mixing, DCMHA's
+    pre-softmax Compose)."""
+    if phase not in ("pre", "post"):
+        raise ValueError(f"phase must be 'pre' or 'post', got {phase!r}")
     name = PRE_SOFTMAX_INPUTS.get(model.cfg.attention)
     if name is None:
         raise ValueError(f"{model.cfg.attention} attention does not mix its softmax maps: its "
                          "effective pattern is its softmax itself")
     prefix = f"blocks.{layer}.attn."
+    target = prefix + "hook_pattern"
+    if phase == "pre":
+        name, target = "hook_attn_scores", score_stage(model, layer)
     tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
     store = {}
 
@@ -230,21 +244,23 @@ def pattern_sources(model, prompt, layer: int, head: int, query_pos: int, key_po
     def keep(act, hook):
         store["pattern"] = act
 
-    dyn = [prefix + h for h in (f"hook_post_{s}{w}" for s in "qk" for w in ("w1", "w2", "dd"))
+    dyn = [prefix + h for h in (f"hook_{phase}_{s}{w}" for s in "qk" for w in ("w1", "w2", "dd"))
            if prefix + h in model.hook_dict]
     freeze = [(h, lambda act, hook: act.detach()) for h in dyn]
-    with model.hooks(fwd_hooks=freeze + [(prefix + name, leaf), (prefix + "hook_pattern", keep)]):
+    with model.hooks(fwd_hooks=freeze + [(prefix + name, leaf), (target, keep)]):
         model(tokens, stop_at_layer=layer + 1)
     value = store["pattern"][0, head, query_pos, key_pos]
     (grad,) = torch.autograd.grad(value, store["probs"])
-    contrib = (grad * store["probs"].detach())[0]
+    inputs = store["probs"].detach()
+    finite = torch.isfinite(inputs)   # masked scores (-inf) take no part
+    contrib = torch.where(finite, grad * torch.where(finite, inputs, 0), 0)[0]
     entries = contrib.nonzero()
     values = contrib[tuple(entries.T)]
     keep_mask = values.abs() >= min_share * values.abs().sum()
     order = values[keep_mask].abs().argsort(descending=True)
     return PatternSources(value=value.item(), entries=entries[keep_mask][order],
                           contributions=values[keep_mask][order].detach(),
-                          stage=prefix + name)
+                          stage=f"{target} <- {prefix + name}")
 
 
 @dataclass

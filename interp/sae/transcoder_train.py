@@ -31,9 +31,14 @@ from interp.sae.transcoder import Transcoder, TranscoderConfig, mlp_hooks
 
 @torch.no_grad()
 def collect_mlp_io(model, tokens: Tensor, layers=None, batch_size: int = 16,
-                   progress: bool = False) -> dict[int, tuple[Tensor, Tensor]]:
+                   progress: bool = False, mask: Tensor | None = None
+                   ) -> dict[int, tuple[Tensor, Tensor]]:
     """`{layer: (x [n d_model], y [n d_model])}`: each layer's MLP input and output at every
-    position of `tokens` `[batch pos]`, as float32."""
+    position of `tokens` `[batch pos]` (only where `mask` `[batch pos]` is true, e.g. the real
+    tokens of a padded batch), as float32."""
+    if mask is not None and mask.shape != tokens.shape:
+        raise ValueError(f"mask must have the tokens' shape {tuple(tokens.shape)}, got "
+                         f"{tuple(mask.shape)}")
     if model.cfg.attn_only:
         raise ValueError("the model is attention-only: it has no MLPs to transcode")
     layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
@@ -52,10 +57,12 @@ def collect_mlp_io(model, tokens: Tensor, layers=None, batch_size: int = 16,
                                         names_filter=lambda n: n in names,
                                         stop_at_layer=max(layers) + 1,
                                         return_cache_object=False)
+        keep = None if mask is None else mask[start:start + batch_size].reshape(-1).bool()
         for layer in layers:
             hook_in, hook_out = mlp_hooks(layer)
-            rows[layer][0].append(cache[hook_in].reshape(-1, cache[hook_in].shape[-1]).float())
-            rows[layer][1].append(cache[hook_out].reshape(-1, cache[hook_out].shape[-1]).float())
+            for i, name in enumerate((hook_in, hook_out)):
+                act = cache[name].reshape(-1, cache[name].shape[-1]).float()
+                rows[layer][i].append(act if keep is None else act[keep])
     return {layer: (torch.cat(xs), torch.cat(ys)) for layer, (xs, ys) in rows.items()}
 
 
@@ -232,9 +239,10 @@ def transcoder_metrics(tc: Transcoder, x: Tensor, y: Tensor, batch_size: int = 8
 
 @torch.no_grad()
 def replacement_loss(model, transcoders: dict[int, Transcoder], tokens: Tensor,
-                     batch_size: int = 16) -> dict:
+                     batch_size: int = 16, mask: Tensor | None = None) -> dict:
     """Next-token loss of the model as is, with each transcoder alone in place of its MLP, and
-    with all of them at once: {"clean", "per_layer": {layer: loss}, "all"} (nats per token)."""
+    with all of them at once: {"clean", "per_layer": {layer: loss}, "all"} (nats per token;
+    with `mask` `[batch pos]`, only the targets where it is true count)."""
 
     def loss_with(layers) -> float:
         hooks = []
@@ -255,6 +263,9 @@ def replacement_loss(model, transcoders: dict[int, Transcoder], tokens: Tensor,
             batch = tokens[start:start + batch_size]
             with model.hooks(fwd_hooks=hooks):
                 loss = model(batch, return_type="loss", loss_per_token=True)
+            if mask is not None:
+                keep = mask[start:start + batch_size, 1:].bool()
+                loss = loss[keep]
             total += loss.double().sum().item()
             count += loss.numel()
         return total / count

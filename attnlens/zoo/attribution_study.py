@@ -1,6 +1,7 @@
 """Attribution graphs on the shipped MLP text models: does the graph find the induction path?
 
     python -m attnlens.zoo.attribution_study            # -> docs/figures/attribution/*.csv
+    python -m attnlens.zoo.attribution_study --counting # the CoPE counting model
 
 For each model with shipped transcoders and each of `N_PROMPTS` prompts (seeds `EVAL_SEED + i`,
 a seed no training used): `[BOS] r_0 .. r_{L-1} r_0 .. r_{L-2}` with `r` drawn from the tokens
@@ -38,6 +39,7 @@ from attnlens.zoo.transcoders import TEXT_MODELS, eval_windows, transcoder_dir
 from hooked_models import zoo
 from interp.attribution.contexts import transcoders_for
 from interp.attribution.graph import attribute
+from interp.attribution.prune import prune
 from interp.attribution.qk import attribute_qk, pattern_sources
 from interp.attribution.replacement import clean_run, float64_copy
 
@@ -144,13 +146,79 @@ def study_model(name: str, n_prompts: int = N_PROMPTS, progress: bool = True) ->
     return pd.DataFrame(rows)
 
 
+COUNTING_MODEL = "cope-counting-3var-cope-long-s0"
+N_COUNTING = 12
+
+
+def counting_prompts(name: str, n: int) -> list[tuple[torch.Tensor, list[str]]]:
+    """`n` in-distribution programs of the counting task from the card's evaluation seed (never
+    a training seed), without padding: (tokens [1 pos], words)."""
+    from attnlens.zoo.transcoders import _paper_batch
+
+    card = json.loads((zoo.path(name) / "card.json").read_text())
+    batch = _paper_batch(name, int(card["eval_seed"]), batch=n)
+    out = []
+    for row in range(n):
+        length = int(batch.attention_mask[row].sum())
+        out.append((batch.tokens[row:row + 1, :length], batch.decode(row)))
+    return out
+
+
+def relevant_positions(words: list[str]) -> tuple[list[int], int]:
+    """Positions of the queried variable's increments since its last reset (what the answer
+    counts), and the answer."""
+    var = words[-2]
+    last_reset = max(i for i in range(len(words) - 3) if words[i] == var and words[i + 1] == "=")
+    incs = [i for i in range(last_reset, len(words) - 3)
+            if words[i] == var and words[i + 1] == "++;"]
+    return [p for i in incs for p in (i, i + 1)], int(words[-1])
+
+
+def study_counting(name: str = COUNTING_MODEL, n_prompts: int = N_COUNTING,
+                   progress: bool = True) -> pd.DataFrame:
+    """The counting model's graphs on its answers: how much of the answer's direct effects and
+    of the pruned graph's influence sits on the tokens it must count (the queried variable's
+    increments since its last reset), against their share of the prompt."""
+    model = float64_copy(zoo.load(name))
+    transcoders = transcoders_for(zoo.path(name))
+    rows = []
+    prompts = counting_prompts(name, n_prompts)
+    if progress:
+        from tqdm.auto import tqdm
+        prompts = tqdm(prompts, desc=name, unit="prompt")
+    for tokens, words in prompts:
+        prompt, answer_word = tokens[:, :-1], words[-1]
+        relevant, answer = relevant_positions(words)
+        target = int(tokens[0, -1])
+        graph = attribute(model, transcoders, prompt, targets=[target], batch_size=128)
+        pruned = prune(graph)
+        n = graph.n_pos
+        pos_of = torch.cat([graph.features[:, 1], torch.arange(graph.n_errors) % n,
+                            torch.arange(n), torch.full((graph.n_logits,), n - 1)])
+        is_rel = torch.isin(pos_of, torch.tensor(relevant, dtype=torch.long))
+        row_logit = graph.adjacency[graph.logit_index(0)].abs()
+        influence = pruned.node_influence.clone()
+        influence[graph.n_nodes - graph.n_logits:] = 0
+        rows.append(dict(model=name, n_tokens=n, answer=answer, answer_word=answer_word,
+                         n_counted=len(relevant) // 2,
+                         target_prob=float(graph.logit_probabilities[0]),
+                         error_share=graph.error_share(),
+                         counted_token_fraction=len(relevant) / n,
+                         counted_direct_share=float(row_logit[is_rel].sum() / row_logit.sum()),
+                         counted_influence_share=float(influence[is_rel].sum()
+                                                       / influence.sum())))
+    return pd.DataFrame(rows)
+
+
 def summarize(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Mean and 95% bootstrap interval (over prompts) of each measure, per model x head."""
     rng = np.random.default_rng(seed)
     measures = [c for c in df.columns if c.endswith("share") or c.endswith("score")
-                or c.endswith("contribution") or c in ("target_prob",
-                                                       "prev_signal_via_prev_head")]
+                or c.endswith("contribution") or c.endswith("fraction")
+                or c in ("target_prob", "prev_signal_via_prev_head")]
     out = []
+    if "head" not in df.columns:
+        df = df.assign(head="")
     for (model, head), group in df.groupby(["model", "head"], sort=False):
         for m in measures:
             values = group[m].dropna().to_numpy()
@@ -171,13 +239,31 @@ def main(argv=None) -> int:
                         help="default: every text MLP model with shipped transcoders")
     parser.add_argument("--prompts", type=int, default=N_PROMPTS)
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--counting", action="store_true",
+                        help=f"the counting study of {COUNTING_MODEL} instead")
     args = parser.parse_args(argv)
+    if args.counting:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        df = study_counting(n_prompts=args.prompts if args.prompts != N_PROMPTS
+                            else N_COUNTING)
+        df.to_csv(out / "counting.csv", index=False, float_format="%.6g")
+        summary = summarize(df)
+        summary.to_csv(out / "counting_summary.csv", index=False, float_format="%.4g")
+        print(summary.to_string(index=False))
+        return 0
     names = args.models or [m for m in TEXT_MODELS
                             if (transcoder_dir(m) / "transcoders.safetensors").is_file()]
     df = pd.concat([study_model(name, args.prompts) for name in names], ignore_index=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "induction.csv", index=False, float_format="%.6g")
+    path = out / "induction.csv"
+    if path.is_file():   # other models' rows are kept; these models' are replaced
+        old = pd.read_csv(path)
+        df = pd.concat([old[~old.model.isin(names)], df], ignore_index=True)
+        order = {m: i for i, m in enumerate(TEXT_MODELS)}
+        df = df.sort_values("model", key=lambda c: c.map(order), kind="stable")
+    df.to_csv(path, index=False, float_format="%.6g")
     summary = summarize(df)
     summary.to_csv(out / "induction_summary.csv", index=False, float_format="%.4g")
     print(summary.to_string(index=False))

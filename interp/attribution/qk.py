@@ -52,15 +52,14 @@ PRE_SOFTMAX_INPUTS = {"mta": "hook_softmax", "dcmha": "hook_probs"}
 
 
 def score_stage(model, layer: int) -> str:
-    """The hook holding the variant's final pre-softmax score map at `layer`."""
-    prefix = f"blocks.{layer}.attn."
-    options = {"mha": ["hook_attn_scores"], "infini": ["hook_attn_scores"],
-               "cope": ["hook_attn_logits"], "dcmha": ["hook_composed_scores"],
-               "mta": ["hook_pre_sm_mix", "hook_pre_sm_conv", "hook_attn_scores"]}
-    for name in options.get(model.cfg.attention, ["hook_attn_scores"]):
-        if prefix + name in model.hook_dict:
-            return prefix + name
-    raise ValueError(f"layer {layer} of this {model.cfg.attention} model has no score hook")
+    """The hook holding the variant's final pre-softmax score map at `layer`: the last map of
+    its stage catalogue before the softmax (MHA and Infini `hook_attn_scores`, MTA
+    `hook_pre_sm_mix`, CoPE `hook_attn_logits`, DCMHA `hook_composed_scores`)."""
+    pre = [s for s in model.stages(layer) if s.is_map and s.softmax == "pre"]
+    if not pre:
+        raise ValueError(f"layer {layer} of this {model.cfg.attention} model has no "
+                         "pre-softmax map stage")
+    return f"blocks.{layer}.attn.{pre[-1].hook_name}"
 
 
 def key_hook(model, layer: int) -> str:

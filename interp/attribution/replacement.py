@@ -39,7 +39,10 @@ from torch import Tensor
 
 from interp.sae.transcoder import Transcoder, mlp_hooks
 
-# Nonlinear side inputs of a variant's scores, frozen at their clean values (see module doc).
+# Per-head transforms between hook_z and W_O (MTA's group norm and gate): frozen like norms.
+HEAD_OUTPUT_STAGES = ("hook_gate", "hook_normed")
+# Nonlinear side inputs of a variant's scores, frozen at their clean values (see module doc):
+# which inputs are nonlinear is a fact about each variant, stated once here.
 FROZEN_SCORE_INPUTS = {
     "dcmha": tuple(f"hook_{phase}_{side}{w}" for phase in ("pre", "post") for side in "qk"
                    for w in ("w1", "w2", "dd")),
@@ -80,9 +83,8 @@ def _frozen_names(model) -> list[str]:
     for layer in range(model.cfg.n_layers):
         attn = f"blocks.{layer}.attn."
         names += [attn + "hook_pattern", attn + "hook_z"]
-        for extra in ("hook_gate", "hook_normed") if model.cfg.attention == "mta" else ():
-            if attn + extra in model.hook_dict:
-                names.append(attn + extra)
+        if model.blocks[layer].attn.transforms_heads():   # MTA's group norm and gate
+            names += [attn + h for h in HEAD_OUTPUT_STAGES if attn + h in model.hook_dict]
         names += [attn + h for h in FROZEN_SCORE_INPUTS.get(model.cfg.attention, ())
                   if attn + h in model.hook_dict]
         if not model.cfg.attn_only:
@@ -191,10 +193,8 @@ def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
         return hook
 
     for name in _frozen_names(model):
-        if name.endswith("hook_scale") or any(name.endswith(h) for h in
-                                               FROZEN_SCORE_INPUTS.get(model.cfg.attention, ())):
-            hooks.append((name, constant(name)))
-        if name.endswith("attn.hook_gate") and model.cfg.attention == "mta":
+        if name.endswith("hook_scale") or name.endswith("attn.hook_gate") or any(
+                name.endswith(h) for h in FROZEN_SCORE_INPUTS.get(model.cfg.attention, ())):
             hooks.append((name, constant(name)))
 
     for layer, block in enumerate(model.blocks):
@@ -212,7 +212,8 @@ def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
             return z
 
         hooks += [(prefix + "hook_v", keep_v), (prefix + "hook_z", frozen_z)]
-        if model.cfg.attention == "mta" and attn.subln_w is not None:
+        if getattr(attn, "subln_w", None) is not None and prefix + "hook_normed" in \
+                model.hook_dict:
             def frozen_norm(act, hook, layer=layer, attn=attn, prefix=prefix):
                 z_clean = cache[prefix + "hook_z"]
                 inv = torch.rsqrt(z_clean.pow(2).mean(-1, keepdim=True) + attn.opts.norm_eps)

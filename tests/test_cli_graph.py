@@ -1,0 +1,53 @@
+"""`attnlens graph`: an attribution graph from the command line, on a checkpoint directory with
+transcoders; the viewer JSON and the figure written; clear messages otherwise."""
+
+import json
+
+import pytest
+from dashboard_common import ALPHABET
+from helpers import tiny_model
+
+from attnlens.cli import main
+from interp.sae.transcoder import Transcoder, TranscoderConfig
+from interp.sae.transcoder_train import save_transcoders
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
+    directory = tmp_path_factory.mktemp("ckpt") / "tiny-cope"
+    model.save_pretrained(directory)
+    d = model.cfg.d_model
+    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,
+                                                         activation="topk", k=3, layer=layer),
+                                        seed=layer) for layer in range(model.cfg.n_layers)},
+                     directory / "transcoders")
+    return directory
+
+
+def test_graph_prints_and_writes(checkpoint, tmp_path, capsys):
+    out = tmp_path / "graphs"
+    assert main(["graph", str(checkpoint), "the cat sat. the cat", "--target", " ",
+                 "--out", str(out), "--slug", "cat", "--no-progress", "--show", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-cope: 21 tokens" in text and "logit ' ': p=" in text
+    assert "error nodes' share of |direct effects|" in text and "most influential features" in text
+    data = json.loads((out / "cat.json").read_text())
+    assert data["metadata"]["slug"] == "cat" and data["links"]
+    assert json.loads((out / "graph-metadata.json").read_text())["graphs"][0]["slug"] == "cat"
+    assert (out / "cat.html").is_file()
+
+
+def test_graph_explains_what_is_missing(checkpoint, tmp_path):
+    bare = tmp_path / "bare"
+    tiny_model("mha", tokenizer_alphabet=ALPHABET).save_pretrained(bare)
+    with pytest.raises(SystemExit, match="has no transcoders .*attnlens.zoo.transcoders train"):
+        main(["graph", str(bare), "the cat"])
+    attn_only = tmp_path / "attn-only"
+    tiny_model("mha", tokenizer_alphabet=ALPHABET, attn_only=True).save_pretrained(attn_only)
+    with pytest.raises(SystemExit, match="is attention-only"):
+        main(["graph", str(attn_only), "the cat"])
+    with pytest.raises(SystemExit, match="give one token"):
+        main(["graph", str(checkpoint), "the cat", "--target", "cat", "--no-progress"])
+    with pytest.raises(SystemExit, match="neither a checkpoint directory"):
+        main(["graph", str(tmp_path / "nowhere"), "x"])

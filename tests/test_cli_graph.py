@@ -5,11 +5,12 @@ import json
 
 import pytest
 from dashboard_common import ALPHABET
-from helpers import tiny_model
 
 from attnlens.cli import main
 from interp.sae.transcoder import Transcoder, TranscoderConfig
 from interp.sae.transcoder_train import save_transcoders
+
+from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,13 @@ from interp.attribution.contexts import feature_activations, top_contexts, trans
 from interp.attribution.export import graph_to_json, write_graph
 from interp.attribution.graph import AttributionGraph, attribute
 from interp.attribution.prune import PrunedGraph, prune
-from interp.attribution.qk import (QKAttribution, attribute_qk, cope_position_counts,
-                                   pattern_sources, qk_pairs)
+from interp.attribution.qk import (
+                                   QKAttribution,
+                                   attribute_qk,
+                                   cope_position_counts,
+                                   pattern_sources,
+                                   qk_pairs,
+)
 from interp.attribution.replacement import clean_run, float64_copy, frozen_forward
 
 __all__ = ["AttributionGraph", "PrunedGraph", "QKAttribution", "attribute", "attribute_qk",

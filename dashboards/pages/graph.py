@@ -60,7 +60,8 @@ def layout(store):
                                               debounce=True, placeholder="likeliest tokens",
                                               style={"width": "140px"}),
                     "node threshold", _number("graph-node-threshold", 0.8, 0.05),
-                    "edge threshold", _number("graph-edge-threshold", 0.98, 0.01)),
+                    "edge threshold", _number("graph-edge-threshold", 0.98, 0.01),
+                    "edges drawn", _number("graph-max-edges", 400, 50)),
         error_box("graph-error"),
         note_box("graph-note"),
         loading([graph("graph-figure")]),
@@ -180,8 +181,9 @@ def register(app, store):
                   Output("graph-error", "children"),
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
                   Input("graph-target", "value"), Input("graph-node-threshold", "value"),
-                  Input("graph-edge-threshold", "value"), Input("tabs", "value"))
-    def _update(name, text, target, node_threshold, edge_threshold, tab):
+                  Input("graph-edge-threshold", "value"), Input("graph-max-edges", "value"),
+                  Input("tabs", "value"))
+    def _update(name, text, target, node_threshold, edge_threshold, max_edges, tab):
         if tab != ID:
             raise PreventUpdate
         try:
@@ -190,8 +192,9 @@ def register(app, store):
                                                         node_threshold, edge_threshold)
         except ValueError as err:
             return {}, "", str(err)
+        drawn = None if not max_edges or int(max_edges) < 1 else int(max_edges)
         figure = graph_figure(g, pruned, title=f"{name}: {prompt!r} -> "
-                                               f"{g.logit_token_strings[0]!r}")
+                                               f"{g.logit_token_strings[0]!r}", max_edges=drawn)
         return figure, note(g, pruned), ""
 
     @app.callback(Output("graph-node", "children"), Input("graph-figure", "clickData"),

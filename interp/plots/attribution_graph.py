@@ -43,12 +43,20 @@ def node_positions(graph, node_mask) -> dict[int, tuple[float, float]]:
     return xy
 
 
-def graph_figure(graph, pruned, title: str = "") -> go.Figure:
+def graph_figure(graph, pruned, title: str = "", max_edges: int | None = 400) -> go.Figure:
+    """The pruned graph; only the `max_edges` strongest kept edges are drawn (None: all), the
+    title says how many."""
     xy = node_positions(graph, pruned.node_mask)
     fig = go.Figure()
-    edges = pruned.edge_mask.nonzero().tolist()
-    weights = torch.tensor([float(graph.adjacency[t, s]) for t, s in edges]) if edges else \
-        torch.zeros(0)
+    edges = pruned.edge_mask.nonzero()
+    weights = graph.adjacency[edges[:, 0], edges[:, 1]].double() if len(edges) else \
+        torch.zeros(0, dtype=torch.float64)
+    n_kept = len(edges)
+    if max_edges is not None and n_kept > max_edges:
+        strongest = weights.abs().argsort(descending=True)[:max_edges]
+        edges, weights = edges[strongest], weights[strongest]
+        title = f"{title} ({max_edges} strongest of {n_kept} edges drawn)".strip()
+    edges = edges.tolist()
     top = float(weights.abs().max()) if len(weights) else 1.0
     for sign, color in ((1, "214,39,40"), (-1, "31,119,180")):
         for low, width, alpha in EDGE_CLASSES:
@@ -94,7 +102,8 @@ def graph_figure(graph, pruned, title: str = "") -> go.Figure:
         yaxis=dict(tickmode="array", tickvals=list(range(-1, graph.n_layers + 1)),
                    ticktext=["E"] + [f"L{layer}" for layer in range(graph.n_layers)] + ["logit"],
                    showgrid=True, gridcolor="#eee"),
-        legend=dict(orientation="h", y=-0.35), margin=dict(l=50, r=20, t=50, b=120))
+        legend=dict(orientation="h", y=-0.12, x=0, yanchor="top"),
+        margin=dict(l=50, r=20, t=60, b=110))
     return fig
 
 

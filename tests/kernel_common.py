@@ -17,6 +17,15 @@ KERNEL_MARKS = [
 DEVICE = "cpu" if _triton.interpreting() else "cuda"
 
 
+def to_device(x):
+    """`x` (a tensor, or a module such as a test model) on DEVICE, where the kernels run; None
+    stays None. Test inputs are drawn with CPU generators (the same values on any machine) and
+    moved here, as are models randomised in place with CPU draws (built with device="cpu"
+    first), so that fused results and their references (float64, also on DEVICE) meet on one
+    device."""
+    return None if x is None else x.to(DEVICE)
+
+
 @pytest.fixture(autouse=True)
 def nan_empty(monkeypatch):
     """Poison uninitialised float allocations with NaN (as FLA's conftest does), so any output
@@ -63,13 +72,14 @@ def assert_same_loss_and_grads(loss_f, loss_r, fused, ref, grad_atol):
 
 def assert_fp16_grads_close(fused, reference, q, k, v):
     """The q, k, v gradients of the kernel `fused` (fp16 `q`, `k`, `v` moved to DEVICE) are
-    finite fp16 and within 2e-2 of those of `reference` on the same values in float32; both are
-    called with (q, k, v) and return (out, lse)."""
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    finite fp16 and within 2e-2 of those of `reference` on the same values in float32 (also on
+    DEVICE); both are called with (q, k, v) and return (out, lse), so any other tensors they
+    close over must be on DEVICE."""
+    leaves = [to_device(t).requires_grad_() for t in (q, k, v)]
     out, _ = fused(*leaves)
-    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref_leaves = [to_device(t).float().requires_grad_() for t in (q, k, v)]
     ref_out, _ = reference(*ref_leaves)
-    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    d_out = to_device(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
     grads = torch.autograd.grad((out.float() * d_out).sum(), leaves)
     ref = torch.autograd.grad((ref_out * d_out).sum(), ref_leaves)
     for a, b in zip(grads, ref, strict=True):

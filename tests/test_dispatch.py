@@ -10,7 +10,7 @@ from kernels import _triton
 from kernels.dispatch import capture_fused_state, fused_backend_enabled, patterns_for
 
 from helpers import random_tokens, tiny_model
-from kernel_common import assert_same_loss_and_grads, spy
+from kernel_common import DEVICE, assert_same_loss_and_grads, spy, to_device
 
 pytestmark = [
     pytest.mark.kernels,
@@ -19,7 +19,9 @@ pytestmark = [
                        reason="needs triton with a GPU or TRITON_INTERPRET=1"),
 ]
 
-SMALL = dict(d_model=32, d_head=16, n_layers=2, n_ctx=32, positional_embedding_type="rotary")
+# Models live on DEVICE (the CPU under the interpreter, else the GPU): where the kernels run.
+SMALL = dict(d_model=32, d_head=16, n_layers=2, n_ctx=32, positional_embedding_type="rotary",
+             device=DEVICE)
 
 
 def model(backend="triton", **overrides):
@@ -62,7 +64,7 @@ def test_padding_and_kv_cache_decoding_match_torch():
     fused, ref = model("triton"), model("torch")
     with torch.no_grad():
         # left padding: the first query rows have no valid key (zeros on both paths)
-        mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+        mask = to_device(torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10]))
         tokens = random_tokens(fused, batch=2, pos=10)
         torch.testing.assert_close(fused(tokens, attention_mask=mask),
                                    ref(tokens, attention_mask=mask), atol=1e-5, rtol=1e-5)
@@ -115,7 +117,7 @@ def test_run_with_cache_asking_for_a_map_materialises_that_layer(calls):
 
 
 def test_auto_backend_is_torch_on_cpu(calls):
-    m = model("auto")
+    m = model("auto", device="cpu")         # a CPU model on any machine (auto is Triton on CUDA)
     m(random_tokens(m, batch=1, pos=8))
     assert calls == ["fast0", "fast1"]      # torch's SDPA: nothing is observed
 
@@ -131,7 +133,7 @@ def test_float64_falls_back_to_torch(calls):
 
 def test_triton_backend_without_interpreter_on_cpu_raises(monkeypatch):
     monkeypatch.setattr(_triton, "INTERPRET", False)
-    m = model()
+    m = model(device="cpu")                 # a CPU model on any machine (CUDA would run it)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         m(random_tokens(m, batch=1, pos=4))
     assert fused_backend_enabled("torch", torch.zeros(1)) is False
@@ -153,7 +155,7 @@ def test_patterns_for_equals_the_materialised_pattern_without_a_materialising_pa
 def test_patterns_for_from_saved_state_and_with_padding():
     m = model()
     tokens = random_tokens(m, batch=2, pos=10)
-    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+    mask = to_device(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10]))
     states = capture_fused_state(m, tokens, layers=1, attention_mask=mask)
     assert m.blocks[1].attn.fused_state is None and not m.blocks[1].attn.keep_fused_state
     rows = patterns_for(m, states, heads=slice(None), queries=slice(0, 10, 3))
@@ -259,7 +261,7 @@ def test_cope_options_take_the_fused_path_and_equal_torch(name, cope_calls):
     fused, ref = cope("triton", **attn_cfg), cope("torch", **attn_cfg)
     randomise_rel_emb(fused, ref)
     tokens = random_tokens(fused, batch=2, pos=14)
-    mask = torch.tensor([[0, 0] + [1] * 12, [1] * 14])       # padding-aware relative distances
+    mask = to_device(torch.tensor([[0, 0] + [1] * 12, [1] * 14]))   # padding-aware distances
     loss_f = fused(tokens, return_type="loss", attention_mask=mask)
     assert cope_calls == ["cope", "cope"]
     assert_same_loss_and_grads(loss_f, ref(tokens, return_type="loss", attention_mask=mask),
@@ -302,7 +304,7 @@ def test_cope_table_too_long_for_a_gpu_warns_once_and_falls_back(monkeypatch, co
 def test_cope_patterns_for_and_padding_match_torch():
     fused, ref = cope("triton", npos_max=6), cope("torch", npos_max=6)
     tokens = random_tokens(fused, batch=2, pos=12)
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12])
+    mask = to_device(torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]))
     rows = patterns_for(fused, tokens, layers=[0, 1], heads=[1], queries=[0, 6, -1],
                         attention_mask=mask)
     logits, cache = ref.run_with_cache(tokens, attention_mask=mask)
@@ -347,7 +349,7 @@ def test_infini_triton_equals_torch_logits_and_gradients(update, infini_calls):
 def test_infini_hooks_padding_and_auto(infini_calls):
     fused, ref = infini("triton"), infini("torch")
     tokens = random_tokens(fused, batch=2, pos=14)
-    mask = torch.tensor([[0, 0, 0] + [1] * 11, [1] * 14])
+    mask = to_device(torch.tensor([[0, 0, 0] + [1] * 11, [1] * 14]))
     with torch.no_grad():
         torch.testing.assert_close(fused(tokens, attention_mask=mask),
                                    ref(tokens, attention_mask=mask), atol=1e-5, rtol=1e-5)
@@ -356,5 +358,5 @@ def test_infini_hooks_padding_and_auto(infini_calls):
         fused.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_gate"])
         assert infini_calls == ["fused"]           # layer 1 materialises its maps
         infini_calls.clear()
-        infini("auto")(tokens)
+        infini("auto", device="cpu")(tokens)      # auto on a CPU model: torch (on CUDA: Triton)
         assert infini_calls == []

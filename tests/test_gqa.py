@@ -194,7 +194,8 @@ def test_transformer_lens_tools_on_gqa_model():
     for layer in range(model.cfg.n_layers):
         pattern = cache["pattern", layer][0]
         manual = pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / pattern.sum((-2, -1))
-        torch.testing.assert_close(scores[layer], manual, atol=1e-12, rtol=0)
+        # detect_head returns its scores on the CPU, wherever the model is
+        torch.testing.assert_close(scores[layer], manual.cpu(), atol=1e-12, rtol=0)
     stack, labels = cache.stack_head_results(layer=-1, return_labels=True)
     assert len(labels) == model.cfg.n_layers * H
     for layer in range(model.cfg.n_layers):

@@ -127,13 +127,14 @@ def test_pattern_rows_from_lse_with_options(name):
     case = CASES[name]
     x = _tensors(torch.float32, seed=3)
     _, lse = _call(cope_attention, x, case)
-    heads, queries = torch.tensor([1]), torch.tensor([0, 7, T - 1])
+    heads, queries = (torch.tensor(i, device=DEVICE) for i in ([1], [0, 7, T - 1]))
     kw = dict(gate_k=x["gk"] if case.get("gate") == "gk" else None)
-    key_valid = KEY_VALID if case.get("padded") else None
+    key_valid = KEY_VALID.to(DEVICE) if case.get("padded") else None
+    positions = POSITIONS.to(DEVICE)
     if case.get("rel"):
         kw.update(rel_emb=x["R"], rel_extend=case.get("extend", False))
     if case.get("padded"):
-        kw.update(q_positions=POSITIONS, k_positions=POSITIONS)
+        kw.update(q_positions=positions, k_positions=positions)
     E = x["E"] if case.get("cope", True) else None
     rows = cope_pattern_rows(x["q"], x["k"], E, lse, 0.25, "repo", heads, queries, key_valid,
                              **kw)
@@ -142,7 +143,7 @@ def test_pattern_rows_from_lse_with_options(name):
     allowed = allowed_mask(T, T, key_valid, True, DEVICE)
     bias = None
     if case.get("rel"):
-        pos = POSITIONS if case.get("padded") else torch.arange(T).expand(B, T)
+        pos = positions if case.get("padded") else torch.arange(T, device=DEVICE).expand(B, T)
         bias = naive.relative_logits_reference(xd["q"], xd["R"], pos, pos, scale=4.0,
                                                extend=case.get("extend", False))
     if E is None:

@@ -25,6 +25,7 @@ from kernel_common import (  # noqa: F401
     assert_same_loss_and_grads,
     nan_empty,
     spy,
+    to_device,
 )
 
 pytestmark = KERNEL_MARKS
@@ -62,6 +63,14 @@ def _qkv(T_q, T_k, H, d=16, batch=1, seed=1):
     return [torch.randn(batch, T, H, d, generator=g) for T in (T_q, T_k, T_k)]
 
 
+def _mta_model(**overrides):
+    """A tiny MTA model (tiny_model overrides) with randomised MTA parameters, on DEVICE: built
+    and randomised on the CPU (test_mta's `randomize_mta` draws with a CPU generator)."""
+    from test_mta import randomize_mta
+
+    return to_device(randomize_mta(tiny_model("mta", device="cpu", **overrides)))
+
+
 def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
            dtype=torch.float32, block_n=None):
     q, k, v = _qkv(T_q, T_k, H, d, batch)
@@ -73,13 +82,13 @@ def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
     assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
     # fp16: the spec in fp32 on the same fp16-rounded inputs; fp32: the spec in float64.
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
-    ref_in = [t.to(dtype).to(ref_dtype) for t in (q, k, v)]
+    ref_in = [t.to(DEVICE, dtype).to(ref_dtype) for t in (q, k, v)]
     ref_out, ref_lse = mta_attention_reference(
-        *ref_in, *(None if p is None else p.to(ref_dtype) for p in params), pad_key, d ** -0.5,
-        key_valid)
+        *ref_in, *(None if p is None else p.to(DEVICE, ref_dtype) for p in params), pad_key,
+        d ** -0.5, to_device(key_valid))
     tol = FP32 if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(out.to(ref_dtype), ref_out.to(DEVICE), **tol)
-    torch.testing.assert_close(lse.to(ref_dtype), ref_lse.to(DEVICE), **tol)
+    torch.testing.assert_close(out.to(ref_dtype), ref_out, **tol)
+    torch.testing.assert_close(lse.to(ref_dtype), ref_lse, **tol)
 
 
 # -- 1. the spec is the model's torch path ---------------------------------------------------
@@ -91,11 +100,9 @@ def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
     dict(pad_key="right", query_kernel_size=None, pre_sm_head_kernel_size=None),
 ])
 def test_reference_is_the_models_torch_path(attn_cfg):
-    from test_mta import randomize_mta
-
-    model = randomize_mta(tiny_model("mta", dtype="float64", attn_cfg=attn_cfg))
+    model = _mta_model(dtype="float64", attn_cfg=attn_cfg)
     tokens = random_tokens(model, batch=2, pos=12)
-    mask = torch.ones(2, 12, dtype=torch.long)
+    mask = torch.ones(2, 12, dtype=torch.long, device=DEVICE)
     mask[1, :3] = 0                                         # left padding: empty query rows
     _, cache = model.run_with_cache(tokens, attention_mask=mask)
     for layer, block in enumerate(model.blocks):
@@ -172,12 +179,13 @@ def _check_gradients(T_q, T_k, H, opts, pad_key, batch, d=16):
     params = [p for p in _params(H, **opts)]
     key_valid = None
     if batch == 2:
-        key_valid = torch.ones(2, T_k, dtype=torch.bool)
+        key_valid = torch.ones(2, T_k, dtype=torch.bool, device=DEVICE)
         key_valid[1, :3] = False               # empty query rows
         key_valid[0, 7] = False
     present = [p is not None for p in params]
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v, *params) if t is not None]
-    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, *params) if t is not None]
+    leaves = [to_device(t).requires_grad_() for t in (q, k, v, *params) if t is not None]
+    ref_leaves = [t.to(DEVICE, torch.float64).requires_grad_() for t in (q, k, v, *params)
+                  if t is not None]
 
     def full(ts):
         it = iter(ts[3:])
@@ -186,7 +194,7 @@ def _check_gradients(T_q, T_k, H, opts, pad_key, batch, d=16):
     out, lse = mta_attention(*full(leaves), pad_key=pad_key, scale=0.25, key_valid=key_valid)
     ref_out, ref_lse = mta_attention_reference(*full(ref_leaves), pad_key, 0.25, key_valid)
     g = torch.Generator().manual_seed(5)
-    d_out, d_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    d_out, d_lse = (to_device(torch.randn(t.shape, generator=g)) for t in (out, lse))
     fin = torch.isfinite(ref_lse)
     grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
     ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
@@ -203,16 +211,16 @@ def _check_gradients(T_q, T_k, H, opts, pad_key, batch, d=16):
 
 def test_fp16_gradients_close_to_spec():
     q, k, v = (t.half() for t in _qkv(18, 18, 2))
-    params = _params(2, pre=(2, 3), post=(2, 3), post_mix=1)
+    params = [to_device(p) for p in _params(2, pre=(2, 3), post=(2, 3), post_mix=1)]
     assert_fp16_grads_close(lambda *qkv: mta_attention(*qkv, *params, scale=0.25),
                             lambda *qkv: mta_attention_reference(*qkv, *params, "both", 0.25),
                             q, k, v)
 
 
 def test_bad_parameter_shapes_name_the_parameter():
-    q, k, v = _qkv(4, 4, 2)
+    q, k, v = (to_device(t) for t in _qkv(4, 4, 2))    # on DEVICE: no device error comes first
     with pytest.raises(ValueError, match="pre_kernel must be"):
-        mta_attention(q, k, v, torch.ones(3, 1, 2, 3), None, None, None)
+        mta_attention(q, k, v, torch.ones(3, 1, 2, 3, device=DEVICE), None, None, None)
     with pytest.raises(ValueError, match="post_mix must be"):
         check_mta_params(2, None, None, None, torch.ones(1, 3, 3), "both")
     with pytest.raises(ValueError, match="needs it odd"):
@@ -227,9 +235,7 @@ MODEL_CFG = dict(d_head=16, attn_cfg=dict(query_kernel_size=3, key_kernel_size=5
 
 
 def _model(backend):
-    from test_mta import randomize_mta
-
-    return randomize_mta(tiny_model("mta", backend=backend, **MODEL_CFG))
+    return _mta_model(backend=backend, **MODEL_CFG)
 
 
 def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
@@ -238,7 +244,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
     launches = spy(monkeypatch, md, "mta_attention", [], 1)
     fused, ref = _model("triton"), _model("torch")
     tokens = random_tokens(fused, batch=2, pos=12)
-    mask = torch.ones(2, 12, dtype=torch.long)
+    mask = torch.ones(2, 12, dtype=torch.long, device=DEVICE)
     mask[0, :2] = 0
     loss_f = fused(tokens, attention_mask=mask, return_type="loss")
     loss_r = ref(tokens, attention_mask=mask, return_type="loss")
@@ -270,17 +276,13 @@ def test_float64_model_and_kv_cache_decoding_fall_back_to_torch():
     with torch.no_grad():
         torch.testing.assert_close(fused.generate(prompt, 3, do_sample=False),
                                    ref.generate(prompt, 3, do_sample=False))
-    from test_mta import randomize_mta
-
-    m64 = randomize_mta(tiny_model("mta", backend="triton", dtype="float64", **MODEL_CFG))
-    r64 = randomize_mta(tiny_model("mta", dtype="float64", **MODEL_CFG))
+    m64 = _mta_model(backend="triton", dtype="float64", **MODEL_CFG)
+    r64 = _mta_model(dtype="float64", **MODEL_CFG)
     torch.testing.assert_close(m64(prompt), r64(prompt), **EXACT)
 
 
 def test_grouped_query_attention_model_matches_torch():
-    from test_mta import randomize_mta
-
-    fused, ref = (randomize_mta(tiny_model("mta", backend=b, n_key_value_heads=1, **MODEL_CFG))
+    fused, ref = (_mta_model(backend=b, n_key_value_heads=1, **MODEL_CFG)
                   for b in ("triton", "torch"))
     tokens = random_tokens(fused, batch=1, pos=10)
     with torch.no_grad():

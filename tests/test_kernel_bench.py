@@ -33,3 +33,29 @@ def test_cope_options_row_runs_fused_and_reference(capsys):
     out = capsys.readouterr().out
     assert "### cope_options" in out
     assert "| 9 | 16 | fused |" in out and "| 9 | 16 | reference |" in out
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(not (_triton.available() and _triton.interpreting()),
+                    reason="needs TRITON_INTERPRET=1")
+def test_check_measures_errors_against_float64(capsys):
+    """--check: fused and torch errors against the float64 reference, small in fp32."""
+    assert bench.main(["--cpu", "--check", "--T", "12", "--d", "16", "--ops", "flash,mta"]) == 0
+    out = capsys.readouterr().out
+    assert "error against the float64 reference" in out
+    rows = [line for line in out.splitlines() if line.startswith("| flash") or
+            line.startswith("| mta")]
+    assert len(rows) == 2
+    for row in rows:
+        errors = [float(c) for c in row.strip("|").split("|")[3:]]
+        assert len(errors) == 4 and all(0 < e < 1e-5 for e in errors), row
+
+
+def test_a_failing_kernel_row_is_reported_not_raised(capsys, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("compile failed")
+
+    monkeypatch.setitem(bench.OPS, "flash", lambda *a: {"fused": (lambda: [], broken)})
+    lines = bench.run_op("flash", [8], [16], 1, 1, torch.float32, 1, False, "cpu")
+    assert "error: RuntimeError" in lines[-1]
+    assert "compile failed" in capsys.readouterr().err

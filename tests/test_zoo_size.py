@@ -1,5 +1,7 @@
-"""The zoo's size cap (issues 24 and 26): everything under hooked_models/zoo/, shipped now or
-still to be trained by a recipe, stays under 150 MiB of fp16 weights and files."""
+"""The zoo's size caps (issues 24 and 26): the models under hooked_models/zoo/, shipped now or
+still to be trained by a recipe, stay under 150 MiB of fp16 weights and files; their
+transcoders (`<model>/transcoders/`, issue 47: an add-on of the MLP models, fp16) have a cap of
+their own, 32 MiB."""
 
 from __future__ import annotations
 
@@ -13,10 +15,23 @@ from attnlens.zoo.paper._training import build_model
 from hooked_models.zoo import ZOO_DIR
 
 ZOO_CAP_BYTES = 150 * 2**20
+TRANSCODER_CAP_BYTES = 32 * 2**20
+
+
+def _is_transcoder_file(f) -> bool:
+    return "transcoders" in f.relative_to(ZOO_DIR).parts[:-1]
 
 
 def _dir_bytes(path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """The bytes of the model files under `path` (transcoders not counted)."""
+    return sum(f.stat().st_size for f in path.rglob("*")
+               if f.is_file() and not _is_transcoder_file(f))
+
+
+def test_shipped_transcoders_are_under_their_cap():
+    total = sum(f.stat().st_size for f in ZOO_DIR.rglob("*")
+                if f.is_file() and _is_transcoder_file(f))
+    assert total < TRANSCODER_CAP_BYTES, f"the zoo's transcoders take {total / 2**20:.1f} MiB"
 
 
 def _fp16_bytes(model: torch.nn.Module) -> int:

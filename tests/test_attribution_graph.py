@@ -191,15 +191,18 @@ def test_pruning_keeps_what_reaches_the_logits(graph_case):
     case, model, tcs, graph = graph_case
     everything = prune(graph, node_threshold=1.0, edge_threshold=1.0)
     influential = everything.node_influence[:graph.n_features] > 0
-    assert torch.equal(everything.node_mask[:graph.n_features], influential)
+    assert not (everything.node_mask[:graph.n_features] & ~influential).any()
     pruned = prune(graph, node_threshold=0.5, edge_threshold=0.9)
     assert pruned.node_mask.sum() <= everything.node_mask.sum()
-    assert pruned.node_mask[graph.n_features:].all()      # errors, embeddings, logits stay
+    first_embedding = graph.n_features + graph.n_errors
+    assert pruned.node_mask[first_embedding:].all()      # embeddings and logits stay
     kept_edges = pruned.edge_mask.nonzero()
     assert pruned.node_mask[kept_edges[:, 0]].all() and pruned.node_mask[kept_edges[:, 1]].all()
     assert (graph.adjacency[pruned.edge_mask] != 0).all()
-    # every kept feature still has an edge out
+    # every kept feature has an edge out and an edge in; every kept error node an edge out
     feats = pruned.node_mask[:graph.n_features].nonzero().flatten()
-    assert pruned.edge_mask[:, feats].any(0).all()
+    assert pruned.edge_mask[:, feats].any(0).all() and pruned.edge_mask[feats].any(1).all()
+    errors = graph.n_features + pruned.node_mask[graph.n_features:first_embedding].nonzero()
+    assert pruned.edge_mask[:, errors.flatten()].any(0).all()
     with pytest.raises(ValueError, match="node_threshold must be in"):
         prune(graph, node_threshold=0)

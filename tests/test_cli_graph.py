@@ -50,5 +50,8 @@ def test_graph_explains_what_is_missing(checkpoint, tmp_path):
         main(["graph", str(attn_only), "the cat"])
     with pytest.raises(SystemExit, match="give one token"):
         main(["graph", str(checkpoint), "the cat", "--target", "cat", "--no-progress"])
+    with pytest.raises(SystemExit, match="attnlens graph: .*graph-metadata"):
+        main(["graph", str(checkpoint), "the cat", "--no-progress", "--out", str(tmp_path),
+              "--slug", "graph-metadata"])
     with pytest.raises(SystemExit, match="neither a checkpoint directory"):
         main(["graph", str(tmp_path / "nowhere"), "x"])

@@ -84,8 +84,11 @@ def run(args) -> int:
 
         out = Path(args.out)
         slug = args.slug or slugify(f"{directory.name}-{args.prompt}")
-        path = write_graph(graph, out, slug, node_mask=pruned.node_mask,
-                           edge_mask=pruned.edge_mask, node_threshold=args.node_threshold)
+        try:
+            path = write_graph(graph, out, slug, node_mask=pruned.node_mask,
+                               edge_mask=pruned.edge_mask, node_threshold=args.node_threshold)
+        except ValueError as err:
+            raise SystemExit(f"attnlens graph: {err}") from None
         fig = graph_figure(graph, pruned, title=f"{directory.name}: {args.prompt!r} -> "
                                                  f"{graph.logit_token_strings[0]!r}")
         written = save_figure(fig, out / slug, png=False)

@@ -92,7 +92,7 @@ def compose_table() -> str:
 
 
 def counting_table() -> str:
-    return _table(pd.read_csv(FIGURES / "counting_summary.csv").fillna(""), COUNTING_COLUMNS,
+    return _table(pd.read_csv(FIGURES / "counting_summary.csv"), COUNTING_COLUMNS,
                   by_head=False)
 
 
@@ -103,12 +103,12 @@ SECTIONS = {"transcoders": transcoder_table, "induction": induction_table,
 def fill(text: str) -> str:
     """`text` with every generated section rewritten."""
     for name, make in SECTIONS.items():
-        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(\n<!-- end: {name} -->)",
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n)(?:.*?\n)?(<!-- end: {name} -->)",
                              re.S)
         if not pattern.search(text):
             raise ValueError(f"docs/attribution.md has no section {name!r} (markers "
                              f"<!-- generated: {name} --> ... <!-- end: {name} -->)")
-        text = pattern.sub(lambda m, make=make: m.group(1) + make() + m.group(2), text)
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2), text)
     return text
 
 

@@ -4,11 +4,12 @@ Influence (Ameisen et al. 2025, appendix on pruning): take the graph's absolute 
 normalise each target's incoming weights to sum to 1, and sum the effects of paths of every
 length onto the logit nodes, each logit weighted by its probability:
 `influence = w_logits (A + A^2 + ...)` with `A` the normalised adjacency (the graph is acyclic,
-so the series ends). Nodes: keep the most influential features until `node_threshold` of the
-total feature influence is covered (embeddings, errors and logits are always kept). Edges: on
-the graph of kept nodes, score each edge by its normalised weight times the influence of its
-target (logits: their probability), and keep the best until `edge_threshold` of the total
-score is covered. A feature left with no kept edge into a kept node is dropped.
+so the series ends). Nodes: keep the most influential nodes until `node_threshold` of the
+total influence (features and error nodes alike) is covered; embeddings and logits are always
+kept. Edges: on the graph of kept nodes, score each edge by its normalised weight times the
+influence of its target (logits: their probability), and keep the best until `edge_threshold`
+of the total score is covered. Then, until nothing changes, a feature or error node left with
+no kept edge out, or a feature with no kept edge in, is dropped with its edges.
 
 Example:
     >>> pruned = prune(graph, node_threshold=0.8, edge_threshold=0.98)      # doctest: +SKIP
@@ -80,23 +81,21 @@ def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> P
         if not 0 < value <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {value!r}")
     n_f, n = graph.n_features, graph.n_nodes
+    always = n - graph.n_logits - graph.n_pos          # embeddings and logits from here on
     weights = logit_weights(graph)
     influence = path_influence(normalized(graph.adjacency), weights)
-    node_mask = torch.ones(n, dtype=torch.bool)
-    if n_f:
-        feature_influence = influence[:n_f]
-        node_mask[:n_f] = feature_influence >= coverage_cutoff(feature_influence, node_threshold)
+    node_mask = influence >= coverage_cutoff(influence, node_threshold)
+    node_mask[always:] = True
     kept = graph.adjacency * node_mask[:, None] * node_mask[None, :]
     a = normalized(kept)
     target_weight = path_influence(a, weights) + weights
     edge_scores = a * target_weight[:, None]
     edge_mask = edge_scores >= coverage_cutoff(edge_scores[edge_scores > 0], edge_threshold)
     edge_mask &= kept != 0
-    # drop features that no longer reach anything, then edges touching dropped nodes
     for _ in range(n):
-        reaches = edge_mask[:, :n_f].any(0)
         new = node_mask.clone()
-        new[:n_f] &= reaches
+        new[:always] &= edge_mask[:, :always].any(0)    # an edge out (features, errors)
+        new[:n_f] &= edge_mask[:n_f].any(1)             # an edge in (features)
         edge_mask &= new[:, None] & new[None, :]
         if torch.equal(new, node_mask):
             break

@@ -191,10 +191,11 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
     target_rows = list(range(n_f)) + [n_nodes - len(logit_tokens) + i
                                       for i in range(len(logit_tokens))]
 
-    def values(out, chunk) -> Tensor:
-        """Each copy's own target value (copy i <-> chunk[i])."""
+    def values(out, chunk, copy: int | None = None) -> Tensor:
+        """Each target's value: on copy i for chunk[i], or all on copy `copy`."""
         vals = []
         for i, (kind, j) in enumerate(chunk):
+            i = i if copy is None else copy
             if kind == "feature":
                 layer, pos, f = feats[j].tolist()
                 tc = transcoders[layer]
@@ -221,13 +222,11 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
         adjacency[idx] = torch.cat([rows, torch.zeros(len(chunk), len(logit_tokens),
                                                       dtype=dtype)], 1)
         target_values[idx] = vals.detach()
-    # the bias: every target's value with all sources ablated (alphas 0)
+    # the bias: every target's value with all sources ablated (alphas 0), one forward
     bias = torch.zeros(n_nodes, dtype=dtype)
     with torch.no_grad():
-        for start in range(0, len(targets_all), batch_size):
-            chunk = targets_all[start:start + batch_size]
-            out = frozen_forward(model, run, alphas_like(run, len(chunk), 0.0, False))
-            bias[target_rows[start:start + len(chunk)]] = values(out, chunk)
+        out = frozen_forward(model, run, alphas_like(run, 1, 0.0, False))
+        bias[target_rows] = values(out, targets_all, copy=0)
     prompt_text = prompt if isinstance(prompt, str) else ""
     return AttributionGraph(
         prompt=prompt_text, prompt_tokens=token_strings(model, run.tokens[0]),

@@ -41,13 +41,14 @@ from attnlens.training.train_state import runs_root
 from hooked_models import zoo
 from hooked_models.checkpoint import read_weights
 from hooked_models.tokenizers.bpe import encode_documents
-from interp.sae.transcoder import TranscoderConfig, mlp_hooks
+from interp.sae.transcoder import TranscoderConfig
 from interp.sae.transcoder_train import (
     collect_mlp_io,
     load_transcoders,
     replacement_loss,
     save_transcoders,
     train_transcoder,
+    transcoder_hooks,
     transcoder_metrics,
 )
 
@@ -123,15 +124,8 @@ def paper_answer_error(model, transcoders, batches) -> dict:
     replaced by its transcoder."""
     from interp.tasks._batch import answer_error_rate
 
-    hooks = []
-    for layer, tc in transcoders.items():
-        store = {}
-        hook_in, hook_out = mlp_hooks(layer)
-        hooks += [(hook_in, lambda act, hook, store=store: store.__setitem__("x", act)),
-                  (hook_out, lambda act, hook, store=store, tc=tc:
-                   tc(store["x"].to(tc.W_enc.dtype)).to(act.dtype))]
     out = {}
-    for key, fwd_hooks in (("clean", []), ("replaced", hooks)):
+    for key, fwd_hooks in (("clean", []), ("replaced", transcoder_hooks(transcoders))):
         errors = []
         for b in batches:
             with model.hooks(fwd_hooks=fwd_hooks):

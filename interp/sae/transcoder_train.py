@@ -237,6 +237,24 @@ def transcoder_metrics(tc: Transcoder, x: Tensor, y: Tensor, batch_size: int = 8
                 l0=l0_sum / n, dead_fraction=1 - fired.float().mean().item(), n=n)
 
 
+def transcoder_hooks(transcoders: dict[int, Transcoder]) -> list:
+    """Forward hooks that put each transcoder in place of its layer's MLP (the MLP's input is
+    read at `ln2.hook_normalized`, its output replaced at `hook_mlp_out`)."""
+    hooks = []
+    for layer, tc in transcoders.items():
+        store = {}
+        hook_in, hook_out = mlp_hooks(layer)
+
+        def read(act, hook, store=store):
+            store["x"] = act
+
+        def replace(act, hook, store=store, tc=tc):
+            return tc(store["x"].to(tc.W_enc.dtype)).to(act.dtype)
+
+        hooks += [(hook_in, read), (hook_out, replace)]
+    return hooks
+
+
 @torch.no_grad()
 def replacement_loss(model, transcoders: dict[int, Transcoder], tokens: Tensor,
                      batch_size: int = 16, mask: Tensor | None = None) -> dict:
@@ -245,19 +263,7 @@ def replacement_loss(model, transcoders: dict[int, Transcoder], tokens: Tensor,
     with `mask` `[batch pos]`, only the targets where it is true count)."""
 
     def loss_with(layers) -> float:
-        hooks = []
-        for layer in layers:
-            tc = transcoders[layer]
-            store = {}
-            hook_in, hook_out = mlp_hooks(layer)
-
-            def read(act, hook, store=store):
-                store["x"] = act
-
-            def replace(act, hook, store=store, tc=tc):
-                return tc(store["x"].to(tc.W_enc.dtype)).to(act.dtype)
-
-            hooks += [(hook_in, read), (hook_out, replace)]
+        hooks = transcoder_hooks({layer: transcoders[layer] for layer in layers})
         total, count = 0.0, 0
         for start in range(0, tokens.shape[0], batch_size):
             batch = tokens[start:start + batch_size]
@@ -314,4 +320,4 @@ def save_transcoders(transcoders: dict[int, Transcoder], directory,
 
 
 __all__ = ["collect_mlp_io", "load_transcoders", "replacement_loss", "save_transcoders",
-           "train_transcoder", "transcoder_metrics"]
+           "train_transcoder", "transcoder_hooks", "transcoder_metrics"]

@@ -122,14 +122,12 @@ def summary(graph, pruned, show: int) -> None:
 
 
 def print_contexts(model, transcoders, directory, graph, pruned, show: int, n: int) -> None:
-    from hooked_models.checkpoint import read_weights
-    from interp.attribution.contexts import feature_activations, top_contexts
+    from interp.attribution.contexts import context_windows, feature_activations, top_contexts
 
-    eval_file = Path(directory) / "eval_tokens.safetensors"
-    if not eval_file.is_file():
-        print(f"(no {eval_file.name} beside the model: no contexts)")
+    tokens = context_windows(directory)
+    if tokens is None:
+        print("(no validation windows beside the model: no contexts)")
         return
-    tokens = read_weights(eval_file)[0]["val_windows"][:, :256].long()
     influence = pruned.node_influence[:graph.n_features]
     acts = {}
     for i in influence.argsort(descending=True)[:show].tolist():

@@ -39,7 +39,6 @@ import torch
 from attnlens.training.corpus import Corpus
 from attnlens.training.train_state import runs_root
 from hooked_models import zoo
-from hooked_models.checkpoint import read_weights
 from hooked_models.tokenizers.bpe import encode_documents
 from interp.sae.transcoder import TranscoderConfig
 from interp.sae.transcoder_train import (
@@ -51,6 +50,7 @@ from interp.sae.transcoder_train import (
     transcoder_hooks,
     transcoder_metrics,
 )
+from interp.tools.text_eval import load_eval_tokens
 
 TEXT_MODELS = ("text-mha-l4mlp", "text-dcmha-l4mlp", "text-mta-l4mlp", "text-cope-l4mlp",
                "text-infini-l4mlp")
@@ -87,8 +87,7 @@ def training_windows(model, n_tokens: int, seed: int) -> torch.Tensor:
 
 
 def eval_windows(name: str) -> torch.Tensor:
-    tensors, _ = read_weights(zoo.path(name) / "eval_tokens.safetensors")
-    return tensors["val_windows"][:, :EVAL_WINDOW].long()
+    return load_eval_tokens(zoo.path(name))[:, :EVAL_WINDOW]
 
 
 def _paper_batch(name: str, seed: int, batch: int = 64):

@@ -14,7 +14,12 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.app_links import explorer_link
 from dashboards.figures import control_row, error_box, graph, loading, note_box
-from interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
+from interp.attribution.contexts import (
+    context_windows,
+    feature_activations,
+    top_contexts,
+    transcoders_for,
+)
 from interp.attribution.graph import attribute
 from interp.attribution.prune import prune
 from interp.attribution.qk import attribute_qk
@@ -143,12 +148,8 @@ def node_details(store, name, model, transcoders, g, pruned, index):
             parts += [html.Div(title), html.Ul(items)]
     if kind == "feature":
         layer, _, feature = g.features[index].tolist()
-        directory = store.directories[name]
-        from hooked_models.checkpoint import read_weights
-
-        eval_file = directory / "eval_tokens.safetensors"
-        if eval_file.is_file():
-            tokens = read_weights(eval_file)[0]["val_windows"][:, :256].long()
+        tokens = context_windows(store.directories[name])
+        if tokens is not None:
             acts = _remember(("acts", name, layer),
                              lambda: feature_activations(model, transcoders[layer], tokens))
             contexts = top_contexts(model, acts, tokens, feature, n=6)

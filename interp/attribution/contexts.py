@@ -16,6 +16,17 @@ from torch import Tensor
 
 from interp.sae.transcoder import Transcoder, mlp_hooks
 from interp.sae.transcoder_train import load_transcoders
+from interp.tools.text_eval import EVAL_TOKENS_FILE, load_eval_tokens
+
+CONTEXT_WINDOW = 256   # tokens of each validation window searched for top contexts
+
+
+def context_windows(directory) -> torch.Tensor | None:
+    """The first CONTEXT_WINDOW tokens of the validation windows stored beside a text-zoo
+    checkpoint (`eval_tokens.safetensors`), or None when there are none."""
+    if not (Path(directory) / EVAL_TOKENS_FILE).is_file():
+        return None
+    return load_eval_tokens(directory)[:, :CONTEXT_WINDOW]
 
 
 def transcoders_for(directory, dtype: torch.dtype = torch.float64) -> dict[int, Transcoder]:
@@ -87,4 +98,5 @@ def top_contexts(model, activations: Tensor, tokens: Tensor, feature: int, n: in
     return contexts
 
 
-__all__ = ["Context", "feature_activations", "top_contexts", "transcoders_for"]
+__all__ = ["CONTEXT_WINDOW", "Context", "context_windows", "feature_activations", "top_contexts",
+           "transcoders_for"]

@@ -67,10 +67,9 @@ graph_figure(graph, pruned, title="text-mha-l4mlp: induction prompt")
 # The most influential features, with their top contexts in the model's validation windows:
 
 # %%
-from hooked_models.checkpoint import read_weights  # noqa: E402
+from interp.attribution.contexts import context_windows  # noqa: E402
 
-windows = read_weights(zoo.path("text-mha-l4mlp") / "eval_tokens.safetensors")[0]
-windows = windows["val_windows"][:, :256].long()
+windows = context_windows(zoo.path("text-mha-l4mlp"))
 influence = pruned.node_influence[:graph.n_features]
 acts = {}
 for i in influence.argsort(descending=True)[:4].tolist():

@@ -114,6 +114,12 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def write_text_atomic(path, text: str) -> None:
+    """Write a text file atomically (UTF-8, fsynced, a temp file renamed over `path`): a reader
+    sees the old content or the new, never half; on failure `path` keeps its old content."""
+    _write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
 def save_tensors(tensors: dict, path, metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file atomically (a temp file renamed over `path`), with the
     permissions the umask gives (safetensors alone writes 0600)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hooked_models.checkpoint import check_state_dict, read_config
+from hooked_models.checkpoint import check_state_dict, read_config, write_text_atomic
 
 LATEST_FILE = "latest"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -31,12 +31,6 @@ def runs_root() -> Path:
     checkpoints under it never reach the next session; a directory outside it does when the
     next session is handed the same machine."""
     return Path(os.environ.get("ATTNLENS_RUNS") or Path.home() / ".cache" / "attnlens")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def latest_checkpoint(run_dir) -> Path | None:
@@ -76,7 +70,7 @@ def save_train_state(run_dir, model, opt, gen: torch.Generator, step: int, token
     if timing is not None:
         meta["timing"] = timing
     (ckpt / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    _atomic_write(run_dir / LATEST_FILE, ckpt.name)
+    write_text_atomic(run_dir / LATEST_FILE, ckpt.name)
     for old in run_dir.glob("step-*"):
         if old.is_dir() and old.name != ckpt.name:
             shutil.rmtree(old, ignore_errors=True)
@@ -136,7 +130,7 @@ def rewind_metrics(path: Path, step: int) -> None:
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     kept = [ln for ln in lines if json.loads(ln)["step"] <= step]
     if len(kept) != len(lines):
-        _atomic_write(path, "".join(ln + "\n" for ln in kept))
+        write_text_atomic(path, "".join(ln + "\n" for ln in kept))
 
 
 TRAINING_ROW_KEYS = frozenset({"step", "tokens", "lr", "train_loss", "tokens_per_s",
@@ -158,6 +152,6 @@ def thin_metrics(src: Path, dst: Path, every: int) -> dict:
     last = max(r["step"] for r in rows)
     kept = [ln for ln, r in zip(lines, rows, strict=True)
             if set(r) - TRAINING_ROW_KEYS or r["step"] in (1, last) or r["step"] % every == 0]
-    _atomic_write(Path(dst), "".join(ln + "\n" for ln in kept))
+    write_text_atomic(Path(dst), "".join(ln + "\n" for ln in kept))
     return {"metrics_rows": (f"every evaluation row; the training rows of step 1, the last "
                              f"step and every {every}th step"), "every": every}

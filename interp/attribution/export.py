@@ -62,6 +62,8 @@ from pathlib import Path
 
 import torch
 
+from hooked_models.checkpoint import write_text_atomic
+
 SCHEMA_VERSION = 1
 INDEX_FILE = "graph-metadata.json"
 FEATURE_TYPE = "cross layer transcoder"
@@ -277,19 +279,6 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
     return dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _read_index(path: Path) -> dict:
     if not path.exists():
         return {"graphs": []}
@@ -315,11 +304,11 @@ def write_graph(graph, directory, slug: str, **kw) -> Path:
     index_path = directory / INDEX_FILE
     index = _read_index(index_path)
     path = directory / f"{slug}.json"
-    _atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False))
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False))
     entry = {k: v for k, v in data["metadata"].items() if k != "info"}
     index["graphs"] = [g for g in index["graphs"]
                        if not (isinstance(g, dict) and g.get("slug") == slug)] + [entry]
-    _atomic_write(index_path, json.dumps(index, indent=2, ensure_ascii=False))
+    write_text_atomic(index_path, json.dumps(index, indent=2, ensure_ascii=False))
     return path
 
 

@@ -1,7 +1,7 @@
 # attnlens: `make serve` runs the main job (the dashboard on the bundled text models; toy models:
 # `.venv/bin/attnlens serve --zoo induction`), `make test` runs the fast test tier, `make
 # reproduce` re-derives every documented number (docs/testing.md). All set up .venv first.
-.PHONY: setup serve test reproduce lint bench notebooks docs
+.PHONY: setup serve test reproduce install-check lint bench notebooks docs
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +16,10 @@ reproduce: setup
 	bash scripts/ensure_browser.sh
 	.venv/bin/python -m scripts.reproduce
 
+# the built wheel in a fresh venv beside Hugging Face's `kernels`, both orders (issue 54)
+install-check: setup
+	.venv/bin/python -m pytest -m install -p no:cacheprovider tests/test_wheel_install.py
+
 lint: setup
 	.venv/bin/ruff check .
 
@@ -23,6 +27,7 @@ bench: setup
 	.venv/bin/python -m attnlens.bench
 
 notebooks: setup
+	.venv/bin/python -m pip install -q -e '.[dev,report]'   # kaleido: the notebooks' PNGs
 	.venv/bin/python notebooks/build_notebooks.py --execute
 
 docs: setup

@@ -42,16 +42,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnlens.hooked_models import HookedVariantTransformer, available_variants
+from attnlens.hooked_models.attention import get_attention_class
+from attnlens.interp.tools import heads
 from attnlens.training.trainer import train
-from hooked_models import HookedVariantTransformer, available_variants
-from hooked_models.attention import get_attention_class
-from interp.tools import heads
 
 
 def cmd_demo(args) -> int:
     """Train the bundled induction recipe from scratch and show the circuit it learns."""
-    from hooked_models.zoo.recipes import config
-    from interp.tasks.zoo_induction import induction_metrics, sample
+    from attnlens.hooked_models.zoo.recipes import config
+    from attnlens.interp.tasks.zoo_induction import induction_metrics, sample
 
     model = HookedVariantTransformer(config(args.attention, seed=args.seed))
     print(f"attnlens demo: 2-layer attention-only {args.attention!r} model, "
@@ -101,7 +101,7 @@ def default_sources() -> list[str]:
     CoPE, MTA, DCMHA, Infini, so the opening Compare page sets MHA's textbook induction circuit
     beside CoPE's, which splits it over two pairs of heads; then the 2-layer twins (data mix,
     package corpus), then by depth; the toy induction models when no text model is bundled."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     def opening_order(name: str) -> tuple:
         cfg = json.loads((zoo.path(name) / "config.json").read_text())
@@ -117,7 +117,7 @@ def default_sources() -> list[str]:
 def build_store(sources: list[str] | None = None):
     """A ModelStore of the checkpoint directories / zoo names in `sources` (default:
     `default_sources()`)."""
-    from dashboards.store import load_store
+    from attnlens.dashboards.store import load_store
 
     sources = sources or default_sources()
     if not sources:
@@ -148,10 +148,10 @@ def check_port(host: str, port: int) -> None:
 
 
 def cmd_serve(args) -> int:
-    from dashboards.app import create_app
+    from attnlens.dashboards.app import create_app
 
     check_port(args.host, args.port)   # before loading models and before saying where it runs
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     sources = [*(args.sources or []), *(args.models or [])]
     for kind in args.zoo or []:   # a zoo's superseded models (1000-step baselines) come last
@@ -172,14 +172,14 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """Thin wrapper over attnlens.zoo.text_train (see its docstring for the layout)."""
+    """Thin wrapper over attnlens.lab.text_train (see its docstring for the layout)."""
     import shlex
 
     import torch
 
+    from attnlens.lab.text_recipes import RECIPES, SMOKE, VOCAB_SIZE
+    from attnlens.lab.text_train import default_runs_dir, measure, prepare_data, train_zoo
     from attnlens.training.stop_signals import TrainingStopped
-    from attnlens.zoo.text_recipes import RECIPES, SMOKE, VOCAB_SIZE
-    from attnlens.zoo.text_train import default_runs_dir, measure, prepare_data, train_zoo
 
     if args.out is None:
         args.out = str(default_runs_dir())
@@ -192,8 +192,8 @@ def cmd_train(args) -> int:
         torch.set_num_threads(args.threads)
     names = args.only or list(RECIPES)
     if args.status:
-        from attnlens.zoo.text_train import print_queue_status, queue_status, shipped_recipes
-        from hooked_models import zoo
+        from attnlens.hooked_models import zoo
+        from attnlens.lab.text_train import print_queue_status, queue_status, shipped_recipes
 
         print_queue_status(queue_status(args.out, names, args.release_to), file=sys.stdout,
                            shipped=shipped_recipes(names, zoo.ZOO_DIR))
@@ -211,7 +211,7 @@ def cmd_train(args) -> int:
               f"time, {table.projected_cpu_s.sum() / 3600:.2f} CPU-hours (training steps only; "
               f"evaluation adds about 1%)")
         return 0
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     command = "attnlens " + shlex.join(args.argv)
     try:
@@ -230,7 +230,7 @@ def cmd_train(args) -> int:
 def load_model(source: str, device: str | None, command: str):
     """The model of a checkpoint directory or a zoo name (a directory wins, as in `serve`);
     SystemExit with a one-line message for a missing path or a checkpoint that fails to load."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     path = Path(source)
     if (path / "config.json").is_file():
@@ -250,7 +250,7 @@ def load_model(source: str, device: str | None, command: str):
 
 
 def cmd_analyze(args) -> int:
-    from interp.tools.analyze import run_analyses
+    from attnlens.interp.tools.analyze import run_analyses
 
     model = load_model(args.checkpoint, args.device, "analyze")
     try:
@@ -267,7 +267,7 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from interp.sweep import run_sweep
+    from attnlens.interp.sweep import run_sweep
 
     try:
         result = run_sweep(args.spec, out=args.out, ray=args.ray, workers=args.workers,
@@ -286,14 +286,14 @@ def cmd_circuit(args) -> int:
 
     import torch
 
-    from interp.circuits.discovery import (
+    from attnlens.interp.circuits.discovery import (
         circuit_figure,
         conjunction_task_pair,
         discover,
         find_block_task,
         induction_task,
     )
-    from interp.plots.analyses import save_figure
+    from attnlens.interp.plots.analyses import save_figure
 
     torch.set_num_threads(max(1, args.threads))
     model = load_model(args.model, args.device, "circuit")
@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8050)
     serve.add_argument("--models", nargs="*", default=None, help="more zoo names (old spelling)")
     serve.set_defaults(fn=cmd_serve)
-    from attnlens.zoo.text_recipes import all_recipe_names
+    from attnlens.lab.text_recipes import all_recipe_names
 
     tr = sub.add_parser("train", help="train, evaluate and release the text-LM zoo")
     tr.add_argument("--zoo", choices=["text"], required=True, help="which zoo to train")
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     tr.add_argument("--out", default=None,
                     help="runs, caches and releases go here (default $ATTNLENS_RUNS/zoo-text, "
-                         "else ~/.cache/attnlens/zoo-text: outside the work tree, which each "
+                         "else ~/.cache/attnlens/lab-text: outside the work tree, which each "
                          "session lays anew)")
     tr.add_argument("--release-to", default=None,
                     help="where finished models are written (default OUT/release; "
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip the recipes whose model is shipped in hooked_models/zoo at "
                          "today's recipe (what scripts/zoo_queue.sh does)")
     tr.set_defaults(fn=cmd_train)
-    from interp.tools.analyze import ANALYSES
+    from attnlens.interp.tools.analyze import ANALYSES
 
     analyze = sub.add_parser("analyze", help="write analysis tables and figures for a checkpoint")
     analyze.add_argument("checkpoint", metavar="CKPT_DIR_OR_ZOO_NAME",
@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--device", default="cpu")
     analyze.add_argument("--no-png", action="store_true", help="HTML figures only")
     analyze.set_defaults(fn=cmd_analyze)
-    from hooked_models.converters.convert import add_convert_parser
+    from attnlens.hooked_models.converters.convert import add_convert_parser
 
     add_convert_parser(sub)
     sweep = sub.add_parser("sweep", help="run an analysis sweep spec (in-process or on Ray)")

@@ -1,8 +1,8 @@
 """The attnlens Dash app: `create_app(store)` builds it, `attnlens serve` runs it.
 
 Layout: a bar of shared controls (models, prompt, layer, head, stage) above one tab per page
-(`dashboards.pages.PAGES`). The URL's query string mirrors the tab and the shared controls, so a
-link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`.
+(`attnlens.dashboards.pages.PAGES`). The URL's query string mirrors the tab and the shared controls,
+so a link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`.
 A page's own controls (its `LINK` table: URL key -> (component id, default)) join the link when
 they differ from their defaults, e.g. `&circuit=pair&query=3&key=1`; a link without them (older
 links) leaves them as they are.
@@ -15,10 +15,10 @@ from urllib.parse import parse_qs, urlencode
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from flask_compress import Compress
 
-from dashboards.figures import MAX_COMPARED
-from dashboards.pages import PAGES
-from dashboards.store import MAX_PROMPT_CHARS
-from interp.tools.explore import map_stages
+from attnlens.dashboards.figures import MAX_COMPARED
+from attnlens.dashboards.pages import PAGES
+from attnlens.dashboards.store import MAX_PROMPT_CHARS
+from attnlens.interp.tools.explore import map_stages
 
 # Flask refuses larger request bodies with 413 before any callback (or tokenizer) runs.
 MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 64_000
@@ -58,7 +58,7 @@ def _options(store, names) -> tuple[list, list, list]:
     Never fewer: a dropdown drops a value that is not among its options, and a link sets the
     models and the stage at once, so a stage of the linked model must be an option before the
     models arrive (issue 49). A page shows the closest view when the chosen model lacks one
-    (`dashboards.panels.choose_view`).
+    (`attnlens.dashboards.panels.choose_view`).
     """
     chosen = [store.models[n] for n in (names or []) if n in store.models]
     everything = list(store.models.values())

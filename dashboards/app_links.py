@@ -1,5 +1,5 @@
 """Links into the app's views (used by tables that name a head): the query strings that
-`dashboards.app` reads back (`_parse_link`)."""
+`attnlens.dashboards.app` reads back (`_parse_link`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Dashboard building blocks around the figures of `interp.plots`: graph components with the
-export settings, the pages' small layout pieces (control rows, number inputs, error and note
+"""Dashboard building blocks around the figures of `attnlens.interp.plots`: graph components with
+the export settings, the pages' small layout pieces (control rows, number inputs, error and note
 boxes), and the checks that turn request values into indices (the page boundary).
 
 Request values arrive from the browser and can be crafted: every callback validates them here

@@ -1,12 +1,13 @@
 """A small least-recently-used cache of attention maps per (model, prompt), so that changing the
 head, layer or stage of a view does not run the model again.
 
-An entry holds the batch-mean `[head q k]` maps computed by `interp.tools.explore.compute_maps` for
-one model and one token tensor, plus derived objects (the thumbnail figures) memoised under a
-key. On a new prompt the whole model's maps are computed in one forward pass when they fit in
-`prefetch_bytes` (then every later layer/stage change is free), otherwise only what the request
-needs; later misses of the same entry add their maps in one more pass. Entries are evicted,
-least recently used first, once the total exceeds `max_bytes` or `max_entries`.
+An entry holds the batch-mean `[head q k]` maps computed by
+`attnlens.interp.tools.explore.compute_maps` for one model and one token tensor, plus derived
+objects (the thumbnail figures) memoised under a key. On a new prompt the whole model's maps are
+computed in one forward pass when they fit in `prefetch_bytes` (then every later layer/stage change
+is free), otherwise only what the request needs; later misses of the same entry add their maps in
+one more pass. Entries are evicted, least recently used first, once the total exceeds `max_bytes` or
+`max_entries`.
 
 Entries are keyed by the model object (held weakly), its parameters' in-place version counters
 (an edited weight invalidates the maps) and the tokens, so a stale map is never served.
@@ -22,7 +23,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from interp.tools.explore import (
+from attnlens.interp.tools.explore import (
     ExploreView,
     all_map_keys,
     assemble_view,
@@ -106,7 +107,8 @@ class MapCache:
         return key, entry.maps
 
     def view(self, store, name: str, tokens, stage: str, layer: int) -> tuple[tuple, ExploreView]:
-        """(entry key, `interp.tools.explore.explore_maps(model, tokens, stage, layer)`), cached."""
+        """(entry key, `attnlens.interp.tools.explore.explore_maps(model, tokens, stage, layer)`),
+        cached."""
         model = store.get(name)
         key, maps = self.maps(store, name, tokens, view_keys(model, stage, layer))
         return key, assemble_view(model, maps, stage, layer)

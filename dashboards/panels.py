@@ -1,5 +1,6 @@
 """One model's view of the shared controls, shared by the explorer and compare pages: the
-request values checked, the maps computed by `interp.tools.explore`, the figures by `interp.plots`.
+request values checked, the maps computed by `attnlens.interp.tools.explore`, the figures by
+`attnlens.interp.plots`.
 
 No analysis here: this file only wires validated inputs to interp calls.
 """
@@ -10,11 +11,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboards.figures import safe_filename
-from dashboards.map_cache import MAP_CACHE
-from hooked_models.attention import Stage
-from interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
-from interp.tools.explore import (
+from attnlens.dashboards.figures import safe_filename
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.hooked_models.attention import Stage
+from attnlens.interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
+from attnlens.interp.tools.explore import (
     ExploreView,
     all_map_keys,
     closest_stage,
@@ -94,9 +95,9 @@ def stage_entry(store, names, stage: str) -> Stage | None:
 def choose_view(store, name: str, layer, head, stage, names=None) -> Choice:
     """What model `name` shows for a request: the asked-for layer, head and stage where it has
     them, else the closest ones (the last layer for too large a layer; the stage playing the
-    same role, `interp.tools.explore.closest_stage`), with a note that says which. A link made for
-    another model, or edited by hand, thus still shows a map. `names`: the chosen models, where
-    the stage's role is looked up first."""
+    same role, `attnlens.interp.tools.explore.closest_stage`), with a note that says which. A link
+    made for another model, or edited by hand, thus still shows a map. `names`: the chosen models,
+    where the stage's role is looked up first."""
     model = store.get(name)
     layer, layer_note = _closest_index("layer", layer, model.cfg.n_layers, name)
     head, head_note = _closest_index("head", head, model.cfg.n_heads, name)
@@ -180,7 +181,8 @@ def warm_tiles(store, panel: Panel) -> None:
 
 def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
     """Every head's map at the panel's stage as ONE heatmap of THUMBNAIL x THUMBNAIL block-mean
-    tiles (`interp.plots.maps.head_mosaic_figure`, the explorer); memoised with the maps."""
+    tiles (`attnlens.interp.plots.maps.head_mosaic_figure`, the explorer); memoised with the
+    maps."""
     def build() -> dict:
         tiles = _tiles(panel.cache_key, panel.stage.name, panel.view.grid)
         return head_mosaic_figure(panel.view.grid, panel.stage, THUMBNAIL, cell_px=cell_px,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from interp.plots.views import shown_text
+from attnlens.interp.plots.views import shown_text
 
 # Requests are refused before tokenising beyond this many characters: a tokenizer's memory
 # grows with its input (a 50 MB prompt once cost 1.8 GB), while the largest context served
@@ -141,12 +141,12 @@ def default_prompt(model, directory: Path | None = None) -> str:
     """A model's default input: for a text language model, about 500 tokens of held-out source
     code (its stored validation windows); an example of its own task drawn with a fixed seed
     (paper-task models name it in their card); else the bundled induction models' letters."""
-    from hooked_models.zoo.recipes import default_text
-    from interp.tasks.prompts import example_prompt
+    from attnlens.hooked_models.zoo.recipes import default_text
+    from attnlens.interp.tasks.prompts import example_prompt
 
     card = getattr(model, "card", None) or {}
     if card.get("kind") == "text-lm" and directory is not None:
-        from interp.tools.text_eval import load_eval_tokens
+        from attnlens.interp.tools.text_eval import load_eval_tokens
 
         window = load_eval_tokens(directory)[0]
         bos = model.tokenizer.bos_token_id
@@ -164,8 +164,8 @@ def default_prompt(model, directory: Path | None = None) -> str:
 def load_store(sources: list[str]) -> ModelStore:
     """A store of the checkpoint directories and zoo names in `sources` (each model named after
     its zoo name or its directory's name). ValueError naming a source that is neither."""
-    from hooked_models import zoo
-    from hooked_models.model import HookedVariantTransformer
+    from attnlens.hooked_models import zoo
+    from attnlens.hooked_models.model import HookedVariantTransformer
     store = ModelStore()
     for source in sources:
         path = Path(source)

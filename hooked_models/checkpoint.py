@@ -1,6 +1,6 @@
 """Checkpoints: a directory with `config.json`, `model.safetensors` and optionally `card.json`
 and `tokenizer.json` (a trained BPE in HF `tokenizers` format, or a word vocabulary:
-`hooked_models.tokenizers.vocab.WordTokenizer`).
+`attnlens.hooked_models.tokenizers.vocab.WordTokenizer`).
 
 Nothing is ever unpickled. A save touches only those four files and nothing else in the
 directory (it may hold the user's own files, or a trainer's optimizer state).
@@ -209,7 +209,7 @@ def read_config(directory):
 
 
 def _config_from(data, path: Path):
-    from hooked_models.config import VariantConfig
+    from attnlens.hooked_models.config import VariantConfig
 
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object of config fields, "
@@ -354,7 +354,7 @@ def load_checkpoint(cls, directory, device: str | None = None, tokenizer=None):
     The weights decide which checkpoint this is: side files come from the directory, or from
     the staged files of a save interrupted after its commit (see the module docstring).
     """
-    from hooked_models.devices import check_device
+    from attnlens.hooked_models.devices import check_device
 
     check_device(device)   # before reading the weights: say so at once when it is unusable
     directory = Path(directory)
@@ -391,8 +391,8 @@ def load_checkpoint(cls, directory, device: str | None = None, tokenizer=None):
 def _read_tokenizer(directory: Path, staged: dict):
     """The checkpoint's tokenizer (a word vocabulary or a trained BPE), or None when it has
     none."""
-    from hooked_models.tokenizers.bpe import BPETokenizer
-    from hooked_models.tokenizers.vocab import WordTokenizer
+    from attnlens.hooked_models.tokenizers.bpe import BPETokenizer
+    from attnlens.hooked_models.tokenizers.vocab import WordTokenizer
 
     path = directory / TOKENIZER_FILE
     if TOKENIZER_FILE not in staged:

@@ -12,7 +12,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from hooked_models.attention import get_attention_class
+from attnlens.hooked_models.attention import get_attention_class
 
 ACTIVATION_FNS = {
     "gelu": F.gelu,

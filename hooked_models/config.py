@@ -3,7 +3,7 @@
 It extends TransformerLens's `TransformerLensConfig`, so TransformerLens's own tools read the
 fields they know (`n_layers`, `n_heads`, `normalization_type`, `attn_only`, ...). attnlens adds
 the attention variant, its options (a per-variant dataclass owned by the attention class, see
-`hooked_models.attention`), the positional scheme, the backend and the seed.
+`attnlens.hooked_models.attention`), the positional scheme, the backend and the seed.
 
 Example:
     >>> cfg = VariantConfig(d_model=64, d_head=16, n_layers=2, n_ctx=128, d_vocab=100)
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformer_lens.config import TransformerLensConfig
 
-from hooked_models.rotary import normalize_rope_scaling
+from attnlens.hooked_models.rotary import normalize_rope_scaling
 
 POSITIONAL_TYPES = ("none", "standard", "rotary")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
@@ -47,7 +47,8 @@ class VariantConfig(TransformerLensConfig):
         attention: variant name, one of the registered attention classes
             ("mha", "mta", "cope", "dcmha", "infini").
         attn_cfg: the variant's options: a dict or the variant's own options dataclass
-            (`hooked_models.attention.get_attention_class(name).Options`); dicts are converted.
+            (`attnlens.hooked_models.attention.get_attention_class(name).Options`); dicts are
+            converted.
         positional_embedding_type: "none", "standard" (learned absolute) or "rotary".
         rotary_dim: number of rotated dims per head (default: all of d_head).
         rotary_adjacent_pairs: rotate (0,1),(2,3)... (GPT-J) instead of halves (GPT-NeoX).
@@ -55,7 +56,7 @@ class VariantConfig(TransformerLensConfig):
             {"rope_type": "linear", "factor"}, {"rope_type": "llama3", "factor",
             "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} or
             {"rope_type": "dynamic", "factor", "original_max_position_embeddings"}
-            (`hooked_models.rotary`); only with positional_embedding_type="rotary".
+            (`attnlens.hooked_models.rotary`); only with positional_embedding_type="rotary".
         parallel_attn_mlp: GPT-NeoX style block, resid_post = resid + attn(ln1 x) + mlp(ln2 x).
         attn_scale: scores are divided by this (default sqrt(d_head)).
         backend: "torch", "triton" or "auto" (Triton on CUDA when the variant has kernels).
@@ -129,7 +130,7 @@ class VariantConfig(TransformerLensConfig):
             raise ValueError(f"tokenizer_alphabet needs d_vocab >= {need} (alphabet + BOS), "
                              f"got d_vocab={self.d_vocab}")
         # Resolve the variant and its options through the registry (plug-in point).
-        from hooked_models.attention import get_attention_class
+        from attnlens.hooked_models.attention import get_attention_class
 
         self.attn_cfg = get_attention_class(self.attention).make_options(self.attn_cfg, self)
 

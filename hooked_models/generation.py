@@ -6,7 +6,7 @@ reproducible draw. A string prompt returns a string, a list of strings a list of
 (batched, left-padded), token ids return token ids; `return_type` overrides.
 
 Example:
-    >>> from hooked_models import VariantConfig, HookedVariantTransformer
+    >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
     >>> model = HookedVariantTransformer(VariantConfig(d_model=32, d_head=8, n_layers=1,
     ...     n_ctx=32, d_vocab=12, tokenizer_alphabet="abcde", seed=0))
     >>> text = model.generate("abcab", 3, do_sample=False, verbose=False)
@@ -137,7 +137,7 @@ class GenerationMixin:
             input_type = "tokens"
         stops = self._stop_ids(stop_at_eos, eos_token_id)
         gen = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
-        from hooked_models.model import KVCache  # model.py imports this module
+        from attnlens.hooked_models.model import KVCache  # model.py imports this module
 
         use_past_kv_cache = use_past_kv_cache and all(b.attn.supports_kv_cache
                                                       for b in self.blocks)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from hooked_models.components import LayerNorm, RMSNorm
+from attnlens.hooked_models.components import LayerNorm, RMSNorm
 
 FORK_POINTS = {  # switch -> hook points it creates, relative to blocks.{l}
     "use_split_qkv_input": ("attn.hook_q_input", "attn.hook_k_input", "attn.hook_v_input"),

@@ -1,7 +1,7 @@
 """`HookedVariantTransformer`: a TransformerLens `HookedRootModule` for every attention variant.
 
 Example:
-    >>> from hooked_models import VariantConfig, HookedVariantTransformer
+    >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
     >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=2, n_ctx=64, d_vocab=100,
     ...                     tokenizer_alphabet="abcdefgh", seed=0)
     >>> model = HookedVariantTransformer(cfg)
@@ -21,16 +21,16 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from hooked_models.attention import LayerCache, Stage
-from hooked_models.attention.base import mark_plain_causal
-from hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
-from hooked_models.config import VariantConfig
-from hooked_models.devices import check_device
-from hooked_models.generation import GenerationMixin
-from hooked_models.interop import InteropMixin
-from hooked_models.sizing import check_sizes
-from hooked_models.text_io import TokenizationMixin
-from hooked_models.tokenizers.vocab import CharTokenizer
+from attnlens.hooked_models.attention import LayerCache, Stage
+from attnlens.hooked_models.attention.base import mark_plain_causal
+from attnlens.hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.devices import check_device
+from attnlens.hooked_models.generation import GenerationMixin
+from attnlens.hooked_models.interop import InteropMixin
+from attnlens.hooked_models.sizing import check_sizes
+from attnlens.hooked_models.text_io import TokenizationMixin
+from attnlens.hooked_models.tokenizers.vocab import CharTokenizer
 
 ReturnType = Literal["logits", "loss", "both", None]
 
@@ -467,7 +467,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         """Write `config.json` + `model.safetensors` (+ `card.json`, + `tokenizer.json` for a
         trained tokenizer), each atomically, touching no other file in `directory`;
         `weights_dtype=torch.float16` halves the file. A path that is a plain file raises."""
-        from hooked_models.checkpoint import save_checkpoint
+        from attnlens.hooked_models.checkpoint import save_checkpoint
 
         save_checkpoint(self, directory, card=card, weights_dtype=weights_dtype)
 
@@ -476,7 +476,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
                         tokenizer=None) -> "HookedVariantTransformer":
         """Load a directory written by `save_pretrained` (safetensors only, never pickle), in
         eval mode; a corrupt file raises ValueError naming it (a corrupt card.json warns)."""
-        from hooked_models.checkpoint import load_checkpoint
+        from attnlens.hooked_models.checkpoint import load_checkpoint
 
         return load_checkpoint(cls, directory, device=device, tokenizer=tokenizer)
 

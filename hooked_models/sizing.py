@@ -67,7 +67,7 @@ def _rough_attention(cfg) -> int:
 
 
 def _layer_bytes(cfg, layer: int) -> int:
-    from hooked_models.attention import get_attention_class
+    from attnlens.hooked_models.attention import get_attention_class
 
     with torch.device("meta"):
         attn = get_attention_class(cfg.attention)(cfg, layer)

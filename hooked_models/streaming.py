@@ -14,7 +14,7 @@ context (`pattern`, `mem_weights`, `memory`, ...) cannot fire on a stream: `feed
 ValueError while one is hooked. Inspect the memory with `stream.memory(layer)`.
 
 Example:
-    >>> from hooked_models import VariantConfig, HookedVariantTransformer
+    >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
     >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=2, n_ctx=64, d_vocab=50, seed=0,
     ...                     attention="infini", positional_embedding_type="rotary",
     ...                     attn_cfg={"segment_len": 16})
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hooked_models.attention.infini.layer import InfiniAttention, InfiniLayerState
+from attnlens.hooked_models.attention.infini.layer import InfiniAttention, InfiniLayerState
 
 
 class InfiniStream:

@@ -11,7 +11,7 @@ import re
 import torch
 from torch import Tensor
 
-from hooked_models.tokenizers.vocab import CharTokenizer
+from attnlens.hooked_models.tokenizers.vocab import CharTokenizer
 
 # How `to_string` labels a model id beyond its character tokenizer (d_vocab > alphabet + 1).
 _UNUSED_LABEL = re.compile(r"<unused:(\d+)>")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hooked_models.attention import Stage
+from attnlens.hooked_models.attention import Stage
 
 MAP_DIMS = ("batch", "head_index", "query_pos", "key_pos")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import tl, triton
-from kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels._triton import tl, triton
+from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 
 def d_chunk(block_d: int) -> int:

@@ -13,7 +13,7 @@ online-softmax state of the head-tiled forward kernels. `tl.program_id` / `tl.nu
 read here only (`tests/test_triton_prologue.py` checks it), so every kernel splits its program
 id the same way. Triton inlines these functions, so a call costs nothing and what a kernel
 does not use is dead code: compiled, the kernels keep the registers and spills they had when
-each spelled the prologue out (`python -m kernels.compile_check`).
+each spelled the prologue out (`python -m attnlens.kernels.compile_check`).
 """
 
 from __future__ import annotations

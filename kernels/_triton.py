@@ -6,7 +6,7 @@ is imported, and a process cannot mix the two. Everything GPU-only (`triton.auto
 several configs, `torch.cuda.*`) stays behind `on_gpu()`: without a GPU a single config is used.
 
 Example:
-    >>> from kernels._triton import interpreting
+    >>> from attnlens.kernels._triton import interpreting
     >>> isinstance(interpreting(), bool)
     True
 """
@@ -96,7 +96,8 @@ class LazyAutotune:
     plain kernel with one explicit config instead (see `on_gpu`). `prune(configs, meta)`, if
     given, keeps the configs that suit a launch's constexprs `meta` (e.g. tiles that do not
     spill at its BLOCK_D); the autotuner applies it as its `early_config_prune`, and
-    `candidates(**meta)` says what it would try (`python -m kernels.compile_check` reads it).
+    `candidates(**meta)` says what it would try (`python -m attnlens.kernels.compile_check` reads
+    it).
     """
 
     def __init__(self, kernel, configs, key: list[str], prune=None):
@@ -129,13 +130,13 @@ def _flag_on(meta, flag: str) -> bool:
 def head_dim_configs(table, when=None):
     """`(configs, prune)` for `LazyAutotune` from rows `(BLOCK_M, BLOCK_N, num_warps,
     num_stages, min_d, max_d)`: a config is tried only for BLOCK_D in [min_d, max_d] (the tiles
-    that compile without spilling there for sm_80 and sm_90, `python -m kernels.compile_check`).
-    `when` maps a constexpr flag to rows of the same form that replace those configs' ranges
-    for launches where the flag is true (e.g. Infini's gate epilogue, `HAS_MIX`, needs more
-    registers; fp32's IEEE dots, `IEEE`, need smaller tiles); where several flags name a
-    config, their ranges intersect; a key `"not FLAG"` applies where FLAG is false (e.g.
-    `"not CAUSAL"`). An empty range (min_d > max_d) drops the config there, so a row of `table`
-    with an empty range and a `when` range is a config for that flag only.
+    that compile without spilling there for sm_80 and sm_90, `python -m
+    attnlens.kernels.compile_check`). `when` maps a constexpr flag to rows of the same form that
+    replace those configs' ranges for launches where the flag is true (e.g. Infini's gate epilogue,
+    `HAS_MIX`, needs more registers; fp32's IEEE dots, `IEEE`, need smaller tiles); where several
+    flags name a config, their ranges intersect; a key `"not FLAG"` applies where FLAG is false
+    (e.g. `"not CAUSAL"`). An empty range (min_d > max_d) drops the config there, so a row of
+    `table` with an empty range and a `when` range is a config for that flag only.
     Where no config covers BLOCK_D, the configs with the largest max_d are tried."""
     ranges = {row[:4]: row[4:] for row in table}
     overrides = {flag: {row[:4]: row[4:] for row in rows} for flag, rows in (when or {}).items()}

@@ -4,7 +4,7 @@ A layer takes its fused kernel (`VariantAttention.fused_attend`) when `cfg.backe
 (`fused_backend_enabled`) and no hook is attached to one of its map stages; otherwise it takes the
 materialising torch path (`attend`). Hooks on q, k, v, z, result still fire on the fused path.
 
-A fused state (one per op, e.g. `kernels.flash_attention.dispatch.FlashState`) has
+A fused state (one per op, e.g. `attnlens.kernels.flash_attention.dispatch.FlashState`) has
 `n_heads`, `n_queries`, `device` and `pattern(heads, queries)` (LongTensors of indices).
 
 `patterns_for` gives the exact `hook_pattern` rows of chosen layers, heads and queries without a
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels import _triton
+from attnlens.kernels import _triton
 
 BACKENDS = ("torch", "triton", "auto")
 

@@ -1,7 +1,7 @@
 """Save each paper-task checkpoint's tokenizer with it (issue 22 item 1), weights unchanged.
 
 The word-vocabulary tasks (counting, Flip-Flop, selective copy, conjunction, composition,
-passkey) kept their vocabularies in `interp.tasks`; this writes them as the checkpoint's
+passkey) kept their vocabularies in `attnlens.interp.tasks`; this writes them as the checkpoint's
 `tokenizer.json` through `save_checkpoint` (one atomic transaction per checkpoint: the weights'
 metadata records the tokenizer's hash). The tensors are written back in the dtype they were
 stored in and checked bit for bit; config.json and card.json must come out unchanged.
@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from hooked_models import zoo
-from hooked_models.checkpoint import (
+from attnlens.hooked_models import zoo
+from attnlens.hooked_models.checkpoint import (
     CARD_FILE,
     CONFIG_FILE,
     TOKENIZER_FILE,
@@ -28,8 +28,8 @@ from hooked_models.checkpoint import (
     read_weights,
     save_checkpoint,
 )
-from hooked_models.model import HookedVariantTransformer
-from interp.tasks.prompts import task_tokenizer
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.interp.tasks.prompts import task_tokenizer
 
 
 def attach(name: str) -> str:

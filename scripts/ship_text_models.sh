@@ -46,11 +46,11 @@ for n in "${names[@]}"; do
   run cp -r "$OUT/release/$n" "$ZOO/$n"
 done
 CAL=docs/figures/zoo
-run "$PY" -m attnlens.zoo.calibration "${names[@]/#/$OUT/runs/}" --keep "$CAL/calibration.csv" \
+run "$PY" -m attnlens.lab.calibration "${names[@]/#/$OUT/runs/}" --keep "$CAL/calibration.csv" \
   --csv "$CAL/calibration.csv" --png "$CAL/calibration.png" \
   --focus text-mha-l2-v1 text-mha-l2-ctx256 text-mha-l2 \
   --focus-png "$CAL/calibration_curriculum.png"
-run "$PY" -m attnlens.zoo.text_studies "$ZOO" --only "${names[@]}"
+run "$PY" -m attnlens.lab.text_studies "$ZOO" --only "${names[@]}"
 run "$PY" -m attnlens.reports.zoo_docs
 run "$PY" notebooks/build_notebooks.py --execute 01_quickstart 02_induction_heads
 cat >&2 <<EOF

@@ -12,7 +12,7 @@ ruff check .
 workers=${ATTNLENS_TEST_WORKERS:-auto}
 if [ "${ATTNLENS_SKIP_BROWSER:-0}" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   echo "attnlens: ATTNLENS_SKIP_BROWSER=1 and no chromium: the browser tests are NOT run" >&2
-  python -m pytest -n "$workers" -m "not reproduce and not browser" "$@"
+  python -m pytest -n "$workers" -m "not reproduce and not install and not browser" "$@"
 else
-  python -m pytest -n "$workers" -m "not reproduce" "$@"
+  python -m pytest -n "$workers" -m "not reproduce and not install" "$@"
 fi

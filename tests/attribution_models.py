@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from interp.sae.transcoder import Transcoder, TranscoderConfig
+from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
 
 from helpers import tiny_model
 

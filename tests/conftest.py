@@ -33,7 +33,7 @@ def _free_port() -> int:
 def server(store):
     from werkzeug.serving import make_server
 
-    from dashboards.app import create_app
+    from attnlens.dashboards.app import create_app
 
     app = create_app(store)
     port = _free_port()

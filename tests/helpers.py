@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, KVCache, VariantConfig
 
 # Exactness is checked in float64: its rounding (~1e-16 relative) accumulated over the tiny
 # models' few layers of sums of <= 64 terms of size <= ~10 stays far below this, while float32

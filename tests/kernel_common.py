@@ -5,7 +5,7 @@ gradient comparison."""
 import pytest
 import torch
 
-from kernels import _triton
+from attnlens.kernels import _triton
 
 KERNEL_MARKS = [
     pytest.mark.kernels,

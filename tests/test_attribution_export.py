@@ -1,7 +1,7 @@
 """Graph JSON for circuit-tracer's local server and Neuronpedia's viewer
-(interp.attribution.export). The expected fields, types, ids and values are those of a graph
-written by circuit-tracer 0.5.0's own writer (tests/data/circuit_tracer/, see its README) and of
-its pydantic models (Metadata, QParams, Node, Link, Model); circuit-tracer is not imported here.
+(attnlens.interp.attribution.export). The expected fields, types, ids and values are those of a
+graph written by circuit-tracer 0.5.0's own writer (tests/data/circuit_tracer/, see its README) and
+of its pydantic models (Metadata, QParams, Node, Link, Model); circuit-tracer is not imported here.
 Error-node ids follow upstream circuit-tracer (commit 196e2ce), not the 0.5.0 wheel."""
 
 import json
@@ -13,15 +13,15 @@ import pytest
 import torch
 from attribution_models import model_and_transcoders, prompt
 
-from interp.attribution.export import (
+from attnlens.interp.attribution.export import (
     INDEX_FILE,
     feature_code,
     graph_to_json,
     influence_scores,
     write_graph,
 )
-from interp.attribution.graph import AttributionGraph, attribute
-from interp.attribution.prune import normalized, path_influence, prune
+from attnlens.interp.attribution.graph import AttributionGraph, attribute
+from attnlens.interp.attribution.prune import normalized, path_influence, prune
 
 METADATA = {"slug": str, "scan": str, "transcoder_list": list, "prompt_tokens": list,
             "prompt": str, "node_threshold": (float, type(None)), "schema_version": int}

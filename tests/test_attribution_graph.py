@@ -1,15 +1,15 @@
-"""Attribution graphs on every variant (interp.attribution): the replacement model reproduces the
-model exactly, it is affine in its sources, edges equal exact ablations and finite differences,
-rows sum to their targets, and pruning follows influence. float64 throughout."""
+"""Attribution graphs on every variant (attnlens.interp.attribution): the replacement model
+reproduces the model exactly, it is affine in its sources, edges equal exact ablations and finite
+differences, rows sum to their targets, and pruning follows influence. float64 throughout."""
 
 import pytest
 import torch
 from attribution_models import CASES, model_and_transcoders, prompt
 
-from interp.attribution.graph import attribute
-from interp.attribution.prune import coverage_cutoff, normalized, path_influence, prune
-from interp.attribution.replacement import alphas_like, clean_run, frozen_forward
-from interp.sae.transcoder import mlp_hooks
+from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.prune import coverage_cutoff, normalized, path_influence, prune
+from attnlens.interp.attribution.replacement import alphas_like, clean_run, frozen_forward
+from attnlens.interp.sae.transcoder import mlp_hooks
 
 from helpers import tiny_model
 

@@ -1,5 +1,5 @@
-"""The QK side of attribution graphs (interp.attribution.qk) on every variant, in float64: the
-score splits exactly over sources through the query and through the key, each share equals an
+"""The QK side of attribution graphs (attnlens.interp.attribution.qk) on every variant, in float64:
+the score splits exactly over sources through the query and through the key, each share equals an
 exact ablation of that source on that side only, the pair terms are the mixed ablation
 differences, and post-softmax mixing (MTA, DCMHA) and CoPE's positions split exactly."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from attribution_models import CASES, model_and_transcoders, prompt
 
-from interp.attribution.qk import (
+from attnlens.interp.attribution.qk import (
     attribute_qk,
     cope_position_counts,
     pattern_sources,
@@ -15,7 +15,7 @@ from interp.attribution.qk import (
     qk_score,
     score_stage,
 )
-from interp.attribution.replacement import alphas_like, clean_run
+from attnlens.interp.attribution.replacement import alphas_like, clean_run
 
 QUERY, KEY = 10, 7
 INFINI_KEY = 9      # Infini's local scores live within a segment (4 tokens: 8 .. 11)

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from tiers import documented, reproduce
 
+from attnlens.lab import attribution_study as study
 from attnlens.reports import attribution_docs
-from attnlens.zoo import attribution_study as study
 
 FIGURES = attribution_docs.FIGURES
 

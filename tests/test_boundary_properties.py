@@ -18,10 +18,10 @@ import torch
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.attention import get_attention_class
-from hooked_models.attention.registry import available_variants
-from hooked_models.config import NORMALIZATION_TYPES, POSITIONAL_TYPES
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models.attention import get_attention_class
+from attnlens.hooked_models.attention.registry import available_variants
+from attnlens.hooked_models.config import NORMALIZATION_TYPES, POSITIONAL_TYPES
 
 EXACT = 1e-10  # float64: see tests/helpers.py
 RAN = "ran the model"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hooked_models import HookedVariantTransformer
+from attnlens.hooked_models import HookedVariantTransformer
 
 from helpers import random_tokens, tiny_model
 

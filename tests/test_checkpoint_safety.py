@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hooked_models import HookedVariantTransformer, checkpoint, zoo
-from hooked_models.tokenizers.bpe import train_bpe
+from attnlens.hooked_models import HookedVariantTransformer, checkpoint, zoo
+from attnlens.hooked_models.tokenizers.bpe import train_bpe
 
 from helpers import random_tokens, tiny_cfg
 
@@ -344,7 +344,7 @@ def test_transformer_lens_patching_runs_on_a_zoo_model():
 
 def test_from_hf_returns_eval_mode():
     transformers = pytest.importorskip("transformers")
-    from hooked_models.converters.hf import from_hf
+    from attnlens.hooked_models.converters.hf import from_hf
 
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
     hf = transformers.GPT2LMHeadModel(cfg).train()
@@ -354,7 +354,7 @@ def test_from_hf_returns_eval_mode():
 def test_from_dcformer_returns_eval_mode(tmp_path):
     from test_dcformer_import import release_state, write_checkpoint
 
-    from hooked_models.converters.dcformer import from_dcformer
+    from attnlens.hooked_models.converters.dcformer import from_dcformer
 
     model = from_dcformer(write_checkpoint(tmp_path / "dc", release_state()))
     assert not any(m.training for m in model.modules())

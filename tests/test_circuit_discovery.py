@@ -1,5 +1,5 @@
-"""interp.circuits.discovery (issue 25): the graph of every variant, attribution patching against
-exact patching (float64), EAP-IG's completeness, per-edge IG's convergence, within-layer map
+"""attnlens.interp.circuits.discovery (issue 25): the graph of every variant, attribution patching
+against exact patching (float64), EAP-IG's completeness, per-edge IG's convergence, within-layer map
 edges that matter, circuit extraction, faithfulness, the figure, the CLI and the zoo."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp.circuits.discovery import (
+from attnlens.interp.circuits.discovery import (
     build_graph,
     circuit_figure,
     discover,
@@ -24,8 +24,8 @@ from interp.circuits.discovery import (
     prune,
     select_edges,
 )
-from interp.circuits.discovery.engine import run
-from interp.circuits.discovery.scoring import attribution_patching
+from attnlens.interp.circuits.discovery.engine import run
+from attnlens.interp.circuits.discovery.scoring import attribution_patching
 
 from helpers import random_tokens, tiny_model
 
@@ -196,8 +196,8 @@ def test_select_prune_and_faithfulness():
 
 
 def test_zoo_induction_mha_recovered():
-    from hooked_models import zoo
-    from interp.circuits.discovery import induction_heads, recovery
+    from attnlens.hooked_models import zoo
+    from attnlens.interp.circuits.discovery import induction_heads, recovery
 
     model = zoo.load("induction-mha")
     task = induction_task(model, n_prompts=8, half_len=8, seed=0)
@@ -214,7 +214,7 @@ def test_recovery_counts_a_layer_0_induction_head_as_one_layer():
     is recovered as a one-layer circuit; a later layer's head still needs K-composition."""
     import pandas as pd
 
-    from interp.circuits.discovery import recovery
+    from attnlens.interp.circuits.discovery import recovery
 
     graph = build_graph(tiny_model("mta"))
     scores = pd.DataFrame({"edge": [e.name for e in graph.edges],

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from dash import Dash
 
-from dashboards.pages import circuits_auto
-from dashboards.store import ModelStore
+from attnlens.dashboards.pages import circuits_auto
+from attnlens.dashboards.store import ModelStore
 
 
 @pytest.fixture(scope="module")
 def store():
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     store = ModelStore()
     store.add("induction-mha", zoo.load("induction-mha"), "abcabc")

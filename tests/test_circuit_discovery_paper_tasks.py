@@ -1,4 +1,5 @@
-"""Circuit discovery on the zoo's paper-task models (interp.circuits.discovery.paper_tasks).
+"""Circuit discovery on the zoo's paper-task models
+(attnlens.interp.circuits.discovery.paper_tasks).
 
 The thresholds are what was measured on the shipped checkpoints, with margin
 (docs/circuit_discovery.md, "Find the block and conjunction"):
@@ -18,15 +19,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models import zoo
-from interp.circuits.discovery import discover
-from interp.circuits.discovery.extract import circuit_metric, reference_record
-from interp.circuits.discovery.paper_tasks import (
+from attnlens.hooked_models import zoo
+from attnlens.interp.circuits.discovery import discover
+from attnlens.interp.circuits.discovery.extract import circuit_metric, reference_record
+from attnlens.interp.circuits.discovery.paper_tasks import (
     conjunction_task_pair,
     find_block_task,
     model_variant,
 )
-from interp.tasks.find_block import CPU_TASK, FindBlockTask
+from attnlens.interp.tasks.find_block import CPU_TASK, FindBlockTask
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiers import documented_params
 
-from hooked_models.zoo import available
-from interp.circuits.discovery.report import model_rows
+from attnlens.hooked_models.zoo import available
+from attnlens.interp.circuits.discovery.report import model_rows
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "circuit_discovery.md"
 SECTION = "## The induction circuit of a text language model"

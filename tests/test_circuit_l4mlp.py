@@ -11,12 +11,12 @@ import pytest
 import torch
 from tiers import reproduce
 
-from hooked_models.zoo import available
-from interp.circuits.discovery.discover import discover
-from interp.circuits.discovery.extract import faithfulness_curve
-from interp.circuits.discovery.induction import induction_task
-from interp.circuits.discovery.report import load, model_rows
-from interp.tasks.induction import repeated_tokens
+from attnlens.hooked_models.zoo import available
+from attnlens.interp.circuits.discovery.discover import discover
+from attnlens.interp.circuits.discovery.extract import faithfulness_curve
+from attnlens.interp.circuits.discovery.induction import induction_task
+from attnlens.interp.circuits.discovery.report import load, model_rows
+from attnlens.interp.tasks.induction import repeated_tokens
 
 # 6.5 minutes of circuit search on the 4-layer models: the reproduce tier (make reproduce); the
 # fast tier re-derives the documented circuit of text-mha-l2 (test_circuit_docs_text.py).

@@ -1,7 +1,7 @@
 """The `attnlens` command line: demo and stages (analyze and serve are tested elsewhere)."""
 
 from attnlens.cli import main
-from hooked_models import available_variants
+from attnlens.hooked_models import available_variants
 
 
 def test_demo_prints_head_table_and_ablation(capsys):

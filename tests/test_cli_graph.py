@@ -7,8 +7,8 @@ import pytest
 from dashboard_common import ALPHABET
 
 from attnlens.cli import main
-from interp.sae.transcoder import Transcoder, TranscoderConfig
-from interp.sae.transcoder_train import save_transcoders
+from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
+from attnlens.interp.sae.transcoder_train import save_transcoders
 
 from helpers import tiny_model
 
@@ -42,7 +42,7 @@ def test_graph_prints_and_writes(checkpoint, tmp_path, capsys):
 def test_graph_explains_what_is_missing(checkpoint, tmp_path):
     bare = tmp_path / "bare"
     tiny_model("mha", tokenizer_alphabet=ALPHABET).save_pretrained(bare)
-    with pytest.raises(SystemExit, match="has no transcoders .*attnlens.zoo.transcoders train"):
+    with pytest.raises(SystemExit, match="has no transcoders .*attnlens.lab.transcoders train"):
         main(["graph", str(bare), "the cat"])
     attn_only = tmp_path / "attn-only"
     tiny_model("mha", tokenizer_alphabet=ALPHABET, attn_only=True).save_pretrained(attn_only)

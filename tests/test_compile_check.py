@@ -1,5 +1,6 @@
-"""`python -m kernels.compile_check --quick`: every op's forward and backward kernels compile
-for sm_90 in bf16 with Triton's real compiler (no GPU), within the launch limits, spill-free.
+"""`python -m attnlens.kernels.compile_check --quick`: every op's forward and backward kernels
+compile for sm_90 in bf16 with Triton's real compiler (no GPU), within the launch limits,
+spill-free.
 
 The suite runs under TRITON_INTERPRET=1 (tests/conftest.py), which replaces the compiler, so
 the check runs in a subprocess whose environment lacks it. The full matrix (every autotune
@@ -14,9 +15,9 @@ import sys
 
 import pytest
 
-from kernels import _triton
-from kernels.compile_check.cases import OPS
-from kernels.compile_check.compiler import SHARED_LIMIT, describe_error, problems
+from attnlens.kernels import _triton
+from attnlens.kernels.compile_check.cases import OPS
+from attnlens.kernels.compile_check.compiler import SHARED_LIMIT, describe_error, problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = {"op", "kernel", "pass", "config", "arch", "dtype", "registers", "spill_bytes",
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.skipif(not _triton.available(), reason="needs triton")
 
 def _run_quick(out, results_cache):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--quick", "--json",
+    proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--quick",
+                           "--json",
                            str(out), "--no-progress", "--results-cache", str(results_cache)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     rows = json.loads(out.read_text()) if out.exists() else []
@@ -83,8 +85,8 @@ def test_quick_kernels_fit_the_gpu_and_do_not_spill(quick):
 
 
 def test_options_select_cases_by_name():
-    from kernels.compile_check.__main__ import _args
-    from kernels.compile_check.run import select_cases
+    from attnlens.kernels.compile_check.__main__ import _args
+    from attnlens.kernels.compile_check.run import select_cases
 
     args = _args(["--ops", "cope", "mta", "--options", "npos256", "H4 mix only"])
     assert args.options == ["npos256", "H4 mix only"]
@@ -113,7 +115,7 @@ def test_compiler_errors_are_one_line_with_the_cause():
 
 @pytest.mark.skipif(not _triton.interpreting(), reason="checks the interpreter refusal")
 def test_capture_refuses_to_run_under_the_interpreter():
-    from kernels.compile_check.capture import capturing
+    from attnlens.kernels.compile_check.capture import capturing
 
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         with capturing():
@@ -122,7 +124,7 @@ def test_capture_refuses_to_run_under_the_interpreter():
 
 def test_results_cache_round_trip_and_misses(tmp_path):
     """A stored row comes back; another key, an unreadable entry or an error row do not."""
-    from kernels.compile_check.results_cache import ROW_FIELDS, ResultCache
+    from attnlens.kernels.compile_check.results_cache import ROW_FIELDS, ResultCache
 
     cache = ResultCache(tmp_path)
     key = cache.key("launch A")
@@ -142,7 +144,7 @@ def test_results_cache_round_trip_and_misses(tmp_path):
 
 
 def test_doc_table_groups_precisions_and_many_head_cases():
-    from kernels.compile_check.__main__ import doc_table
+    from attnlens.kernels.compile_check.__main__ import doc_table
 
     def row(dtype, option, regs, spill=0, smem=2048, error=None):
         return dict(op="mta", pass_="fwd", kernel="k", config="16x16 w8 s1", dtype=dtype,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 
 VARIANTS = {
     "mha": ("rotary", None),

@@ -1,5 +1,5 @@
-"""The Gram-matrix composition scores (interp.circuits.qk_ov.factored_composition_scores) against
-TransformerLens's SVD path and a dense float64 product (speed: docs/benchmarks.md, never a
+"""The Gram-matrix composition scores (attnlens.interp.circuits.qk_ov.factored_composition_scores)
+against TransformerLens's SVD path and a dense float64 product (speed: docs/benchmarks.md, never a
 timed test)."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from transformer_lens import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as tl_composition_scores
 
-from interp.circuits import qk_ov as circuits
+from attnlens.interp.circuits import qk_ov as circuits
 
 
 def _random_pair(n, d, r1, r2, seed=0):

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.tasks.composition import (
+from attnlens.interp.tasks.composition import (
     CompositionVocab,
     accuracy_by_kind,
     answer_loss,

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.tasks.conjunction import conjunction_accuracy, conjunction_task, conjunction_vocab
+from attnlens.interp.tasks.conjunction import (
+    conjunction_accuracy,
+    conjunction_task,
+    conjunction_vocab,
+)
 
 
 def _records(words: list[str]):

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlens.cli import main as cli_main
-from hooked_models.converters.convert import convert_checkpoint
+from attnlens.hooked_models.converters.convert import convert_checkpoint
 
 
 def tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -144,7 +144,7 @@ def test_index_disagreeing_with_its_shards_leaves_nothing(tmp_path):
 
 def test_importers_never_call_torch_load(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
-    from hooked_models.converters.llama import from_llama
+    from attnlens.hooked_models.converters.llama import from_llama
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24,

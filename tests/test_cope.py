@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.attention.base import AttentionContext
-from hooked_models.attention.cope import ops as cope_ops
-from hooked_models.attention.cope.ops import (
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models.attention.base import AttentionContext
+from attnlens.hooked_models.attention.cope import ops as cope_ops
+from attnlens.hooked_models.attention.cope.ops import (
     context_positions,
     interpolate_position_logits,
     safe_softmax,
 )
-from kernels.cope.reference import cope_reference
+from attnlens.kernels.cope.reference import cope_reference
 
 from helpers import (
     EXACT,
@@ -388,7 +388,7 @@ def test_nan_weight_gives_nan_output_not_an_index_error():
     """A NaN gate makes NaN positions; the interpolation must not index with them (it used to
     raise 'index -9223372036854775808 is out of bounds'). The output is NaN, and interp names
     the tensor."""
-    from interp.variants.cope import counted_units
+    from attnlens.interp.variants.cope import counted_units
 
     model = tiny_model("cope", positional_embedding_type="none", dtype="float64")
     with torch.no_grad():

@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
-from interp.tasks import counting, flip_flop, selective_copy
-from interp.tasks._batch import answer_error_rate
-from interp.tasks.counting import counting_batch
-from interp.tasks.flip_flop import flip_flop_batch, flip_flop_error_rate
-from interp.tasks.selective_copy import selective_copy_batch, selective_copy_error_rate
+from attnlens.interp.tasks import counting, flip_flop, selective_copy
+from attnlens.interp.tasks._batch import answer_error_rate
+from attnlens.interp.tasks.counting import counting_batch
+from attnlens.interp.tasks.flip_flop import flip_flop_batch, flip_flop_error_rate
+from attnlens.interp.tasks.selective_copy import selective_copy_batch, selective_copy_error_rate
 
 from helpers import tiny_model
 
@@ -151,7 +151,7 @@ def test_long_recipes_stop_early_on_held_out_batches(tmp_path, monkeypatch):
     """Issue 24: the CoPE results that did not reproduce get the paper's depth at d_model 128
     (the nearest shape to its 4 x 256 that fits the CPU and the zoo's cap), three seeds and
     early stopping on validation batches no training or evaluation batch uses."""
-    from attnlens.zoo.paper import _training, cope
+    from attnlens.lab.paper import _training, cope
 
     long = {n: r for n, r in cope.RECIPES.items() if "-long-" in n}
     settings = {(r.phenomenon, r.variant, r.task_args.get("n_vars")) for r in long.values()}

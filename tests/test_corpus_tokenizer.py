@@ -11,10 +11,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models.tokenizers import bpe as bpe_module
+from attnlens.hooked_models.tokenizers.bpe import (
+    BPETokenizer,
+    cached_stream,
+    encode_documents,
+    train_bpe,
+)
 from attnlens.training.corpus import Corpus, is_validation
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.tokenizers import bpe as bpe_module
-from hooked_models.tokenizers.bpe import BPETokenizer, cached_stream, encode_documents, train_bpe
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    x: int = 0\n",
          "import os\nprint(os.getcwd())\n"] * 10

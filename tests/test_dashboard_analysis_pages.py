@@ -12,20 +12,20 @@ import pytest
 import torch
 from dashboard_common import ALPHABET, call
 
-from dashboards.app import _parse_link, create_app, make_link
-from dashboards.store import MAX_PROMPT_CHARS, ModelStore
-from interp.circuits.composed import composed_ov, composed_qk, mixing_at
-from interp.circuits.qk_ov import composition_table
-from interp.circuits.tokens import circuit_token_ids, has_head_mixing, token_circuit
-from interp.plots.circuits import composition_vs_baseline_figure, token_circuit_figure
-from interp.tools.induction_study import (
+from attnlens.dashboards.app import _parse_link, create_app, make_link
+from attnlens.dashboards.store import MAX_PROMPT_CHARS, ModelStore
+from attnlens.interp.circuits.composed import composed_ov, composed_qk, mixing_at
+from attnlens.interp.circuits.qk_ov import composition_table
+from attnlens.interp.circuits.tokens import circuit_token_ids, has_head_mixing, token_circuit
+from attnlens.interp.plots.circuits import composition_vs_baseline_figure, token_circuit_figure
+from attnlens.interp.tools.induction_study import (
     ablation_effect,
     make_probe,
     probe_loss,
     probe_scores,
     training_curve,
 )
-from interp.tools.outputs import next_token_losses, repeat_losses, top_predictions
+from attnlens.interp.tools.outputs import next_token_losses, repeat_losses, top_predictions
 
 from helpers import tiny_model
 
@@ -505,7 +505,7 @@ def test_circuits_page_copying_and_composition(app, store):
 
 
 def test_training_log_messages_name_the_model_not_the_server_path(tmp_path):
-    from dashboards.pages import heads
+    from attnlens.dashboards.pages import heads
 
     store = ModelStore()
     store.add("m", _model("mha"), "ab", directory=tmp_path)
@@ -531,7 +531,7 @@ def test_knock_out_points_follow_the_first_model(app):
 
 
 def test_circuits_page_keeps_the_first_distinct_tokens_of_a_long_prompt(app, monkeypatch):
-    from dashboards.pages import circuits
+    from attnlens.dashboards.pages import circuits
 
     monkeypatch.setattr(circuits, "MAX_TOKENS", 3)
     out = response(app, "circuits-qk", values("circuits", prompt="abcabdef"))

@@ -5,7 +5,7 @@ import pytest
 from browser_common import choose, figure, open_tab, screenshot, wait
 from dashboard_common import ALPHABET
 
-from dashboards.store import ModelStore
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 
@@ -85,7 +85,7 @@ def test_explorer_reacts_to_controls_and_bad_prompts(server, browser, store, sho
 
 
 def test_deep_link_restores_the_view(server, browser, shots):
-    from dashboards.app import make_link
+    from attnlens.dashboards.app import make_link
 
     link = server + "/" + make_link("explorer", ["tiny-infini"], 1, 2, "local_pattern", "abcab")
     for _ in range(2):   # follow the link, then reload: the same view both times
@@ -99,7 +99,7 @@ def test_deep_link_restores_the_view(server, browser, shots):
 
 def _click_tile(browser, graph_id, layer, head):
     """A real mouse click on the middle of tile (layer, head) of a thumbnail mosaic
-    (interp.plots.maps.head_mosaic_figure): the cell found from its axis labels."""
+    (attnlens.interp.plots.maps.head_mosaic_figure): the cell found from its axis labels."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     find = figure(graph_id, (

@@ -5,8 +5,8 @@ import pytest
 from browser_common import choose, figure, open_tab, screenshot, wait
 from dashboard_common import ALPHABET
 
-from dashboards.app import make_link
-from dashboards.store import ModelStore
+from attnlens.dashboards.app import make_link
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 

@@ -10,8 +10,8 @@ import pytest
 from browser_common import figure, wait
 from dashboard_common import ALPHABET
 
-from dashboards.store import ModelStore, default_prompt
-from hooked_models import zoo
+from attnlens.dashboards.store import ModelStore, default_prompt
+from attnlens.hooked_models import zoo
 
 from helpers import tiny_model
 

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from dashboard_common import ALPHABET, call
 
-from dashboards.app import create_app
-from dashboards.map_cache import MAP_CACHE
-from dashboards.store import ModelStore
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 

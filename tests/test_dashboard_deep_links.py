@@ -9,9 +9,9 @@ from browser_common import figure, wait
 from dash import no_update
 from dashboard_common import ALPHABET, call, shared
 
-from dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
-from dashboards.pages import PAGES
-from dashboards.store import ModelStore
+from attnlens.dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
+from attnlens.dashboards.pages import PAGES
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 
@@ -138,7 +138,7 @@ def test_knock_out_point_falls_back_to_the_link(app, store):
     assert resp["response"]["heads-ablate-at"]["value"] == "softmax"
     _, resp = call(app, "heads-ablate-at", {**values, "ctl-models.value": ["tiny-mha"]})
     assert resp["response"]["heads-ablate-at"]["value"] == "z"
-    from dashboards.pages.heads import _all_points
+    from attnlens.dashboards.pages.heads import _all_points
     assert {"z", "v", "softmax", "pattern"} <= set(_all_points(store))
 
 

@@ -14,8 +14,8 @@ import torch
 from browser_common import figure, open_tab, wait
 from dashboard_common import ALPHABET, call, shared
 
-from dashboards.app import _host_name, create_app, served_hosts
-from dashboards.store import ModelStore
+from attnlens.dashboards.app import _host_name, create_app, served_hosts
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 
@@ -69,8 +69,8 @@ def test_k_out_of_range_names_one_range(app, k):
 
 
 def test_default_knockout_changes_a_bar():
-    from dashboards.pages.heads import AUTO, ablation
-    from dashboards.store import load_store
+    from attnlens.dashboards.pages.heads import AUTO, ablation
+    from attnlens.dashboards.store import load_store
 
     zoo_store = load_store(["induction-mha"])
     fig = ablation(zoo_store, ["induction-mha"], "", "random", 10, "pattern", AUTO, "z", "zero",
@@ -104,8 +104,13 @@ def test_gate_classes_read_the_same_in_both_gating_figures(app):
 
 
 def test_titles_sit_below_the_modebar_and_two_head_titles_fit(store):
-    from interp.plots.maps import MIN_MOSAIC_WIDTH, MODEBAR_PX, head_mosaic_figure, map_figure_dict
-    from interp.tools.explore import find_map_stage
+    from attnlens.interp.plots.maps import (
+        MIN_MOSAIC_WIDTH,
+        MODEBAR_PX,
+        head_mosaic_figure,
+        map_figure_dict,
+    )
+    from attnlens.interp.tools.explore import find_map_stage
 
     model = store.get("two-heads")
     stage = find_map_stage(model, 0, "pattern")

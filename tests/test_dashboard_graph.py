@@ -9,11 +9,11 @@ import torch
 from browser_common import figure, screenshot, wait
 from dashboard_common import ALPHABET
 
-from dashboards.pages import graph as page
-from dashboards.store import ModelStore
-from hooked_models.checkpoint import save_tensors
-from interp.sae.transcoder import Transcoder, TranscoderConfig
-from interp.sae.transcoder_train import save_transcoders
+from attnlens.dashboards.pages import graph as page
+from attnlens.dashboards.store import ModelStore
+from attnlens.hooked_models.checkpoint import save_tensors
+from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
+from attnlens.interp.sae.transcoder_train import save_transcoders
 
 from helpers import tiny_model
 
@@ -66,7 +66,7 @@ def test_graph_note_details_and_qk(store):
 
 @pytest.mark.parametrize("name, message", [
     ("tiny-attn-only", "is attention-only"),
-    ("tiny-no-transcoders", "has no transcoders .*attnlens.zoo.transcoders train"),
+    ("tiny-no-transcoders", "has no transcoders .*attnlens.lab.transcoders train"),
 ])
 def test_models_without_transcoders_say_why(store, name, message):
     with pytest.raises(ValueError, match=message):

@@ -1,5 +1,5 @@
 """Dashboard callbacks through Dash's own HTTP endpoint (as the browser, or a crafted request,
-calls them), the honest map scales of interp.plots.maps, and the model store's guards."""
+calls them), the honest map scales of attnlens.interp.plots.maps, and the model store's guards."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 from dashboard_common import ALPHABET, call, shared
 
 from attnlens.cli import build_store
-from dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
-from dashboards.figures import graph_config
-from dashboards.store import MAX_PROMPT_CHARS, ModelStore, load_store
-from hooked_models.attention import get_attention_class
-from interp.plots import head_table_figure
-from interp.plots.maps import MAX_TICKS, head_grid_figure, map_figure, map_scale
-from interp.tools.explore import closest_stage, downsample, find_map_stage
+from attnlens.dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
+from attnlens.dashboards.figures import graph_config
+from attnlens.dashboards.store import MAX_PROMPT_CHARS, ModelStore, load_store
+from attnlens.hooked_models.attention import get_attention_class
+from attnlens.interp.plots import head_table_figure
+from attnlens.interp.plots.maps import MAX_TICKS, head_grid_figure, map_figure, map_scale
+from attnlens.interp.tools.explore import closest_stage, downsample, find_map_stage
 
 from helpers import tiny_model
 
@@ -222,8 +222,8 @@ def _typed(z) -> np.ndarray:
 
 
 def test_compare_shared_scale_rules():
-    from dashboards.pages.compare import shared_scale, with_scale
-    from interp.plots.maps import MapScale
+    from attnlens.dashboards.pages.compare import shared_scale, with_scale
+    from attnlens.interp.plots.maps import MapScale
     seq = {"data": [{"zmin": 0.0, "zmax": 0.5, "colorscale": "Viridis",
                      "colorbar": {"title": {"text": "pattern"}}}], "layout": {}}
     div = {"data": [{"zmin": -2.0, "zmax": 2.0, "zmid": 0.0, "colorscale": "RdBu"}],

@@ -10,9 +10,9 @@ import pytest
 import torch
 from dashboard_common import ALPHABET
 
-from dashboards.app import create_app
-from dashboards.map_cache import MAP_CACHE
-from dashboards.store import ModelStore
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
 
@@ -30,7 +30,7 @@ def store():
     ("tiny-dcmha", "dcmha", "borrowing_table"), ("tiny-mta", "mta", "kernel_table")])
 def test_head_independent_views_are_computed_once_per_prompt(store, monkeypatch, name, view,
                                                              counted):
-    from dashboards.pages import variants
+    from attnlens.dashboards.pages import variants
 
     calls = []
     original = getattr(variants, counted)
@@ -52,7 +52,7 @@ def test_head_independent_views_are_computed_once_per_prompt(store, monkeypatch,
 
 
 def test_stage_change_is_computed_once_per_prompt(store, monkeypatch):
-    from dashboards.pages import variants
+    from attnlens.dashboards.pages import variants
 
     calls = []
     original = variants.catalogue_changes
@@ -88,8 +88,8 @@ def test_every_progress_indicator_keeps_the_old_figure(store):
 
 
 def test_a_long_map_opens_on_a_window_of_square_cells(store):
-    from interp.plots.maps import WINDOW, map_figure_dict
-    from interp.tools.explore import find_map_stage
+    from attnlens.interp.plots.maps import WINDOW, map_figure_dict
+    from attnlens.interp.tools.explore import find_map_stage
 
     stage = find_map_stage(store.get("tiny-mha"), 0, "pattern")
     n = 150
@@ -107,7 +107,7 @@ def test_a_long_map_opens_on_a_window_of_square_cells(store):
 
 
 def test_compare_scale_switch_per_model(store):
-    from dashboards.pages.compare import compute
+    from attnlens.dashboards.pages.compare import compute
 
     def zooms(scale):
         cols = compute(store, ["tiny-dcmha", "tiny-mta"], "the cat", 0, 0, "pattern", scale)

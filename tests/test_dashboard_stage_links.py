@@ -10,9 +10,9 @@ import pytest
 from browser_common import figure, screenshot, wait
 from dashboard_common import ALPHABET, call, shared
 
-from dashboards.app import make_link
-from dashboards.store import ModelStore
-from interp.tools.explore import map_stages
+from attnlens.dashboards.app import make_link
+from attnlens.dashboards.store import ModelStore
+from attnlens.interp.tools.explore import map_stages
 
 from helpers import tiny_model
 
@@ -34,7 +34,7 @@ def store():
 
 @pytest.fixture(scope="module")
 def app(store):
-    from dashboards.app import create_app
+    from attnlens.dashboards.app import create_app
 
     return create_app(store)
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from dashboard_common import ALPHABET, call
 
-from dashboards.app import create_app
-from dashboards.map_cache import MapCache
-from dashboards.pages import variants
-from dashboards.store import ModelStore
-from interp.tools.explore import explore_maps
-from interp.variants.cope import TOKEN_CATEGORIES, counted_units, gates_by_category
-from interp.variants.infini import memory_specialisation
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MapCache
+from attnlens.dashboards.pages import variants
+from attnlens.dashboards.store import ModelStore
+from attnlens.interp.tools.explore import explore_maps
+from attnlens.interp.variants.cope import TOKEN_CATEGORIES, counted_units, gates_by_category
+from attnlens.interp.variants.infini import memory_specialisation
 
 from helpers import tiny_model
 
@@ -181,7 +181,7 @@ def test_explanations_for_every_view_and_diversity_gating_for_every_variant(app,
 
 def test_gating_shows_what_each_cope_head_counts(app, store):
     """CoPE has no per-head gate stage: the page shows its gates by key category instead of an
-    empty figure, the numbers those of interp.variants.cope.gates_by_category."""
+    empty figure, the numbers those of attnlens.interp.variants.cope.gates_by_category."""
     _, resp = call(app, "gating-gates", {"ctl-model.value": "tiny-cope",
                                          "gating-text.value": TEXT}, changed="gating-run.n_clicks")
     fig = resp["response"]["gating-gates"]["figure"]

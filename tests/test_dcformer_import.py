@@ -22,7 +22,7 @@ from dcformer_release_reference import (
 )
 from safetensors.torch import save_file
 
-from hooked_models.converters.dcformer import from_dcformer
+from attnlens.hooked_models.converters.dcformer import from_dcformer
 
 CONFIG = {
     "architectures": ["DCFormer"],

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hooked_models import HookedVariantTransformer
+from attnlens.hooked_models import HookedVariantTransformer
 
 from helpers import (
     EXACT,

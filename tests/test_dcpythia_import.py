@@ -26,7 +26,7 @@ from dcformer_release_reference import (
 )
 
 from attnlens.cli import main as cli_main
-from hooked_models.converters.dcformer import dcformer_config, from_dcformer
+from attnlens.hooked_models.converters.dcformer import dcformer_config, from_dcformer
 
 # The published config.json (GitHub pytorch/dcpythia/config.json) at tiny shapes.
 CONFIG = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models import zoo
-from interp.tools import gating
+from attnlens.hooked_models import zoo
+from attnlens.interp.tools import gating
 
 from helpers import random_tokens, tiny_cfg, tiny_model
 
@@ -29,8 +29,8 @@ def test_mta_without_gating_lists_no_gate_stage_and_gate_analyses_run(tmp_path):
 
 
 def test_gating_analysis_and_sweep_on_an_mta_model_without_gates(tmp_path):
-    from interp.sweep import run_sweep
-    from interp.tools.analyze import run_analyses
+    from attnlens.interp.sweep import run_sweep
+    from attnlens.interp.tools.analyze import run_analyses
 
     model = tiny_model("mta", attn_cfg={"add_gating": False}, dtype="float64")
     manifest = run_analyses(model, ["gating"], tmp_path / "out", batch=2, half_len=4,
@@ -111,8 +111,8 @@ def test_serve_refuses_a_taken_port_before_announcing_it(monkeypatch, capsys):
 
 # -- item 8: CUDA asked for where there is none: a ValueError that says so ----------------------
 def test_cuda_without_cuda_says_cuda_is_not_available(monkeypatch):
-    from hooked_models import HookedVariantTransformer
-    from hooked_models.devices import check_device
+    from attnlens.hooked_models import HookedVariantTransformer
+    from attnlens.hooked_models.devices import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="device='cuda': CUDA is not available"):
@@ -174,7 +174,7 @@ def test_infini_memory_edits_are_refused_not_ignored(stage):
     (dict(d_model=2**20, d_head=2**16, n_heads=4), "d_model=1048576"),
 ])
 def test_sizes_beyond_the_machine_are_refused_naming_the_field(monkeypatch, sizes, field):
-    from hooked_models import HookedVariantTransformer, VariantConfig, sizing
+    from attnlens.hooked_models import HookedVariantTransformer, VariantConfig, sizing
 
     monkeypatch.setattr(sizing, "physical_memory", lambda: 8 * 2**30)
     base = dict(d_model=64, d_head=16, n_layers=2, n_ctx=128)

@@ -6,8 +6,8 @@ Runs the fused kernels on the Triton CPU interpreter (TRITON_INTERPRET=1, set by
 import pytest
 import torch
 
-from kernels import _triton
-from kernels.dispatch import capture_fused_state, fused_backend_enabled, patterns_for
+from attnlens.kernels import _triton
+from attnlens.kernels.dispatch import capture_fused_state, fused_backend_enabled, patterns_for
 
 from helpers import random_tokens, tiny_model
 from kernel_common import DEVICE, assert_same_loss_and_grads, spy, to_device
@@ -32,8 +32,8 @@ def model(backend="triton", **overrides):
 def calls(monkeypatch):
     """Counts per path: 'fused' kernel launches, 'torch' materialising attends and 'fast'
     (the CPU torch path with nothing observed: SDPA), per layer."""
-    import hooked_models.attention.mha.layer as mha
-    import kernels.flash_attention.dispatch as fd
+    import attnlens.hooked_models.attention.mha.layer as mha
+    import attnlens.kernels.flash_attention.dispatch as fd
 
     log = spy(monkeypatch, fd, "flash_attention", [], "fused")
     spy(monkeypatch, mha.MultiHeadAttention, "fast_attend", log,
@@ -195,9 +195,9 @@ def cope(backend, **attn_cfg):
 
 @pytest.fixture
 def cope_calls(monkeypatch):
-    import kernels.cope.dispatch as cd
-    import kernels.flash_attention.dispatch as fd
-    from hooked_models import get_attention_class
+    import attnlens.kernels.cope.dispatch as cd
+    import attnlens.kernels.flash_attention.dispatch as fd
+    from attnlens.hooked_models import get_attention_class
 
     log = spy(monkeypatch, cd, "cope_attention", [], "cope")
     spy(monkeypatch, fd, "flash_attention", log, "flash")
@@ -287,7 +287,7 @@ def test_cope_options_decode_with_a_kv_cache_like_torch(cope_calls):
 
 
 def test_cope_table_too_long_for_a_gpu_warns_once_and_falls_back(monkeypatch, cope_calls):
-    import kernels.cope.dispatch as cd
+    import attnlens.kernels.cope.dispatch as cd
 
     monkeypatch.setattr(cd, "on_gpu", lambda: True)
     monkeypatch.setattr(cd, "MAX_NPOS", 4)
@@ -331,7 +331,7 @@ def infini(backend, update="linear", **overrides):
 
 @pytest.fixture
 def infini_calls(monkeypatch):
-    import kernels.infini.dispatch as idp
+    import attnlens.kernels.infini.dispatch as idp
 
     return spy(monkeypatch, idp, "infini_attention", [], "fused")
 

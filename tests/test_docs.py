@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tiers import documented
 
+from attnlens.hooked_models import available_variants
 from attnlens.reports import docs_gen
-from hooked_models import available_variants
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlens.hooked_models import HookedVariantTransformer
+from attnlens.hooked_models.attention.base import VariantAttention, is_plain_causal
+from attnlens.hooked_models.attention.observe import is_observed
 from attnlens.training.trainer import TrainConfig, fit
-from hooked_models import HookedVariantTransformer
-from hooked_models.attention.base import VariantAttention, is_plain_causal
-from hooked_models.attention.observe import is_observed
 
 from helpers import EXACT, random_tokens, tiny_cfg
 
@@ -122,7 +122,7 @@ def test_fast_path_equals_hooked_path(name, monkeypatch):
 @pytest.mark.parametrize("name", [n for n in sorted(CONFIGS) if n.startswith("cope")])
 def test_cope_fast_path_in_row_blocks(name, monkeypatch):
     """The CoPE path split into blocks of 5 query rows (the zoo shape runs blocks of 32)."""
-    from hooked_models.attention.cope import ops as _cope_ops
+    from attnlens.hooked_models.attention.cope import ops as _cope_ops
 
     monkeypatch.setattr(_cope_ops, "FAST_BLOCK_ELEMENTS", 1)
     monkeypatch.setattr(_cope_ops, "MIN_FAST_ROWS", 5)
@@ -133,7 +133,7 @@ def test_cope_fast_path_in_row_blocks(name, monkeypatch):
 def test_mta_fast_path_in_row_blocks(name, monkeypatch):
     """The MTA path in blocks of 5 query rows, fewer than the query kernels' history (the zoo
     shape runs blocks of 32)."""
-    from hooked_models.attention.mta import ops as _mta_ops
+    from attnlens.hooked_models.attention.mta import ops as _mta_ops
 
     monkeypatch.setattr(_mta_ops, "FAST_BLOCK_ROWS", 5)
     test_fast_path_equals_hooked_path(name, monkeypatch)
@@ -154,7 +154,7 @@ def test_mta_block_conv_backward_gradcheck(case):
     masked, padded aten convolution; gradcheck of the hand-written backward (flipped-kernel map
     gradient, correlation kernel gradient); the kernel gradient equals aten's own depthwise
     convolution backward."""
-    from hooked_models.attention.mta import block_conv as conv
+    from attnlens.hooked_models.attention.mta import block_conv as conv
 
     c_q, c_k, top, left, right, rows, keys, in_diag, out_diag = case
     g = torch.Generator().manual_seed(sum(case[:7]))
@@ -181,7 +181,7 @@ def test_mta_block_conv_backward_gradcheck(case):
 def test_dcmha_fast_path_in_row_blocks(name, monkeypatch):
     """The DCMHA path in blocks of 5 query rows, narrower than the window's reach (the zoo
     shape runs blocks of 32)."""
-    from hooked_models.attention.dcmha import ops as _dcmha_ops
+    from attnlens.hooked_models.attention.dcmha import ops as _dcmha_ops
 
     monkeypatch.setattr(_dcmha_ops, "FAST_BLOCK_ROWS", 5)
     test_fast_path_equals_hooked_path(name, monkeypatch)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hooked_models import HookedVariantTransformer
-from interp.tasks.find_block import (
+from attnlens.hooked_models import HookedVariantTransformer
+from attnlens.interp.tasks.find_block import (
     CPU_TASK,
     FindBlockTask,
     answer_error_rate,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.streaming import InfiniStream
-from kernels import _triton
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models.streaming import InfiniStream
+from attnlens.kernels import _triton
 
 from helpers import (
     assert_causal,
@@ -211,7 +211,7 @@ def test_invalid_n_key_value_heads_raise(kv):
 
 
 def test_ablating_values_of_one_head_is_refused_under_gqa():
-    from interp.tools.heads import ablation_hooks
+    from attnlens.interp.tools.heads import ablation_hooks
 
     with pytest.raises(ValueError, match="grouped-query"):
         ablation_hooks(tiny_model("mha", n_key_value_heads=2), [(0, 1)], hook="v")
@@ -219,9 +219,9 @@ def test_ablating_values_of_one_head_is_refused_under_gqa():
 
 
 # -- fused kernels get the expanded k, v (Triton interpreter on CPU) -------------------------
-FUSED = {"mha": ("kernels.flash_attention.dispatch", "flash_attention"),
-         "cope": ("kernels.cope.dispatch", "cope_attention"),
-         "infini": ("kernels.infini.dispatch", "infini_attention")}
+FUSED = {"mha": ("attnlens.kernels.flash_attention.dispatch", "flash_attention"),
+         "cope": ("attnlens.kernels.cope.dispatch", "cope_attention"),
+         "infini": ("attnlens.kernels.infini.dispatch", "infini_attention")}
 
 
 @pytest.mark.kernels

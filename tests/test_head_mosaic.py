@@ -1,6 +1,7 @@
-"""The explorer's fast figures: every head as ONE heatmap (interp.plots.maps.head_mosaic_figure),
-clicks mapped back to (layer, head), figure dicts with typed float32 arrays that carry the exact
-values (block means for thumbnails, the full map for the zoomed head)."""
+"""The explorer's fast figures: every head as ONE heatmap
+(attnlens.interp.plots.maps.head_mosaic_figure), clicks mapped back to (layer, head), figure dicts
+with typed float32 arrays that carry the exact values (block means for thumbnails, the full map for
+the zoomed head)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from dashboards.app import create_app
-from dashboards.map_cache import MAP_CACHE
-from dashboards.store import ModelStore
-from interp.plots.maps import (
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.store import ModelStore
+from attnlens.interp.plots.maps import (
     blank_future,
     head_mosaic_figure,
     map_figure,
@@ -22,7 +23,7 @@ from interp.plots.maps import (
     mosaic_head,
     typed_array,
 )
-from interp.tools.explore import downsample, find_map_stage
+from attnlens.interp.tools.explore import downsample, find_map_stage
 
 from helpers import tiny_model
 

@@ -12,8 +12,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hooked_models import HookedVariantTransformer  # noqa: E402
-from hooked_models.converters.hf import (  # noqa: E402
+from attnlens.hooked_models import HookedVariantTransformer  # noqa: E402
+from attnlens.hooked_models.converters.hf import (  # noqa: E402
     from_hf,
     gpt2_config,
     gpt2_state_dict,

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hooked_models import KVCache
-from hooked_models.attention.base import MAP_SHAPE
+from attnlens.hooked_models import KVCache
+from attnlens.hooked_models.attention.base import MAP_SHAPE
 
 from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_model
 

@@ -1,4 +1,4 @@
-"""`interp.variants.infini.memory_source_share` equals the memory's own read weights
+"""`attnlens.interp.variants.infini.memory_source_share` equals the memory's own read weights
 (`hook_mem_weights`) in float64, for both update rules, and refuses what it cannot measure."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interp.variants.infini import memory_source_share
+from attnlens.interp.variants.infini import memory_source_share
 
 from helpers import random_tokens, tiny_model
 
@@ -105,7 +105,7 @@ def test_the_shipped_diagnosis_csv_recomputes():
     (the cells' prompts are drawn in order, so they are the CSV's examples 0-3)."""
     import pandas as pd
 
-    from attnlens.zoo.paper.infini_diagnosis import run
+    from attnlens.lab.paper.infini_diagnosis import run
 
     shipped = pd.read_csv(DIAGNOSIS_CSV)
     again = run(["infini-passkey-long-s0"], [1], n=4, progress=False)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hooked_models.streaming import InfiniStream
+from attnlens.hooked_models.streaming import InfiniStream
 
 from helpers import random_tokens, tiny_model
 
@@ -190,7 +190,7 @@ def test_stream_stage_hooks_see_the_one_shot_values_per_piece():
 
 
 def test_whole_context_stage_hooks_refuse_to_stream():
-    from hooked_models.attention.infini.layer import STREAM_STAGES, WHOLE_CONTEXT_STAGES
+    from attnlens.hooked_models.attention.infini.layer import STREAM_STAGES, WHOLE_CONTEXT_STAGES
 
     model = infini(4)
     names = {s.name for s in model.stages(0)}

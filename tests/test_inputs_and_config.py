@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hooked_models import CharTokenizer, HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import CharTokenizer, HookedVariantTransformer, VariantConfig
 
 from helpers import EXACT, decode_stepwise, random_tokens, tiny_cfg, tiny_model
 

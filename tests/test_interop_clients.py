@@ -12,8 +12,8 @@ import pyvene as pv
 import torch
 from nnsight import NNsight
 
-from hooked_models import available_variants
-from interp.tools.ecosystem import circuitsvis_args, row_stochastic_stage
+from attnlens.hooked_models import available_variants
+from attnlens.interp.tools.ecosystem import circuitsvis_args, row_stochastic_stage
 
 from helpers import EXACT, random_tokens, tiny_model
 

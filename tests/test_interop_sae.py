@@ -1,5 +1,5 @@
-"""Sparse autoencoders on every variant (issue 21 item 2): `interp.sae` trains an SAE on a hook
-for a few hundred steps, and splices it back with the error term (clean logits kept exactly, in
+"""Sparse autoencoders on every variant (issue 21 item 2): `attnlens.interp.sae` trains an SAE on a
+hook for a few hundred steps, and splices it back with the error term (clean logits kept exactly, in
 float64) and without (the model runs on the reconstruction)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp.sae import (
+from attnlens.hooked_models import available_variants
+from attnlens.interp.sae import (
     SparseAutoencoder,
     collect_activations,
     run_with_saes,

@@ -11,9 +11,9 @@ from transformer_lens import evals, patching
 from transformer_lens.head_detector import detect_head
 from transformer_lens.utilities import test_prompt as tl_test_prompt
 
-from hooked_models import HookedVariantTransformer, VariantConfig, available_variants
-from interp.tools.ecosystem import row_stochastic_stage, stage_cache
-from interp.tools.evals import induction_loss
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig, available_variants
+from attnlens.interp.tools.ecosystem import row_stochastic_stage, stage_cache
+from attnlens.interp.tools.evals import induction_loss
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_interp_heads import V, build_induction_model
 
-from hooked_models import available_variants
-from interp.circuits import qk_ov as circuits
+from attnlens.hooked_models import available_variants
+from attnlens.interp.circuits import qk_ov as circuits
 
 from helpers import EXACT, tiny_model
 

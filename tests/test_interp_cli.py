@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from attnlens.cli import main
-from interp.tools.analyze import ANALYSES, run_analyses
+from attnlens.interp.tools.analyze import ANALYSES, run_analyses
 
 from helpers import tiny_model
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp._common import attention_input_name, run_cache
-from interp.circuits import composed
+from attnlens.hooked_models import available_variants
+from attnlens.interp._common import attention_input_name, run_cache
+from attnlens.interp.circuits import composed
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp.tools import diversity
+from attnlens.hooked_models import available_variants
+from attnlens.interp.tools import diversity
 
 from helpers import EXACT, tiny_model
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp.circuits import composed
-from interp.tools import gating
-from interp.variants import infini
+from attnlens.hooked_models import available_variants
+from attnlens.interp.circuits import composed
+from attnlens.interp.tools import gating
+from attnlens.interp.variants import infini
 
 from helpers import random_tokens, tiny_model
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from hooked_models import HookedVariantTransformer, VariantConfig, available_variants
-from interp._common import map_stage_names
-from interp.tasks.induction import repeated_tokens
-from interp.tools import heads
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig, available_variants
+from attnlens.interp._common import map_stage_names
+from attnlens.interp.tasks.induction import repeated_tokens
+from attnlens.interp.tools import heads
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from hooked_models import available_variants
-from interp.circuits import composed
-from interp.circuits import qk_ov as circuits
-from interp.tools import analyze, diversity, gating, heads
-from interp.tools import stage_change as change
-from interp.tools.layer_stages import layer_stage_maps
-from interp.variants import cope, infini, mta
+from attnlens.hooked_models import available_variants
+from attnlens.interp.circuits import composed
+from attnlens.interp.circuits import qk_ov as circuits
+from attnlens.interp.tools import analyze, diversity, gating, heads
+from attnlens.interp.tools import stage_change as change
+from attnlens.interp.tools.layer_stages import layer_stage_maps
+from attnlens.interp.variants import cope, infini, mta
 
 from helpers import random_tokens, tiny_model
 

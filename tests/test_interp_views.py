@@ -6,13 +6,13 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from hooked_models import available_variants
-from hooked_models.attention.mta.ops import init_kernel
-from interp import plots
-from interp.circuits import composed
-from interp.circuits import qk_ov as circuits
-from interp.tools import diversity, gating, heads, stage_change
-from interp.variants import cope, infini, mta
+from attnlens.hooked_models import available_variants
+from attnlens.hooked_models.attention.mta.ops import init_kernel
+from attnlens.interp import plots
+from attnlens.interp.circuits import composed
+from attnlens.interp.circuits import qk_ov as circuits
+from attnlens.interp.tools import diversity, gating, heads, stage_change
+from attnlens.interp.variants import cope, infini, mta
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from kernels.flash_attention import triton_bwd, triton_fwd  # noqa: E402
+from attnlens.kernels.flash_attention import triton_bwd, triton_fwd  # noqa: E402
 
 
 def _tiles(tuned, **meta):
@@ -34,7 +34,7 @@ def test_half_lists_unchanged():
 def test_cope_launch_by_head_size_and_dtype(monkeypatch):
     import torch
 
-    from kernels.cope import triton_fwd as cope
+    from attnlens.kernels.cope import triton_fwd as cope
     monkeypatch.setattr(cope, "on_gpu", lambda: True)
     assert cope.default_blocks(128, 64, torch.float16) == (16, 32, {"num_warps": 8,
                                                                      "maxnreg": 255})

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlens.benchmarks import kernels as bench
-from kernels import _triton
+from attnlens.kernels import _triton
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

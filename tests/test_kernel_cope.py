@@ -12,9 +12,9 @@ from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from kernels.cope import cope_attention, cope_attention_reference, cope_pattern_rows  # noqa: E402
-from kernels.cope.reference import cope_reference  # noqa: E402
-from kernels.flash_attention.reference import allowed_mask  # noqa: E402
+from attnlens.kernels.cope import cope_attention, cope_attention_reference, cope_pattern_rows  # noqa: E402
+from attnlens.kernels.cope.reference import cope_reference  # noqa: E402
+from attnlens.kernels.flash_attention.reference import allowed_mask  # noqa: E402
 
 
 def _inputs(T_q, T_k, npos, d=16, heads=2, batch=1, dtype=torch.float32, seed=0):

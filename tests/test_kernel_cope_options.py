@@ -14,15 +14,15 @@ from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from hooked_models.attention.cope import CoPEOptions  # noqa: E402
-from kernels.cope import (  # noqa: E402
+from attnlens.hooked_models.attention.cope import CoPEOptions  # noqa: E402
+from attnlens.kernels.cope import (  # noqa: E402
     cope_attention,
     cope_attention_reference,
     cope_pattern_rows,
 )
-from kernels.cope import reference as naive  # noqa: E402
-from kernels.cope.dispatch import fused_cope_attention  # noqa: E402
-from kernels.flash_attention.reference import allowed_mask  # noqa: E402
+from attnlens.kernels.cope import reference as naive  # noqa: E402
+from attnlens.kernels.cope.dispatch import fused_cope_attention  # noqa: E402
+from attnlens.kernels.flash_attention.reference import allowed_mask  # noqa: E402
 
 B, T, H, D, NPOS, RNPOS = 2, 21, 2, 16, 7, 9
 
@@ -80,7 +80,7 @@ def test_options_forward_and_backward_match_the_float64_reference(name, dtype):
 def test_fp32_d_head_in_several_chunks_matches_the_float64_reference(name):
     """fp32 sums every product over or along d_head in chunks of 16 (issue 23's spills):
     d_head 40 is three chunks, the last one partly masked (BLOCK_D 64 is four)."""
-    from kernels.cope.triton_fwd import chunking
+    from attnlens.kernels.cope.triton_fwd import chunking
     assert chunking(torch.float32, 64) == dict(CHUNKED=True, DCH=16)
     assert chunking(torch.float16, 64) == dict(CHUNKED=False, DCH=64)
     _check_against_float64(CASES[name], torch.float32, 40)

@@ -1,4 +1,4 @@
-"""Fused DCMHA (kernels.dcmha) vs its plain-torch spec, on the Triton interpreter.
+"""Fused DCMHA (attnlens.kernels.dcmha) vs its plain-torch spec, on the Triton interpreter.
 
 1. The spec (`dcmha_attention_reference`) is the model's torch path: float64, exact, for the
    official defaults, for groups + static B + QK-norm + window layers with left padding, and
@@ -36,16 +36,16 @@ from kernel_common import (  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from kernels import _triton  # noqa: E402
-from kernels.dcmha import (  # noqa: E402
+from attnlens.kernels import _triton  # noqa: E402
+from attnlens.kernels.dcmha import (  # noqa: E402
     ComposeWeights,
     dcmha_attention,
     dcmha_attention_reference,
     dcmha_pattern_rows,
 )
-from kernels.dcmha.dispatch import window_fits  # noqa: E402
-from kernels.dcmha.function import recompute_backward  # noqa: E402
-from kernels.dispatch import patterns_for  # noqa: E402
+from attnlens.kernels.dcmha.dispatch import window_fits  # noqa: E402
+from attnlens.kernels.dcmha.function import recompute_backward  # noqa: E402
+from attnlens.kernels.dispatch import patterns_for  # noqa: E402
 
 from helpers import EXACT, random_tokens  # noqa: E402
 
@@ -103,7 +103,7 @@ def _check(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, dtype=torch.
 def test_reference_is_the_models_torch_path(attn_cfg, monkeypatch):
     from test_dcmha import dcmha
 
-    import hooked_models.attention.dcmha.layer as dm
+    import attnlens.hooked_models.attention.dcmha.layer as dm
 
     seen = []
     attend = dm.DCMHAttention.attend
@@ -285,8 +285,8 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
     float32 model within 4e-5 on the machine this was first measured on but up to 1.4e-4 on
     the 2026-11-27 VM (its interpreter's dots and atomics sum in another order), so the bound
     is 3e-4, float32's own accuracy on any x86-64 CPU, not the accident of one machine."""
-    import kernels.dcmha.dispatch as dd
-    import kernels.dcmha.function as df
+    import attnlens.kernels.dcmha.dispatch as dd
+    import attnlens.kernels.dcmha.function as df
 
     launches = spy(monkeypatch, dd, "dcmha_attention", [], lambda *a, **kw: kw["window"])
     backwards = spy(monkeypatch, df, "dcmha_bwd", [], 1)
@@ -311,7 +311,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
 
 
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
-    import hooked_models.attention.dcmha.layer as dm
+    import attnlens.hooked_models.attention.dcmha.layer as dm
 
     attends = spy(monkeypatch, dm.DCMHAttention, "attend", [], lambda self, *a: self.layer)
     fused = _model("triton")
@@ -329,7 +329,7 @@ def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monke
 
 
 def test_float64_model_kv_cache_and_shifted_window_positions_fall_back_to_torch(monkeypatch):
-    import kernels.dcmha.dispatch as dd
+    import attnlens.kernels.dcmha.dispatch as dd
 
     launches = spy(monkeypatch, dd, "dcmha_attention", [], 1)
     fused, ref = _model("triton"), _model("torch")

@@ -12,8 +12,8 @@ from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
-from kernels.flash_attention.triton_fwd import attn_fwd  # noqa: E402
+from attnlens.kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
+from attnlens.kernels.flash_attention.triton_fwd import attn_fwd  # noqa: E402
 
 # The interpreter has no float64, so kernels are checked in float32 (and fp16/bf16) against the
 # float32 reference: outputs are softmax averages of randn values (|v| <~ 4) and gradients sums of

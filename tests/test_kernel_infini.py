@@ -12,7 +12,7 @@ from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from kernels.infini import infini_attention, infini_reference  # noqa: E402
+from attnlens.kernels.infini import infini_attention, infini_reference  # noqa: E402
 
 
 def _inputs(T, batch=1, heads=2, d=16, seed=0):
@@ -67,7 +67,7 @@ def test_fp16():
 
 
 def test_single_segment_is_plain_causal_attention():
-    from kernels.flash_attention import attention_reference
+    from attnlens.kernels.flash_attention import attention_reference
 
     ts, beta = _inputs(20)
     with torch.no_grad():   # also the inference epilogue (A_dot never written)
@@ -88,7 +88,7 @@ def test_bad_arguments_raise_value_error():
 
 
 def test_dispatch_takes_segment_pass_arguments_and_declines_float64():
-    from kernels.infini.dispatch import fused_segment_pass
+    from attnlens.kernels.infini.dispatch import fused_segment_pass
 
     ts, beta = _inputs(12)
     ts = [t.detach() for t in ts]

@@ -1,4 +1,5 @@
-"""Fused Multi-Token Attention (kernels.mta) vs its plain-torch spec, on the Triton interpreter.
+"""Fused Multi-Token Attention (attnlens.kernels.mta) vs its plain-torch spec, on the Triton
+interpreter.
 
 1. The spec (`mta_attention_reference`) is the model's torch path: float64, exact.
 2. The fused forward (fp32 / fp16) matches the spec evaluated in float64 (fp32 inputs) or fp32
@@ -30,9 +31,9 @@ from kernel_common import (  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from kernels.dispatch import patterns_for  # noqa: E402
-from kernels.mta import mta_attention, mta_attention_reference, mta_pattern_rows  # noqa: E402
-from kernels.mta.function import check_mta_params  # noqa: E402
+from attnlens.kernels.dispatch import patterns_for  # noqa: E402
+from attnlens.kernels.mta import mta_attention, mta_attention_reference, mta_pattern_rows  # noqa: E402
+from attnlens.kernels.mta.function import check_mta_params  # noqa: E402
 
 from helpers import EXACT, random_tokens, tiny_model  # noqa: E402
 
@@ -239,7 +240,7 @@ def _model(backend):
 
 
 def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
-    import kernels.mta.dispatch as md
+    import attnlens.kernels.mta.dispatch as md
 
     launches = spy(monkeypatch, md, "mta_attention", [], 1)
     fused, ref = _model("triton"), _model("torch")
@@ -253,7 +254,7 @@ def test_triton_model_equals_torch_model_loss_and_gradients(monkeypatch):
 
 
 def test_map_hook_takes_the_torch_path_and_patterns_for_uses_the_saved_lse(monkeypatch):
-    import hooked_models.attention.mta.layer as mta_mod
+    import attnlens.hooked_models.attention.mta.layer as mta_mod
 
     attends = spy(monkeypatch, mta_mod.MultiTokenAttention, "attend", [],
                   lambda self, *a: self.layer)

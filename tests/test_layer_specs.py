@@ -1,10 +1,10 @@
 """Each op has one specification, `kernels/<op>/reference.py`; the layers' own implementations
 of a step equal it in float64 (docs/design.md, "one spec per op").
 
-CoPE's and Infini's hooked maps are checked against `kernels.cope.reference` /
-`kernels.infini.reference` stage by stage in tests/test_cope.py and tests/test_infini.py; DCMHA's
-hooked Compose *is* `compose_reference`. Here: MTA's CPU-fast convolution and head mixing, and
-DCMHA's decoding form of Compose (cached key matrices), against the spec.
+CoPE's and Infini's hooked maps are checked against `attnlens.kernels.cope.reference` /
+`attnlens.kernels.infini.reference` stage by stage in tests/test_cope.py and tests/test_infini.py;
+DCMHA's hooked Compose *is* `compose_reference`. Here: MTA's CPU-fast convolution and head mixing,
+and DCMHA's decoding form of Compose (cached key matrices), against the spec.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked_models.attention.dcmha.layer import PHASES, _mixing, base_matrix
-from hooked_models.attention.mta import ops as mta_ops
-from kernels.dcmha.reference import compose_reference
-from kernels.mta import reference as mta_spec
+from attnlens.hooked_models.attention.dcmha.layer import PHASES, _mixing, base_matrix
+from attnlens.hooked_models.attention.mta import ops as mta_ops
+from attnlens.kernels.dcmha.reference import compose_reference
+from attnlens.kernels.mta import reference as mta_spec
 
 from helpers import tiny_model
 

@@ -1,10 +1,11 @@
-"""interp.tools.layer_stages: every map stage of a layer, in catalogue order, for every variant."""
+"""attnlens.interp.tools.layer_stages: every map stage of a layer, in catalogue order, for every
+variant."""
 
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp.tools.layer_stages import layer_stage_maps
+from attnlens.hooked_models import available_variants
+from attnlens.interp.tools.layer_stages import layer_stage_maps
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -30,11 +30,11 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
 )
 
-from hooked_models.config import VariantConfig  # noqa: E402
-from hooked_models.converters.hf import from_hf  # noqa: E402
-from hooked_models.converters.llama import from_llama, llama_config  # noqa: E402
-from hooked_models.model import HookedVariantTransformer  # noqa: E402
-from hooked_models.rotary import rotary_inv_freq  # noqa: E402
+from attnlens.hooked_models.config import VariantConfig  # noqa: E402
+from attnlens.hooked_models.converters.hf import from_hf  # noqa: E402
+from attnlens.hooked_models.converters.llama import from_llama, llama_config  # noqa: E402
+from attnlens.hooked_models.model import HookedVariantTransformer  # noqa: E402
+from attnlens.hooked_models.rotary import rotary_inv_freq  # noqa: E402
 
 SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
              num_attention_heads=4, max_position_embeddings=32, rms_norm_eps=1e-5)

@@ -1,4 +1,4 @@
-"""The lr probe of the paper-task recipes (attnlens.zoo.paper.lr_probe): the -full DCMHA/MHA
+"""The lr probe of the paper-task recipes (attnlens.lab.paper.lr_probe): the -full DCMHA/MHA
 recipes train at the lr their validation probe chose, and the probe does what it says."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from attnlens.lab.paper import dcmha, lr_probe
 from attnlens.reports.reproduction import dcmha as dcmha_report
 from attnlens.reports.reproduction.page import FIGURES
-from attnlens.zoo.paper import dcmha, lr_probe
 
 
 def _tiny(variant: str):

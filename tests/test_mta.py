@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from hooked_models import HookedVariantTransformer, KVCache, VariantConfig
-from hooked_models.attention.mta import MTAOptions, MultiTokenAttention
-from hooked_models.attention.mta import ops as mta_ops
+from attnlens.hooked_models import HookedVariantTransformer, KVCache, VariantConfig
+from attnlens.hooked_models.attention.mta import MTAOptions, MultiTokenAttention
+from attnlens.hooked_models.attention.mta import ops as mta_ops
 
 from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_model
 

@@ -1,14 +1,14 @@
 """MTA's one-layer induction head (docs/circuit_discovery.md, text-mta-l2): the numbers the docs
-quote, recomputed, and `interp.variants.mta.plain_kernel`, the switch they come from."""
+quote, recomputed, and `attnlens.interp.variants.mta.plain_kernel`, the switch they come from."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hooked_models import zoo
-from interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
-from interp.variants.mta import kernel_table, plain_kernel
+from attnlens.hooked_models import zoo
+from attnlens.interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
+from attnlens.interp.variants.mta import kernel_table, plain_kernel
 
 from helpers import tiny_model
 

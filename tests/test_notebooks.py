@@ -103,7 +103,7 @@ def _outputs_text(cell) -> str:
 def test_the_first_notebooks_open_on_the_text_models(stem):
     """Issue 26 item 6: notebooks 01 and 02 start from every bundled text language model (the
     committed outputs list them all), before any toy model."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     nb = nbformat.read(str(NOTEBOOKS / f"{stem}.ipynb"), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -117,8 +117,8 @@ def test_the_induction_notebook_states_each_text_models_verdict():
     """Notebook 02 says of every text model whether it meets the zoo's bar, has an induction
     head but misses the copy-ratio half, or has none, as its card's probe numbers decide
     (text-mha-l2: an induction head, copy ratio 0.68 against the bar's 0.5)."""
-    from attnlens.zoo.text_studies import forms_induction, has_induction_head
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
+    from attnlens.lab.text_studies import forms_induction, has_induction_head
 
     nb = nbformat.read(str(NOTEBOOKS / "02_induction_heads.ipynb"), as_version=4)
     printed = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")

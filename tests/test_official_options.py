@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig, zoo
-from hooked_models.attention.cope import CoPEOptions
-from hooked_models.attention.mta import MTAOptions
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig, zoo
+from attnlens.hooked_models.attention.cope import CoPEOptions
+from attnlens.hooked_models.attention.mta import MTAOptions
 
 from helpers import EXACT, assert_causal, assert_pattern_identity, random_tokens, tiny_cfg
 

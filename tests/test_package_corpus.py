@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
+from attnlens.hooked_models.tokenizers.bpe import cached_stream, encode_documents, train_bpe
 from attnlens.training.corpus import Corpus, is_validation
 from attnlens.training.package_corpus import PackageCorpus, installed_pins
-from hooked_models.tokenizers.bpe import cached_stream, encode_documents, train_bpe
 
 
 def make_dist(root, name, version, files: dict[str, bytes | str]) -> None:
@@ -139,7 +139,7 @@ def test_installed_pins_lists_this_environment_minus_the_excluded():
 
 
 def test_the_shipped_pin_list_is_well_formed():
-    from attnlens.zoo.text_recipes import PACKAGE_PINS_FILE, package_pins
+    from attnlens.lab.text_recipes import PACKAGE_PINS_FILE, package_pins
 
     doc = json.loads(PACKAGE_PINS_FILE.read_text())
     pins = package_pins()
@@ -153,9 +153,9 @@ def test_a_packages_recipe_trains_on_the_stdlib_then_the_packages(world, tmp_pat
     """text_train.training_stream: the standard library's training stream followed by the
     package sources' (same tokenizer), and the record its card carries; a "stdlib" recipe
     gets the standard library's stream unchanged."""
+    from attnlens.lab import text_train
+    from attnlens.lab.text_recipes import PACKAGE_RECIPES, RECIPES
     from attnlens.training import package_corpus
-    from attnlens.zoo import text_train
-    from attnlens.zoo.text_recipes import PACKAGE_RECIPES, RECIPES
 
     stdlib, site, _ = world
     monkeypatch.setattr(package_corpus, "site_packages", lambda: site)
@@ -176,7 +176,7 @@ def test_a_packages_recipe_trains_on_the_stdlib_then_the_packages(world, tmp_pat
 
 
 def test_a_recipe_names_a_known_corpus():
-    from attnlens.zoo.text_recipes import Recipe
+    from attnlens.lab.text_recipes import Recipe
 
     with pytest.raises(ValueError, match="corpus 'pypi'"):
         Recipe("t", "mha", "l2", corpus="pypi")

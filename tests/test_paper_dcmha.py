@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.interp.tasks.conjunction import conjunction_task
+from attnlens.lab.paper import dcmha
+from attnlens.lab.paper._training import build_model
 from attnlens.reports.reproduction import dcmha as dcmha_report
-from attnlens.zoo.paper import dcmha
-from attnlens.zoo.paper._training import build_model
-from hooked_models import HookedVariantTransformer, VariantConfig
-from interp.tasks.conjunction import conjunction_task
 
 
 def test_parameter_counts_match():
@@ -126,7 +126,7 @@ def test_full_recipes_stop_early_on_held_out_questions(tmp_path):
     3 seeds, validation questions from seeds no training or evaluation batch uses."""
     import json
 
-    from attnlens.zoo.paper import _training
+    from attnlens.lab.paper import _training
 
     full = {n: r for n, r in dcmha.RECIPES.items() if "-full-" in n}
     assert {(r.variant, r.seed) for r in full.values()} == {

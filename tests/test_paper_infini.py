@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlens.interp.tasks.passkey import KEY_LINE, PasskeyTokenizer, passkey_accuracy, passkey_task
+from attnlens.lab.paper import infini
+from attnlens.lab.paper._training import build_model
 from attnlens.reports.reproduction import infini as infini_report
-from attnlens.zoo.paper import infini
-from attnlens.zoo.paper._training import build_model
-from interp.tasks.passkey import KEY_LINE, PasskeyTokenizer, passkey_accuracy, passkey_task
 
 
 def test_word_tokenizer_round_trip_and_digits():
@@ -124,7 +124,7 @@ def test_grid_figure(tmp_path):
 def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):
     """Issue 24 item 2: lengths of 5-20 segments, one per batch, replayable; validation
     prompts from seeds no training or evaluation batch uses; early stopping on their loss."""
-    from attnlens.zoo.paper import _training
+    from attnlens.lab.paper import _training
 
     recipe = infini.RECIPES["infini-passkey-long-s1"]
     assert recipe.config["n_ctx"] == max(infini.LONG_LENGTHS)
@@ -159,7 +159,7 @@ def test_long_recipes_train_on_a_length_curriculum_and_stop_early(tmp_path):
 def test_eval_data_seeds_are_the_seeds_evaluate_draws_from(monkeypatch):
     """The held-out check (tests/test_paper_report.py) trusts `eval_data_seeds`: it must list
     every seed `evaluate` builds prompts from, and nothing else."""
-    from interp.tasks import passkey
+    from attnlens.interp.tasks import passkey
 
     seen: set[int] = set()
     original = passkey.passkey_task

@@ -11,12 +11,12 @@ import pytest
 import torch
 from tiers import documented
 
+from attnlens.interp.tasks.counting import counting_batch
+from attnlens.lab.paper import _training, cope, dcmha, infini, mta
+from attnlens.lab.paper._registry import all_recipes, get_recipe, module_of, modules
+from attnlens.lab.paper._training import EVAL_SEED, eval_seeds, train_recipe, training_seeds
 from attnlens.reports.reproduction import cope as cope_report
 from attnlens.reports.reproduction import page as report
-from attnlens.zoo.paper import _training, cope, dcmha, infini, mta
-from attnlens.zoo.paper._registry import all_recipes, get_recipe, module_of, modules
-from attnlens.zoo.paper._training import EVAL_SEED, eval_seeds, train_recipe, training_seeds
-from interp.tasks.counting import counting_batch
 
 CARDS = report.shipped_cards()
 
@@ -26,7 +26,7 @@ def test_report_is_rebuilt_from_the_cards():
     """Item 20: the committed page equals the page the cards give now (text and tables)."""
     built = report.build_report(draw=False)
     assert built == report.REPORT.read_text(encoding="utf-8"), (
-        "docs/reproduction.md is stale: run python -m attnlens.zoo.paper report")
+        "docs/reproduction.md is stale: run python -m attnlens.lab.paper report")
 
 
 def test_no_hand_written_notes():
@@ -47,7 +47,7 @@ def test_report_module_is_none_where_there_is_none_and_a_broken_one_raises(monke
     fail is an error, not a silent fall-back to the plain table."""
     import types
 
-    bare = types.ModuleType("attnlens.zoo.paper.no_such_variant")
+    bare = types.ModuleType("attnlens.lab.paper.no_such_variant")
     assert report.report_module(bare) is None
 
     def import_inside_fails(name):
@@ -197,7 +197,7 @@ def test_mta_probes_and_longer_context():
     card = CARDS.get(recipe.name)
     if card is not None:
         assert set(probes) <= set(card["metrics"])
-        from hooked_models.zoo import load
+        from attnlens.hooked_models.zoo import load
 
         model = load(recipe.name)
         longer = mta.with_context(model, 2 * model.cfg.n_ctx)

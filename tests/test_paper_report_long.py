@@ -11,11 +11,11 @@ import statistics
 
 import pytest
 
+from attnlens.lab.paper import cope, dcmha, infini
 from attnlens.reports.reproduction import cope as cope_report
 from attnlens.reports.reproduction import dcmha as dcmha_report
 from attnlens.reports.reproduction import infini as infini_report
 from attnlens.reports.reproduction import page as report
-from attnlens.zoo.paper import cope, dcmha, infini
 
 STEPS = (1750, 3250, 20_000)        # seed 2 runs to the ceiling without stopping early
 SECONDS = (3600.0, 5400.0, 9000.0)  # 5 hours in all

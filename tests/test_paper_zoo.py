@@ -10,12 +10,12 @@ import pytest
 import torch
 from tiers import documented_params
 
-from attnlens.zoo.paper import _registry
-from attnlens.zoo.paper._registry import Recipe, all_recipes, get_recipe, module_of
-from attnlens.zoo.paper._training import KIND, evaluate_model, train_recipe, write_metrics
-from hooked_models.config import VariantConfig
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.zoo import ZOO_DIR
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.zoo import ZOO_DIR
+from attnlens.lab.paper import _registry
+from attnlens.lab.paper._registry import Recipe, all_recipes, get_recipe, module_of
+from attnlens.lab.paper._training import KIND, evaluate_model, train_recipe, write_metrics
 
 # The paper-task share of the zoo's 150 MiB (tests/test_zoo_size.py): ~20 MiB of 1000-step
 # models, ~64 MiB of issue 24's early-stopped groups (CoPE's 36 at 4 x 128 are 55 MiB).
@@ -28,7 +28,7 @@ ABS_TOL = 0.02
 def _paper_dirs():
     out = []
     for d in sorted(ZOO_DIR.iterdir()):
-        if d.name.startswith("."):       # a run being staged (attnlens.zoo.paper train)
+        if d.name.startswith("."):       # a run being staged (attnlens.lab.paper train)
             continue
         card = d / "card.json"
         if card.is_file() and json.loads(card.read_text()).get("kind") == KIND:
@@ -102,7 +102,7 @@ def test_recipe_validation():
 
 
 def test_a_pattern_that_matches_no_recipe_names_the_closest_not_all():
-    from attnlens.zoo.paper import __main__ as cli
+    from attnlens.lab.paper import __main__ as cli
 
     with pytest.raises(SystemExit) as stopped:
         cli._select(["cope-flipflop-cop-long-s0"])
@@ -177,7 +177,7 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     card = loaded.card
     assert card["kind"] == KIND and card["recipe"] == recipe.name
     assert card["seed"] == recipe.seed and card["steps"] == 6
-    assert card["train_command"] == f"python -m attnlens.zoo.paper train {recipe.name} --resume"
+    assert card["train_command"] == f"python -m attnlens.lab.paper train {recipe.name} --resume"
     assert card["train_seconds"] >= 0 and card["device"].startswith(("cpu", "cuda"))
     # the time counts the interrupted piece too: the checkpoints carry it across the resume
     last = load_timing(latest_checkpoint(run))
@@ -204,13 +204,13 @@ def test_train_resumes_to_the_same_weights_and_writes_a_card(tmp_path):
     assert evaluate_model(loaded) == metrics   # deterministic
     written = write_metrics(tmp_path / "split", metrics)
     assert written["metrics"] == metrics
-    assert written["eval_command"] == f"python -m attnlens.zoo.paper eval {recipe.name} --write"
+    assert written["eval_command"] == f"python -m attnlens.lab.paper eval {recipe.name} --write"
 
 
 def test_a_finished_evaluated_run_is_up_to_date_and_nothing_else(tmp_path):
     """`train --resume` skips what `up_to_date` says (no re-save, no re-evaluation that would
     leave the shipped card without metrics meanwhile)."""
-    from attnlens.zoo.paper._training import EVAL_SEED, up_to_date
+    from attnlens.lab.paper._training import EVAL_SEED, up_to_date
 
     recipe, out, runs = _tiny(), tmp_path / "out", tmp_path / "runs"
     assert not up_to_date(recipe, out, runs)                       # nothing yet
@@ -245,8 +245,8 @@ def test_write_metrics_refuses_other_cards(tmp_path):
 def test_publish_moves_an_evaluated_model_into_place(tmp_path, monkeypatch):
     """`train` saves and evaluates in a hidden staging directory, then renames it into the
     zoo, replacing an older release; the zoo never lists the staging directory."""
-    from attnlens.zoo.paper._training import publish
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
+    from attnlens.lab.paper._training import publish
 
     monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
     recipe = _tiny(steps=2)
@@ -267,11 +267,11 @@ def test_publish_moves_an_evaluated_model_into_place(tmp_path, monkeypatch):
 
 
 def _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe) -> None:
-    """`python -m attnlens.zoo.paper` on `recipe` alone, with its zoo in tmp_path/zoo and its
+    """`python -m attnlens.lab.paper` on `recipe` alone, with its zoo in tmp_path/zoo and its
     runs under tmp_path/runs."""
-    from attnlens.zoo.paper import __main__ as cli
-    from attnlens.zoo.paper import _training
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
+    from attnlens.lab.paper import __main__ as cli
+    from attnlens.lab.paper import _training
 
     (tmp_path / "zoo").mkdir()
     monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
@@ -281,11 +281,11 @@ def _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe) -> None:
 
 
 def test_train_command_publishes_only_evaluated_models(tmp_path, monkeypatch, capsys):
-    """`python -m attnlens.zoo.paper train`: while the new model is evaluated the zoo lists
+    """`python -m attnlens.lab.paper train`: while the new model is evaluated the zoo lists
     nothing; afterwards it holds the model with its metrics, and a second run skips it."""
-    from attnlens.zoo.paper import __main__ as cli
-    from attnlens.zoo.paper import _training
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
+    from attnlens.lab.paper import __main__ as cli
+    from attnlens.lab.paper import _training
 
     recipe = _tiny(steps=2)
     _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe)
@@ -318,8 +318,8 @@ def test_train_command_stopped_by_sigterm_saves_the_step_and_publishes_nothing(
     import os
     import signal
 
-    from attnlens.zoo.paper import __main__ as cli
-    from attnlens.zoo.paper import _training
+    from attnlens.lab.paper import __main__ as cli
+    from attnlens.lab.paper import _training
 
     recipe = _tiny(steps=6)
     _cli_on_tmp_zoo(tmp_path, monkeypatch, recipe)

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hooked_models import CharTokenizer
-from interp.tasks.passkey import (
+from attnlens.hooked_models import CharTokenizer
+from attnlens.interp.tasks.passkey import (
     FILLER,
     INTRO,
     QUESTION,

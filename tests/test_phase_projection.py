@@ -1,13 +1,13 @@
-"""attnlens.zoo.phase_projection: the time a run's longer-context phases should take, bounded by
+"""attnlens.lab.phase_projection: the time a run's longer-context phases should take, bounded by
 the slowdown that finished runs of the same schedule beside it measured."""
 
 from __future__ import annotations
 
 import json
 
+from attnlens.lab.phase_projection import later_phases_range, phase_paces, phases
+from attnlens.lab.run_progress import describe, progress
 from attnlens.training.train_state import STATE_FILE
-from attnlens.zoo.phase_projection import later_phases_range, phase_paces, phases
-from attnlens.zoo.run_progress import describe, progress
 from tests.test_trainer import run
 
 SCHEDULE = [[8, 6]]          # steps 1-8 at context 6, then 9-12 at the full context

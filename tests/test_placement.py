@@ -14,9 +14,9 @@ import itertools
 import pytest
 import torch
 
-import hooked_models.placement as placement
-from hooked_models import HookedVariantTransformer, VariantConfig
-from hooked_models.placement import (
+import attnlens.hooked_models.placement as placement
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models.placement import (
     apply_placement,
     placement_of,
     plan_placement,

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from interp import plots
-from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, coloraxis_args, scale_args
+from attnlens.interp import plots
+from attnlens.interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, coloraxis_args, scale_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_CODE = [*ROOT.glob("interp/plots/*.py"), *ROOT.glob("dashboards/**/*.py"),
@@ -71,7 +71,7 @@ def test_kernel_small_multiples_have_square_cells_and_one_colour_bar():
 
 
 def test_masked_cells_are_grey_and_the_legend_says_so():
-    from hooked_models.attention import Stage
+    from attnlens.hooked_models.attention import Stage
 
     stage = Stage("pattern", "softmax", "post", True, "[batch head_index query_pos key_pos]")
     m = torch.tril(torch.rand(4, 4)).masked_fill(torch.triu(torch.ones(4, 4, dtype=bool), 1),
@@ -83,7 +83,7 @@ def test_masked_cells_are_grey_and_the_legend_says_so():
 
 
 def test_gate_classes_share_one_vocabulary():
-    from interp.variants.infini import CLASS_NAMES
+    from attnlens.interp.variants.infini import CLASS_NAMES
 
     df = pd.DataFrame({"head_label": ["L0H0", "L0H1"], "layer": [0, 0], "head": [0, 1],
                        "stage": ["gate", "gate"], "mean": [0.9, 0.1], "min": [0.8, 0.0],
@@ -101,13 +101,15 @@ def test_gate_classes_share_one_vocabulary():
 
 
 def test_old_module_names_are_the_package_modules():
-    import interp.plots.circuits
-    import interp.plots.maps
-    import interp.plots.outputs
-    import interp.plots.training
+    import attnlens.interp.plots.circuits
+    import attnlens.interp.plots.maps
+    import attnlens.interp.plots.outputs
+    import attnlens.interp.plots.training
 
-    assert interp.plots.maps is plots.maps and interp.plots.circuits is plots.circuits
-    assert interp.plots.outputs is plots.outputs and interp.plots.training is plots.training
+    assert attnlens.interp.plots.maps is plots.maps
+    assert attnlens.interp.plots.circuits is plots.circuits
+    assert attnlens.interp.plots.outputs is plots.outputs
+    assert attnlens.interp.plots.training is plots.training
     for name in ("map_figure", "head_heatmap", "token_circuit_figure", "top_k_figure",
                  "phase_change_figure", "save_figure", "kernel_figure", "SEQUENTIAL"):
         assert hasattr(plots, name), name
@@ -116,9 +118,9 @@ def test_old_module_names_are_the_package_modules():
 def test_every_shipped_text_model_has_its_own_line_style_in_the_training_figures():
     """Colour is the variant and dash the shape: each shipped text model (the 2-layer twins on
     the data mix and the package corpus included) gets a pair no other model has."""
-    from attnlens.zoo.text_studies import _parts, released_models
-    from hooked_models.zoo import ZOO_DIR
-    from interp.plots.training import SHAPE_DASH, SHAPE_MARKER
+    from attnlens.hooked_models.zoo import ZOO_DIR
+    from attnlens.interp.plots.training import SHAPE_DASH, SHAPE_MARKER
+    from attnlens.lab.text_studies import _parts, released_models
 
     pairs = [_parts(name) for name in released_models(ZOO_DIR)]
     assert pairs and all(s in SHAPE_DASH and s in SHAPE_MARKER for _, s in pairs), pairs
@@ -129,7 +131,7 @@ def test_every_shipped_text_model_has_its_own_line_style_in_the_training_figures
 def test_diversity_comparison_draws_one_labelled_horizontal_bar_per_model_layer():
     import pandas as pd
 
-    from interp.plots.training import diversity_comparison_figure
+    from attnlens.interp.plots.training import diversity_comparison_figure
 
     rows = [{"model": f"text-{v}-l{n}", "variant": v, "layer": layer, "circuit": c,
              "composed": composed, "mean_captured": 0.7, "baseline_mean_captured": 0.6}

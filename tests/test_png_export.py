@@ -1,5 +1,5 @@
-"""interp.plots.png.write_png: a PNG export that cannot hang (kaleido's Chromium sometimes never
-starts). Fake drawing children stand in for kaleido: one that hangs, with a grandchild in a
+"""attnlens.interp.plots.png.write_png: a PNG export that cannot hang (kaleido's Chromium sometimes
+never starts). Fake drawing children stand in for kaleido: one that hangs, with a grandchild in a
 session of its own as Chromium is; one that hangs once and then draws; one that fails."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import plotly.graph_objects as go
 import pytest
 
-from interp.plots import png
-from interp.plots.png import PngError, PngTimeout, write_png
+from attnlens.interp.plots import png
+from attnlens.interp.plots.png import PngError, PngTimeout, write_png
 
 FIG = go.Figure(go.Bar(y=[1, 3, 2]))
 
@@ -85,7 +85,7 @@ def test_bad_limits_are_refused(tmp_path, tries, timeout):
 
 
 def test_save_figure_keeps_the_html_and_warns_when_the_png_fails(tmp_path, monkeypatch):
-    from interp.plots import analyses
+    from attnlens.interp.plots import analyses
 
     def fails(fig, path, **_):
         raise PngTimeout(f"could not draw {str(path)!r}: did not finish")
@@ -98,7 +98,7 @@ def test_save_figure_keeps_the_html_and_warns_when_the_png_fails(tmp_path, monke
 
 
 def test_real_kaleido_draws_at_the_asked_size(tmp_path):
-    from interp.plots.analyses import kaleido_available
+    from attnlens.interp.plots.analyses import kaleido_available
 
     if not kaleido_available():
         pytest.skip("kaleido is not installed (the `report` extra)")

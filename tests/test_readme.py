@@ -16,7 +16,7 @@ def test_first_example_runs(capsys):
 
 
 def test_zoo_example_names_exist():
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     for name in re.findall(r"'(induction-[a-z]+)'", README.read_text()):
         assert name in zoo.available()
@@ -25,7 +25,7 @@ def test_zoo_example_names_exist():
 def test_the_bundled_models_section_shows_the_text_models_first():
     """Issue 26 item 6: the README's first bundled model is a text language model, and every
     text model it names in a Python example is in the zoo."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     text = README.read_text()
     first = re.search(r'zoo\.load\("([^"]+)"\)', text).group(1)
@@ -37,7 +37,7 @@ def test_the_bundled_models_section_shows_the_text_models_first():
 def test_the_text_model_listing_is_the_zoo_now():
     """The README's `zoo.available(kind="text-lm")` example shows exactly what that call
     returns: no model missing, none that is not shipped."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     text = README.read_text()
     listing = re.search(r'zoo\.available\(kind="text-lm"\)\n((?:#.*\n)+)', text)

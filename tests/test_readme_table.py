@@ -88,7 +88,7 @@ def test_zoo_md_opens_with_the_table_and_no_findings_about_models_it_lacks(zoo, 
 
 
 def test_the_findings_name_only_shipped_models_and_sit_under_the_table():
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     names = zoo_findings.named_models()
     assert "text-mha-l2" in names and "text-dcmha-l4mlp" in names

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hooked_models.config import VariantConfig
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.rotary import Rotary, normalize_rope_scaling, rotary_inv_freq
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.rotary import Rotary, normalize_rope_scaling, rotary_inv_freq
 
 LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
           "original_max_position_embeddings": 16}

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.lab import text_recipes
+from attnlens.lab.run_fork import check_fork, fork_run
+from attnlens.lab.text_recipes import Recipe, train_config
+from attnlens.lab.text_train import window_sampler
 from attnlens.training.train_state import latest_checkpoint, read_train_state
 from attnlens.training.trainer import METRICS_FILE, fit
-from attnlens.zoo import text_recipes
-from attnlens.zoo.run_fork import check_fork, fork_run
-from attnlens.zoo.text_recipes import Recipe, train_config
-from attnlens.zoo.text_train import window_sampler
-from hooked_models.model import HookedVariantTransformer
 
 STREAM = np.arange(20_000) % 997 + 1
 VOCAB = 1000
@@ -139,7 +139,7 @@ def test_the_zoo_curriculum_continues_ctx256_at_the_zoo_context():
 
 def test_queue_status_tells_a_current_release_from_an_older_recipes(tmp_path):
     """A model shipped before its recipe changed is not reported as done."""
-    from attnlens.zoo.text_train import queue_status
+    from attnlens.lab.text_train import queue_status
 
     def ship(name, tcfg):
         (tmp_path / name).mkdir()

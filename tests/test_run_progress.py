@@ -1,4 +1,4 @@
-"""attnlens.zoo.run_progress: a run's step, CPU time and the time left at its recent pace."""
+"""attnlens.lab.run_progress: a run's step, CPU time and the time left at its recent pace."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from attnlens.lab.run_progress import describe, progress, recent_pace
 from attnlens.training.train_state import STATE_FILE
-from attnlens.zoo.run_progress import describe, progress, recent_pace
 from tests.test_trainer import run
 
 

@@ -1,4 +1,5 @@
-"""interp.tools.score_spread against a naive row-by-row loop (float64), plus its properties."""
+"""attnlens.interp.tools.score_spread against a naive row-by-row loop (float64), plus its
+properties."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 import pytest
 import torch
 
-from hooked_models import available_variants
-from interp._common import run_cache
-from interp.tools.score_spread import score_spread, softmax_stages
+from attnlens.hooked_models import available_variants
+from attnlens.interp._common import run_cache
+from attnlens.interp.tools.score_spread import score_spread, softmax_stages
 
 from helpers import random_tokens, tiny_model
 

@@ -10,9 +10,9 @@ import math
 import pandas as pd
 import pytest
 
+from attnlens.lab.text_studies import _parts
 from attnlens.reports.readme_table import _shape_rank, shape_text
 from attnlens.reports.seed_docs import proportion_interval, seed_findings, seed_groups
-from attnlens.zoo.text_studies import _parts
 
 T_975 = {1: 12.706205, 2: 4.302653}          # two-sided 95% t quantiles by degrees of freedom
 

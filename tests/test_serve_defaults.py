@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnlens import cli
-from hooked_models import zoo
+from attnlens.hooked_models import zoo
 
 TEXT = zoo.available(kind="text-lm")
 
@@ -95,7 +95,7 @@ def test_the_default_store_serves_held_out_source_code_of_about_500_tokens():
 def test_a_text_model_reads_a_multi_line_prompt_as_one_text():
     """Code spans lines: for a model whose tokenizer reads line breaks the prompt box's lines are
     one prompt (labels show the breaks); a toy model still averages one prompt per line."""
-    from dashboards.store import load_store
+    from attnlens.dashboards.store import load_store
 
     store = load_store([TEXT[0], "induction-mha"])
     code = "def read(self, size):\n    return self.file.read(size)\n"

@@ -30,8 +30,8 @@ def test_dry_run_ships_every_unshipped_release_through_each_step(tmp_path):
     commands = [ln[2:] for ln in done.stderr.splitlines() if ln.startswith("+ ")]
     assert commands[0] == (f"cp -r {tmp_path}/release/text-test-l9 "
                            "hooked_models/zoo/text-test-l9")
-    assert "attnlens.zoo.calibration " + str(tmp_path / "runs" / "text-test-l9") in commands[1]
-    assert commands[2].endswith("-m attnlens.zoo.text_studies hooked_models/zoo --only "
+    assert "attnlens.lab.calibration " + str(tmp_path / "runs" / "text-test-l9") in commands[1]
+    assert commands[2].endswith("-m attnlens.lab.text_studies hooked_models/zoo --only "
                                 "text-test-l9")
     assert commands[3].endswith("-m attnlens.reports.zoo_docs")
     assert "--execute 01_quickstart 02_induction_heads" in commands[4]

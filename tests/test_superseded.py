@@ -11,9 +11,9 @@ import warnings
 
 import pytest
 
+from attnlens.hooked_models import zoo
+from attnlens.lab.paper import superseded
 from attnlens.reports.reproduction import page as report
-from attnlens.zoo.paper import superseded
-from hooked_models import zoo
 
 CARDS = report.shipped_cards()
 TABLE = json.loads((zoo.ZOO_DIR / zoo.SUPERSEDED_FILE).read_text())
@@ -21,7 +21,7 @@ TABLE = json.loads((zoo.ZOO_DIR / zoo.SUPERSEDED_FILE).read_text())
 
 def test_the_zoos_table_is_the_one_the_cards_give():
     assert TABLE == superseded.superseded(CARDS), (
-        "hooked_models/zoo/superseded.json is stale: run python -m attnlens.zoo.paper report")
+        "hooked_models/zoo/superseded.json is stale: run python -m attnlens.lab.paper report")
     assert set(TABLE) <= set(CARDS) and all(set(t["by"]) <= set(CARDS) for t in TABLE.values())
 
 
@@ -80,7 +80,7 @@ def test_loading_a_superseded_model_warns_and_names_its_replacements():
 
 
 def test_listings_leave_out_or_mark_the_superseded_models(capsys):
-    from attnlens.zoo.paper.__main__ import main
+    from attnlens.lab.paper.__main__ import main
 
     every, current = zoo.available(kind="paper-task"), zoo.available("paper-task",
                                                                      superseded=False)
@@ -96,7 +96,7 @@ def test_listings_leave_out_or_mark_the_superseded_models(capsys):
 
 def test_serve_lists_a_zoos_superseded_models_last(monkeypatch, capsys):
     import attnlens.cli as cli
-    import dashboards.app
+    import attnlens.dashboards.app
 
     seen = {}
 
@@ -111,7 +111,7 @@ def test_serve_lists_a_zoos_superseded_models_last(monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "build_store", Store)
     monkeypatch.setattr(cli, "check_port", lambda host, port: None)
-    monkeypatch.setattr(dashboards.app, "create_app", lambda store, host: App())
+    monkeypatch.setattr(attnlens.dashboards.app, "create_app", lambda store, host: App())
     assert cli.main(["serve", "--zoo", "paper"]) == 0
     sources = seen["sources"]
     assert sorted(sources) == sorted(zoo.available(kind="paper-task"))

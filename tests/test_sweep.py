@@ -14,12 +14,12 @@ import torch
 import yaml
 
 from attnlens.cli import main as cli_main
-from interp.sweep import run_sweep
-from interp.sweep.prompts import make_prompts
-from interp.sweep.shards import plan
-from interp.sweep.spec import load_spec, parse_spec
-from interp.tasks.induction import repeated_tokens
-from interp.tools import gating, heads
+from attnlens.interp.sweep import run_sweep
+from attnlens.interp.sweep.prompts import make_prompts
+from attnlens.interp.sweep.shards import plan
+from attnlens.interp.sweep.spec import load_spec, parse_spec
+from attnlens.interp.tasks.induction import repeated_tokens
+from attnlens.interp.tools import gating, heads
 
 from helpers import EXACT, tiny_model
 
@@ -46,7 +46,7 @@ def base_spec(ckpts, **over) -> dict:
 
 
 def model_of(path):
-    from hooked_models import HookedVariantTransformer
+    from attnlens.hooked_models import HookedVariantTransformer
 
     return HookedVariantTransformer.from_pretrained(path)
 
@@ -209,7 +209,7 @@ def test_errors_inside_a_shard_name_the_shard(ckpts, tmp_path):
 def test_circuit_edge_scores_merge_exactly_across_shards(ckpts, tmp_path, shard_size):
     """The `circuit` analysis: a shard's edge scores are the mean (and sum) over its prompts,
     so the prompt-weighted mean over shards equals EAP-IG on all 7 prompts at once."""
-    from interp.circuits.discovery.prompt_scores import prompt_edge_scores
+    from attnlens.interp.circuits.discovery.prompt_scores import prompt_edge_scores
 
     spec = base_spec(ckpts, shard_size=shard_size,
                      analyses=[{"analysis": "circuit", "args": {"steps": 3}}])

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import ray
 
-from interp.sweep import run_sweep
-from interp.sweep.ray_backend import LOCAL_OBJECT_STORE, run_ray
+from attnlens.interp.sweep import run_sweep
+from attnlens.interp.sweep.ray_backend import LOCAL_OBJECT_STORE, run_ray
 
 from helpers import tiny_model
 

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from hooked_models import zoo
-from hooked_models.checkpoint import TOKENIZER_FILE
-from hooked_models.config import VariantConfig
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.tokenizers.vocab import WordTokenizer
-from interp.tasks.prompts import example_prompt, task_tokenizer
+from attnlens.hooked_models import zoo
+from attnlens.hooked_models.checkpoint import TOKENIZER_FILE
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.tokenizers.vocab import WordTokenizer
+from attnlens.interp.tasks.prompts import example_prompt, task_tokenizer
 
 PAPER = zoo.available("paper-task")
 
@@ -52,7 +52,7 @@ def test_word_tokenizer_saved_with_checkpoint(tmp_path):
 
 
 def test_passkey_word_tokenizer_matches_the_task_tokenizer():
-    from interp.tasks.passkey import PasskeyTokenizer, passkey_task
+    from attnlens.interp.tasks.passkey import PasskeyTokenizer, passkey_task
 
     words, task = task_tokenizer({"length": 160}), PasskeyTokenizer()
     for seed, depth in ((0, 0.0), (1, 0.5), (2, 1.0)):
@@ -75,8 +75,8 @@ def test_every_paper_checkpoint_carries_its_tokenizer(name):
 
 
 def test_example_prompts_are_the_tasks_own_tokens():
-    from interp.tasks.counting import counting_batch
-    from interp.tasks.find_block import FindBlockTask
+    from attnlens.interp.tasks.counting import counting_batch
+    from attnlens.interp.tasks.find_block import FindBlockTask
 
     card = json.loads((zoo.path("cope-counting-3var-cope-s0") / "card.json").read_text())
     batch = counting_batch(1, n_vars=3, max_steps=32, seed=0)
@@ -89,7 +89,7 @@ def test_example_prompts_are_the_tasks_own_tokens():
 
 
 def test_dashboard_default_prompt_is_the_task_example():
-    from dashboards.store import load_store
+    from attnlens.dashboards.store import load_store
 
     names = ["cope-counting-3var-cope-s0", "mta-findblock-first-mta-s0", "infini-passkey-s0",
              "dcmha-conjunction-dcmha-s0", "induction-mha"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlens.zoo.text_recipes import (
+from attnlens.lab.text_recipes import (
     CALIBRATION_RECIPES,
     LR_RECIPES,
     PACKAGE_RECIPES,

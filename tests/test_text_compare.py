@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from tiers import documented
 
 from attnlens.cli import main as cli_main
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.interp.tools.text_eval import load_eval_tokens
+from attnlens.lab import text_compare
+from attnlens.lab.text_recipes import COMPARISON_RECIPES, RECIPES, get_recipe, run_seed
 from attnlens.reports.reproduction import dcmha_text
 from attnlens.reports.reproduction.page import FIGURES, welch_interval
-from attnlens.zoo import text_compare
-from attnlens.zoo.text_recipes import COMPARISON_RECIPES, RECIPES, get_recipe, run_seed
-from hooked_models.model import HookedVariantTransformer
-from interp.tools.text_eval import load_eval_tokens
 
 ZOO = Path(__file__).resolve().parents[1] / "hooked_models" / "zoo"
 

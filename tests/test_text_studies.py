@@ -11,8 +11,10 @@ import pytest
 from tiers import documented
 
 from attnlens.cli import main as cli_main
-from attnlens.reports import calibration_docs, zoo_docs
-from attnlens.zoo.text_studies import (
+from attnlens.interp.tools.heads import induction_tables
+from attnlens.interp.tools.text_eval import PROBE_HALF, PROBE_SEED, distribution_stage
+from attnlens.interp.variants.cope import token_category
+from attnlens.lab.text_studies import (
     COPY_RATIO_THRESHOLD,
     INDUCTION_THRESHOLD,
     STUDY_TABLES,
@@ -22,9 +24,7 @@ from attnlens.zoo.text_studies import (
     run_studies,
     training_logs,
 )
-from interp.tools.heads import induction_tables
-from interp.tools.text_eval import PROBE_HALF, PROBE_SEED, distribution_stage
-from interp.variants.cope import token_category
+from attnlens.reports import calibration_docs, zoo_docs
 
 NAMES = ["text-mha-l1", "text-mha-l2", "text-mta-l2", "text-cope-l2", "text-dcmha-l2",
          "text-infini-l2", "text-mha-l2-s1"]                 # and a seed replicate
@@ -119,8 +119,8 @@ def test_diversity_and_gating_tables_cover_every_variant(release, studies):
     cope = tables["cope_categories"]
     assert cope["mean_gate"].between(0, 1).all() and (cope["count"] > 0).all()
     # every key but BOS (which leads each window and separates files), once per head
-    from attnlens.zoo.text_studies import STUDY_WINDOWS
-    from interp.tools.text_eval import load_eval_tokens
+    from attnlens.interp.tools.text_eval import load_eval_tokens
+    from attnlens.lab.text_studies import STUDY_WINDOWS
 
     windows = load_eval_tokens(release / "text-cope-l2")[:STUDY_WINDOWS]
     per_head = cope.groupby("head_label")["count"].sum()
@@ -136,9 +136,9 @@ def test_copy_distance_study_is_the_probe_at_each_distance(release, studies):
     not fit n_ctx are left out; only Infini rows carry a segment length."""
     import math
 
-    from attnlens.zoo.text_studies import COPY_DISTANCES
-    from hooked_models.model import HookedVariantTransformer
-    from interp.tools.text_eval import induction_probe
+    from attnlens.hooked_models.model import HookedVariantTransformer
+    from attnlens.interp.tools.text_eval import induction_probe
+    from attnlens.lab.text_studies import COPY_DISTANCES
 
     _, tables = studies
     table = tables["copy_distance"]
@@ -204,7 +204,7 @@ def test_zoo_docs_from_a_shipped_text_zoo(release, studies, tmp_path):
     seeds = text.split("### Seeds", 1)[1].split("###", 1)[0]
     assert "- **text-mha-l2**, training seeds 0, 1: an induction head in" in seeds
     assert "t-interval" in seeds and "text-dcmha-l2**" not in seeds      # no DCMHA replicate
-    from attnlens.zoo.text_recipes import RECIPES
+    from attnlens.lab.text_recipes import RECIPES
     status = text.split("Status: ", 1)[1].split("\n", 1)[0]
     missing = [n for n in RECIPES if n not in NAMES]
     verb = "is" if len(missing) == 1 else "are"
@@ -259,7 +259,7 @@ def test_shipped_sharpness_table_is_recomputed():
     """docs/figures/zoo/score_spread.csv's rows of one shipped model, recomputed."""
     import pandas as pd
 
-    from attnlens.zoo.text_studies import sharpness_study
+    from attnlens.lab.text_studies import sharpness_study
 
     name = "text-dcmha-l2"
     doc = pd.read_csv(zoo_docs.DEFAULTS["studies"] / "score_spread.csv")
@@ -277,7 +277,7 @@ def test_docs_zoo_md_is_current():
 
 
 def test_model_names_cover_the_data_mix_twins_but_not_calibration_runs():
-    from attnlens.zoo.text_studies import _parts
+    from attnlens.lab.text_studies import _parts
 
     assert _parts("text-mha-l2-mix") == ("mha", "l2-mix")
     assert _parts("text-dcmha-l2-pkgs") == ("dcmha", "l2-pkgs")
@@ -383,7 +383,7 @@ def test_training_figures_are_tall_enough_to_name_every_model(n_models):
     """The copy-distance figure was 620 px whatever the zoo held: with 17 models its legend
     was cut off after 15 and the last two models went unnamed. Both text-zoo figures grow
     with the number of models so every legend entry fits."""
-    from interp.plots.training import (
+    from attnlens.interp.plots.training import (
         LEGEND_ROW_PX,
         copy_distance_figure,
         legend_height,

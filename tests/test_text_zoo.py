@@ -13,10 +13,10 @@ import torch
 from tiers import documented_params
 
 from attnlens.cli import main as cli_main
-from attnlens.zoo.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, ZOO_TRAIN, train_config
-from attnlens.zoo.text_train import prepare_data, release, shipped_recipes, train_recipe, train_zoo
-from hooked_models import HookedVariantTransformer, zoo
-from interp.tools.text_eval import evaluate_windows, icl_positions, load_eval_tokens
+from attnlens.hooked_models import HookedVariantTransformer, zoo
+from attnlens.interp.tools.text_eval import evaluate_windows, icl_positions, load_eval_tokens
+from attnlens.lab.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, ZOO_TRAIN, train_config
+from attnlens.lab.text_train import prepare_data, release, shipped_recipes, train_recipe, train_zoo
 
 NAMES = ["text-mha-l1", "text-infini-l2"]
 TOL = 1e-3  # card values are rounded to 4 decimals; float32 on one CPU reproduces them exactly
@@ -176,8 +176,8 @@ def test_data_mix_repeats_a_span_and_leaves_natural_text_draws_unchanged():
     repeat_fraction 0 the sampler draws exactly the natural-text batches (exact resume)."""
     import numpy as np
 
-    from attnlens.zoo.text_recipes import MIX_RECIPES, REPEAT_MIX
-    from attnlens.zoo.text_train import window_sampler
+    from attnlens.lab.text_recipes import MIX_RECIPES, REPEAT_MIX
+    from attnlens.lab.text_train import window_sampler
 
     stream = np.arange(5000) % 997 + 1   # no accidental repeats within 512 tokens
     natural = window_sampler(stream, 64, 0)
@@ -204,7 +204,7 @@ def test_a_run_stopped_mid_way_resumes_bit_exactly_from_the_command(smoke_run, t
     """Issue 26 item 4: `attnlens train --zoo text` killed mid-run (here: after the step-2
     checkpoint) and run again continues from the checkpoint with the uninterrupted run's
     losses, and says what is done and what is left."""
-    import attnlens.zoo.text_train as text_train
+    import attnlens.lab.text_train as text_train
 
     new_argv = _one_recipe_argv(smoke_run, tmp_path)
     real = text_train.window_sampler
@@ -229,7 +229,7 @@ def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_p
     import os
     import signal
 
-    import attnlens.zoo.text_train as text_train
+    import attnlens.lab.text_train as text_train
 
     new_argv = _one_recipe_argv(smoke_run, tmp_path)
     real = text_train.window_sampler
@@ -257,7 +257,7 @@ def test_sigterm_checkpoints_the_step_and_the_command_exits_143(smoke_run, tmp_p
 def test_a_text_model_is_served_on_held_out_source_code(smoke_run):
     """Issue 26 item 6: the dashboard's default prompt of a text model is its first held-out
     validation window's text (a source file training never saw), within n_ctx."""
-    from dashboards.store import load_store
+    from attnlens.dashboards.store import load_store
 
     out, _ = smoke_run
     directory = out / "release" / NAMES[0]
@@ -275,7 +275,7 @@ def test_random_span_mix_pastes_one_random_token_span_twice_into_natural_text():
     BOS), the rest of the context is the natural text, and draws are reproducible."""
     import numpy as np
 
-    from attnlens.zoo.text_train import window_sampler
+    from attnlens.lab.text_train import window_sampler
 
     stream = np.arange(5000) % 997 + 1   # consecutive ids: natural text here has step 1
     sample = window_sampler(stream, 64, 0, repeat_fraction=1.0, span=(5, 10),
@@ -304,7 +304,7 @@ def test_toy_schedule_serves_toy_phases_then_natural_text_and_resumes_exactly():
     uninterrupted one serves from step k on (given the generator state)."""
     import numpy as np
 
-    from attnlens.zoo.text_train import window_sampler
+    from attnlens.lab.text_train import window_sampler
 
     stream = np.arange(5000) % 997 + 1
     kwargs = dict(vocab_size=50, toy_schedule=((2, 16), (1, 32)))
@@ -351,7 +351,7 @@ def test_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
     git): the default runs directory is $ATTNLENS_RUNS/zoo-text, else ~/.cache/attnlens."""
     from pathlib import Path
 
-    from attnlens.zoo.text_train import default_runs_dir
+    from attnlens.lab.text_train import default_runs_dir
 
     monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path))
     assert default_runs_dir() == tmp_path / "zoo-text"
@@ -365,7 +365,7 @@ def test_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
 def test_paper_runs_default_outside_the_work_tree(monkeypatch, tmp_path):
     """The paper-task zoo's long runs (issue 24) resume across sessions too: their runs live
     under the same root as the text zoo's, in paper-zoo/."""
-    from attnlens.zoo.paper._training import default_run_root
+    from attnlens.lab.paper._training import default_run_root
 
     monkeypatch.setenv("ATTNLENS_RUNS", str(tmp_path))
     assert default_run_root() == tmp_path / "paper-zoo"
@@ -380,8 +380,8 @@ def test_probe_adds_the_row_stochastic_stage_where_pattern_is_not_one(attention,
     """MTA's, DCMHA's and Infini's `pattern` is not a distribution over keys, so the probe also
     scores the last row-stochastic stage before it: that stage's best stripe, recomputed here,
     and at most 1."""
-    from interp.tools.heads import induction_table
-    from interp.tools.text_eval import PROBE_SEED, distribution_stage, induction_probe
+    from attnlens.interp.tools.heads import induction_table
+    from attnlens.interp.tools.text_eval import PROBE_SEED, distribution_stage, induction_probe
 
     from helpers import tiny_model
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformer_lens.utilities import test_prompt as tl_test_prompt
 
-from hooked_models import VariantConfig
-from hooked_models.attention.registry import available_variants
-from hooked_models.tokenizers.vocab import CharTokenizer
+from attnlens.hooked_models import VariantConfig
+from attnlens.hooked_models.attention.registry import available_variants
+from attnlens.hooked_models.tokenizers.vocab import CharTokenizer
 
 from helpers import EXACT, random_tokens, tiny_model
 

@@ -21,7 +21,7 @@ def test_the_plain_baseline_has_the_mha_models_parameters(shape):
 
 
 def test_the_deep_shape_is_the_zoos_l4mlp():
-    from attnlens.zoo.text_recipes import RECIPES, VOCAB_SIZE
+    from attnlens.lab.text_recipes import RECIPES, VOCAB_SIZE
 
     cfg = RECIPES["text-mha-l4mlp"].config(VOCAB_SIZE)
     model = train_speed.variant_model("mha", train_speed.SHAPES["zoo-l4mlp"])

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 from attnlens.training.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE
 from attnlens.training.trainer import (
     TrainConfig,
@@ -17,7 +18,6 @@ from attnlens.training.trainer import (
     param_groups,
     train,
 )
-from hooked_models import HookedVariantTransformer, VariantConfig
 
 
 def tiny(attention="mha", **kw):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 from attnlens.training.train_state import latest_checkpoint, read_train_state
 from attnlens.training.trainer import TrainConfig, fit, lr_factor, resume_check_config
-from hooked_models import HookedVariantTransformer, VariantConfig
 
 
 def tiny():

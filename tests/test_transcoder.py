@@ -1,11 +1,12 @@
-"""Per-layer transcoders (interp.sae.transcoder, interp.sae.transcoder_train): activations,
-training on a planted dictionary, bit-exact resume, fp16 shipping, metrics and replacement loss."""
+"""Per-layer transcoders (attnlens.interp.sae.transcoder, attnlens.interp.sae.transcoder_train):
+activations, training on a planted dictionary, bit-exact resume, fp16 shipping, metrics and
+replacement loss."""
 
 import pytest
 import torch
 
-from interp.sae.transcoder import Transcoder, TranscoderConfig, mlp_hooks
-from interp.sae.transcoder_train import (
+from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig, mlp_hooks
+from attnlens.interp.sae.transcoder_train import (
     _JumpReLU,
     _Step,
     collect_mlp_io,
@@ -110,7 +111,7 @@ def test_resume_is_bit_exact(tmp_path):
 
 def _interrupted(x, y, cfg, kw, ckpt, stop_after):
     """Train with a checkpoint at every step and stop (as a kill would) after `stop_after`."""
-    import interp.sae.transcoder_train as tt
+    import attnlens.interp.sae.transcoder_train as tt
 
     class Stop(Exception):
         pass

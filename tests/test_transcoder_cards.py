@@ -1,4 +1,4 @@
-"""The shipped transcoders (attnlens.zoo.transcoders): each card's metrics are what its eval
+"""The shipped transcoders (attnlens.lab.transcoders): each card's metrics are what its eval
 command computes from the shipped fp16 weights, and the files are what the card says."""
 
 import json
@@ -7,8 +7,8 @@ import pytest
 import torch
 from tiers import documented_params
 
-from attnlens.zoo.transcoders import MLP_MODELS, evaluate, transcoder_dir
-from interp.sae.transcoder_train import load_transcoders
+from attnlens.interp.sae.transcoder_train import load_transcoders
+from attnlens.lab.transcoders import MLP_MODELS, evaluate, transcoder_dir
 
 SHIPPED = [m for m in MLP_MODELS if (transcoder_dir(m) / "card.json").is_file()]
 
@@ -36,7 +36,7 @@ def test_card_metrics_are_recomputed(name):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_files_match_their_card(name):
     card = json.loads((transcoder_dir(name) / "card.json").read_text())
-    assert card["eval_command"] == f"python -m attnlens.zoo.transcoders eval {name}"
+    assert card["eval_command"] == f"python -m attnlens.lab.transcoders eval {name}"
     assert card["weights_dtype"] == "float16"
     tcs = load_transcoders(transcoder_dir(name))
     assert sorted(tcs) == [int(k) for k in card["metrics"]["layers"]]

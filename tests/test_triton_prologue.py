@@ -74,7 +74,7 @@ def test_every_launched_program_starts_with_the_shared_prologue():
 
 triton = pytest.importorskip("triton")
 
-from kernels._prologue import head_tile, heads_tile, load_tile  # noqa: E402
+from attnlens.kernels._prologue import head_tile, heads_tile, load_tile  # noqa: E402
 
 from kernel_common import DEVICE, KERNEL_MARKS  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Issue 22 item 6: the CircuitsVis-style token view, the bertviz-style head view and per-head
-direct logit attribution (interp.plots.views, interp.tools.logit_attribution), on every variant."""
+direct logit attribution (attnlens.interp.plots.views, attnlens.interp.tools.logit_attribution), on
+every variant."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from hooked_models import zoo
-from interp.plots.colors import MASKED
-from interp.plots.views import (
+from attnlens.hooked_models import zoo
+from attnlens.interp.plots.colors import MASKED
+from attnlens.interp.plots.views import (
     head_view_figure,
     logit_attribution_figure,
     token_view,
     token_view_html,
 )
-from interp.tools.explore import compute_maps
-from interp.tools.logit_attribution import head_logit_attribution
+from attnlens.interp.tools.explore import compute_maps
+from attnlens.interp.tools.logit_attribution import head_logit_attribution
 
 VARIANTS = ["induction-mha", "induction-mta", "induction-cope", "induction-dcmha",
             "induction-infini"]

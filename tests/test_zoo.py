@@ -6,8 +6,8 @@ import pytest
 import torch
 from tiers import documented
 
-from hooked_models import zoo
-from interp.tasks.zoo_induction import induction_metrics
+from attnlens.hooked_models import zoo
+from attnlens.interp.tasks.zoo_induction import induction_metrics
 
 NAMES = zoo.available(kind="induction")   # paper-task models: tests/test_paper_zoo.py
 
@@ -30,7 +30,7 @@ def test_card_metrics_are_reproduced(name):
 def test_induction_circuit_in_the_mha_model():
     """The trained model has a previous-token head in layer 0 feeding induction heads in layer 1:
     zeroing that head's output collapses the layer-1 induction scores."""
-    from interp.tools.heads import ablate_heads, induction_table
+    from attnlens.interp.tools.heads import ablate_heads, induction_table
 
     model = zoo.load("induction-mha")
     table = induction_table(model, half_len=15)
@@ -66,7 +66,7 @@ def test_unknown_zoo_name_names_the_closest_models_not_all_of_them():
 
 
 def test_default_dashboard_text_fits_every_bundled_model():
-    from hooked_models.zoo.recipes import default_text
+    from attnlens.hooked_models.zoo.recipes import default_text
 
     for name in NAMES:
         model = zoo.load(name)

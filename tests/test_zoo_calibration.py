@@ -1,4 +1,4 @@
-"""attnlens.zoo.calibration: trajectories and the first evaluation that meets the zoo's bar."""
+"""attnlens.lab.calibration: trajectories and the first evaluation that meets the zoo's bar."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from attnlens.zoo.calibration import main, onset_table, trajectories
+from attnlens.lab.calibration import main, onset_table, trajectories
 
 
 def write_log(run_dir, records):
@@ -102,7 +102,7 @@ def test_keep_carries_earlier_runs_and_the_new_logs_win(tmp_path):
 
 
 def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_path):
-    from attnlens.zoo.calibration import figure
+    from attnlens.lab.calibration import figure
 
     records = [{"step": s, "tokens": s * 10, "val_loss": 4.0 - s / 1000, "induction_score": 0.1,
                 "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]
@@ -116,8 +116,8 @@ def test_the_focus_figure_adds_the_validation_loss_and_names_unknown_runs(tmp_pa
 
 
 def test_zoo_models_and_calibration_runs_get_a_row_each_and_no_two_runs_look_alike(tmp_path):
-    from attnlens.zoo.calibration import figure, run_style
-    from interp.plots.colors import VARIANT_COLOURS
+    from attnlens.interp.plots.colors import VARIANT_COLOURS
+    from attnlens.lab.calibration import figure, run_style
 
     records = [{"step": s, "tokens": s * 10, "val_loss": 4.0, "induction_score": 0.1,
                 "copy_loss_ratio": 0.9, "text_copy_ratio": 0.95} for s in (250, 500)]

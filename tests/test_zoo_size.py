@@ -9,10 +9,10 @@ import json
 
 import torch
 
-from attnlens.zoo import text_recipes
-from attnlens.zoo.paper._registry import all_recipes
-from attnlens.zoo.paper._training import build_model
-from hooked_models.zoo import ZOO_DIR
+from attnlens.hooked_models.zoo import ZOO_DIR
+from attnlens.lab import text_recipes
+from attnlens.lab.paper._registry import all_recipes
+from attnlens.lab.paper._training import build_model
 
 ZOO_CAP_BYTES = 150 * 2**20
 TRANSCODER_CAP_BYTES = 32 * 2**20
@@ -48,7 +48,7 @@ def test_zoo_with_every_recipe_trained_fits_the_cap():
     replicates, the paper zoo's -long/-full groups) leave the finished zoo under the cap:
     shipped directories count as they are, the others as their fp16 weights plus a shipped
     sibling's tokenizer and card."""
-    from hooked_models.model import HookedVariantTransformer
+    from attnlens.hooked_models.model import HookedVariantTransformer
 
     shipped = {d.name for d in ZOO_DIR.iterdir() if (d / "card.json").is_file()}
     total = _dir_bytes(ZOO_DIR)

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 
 COPE_MAPS = 6  # attn_scores, gates, positions, pos_logits, attn_logits, pattern
 MHA_MAPS = 2  # attn_scores, pattern

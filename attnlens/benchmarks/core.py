@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 
 
 def median_time(fn, repeats: int) -> float:

@@ -4,9 +4,9 @@
         [--device cpu|cuda] [--check]
 
 Target (interp issue): the analysis of a 32-layer, 32-head, d_model 2560 model (DCFormer-2.8B
-sizes) runs in seconds on CPU. It goes through `interp.tools.diversity.head_diversity`, which forms
-two `[H d_head, H d_head]` Gram matrices per circuit and layer (inner dimension d_model) and
-never a `[d_model, d_model]` matrix per head. `--check` also compares one layer against the
+sizes) runs in seconds on CPU. It goes through `attnlens.interp.tools.diversity.head_diversity`,
+which forms two `[H d_head, H d_head]` Gram matrices per circuit and layer (inner dimension d_model)
+and never a `[d_model, d_model]` matrix per head. `--check` also compares one layer against the
 explicit SVD of the stacked `[H, d_model^2]` matrix (slow, memory ~ H d_model^2 floats).
 """
 
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
-from interp.tools.diversity import (
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.interp.tools.diversity import (
     captured_variance,
     circuit_gram,
     diversity_summary,

@@ -8,9 +8,9 @@ the same prompt) is answered in under 150 ms at 512 tokens, with a small payload
 downsampled, only the zoomed head at full size. Each request goes through the Dash endpoint
 (`/_dash-update-component`, Flask test client, `Accept-Encoding: zstd, gzip` as a browser
 sends it), so a time includes validation, the maps (cached per model and prompt by
-`dashboards.map_cache`), the figures (the thumbnails as ONE heatmap, every figure a plain dict
-with typed float32 arrays: `interp.plots.maps.head_mosaic_figure`, `map_figure_dict`), JSON
-(orjson through plotly) and compression. The models have the text zoo's
+`attnlens.dashboards.map_cache`), the figures (the thumbnails as ONE heatmap, every figure a plain
+dict with typed float32 arrays: `attnlens.interp.plots.maps.head_mosaic_figure`, `map_figure_dict`),
+JSON (orjson through plotly) and compression. The models have the text zoo's
 `l4mlp` shape (4 layers with MLPs, d_model 256, 8 heads, n_ctx 512) with random weights and a
 character tokenizer, so a 511-character prompt is 512 tokens; weights do not change the cost.
 
@@ -32,11 +32,11 @@ import time
 
 import torch
 
-from dashboards.app import create_app
-from dashboards.map_cache import MAP_CACHE
-from dashboards.store import ModelStore
-from hooked_models import HookedVariantTransformer, VariantConfig
-from interp.tools.explore import map_stages
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.store import ModelStore
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.interp.tools.explore import map_stages
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 TARGET_MS = 150.0

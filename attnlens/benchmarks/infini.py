@@ -35,8 +35,8 @@ def _rss_mib() -> float:
 
 def worker(args) -> dict:
     """Stream `args.length` random tokens; returns timings and memory as a dict."""
-    from hooked_models import HookedVariantTransformer, VariantConfig
-    from hooked_models.streaming import InfiniStream
+    from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+    from attnlens.hooked_models.streaming import InfiniStream
 
     if args.threads:
         torch.set_num_threads(args.threads)

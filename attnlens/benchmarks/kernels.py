@@ -33,7 +33,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def flash_cases(B, H, T, D, dtype, device) -> dict[str, Callable]:
     import torch.nn.functional as F
 
-    from kernels.flash_attention import attention_reference, flash_attention
+    from attnlens.kernels.flash_attention import attention_reference, flash_attention
 
     def make():
         return [torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True)
@@ -50,7 +50,7 @@ def flash_cases(B, H, T, D, dtype, device) -> dict[str, Callable]:
 
 
 def cope_cases(B, H, T, D, dtype, device, npos: int = 64) -> dict[str, Callable]:
-    from kernels.cope import cope_attention, cope_attention_reference
+    from attnlens.kernels.cope import cope_attention, cope_attention_reference
 
     def make():
         qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
@@ -65,7 +65,7 @@ INFINI_SEGMENT = 1024
 
 
 def infini_cases(B, H, T, D, dtype, device, segment_len: int = INFINI_SEGMENT):
-    from kernels.infini import infini_attention, infini_reference
+    from attnlens.kernels.infini import infini_attention, infini_reference
 
     gate = torch.full((H,), 0.5, device=device)
 
@@ -86,7 +86,7 @@ def infini_cases(B, H, T, D, dtype, device, segment_len: int = INFINI_SEGMENT):
 
 def mta_cases(B, H, T, D, dtype, device, c_q: int = 6, c_k: int = 11):
     """MTA maps with the official sizes: both convolutions c_q x c_k, full head mixings."""
-    from kernels.mta import mta_attention, mta_attention_reference
+    from attnlens.kernels.mta import mta_attention, mta_attention_reference
 
     def make():
         qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
@@ -115,7 +115,7 @@ def register_op(name: str, cases: Callable, flops: Callable | None = None) -> No
 
 def cope_options_cases(B, H, T, D, dtype, device, npos: int = 64, rel_npos: int = 128):
     """CoPE with the official options on: value gates and CoPE+rel (--rel-pos-extend)."""
-    from kernels.cope import cope_attention, cope_attention_reference
+    from attnlens.kernels.cope import cope_attention, cope_attention_reference
 
     def make():
         qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
@@ -135,7 +135,7 @@ register_op("cope_options", cope_options_cases)
 
 def dcmha_cases(B, H, T, D, dtype, device, rank: int = 2):
     """DCMHA maps with the official options: rank 2, one group, query- and key-wise, B = I."""
-    from kernels.dcmha import ComposeWeights, dcmha_attention, dcmha_attention_reference
+    from attnlens.kernels.dcmha import ComposeWeights, dcmha_attention, dcmha_attention_reference
 
     def make():
         qkv = [torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3)]
@@ -248,15 +248,18 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> lis
     return lines
 
 
-def accuracy(name: str, B, H, T, D, dtype, device) -> dict[str, float]:
+def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0) -> dict[str, float]:
     """How far the fused op in `dtype` and the plain-torch reference in `dtype` are from the
     reference run in float64 on the same inputs (the truth): max |x - truth| / max |truth| of
     the output and of the worst input gradient (one random output gradient). The torch
-    reference's own error is the bar the fused op should meet."""
-    cases = OPS[name](B, H, T, D, dtype, device)
-    make, fused = cases["fused"]
-    _, reference = cases["reference"]
-    inputs = make()
+    reference's own error is the bar the fused op should meet. The inputs are drawn from seed
+    `seed` (the caller's random state is left as it was), so a row is the same in every run."""
+    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(seed)
+        cases = OPS[name](B, H, T, D, dtype, device)
+        make, fused = cases["fused"]
+        _, reference = cases["reference"]
+        inputs = make()
 
     def run(fn, xs, grad=None):
         out = fn(*xs)

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 
 OFF = dict(query_kernel_size=None, key_kernel_size=None, after_sm_query_kernel_size=None,
            after_sm_key_kernel_size=None, pre_sm_head_kernel_size=None, head_kernel_size=None,

@@ -5,8 +5,8 @@ head views) on a new prompt and on a head change, at 512 tokens.
         [--tokens 512] [--layers 2] [--heads 4] [--d-model 64] [--repeats 5] [--threads 1]
 
 Issue 22 item 4: what a view shows that does not depend on the head is computed once per
-prompt (`dashboards.map_cache.MapCache.per_prompt`), so a head change only lays out figures.
-Targets: a head change < 100 ms, a new prompt < 1 s. Each request goes through the Dash
+prompt (`attnlens.dashboards.map_cache.MapCache.per_prompt`), so a head change only lays out
+figures. Targets: a head change < 100 ms, a new prompt < 1 s. Each request goes through the Dash
 endpoint (Flask test client) as the browser sends it. Models: random weights and a character
 tokenizer (weights do not change the cost), the shape of the bundled toy models by default.
 Rows: "new prompt" (caches empty) and "head" (another head of the same layer, same prompt);
@@ -27,11 +27,11 @@ import time
 import torch
 
 from attnlens.benchmarks.explorer import ALPHABET, OPTIONS
-from dashboards.app import create_app
-from dashboards.map_cache import MAP_CACHE
-from dashboards.pages.variants import CHANGE_MODES, available_views
-from dashboards.store import ModelStore
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.pages.variants import CHANGE_MODES, available_views
+from attnlens.dashboards.store import ModelStore
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 
 HEAD_TARGET_MS, PROMPT_TARGET_MS = 100.0, 1000.0
 

@@ -20,9 +20,9 @@ import time
 
 import torch
 
+from attnlens.lab.paper import cope
+from attnlens.lab.paper._training import build_model
 from attnlens.training.trainer import masked_next_token_loss
-from attnlens.zoo.paper import cope
-from attnlens.zoo.paper._training import build_model
 
 SHAPES = ("4x256", "4x128", "3x128")
 TASKS = ("flipflop", "counting-3var")   # counting with 5 variables costs as 3

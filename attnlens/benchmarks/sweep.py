@@ -23,8 +23,8 @@ import time
 import pandas as pd
 import torch
 
-from interp.sweep import run_sweep
-from interp.sweep.analyses import ANALYSES
+from attnlens.interp.sweep import run_sweep
+from attnlens.interp.sweep.analyses import ANALYSES
 
 DEFAULT_MODELS = ["induction-mha", "induction-mta", "induction-cope", "induction-dcmha",
                   "induction-infini"]
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
         if args.workers:
             import ray
 
-            from interp.sweep.ray_backend import LOCAL_OBJECT_STORE
+            from attnlens.interp.sweep.ray_backend import LOCAL_OBJECT_STORE
 
             t0 = time.perf_counter()
             ray.init(num_cpus=max(args.workers), object_store_memory=LOCAL_OBJECT_STORE,

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 from attnlens.training.trainer import compiled_forward
-from hooked_models import HookedVariantTransformer, VariantConfig
 
 SHAPES = {
-    # The text zoo's 2-layer shape (attnlens/zoo/text_recipes.py).
+    # The text zoo's 2-layer shape (attnlens/lab/text_recipes.py).
     "zoo-l2": dict(batch=16, n_ctx=512, d_model=128, n_heads=4, d_head=32, n_layers=2,
                    d_vocab=4096, attn_only=True),
     # The two shapes of issue 26's table.

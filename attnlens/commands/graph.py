@@ -1,5 +1,5 @@
 """`attnlens graph MODEL "prompt" [--target TOKEN]`: an attribution graph on a model with
-transcoders (interp.attribution; docs/attribution.md).
+transcoders (attnlens.interp.attribution; docs/attribution.md).
 
 Prints the target, the graph's size before and after pruning, the error nodes' share of the
 target's direct effects, and the most influential features (with their top contexts from the
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 
 
 def resolve(source: str) -> Path:
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     path = Path(source)
     if (path / "config.json").is_file():
@@ -53,11 +53,11 @@ def resolve(source: str) -> Path:
 
 
 def run(args) -> int:
-    from hooked_models import HookedVariantTransformer
-    from interp.attribution.contexts import transcoders_for
-    from interp.attribution.graph import attribute
-    from interp.attribution.prune import prune
-    from interp.attribution.replacement import float64_copy
+    from attnlens.hooked_models import HookedVariantTransformer
+    from attnlens.interp.attribution.contexts import transcoders_for
+    from attnlens.interp.attribution.graph import attribute
+    from attnlens.interp.attribution.prune import prune
+    from attnlens.interp.attribution.replacement import float64_copy
 
     directory = resolve(args.model)
     try:
@@ -78,9 +78,9 @@ def run(args) -> int:
     if args.contexts:
         print_contexts(model, transcoders, directory, graph, pruned, args.show, args.contexts)
     if args.out:
-        from interp.attribution.export import write_graph
-        from interp.plots.analyses import save_figure
-        from interp.plots.attribution_graph import graph_figure
+        from attnlens.interp.attribution.export import write_graph
+        from attnlens.interp.plots.analyses import save_figure
+        from attnlens.interp.plots.attribution_graph import graph_figure
 
         out = Path(args.out)
         slug = args.slug or slugify(f"{directory.name}-{args.prompt}")
@@ -122,7 +122,11 @@ def summary(graph, pruned, show: int) -> None:
 
 
 def print_contexts(model, transcoders, directory, graph, pruned, show: int, n: int) -> None:
-    from interp.attribution.contexts import context_windows, feature_activations, top_contexts
+    from attnlens.interp.attribution.contexts import (
+        context_windows,
+        feature_activations,
+        top_contexts,
+    )
 
     tokens = context_windows(directory)
     if tokens is None:

@@ -1,6 +1,6 @@
 """The generated tables of docs/attribution.md: the shipped transcoders' metrics (from their
 cards) and the findings (from docs/figures/attribution/*_summary.csv, written by
-`python -m attnlens.zoo.attribution_study`).
+`python -m attnlens.lab.attribution_study`).
 
     python -m attnlens.reports.attribution_docs          # rewrite the tables in place
     python -m attnlens.reports.attribution_docs --check  # exit 1 when they are stale
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnlens.zoo.transcoders import MLP_MODELS, transcoder_dir
+from attnlens.lab.transcoders import MLP_MODELS, transcoder_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "attribution.md"

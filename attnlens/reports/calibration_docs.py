@@ -1,5 +1,5 @@
 """docs/zoo.md's calibration section (issue 26 item 2): when each text run formed induction heads,
-from the trajectories `python -m attnlens.zoo.calibration` writes
+from the trajectories `python -m attnlens.lab.calibration` writes
 (docs/figures/zoo/calibration.csv),
 with the findings on learning-rate schedule, context, data mix and corpus in words."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnlens.lab.text_studies import COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD
 from attnlens.reports.docs_figures import figure_markdown
-from attnlens.zoo.text_studies import COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD
 
 CALIBRATION_INTRO = """\
 How many tokens a 2-layer model needs before it forms induction heads, from the training logs
-(`python -m attnlens.zoo.calibration RUNS/runs/* --keep docs/figures/zoo/calibration.csv --csv
+(`python -m attnlens.lab.calibration RUNS/runs/* --keep docs/figures/zoo/calibration.csv --csv
 docs/figures/zoo/calibration.csv --png docs/figures/zoo/calibration.png`; `--keep` carries the
 rows of earlier sessions' runs, whose logs are gone). A run meets the bar at its first
 evaluation with a best induction score >= 0.3 and a second-copy loss below half the first-copy
@@ -29,7 +29,7 @@ constant did, the second-copy loss falling from 0.95x the first copy at 20M toke
 14M). The zoo's first natural-text `text-mha-l2` (`-v1` below: n_ctx 512, batch 16) had
 formed none by 41M tokens, nor its data-mix twin by 20.5M (2026-11-25). The runs of
 2026-11-27 (the 2-layer MHA, batch 8 x 512, lr 3e-3, sized to finish in one session,
-`SESSION_CALIBRATION` in `attnlens/zoo/text_recipes.py`) ask what brings the heads within about
+`SESSION_CALIBRATION` in `attnlens/lab/text_recipes.py`) ask what brings the heads within about
 10M tokens; `ctx256` and the curriculum that the zoo now trains with ran to 41M."""
 
 CALIBRATION_FINDINGS = """\
@@ -86,7 +86,7 @@ for its 41M tokens (its card); the other variants' costs per token relative to M
 def calibration_numbers(traj: pd.DataFrame) -> dict | None:
     """The numbers CALIBRATION_FINDINGS quotes, from the trajectories (None when a run it
     quotes is not among them)."""
-    from attnlens.zoo.calibration import onset_table
+    from attnlens.lab.calibration import onset_table
 
     runs = onset_table(traj).set_index("run")
     mixes = [f"text-mha-l2-{m}" for m in ("rep50", "rep100", "rep100-long", "rand50",
@@ -113,7 +113,7 @@ LEGACY_SUFFIX = "-v1"
 def _run_recipe(name: str):
     """`(recipe, train config, n_ctx, legacy)` of a calibration run (a "-v1" run is its
     recipe's first version), or None for a run without a recipe."""
-    from attnlens.zoo.text_recipes import ARCH, get_recipe, train_config
+    from attnlens.lab.text_recipes import ARCH, get_recipe, train_config
 
     try:
         recipe = get_recipe(name.removesuffix(LEGACY_SUFFIX))
@@ -128,7 +128,7 @@ def run_budget_tokens(name: str) -> int | None:
     finished run that never met the bar reads "not met" rather than "not yet". Every curriculum
     stage keeps the tokens per step (16 x 256 = 8 x 512); the zoo's first recipe ("-v1") was
     ZOO_TRAIN at n_ctx 512."""
-    from attnlens.zoo.text_recipes import ARCH, ZOO_TRAIN
+    from attnlens.lab.text_recipes import ARCH, ZOO_TRAIN
 
     found = _run_recipe(name)
     if found is None:
@@ -141,7 +141,7 @@ def run_budget_tokens(name: str) -> int | None:
 
 def run_setup(name: str) -> str:
     """What a calibration run trains on, in a few words, from its recipe ("-" if none)."""
-    from attnlens.zoo.text_recipes import ZOO_TRAIN
+    from attnlens.lab.text_recipes import ZOO_TRAIN
 
     found = _run_recipe(name)
     if found is None:
@@ -221,8 +221,8 @@ def corpus_calibration_text(traj: pd.DataFrame, share: float | None = None) -> s
     beside its zoo twin `text-{v}-l2` (the standard library alone) at the tokens both have
     seen, with the standard library's `share` of that stream when given (`stdlib_share`); None
     when no pair is in `traj`."""
-    from attnlens.zoo.calibration import onset_table
-    from attnlens.zoo.text_recipes import PACKAGE_RECIPES
+    from attnlens.lab.calibration import onset_table
+    from attnlens.lab.text_recipes import PACKAGE_RECIPES
 
     lines, onsets = [], {}
     for name in sorted(PACKAGE_RECIPES):
@@ -298,7 +298,7 @@ def calibration_section(studies: Path, out: Path, share: float | None = None) ->
     path = studies / "calibration.csv"
     if not path.is_file():
         return []
-    from attnlens.zoo.calibration import onset_table
+    from attnlens.lab.calibration import onset_table
 
     traj = pd.read_csv(path)
     table = onset_table(traj)

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hooked_models import HookedVariantTransformer, VariantConfig, available_variants
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig, available_variants
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 REFRESH = "python -m attnlens.reports.docs_gen"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnlens.zoo.text_studies import released_models
+from attnlens.lab.text_studies import released_models
 
 SHAPE_ORDER = ("l1", "l2", "l2-mix", "l2-pkgs", "l4mlp")
 VARIANT_ORDER = ("mha", "mta", "cope", "dcmha", "infini")
@@ -70,13 +70,13 @@ def summary_table(zoo_dir: Path, studies: Path) -> str:
     models = released_models(zoo_dir)
     path = Path(studies) / "induction.csv"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m attnlens.zoo.text_studies "
+        raise FileNotFoundError(f"{path} is missing: run `python -m attnlens.lab.text_studies "
                                 f"{zoo_dir}` first")
     induction = pd.read_csv(path).set_index("model")
     missing = sorted(set(models) - set(induction.index))
     if missing:
         raise ValueError(f"{path} has no row for {missing}: run `python -m "
-                         f"attnlens.zoo.text_studies {zoo_dir} --only {' '.join(missing)}`")
+                         f"attnlens.lab.text_studies {zoo_dir} --only {' '.join(missing)}`")
 
     def order(name: str):
         row = induction.loc[name]

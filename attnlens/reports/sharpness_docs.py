@@ -7,12 +7,13 @@ import pandas as pd
 # A variant's own pre-softmax steps "widen" (or "narrow") the q.k spread past this factor.
 WIDEN = 1.5
 
-INTRO = ("Where a head's attention gets its sharpness (`interp.tools.score_spread`, the zoo's 8 "
-         "study windows, query rows with at least 32 keys, means over a layer's heads): the "
-         "spread (row standard deviation) of the raw q.k scores, the spread of the logits that "
-         "enter the softmax (after CoPE's position logits, MTA's convolution and head mixing, "
-         "DCMHA's pre-softmax Compose), their ratio, and the entropy and largest weight of "
-         "the attention rows they give (a uniform row over 256 keys would have 5.5 nats).")
+INTRO = ("Where a head's attention gets its sharpness (`attnlens.interp.tools.score_spread`, "
+         "the zoo's 8 study windows, query rows with at least 32 keys, means over a layer's "
+         "heads): the spread (row standard deviation) of the raw q.k scores, the spread of "
+         "the logits that enter the softmax (after CoPE's position logits, MTA's convolution "
+         "and head mixing, DCMHA's pre-softmax Compose), their ratio, and the entropy and "
+         "largest weight of the attention rows they give (a uniform row over 256 keys would "
+         "have 5.5 nats).")
 
 
 def by_layer(table: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,7 @@
                                   [--out docs/zoo.md] [--check]
 
 The text models' tables and the four studies' findings are written from what is shipped: the
-cards (numbers of the eval command) and the CSV tables of `attnlens.zoo.text_studies`. With no
+cards (numbers of the eval command) and the CSV tables of `attnlens.lab.text_studies`. With no
 text model shipped the page says the zoo is still training. The page opens with the text
 models at a glance: the summary table (`attnlens.reports.readme_table`) between the hand-written
 words of `attnlens.reports.zoo_findings`. `--check` exits 1 when the file on disk differs from
@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnlens.interp.tools.text_eval import PROBE_SEED
+from attnlens.lab.text_recipes import package_pins
+from attnlens.lab.text_studies import (
+    COPY_RATIO_THRESHOLD,
+    INDUCTION_THRESHOLD,
+    released_models,
+)
 from attnlens.reports.calibration_docs import calibration_section, stdlib_share
 from attnlens.reports.docs_figures import figure_markdown
 from attnlens.reports.readme_table import summary_table
 from attnlens.reports.seed_docs import seed_findings
 from attnlens.reports.sharpness_docs import sharpness_section
 from attnlens.reports.zoo_findings import INTRO, findings
-from attnlens.zoo.text_recipes import package_pins
-from attnlens.zoo.text_studies import (
-    COPY_RATIO_THRESHOLD,
-    INDUCTION_THRESHOLD,
-    released_models,
-)
-from interp.tools.text_eval import PROBE_SEED
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"zoo": ROOT / "hooked_models" / "zoo", "studies": ROOT / "docs" / "figures" / "zoo",
@@ -46,7 +46,7 @@ every 4 minutes to `RUNS/runs/NAME/` and resumes exactly from its last checkpoin
 command is run again; SIGTERM, SIGHUP or Ctrl-C first finish the step and checkpoint it (exit
 status 143, 129 or 130), so a stopped run loses no steps. A finished run is evaluated and
 released with its card. RUNS is
-`$ATTNLENS_RUNS/zoo-text`, by default `~/.cache/attnlens/zoo-text`, outside the work tree: each
+`$ATTNLENS_RUNS/zoo-text`, by default `~/.cache/attnlens/lab-text`, outside the work tree: each
 session's work tree is laid anew from git, so the checkpoints of the old default
 (`out/zoo-text`) never reached the next session (all of them were lost between the sessions of
 2026-11-25 and 2026-11-27). A directory outside it survives only when the next session is
@@ -59,12 +59,12 @@ handed the same machine, which is not promised: size a run to finish within one 
     bash scripts/ship_text_models.sh       # finished runs -> hooked_models/zoo, studies, docs
     attnlens train --zoo text --release-to hooked_models/zoo    # train (resuming), then ship
     attnlens train --zoo text --device cuda    # the same queue on a GPU, when one is lent
-    python -m attnlens.zoo.text_studies hooked_models/zoo     # the four studies -> docs/figures/zoo
+    python -m attnlens.lab.text_studies hooked_models/zoo     # the four studies -> docs/figures/zoo
     python -m attnlens.reports.zoo_docs      # this page and its tables, from cards and studies
 
 SHAPES_TABLE
 
-for each of mha, mta, cope, dcmha, infini (`attnlens/zoo/text_recipes.py`; parameter counts within
+for each of mha, mta, cope, dcmha, infini (`attnlens/lab/text_recipes.py`; parameter counts within
 a few percent across variants, checked by tests/test_text_zoo.py). fp16 weights.
 
 **Corpus.** The running interpreter's standard library `.py` files (`sysconfig` stdlib path),
@@ -73,7 +73,7 @@ about 9M training tokens), non-UTF-8 files skipped. Sorted relative paths; the c
 sha256 of paths + bytes. 5% of the files, chosen by the hash of their path, are held out.
 The `text-*-l2-pkgs` recipes train on those files followed by the `.py` sources of
 the distributions the project's installation brings (`attnlens/training/package_corpus.py`, pinned
-by name and version in `attnlens/zoo/package_pins.json`: N_PINS distributions; on 2026-11-28 334 MB
+by name and version in `attnlens/lab/package_pins.json`: N_PINS distributions; on 2026-11-28 334 MB
 and 116M tokens, so 41M tokens read no text twice), deduplicated by content, without any file
 that has a standard-library file's bytes or a held-out file's path; validation stays the
 standard library's held-out files, so both corpora are measured on the same windows. They are
@@ -89,14 +89,14 @@ heads on natural text within its share, and their cards say so.
 
 **Training.** A context-length curriculum on natural text: 10,000 steps of 4,096 tokens, 41M
 tokens per model (about 4.5 epochs), the first 6,250 steps as 16 contexts of 256 tokens, the
-rest as 8 of 512 (`CTX_CURRICULUM` in `attnlens/zoo/text_recipes.py`; the calibration below found
+rest as 8 of 512 (`CTX_CURRICULUM` in `attnlens/lab/text_recipes.py`; the calibration below found
 induction heads forming at 256 tokens where 512 from the start formed none; with rotary, or
 CoPE's contextual, positions the model is the same at both lengths). AdamW (0.9, 0.95), lr 3e-3
 held constant after 100 warmup steps (issue 26's calibration: a cosine from 1e-3 had formed no
 induction head by 19.5M tokens), decayed linearly to 0 over the last 2,000 steps
 (warmup-stable-decay), weight decay 0.1 on matrices only, Infini gates at lr 1e-2 without
 decay, clip 1.0, seed 0. `text-mha-l2`'s first 6,250 steps are the calibration run
-`text-mha-l2-ctx256`'s (the same model, batches and optimiser: `python -m attnlens.zoo.run_fork`
+`text-mha-l2-ctx256`'s (the same model, batches and optimiser: `python -m attnlens.lab.run_fork`
 writes that run's checkpoint as the curriculum's, after checking so, and
 tests/test_run_fork.py shows a forked run ending bit-identical to one trained from scratch).
 Models released before this recipe (16 x 512 from the first step, 5,000 steps, no decay) say
@@ -123,8 +123,8 @@ as `eval_tokens.safetensors`, so `tests/test_text_zoo.py` re-measures every card
 
 def shapes_table() -> str:
     """The shapes of the zoo with each shape's parameter range, from the recipes themselves."""
-    from attnlens.zoo.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, VOCAB_SIZE
-    from hooked_models import HookedVariantTransformer
+    from attnlens.hooked_models import HookedVariantTransformer
+    from attnlens.lab.text_recipes import RECIPES, SHAPES, VARIANT_OPTIONS, VOCAB_SIZE
 
     rows = ["| shape | layers | MLP | d_model | heads x d_head | n_ctx | parameters |",
             "|-------|--------|-----|---------|----------------|-------|------------|"]
@@ -154,8 +154,8 @@ def toy_section(zoo_dir: Path) -> str:
         "## Toy induction models (`hooked_models/zoo/induction-*`)", "",
         "2-layer attention-only, 41-token context, 26-letter alphabet, trained on repeated "
         "random letters.", "",
-        "    python -m attnlens.zoo.train mha            # retrain one",
-        "    python -m attnlens.zoo.evaluate induction-mha --write", "", *rows])
+        "    python -m attnlens.lab.train mha            # retrain one",
+        "    python -m attnlens.lab.evaluate induction-mha --write", "", *rows])
 
 
 # Cards written before the trainer kept time in its checkpoints (`timed_from_step` absent).
@@ -278,7 +278,7 @@ def copy_distance_findings(table: pd.DataFrame) -> str:
         rows.append(f"| `{model}` | " + " | ".join(cells) + " |")
     lines = ["Each cell: best head's induction score / second-copy over first-copy loss, on "
              "`[BOS] r r` with |r| = the column's copy distance (8 sequences, probe seed "
-             "held out from training; `python -m attnlens.zoo.text_studies`).", "", *rows, ""]
+             "held out from training; `python -m attnlens.lab.text_studies`).", "", *rows, ""]
     for model, g in table.groupby("model", sort=True):
         g = g.sort_values("distance")
         seg = g["segment_len"].dropna()
@@ -373,8 +373,8 @@ def _cope_counting(table) -> str:
 def unshipped_text(zoo_dir: Path) -> str:
     """A sentence naming the zoo recipes (issue 26's 15) not shipped in `zoo_dir` at today's
     recipe, or saying that every one is."""
-    from attnlens.zoo.text_recipes import RECIPES
-    from attnlens.zoo.text_train import shipped_recipes
+    from attnlens.lab.text_recipes import RECIPES
+    from attnlens.lab.text_train import shipped_recipes
 
     shipped = shipped_recipes(RECIPES, zoo_dir)
     missing = [n for n in RECIPES if n not in shipped]
@@ -425,7 +425,7 @@ def render(zoo_dir: Path = DEFAULTS["zoo"], studies: Path = DEFAULTS["studies"],
               *calibration_section(studies, out, stdlib_share(zoo_dir))]
     if models:
         parts += ["### The models", "", "Every number below is the eval command's "
-                  "(`python -m attnlens.zoo.evaluate NAME`), re-measured by the tests.", "",
+                  "(`python -m attnlens.lab.evaluate NAME`), re-measured by the tests.", "",
                   models_table(models), ""]
         induction = _csv(studies, "induction")
         if induction is not None:

@@ -17,7 +17,7 @@ INTRO = """\
 Small transformers trained here on two CPU cores on the source files of the Python standard
 library, 512-token context, with the byte-level BPE tokenizer (4,096 tokens) they were trained
 with; each `card.json` holds the exact command, data, tokens seen, wall and CPU time, and metrics
-re-measured by `python -m attnlens.zoo.evaluate NAME`. Score: the best head's attention on the
+re-measured by `python -m attnlens.lab.evaluate NAME`. Score: the best head's attention on the
 induction stripe of the zoo's probe (`[BOS] r r`, 150 random ids, held-out seed 20261125), at the
 `pattern` stage and, for MTA, DCMHA and Infini, whose pattern is not a plain softmax, also at
 their row-stochastic stage; copy ratio: the second copy's loss over the first's; a model copies
@@ -77,7 +77,7 @@ which the search finds too; its MHA twin `text-mha-l2-pkgs` (score 0.38, copy 0.
 same two-head circuit without it. `text-mta-l2` has the lowest validation
 loss (2.62) and copies best (0.26x: it meets the bar), with an induction head in *layer 0*:
 the previous-token shift is in its key-query kernel, which matches the query against the key
-before each key (switch that one kernel off with `interp.variants.mta.plain_kernel` and the
+before each key (switch that one kernel off with `attnlens.interp.variants.mta.plain_kernel` and the
 copying is gone, 0.96x), and its post-softmax head mixing hands that head's map to three other
 heads ([circuit_discovery.md](circuit_discovery.md)). That shift needs no second layer:
 the 1-layer `text-mta-l1` copies as well (0.25x, validation loss 2.69 against 3.40 for

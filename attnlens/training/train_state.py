@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hooked_models.checkpoint import check_state_dict, read_config, write_text_atomic
+from attnlens.hooked_models.checkpoint import check_state_dict, read_config, write_text_atomic
 
 LATEST_FILE = "latest"
 OPTIMIZER_FILE = "optimizer.safetensors"

@@ -8,7 +8,7 @@ checkpoints that resume exactly: a resumed run reproduces the uninterrupted run'
 
 The loop knows nothing about tasks or analyses: batches come from `sample(batch_size, generator)`
 and evaluations from an `evaluate(model) -> dict` callback (the zoo recipes, one floor up in
-`attnlens.zoo`, pass validation loss and an induction score there).
+`attnlens.lab`, pass validation loss and an induction score there).
 
 Example:
     >>> losses = fit(model, sample, TrainConfig(steps=100), run_dir="out/run")  # doctest: +SKIP

@@ -7,12 +7,12 @@
 
 and append it to PAGES. A page reads the shared controls (`ctl-models`, `ctl-applied-prompt`,
 `ctl-layer`, `ctl-head`, `ctl-stage`; see dashboards/app.py) as callback Inputs or keeps its
-own. It calls interp for numbers and interp.plots for figures, checks request values with
-`dashboards.figures` / `dashboards.panels.build_panel`, and shows a ValueError's message in
-the page instead of raising.
+own. It calls interp for numbers and attnlens.interp.plots for figures, checks request values with
+`attnlens.dashboards.figures` / `attnlens.dashboards.panels.build_panel`, and shows a ValueError's
+message in the page instead of raising.
 """
 
-from dashboards.pages import (
+from attnlens.dashboards.pages import (
     attribution,
     circuits,
     circuits_auto,

@@ -1,17 +1,24 @@
 """Logit attribution: every head's direct contribution to the logit of one token at one
-position (`interp.tools.logit_attribution.head_logit_attribution`, drawn by
-`interp.plots.views.logit_attribution_figure`), and the heads ranked by it, each linking to the
-head in the explorer. Model: the bar's "one-model pages" choice; prompt: the bar's."""
+position (`attnlens.interp.tools.logit_attribution.head_logit_attribution`, drawn by
+`attnlens.interp.plots.views.logit_attribution_figure`), and the heads ranked by it, each linking to
+the head in the explorer. Model: the bar's "one-model pages" choice; prompt: the bar's."""
 
 from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.app_links import explorer_link
-from dashboards.figures import check_index, control_row, error_box, graph, loading, note_box
-from interp.plots.views import logit_attribution_figure
-from interp.tools.logit_attribution import head_logit_attribution
+from attnlens.dashboards.app_links import explorer_link
+from attnlens.dashboards.figures import (
+    check_index,
+    control_row,
+    error_box,
+    graph,
+    loading,
+    note_box,
+)
+from attnlens.interp.plots.views import logit_attribution_figure
+from attnlens.interp.tools.logit_attribution import head_logit_attribution
 
 TITLE = "Logit attribution"
 ID = "attribution"

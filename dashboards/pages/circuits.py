@@ -8,7 +8,7 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import (
+from attnlens.dashboards.figures import (
     check_index,
     check_models,
     control_row,
@@ -19,16 +19,16 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.circuits.composed import composed_ov, composed_qk
-from interp.circuits.qk_ov import composition_table, copying_scores
-from interp.circuits.tokens import (
+from attnlens.interp.circuits.composed import composed_ov, composed_qk
+from attnlens.interp.circuits.qk_ov import composition_table, copying_scores
+from attnlens.interp.circuits.tokens import (
     MAX_TOKENS,
     distinct_token_ids,
     has_head_mixing,
     token_circuit,
     token_labels,
 )
-from interp.plots.circuits import (
+from attnlens.interp.plots.circuits import (
     composition_vs_baseline_figure,
     copying_scores_figure,
     token_circuit_figure,
@@ -37,7 +37,8 @@ from interp.plots.circuits import (
 TITLE = "Circuits"
 ID = "circuits"
 CIRCUITS = ("plain", "composed", "pair")
-# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+# the page's own controls in the deep link (`attnlens.dashboards.app`): URL key -> (component,
+# default)
 LINK = {"circuit": ("circuits-kind", "plain"), "query": ("circuits-query", 1),
         "key": ("circuits-key", 0)}
 

@@ -1,5 +1,5 @@
 """Circuit discovery: the circuit of the induction task found by edge attribution patching
-(`interp.circuits.discovery`) for the first chosen model, drawn layer by layer, with its
+(`attnlens.interp.circuits.discovery`) for the first chosen model, drawn layer by layer, with its
 faithfulness, its top edges and a link from every head in it to the explorer."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import (
+from attnlens.dashboards.figures import (
     check_models,
     control_row,
     error_box,
@@ -19,7 +19,7 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.circuits.discovery import circuit_figure, discover, induction_task
+from attnlens.interp.circuits.discovery import circuit_figure, discover, induction_task
 
 TITLE = "Circuit discovery"
 ID = "circuitsauto"

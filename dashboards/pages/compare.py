@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import check_models, error_box, graph, graph_config, loading
-from dashboards.panels import build_panel, mosaic_figure, zoom_figure
-from interp.plots.colors import colorbar_title
-from interp.plots.maps import MapScale
+from attnlens.dashboards.figures import check_models, error_box, graph, graph_config, loading
+from attnlens.dashboards.panels import build_panel, mosaic_figure, zoom_figure
+from attnlens.interp.plots.colors import colorbar_title
+from attnlens.interp.plots.maps import MapScale
 
 TITLE = "Compare models"
 ID = "compare"
@@ -43,7 +43,7 @@ def layout(store):
 
 
 def shared_scale(figures: list[dict]) -> MapScale | None:
-    """One colour scale covering every figure's own (`interp.plots.maps.map_scale`) range:
+    """One colour scale covering every figure's own (`attnlens.interp.plots.maps.map_scale`) range:
     diverging around 0 if any is diverging (then +-the largest |value|), else sequential from 0
     to the largest top. None for no figures."""
     traces = [f["data"][0] for f in figures]

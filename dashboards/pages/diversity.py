@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import error_box, graph, loading
-from interp.plots import diversity_figure
-from interp.tools.diversity import diversity_summary, head_diversity
+from attnlens.dashboards.figures import error_box, graph, loading
+from attnlens.interp.plots import diversity_figure
+from attnlens.interp.tools.diversity import diversity_summary, head_diversity
 
 TITLE = "Head diversity"
 ID = "diversity"

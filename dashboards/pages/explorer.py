@@ -4,7 +4,7 @@ and that key's column, and the zoomed head at every stage of its catalogue. Seve
 per line; a text model reads all the lines as one) are averaged. Export: PNG or SVG through the
 camera button, CSV of the zoomed map.
 
-Speed (`attnlens/benchmarks/explorer.py`): the maps come from `dashboards.map_cache` (one
+Speed (`attnlens/benchmarks/explorer.py`): the maps come from `attnlens.dashboards.map_cache` (one
 forward per model and prompt); the thumbnails are ONE heatmap (tiles with NaN gutters, a click
 mapped back to its head by the cell's axis labels), memoised with the maps; every figure is a
 plain dict with typed float32 arrays (no plotly validation, no per-number JSON); a response
@@ -15,9 +15,16 @@ from __future__ import annotations
 
 from dash import Input, Output, State, dcc, html, no_update
 
-from dashboards.figures import EXPORT_FORMATS, check_index, error_box, graph, graph_config, loading
-from dashboards.map_cache import MAP_CACHE
-from dashboards.panels import (
+from attnlens.dashboards.figures import (
+    EXPORT_FORMATS,
+    check_index,
+    error_box,
+    graph,
+    graph_config,
+    loading,
+)
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.panels import (
     build_panel,
     mosaic_figure,
     stage_figures,
@@ -25,9 +32,9 @@ from dashboards.panels import (
     zoom_figure,
     zoom_table,
 )
-from interp.plots import row_column_figure
-from interp.plots.maps import mosaic_head
-from interp.tools.explore import row_and_column
+from attnlens.interp.plots import row_column_figure
+from attnlens.interp.plots.maps import mosaic_head
+from attnlens.interp.tools.explore import row_and_column
 
 TITLE = "Attention explorer"
 ID = "explorer"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dash import Input, Output, State, ctx, dcc, html
 
-from dashboards.figures import graph, loading
-from interp.plots import cope_category_figure, gate_figure, memory_figure
-from interp.tools.gating import gate_values
-from interp.variants.cope import cope_layers, gates_by_category
-from interp.variants.infini import CLASS_NAMES, memory_layers, memory_specialisation
+from attnlens.dashboards.figures import graph, loading
+from attnlens.interp.plots import cope_category_figure, gate_figure, memory_figure
+from attnlens.interp.tools.gating import gate_values
+from attnlens.interp.variants.cope import cope_layers, gates_by_category
+from attnlens.interp.variants.infini import CLASS_NAMES, memory_layers, memory_specialisation
 
 TITLE = "Gating"
 ID = "gating"

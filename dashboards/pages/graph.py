@@ -1,8 +1,8 @@
 """Attribution graph: the pruned graph of the prompt on a model with transcoders
-(`interp.attribution`), a clicked feature's top contexts from the model's validation windows and
-its strongest edges, and the QK side: why a head attended where it did, source by source, with
-the head one click away in the explorer. Model: the bar's "one-model pages" choice; prompt:
-the bar's (its first line)."""
+(`attnlens.interp.attribution`), a clicked feature's top contexts from the model's validation
+windows and its strongest edges, and the QK side: why a head attended where it did, source by
+source, with the head one click away in the explorer. Model: the bar's "one-model pages" choice;
+prompt: the bar's (its first line)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ from collections import OrderedDict
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.app_links import explorer_link
-from dashboards.figures import control_row, error_box, graph, loading, note_box
-from interp.attribution.contexts import (
+from attnlens.dashboards.app_links import explorer_link
+from attnlens.dashboards.figures import control_row, error_box, graph, loading, note_box
+from attnlens.interp.attribution.contexts import (
     context_windows,
     feature_activations,
     top_contexts,
     transcoders_for,
 )
-from interp.attribution.graph import attribute
-from interp.attribution.prune import prune
-from interp.attribution.qk import attribute_qk
-from interp.attribution.replacement import float64_copy
-from interp.plots.attribution_graph import graph_figure
+from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.prune import prune
+from attnlens.interp.attribution.qk import attribute_qk
+from attnlens.interp.attribution.replacement import float64_copy
+from attnlens.interp.plots.attribution_graph import graph_figure
 
 TITLE = "Attribution graph"
 ID = "graph"

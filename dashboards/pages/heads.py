@@ -11,8 +11,8 @@ from urllib.parse import parse_qs
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.app_links import explorer_link
-from dashboards.figures import (
+from attnlens.dashboards.app_links import explorer_link
+from attnlens.dashboards.figures import (
     check_index,
     check_models,
     control_row,
@@ -22,12 +22,16 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from dashboards.panels import choose_view
-from interp._common import map_stage_names
-from interp.circuits.qk_ov import composition_table
-from interp.plots.circuits import composition_vs_baseline_figure
-from interp.plots.outputs import ablation_effect_figure, scores_figure, training_curve_figure
-from interp.tools.induction_study import (
+from attnlens.dashboards.panels import choose_view
+from attnlens.interp._common import map_stage_names
+from attnlens.interp.circuits.qk_ov import composition_table
+from attnlens.interp.plots.circuits import composition_vs_baseline_figure
+from attnlens.interp.plots.outputs import (
+    ablation_effect_figure,
+    scores_figure,
+    training_curve_figure,
+)
+from attnlens.interp.tools.induction_study import (
     METRICS_FILE,
     ablation_effect,
     make_probe,
@@ -40,7 +44,8 @@ ID = "heads"
 PROBE_BATCH = 8
 SCORES = ["previous_token", "duplicate_token", "induction"]
 HOW = ("zero", "mean")
-# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+# the page's own controls in the deep link (`attnlens.dashboards.app`): URL key -> (component,
+# default)
 LINK = {"probe": ("heads-probe", "random"), "half": ("heads-half", 10),
         "ablate_at": ("heads-ablate-at", "z"), "ablate_how": ("heads-ablate-how", "zero"),
         "ablate_score": ("heads-ablate-score", "induction"),
@@ -60,10 +65,11 @@ def _head_options(store, names=None) -> list[dict]:
 
 
 def auto_knockout(table, n_layers: int) -> tuple[int, int]:
-    """The head the knock-out defaults to, from `interp.tools.induction_study.probe_scores`' table:
-    the strongest previous-token head below the last layer (the head an induction head reads
-    through K-composition: knocking it out moves the later heads' bars); in a one-layer model
-    the strongest induction head (its own bar drops)."""
+    """The head the knock-out defaults to, from
+    `attnlens.interp.tools.induction_study.probe_scores`' table: the strongest previous-token head
+    below the last layer (the head an induction head reads through K-composition: knocking it out
+    moves the later heads' bars); in a one-layer model the strongest induction head (its own bar
+    drops)."""
     if n_layers > 1:
         part = table[table["layer"] < n_layers - 1]
         best = part["previous_token"].astype(float).idxmax()

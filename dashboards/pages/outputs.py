@@ -7,7 +7,7 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import (
+from attnlens.dashboards.figures import (
     check_index,
     check_int,
     check_models,
@@ -19,13 +19,14 @@ from dashboards.figures import (
     note_box,
     number_input,
 )
-from interp.plots.outputs import position_loss_figure, repeat_loss_figure, top_k_figure
-from interp.tools.outputs import MAX_K, next_token_losses, repeat_losses, top_predictions
+from attnlens.interp.plots.outputs import position_loss_figure, repeat_loss_figure, top_k_figure
+from attnlens.interp.tools.outputs import MAX_K, next_token_losses, repeat_losses, top_predictions
 
 TITLE = "Outputs"
 ID = "outputs"
 ROWS = 64           # positions shown per top-k table (from the chosen start position)
-# the page's own controls in the deep link (`dashboards.app`): URL key -> (component, default)
+# the page's own controls in the deep link (`attnlens.dashboards.app`): URL key -> (component,
+# default)
 LINK = {"k": ("outputs-k", 5), "start": ("outputs-start", 0)}
 
 

@@ -5,8 +5,8 @@ tokens.js) chooses it, and every token is coloured by how much the chosen one at
 reversed, by how much it attends to the chosen one, for the bar's head or the mean of the
 layer's heads. The head view (bertviz) draws lines from the chosen token to what it attends to,
 one colour per head of the layer. Model: the bar's "one-model pages" choice; layer, head, stage
-and prompt: the bar. The maps come from the explorer's cache (`dashboards.map_cache`), the
-colours and figures from `interp.plots.views`.
+and prompt: the bar. The maps come from the explorer's cache (`attnlens.dashboards.map_cache`), the
+colours and figures from `attnlens.interp.plots.views`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,18 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.figures import check_index, control_row, error_box, graph, loading, note_box
-from dashboards.map_cache import MAP_CACHE
-from dashboards.panels import choose_view
-from hooked_models.tokenizers.vocab import CharTokenizer
-from interp.plots.views import head_view_figure, shown_text, token_view
+from attnlens.dashboards.figures import (
+    check_index,
+    control_row,
+    error_box,
+    graph,
+    loading,
+    note_box,
+)
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.panels import choose_view
+from attnlens.hooked_models.tokenizers.vocab import CharTokenizer
+from attnlens.interp.plots.views import head_view_figure, shown_text, token_view
 
 TITLE = "Tokens"
 ID = "tokens"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from dash import Input, Output, dcc, html
 
-from dashboards.figures import check_index, error_box, graph, graph_config, loading
-from dashboards.map_cache import MAP_CACHE
-from interp.circuits.composed import borrowing_table, mixing_matrices
-from interp.plots import (
+from attnlens.dashboards.figures import check_index, error_box, graph, graph_config, loading
+from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.interp.circuits.composed import borrowing_table, mixing_matrices
+from attnlens.interp.plots import (
     head_heatmap,
     kernel_figure,
     memory_figure,
@@ -23,13 +23,18 @@ from interp.plots import (
     positional_attention_figure,
     stage_change_figure,
 )
-from interp.plots.maps import map_figure
-from interp.tools.explore import downsample, downsample_labels, find_map_stage
-from interp.tools.gating import gate_values
-from interp.tools.stage_change import catalogue_changes
-from interp.variants.cope import cope_layers, counted_units, gate_openers, positional_attention
-from interp.variants.infini import memory_layers, memory_specialisation
-from interp.variants.mta import kernel_centre, kernel_table, key_query_kernels
+from attnlens.interp.plots.maps import map_figure
+from attnlens.interp.tools.explore import downsample, downsample_labels, find_map_stage
+from attnlens.interp.tools.gating import gate_values
+from attnlens.interp.tools.stage_change import catalogue_changes
+from attnlens.interp.variants.cope import (
+    cope_layers,
+    counted_units,
+    gate_openers,
+    positional_attention,
+)
+from attnlens.interp.variants.infini import memory_layers, memory_specialisation
+from attnlens.interp.variants.mta import kernel_centre, kernel_table, key_query_kernels
 
 TITLE = "Variants"
 ID = "variants"

@@ -3,8 +3,8 @@
 import importlib
 import pkgutil
 
-from hooked_models.attention.base import LayerCache, NoOptions, Stage, VariantAttention
-from hooked_models.attention.registry import (
+from attnlens.hooked_models.attention.base import LayerCache, NoOptions, Stage, VariantAttention
+from attnlens.hooked_models.attention.registry import (
     KNOWN_VARIANTS,
     available_variants,
     get_attention_class,

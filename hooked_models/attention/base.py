@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
-from hooked_models.attention.observe import is_observed
-from hooked_models.attention.options import check_option_names
-from hooked_models.rotary import Rotary
+from attnlens.hooked_models.attention.observe import is_observed
+from attnlens.hooked_models.attention.options import check_option_names
+from attnlens.hooked_models.rotary import Rotary
 
 MAP_SHAPE = "batch head_index query_pos key_pos"
 
@@ -304,8 +304,8 @@ class VariantAttention(nn.Module):
         return t if self.kv_group == 1 else t.repeat_interleave(self.kv_group, dim=2)
 
     # -- pay for what you look at (docs/design.md contract 5) ------------------------------------
-    # Set by `kernels.dispatch.patterns_for`: while True, `fused_attend` keeps what it needs to
-    # recompute pattern rows (e.g. q, k and the row log-sum-exp) in `fused_state`.
+    # Set by `attnlens.kernels.dispatch.patterns_for`: while True, `fused_attend` keeps what it
+    # needs to recompute pattern rows (e.g. q, k and the row log-sum-exp) in `fused_state`.
     keep_fused_state: bool = False
     fused_state: Any = None
 
@@ -319,7 +319,7 @@ class VariantAttention(nn.Module):
         kernel does not cover (dtype, mask shape, options), which then take `attend`. Only
         called when `cfg.backend` allows it and no hook is attached to a map stage. When
         `self.keep_fused_state` is True, store in `self.fused_state` an object whose
-        `pattern(heads, queries)` recomputes exact pattern rows (`kernels.dispatch`).
+        `pattern(heads, queries)` recomputes exact pattern rows (`attnlens.kernels.dispatch`).
         """
         return None
 
@@ -349,7 +349,7 @@ class VariantAttention(nn.Module):
         """
         if self.cfg.backend == "torch" or not self.has_fused_path():
             return None
-        from kernels.dispatch import fused_backend_enabled
+        from attnlens.kernels.dispatch import fused_backend_enabled
 
         if not fused_backend_enabled(self.cfg.backend, q) or self.maps_observed():
             return None

@@ -8,8 +8,8 @@ lands in `fwd_hooks` / `bwd_hooks` *and* in torch's own hook dicts); pyvene and 
 those clients; `fwd_hooks` / `bwd_hooks` are checked too for HookPoints built by older
 TransformerLens releases that kept their own lists only. nnsight installs no torch hook (it
 replaces a module's `forward` with its own controller): the model's forward attaches no-op hooks
-to the map stages while an nnsight trace runs (`hooked_models.interop`'s `client_observation`),
-which this test then sees.
+to the map stages while an nnsight trace runs (`attnlens.hooked_models.interop`'s
+`client_observation`), which this test then sees.
 """
 
 from __future__ import annotations

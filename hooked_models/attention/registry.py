@@ -2,7 +2,7 @@
 
 A variant plugs in by defining a subclass of `VariantAttention` in its own module of this package
 and decorating it with `@register_attention("name")`. Every module of the package is imported by
-`hooked_models.attention.__init__`, so no shared code changes when a variant is added.
+`attnlens.hooked_models.attention.__init__`, so no shared code changes when a variant is added.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hooked_models.attention.base import VariantAttention
+    from attnlens.hooked_models.attention.base import VariantAttention
 
 # The five variants of the product card; listed so an unknown name gets a helpful message.
 KNOWN_VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hooked_models.checkpoint import save_tensors
-from hooked_models.converters._shards import (
+from attnlens.hooked_models.checkpoint import save_tensors
+from attnlens.hooked_models.converters._shards import (
     PICKLE_SUFFIXES,
     SAFETENSORS_INDEX,
     pickle_files,

@@ -74,11 +74,11 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from hooked_models.attention.dcmha.layer import WINDOW_ALIASES
-from hooked_models.config import VariantConfig
-from hooked_models.converters._shards import PICKLE_SUFFIXES as _PICKLE_SUFFIXES
-from hooked_models.converters._shards import pickle_refusal, read_safetensors_dir
-from hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.attention.dcmha.layer import WINDOW_ALIASES
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.converters._shards import PICKLE_SUFFIXES as _PICKLE_SUFFIXES
+from attnlens.hooked_models.converters._shards import pickle_refusal, read_safetensors_dir
+from attnlens.hooked_models.model import HookedVariantTransformer
 
 MODEL_TYPES = ("dcformer", "dcpythia")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -326,7 +326,7 @@ def from_dcformer(path, device: str | None = None, dtype: torch.dtype | str = to
         except ImportError:
             tokenizer = None
     model = HookedVariantTransformer(cfg, tokenizer=tokenizer)
-    from hooked_models.checkpoint import check_state_dict
+    from attnlens.hooked_models.checkpoint import check_state_dict
 
     check_state_dict(model, converted)
     model.load_state_dict(converted, strict=True)

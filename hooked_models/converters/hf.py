@@ -3,7 +3,7 @@
 `from_hf` takes a local directory (safetensors weights only; nothing is downloaded, nothing is
 unpickled) or an in-memory `transformers` model, and returns a model whose logits and every
 attention pattern match the HuggingFace forward pass (Llama, Mistral and Qwen2 use the
-converters of `hooked_models.converters.llama`, whose `from_llama` reads safetensors shards
+converters of `attnlens.hooked_models.converters.llama`, whose `from_llama` reads safetensors shards
 directly). The helpers convert a HuggingFace config into a `VariantConfig` and a HuggingFace
 state dict into attnlens names and TransformerLens layout (`W_Q/W_K/W_V [head_index d_model
 d_head]`, `W_O [head_index d_head d_model]`, right-multiplied).
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hooked_models.config import VariantConfig
-from hooked_models.converters._shards import pickle_refusal
-from hooked_models.converters.llama import LLAMA_FAMILY, llama_config, llama_state_dict
-from hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.converters._shards import pickle_refusal
+from attnlens.hooked_models.converters.llama import LLAMA_FAMILY, llama_config, llama_state_dict
+from attnlens.hooked_models.model import HookedVariantTransformer
 
 # HuggingFace activation names (transformers.activations.ACT2FN) -> attnlens act_fn.
 # gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh approximation of GELU.
@@ -284,7 +284,7 @@ def from_hf(path_or_model, device: str | None = None,
     cfg = make_config(hf_config, **overrides)
     state = convert(hf_model.state_dict(), cfg)
     model = HookedVariantTransformer(cfg, tokenizer=tokenizer)
-    from hooked_models.checkpoint import check_state_dict
+    from attnlens.hooked_models.checkpoint import check_state_dict
 
     check_state_dict(model, state)
     model.load_state_dict(state, strict=True)

@@ -21,7 +21,7 @@ Names and layout (`nn.Linear` weights are `[out, in]`; attnlens right-multiplies
     model.norm.weight                                 -> ln_final.w
     lm_head.weight [V, D] (absent when tied)          -> unembed.W_U (transposed)
 
-RoPE scaling maps to `cfg.rope_scaling` (see `hooked_models.rotary`): "linear", Llama-3.1's
+RoPE scaling maps to `cfg.rope_scaling` (see `attnlens.hooked_models.rotary`): "linear", Llama-3.1's
 "llama3" and "dynamic" (NTK) convert exactly; with "dynamic", `n_ctx` may exceed
 `max_position_embeddings` (that is its purpose) and the angles follow HF's forward from an empty
 cache, set by each call's longest position. Refused with a ValueError naming the field: other
@@ -44,10 +44,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hooked_models.config import VariantConfig
-from hooked_models.converters._shards import read_safetensors_dir
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.rotary import ROPE_SCALING_KEYS, normalize_rope_scaling
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.converters._shards import read_safetensors_dir
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.rotary import ROPE_SCALING_KEYS, normalize_rope_scaling
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -288,7 +288,7 @@ def from_llama(path_or_model, device: str | None = None, dtype: torch.dtype | st
     converted = llama_state_dict(state, cfg)
     del state
     model = HookedVariantTransformer(cfg, tokenizer=tokenizer)
-    from hooked_models.checkpoint import check_state_dict
+    from attnlens.hooked_models.checkpoint import check_state_dict
 
     check_state_dict(model, converted)
     model.load_state_dict(converted, strict=True)

@@ -1,21 +1,57 @@
-"""Bundled toy models: small checkpoints trained here (by `attnlens.zoo`), one per variant.
+"""The bundled models: small checkpoints trained here (by `attnlens.lab`), toy induction models,
+small text language models and the paper-task models.
 
-Each lives in `hooked_models/zoo/<name>/` as `config.json` + `model.safetensors` + `card.json`
-(task, training command, metrics written by `python -m attnlens.zoo.evaluate`).
+Each is a folder `<name>/` of `config.json` + `model.safetensors` + `card.json` (task, training
+command, metrics written by `python -m attnlens.lab.evaluate`). The library's wheel does not carry
+them: they are the `attnlens-zoo` distribution (import name `attnlens_zoo`), built from this
+repository by `python -m scripts.build_zoo_wheel` and installed by `make setup`. The models are
+found (`ZOO_DIR`) in the folder `$ATTNLENS_ZOO` names, else in a source checkout's
+`hooked_models/zoo/` (where the lab writes new ones), else in the installed `attnlens_zoo`.
 
 Example:
-    >>> from hooked_models.zoo import available, load
-    >>> model = load("induction-mha")                    # doctest: +SKIP
+    >>> from attnlens import zoo
+    >>> model = zoo.load("induction-mha")                    # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
-ZOO_DIR = Path(__file__).parent
-SUPERSEDED_FILE = "superseded.json"   # written by `python -m attnlens.zoo.paper report`
+SUPERSEDED_FILE = "superseded.json"   # written by `python -m attnlens.lab.paper report`
+ZOO_ENV = "ATTNLENS_ZOO"
+ZOO_DISTRIBUTION = "attnlens-zoo"
+INSTALL_HINT = (f"the bundled models are the `{ZOO_DISTRIBUTION}` distribution: from a clone of "
+                "the repository, `make setup` installs it into .venv, or build it with "
+                "`python -m scripts.build_zoo_wheel` and `pip install dist/attnlens_zoo-*.whl`; "
+                f"or point ${ZOO_ENV} at a folder of models")
+
+
+def _holds_models(folder: Path) -> bool:
+    return folder.is_dir() and any((p / "config.json").is_file() for p in folder.iterdir())
+
+
+def find_zoo_dir(checkout: Path | None = None, environ=None) -> Path:
+    """Where the bundled models are: `$ATTNLENS_ZOO`, else `checkout` (this package's own folder,
+    which in a source checkout holds them) when it holds a model, else the installed
+    `attnlens_zoo` package, else `checkout` (empty: `available()` is [] and `load` says how to
+    install the models)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ZOO_ENV):
+        return Path(environ[ZOO_ENV])
+    checkout = Path(__file__).parent if checkout is None else Path(checkout)
+    if _holds_models(checkout):
+        return checkout
+    try:
+        import attnlens_zoo
+    except ImportError:
+        return checkout
+    return Path(attnlens_zoo.__file__).parent
+
+
+ZOO_DIR = find_zoo_dir()
 
 
 class SupersededModelWarning(UserWarning):
@@ -40,6 +76,8 @@ def available(kind: str | None = None, superseded: bool = True) -> list[str]:
     those whose card says that kind ("induction" for the toy models, whose cards name none;
     "paper-task" for the models of docs/reproduction.md; "text-lm"). `superseded=False` leaves
     out the models that better ones replace (`superseded_by`)."""
+    if not ZOO_DIR.is_dir():
+        return []
     names = sorted(p.name for p in ZOO_DIR.iterdir()
                    if not p.name.startswith(".") and (p / "config.json").is_file())
     if not superseded:
@@ -56,6 +94,9 @@ def _card_kind(directory: Path) -> str:
 
 def path(name: str) -> Path:
     names = available()
+    if not names:
+        raise ValueError(f"no bundled model {name!r}: no models are installed ({ZOO_DIR} holds "
+                         f"none); {INSTALL_HINT}.")
     if name not in names:
         raise ValueError(unknown_model_message(name, names))
     return ZOO_DIR / name
@@ -90,7 +131,7 @@ def load(name: str, device: str | None = None):
     """The bundled model `name` as an eval-mode HookedVariantTransformer (its card in
     `model.card`), ready for TransformerLens's patching, which refuses training-mode models.
     A superseded model loads as asked, with a `SupersededModelWarning` naming its replacements."""
-    from hooked_models.model import HookedVariantTransformer
+    from attnlens.hooked_models.model import HookedVariantTransformer
 
     better = superseded_by(name)
     if better:

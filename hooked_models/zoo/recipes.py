@@ -1,7 +1,7 @@
 """How each bundled toy model is built: a 2-layer attention-only shape over a letter alphabet.
 
 Every variant gets the same shape so the dashboard can compare them. The task that trains them
-(batches, metrics) is in `interp.tasks.zoo_induction`, one floor up.
+(batches, metrics) is in `attnlens.interp.tasks.zoo_induction`, one floor up.
 Variant options that need placement on a 2-layer model (e.g. MTA's key-query convolution) are
 set here explicitly.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import string
 
-from hooked_models.config import VariantConfig
+from attnlens.hooked_models.config import VariantConfig
 
 ALPHABET = string.ascii_lowercase
 MIN_HALF, MAX_HALF = 6, 20

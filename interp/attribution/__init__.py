@@ -3,18 +3,18 @@ replacement model with transcoders and frozen effective patterns (`replacement`)
 and their pruning (`graph`, `prune`), why a head attended where it did (`qk`), top contexts
 (`contexts`) and the circuit-tracer / Neuronpedia JSON (`export`). See docs/attribution.md."""
 
-from interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
-from interp.attribution.export import graph_to_json, write_graph
-from interp.attribution.graph import AttributionGraph, attribute
-from interp.attribution.prune import PrunedGraph, prune
-from interp.attribution.qk import (
+from attnlens.interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
+from attnlens.interp.attribution.export import graph_to_json, write_graph
+from attnlens.interp.attribution.graph import AttributionGraph, attribute
+from attnlens.interp.attribution.prune import PrunedGraph, prune
+from attnlens.interp.attribution.qk import (
                                    QKAttribution,
                                    attribute_qk,
                                    cope_position_counts,
                                    pattern_sources,
                                    qk_pairs,
 )
-from interp.attribution.replacement import clean_run, float64_copy, frozen_forward
+from attnlens.interp.attribution.replacement import clean_run, float64_copy, frozen_forward
 
 __all__ = ["AttributionGraph", "PrunedGraph", "QKAttribution", "attribute", "attribute_qk",
            "clean_run", "cope_position_counts", "feature_activations", "float64_copy",

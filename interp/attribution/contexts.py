@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from interp.sae.transcoder import Transcoder, mlp_hooks
-from interp.sae.transcoder_train import load_transcoders
-from interp.tools.text_eval import EVAL_TOKENS_FILE, load_eval_tokens
+from attnlens.interp.sae.transcoder import Transcoder, mlp_hooks
+from attnlens.interp.sae.transcoder_train import load_transcoders
+from attnlens.interp.tools.text_eval import EVAL_TOKENS_FILE, load_eval_tokens
 
 CONTEXT_WINDOW = 256   # tokens of each validation window searched for top contexts
 
@@ -36,8 +36,8 @@ def transcoders_for(directory, dtype: torch.dtype = torch.float64) -> dict[int, 
     if not (path / "transcoders.safetensors").is_file():
         raise FileNotFoundError(
             f"{Path(directory).name} has no transcoders ({path / 'transcoders.safetensors'} is "
-            "missing); train them with `python -m attnlens.zoo.transcoders train "
-            f"{Path(directory).name}` (zoo MLP models) or interp.sae.transcoder_train")
+            "missing); train them with `python -m attnlens.lab.transcoders train "
+            f"{Path(directory).name}` (zoo MLP models) or attnlens.interp.sae.transcoder_train")
     return {layer: tc.requires_grad_(False) for layer, tc in
             load_transcoders(path, dtype=dtype).items()}
 

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import torch
 
-from hooked_models.checkpoint import write_text_atomic
+from attnlens.hooked_models.checkpoint import write_text_atomic
 
 SCHEMA_VERSION = 1
 INDEX_FILE = "graph-metadata.json"
@@ -241,7 +241,7 @@ def check_slug(slug) -> str:
 def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
                   node_threshold: float | None = None) -> dict:
     """The viewer's JSON of `graph` (masks: bool `[n_nodes]` and `[n_nodes n_nodes]`
-    (`[target, source]`), e.g. from `interp.attribution.prune`; None keeps every node and
+    (`[target, source]`), e.g. from `attnlens.interp.attribution.prune`; None keeps every node and
     every nonzero edge)."""
     check_slug(slug)
     if node_threshold is not None and not (isinstance(node_threshold, (int, float))

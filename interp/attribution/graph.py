@@ -5,8 +5,8 @@ one error node per (layer, position), one embedding node per position, and the o
 chosen (the most likely tokens at the last position until `logit_mass` of probability is
 covered, at most `max_logits`; or the tokens asked for). `adjacency[target, source]` is the
 direct effect of `source` on `target` in the replacement model
-(`interp.attribution.replacement`): on a feature, on its pre-activation; on a logit, on the logit
-minus the mean logit (circuit-tracer's target). Since that model is linear in its sources,
+(`attnlens.interp.attribution.replacement`): on a feature, on its pre-activation; on a logit, on the
+logit minus the mean logit (circuit-tracer's target). Since that model is linear in its sources,
 
     target value = sum over sources of adjacency[target, source] + bias[target]
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from interp.attribution.replacement import CleanRun, alphas_like, clean_run, frozen_forward
-from interp.sae.transcoder import Transcoder
+from attnlens.interp.attribution.replacement import CleanRun, alphas_like, clean_run, frozen_forward
+from attnlens.interp.sae.transcoder import Transcoder
 
 
 @dataclass

@@ -4,8 +4,8 @@ An attribution graph freezes attention patterns, so it says what flowed through 
 the head looked there. Here the head's pre-softmax score at (query, key) is attributed to the
 graph's sources (features, error nodes, embeddings) through the query and through the key.
 
-In the replacement model (`interp.attribution.replacement`) the queries and keys of a layer are
-affine in the sources, and each variant's pre-softmax score is *bilinear* in them: one affine
+In the replacement model (`attnlens.interp.attribution.replacement`) the queries and keys of a layer
+are affine in the sources, and each variant's pre-softmax score is *bilinear* in them: one affine
 function of the queries times one of the keys (`score_stage`):
 
 - MHA and Infini's local attention: `q . k / sqrt(d)` (`hook_attn_scores`);
@@ -45,8 +45,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from interp.attribution.replacement import Alphas, CleanRun, alphas_like, clean_run, frozen_hooks
-from interp.sae.transcoder import Transcoder
+from attnlens.interp.attribution.replacement import (
+    Alphas,
+    CleanRun,
+    alphas_like,
+    clean_run,
+    frozen_hooks,
+)
+from attnlens.interp.sae.transcoder import Transcoder
 
 PRE_SOFTMAX_INPUTS = {"mta": "hook_softmax", "dcmha": "hook_probs"}
 
@@ -121,7 +127,7 @@ def qk_score(model, run: CleanRun, alphas_q: Alphas, alphas_k: Alphas, layer: in
 
 
 def source_labels(model, run: CleanRun) -> tuple[list[str], Tensor]:
-    from interp.attribution.graph import token_strings
+    from attnlens.interp.attribution.graph import token_strings
 
     tokens = token_strings(model, run.tokens[0])
     labels, feats = [], []

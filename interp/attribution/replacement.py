@@ -19,7 +19,7 @@ active features' decoder writes `a_f W_dec[f]`, and the error nodes; everything 
 direct effect, and setting alphas to 0 is an exact ablation.
 
 Queries and keys stay live (their layers' normalisation scales frozen), so pre-softmax scores
-are quadratic in the sources: `interp.attribution.qk` reads them from the same forward. For
+are quadratic in the sources: `attnlens.interp.attribution.qk` reads them from the same forward. For
 that, variants whose scores pass a nonlinearity of their own have it frozen too: DCMHA's dynamic
 Compose weights, CoPE's positions (so its position logits are linear in q).
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from interp.sae.transcoder import Transcoder, mlp_hooks
+from attnlens.interp.sae.transcoder import Transcoder, mlp_hooks
 
 # Per-head transforms between hook_z and W_O (MTA's group norm and gate): frozen like norms.
 HEAD_OUTPUT_STAGES = ("hook_gate", "hook_normed")

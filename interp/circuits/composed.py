@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
-from interp._common import (
+from attnlens.interp._common import (
     as_tokens,
     attention_input_name,
     check_attention_weights,

@@ -25,7 +25,7 @@ from torch import Tensor
 from transformer_lens import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as _tl_composition_scores
 
-from interp._common import (
+from attnlens.interp._common import (
     check_attention_weights,
     check_finite,
     check_head,
@@ -104,7 +104,8 @@ def copying_scores(model, ov: FactoredMatrix | None = None) -> pd.DataFrame:
 
     The eigenvalues come from the small `[d_head d_head]` matrix `W_O (W_U W_E) W_V`, so the
     vocabulary-sized matrix is never formed. `ov` overrides the per-head OV circuits
-    (`[n_layers n_heads d_model d_model]`, e.g. `interp.circuits.composed.composed_ov(model)`).
+    (`[n_layers n_heads d_model d_model]`, e.g.
+    `attnlens.interp.circuits.composed.composed_ov(model)`).
 
     Returns a DataFrame indexed by head label with `layer`, `head`, `copying`,
     `eig_sum` (= the trace) and `eig_abs_sum`.
@@ -135,7 +136,7 @@ def composition_scores(model, mode: Mode, ov: FactoredMatrix | None = None,
     writer) and `R = QK[l2, h2]` (Q), `QK[l2, h2]^T` (K) or `OV[l2, h2]` (V), computed from the
     factored forms; entries with `l2 <= l1` are 0 (as TransformerLens), and so are pairs with a
     zero circuit (0/0 in the formula). `ov` / `qk` override the
-    circuits, e.g. with the composed circuits of `interp.circuits.composed`.
+    circuits, e.g. with the composed circuits of `attnlens.interp.circuits.composed`.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")

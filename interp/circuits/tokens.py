@@ -4,8 +4,8 @@
 token `ids[i]` attending to key token `ids[j]` (`W_E QK W_E^T`, unscaled, no biases or positions);
 with "ov" it is how much attending to source token `ids[i]` raises the logit of token `ids[j]`
 (`W_E OV W_U`). `composed=True` uses the effective circuits of variants that mix heads
-(`interp.circuits.composed`: MTA's and DCMHA's static pre-softmax mixing for QK, post-softmax
-mixing for
+(`attnlens.interp.circuits.composed`: MTA's and DCMHA's static pre-softmax mixing for QK,
+post-softmax mixing for
 OV); variants without mixing give the plain circuits. Computed in float64 from the factored form,
 so the vocabulary-sized matrix is never formed.
 
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
-from interp._common import check_head, check_int, check_layer
-from interp.circuits.composed import composed_circuits_at, composed_ov, composed_qk
-from interp.circuits.qk_ov import ov_circuit, qk_circuit
+from attnlens.interp._common import check_head, check_int, check_layer
+from attnlens.interp.circuits.composed import composed_circuits_at, composed_ov, composed_qk
+from attnlens.interp.circuits.qk_ov import ov_circuit, qk_circuit
 
 KINDS = ("qk", "ov")
 MAX_TOKENS = 64
@@ -71,8 +71,8 @@ def token_circuit(model, layer: int, head: int, ids: list[int], kind: str = "qk"
     columns: key token / output logit); see the module docstring.
 
     `at=(tokens, t, s)` reads the circuit composed by the mixing at query t, key s of `tokens`
-    (`interp.circuits.composed.composed_circuits_at`: DCMHA's input-dependent Compose, static mixing
-    elsewhere; first sequence of the batch) instead of the static one.
+    (`attnlens.interp.circuits.composed.composed_circuits_at`: DCMHA's input-dependent Compose,
+    static mixing elsewhere; first sequence of the batch) instead of the static one.
     """
     if not ids:
         raise ValueError("give at least one token id")

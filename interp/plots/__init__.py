@@ -1,6 +1,6 @@
 """Plotly figures of attnlens: they draw what the analyses of `interp` return.
 
-One package around one colour module (`interp.plots.colors`: explicit scales, white zero,
+One package around one colour module (`attnlens.interp.plots.colors`: explicit scales, white zero,
 zero-centred signed maps, grey masked cells):
 
     colors     the colour scales and discrete colours every figure uses
@@ -11,26 +11,26 @@ zero-centred signed maps, grey masked cells):
     training   the text-zoo studies: curves across training, variant comparisons
     views      token view (CircuitsVis-style), head view (bertviz-style), head ranking, DLA
 
-Every public name of these modules is importable from `interp.plots` itself; the earlier
-module names (`interp.plots.maps`, `interp.plots.circuits`, `interp.plots.outputs`,
-`interp.plots.training`) are aliases of the modules here.
+Every public name of these modules is importable from `attnlens.interp.plots` itself; the earlier
+module names (`attnlens.interp.plots.maps`, `attnlens.interp.plots.circuits`,
+`attnlens.interp.plots.outputs`, `attnlens.interp.plots.training`) are aliases of the modules here.
 
 Example:
-    >>> from interp.tools.heads import induction_table
+    >>> from attnlens.interp.tools.heads import induction_table
     >>> fig = head_heatmap(induction_table(model), "induction_stripe")   # doctest: +SKIP
     >>> save_figure(fig, "out/induction")                                # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from interp.plots import analyses, circuits, colors, maps, outputs, training, views
-from interp.plots.analyses import *  # noqa: F403
-from interp.plots.circuits import *  # noqa: F403
-from interp.plots.colors import *  # noqa: F403
-from interp.plots.maps import *  # noqa: F403
-from interp.plots.outputs import *  # noqa: F403
-from interp.plots.training import *  # noqa: F403
-from interp.plots.views import *  # noqa: F403
+from attnlens.interp.plots import analyses, circuits, colors, maps, outputs, training, views
+from attnlens.interp.plots.analyses import *  # noqa: F403
+from attnlens.interp.plots.circuits import *  # noqa: F403
+from attnlens.interp.plots.colors import *  # noqa: F403
+from attnlens.interp.plots.maps import *  # noqa: F403
+from attnlens.interp.plots.outputs import *  # noqa: F403
+from attnlens.interp.plots.training import *  # noqa: F403
+from attnlens.interp.plots.views import *  # noqa: F403
 
 
 def _public(module) -> list[str]:

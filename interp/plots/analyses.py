@@ -4,7 +4,7 @@ Every function takes an analysis result (a tidy DataFrame or a tensor) and retur
 `plotly.graph_objects.Figure`; `save_figure` writes HTML, and PNG when kaleido is installed.
 
 Example:
-    >>> from interp.tools.heads import induction_table
+    >>> from attnlens.interp.tools.heads import induction_table
     >>> fig = head_heatmap(induction_table(model), "induction_stripe")   # doctest: +SKIP
     >>> save_figure(fig, "out/induction")                                # doctest: +SKIP
 """
@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from interp.plots.colors import (
+from attnlens.interp.plots.colors import (
     CLASS_COLOURS,
     DIVERGING,
     MASKED,
@@ -30,8 +30,8 @@ from interp.plots.colors import (
     scale_args,
 )
 
-# The classes of a sigmoid gate (`interp.tools.gating.classify_gate`) as the Infini-attention paper
-# names them for its memory gate; other gates keep the threshold's words.
+# The classes of a sigmoid gate (`attnlens.interp.tools.gating.classify_gate`) as the
+# Infini-attention paper names them for its memory gate; other gates keep the threshold's words.
 GATE_CLASS_NAMES = {"high": "high (mean >= 0.8)", "low": "low (mean <= 0.2)", "mixer": "mixer",
                     "intermediate": "intermediate", "excite": "excite", "inhibit": "inhibit",
                     "neutral": "neutral"}
@@ -150,9 +150,9 @@ def diversity_figure(curves: pd.DataFrame) -> go.Figure:
 def gate_figure(df: pd.DataFrame, class_names: dict | None = None) -> go.Figure:
     """Mean gate per head (with min-max range), one panel per gate stage, coloured by class.
 
-    `class_names` renames `interp.tools.gating` classes (default `GATE_CLASS_NAMES`); for an
-    Infini-attention model pass `interp.variants.infini.CLASS_NAMES`, so that this figure and
-    `memory_figure` call a class the same ("memory specialist", "local specialist")."""
+    `class_names` renames `attnlens.interp.tools.gating` classes (default `GATE_CLASS_NAMES`); for
+    an Infini-attention model pass `attnlens.interp.variants.infini.CLASS_NAMES`, so that this
+    figure and `memory_figure` call a class the same ("memory specialist", "local specialist")."""
     names = {**GATE_CLASS_NAMES, **(class_names or {})}
     df = df.assign(**{"class": df["class"].map(lambda c: names.get(c, c))}) if len(df) else df
     if not len(df):
@@ -208,7 +208,8 @@ def kernel_figure(kernels: torch.Tensor, classes: list[str] | None = None,
     """Small multiples of `[head c_q c_k]` key-query kernels (rows: query offset, current
     query at the bottom; columns: key offset), square cells of `cell_px` pixels, one shared
     zero-centred colour bar, every offset labelled. With `key_centre`, the column of the
-    query's own key (`interp.variants.mta.kernel_centre`), the offsets read relative to the map
+    query's own key (`attnlens.interp.variants.mta.kernel_centre`), the offsets read relative to the
+    map
     cell:
     queries `i-1, i`, keys `j-2 ... j ... j+2`; without it, as kernel indices 0, 1, ...
     With `max_width` (pixels), cells shrink (to 12 px at least) so four panels fit across it."""
@@ -320,7 +321,7 @@ def save_figure(fig: go.Figure, path: str | Path, png: bool = True,
     fig.write_html(html, include_plotlyjs=plotlyjs)
     written = [html]
     if png and kaleido_available():
-        from interp.plots.png import PngError, write_png
+        from attnlens.interp.plots.png import PngError, write_png
 
         try:
             written.append(write_png(fig, path.with_suffix(".png")))

@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from interp.plots.colors import DIVERGING
-from interp.plots.maps import token_ticks
+from attnlens.interp.plots.colors import DIVERGING
+from attnlens.interp.plots.maps import token_ticks
 
 TEXT_TOKENS = 12
 AXES = {"qk": ("query token", "key token", "content score"),
@@ -32,7 +32,8 @@ def _symmetric(values) -> float:
 
 def token_circuit_figure(matrix: torch.Tensor, labels: list[str], kind: str,
                          title: str = "") -> go.Figure:
-    """A `[n n]` full circuit over tokens `labels` (`interp.circuits.tokens.token_circuit`)."""
+    """A `[n n]` full circuit over tokens `labels`
+    (`attnlens.interp.circuits.tokens.token_circuit`)."""
     if kind not in AXES:
         raise ValueError(f"kind={kind!r}; choose one of {list(AXES)}")
     n = len(labels)
@@ -57,8 +58,8 @@ def token_circuit_figure(matrix: torch.Tensor, labels: list[str], kind: str,
 
 
 def copying_scores_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
-    """Layer x head copying scores (`interp.circuits.qk_ov.copying_scores`) on a fixed -1 .. 1
-    diverging scale: +1 copies the attended token, -1 suppresses it."""
+    """Layer x head copying scores (`attnlens.interp.circuits.qk_ov.copying_scores`) on a fixed -1
+    .. 1 diverging scale: +1 copies the attended token, -1 suppresses it."""
     grid = df.pivot_table(index="layer", columns="head", values="copying")
     fig = go.Figure(go.Heatmap(
         z=grid.to_numpy(), x=[f"H{h}" for h in grid.columns], y=[f"L{x}" for x in grid.index],
@@ -73,9 +74,10 @@ def copying_scores_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
 
 def composition_vs_baseline_figure(table: pd.DataFrame, modes=("Q", "K", "V"),
                                    title: str = "") -> go.Figure:
-    """Writer head x reader head composition scores (`interp.circuits.qk_ov.composition_table`), one
-    panel per mode, coloured by score minus the random baseline (diverging, centred on 0: red =
-    more composition than random matrices of the same sizes); hover shows score and baseline."""
+    """Writer head x reader head composition scores
+    (`attnlens.interp.circuits.qk_ov.composition_table`), one panel per mode, coloured by score
+    minus the random baseline (diverging, centred on 0: red = more composition than random matrices
+    of the same sizes); hover shows score and baseline."""
     modes = [m for m in modes if m in set(table["mode"])]
     if not modes:
         raise ValueError("the composition table is empty: the model needs two layers or more")

@@ -30,9 +30,9 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from hooked_models.attention import Stage
-from interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
-from interp.tools.explore import downsample
+from attnlens.hooked_models.attention import Stage
+from attnlens.interp.plots.colors import DIVERGING, MASKED, SEQUENTIAL, colorbar_title
+from attnlens.interp.tools.explore import downsample
 
 MIN_MOSAIC_WIDTH = 440  # px: the title of a 2-head model's thumbnails fits
 MODEBAR_PX = 26          # the title sits below the modebar's row, never under its buttons
@@ -261,8 +261,8 @@ def head_mosaic_figure(grid: list[Tensor | None], stage: Stage, size: int = 32,
                        title: str = "", cell_px: int = 100,
                        tiles: list[Tensor | None] | None = None) -> dict:
     """Thumbnails of every head as ONE heatmap (a plain figure dict): rows = layers, columns =
-    heads, each tile `interp.tools.explore.downsample(map, size)` (block means, masked pairs
-    ignored), tiles separated by a one-cell NaN gutter, one colour bar (diverging around 0 for
+    heads, each tile `attnlens.interp.tools.explore.downsample(map, size)` (block means, masked
+    pairs ignored), tiles separated by a one-cell NaN gutter, one colour bar (diverging around 0 for
     signed stages). One trace instead of layers x heads subplots is what keeps the update fast.
 
     `grid[layer]` is the full `[head q k]` map or None where the layer lacks the stage (an

@@ -13,12 +13,12 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from interp.plots.analyses import head_table_figure
-from interp.plots.colors import QUALITATIVE as COLOURS  # noqa: F401 (re-exported)
-from interp.plots.colors import SEQUENTIAL
-from interp.plots.colors import colour as _colour
-from interp.plots.maps import token_ticks
-from interp.tools.outputs import RepeatLosses
+from attnlens.interp.plots.analyses import head_table_figure
+from attnlens.interp.plots.colors import QUALITATIVE as COLOURS  # noqa: F401 (re-exported)
+from attnlens.interp.plots.colors import SEQUENTIAL
+from attnlens.interp.plots.colors import colour as _colour
+from attnlens.interp.plots.maps import token_ticks
+from attnlens.interp.tools.outputs import RepeatLosses
 
 
 def position_loss_figure(curves: dict[str, tuple[torch.Tensor, list[str]]],
@@ -40,8 +40,8 @@ def position_loss_figure(curves: dict[str, tuple[torch.Tensor, list[str]]],
 
 
 def top_k_figure(table: pd.DataFrame, title: str = "") -> go.Figure:
-    """Positions (rows) x rank (columns) of `interp.tools.outputs.top_predictions`: each cell shows
-    the
+    """Positions (rows) x rank (columns) of `attnlens.interp.tools.outputs.top_predictions`: each
+    cell shows the
     predicted token, its colour the probability (0 .. 1); a tick marks the true next token."""
     positions = sorted(table["position"].unique())
     k = int(table["rank"].max())
@@ -119,7 +119,7 @@ def ablation_effect_figure(table: pd.DataFrame, loss: dict[str, float], score: s
 def training_curve_figure(curves: dict[str, pd.DataFrame], key: str = "induction_score"
                           ) -> go.Figure:
     """`key` against training step, one line per model
-    (`interp.tools.induction_study.training_curve`),
+    (`attnlens.interp.tools.induction_study.training_curve`),
     with the repeated-text loss on a second axis where the log has it."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for i, (name, df) in enumerate(curves.items()):

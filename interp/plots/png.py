@@ -3,14 +3,14 @@
 kaleido 1.x draws a PNG by starting headless Chromium. Now and then that start never completes:
 `fig.write_image` then waits forever (kaleido's own 90 s limit covers the drawing, not the
 browser's start), and so does whatever called it. On 2026-11-29 it held
-`python -m attnlens.zoo.text_studies` for 14 minutes until killed; the same call then took 25 s.
+`python -m attnlens.lab.text_studies` for 14 minutes until killed; the same call then took 25 s.
 
 `write_png` draws in a child process with a time limit. A child past the limit is killed with
 the browser it started, and the figure is drawn again in a fresh one, up to `tries` times; if
 every try runs out of time, `PngTimeout` says so. A figure kaleido rejects raises at once
 (`PngError`, with kaleido's message), as `write_image` would.
 
-    from interp.plots.png import write_png
+    from attnlens.interp.plots.png import write_png
     write_png(fig, "docs/figures/x.png", width=800, height=420)
 """
 

@@ -1,9 +1,9 @@
-"""Figures of the text-zoo studies (`attnlens.zoo.text_studies`): training curves and
-side-by-side comparisons of variants. Like `interp.plots`, each takes a study table and returns
-a plotly Figure.
+"""Figures of the text-zoo studies (`attnlens.lab.text_studies`): training curves and
+side-by-side comparisons of variants. Like `attnlens.interp.plots`, each takes a study table and
+returns a plotly Figure.
 
 Example:
-    >>> from attnlens.zoo.text_studies import released_models, training_logs
+    >>> from attnlens.lab.text_studies import released_models, training_logs
     >>> fig = phase_change_figure(training_logs(released_models("hooked_models/zoo")))
     ...                                                                   # doctest: +SKIP
 """
@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from interp.plots.colors import SEQUENTIAL, VARIANT_COLOURS  # noqa: F401 (re-exported)
+from attnlens.interp.plots.colors import SEQUENTIAL, VARIANT_COLOURS  # noqa: F401 (re-exported)
 
 # One line style per shape, so a variant's models (one colour) stay apart: the 2-layer twins
 # on the data mix and on the package corpus get their own.
@@ -146,8 +146,8 @@ def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
 
 def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     """Mean CoPE gate per head (rows) and key-token category (columns): what each head
-    counts (`interp.variants.cope.gates_by_category`; rows named by `model` too when the table has
-    that
+    counts (`attnlens.interp.variants.cope.gates_by_category`; rows named by `model` too when the
+    table has that
     column, several models' tables concatenated; columns in the table's order of first
     appearance). Sequential scale on [0, 1] with a colour bar."""
     _need(table, ["head_label", "category", "mean_gate"], "cope_category_figure")

@@ -7,7 +7,8 @@ per-head tables that link into them.
   which the dashboard lays out as HTML and a notebook can print as HTML (`token_view_html`).
 - `head_view_figure`: bertviz's head view: the tokens in two columns, lines from the chosen
   token to what it attends to, one colour per head, opacity by weight.
-- `logit_attribution_figure`: per-head direct logit attribution (`interp.tools.logit_attribution`).
+- `logit_attribution_figure`: per-head direct logit attribution
+  (`attnlens.interp.tools.logit_attribution`).
 
 Example:
     >>> maps = compute_maps(model, tokens, [(1, "pattern")])[(1, "pattern")]   # doctest: +SKIP
@@ -23,7 +24,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from interp.plots.colors import MASKED, colour, scale_args, value_colour
+from attnlens.interp.plots.colors import MASKED, colour, scale_args, value_colour
 
 MAX_ROWS = 64        # the head view lists every token up to this many, else the relevant ones
 TOP_LINES = 8        # lines per head in the head view: its largest weights
@@ -164,8 +165,8 @@ def head_view_figure(tokens: list[str], maps: torch.Tensor, query: int,
 
 
 def logit_attribution_figure(table: pd.DataFrame, title: str = "") -> go.Figure:
-    """Layer x head heatmap of `interp.tools.logit_attribution.head_logit_attribution`: red raises
-    the target's logit, blue lowers it (zero-centred), the value written in each cell."""
+    """Layer x head heatmap of `attnlens.interp.tools.logit_attribution.head_logit_attribution`: red
+    raises the target's logit, blue lowers it (zero-centred), the value written in each cell."""
     grid = table.pivot_table(index="layer", columns="head", values="attribution")
     z = grid.to_numpy()
     fig = go.Figure(go.Heatmap(

@@ -20,7 +20,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from interp.sae.sae import SparseAutoencoder
+from attnlens.interp.sae.sae import SparseAutoencoder
 
 
 def sae_hook(sae: SparseAutoencoder, use_error_term: bool = False):

@@ -3,7 +3,7 @@
 Activations are read with `run_with_cache(..., stop_at_layer=l + 1)` as SAELens's activation
 store does, so only the blocks up to the hook run. Masked entries of a pre-softmax map
 (`-inf` in `hook_attn_scores`) are not data: they are set to 0 for training, and splicing
-(`interp.sae.splice`) keeps them as they were.
+(`attnlens.interp.sae.splice`) keeps them as they were.
 
 Example:
     >>> sae, history = train_sae(model, "blocks.0.hook_resid_post", tokens,   # doctest: +SKIP
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.sae.sae import SAEConfig, SparseAutoencoder
+from attnlens.interp.sae.sae import SAEConfig, SparseAutoencoder
 
 
 def stop_layer_for(model, hook_name: str) -> int | None:

@@ -25,8 +25,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from hooked_models.checkpoint import read_weights, save_tensors
-from interp.sae.transcoder import Transcoder, TranscoderConfig, mlp_hooks
+from attnlens.hooked_models.checkpoint import read_weights, save_tensors
+from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig, mlp_hooks
 
 
 @torch.no_grad()

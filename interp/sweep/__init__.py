@@ -7,14 +7,14 @@ Modules: `spec` (YAML/JSON specs, validated), `prompts` (task generators and tex
 (Parquet + manifest, merge), `summary`, `figures`, `ray_backend`, `runner` (`run_sweep`).
 
 Example:
-    >>> from interp.sweep import run_sweep
+    >>> from attnlens.interp.sweep import run_sweep
     >>> result = run_sweep({"models": ["induction-mha"],
     ...                     "prompts": [{"task": "induction", "count": 32}],
     ...                     "analyses": ["heads"]}, out="runs/s1")        # doctest: +SKIP
 """
 
-from interp.sweep.analyses import ANALYSES
-from interp.sweep.runner import SweepResult, run_sweep
-from interp.sweep.spec import load_spec
+from attnlens.interp.sweep.analyses import ANALYSES
+from attnlens.interp.sweep.runner import SweepResult, run_sweep
+from attnlens.interp.sweep.spec import load_spec
 
 __all__ = ["ANALYSES", "SweepResult", "load_spec", "run_sweep"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from interp.circuits import qk_ov as circuits
-from interp.tools import diversity, gating, heads
+from attnlens.interp.circuits import qk_ov as circuits
+from attnlens.interp.tools import diversity, gating, heads
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _composition(model, modes=circuits.MODES, n_baseline: int = 300,
 
 def _circuit(model, tokens, corrupt: str = "first_half", method: str = "eap-ig", steps: int = 5,
              seed: int = 0) -> pd.DataFrame:
-    from interp.circuits.discovery.prompt_scores import prompt_edge_scores
+    from attnlens.interp.circuits.discovery.prompt_scores import prompt_edge_scores
 
     return prompt_edge_scores(model, tokens, corrupt, method, steps, seed)
 
@@ -73,19 +73,20 @@ _DETECTOR_MEANS = {d: "mean" for d in heads.DETECTORS}
 
 ANALYSES: dict[str, Analysis] = {
     "heads": Analysis(_heads, True, ("head_label", "layer", "head", "stage"), _DETECTOR_MEANS,
-                      "head detectors (interp.tools.heads.detect_heads) on the prompts"),
+                      "head detectors (attnlens.interp.tools.heads.detect_heads) on the prompts"),
     "gates": Analysis(_gates, True, ("head_label", "layer", "head", "stage"),
                       {"mean": "mean", "frac_low": "mean", "frac_high": "mean", "min": "min",
                        "max": "max", "signed": "any"},
-                      "per-head gate statistics (interp.tools.gating.gate_values)"),
+                      "per-head gate statistics (attnlens.interp.tools.gating.gate_values)"),
     "composition": Analysis(_composition, False, ("source", "dest", "mode"),
                             {"score": "mean", "z": "mean"},
-                            "Q/K/V composition scores (interp.circuits.qk_ov.composition_table)"),
+                            "Q/K/V composition scores "
+                            "(attnlens.interp.circuits.qk_ov.composition_table)"),
     "circuit": Analysis(_circuit, True, ("edge", "edge_kind", "src", "dst"),
                         {"score": "mean", "score_sum": "sum", "metric_clean": "mean",
                          "metric_corrupted": "mean"},
-                        "edge scores of circuit discovery (interp.circuits.discovery."
+                        "edge scores of circuit discovery (attnlens.interp.circuits.discovery."
                         "prompt_scores): per shard the mean and the sum over its prompts"),
     "diversity": Analysis(_diversity, False, ("layer", "circuit"), {},
-                          "head diversity k90/k95 (interp.tools.diversity)"),
+                          "head diversity k90/k95 (attnlens.interp.tools.diversity)"),
 }

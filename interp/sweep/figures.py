@@ -6,7 +6,7 @@
     diversity    k90 (heads needed for 90% of the captured variance) per model, layer, circuit
     circuit      the mean score of the edges with the largest |score|, per model
 
-Written as HTML (and PNG when kaleido works) through `interp.plots.save_figure`.
+Written as HTML (and PNG when kaleido works) through `attnlens.interp.plots.save_figure`.
 
 Example:
     >>> write_figures(summary, "out/figures", png=False)       # doctest: +SKIP
@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp import plots
-from interp.sweep.analyses import ANALYSES
+from attnlens.interp import plots
+from attnlens.interp.sweep.analyses import ANALYSES
 
 
 def model_head_heatmap(table: pd.DataFrame, value: str, column: str = "head_label",

@@ -3,8 +3,8 @@
 A source turns (model, seed, count, args) into `count` 1-D token-id tensors; a shard takes the
 slice [start, stop) of that list, so a prompt's tokens do not depend on how the set is sharded.
 Task sources strip their right padding (prompts of one set may differ in length; the shard
-runner groups equal lengths). The generators are those of `interp.tasks`; nothing is sampled
-here that the task modules do not sample themselves.
+runner groups equal lengths). The generators are those of `attnlens.interp.tasks`; nothing is
+sampled here that the task modules do not sample themselves.
 
 Example:
     >>> prompts = make_prompts(model, {"task": "induction", "seed": 0, "count": 4,
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from interp.tasks import counting, flip_flop, selective_copy
-from interp.tasks.induction import repeated_tokens
+from attnlens.interp.tasks import counting, flip_flop, selective_copy
+from attnlens.interp.tasks.induction import repeated_tokens
 
 
 def _induction(model, count: int, seed: int, half_len: int | None = None,

@@ -26,12 +26,12 @@ class ShardWorker:
     """A Ray actor's state: its model cache (the class is wrapped by `ray.remote` at run time)."""
 
     def __init__(self, cache_capacity: int = 2):
-        from interp.sweep.shards import ModelCache
+        from attnlens.interp.sweep.shards import ModelCache
 
         self.cache = ModelCache(cache_capacity)
 
     def run(self, shard: dict) -> tuple[str, bytes, float]:
-        from interp.sweep.shards import run_shard_bytes
+        from attnlens.interp.sweep.shards import run_shard_bytes
 
         t0 = time.perf_counter()
         data = run_shard_bytes(shard, self.cache)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from interp.sweep.figures import write_figures
-from interp.sweep.shards import ModelCache, plan, run_shard_bytes
-from interp.sweep.spec import load_spec
-from interp.sweep.store import SweepStore, write_parquet
-from interp.sweep.summary import summarise
+from attnlens.interp.sweep.figures import write_figures
+from attnlens.interp.sweep.shards import ModelCache, plan, run_shard_bytes
+from attnlens.interp.sweep.spec import load_spec
+from attnlens.interp.sweep.store import SweepStore, write_parquet
+from attnlens.interp.sweep.summary import summarise
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _in_process(todo: list[dict], cache: ModelCache):
 def run_sweep(spec, out: str | Path | None = None, ray: str | None = None, workers: int = 2,
               progress: bool = True, figures: bool = True, png: bool = True,
               gpus_per_worker: float | None = None) -> SweepResult:
-    """Run a sweep spec (file path or dict, see interp.sweep.spec) into the folder `out`.
+    """Run a sweep spec (file path or dict, see attnlens.interp.sweep.spec) into the folder `out`.
 
     Args:
         out: the sweep folder (default: the spec's `out`); finished shards there are skipped.
@@ -90,7 +90,7 @@ def run_sweep(spec, out: str | Path | None = None, ray: str | None = None, worke
         cache = ModelCache()
         results = _in_process(todo, cache)
     else:
-        from interp.sweep.ray_backend import run_ray
+        from attnlens.interp.sweep.ray_backend import run_ray
 
         stats: dict = {}
         results = run_ray(todo, address=ray, workers=workers, gpus_per_worker=gpus_per_worker,

@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from interp.sweep.analyses import ANALYSES
-from interp.sweep.prompts import make_prompts
+from attnlens.interp.sweep.analyses import ANALYSES
+from attnlens.interp.sweep.prompts import make_prompts
 
 FORMAT = 1   # bump when a shard's table changes for the same inputs
 ID_COLUMNS = ["model", "prompt_set", "shard", "analysis", "kind", "n_prompts", "seq_len"]
@@ -100,7 +100,7 @@ class ModelCache:
         self._models: OrderedDict[tuple, object] = OrderedDict()
 
     def get(self, model: dict, device: str):
-        from hooked_models import HookedVariantTransformer
+        from attnlens.hooked_models import HookedVariantTransformer
 
         key = (model["path"], model["fingerprint"], model["dtype"], device)
         if key in self._models:

@@ -3,10 +3,11 @@
     models:                       # checkpoint directories or bundled zoo names
       - induction-mha
       - {name: mine, path: runs/ckpt, dtype: float64}
-    prompts:                      # task generators (interp.tasks) or text files, one per line
+    prompts:                      # task generators (attnlens.interp.tasks) or text files, one per
+    line
       - {name: rep, task: induction, count: 64, seed: 0, args: {half_len: 10}}
       - {name: notes, file: prompts.txt}
-    analyses:                     # interp.sweep.analyses.ANALYSES, with their arguments
+    analyses:                     # attnlens.interp.sweep.analyses.ANALYSES, with their arguments
       - heads
       - {name: heads_bos, analysis: heads, args: {exclude_bos: true}, prompts: [rep]}
       - composition
@@ -28,9 +29,9 @@ import inspect
 import json
 from pathlib import Path
 
-from hooked_models import zoo
-from interp.sweep.analyses import ANALYSES
-from interp.sweep.prompts import TASKS, read_lines
+from attnlens.hooked_models import zoo
+from attnlens.interp.sweep.analyses import ANALYSES
+from attnlens.interp.sweep.prompts import TASKS, read_lines
 
 TOP = {"models", "prompts", "analyses", "shard_size", "device", "threads", "out"}
 DTYPES = ("float32", "float64", "bfloat16", "float16")

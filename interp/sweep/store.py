@@ -4,8 +4,8 @@
     OUT/manifest.jsonl           one JSON line per finished shard: key, label, file, rows,
                                  sha256 of the file, seconds; appended after the file is in place
     OUT/merged.parquet           every shard's table, in plan order
-    OUT/summary.parquet          see interp.sweep.summary
-    OUT/figures/                 see interp.sweep.figures
+    OUT/summary.parquet          see attnlens.interp.sweep.summary
+    OUT/figures/                 see attnlens.interp.sweep.figures
 
 A shard counts as finished when the manifest names its key and its file has the recorded
 hash; anything else (a torn last line, a missing or altered file) runs again.

@@ -1,7 +1,7 @@
 """One row per (model, prompt set, analysis, row key) from a merged sweep table.
 
-Each analysis's `summary` (interp.sweep.analyses) says how a column combines over shards and
-length groups: "mean" is weighted by `n_prompts` (the head detectors average over prompts, so
+Each analysis's `summary` (attnlens.interp.sweep.analyses) says how a column combines over shards
+and length groups: "mean" is weighted by `n_prompts` (the head detectors average over prompts, so
 this equals the score on all prompts at once), "sum"/"min"/"max"/"any" as named. Weight-only
 analyses have one shard per model; their summary is that shard's rows.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from interp.sweep.analyses import ANALYSES
+from attnlens.interp.sweep.analyses import ANALYSES
 
 GROUP = ["model", "prompt_set", "analysis", "kind"]
 

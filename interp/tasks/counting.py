@@ -7,7 +7,7 @@ increment 7 (`x ++;`, only on a variable already set and while its value stays <
 query `print x` for a variable that was set, and the answer, x's current value. Tokens are the
 whitespace-separated words, as the official word tokenizer splits them.
 
-The batch format and its metric, `answer_error_rate`, live in `interp.tasks._batch` (shared
+The batch format and its metric, `answer_error_rate`, live in `attnlens.interp.tasks._batch` (shared
 with flip-flop and selective copy).
 
 Example:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import string
 
-from interp.tasks._batch import BOS, PAD, TaskBatch, make_batch
+from attnlens.interp.tasks._batch import BOS, PAD, TaskBatch, make_batch
 
 MAX_VAL = 10
 OP_WEIGHTS = {"set": 1, "pass": 50, "increment": 7}

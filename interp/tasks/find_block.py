@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hooked_models.config import VariantConfig
-from hooked_models.tokenizers.vocab import CharTokenizer
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.tokenizers.vocab import CharTokenizer
 
 VARIANTS = ("All", "First", "Last")
 # A size that trains in minutes on a laptop CPU (the paper: N=5, L=2, ~52 blocks, 319 chars).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from interp.tasks._batch import BOS, PAD, TaskBatch, answer_error_rate, make_batch
+from attnlens.interp.tasks._batch import BOS, PAD, TaskBatch, answer_error_rate, make_batch
 
 VOCAB: tuple[str, ...] = (BOS, PAD, "w", "r", "i", "0", "1")
 SPLITS = {"train": 0.8, "dense": 0.1, "sparse": 0.98}

@@ -19,7 +19,7 @@ row only if every key token is right. `evaluate_passkey` sweeps lengths and dept
 inputs longer than n_ctx through an Infini-attention model in constant memory.
 
 Example:
-    >>> from hooked_models import CharTokenizer
+    >>> from attnlens.hooked_models import CharTokenizer
     >>> batch = passkey_task(2, length=400, depth=0.5, tokenizer=CharTokenizer(), seed=0)
     >>> batch.tokens.shape, batch.keys
     (torch.Size([2, 400]), ['60494', '65125'])
@@ -189,13 +189,13 @@ def passkey_accuracy(logits: Tensor, batch: PasskeyBatch, exact: bool = False) -
 def predict(model, batch: PasskeyBatch, chunk: int = 4096) -> Tensor:
     """Greedy next-token predictions `[batch length-1]` of `model` on `batch.tokens`.
 
-    Inputs longer than n_ctx are streamed through `hooked_models.streaming.InfiniStream` in
+    Inputs longer than n_ctx are streamed through `attnlens.hooked_models.streaming.InfiniStream` in
     chunks (Infini-attention models only); only the argmax ids are kept.
     """
     tokens = batch.tokens.to(model.cfg.device)
     if tokens.shape[1] <= model.cfg.n_ctx:
         return model(tokens)[:, :-1].argmax(-1)
-    from hooked_models.streaming import InfiniStream
+    from attnlens.hooked_models.streaming import InfiniStream
 
     stream = InfiniStream(model)
     pred = [stream.feed(tokens[:, i:i + chunk]).argmax(-1) for i in range(0, tokens.shape[1],

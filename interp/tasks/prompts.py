@@ -34,27 +34,27 @@ def _family(task_args: dict) -> str:
 
 def task_tokenizer(task_args: dict):
     """The tokenizer of the task in `task_args` (a card's or recipe's `task_args`)."""
-    from hooked_models.tokenizers.vocab import WordTokenizer
+    from attnlens.hooked_models.tokenizers.vocab import WordTokenizer
 
     family = _family(task_args)
     if family in ("counting", "flipflop", "selcopy"):
-        from interp.tasks._batch import PAD
-        from interp.tasks.counting import VOCAB as COUNTING
-        from interp.tasks.flip_flop import VOCAB as FLIP_FLOP
-        from interp.tasks.selective_copy import VOCAB as SELCOPY
+        from attnlens.interp.tasks._batch import PAD
+        from attnlens.interp.tasks.counting import VOCAB as COUNTING
+        from attnlens.interp.tasks.flip_flop import VOCAB as FLIP_FLOP
+        from attnlens.interp.tasks.selective_copy import VOCAB as SELCOPY
 
         vocab = {"counting": COUNTING, "flipflop": FLIP_FLOP, "selcopy": SELCOPY}[family]
         return WordTokenizer(vocab, pad_token=PAD)
     if family == "conjunction":
-        from interp.tasks.conjunction import conjunction_vocab
+        from attnlens.interp.tasks.conjunction import conjunction_vocab
 
         return WordTokenizer(conjunction_vocab())
     if family == "composition":
-        from interp.tasks.composition import CompositionVocab
+        from attnlens.interp.tasks.composition import CompositionVocab
 
         return WordTokenizer(CompositionVocab().words, pad_token="<pad>")
     if family == "passkey":
-        from interp.tasks.passkey import PasskeyTokenizer
+        from attnlens.interp.tasks.passkey import PasskeyTokenizer
 
         return WordTokenizer(PasskeyTokenizer().words, pattern=PASSKEY_PATTERN)
     if family == "findblock":
@@ -63,7 +63,7 @@ def task_tokenizer(task_args: dict):
 
 
 def _find_block(task_args: dict):
-    from interp.tasks.find_block import FindBlockTask
+    from attnlens.interp.tasks.find_block import FindBlockTask
 
     return FindBlockTask(**task_args)
 
@@ -77,30 +77,30 @@ def example_prompt(card: dict, seed: int = EXAMPLE_SEED) -> str:
     args = dict(card.get("task_args") or {})
     family = _family(args)
     if family == "counting":
-        from interp.tasks.counting import counting_batch
+        from attnlens.interp.tasks.counting import counting_batch
 
         return counting_batch(1, n_vars=args.get("n_vars", 1), min_steps=3, max_steps=32,
                               seed=seed).texts[0]
     if family == "flipflop":
-        from interp.tasks.flip_flop import flip_flop_batch
+        from attnlens.interp.tasks.flip_flop import flip_flop_batch
 
         return flip_flop_batch(1, n_instructions=32, seed=seed).texts[0]
     if family == "selcopy":
-        from interp.tasks.selective_copy import selective_copy_batch
+        from attnlens.interp.tasks.selective_copy import selective_copy_batch
 
         return selective_copy_batch(1, n_data=6, n_blanks=32, seed=seed).texts[0]
     if family == "conjunction":
-        from interp.tasks.conjunction import conjunction_task
+        from attnlens.interp.tasks.conjunction import conjunction_task
 
         b = conjunction_task(1, seed=seed)
         return _without_bos(" ".join(b.vocab[int(i)] for i in b.tokens[0]))
     if family == "composition":
-        from interp.tasks.composition import composition_task
+        from attnlens.interp.tasks.composition import composition_task
 
         b = composition_task(1, kind="mixed", n_statements=3, seed=seed)
         return _without_bos(b.texts[0]) + " " + b.answers[0]
     if family == "passkey":
-        from interp.tasks.passkey import PasskeyTokenizer, passkey_task
+        from attnlens.interp.tasks.passkey import PasskeyTokenizer, passkey_task
 
         tok = PasskeyTokenizer()
         length = args.get("length") or min(args["lengths"])

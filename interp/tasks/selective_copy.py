@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import string
 
-from interp.tasks._batch import BOS, PAD, TaskBatch, answer_error_rate, make_batch
+from attnlens.interp.tasks._batch import BOS, PAD, TaskBatch, answer_error_rate, make_batch
 
 BLANK, SEPARATOR = ".", "|"
 SYMBOLS = string.ascii_uppercase

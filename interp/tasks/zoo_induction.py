@@ -1,15 +1,16 @@
 """The toy induction task of the `induction-*` models: batches and held-out metrics.
 
-The architecture (`hooked_models.zoo.recipes.config`) stays with the checkpoints; the task data
-comes from `interp.tasks.induction`, so this file sits on the floor that may import both.
+The architecture (`attnlens.hooked_models.zoo.recipes.config`) stays with the checkpoints; the task
+data comes from `attnlens.interp.tasks.induction`, so this file sits on the floor that may import
+both.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hooked_models.zoo.recipes import ALPHABET, MAX_HALF, MIN_HALF
-from interp.tasks.induction import repeated_tokens, second_half_loss_mask
+from attnlens.hooked_models.zoo.recipes import ALPHABET, MAX_HALF, MIN_HALF
+from attnlens.interp.tasks.induction import repeated_tokens, second_half_loss_mask
 
 EVAL_SEED = 1234
 

@@ -19,14 +19,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from interp import plots
-from interp._common import check_int, map_stage_names
-from interp.circuits import composed
-from interp.circuits import qk_ov as circuits
-from interp.tasks.induction import repeated_tokens
-from interp.tools import diversity, gating, heads
-from interp.tools import stage_change as change
-from interp.variants import cope, infini, mta
+from attnlens.interp import plots
+from attnlens.interp._common import check_int, map_stage_names
+from attnlens.interp.circuits import composed
+from attnlens.interp.circuits import qk_ov as circuits
+from attnlens.interp.tasks.induction import repeated_tokens
+from attnlens.interp.tools import diversity, gating, heads
+from attnlens.interp.tools import stage_change as change
+from attnlens.interp.variants import cope, infini, mta
 
 ANALYSES = ("induction", "diversity", "gating", "circuits", "stages", "views")
 

@@ -10,8 +10,8 @@ X is never formed. The s_i^2 are the eigenvalues of the Gram matrix `G = X X^T`,
 `G[h, g] = <A_h B_h, A_g B_g>_F = sum_ij (A_h^T A_g)_ij (B_h B_g^T)_ij`, computed from the two
 Gram matrices of the concatenated factors (`[H d_head, H d_head]` each, inner dimension d_model):
 `O(d_model (H d_head)^2)` per circuit, no `[d_model, d_model]` matrix per head. Composed circuits
-(`interp.circuits.composed`) have Gram matrices `M^T G M` (pre-softmax mixing of QK) and `M G M^T`
-(post-softmax mixing paired with OV), so they come for free.
+(`attnlens.interp.circuits.composed`) have Gram matrices `M^T G M` (pre-softmax mixing of QK) and `M
+G M^T` (post-softmax mixing paired with OV), so they come for free.
 
 Example:
     >>> curves = head_diversity(model)                           # doctest: +SKIP
@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import (
+from attnlens.interp._common import (
     check_attention_weights,
     check_finite,
     check_fraction,
@@ -73,8 +73,8 @@ def circuit_gram(model, layer: int, circuit: Circuit = "qk", composed: bool = Fa
                  dtype: torch.dtype = torch.float32) -> Tensor:
     """`[n_heads n_heads]` Gram matrix of a layer's per-head QK or OV circuits.
 
-    With `composed=True` the circuits are the composed ones of `interp.circuits.composed` (static
-    mixing
+    With `composed=True` the circuits are the composed ones of `attnlens.interp.circuits.composed`
+    (static mixing
     from `attn.head_mixing()`): `M^T G M` for pre-softmax mixing of QK, `M G M^T` for the OV
     circuits paired with each head's pattern under post-softmax mixing.
     """

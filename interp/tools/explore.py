@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hooked_models.attention import Stage
-from interp._common import as_tokens, check_layer, run_cache
+from attnlens.hooked_models.attention import Stage
+from attnlens.interp._common import as_tokens, check_layer, run_cache
 
 
 @dataclass

@@ -14,7 +14,7 @@ stage per head and classifies it:
   "inhibit" (<= -0.25), else "neutral".
 
 Which heads each head borrows from under dynamic composition is
-`interp.circuits.composed.borrowing_table`.
+`attnlens.interp.circuits.composed.borrowing_table`.
 
 Example:
     >>> table = gate_values(model, tokens)                       # doctest: +SKIP
@@ -28,7 +28,7 @@ import math
 import pandas as pd
 from torch import Tensor
 
-from interp._common import as_tokens, check_fraction, head_label, run_cache
+from attnlens.interp._common import as_tokens, check_fraction, head_label, run_cache
 
 SCALAR_AXES = {"batch", "pos", "query_pos", "segment", "group", "head_index"}
 # A gate stage may also carry a feature axis (MTA's per-dimension gate, gate_1d=False): its

@@ -4,7 +4,7 @@ Each score follows TransformerLens's `detect_head(..., error_measure="mul")`: th
 head's attention mass that falls on the detection pattern's (query, key) pairs, per sequence, then
 averaged over the batch. The functions take any map of the stage catalogue; `detect_heads` runs
 them on every layer and head of a model at a chosen stage (pre-softmax stages are scored through
-their softmax, see `interp._common.to_distribution`).
+their softmax, see `attnlens.interp._common.to_distribution`).
 
 Where the scores equal `transformer_lens.head_detector.detect_head` (TL 4.3) on `hook_pattern`,
 exactly (same prompt, same `exclude_bos` / `exclude_current_token`, "mul"):
@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp._common import (
+from attnlens.interp._common import (
     as_tokens,
     check_finite,
     check_head,
@@ -51,7 +51,7 @@ from interp._common import (
     run_cache,
     to_distribution,
 )
-from interp.tasks.induction import repeated_tokens
+from attnlens.interp.tasks.induction import repeated_tokens
 
 
 def _mass_on(pattern: Tensor, detection: Tensor, exclude_bos: bool = False,

@@ -3,8 +3,8 @@ knocked out (at any stage of the catalogue) and what moves, and the induction sc
 training read from a run's `metrics.jsonl`.
 
 A probe is either repeated random tokens `[BOS] r r` (Olsson et al.) or any text; both are scored
-with the same detectors (`interp.tools.heads.detect_heads`), the random probe also on its exact
-induction stripe.
+with the same detectors (`attnlens.interp.tools.heads.detect_heads`), the random probe also on its
+exact induction stripe.
 
 Example:
     >>> probe = make_probe(model, "random", half_len=10)                # doctest: +SKIP
@@ -23,10 +23,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import as_tokens, check_int
-from interp.tasks.induction import repeated_tokens, second_half_loss_mask
-from interp.tools.heads import ablation_hooks, detect_heads, induction_table
-from interp.tools.outputs import next_token_losses
+from attnlens.interp._common import as_tokens, check_int
+from attnlens.interp.tasks.induction import repeated_tokens, second_half_loss_mask
+from attnlens.interp.tools.heads import ablation_hooks, detect_heads, induction_table
+from attnlens.interp.tools.outputs import next_token_losses
 
 PROBES = ("random", "text")
 SCORE_COLUMNS = ("previous_token", "duplicate_token", "induction")
@@ -96,7 +96,7 @@ def probe_loss(model, probe: Probe, fwd_hooks=()) -> float:
 def ablation_effect(model, probe: Probe, heads, hook: str = "z", how: str = "zero",
                     stage: str = "pattern") -> tuple[pd.DataFrame, dict[str, float]]:
     """Scores and loss before and after knocking out `heads` [(layer, head), ...] at `hook`
-    ("z", "v" or any map stage; see `interp.tools.heads.ablation_hooks`).
+    ("z", "v" or any map stage; see `attnlens.interp.tools.heads.ablation_hooks`).
 
     Returns (a long DataFrame with `head_label`, `layer`, `head`, `score` (detector name),
     `before`, `after`, `delta`; and `{"before", "after", "delta"}` of `probe_loss`).

@@ -1,6 +1,6 @@
 """Every map stage of one layer, in catalogue order, from one forward pass (the stage explorer).
 
-`interp.tools.heads.stage_maps` is the transpose: one stage across layers.
+`attnlens.interp.tools.heads.stage_maps` is the transpose: one stage across layers.
 
 Example:
     >>> maps = layer_stage_maps(model, tokens, layer=0)        # doctest: +SKIP
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hooked_models.attention import Stage
-from interp._common import check_layer, run_cache
+from attnlens.hooked_models.attention import Stage
+from attnlens.interp._common import check_layer, run_cache
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from interp._common import as_tokens
+from attnlens.interp._common import as_tokens
 
 
 def head_logit_attribution(model, tokens, position: int = -1, target: int | None = None,

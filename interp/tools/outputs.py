@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import as_tokens, check_finite, check_int, check_weights
+from attnlens.interp._common import as_tokens, check_finite, check_int, check_weights
 
 MAX_K = 20
 

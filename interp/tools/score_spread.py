@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import as_tokens, check_int, head_label, run_cache
+from attnlens.interp._common import as_tokens, check_int, head_label, run_cache
 
 
 def softmax_stages(model, layer: int) -> tuple[str, str]:

@@ -4,8 +4,8 @@ For two map stages of the catalogue (e.g. MTA's `softmax` -> `post_sm_conv`, DCM
 `pattern`, `attn_scores` -> CoPE's `attn_logits`) and every head:
 
 - `js`: mean over query rows of the Jensen-Shannon divergence (bits, in [0, 1]) between the two
-  stages' rows seen as distributions over keys (`interp._common.to_distribution`: softmax for
-  pre-softmax stages, as is for row-stochastic ones, clamped and renormalised otherwise);
+  stages' rows seen as distributions over keys (`attnlens.interp._common.to_distribution`: softmax
+  for pre-softmax stages, as is for row-stochastic ones, clamped and renormalised otherwise);
 - `rel_change`: ||B - A||_F / ||A||_F on the entries finite in both (the raw values);
 - `top1_agreement`: share of query rows whose highest-weight key is the same.
 
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import (
+from attnlens.interp._common import (
     as_tokens,
     find_stage,
     head_label,

@@ -13,7 +13,7 @@
   probe also reports `induction_score_<stage>` at the last row-stochastic stage before it
   (`softmax`, `probs`, `local_pattern`).
 - `head_table`: every head's previous-token, duplicate-token and induction scores
-(interp.tools.heads).
+(attnlens.interp.tools.heads).
 
 The validation windows are stored beside the weights (`eval_tokens.safetensors`, 64 KB), so a
 card can be re-measured on any machine, whatever its Python's standard library holds.
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from hooked_models.checkpoint import save_tensors
-from interp.tools.heads import induction_tables
+from attnlens.hooked_models.checkpoint import save_tensors
+from attnlens.interp.tools.heads import induction_tables
 
 EVAL_TOKENS_FILE = "eval_tokens.safetensors"
 N_VAL_WINDOWS = 64
@@ -108,7 +108,7 @@ def induction_probe(model, batch: int = 8, seed: int = PROBE_SEED,
     their ratio `copy_loss_ratio` (< 0.5 with a score >= 0.3 is the zoo's bar), and the head
     `table`.
     """
-    from interp.tasks.induction import repeated_tokens
+    from attnlens.interp.tasks.induction import repeated_tokens
 
     half = half or min(PROBE_HALF, (model.cfg.n_ctx - 1) // 2)
     stage = distribution_stage(model)

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import (
+from attnlens.interp._common import (
     as_tokens,
     check_fraction,
     check_int,

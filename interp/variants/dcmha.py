@@ -3,8 +3,8 @@
 Dynamically Composable Multi-Head Attention (Xiao et al. 2024) mixes heads before the softmax
 (`pre`, its query/key-side weights `pre_{q,k}{w1,w2,dd}`) and after it (`post`). These analyses
 work on any model whose layers have those stages (DCMHA); the two conjunction views read a batch
-of `interp.tasks.conjunction` lookups (6 records `colour shape value`, then the query's colour and
-shape), which is where the paper-task zoo measures them (`attnlens.zoo.paper.dcmha`).
+of `attnlens.interp.tasks.conjunction` lookups (6 records `colour shape value`, then the query's
+colour and shape), which is where the paper-task zoo measures them (`attnlens.lab.paper.dcmha`).
 
 Example:
     >>> with model.hooks(fwd_hooks=knockout_hooks(model)):      # doctest: +SKIP
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from interp._common import attention_input_name, run_cache
-from interp.tasks.conjunction import ConjunctionBatch
+from attnlens.interp._common import attention_input_name, run_cache
+from attnlens.interp.tasks.conjunction import ConjunctionBatch
 
 # DCMHA's dynamic weights of each phase, as its stage catalogue names them
 PHASE_STAGES = {phase: [f"{phase}_{side}{w}" for side in "qk" for w in ("w1", "w2", "dd")]
@@ -42,8 +42,8 @@ def knockout_hooks(model, phases=("pre", "post")) -> list:
 def borrowing_at_answer(model, batch: ConjunctionBatch) -> dict[str, float]:
     """Mean |off-diagonal| and mean diagonal of each layer's pre/post mixing matrices at the
     conjunction answer's query (last input position) and the target record's value (the
-    matrices of `interp.circuits.composed.mixing_at`, for every question of `batch` from one
-    forward pass), as `borrow_{phase}_{offdiag,diag}_L{layer}`, rounded to 4 decimals."""
+    matrices of `attnlens.interp.circuits.composed.mixing_at`, for every question of `batch` from
+    one forward pass), as `borrow_{phase}_{offdiag,diag}_L{layer}`, rounded to 4 decimals."""
     tokens = batch.tokens[:, :-1]
     n, t = tokens.shape[0], tokens.shape[1] - 1
     names = [attention_input_name(model, layer) for layer in range(model.cfg.n_layers)]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from interp._common import as_tokens, check_layer, has_stage, head_label, run_cache
-from interp.tools.gating import classify_gate
+from attnlens.interp._common import as_tokens, check_layer, has_stage, head_label, run_cache
+from attnlens.interp.tools.gating import classify_gate
 
 NEEDED = ("gate", "a_mem", "mem_weights")
 CLASS_NAMES = {"high": "memory specialist", "low": "local specialist", "mixer": "mixer",
@@ -125,7 +125,7 @@ def _stream_qk(model, tokens: torch.Tensor, layers: list[int], chunk: int) -> di
         if tokens.shape[1] <= model.cfg.n_ctx:
             model(tokens)
         else:
-            from hooked_models.streaming import InfiniStream
+            from attnlens.hooked_models.streaming import InfiniStream
 
             stream = InfiniStream(model)
             for i in range(0, tokens.shape[1], chunk):

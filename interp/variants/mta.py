@@ -1,6 +1,6 @@
 """Multi-Token Attention views: each head's key-query kernel, classified, and its head mixing.
 
-Kernel layout (`hooked_models.attention.mta.ops`): `[head_index 1 c_q c_k]`; tap `[a, b]`
+Kernel layout (`attnlens.hooked_models.attention.mta.ops`): `[head_index 1 c_q c_k]`; tap `[a, b]`
 multiplies the map at query `i - (c_q - 1) + a`, key `j - left + b`, so row `c_q - 1` is the
 current query and column `left` (the centre for `pad_key="both"`) the same key. Classes, from the
 share of the kernel's energy (sum of squared taps) on tap groups:
@@ -23,7 +23,7 @@ share of the kernel's energy (sum of squared taps) on tap groups:
 
 Kernels are read from the layers that have them (`mta_kernel` before the softmax,
 `mta_kernel_after_sm` after it); the head-mixing matrices come from the generic `head_mixing()`
-seam (`interp.circuits.composed.mixing_pairs`).
+seam (`attnlens.interp.circuits.composed.mixing_pairs`).
 
 Example:
     >>> kernel_table(model)[["head_label", "phase", "class"]]      # doctest: +SKIP
@@ -38,8 +38,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from hooked_models.attention.mta.ops import key_padding
-from interp._common import check_attention_weights, check_finite, check_fraction, head_label
+from attnlens.hooked_models.attention.mta.ops import key_padding
+from attnlens.interp._common import (
+    check_attention_weights,
+    check_finite,
+    check_fraction,
+    head_label,
+)
 
 KERNEL_ATTRS = {"pre": "mta_kernel", "post": "mta_kernel_after_sm"}
 

@@ -1,7 +1,7 @@
 """GPU readiness without a GPU: compile every Triton kernel for sm_80 and sm_90 on the CPU.
 
-`python -m kernels.compile_check` records the launches each op makes on a GPU (`capture`: the
-autotune configs, the GPU tile sizes) for every option combination that changes the compiled
+`python -m attnlens.kernels.compile_check` records the launches each op makes on a GPU (`capture`:
+the autotune configs, the GPU tile sizes) for every option combination that changes the compiled
 code (`cases`), in fp16, bf16 and fp32, d_head 64 and 128, compiles each with Triton's real
 compiler for `GPUTarget("cuda", 80 | 90, 32)` down to a cubin (`compiler`), and reads the
 registers, spills and shared memory with the cuobjdump shipped in the triton wheel. Nothing is

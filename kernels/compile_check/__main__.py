@@ -1,4 +1,5 @@
-"""`python -m kernels.compile_check [--quick] [--json FILE]`: compile every kernel for sm_80/sm_90.
+"""`python -m attnlens.kernels.compile_check [--quick] [--json FILE]`: compile every kernel for
+sm_80/sm_90.
 
 Kernels compiled before (same source, specialisation, options, architecture and toolchain) are
 read from a results cache (`results_cache`; `--no-results-cache` compiles everything), so a
@@ -22,7 +23,8 @@ import time
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m attnlens.kernels.compile_check",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="main option of each op, first autotune config, bf16, sm_90, d_head 64")
@@ -146,14 +148,14 @@ def main(argv=None) -> int:
     args = _args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: the interpreter replaces Triton's compiler; unset it "
-              "(env -u TRITON_INTERPRET python -m kernels.compile_check)", file=sys.stderr)
+              "(env -u TRITON_INTERPRET python -m attnlens.kernels.compile_check)", file=sys.stderr)
         return 2
     os.environ["TRITON_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="compile_check_")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, quietly
     import triton
 
-    from kernels.compile_check.results_cache import ResultCache
-    from kernels.compile_check.run import compile_all, jobs
+    from attnlens.kernels.compile_check.results_cache import ResultCache
+    from attnlens.kernels.compile_check.run import compile_all, jobs
 
     start = time.perf_counter()
     job_list = jobs(quick=args.quick, ops=args.ops, dtypes=args.dtypes, archs=args.archs,

@@ -22,8 +22,8 @@ import contextlib
 import sys
 from dataclasses import dataclass, field
 
-from kernels import _triton
-from kernels._triton import LazyAutotune, triton
+from attnlens.kernels import _triton
+from attnlens.kernels._triton import LazyAutotune, triton
 
 # What the CUDA backend uses when a launch names none.
 DEFAULT_WARPS, DEFAULT_STAGES = 4, 3
@@ -84,9 +84,12 @@ class Capture:
         self.launches.append(Launch(kernel, tuple(args), dict(kwargs), self.current, tuned))
 
 
+PACKAGE = "attnlens.kernels"
+
+
 def _kernel_modules():
     return [m for name, m in list(sys.modules.items())
-            if m is not None and (name == "kernels" or name.startswith("kernels."))]
+            if m is not None and (name == PACKAGE or name.startswith(PACKAGE + "."))]
 
 
 @contextlib.contextmanager

@@ -58,7 +58,7 @@ def _fwd_bwd(cap, fn, leaves, train=True):
 
 def _flash(causal=True, padding=False):
     def run(cap, dtype, d_head):
-        from kernels.flash_attention.function import flash_attention
+        from attnlens.kernels.flash_attention.function import flash_attention
         q, k, v = _qkv(dtype, d_head, 2)
         kv = torch.ones(B, T, dtype=torch.bool) if padding else None
         _fwd_bwd(cap, lambda: flash_attention(q, k, v, key_valid=kv, causal=causal), [q, k, v])
@@ -69,7 +69,7 @@ def _flash(causal=True, padding=False):
 
 def _infini(train=True, padding=False):
     def run(cap, dtype, d_head):
-        from kernels.infini.function import infini_attention
+        from attnlens.kernels.infini.function import infini_attention
         q, k, v = _qkv(dtype, d_head, 2, grad=train)
         gate = torch.full((2,), 0.5)
         valid = torch.ones(B, T, dtype=torch.bool) if padding else None
@@ -82,7 +82,7 @@ def _infini(train=True, padding=False):
 
 def _cope(npos=128, cope=True, gate_keys=False, relative=False, rel_extend=False):
     def run(cap, dtype, d_head):
-        from kernels.cope.function import cope_attention
+        from attnlens.kernels.cope.function import cope_attention
         q, k, v = _qkv(dtype, d_head, 2)
         E = torch.zeros(d_head, npos, dtype=dtype, requires_grad=True) if cope else None
         gk = (torch.randn(B, T, 2, d_head).to(dtype).requires_grad_()) if gate_keys else None
@@ -97,7 +97,7 @@ def _cope(npos=128, cope=True, gate_keys=False, relative=False, rel_extend=False
 
 def _mta(heads, pre=(6, 11), post=(6, 11), mix=True):
     def run(cap, dtype, d_head):
-        from kernels.mta.function import mta_attention
+        from attnlens.kernels.mta.function import mta_attention
         q, k, v = _qkv(dtype, d_head, heads)
         pk = None if pre is None else torch.randn(heads, 1, *pre, requires_grad=True)
         qk = None if post is None else torch.randn(heads, 1, *post, requires_grad=True)
@@ -112,8 +112,8 @@ def _mta(heads, pre=(6, 11), post=(6, 11), mix=True):
 
 def _dcmha(heads, key_wise=True, window=None, rank=2):
     def run(cap, dtype, d_head):
-        from kernels.dcmha.function import dcmha_attention
-        from kernels.dcmha.reference import ComposeWeights
+        from attnlens.kernels.dcmha.function import dcmha_attention
+        from attnlens.kernels.dcmha.reference import ComposeWeights
         q, k, v = _qkv(dtype, d_head, heads)
 
         def weights():

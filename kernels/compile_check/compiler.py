@@ -22,7 +22,7 @@ import tempfile
 import time
 from functools import cache
 
-from kernels._triton import triton
+from attnlens.kernels._triton import triton
 
 # Per-block shared memory a kernel may use (dynamic, opted in), bytes: A100 163 KB, H100 227 KB.
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}

@@ -38,8 +38,8 @@ def default_dir() -> Path:
 @cache
 def toolchain() -> str:
     """Triton's version and a hash of the ptxas and cuobjdump binaries it ships."""
-    from kernels._triton import triton
-    from kernels.compile_check.compiler import _nvidia_bin
+    from attnlens.kernels._triton import triton
+    from attnlens.kernels.compile_check.compiler import _nvidia_bin
 
     digest = hashlib.sha256(triton.__version__.encode())
     for tool in ("ptxas", "cuobjdump"):

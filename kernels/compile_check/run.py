@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.compile_check.capture import Launch, capturing
-from kernels.compile_check.cases import CASES, Case
-from kernels.compile_check.compiler import compile_launch, launch_key, problems
+from attnlens.kernels.compile_check.capture import Launch, capturing
+from attnlens.kernels.compile_check.cases import CASES, Case
+from attnlens.kernels.compile_check.compiler import compile_launch, launch_key, problems
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ARCHS = (80, 90)

@@ -5,11 +5,11 @@ and `cope_attention_reference`, which adds the row log-sum-exp the kernel return
 `function.cope_attention` the differentiable fused op; `dispatch.fused_cope_attention` decides
 whether a layer's call fits the kernel.
 
-The fused names are loaded on first use, so that importing `kernels.cope.reference` (as the model
-does) never imports triton.
+The fused names are loaded on first use, so that importing `attnlens.kernels.cope.reference` (as the
+model does) never imports triton.
 """
 
-from kernels._lazy import lazy_getattr
+from attnlens.kernels._lazy import lazy_getattr
 
 _LAZY = {"CoPEFunction": "function",
          "cope_attention": "function",

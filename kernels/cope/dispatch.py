@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES, on_gpu
-from kernels.cope.function import cope_attention
-from kernels.cope.reference import DEFAULT_SCALING, cope_pattern_rows
-from kernels.cope.triton_fwd import MAX_NPOS
-from kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
+from attnlens.kernels._triton import SUPPORTED_DTYPES, on_gpu
+from attnlens.kernels.cope.function import cope_attention
+from attnlens.kernels.cope.reference import DEFAULT_SCALING, cope_pattern_rows
+from attnlens.kernels.cope.triton_fwd import MAX_NPOS
+from attnlens.kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
 
 _WARNED: set[str] = set()
 
@@ -38,7 +38,8 @@ def warn_fallback_once(option: str, why: str) -> None:
 
 @dataclass
 class CoPEState(LseState):
-    """What one fused CoPE call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
+    """What one fused CoPE call keeps for `pattern(heads, queries)` (see
+    `attnlens.kernels.dispatch`).
 
     Attributes:
         q, k: queries / keys as the kernel saw them `[batch pos head_index d_head]` (detached);

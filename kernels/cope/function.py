@@ -14,11 +14,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype, kernel_key_valid
-from kernels.cope.reference import DEFAULT_SCALING, SCALINGS
-from kernels.cope.triton_bwd import cope_bwd
-from kernels.cope.triton_fwd import cope_fwd
-from kernels.flash_attention.function import check_inputs
+from attnlens.kernels._triton import kernel_dtype, kernel_key_valid
+from attnlens.kernels.cope.reference import DEFAULT_SCALING, SCALINGS
+from attnlens.kernels.cope.triton_bwd import cope_bwd
+from attnlens.kernels.cope.triton_fwd import cope_fwd
+from attnlens.kernels.flash_attention.function import check_inputs
 
 
 class CoPEFunction(torch.autograd.Function):

@@ -1,11 +1,11 @@
 """CoPE attention in plain torch, one line per paper equation: the one specification of the op.
 
-The "cope" layer's readable path, its memory-bounded path, the fused kernels (`kernels.cope`) and
-the tests all reproduce this module. `cope_reference` follows the paper appendix code literally
-(Golovneva et al. 2024, arXiv 2405.18719): full `[query, key]` tensors, flip-cumsum-flip, gathers
-at ceil and floor. `cope_attention_reference` is the same computation with the fused kernel's
-interface: it adds the row log-sum-exp of the total logits that the kernel returns.
-With `scale` the score multiplier (1/sqrt(d_head) by default) and
+The "cope" layer's readable path, its memory-bounded path, the fused kernels
+(`attnlens.kernels.cope`) and the tests all reproduce this module. `cope_reference` follows the
+paper appendix code literally (Golovneva et al. 2024, arXiv 2405.18719): full `[query, key]`
+tensors, flip-cumsum-flip, gathers at ceil and floor. `cope_attention_reference` is the same
+computation with the fused kernel's interface: it adds the row log-sum-exp of the total logits that
+the kernel returns. With `scale` the score multiplier (1/sqrt(d_head) by default) and
 `E = pos_emb [d_head npos]` shared by the heads:
 
     s_ij = scale q_i.k_j                      (-inf where key j is not allowed)
@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from kernels.flash_attention.reference import allowed_mask
+from attnlens.kernels.flash_attention.reference import allowed_mask
 
 SCALINGS = ("paper", "repo")
 # The official code's default (no --cope-nodiv); `CoPEOptions.scaling` defaults to it too.

@@ -35,10 +35,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import dot_rows
-from kernels._prologue import head_tile, load_tile
-from kernels._triton import next_pow2, tl, triton
-from kernels.cope.triton_fwd import (
+from attnlens.kernels._head_tiles import dot_rows
+from attnlens.kernels._prologue import head_tile, load_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.cope.triton_fwd import (
     _cope_tile,
     _tables,
     _tile_bounds,
@@ -46,7 +46,7 @@ from kernels.cope.triton_fwd import (
     default_blocks,
     launch_args,
 )
-from kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 
 @triton.jit

@@ -15,7 +15,7 @@ for distances outside [0, rel_npos) (rel_extend clamps distances to rel_npos - 1
 without CoPE but with relative logits runs with the CoPE term off.
 
 The tables live in registers, so `npos` and `rel_npos` are bounded (`MAX_NPOS` on GPU); longer
-tables take the materialising path. Layouts as in `kernels.flash_attention.triton_fwd`.
+tables take the materialising path. Layouts as in `attnlens.kernels.flash_attention.triton_fwd`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_rows
-from kernels._prologue import head_tile, load_tile, softmax_state
-from kernels._triton import next_pow2, on_gpu, tl, triton
-from kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels._head_tiles import d_chunk, dot_rows
+from attnlens.kernels._prologue import head_tile, load_tile, softmax_state
+from attnlens.kernels._triton import next_pow2, on_gpu, tl, triton
+from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Largest position table a program keeps in registers on a GPU ([BLOCK_M, NPOS] fp32).
 MAX_NPOS = 256
@@ -234,7 +234,7 @@ def default_blocks(npos: int, block_d: int = 64,
                    dtype: torch.dtype = torch.float16) -> tuple[int, int, dict]:
     """(BLOCK_M, BLOCK_N, launch options). On a GPU 16 x 32 tiles (16 x 16 in fp32) for every
     table size: the former 64 x 64 (npos <= 128) and 32 x 64 tiles spill 0.5-1.6 KB per thread
-    in fwd and bwd on sm_80 and sm_90 (`python -m kernels.compile_check`). Tiles and launch
+    in fwd and bwd on sm_80 and sm_90 (`python -m attnlens.kernels.compile_check`). Tiles and launch
     options by dtype (and head size, where a row says so): `GPU_LAUNCH`, docs/benchmarks.md."""
     if not on_gpu():
         return 16, 16, dict(num_warps=4)

@@ -6,11 +6,11 @@ differentiable fused op (two Triton passes forward, two recompute passes backwar
 `dispatch.dcmha_call_fits` / `dispatch.fused_dcmha_attention` decide whether a layer's call
 fits and keep the state for exact pattern rows.
 
-The fused names are loaded on first use, so that importing `kernels.dcmha.reference` (as the
-model does) never imports triton.
+The fused names are loaded on first use, so that importing `attnlens.kernels.dcmha.reference` (as
+the model does) never imports triton.
 """
 
-from kernels._lazy import lazy_getattr
+from attnlens.kernels._lazy import lazy_getattr
 
 _LAZY = {"ComposeWeights": "reference",
          "DCMHAFunction": "function",

@@ -15,15 +15,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES
-from kernels.dcmha.function import dcmha_attention
-from kernels.dcmha.reference import ComposeWeights, dcmha_pattern_rows
-from kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
+from attnlens.kernels._triton import SUPPORTED_DTYPES
+from attnlens.kernels.dcmha.function import dcmha_attention
+from attnlens.kernels.dcmha.reference import ComposeWeights, dcmha_pattern_rows
+from attnlens.kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
 
 
 @dataclass
 class DCMHAState(LseState):
-    """What one fused DCMHA call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
+    """What one fused DCMHA call keeps for `pattern(heads, queries)` (see
+    `attnlens.kernels.dispatch`).
 
     Attributes:
         q, k: queries / keys as the kernel saw them `[batch pos head_index d_head]` (detached);

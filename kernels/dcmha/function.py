@@ -20,15 +20,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype, kernel_key_valid
-from kernels.dcmha.reference import (
+from attnlens.kernels._triton import kernel_dtype, kernel_key_valid
+from attnlens.kernels.dcmha.reference import (
     ComposeWeights,
     check_compose_weights,
     dcmha_attention_reference,
 )
-from kernels.dcmha.triton_bwd import dcmha_bwd
-from kernels.dcmha.triton_fwd import dcmha_fwd
-from kernels.flash_attention.function import check_inputs
+from attnlens.kernels.dcmha.triton_bwd import dcmha_bwd
+from attnlens.kernels.dcmha.triton_fwd import dcmha_fwd
+from attnlens.kernels.flash_attention.function import check_inputs
 
 N_WEIGHTS = 7          # tensors of one ComposeWeights: qw1 qw2 qdd kw1 kw2 kdd static
 CHUNK_ELEMENTS = 1 << 22   # recompute-backward budget: chunk * key_pos * head_index per map

@@ -13,7 +13,8 @@ with B the identity or a static `[G M M]` matrix. The whole map:
 
 Masks: causal with the queries aligned to the last keys, optional key padding (`key_valid`) and
 an optional window (query i, at key position i + T_K - T_Q, sees keys j with i' - j <= window).
-This module imports nothing of ours; `hooked_models.attention.dcmha.layer` is checked against it.
+This module imports nothing of ours; `attnlens.hooked_models.attention.dcmha.layer` is checked
+against it.
 
 Example:
     >>> q = k = v = torch.randn(1, 6, 2, 4, dtype=torch.float64)

@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
-from kernels._prologue import heads_tile
-from kernels._triton import next_pow2, tl, triton
-from kernels.dcmha.triton_fwd import (
+from attnlens.kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
+from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.dcmha.triton_fwd import (
     LOG2E,
     _compose,
     _head,
@@ -39,7 +39,7 @@ from kernels.dcmha.triton_fwd import (
 # Launch options of both backward kernels on a GPU: 8 warps, no software pipelining, and up
 # to 255 registers (ptxas otherwise caps some 8-warp builds at 128 and spills). With d_head in
 # chunks of 16 both compile spill-free for sm_80 / sm_90 at d_head 64 and 128, fp16 / bf16 (the
-# former 4-warp kernel spilled up to 1.9 KB per thread: python -m kernels.compile_check).
+# former 4-warp kernel spilled up to 1.9 KB per thread: python -m attnlens.kernels.compile_check).
 BWD_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 
 
@@ -154,8 +154,8 @@ def dcmha_bwd_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV,
                     other=0.0)
     kv_ptr = KVALID + b * skv_b
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
-    # Every product over or along d_head runs in DCH chunks (`kernels._head_tiles`), and dq is
-    # added to DQ (zeroed; only this program writes these rows) tile by tile: no
+    # Every product over or along d_head runs in DCH chunks (`attnlens.kernels._head_tiles`), and dq
+    # is added to DQ (zeroed; only this program writes these rows) tile by tile: no
     # `[HB, rows, d_head]` tensor lives across the loop (at d_head 128 they spilled).
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)

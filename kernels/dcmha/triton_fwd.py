@@ -26,10 +26,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
-from kernels._prologue import heads_tile
-from kernels._triton import next_pow2, tl, triton
-from kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels._head_tiles import d_chunk, dot_add_heads, dot_heads
+from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
 # under the interpreter but is a NameError for the real compiler).
@@ -199,7 +199,7 @@ def dcmha_out_kernel(Q, K, V, O, LSE, KVALID, B_PRE, W1Q, W2Q, DDQ, W1K, W2K, DD
 # Launch options of `dcmha_out_kernel` in fp32 (IEEE dots): 8 warps, 1 stage, up to 255
 # registers, as the backward (`triton_bwd.BWD_LAUNCH`). With the default 4 warps and 3 stages
 # it spilled 544-616 B per thread at d 128 on sm_80 / sm_90; fp16/bf16 are clean with the
-# defaults and keep them (python -m kernels.compile_check, docs/benchmarks.md).
+# defaults and keep them (python -m attnlens.kernels.compile_check, docs/benchmarks.md).
 FP32_OUT_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # From this many heads (HB) the out kernel adds each tile into a fp32 buffer (ADD_TO_OUT): at
 # 32 heads the `[HB, rows, d_head]` accumulator spilled 2-6 KB, and in fp32 at d_head 128 its

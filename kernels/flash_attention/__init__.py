@@ -3,11 +3,12 @@
 `reference.attention_reference` is the spec; `function.flash_attention` the differentiable fused
 op; `dispatch.fused_causal_attention` decides whether a layer's mask fits the fused path.
 
-The fused names are loaded on first use, so that importing `kernels.flash_attention.reference`
-(as the CoPE spec does, and so the model) never imports triton.
+The fused names are loaded on first use, so that importing
+`attnlens.kernels.flash_attention.reference` (as the CoPE spec does, and so the model) never imports
+triton.
 """
 
-from kernels._lazy import lazy_getattr
+from attnlens.kernels._lazy import lazy_getattr
 
 _LAZY = {"FlashAttentionFunction": "function",
          "flash_attention": "function",

@@ -15,9 +15,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES
-from kernels.flash_attention.function import flash_attention
-from kernels.flash_attention.reference import pattern_rows
+from attnlens.kernels._triton import SUPPORTED_DTYPES
+from attnlens.kernels.flash_attention.function import flash_attention
+from attnlens.kernels.flash_attention.reference import pattern_rows
 
 
 class LseState:
@@ -41,7 +41,7 @@ class LseState:
 
 @dataclass
 class FlashState(LseState):
-    """What one fused call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
+    """What one fused call keeps for `pattern(heads, queries)` (see `attnlens.kernels.dispatch`).
 
     Attributes:
         q, k: the queries / keys the kernel saw (after rotary) `[batch pos head_index d_head]`,

@@ -12,9 +12,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES, can_run, kernel_dtype, kernel_key_valid, why_not
-from kernels.flash_attention.triton_bwd import attn_bwd
-from kernels.flash_attention.triton_fwd import attn_fwd
+from attnlens.kernels._triton import (
+    SUPPORTED_DTYPES,
+    can_run,
+    kernel_dtype,
+    kernel_key_valid,
+    why_not,
+)
+from attnlens.kernels.flash_attention.triton_bwd import attn_bwd
+from attnlens.kernels.flash_attention.triton_fwd import attn_fwd
 
 
 class FlashAttentionFunction(torch.autograd.Function):

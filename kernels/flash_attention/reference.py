@@ -1,7 +1,7 @@
 """Plain-torch causal attention: the spec of the fused kernel (and of the "mha" torch path).
 
-Same semantics as `hooked_models.attention.mha.layer` (`content_scores` + `masked_softmax` +
-einsum):
+Same semantics as `attnlens.hooked_models.attention.mha.layer` (`content_scores` + `masked_softmax`
++ einsum):
 scores `q.k * scale`, keys after the query (and invalid keys) masked, softmax in >= float32, rows
 with no allowed key giving zeros. It also returns the row log-sum-exp, which is what the fused
 kernel saves so that any row of the pattern can be recomputed exactly later:

@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from kernels._prologue import head_tile, load_tile
-from kernels._triton import (
+from attnlens.kernels._prologue import head_tile, load_tile
+from attnlens.kernels._triton import (
     LazyAutotune,
     head_dim_configs,
     next_pow2,
@@ -30,7 +30,7 @@ from kernels._triton import (
     triton,
     with_flag_tiles,
 )
-from kernels.flash_attention.triton_fwd import LOG2E, _dot
+from attnlens.kernels.flash_attention.triton_fwd import LOG2E, _dot
 
 
 @triton.jit

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from kernels._prologue import head_tile, load_tile, softmax_state
-from kernels._triton import (
+from attnlens.kernels._prologue import head_tile, load_tile, softmax_state
+from attnlens.kernels._triton import (
     LazyAutotune,
     head_dim_configs,
     next_pow2,

@@ -6,11 +6,11 @@ epilogue, plus a batched compressive-memory pass.
 op's argument order;
 `function.infini_attention` the differentiable fused op; `memory.memory_pass` the batched memory.
 
-The fused names are loaded on first use, so that importing `kernels.infini.reference` (as the model
-does) never imports triton.
+The fused names are loaded on first use, so that importing `attnlens.kernels.infini.reference` (as
+the model does) never imports triton.
 """
 
-from kernels._lazy import lazy_getattr
+from attnlens.kernels._lazy import lazy_getattr
 
 _LAZY = {"InfiniLocalMixFunction": "function",
          "infini_attention": "function",

@@ -1,17 +1,17 @@
 """When an Infini-attention layer's segment pass fits the fused kernels.
 
 The variant materialises its whole-context maps only while one of its stages is hooked; its
-unhooked path is the segment pass (`kernels.infini.reference.segment_pass`), which this replaces
-when the backend allows (`kernels.dispatch.fused_backend_enabled`). Covered: fp16/bf16/fp32,
-both update rules, truncated BPTT, padding slots. Not covered (None): float64.
+unhooked path is the segment pass (`attnlens.kernels.infini.reference.segment_pass`), which this
+replaces when the backend allows (`attnlens.kernels.dispatch.fused_backend_enabled`). Covered:
+fp16/bf16/fp32, both update rules, truncated BPTT, padding slots. Not covered (None): float64.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES
-from kernels.infini.function import infini_attention
+from attnlens.kernels._triton import SUPPORTED_DTYPES
+from attnlens.kernels.infini.function import infini_attention
 
 
 def fused_segment_pass(qr: Tensor, kr: Tensor, q: Tensor, k: Tensor, v: Tensor,

@@ -21,12 +21,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype, kernel_key_valid
-from kernels.flash_attention.function import check_inputs
-from kernels.flash_attention.triton_bwd import attn_bwd
-from kernels.flash_attention.triton_fwd import attn_fwd
-from kernels.infini.memory import memory_pass
-from kernels.infini.reference import UPDATE_RULES
+from attnlens.kernels._triton import kernel_dtype, kernel_key_valid
+from attnlens.kernels.flash_attention.function import check_inputs
+from attnlens.kernels.flash_attention.triton_bwd import attn_bwd
+from attnlens.kernels.flash_attention.triton_fwd import attn_fwd
+from attnlens.kernels.infini.memory import memory_pass
+from attnlens.kernels.infini.reference import UPDATE_RULES
 
 
 class InfiniLocalMixFunction(torch.autograd.Function):

@@ -5,8 +5,8 @@ exclusive cumulative sum over segments of `sigma(K_s)^T V_s`: one batched GEMM o
 segments, a cumsum, and one batched retrieval GEMM (Eq. 7) with the segments folded into the
 batch. The delta rule (Eq. 9) subtracts what the memory already returns, so it is sequential
 over segments: a loop of S steps, each batched over batch and heads. `retrieve`, `update`,
-`sigma` are the spec's own functions (`kernels.infini.reference`, which the variant imports): one
-spec. Cost O(T d^2) and O(S H d^2) memory; no `[query, key]` tensor.
+`sigma` are the spec's own functions (`attnlens.kernels.infini.reference`, which the variant
+imports): one spec. Cost O(T d^2) and O(S H d^2) memory; no `[query, key]` tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from kernels.infini import reference as mem
+from attnlens.kernels.infini import reference as mem
 
 
 def memory_pass(q: Float[Tensor, "batch pos head_index d_key"],

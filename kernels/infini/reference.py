@@ -1,11 +1,12 @@
 """Plain-torch functional reference of Infini-attention's segment pass (Munkhdalai et al. 2024).
 
 This module is the one specification of the op: the fused kernels reproduce it, the "infini"
-layer (`hooked_models.attention.infini.layer`) and the tests import it; `infini_reference` is
-`segment_pass` with the argument order of `kernels.infini.infini_attention`. It knows nothing of
-hooks or modules: tensors in, tensors out. Layout follows the model (TransformerLens): per-token
-tensors are `[batch pos head_index d_head]`, the compressive memory is `M [batch head_index
-d_key d_value]` and its normaliser `z [batch head_index d_key]` (d_key = d_value = d_head here).
+layer (`attnlens.hooked_models.attention.infini.layer`) and the tests import it; `infini_reference`
+is `segment_pass` with the argument order of `attnlens.kernels.infini.infini_attention`. It knows
+nothing of hooks or modules: tensors in, tensors out. Layout follows the model (TransformerLens):
+per-token tensors are `[batch pos head_index d_head]`, the compressive memory is `M [batch
+head_index d_key d_value]` and its normaliser `z [batch head_index d_key]` (d_key = d_value = d_head
+here).
 
 Paper equations (arXiv 2404.07143, section 3):
 

@@ -5,11 +5,11 @@ mixing): kernels that never write a `[query, key]` map, forward and backward.
 fused op; `dispatch.fused_mta_attention` decides whether a layer's call fits and keeps the
 state for exact pattern rows.
 
-The fused names are loaded on first use, so that importing `kernels.mta.reference` (as the
+The fused names are loaded on first use, so that importing `attnlens.kernels.mta.reference` (as the
 model does) never imports triton.
 """
 
-from kernels._lazy import lazy_getattr
+from attnlens.kernels._lazy import lazy_getattr
 
 _LAZY = {"MTAFunction": "function",
          "mta_attention": "function",

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import SUPPORTED_DTYPES
-from kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
-from kernels.mta.function import mta_attention
-from kernels.mta.reference import mta_pattern_rows
+from attnlens.kernels._triton import SUPPORTED_DTYPES
+from attnlens.kernels.flash_attention.dispatch import LseState, key_valid_from_allowed
+from attnlens.kernels.mta.function import mta_attention
+from attnlens.kernels.mta.reference import mta_pattern_rows
 
 
 @dataclass
 class MTAState(LseState):
-    """What one fused MTA call keeps for `pattern(heads, queries)` (see `kernels.dispatch`).
+    """What one fused MTA call keeps for `pattern(heads, queries)` (see
+    `attnlens.kernels.dispatch`).
 
     Attributes:
         q, k: queries / keys as the kernel saw them `[batch pos head_index d_head]` (detached);

@@ -15,11 +15,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from kernels._triton import kernel_dtype, kernel_key_valid
-from kernels.flash_attention.function import check_inputs
-from kernels.mta.reference import block_mixing, key_padding
-from kernels.mta.triton_bwd import mta_bwd
-from kernels.mta.triton_fwd import mta_fwd
+from attnlens.kernels._triton import kernel_dtype, kernel_key_valid
+from attnlens.kernels.flash_attention.function import check_inputs
+from attnlens.kernels.mta.reference import block_mixing, key_padding
+from attnlens.kernels.mta.triton_bwd import mta_bwd
+from attnlens.kernels.mta.triton_fwd import mta_fwd
 
 
 def _kernel_arg(kernel: Tensor | None, n_heads: int, device) -> Tensor:

@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import d_chunk, dot_add_heads, dot_heads, dot_rows, score_chunk
-from kernels._prologue import heads_tile
-from kernels._triton import next_pow2, tl, triton
-from kernels.mta.triton_fwd import (
+from attnlens.kernels._head_tiles import d_chunk, dot_add_heads, dot_heads, dot_rows, score_chunk
+from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
     _allowed,
@@ -175,7 +175,7 @@ def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
                                   AC, BLOCK_M, BLOCK_N)
         pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
                                        AR, AC, BLOCK_M, BLOCK_N)
-        # dP = dz v^T and dv += P^T dz over d_head in DCH chunks (`kernels._head_tiles`).
+        # dP = dz v^T and dv += P^T dz over d_head in DCH chunks (`attnlens.kernels._head_tiles`).
         d_p = dot_heads(DO, b * sdo_b, sdo_t, sdo_h, sdo_d, offs_m, m_in, V, b * sv_b, sv_t,
                         sv_h, sv_d, offs_n, n_in, offs_h, h_valid, D, IEEE, HB, BLOCK_M,
                         BLOCK_N, BLOCK_D, DCH)                             # [HB, BM, BN]
@@ -227,9 +227,9 @@ def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_
     lse2 = _row_lse2(LSE, b, H, T_Q, w_rows, offs_h, h_valid)
     delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + w_rows[None, :],
                     mask=h_valid[:, None] & w_in[None, :], other=0.0)
-    # dq and dk over d_head in DCH chunks (`kernels._head_tiles`); dq is added to DQ (zeroed;
-    # only this program writes these rows) tile by tile: no `[HB, rows, d_head]` tensor lives
-    # across the loop (at d_head 128 they spilled).
+    # dq and dk over d_head in DCH chunks (`attnlens.kernels._head_tiles`); dq is added to DQ
+    # (zeroed; only this program writes these rows) tile by tile: no `[HB, rows, d_head]` tensor
+    # lives across the loop (at d_head 128 they spilled).
     every = (tl.arange(0, BLOCK_M)[:, None] >= 0) & (tl.arange(0, BLOCK_N)[None, :] >= 0)
     every_w = (tl.arange(0, DR)[:, None] >= 0) & (tl.arange(0, DC)[None, :] >= 0)
     offs_i = tl.arange(0, BLOCK_M)

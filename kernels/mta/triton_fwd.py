@@ -28,10 +28,10 @@ import math
 
 import torch
 
-from kernels._head_tiles import dot_rows, score_chunk
-from kernels._prologue import heads_tile
-from kernels._triton import next_pow2, tl, triton
-from kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels._head_tiles import dot_rows, score_chunk
+from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
 # under the interpreter but is a NameError for the real compiler).
@@ -195,7 +195,7 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
 # pipelining, up to 255 registers (ptxas otherwise caps some 8-warp builds at 128 and spills).
 # With 4 warps and 3 stages they spilled up to 1.1 KB per thread (python -m
-# kernels.compile_check, docs/benchmarks.md).
+# attnlens.kernels.compile_check, docs/benchmarks.md).
 LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 
 

@@ -19,10 +19,10 @@ import plotly.express as px
 import torch
 from plotly.subplots import make_subplots
 
-from dashboards.store import default_prompt
-from hooked_models import zoo
-from interp.plots import SEQUENTIAL, scale_args
-from interp.plots.views import shown_text
+from attnlens.dashboards.store import default_prompt
+from attnlens.hooked_models import zoo
+from attnlens.interp.plots import SEQUENTIAL, scale_args
+from attnlens.interp.plots.views import shown_text
 
 torch.set_grad_enabled(False)  # analysis only: no gradients needed
 text_models = {name: zoo.load(name) for name in zoo.available(kind="text-lm")}
@@ -231,8 +231,8 @@ pd.DataFrame([{"variant": v, "hook": f"blocks.1.attn.hook_{s.name}", "softmax": 
 # stage where the variant builds it.
 
 # %%
-from interp.tools.heads import induction_table
-from interp.tools.layer_stages import layer_stage_maps
+from attnlens.interp.tools.heads import induction_table
+from attnlens.interp.tools.layer_stages import layer_stage_maps
 
 
 def head_at_every_stage(variant):

@@ -20,13 +20,13 @@ import pandas as pd
 import plotly.express as px
 import torch
 
-from hooked_models import zoo
-from interp.circuits import qk_ov as circuits
-from interp.tools import heads
-from interp.variants import infini
-from interp import plots
-from interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
-from attnlens.zoo.text_studies import (COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction,
+from attnlens.hooked_models import zoo
+from attnlens.interp.circuits import qk_ov as circuits
+from attnlens.interp.tools import heads
+from attnlens.interp.variants import infini
+from attnlens.interp import plots
+from attnlens.interp.tools.text_eval import induction_probe, load_eval_tokens, text_repeat_probe
+from attnlens.lab.text_studies import (COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction,
                                      has_induction_head)
 
 torch.set_grad_enabled(False)
@@ -128,9 +128,9 @@ px.bar(scores.melt(id_vars=["model", "head"], var_name="score"), x="head", y="va
 # %%
 from plotly.subplots import make_subplots
 
-from interp.plots import SEQUENTIAL
-from interp.tasks.induction import repeated_tokens
-from interp.tools.text_eval import distribution_stage
+from attnlens.interp.plots import SEQUENTIAL
+from attnlens.interp.tasks.induction import repeated_tokens
+from attnlens.interp.tools.text_eval import distribution_stage
 
 half = 30
 shown = {**{n: m for n, m in text.items() if m.cfg.n_layers > 1}, "induction-mha (toy)": toy}
@@ -186,11 +186,11 @@ pd.concat({n: copying(m, best_head[n][0]) for n, m in text.items() if m.cfg.n_la
 # scores of neighbouring (query, key) pairs to each entry, and L0H3's puts almost all its
 # weight on the diagonal that ends at (current query, *previous* key), so entry (i, j) scores
 # how well token j-1 (and j-2, ...) match token i (and i-1, ...): attention to the token after
-# an earlier occurrence. `interp.variants.mta.kernel_table` calls that class "induction". Rows: query
+# an earlier occurrence. `attnlens.interp.variants.mta.kernel_table` calls that class "induction". Rows: query
 # offset (0 = current), columns: key offset (0 = same key):
 
 # %%
-from interp.variants.mta import kernel_table, plain_kernel
+from attnlens.interp.variants.mta import kernel_table, plain_kernel
 
 mta = text["text-mta-l2"]
 kernel = mta.blocks[0].attn.mta_kernel.detach()[3, 0]
@@ -342,7 +342,7 @@ pd.concat({"zero z (scored on pattern)": by_z[cols],
 # the layer-1 heads learn to read the compressive memory (gate near 1).
 
 # %%
-from hooked_models.zoo.recipes import default_text
+from attnlens.hooked_models.zoo.recipes import default_text
 
 inf = models["infini"]
 spec = infini.memory_specialisation(inf, inf.to_tokens(default_text()))
@@ -359,10 +359,10 @@ plots.memory_figure(spec)
 # %%
 import tempfile
 
-from hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
 from attnlens.training.trainer import TrainConfig, fit
-from interp.tools.induction_study import training_curve
-from interp.tasks.induction import repeated_tokens, second_half_loss_mask
+from attnlens.interp.tools.induction_study import training_curve
+from attnlens.interp.tasks.induction import repeated_tokens, second_half_loss_mask
 
 torch.set_grad_enabled(True)
 

@@ -2,7 +2,7 @@
 # # Multi-Token Attention: what the kernels and head mixing learned
 #
 # The paper-task models of MTA's "find the block" task (`hooked_models/zoo/mta-findblock-*`,
-# trained by `python -m attnlens.zoo.paper train NAME`): 8 blocks of 3 letters, then a 2-letter
+# trained by `python -m attnlens.lab.paper train NAME`): 8 blocks of 3 letters, then a 2-letter
 # query; the answer is the first letter of the block that contains both query letters. One
 # attention head must find a block by *two* letters at once, which a single query-key dot
 # product cannot do; MTA's key-query convolution can. Same task, MHA and MTA, three seeds.
@@ -11,12 +11,12 @@
 import pandas as pd
 import torch
 
-from hooked_models import zoo
-from interp.variants import mta
-from interp import plots
-from interp.tools import stage_change
-from attnlens.zoo.paper._registry import get_recipe
-from attnlens.zoo.paper.mta import target_block_attention, task_of
+from attnlens.hooked_models import zoo
+from attnlens.interp.variants import mta
+from attnlens.interp import plots
+from attnlens.interp.tools import stage_change
+from attnlens.lab.paper._registry import get_recipe
+from attnlens.lab.paper.mta import target_block_attention, task_of
 
 torch.set_grad_enabled(False)
 names = [n for n in zoo.available(kind="paper-task") if n.startswith("mta-findblock-")]
@@ -48,7 +48,7 @@ masses.pivot_table(index="head_label", columns="model", values="target_mass").ro
 # ## The key-query kernels
 #
 # Each MTA head convolves its score map with a learned `[c_q, c_k]` kernel (Eq. 5 before the
-# softmax, Eq. 6 after it). `interp.variants.mta.kernel_table` classifies each kernel by where its energy
+# softmax, Eq. 6 after it). `attnlens.interp.variants.mta.kernel_table` classifies each kernel by where its energy
 # sits: on the centre (identity: the head behaves like MHA), along the diagonal (it adds the
 # scores of neighbouring query-key pairs: the two-letter match), or elsewhere ("mixed"). The
 # heads that find the block are the ones whose kernels moved away from the identity.

@@ -6,7 +6,7 @@
 # the gates between them, `p_ij = sum_{t=j..i} g_it` (stages `hook_gates`, `hook_positions`). A
 # head whose gates open only on some tokens counts those tokens. The models here are the
 # paper-task models `hooked_models/zoo/cope-*` (2 layers, 4 heads, d_model 64, 1000 steps on a
-# CPU, trained by `python -m attnlens.zoo.paper train NAME`): counting, selective copy and
+# CPU, trained by `python -m attnlens.lab.paper train NAME`): counting, selective copy and
 # Flip-Flop, each with CoPE, RoPE, learned absolute positions and no positions (NoPE).
 
 # %%
@@ -14,11 +14,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from hooked_models import zoo
-from interp.variants import cope
-from interp import plots
-from interp.tasks._batch import answer_error_rate
-from attnlens.zoo.paper.cope import task_batch
+from attnlens.hooked_models import zoo
+from attnlens.interp.variants import cope
+from attnlens.interp import plots
+from attnlens.interp.tasks._batch import answer_error_rate
+from attnlens.lab.paper.cope import task_batch
 
 torch.set_grad_enabled(False)
 names = [n for n in zoo.available(kind="paper-task") if n.startswith("cope-")]
@@ -131,7 +131,7 @@ fig.update_layout(title="Contextual position of each key at the answer's query (
 # programs twice as long: the filler (`pass;`) adds nothing to it. RoPE's positions grow with
 # every token, so a longer program puts the answer-relevant tokens at distances it never saw.
 #
-# `interp.variants.cope.counted_units` summarises each head over all its queries: the share of key
+# `attnlens.interp.variants.cope.counted_units` summarises each head over all its queries: the share of key
 # tokens it counts (gate > 0.5) and how its final position compares with the length (1 = every
 # token counted, a relative position). `gate_openers` lists the key tokens with the highest mean
 # gate per head over *all* queries, not only the answer's: there the picture is different

@@ -18,12 +18,12 @@
 import pandas as pd
 import torch
 
-from hooked_models import zoo
-from interp.circuits import composed
-from interp.tools import diversity
-from interp import plots
-from interp.tasks.conjunction import conjunction_accuracy, conjunction_task
-from interp.variants.dcmha import knockout_hooks
+from attnlens.hooked_models import zoo
+from attnlens.interp.circuits import composed
+from attnlens.interp.tools import diversity
+from attnlens.interp import plots
+from attnlens.interp.tasks.conjunction import conjunction_accuracy, conjunction_task
+from attnlens.interp.variants.dcmha import knockout_hooks
 
 torch.set_grad_enabled(False)
 names = [n for n in zoo.available(kind="paper-task") if n.startswith("dcmha-")]

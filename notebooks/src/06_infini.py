@@ -10,7 +10,7 @@
 #
 # The model is the paper-task model `hooked_models/zoo/infini-passkey-s0` (2 layers, 4 heads,
 # d_head 16, 32-token segments, linear + delta memory), trained from scratch on passkey prompts
-# of 160 word-level tokens (`python -m attnlens.zoo.paper train infini-passkey-s0`): a 5-digit key
+# of 160 word-level tokens (`python -m attnlens.lab.paper train infini-passkey-s0`): a 5-digit key
 # hidden in filler text, asked for at the end.
 
 # %%
@@ -18,13 +18,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from hooked_models import zoo
-from hooked_models.streaming import InfiniStream
-from interp.variants import infini
-from interp import plots
-from interp.tasks.passkey import passkey_accuracy, passkey_task, predict
-from attnlens.zoo.paper import infini as infini_paper
-from attnlens.zoo.paper.infini import DEPTHS, FACTORS, TOKENIZER
+from attnlens.hooked_models import zoo
+from attnlens.hooked_models.streaming import InfiniStream
+from attnlens.interp.variants import infini
+from attnlens.interp import plots
+from attnlens.interp.tasks.passkey import passkey_accuracy, passkey_task, predict
+from attnlens.lab.paper import infini as infini_paper
+from attnlens.lab.paper.infini import DEPTHS, FACTORS, TOKENIZER
 
 torch.set_grad_enabled(False)
 model = zoo.load("infini-passkey-s0")
@@ -111,7 +111,7 @@ pd.DataFrame(rows).set_index("depth").round(3)
 # %% [markdown]
 # ## Streaming a long input
 #
-# `hooked_models.streaming.InfiniStream` runs the model chunk by chunk with a fixed-size state
+# `attnlens.hooked_models.streaming.InfiniStream` runs the model chunk by chunk with a fixed-size state
 # (each layer's memory `M`, its normaliser `z`, and the current segment), so an input far longer
 # than the training length never needs a longer attention map. Here a prompt 8x the training
 # length, key at depth 0: we feed it one segment at a time and watch each layer's memory grow
@@ -156,7 +156,7 @@ fig.update_layout(title="Memory norm while streaming a prompt of 8x the training
 # gets longer, which fits the accuracy falling with length in the grid above.
 #
 # Did the key survive? The stream's teacher-forced predictions at the key's digits (the same
-# numbers `interp.tasks.passkey.predict` gives, which streams any input longer than n_ctx):
+# numbers `attnlens.interp.tasks.passkey.predict` gives, which streams any input longer than n_ctx):
 
 # %%
 pred = torch.cat(logits, dim=1)[:, :-1].argmax(-1)
@@ -174,7 +174,7 @@ print(f"16 more prompts at 8x, depth 0: token accuracy "
 # The model above was trained for 1000 steps at 160 tokens. Issue 24 trained the same shape on
 # a curriculum of 160, 320 and 640-token prompts (5 to 20 segments, keys far outside the last
 # segment) until the loss on the key's digits of held-out prompts stopped improving
-# (`python -m attnlens.zoo.paper train infini-passkey-long-s0`; it stopped early at step 8,750,
+# (`python -m attnlens.lab.paper train infini-passkey-long-s0`; it stopped early at step 8,750,
 # about 1 CPU-hour). This notebook looks at seed 0, so its numbers are one model's, not
 # intervals; docs/reproduction.md pools every seed with intervals. The card's grid, from the
 # eval command on held-out prompts (eval seed 60613579): exact-key accuracy (all 5 digits

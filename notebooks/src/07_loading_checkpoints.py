@@ -17,9 +17,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from hooked_models.converters.dcformer import from_dcformer
-from hooked_models.converters.hf import from_hf
-from hooked_models.converters.llama import from_llama
+from attnlens.hooked_models.converters.dcformer import from_dcformer
+from attnlens.hooked_models.converters.hf import from_hf
+from attnlens.hooked_models.converters.llama import from_llama
 
 torch.manual_seed(0)
 root = Path(tempfile.mkdtemp())
@@ -178,8 +178,8 @@ pd.DataFrame([{"hook": f"blocks.0.attn.hook_{s.name}", "softmax": s.softmax,
 # is that the imported model's maps are there to read, stage by stage.
 
 # %%
-from interp.tools.explore import explore_maps, find_map_stage  # noqa: E402
-from interp.plots.maps import head_grid_figure  # noqa: E402
+from attnlens.interp.tools.explore import explore_maps, find_map_stage  # noqa: E402
+from attnlens.interp.plots.maps import head_grid_figure  # noqa: E402
 
 dc_tokens = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(1))
 for stage_name in ("probs", "pattern"):

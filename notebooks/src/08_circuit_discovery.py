@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Circuit discovery
 #
-# `interp.circuits.discovery` scores every edge of a model's computational graph by edge
+# `attnlens.interp.circuits.discovery` scores every edge of a model's computational graph by edge
 # attribution patching (first order) or EAP-IG. It keeps the top edges that connect the input
 # to the logits and measures the circuit's faithfulness with every other edge patched to the
 # corrupted run. The graph has the usual residual edges, plus within-layer edges where heads mix
@@ -23,8 +23,8 @@
 import pandas as pd
 import torch
 
-from hooked_models import zoo
-from interp.circuits.discovery import (
+from attnlens.hooked_models import zoo
+from attnlens.interp.circuits.discovery import (
     circuit_figure,
     conjunction_task_pair,
     discover,
@@ -33,7 +33,7 @@ from interp.circuits.discovery import (
     induction_task,
     recovery,
 )
-from interp.circuits.discovery.extract import circuit_metric, faithfulness_curve, reference_record
+from attnlens.interp.circuits.discovery.extract import circuit_metric, faithfulness_curve, reference_record
 
 torch.set_num_threads(1)
 pd.set_option("display.width", 120)
@@ -166,14 +166,14 @@ circuit_figure(lm_found.graph, lm_found.scores, lm_found.circuit)
 # `text-mta-l2` is the MTA model of the same recipe. The search finds no previous-token head:
 # the shift that MHA buys with a second layer is in L0H3's pre-softmax key-query kernel, which
 # scores the current query against the key *before* each key, so layer 0 already attends to the
-# token after an earlier occurrence of the current one (`interp.variants.mta.kernel_table` calls that
+# token after an earlier occurrence of the current one (`attnlens.interp.variants.mta.kernel_table` calls that
 # kernel class "induction"). `recovery` counts such a layer-0 induction head -> logits as a
 # circuit of its own (`one_layer`). The post-softmax head mixing then hands L0H3's map to other
 # heads of layer 0: those within-layer edges are in the circuit, and the circuit without them
 # keeps much less of the gap.
 
 # %%
-from interp.variants.mta import plain_kernel  # noqa: E402
+from attnlens.interp.variants.mta import plain_kernel  # noqa: E402
 
 mta_lm = zoo.load("text-mta-l2")
 mta_task = induction_task(mta_lm, n_prompts=32, half_len=20, seed=0)
@@ -220,8 +220,8 @@ circuit_figure(mta_found.graph, mta_found.scores, mta_found.circuit)
 # Here the analysis is run directly on one batch:
 
 # %%
-from interp.circuits.discovery.prompt_scores import prompt_edge_scores  # noqa: E402
-from interp.tasks.induction import repeated_tokens  # noqa: E402
+from attnlens.interp.circuits.discovery.prompt_scores import prompt_edge_scores  # noqa: E402
+from attnlens.interp.tasks.induction import repeated_tokens  # noqa: E402
 
 tokens = repeated_tokens(8, 8, model.cfg.d_vocab, seed=1)
 table = prompt_edge_scores(model, tokens, corrupt="first_half", steps=5)

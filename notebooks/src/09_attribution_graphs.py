@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Attribution graphs on every variant
 #
-# `interp.attribution` builds attribution graphs (Ameisen et al. 2025, "Circuit Tracing") on
+# `attnlens.interp.attribution` builds attribution graphs (Ameisen et al. 2025, "Circuit Tracing") on
 # any attnlens model with per-layer transcoders: the MLPs are replaced by the transcoders,
 # attention patterns and norm scales are frozen at their values on the prompt, and the model
 # that remains is linear in its sources (token embeddings, active features, error nodes). Every
@@ -13,7 +13,7 @@
 # and through the key.
 #
 # This notebook uses the transcoders shipped with `text-mha-l4mlp` and `text-dcmha-l4mlp`
-# (`python -m attnlens.zoo.transcoders`; their cards give explained variance, L0 and the loss
+# (`python -m attnlens.lab.transcoders`; their cards give explained variance, L0 and the loss
 # with each MLP replaced). Findings over 16 prompts with intervals are in
 # [docs/attribution.md](../docs/attribution.md).
 
@@ -23,14 +23,14 @@ import json
 import pandas as pd
 import torch
 
-from attnlens.zoo.attribution_study import heads_from_card, induction_prompt
-from hooked_models import zoo
-from interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
-from interp.attribution.graph import attribute
-from interp.attribution.prune import prune
-from interp.attribution.qk import attribute_qk, pattern_sources
-from interp.attribution.replacement import float64_copy
-from interp.plots.attribution_graph import graph_figure
+from attnlens.lab.attribution_study import heads_from_card, induction_prompt
+from attnlens.hooked_models import zoo
+from attnlens.interp.attribution.contexts import feature_activations, top_contexts, transcoders_for
+from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.prune import prune
+from attnlens.interp.attribution.qk import attribute_qk, pattern_sources
+from attnlens.interp.attribution.replacement import float64_copy
+from attnlens.interp.plots.attribution_graph import graph_figure
 
 torch.set_num_threads(1)
 pd.set_option("display.width", 120)
@@ -67,7 +67,7 @@ graph_figure(graph, pruned, title="text-mha-l4mlp: induction prompt")
 # The most influential features, with their top contexts in the model's validation windows:
 
 # %%
-from interp.attribution.contexts import context_windows  # noqa: E402
+from attnlens.interp.attribution.contexts import context_windows  # noqa: E402
 
 windows = context_windows(zoo.path("text-mha-l4mlp"))
 influence = pruned.node_influence[:graph.n_features]
@@ -143,14 +143,14 @@ pd.DataFrame(rows).round(4)
 # %% [markdown]
 # ## 4. Graph JSON for circuit-tracer's and Neuronpedia's viewers
 #
-# `interp.attribution.export.write_graph` writes the pruned graph in the JSON those viewers
+# `attnlens.interp.attribution.export.write_graph` writes the pruned graph in the JSON those viewers
 # read (`attnlens graph MODEL "prompt" --out DIR` does the same from the command line).
 
 # %%
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from interp.attribution.export import write_graph  # noqa: E402
+from attnlens.interp.attribution.export import write_graph  # noqa: E402
 
 with tempfile.TemporaryDirectory() as out:
     path = write_graph(graph, out, "mha-induction", node_mask=pruned.node_mask,

@@ -1,11 +1,11 @@
 """docs/reproduction.md's CoPE sections: per-scheme error tables and bar charts with 95%
 t-intervals over seeds, the loss figure, and the reading of whether CoPE's advantage reproduces
-(`reading`), for the models of `attnlens.zoo.paper.cope`. `attnlens.reports.reproduction.page` finds
+(`reading`), for the models of `attnlens.lab.paper.cope`. `attnlens.reports.reproduction.page` finds
 `report_section` and `reading` here (`page.report_module`)."""
 
 from __future__ import annotations
 
-from attnlens.zoo.paper.cope import (
+from attnlens.lab.paper.cope import (
     EVAL_SAMPLES,
     LONG_SHAPE,
     PAPER_SHAPE,
@@ -71,6 +71,7 @@ def report_section(cards: list[dict], figure_dir) -> str:
     stopped at; its runs (steps, stop, time) and the CPU-hours spent are listed below."""
     import plotly.graph_objects as go
 
+    from attnlens.interp.plots.colors import colour
     from attnlens.reports.reproduction.page import (
         budget_spent,
         early_stopped,
@@ -79,7 +80,6 @@ def report_section(cards: list[dict], figure_dir) -> str:
         save_png,
         short,
     )
-    from interp.plots.colors import colour
 
     task = cards[0]["task_args"]["task"]
     splits = SPLITS[task]
@@ -147,7 +147,7 @@ def loss_figure(cards: list[dict], phenomenon: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from interp.plots.colors import colour
+    from attnlens.interp.plots.colors import colour
 
     runs = [c for c in cards if c.get("train_loss_curve")]
     if not runs:

@@ -1,6 +1,6 @@
 """docs/reproduction.md's DCMHA sections: the DCMHA vs MHA verdict over seeds (`comparison`), the
 accuracy figure, the results table with the Compose knock-outs, and the reading of what the
-numbers say (`reading`), for the models of `attnlens.zoo.paper.dcmha`.
+numbers say (`reading`), for the models of `attnlens.lab.paper.dcmha`.
 `attnlens.reports.reproduction.page` finds `report_section` and `reading` here
 (`page.report_module`)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from attnlens.zoo.paper._training import CLI
-from attnlens.zoo.paper.dcmha import (
+from attnlens.lab.paper._training import CLI
+from attnlens.lab.paper.dcmha import (
     D_MLP,
     EVAL_N,
     LR_PROBE_CSV,
@@ -114,8 +114,8 @@ def _runs(cards: list[dict]) -> str:
 def _probe_text(phenomenon: str) -> str:
     """The probe run behind a phenomenon's recipes (`lr-probe`, CSV under the report's figures):
     the lr choice of the -full recipes, the 20,000-step plateau of the -twin ones."""
+    from attnlens.lab.paper import lr_probe
     from attnlens.reports.reproduction.page import FIGURES
-    from attnlens.zoo.paper import lr_probe
 
     probes = {"dcmha-conjunction-full": (LR_PROBE_CSV, _lr_choice_text),
               "dcmha-conjunction-twin": (TWIN_PROBE_CSV, _plateau_text)}
@@ -128,7 +128,7 @@ def _probe_text(phenomenon: str) -> str:
 
 def _lr_choice_text(rows: list[dict]) -> str:
     """The learning-rate probe behind the -full recipes' lr, as a table."""
-    from attnlens.zoo.paper import lr_probe
+    from attnlens.lab.paper import lr_probe
 
     steps = max(r["step"] for r in rows)
     best = lr_probe.best_lrs(rows)
@@ -142,7 +142,7 @@ def _lr_choice_text(rows: list[dict]) -> str:
 def _plateau_text(rows: list[dict]) -> str:
     """Whether early stopping cut the -twin runs off before a late phase change: seed 0 of
     each variant trained 20,000 steps without it."""
-    from attnlens.zoo.paper import lr_probe
+    from attnlens.lab.paper import lr_probe
 
     steps = max(r["step"] for r in rows)
     late = [r["val_loss"] for r in rows if r["step"] > steps // 4]

@@ -1,5 +1,5 @@
 """The reproduction report's "DCMHA vs MHA on text" section (issue 24 item 3), from the CSVs
-that `python -m attnlens.zoo.text_compare` writes (one row per model and condition, and the
+that `python -m attnlens.lab.text_compare` writes (one row per model and condition, and the
 training logs' validation curves). Every number in the text is computed from those rows; a test
 recomputes the zoo models' rows from their weights."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnlens.zoo.text_compare import losses
+from attnlens.lab.text_compare import losses
 
 PHENOMENON = "dcmha-text-lm"
 CSV = "dcmha-text-lm.csv"                 # under the report's figures directory
@@ -131,7 +131,7 @@ def reading(rows: list[dict], induction: dict[str, float] | None = None,
 
 
 def _induction_words(induction: dict[str, float]) -> str:
-    from attnlens.zoo.text_studies import INDUCTION_THRESHOLD
+    from attnlens.lab.text_studies import INDUCTION_THRESHOLD
 
     return (f"best induction score MHA {induction['mha']:.3f}, DCMHA {induction['dcmha']:.3f}; "
             f"the bar is {INDUCTION_THRESHOLD}")
@@ -177,7 +177,7 @@ def _zoo_pair_reading(rows: list[dict], induction: dict[str, float] | None,
              + f": MHA - DCMHA = {gap:+.3f} nats, beyond the 10M-token runs' seed scale (95% "
              f"half-width up to {half:.3f})")
     if induction and {"mha", "dcmha"} <= set(induction):
-        from attnlens.zoo.text_studies import INDUCTION_THRESHOLD
+        from attnlens.lab.text_studies import INDUCTION_THRESHOLD
 
         formed = {v: induction[v] >= INDUCTION_THRESHOLD for v in ("mha", "dcmha")}
         scores = _induction_words(induction)
@@ -227,8 +227,8 @@ def zoo_induction(names=None) -> dict[str, float]:
     (default: text-mha-l2 / text-dcmha-l2), for the shipped ones."""
     import json
 
+    from attnlens.lab.text_compare import FULL
     from attnlens.reports.reproduction.page import ROOT
-    from attnlens.zoo.text_compare import FULL
 
     out = {}
     for name in names or FULL:
@@ -240,13 +240,13 @@ def zoo_induction(names=None) -> dict[str, float]:
 
 def section(figure_dir=None) -> str | None:
     """The report's Markdown for the text comparison, or None when its CSV is not there."""
+    from attnlens.lab.text_compare import read_csv
     from attnlens.reports.reproduction.page import FIGURES, save_png
-    from attnlens.zoo.text_compare import read_csv
 
     path = FIGURES / CSV
     if not path.is_file():
         return None
-    from attnlens.zoo.text_compare import PKGS
+    from attnlens.lab.text_compare import PKGS
 
     rows = read_csv(path)
     short = ShortRuns.of(rows)
@@ -270,7 +270,7 @@ def section(figure_dir=None) -> str | None:
                "so 41M tokens read no text twice)" if pkgs else "")
             + ". Validation loss on "
             "the zoo's held-out windows (64 x 512 tokens of files the training never saw, cut "
-            "to each model's training context); `python -m attnlens.zoo.text_compare`.\n\n"
+            "to each model's training context); `python -m attnlens.lab.text_compare`.\n\n"
             + _table(rows) + figure + "\n\n" + " ".join(compare_text(rows, short))
             + f"\n\n{len({r['model'] for r in rows})} models, {cpu:.1f} CPU-hours of training."
             + f"\n\n**Our reading.** "

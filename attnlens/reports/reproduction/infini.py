@@ -1,6 +1,6 @@
 """docs/reproduction.md's Infini-attention sections: the length x depth grid with the memory
 knock-out, the gate classes, the figure, and the reading of how far the memory carries the key
-(`reading`), for the models of `attnlens.zoo.paper.infini`, and the diagnosis of why the read
+(`reading`), for the models of `attnlens.lab.paper.infini`, and the diagnosis of why the read
 fades with length (`infini_diagnosis`). `attnlens.reports.reproduction.page` finds
 `report_section`, `reading` and `extra_sections` here (`page.report_module`)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from attnlens.zoo.paper.infini import (
+from attnlens.lab.paper.infini import (
     CONFIG,
     DEPTHS,
     EVAL_N,

@@ -1,14 +1,14 @@
 """docs/reproduction.md's diagnosis of why Infini-attention's memory read of the passkey fades
-with length (issue 48 item 5), from the CSV of `python -m attnlens.zoo.paper.infini_diagnosis`
+with length (issue 48 item 5), from the CSV of `python -m attnlens.lab.paper.infini_diagnosis`
 (`docs/figures/reproduction/infini-passkey-diagnosis.csv`). Every number of the section is
 computed from that CSV; the verdicts in its prose are chosen by the numbers."""
 
 from __future__ import annotations
 
-from attnlens.zoo.paper.infini import EVAL_SEED
+from attnlens.lab.paper.infini import EVAL_SEED
 
 TITLE = "infini-passkey-long: why the memory read fades with length"
-DIAGNOSIS_CSV = "infini-passkey-diagnosis.csv"     # python -m attnlens.zoo.paper.infini_diagnosis
+DIAGNOSIS_CSV = "infini-passkey-diagnosis.csv"     # python -m attnlens.lab.paper.infini_diagnosis
 
 
 def diagnosis_table(rows):
@@ -114,10 +114,11 @@ def diagnosis_section(figure_dir=None) -> str | None:
     intro = (
         f"Where the key's information is lost, measured on the {n_models} shipped "
         f"`infini-passkey-long` models (seeds {seeds}) with `python -m "
-        f"attnlens.zoo.paper.infini_diagnosis`: the {n_prompts} prompts of each evaluation cell "
+        f"attnlens.lab.paper.infini_diagnosis`: the {n_prompts} prompts of each evaluation cell "
         f"above (eval seed {EVAL_SEED}, never a training or validation seed), depths {depths} "
         "(the key outside the question's segment), every length. At the positions that predict "
-        "the key's digits, `interp.variants.infini.memory_source_share` splits each head's "
+        "the key's digits, `attnlens.interp.variants.infini.memory_source_share` splits each "
+        "head's "
         "memory read A_mem = sum_j W_ij v_j (Eq. 7) into the part that comes from the key's "
         "digit tokens, their share of W, and the rest; it equals the model's own "
         "`hook_mem_weights` (tests/test_infini_memory_share.py). Each layer's *reader* is the "

@@ -1,12 +1,12 @@
 """docs/reproduction.md's find-the-block section: error tables with 95% t-intervals over seeds,
 the out-of-distribution probes, where the answer position looks, what the seed-0 MTA kernels
 learned (tables and kernel figures), and the reading of whether MTA's advantage reproduces
-(`reading`), for the models of `attnlens.zoo.paper.mta`. `attnlens.reports.reproduction.page` finds
+(`reading`), for the models of `attnlens.lab.paper.mta`. `attnlens.reports.reproduction.page` finds
 `report_section` and `reading` here (`page.report_module`)."""
 
 from __future__ import annotations
 
-from attnlens.zoo.paper.mta import (
+from attnlens.lab.paper.mta import (
     EVAL_SAMPLES,
     N_BLOCKS,
     RECIPES,
@@ -35,8 +35,8 @@ def _probe_label(key: str) -> str:
 def reading(phenomenon: str, cards: list[dict]) -> str:
     """Our reading of find-the-block, every number computed from `cards` (and, for the
     attention masses, from the seed-0 models, as in the section's table)."""
+    from attnlens.hooked_models.zoo import load
     from attnlens.reports.reproduction.page import describe, pct, span
-    from hooked_models.zoo import load
 
     groups = _groups(cards)
     trained = task_of(RECIPES[cards[0]["recipe"]])
@@ -91,7 +91,8 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
     if mta0 and mha0:
         uniform = next(iter(masses.values())).uniform_mass[0]
         lines.append(
-            f"What MTA learned (seed 0 of First and Last; `interp.variants.mta` and the effective "
+            f"What MTA learned (seed 0 of First and Last; `attnlens.interp.variants.mta` and the "
+            f"effective "
             f"pattern): in layer 0 the key-query kernels act as box filters over neighbouring "
             f"keys (figures below the table): for First the box collects a block's matches at "
             f"its first letter, for Last at its last letter, the letter the answer asks for. "
@@ -113,14 +114,14 @@ def reading(phenomenon: str, cards: list[dict]) -> str:
 
 def report_section(cards: list[dict], figure_dir) -> str:
     """Mean +- std error over seeds per (answer variant, attention), per-seed errors, and what
-    the MTA kernels of the seed-0 models learned (interp.variants.mta.kernel_table + kernel
+    the MTA kernels of the seed-0 models learned (attnlens.interp.variants.mta.kernel_table + kernel
     figure)."""
     import plotly.graph_objects as go
 
+    from attnlens.hooked_models.zoo import load
+    from attnlens.interp.plots import kernel_figure
+    from attnlens.interp.variants.mta import kernel_centre, kernel_table, key_query_kernels
     from attnlens.reports.reproduction.page import markdown_table, pct, save_png, short
-    from hooked_models.zoo import load
-    from interp.plots import kernel_figure
-    from interp.variants.mta import kernel_centre, kernel_table, key_query_kernels
 
     groups = _groups(cards)
     rows, fig = [], go.Figure()
@@ -167,7 +168,7 @@ def report_section(cards: list[dict], figure_dir) -> str:
         table = kernel_table(model)
         counts = table.groupby("class").size().to_dict()
         parts += ["", f"**What the MTA kernels of `{c['recipe']}` learned** "
-                      f"(`interp.variants.mta.kernel_table`): "
+                      f"(`attnlens.interp.variants.mta.kernel_table`): "
                       + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + " heads. "
                       "Per head, the share of the kernel's energy on the diagonal (sequence "
                       "matching), on the current tap (identity), on the previous-key diagonal "

@@ -1,6 +1,6 @@
 """docs/reproduction.md, generated from the paper-task cards (and figures as PNG beside it).
 
-    python -m attnlens.zoo.paper report
+    python -m attnlens.lab.paper report
 
 For every phenomenon the report quotes the paper's claim (`CLAIMS` of its module), shows our
 numbers from the shipped cards (`report_section(cards, figure_dir)` of the module's report
@@ -31,11 +31,11 @@ import math
 import os
 from pathlib import Path
 
-from attnlens.zoo.paper import superseded
-from attnlens.zoo.paper._registry import modules
-from attnlens.zoo.paper._training import CLI, EVAL_SEED, KIND
-from hooked_models.zoo import ZOO_DIR
-from interp.plots.png import write_png
+from attnlens.hooked_models.zoo import ZOO_DIR
+from attnlens.interp.plots.png import write_png
+from attnlens.lab.paper import superseded
+from attnlens.lab.paper._registry import modules
+from attnlens.lab.paper._training import CLI, EVAL_SEED, KIND
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORT = ROOT / "docs" / "reproduction.md"
@@ -314,7 +314,7 @@ def eval_seed_text(cards: dict[str, dict]) -> str:
 
 def report_module(mod):
     """The module that writes `mod`'s sections of the report: `attnlens.reports.reproduction.
-    <name>` for the phenomenon module `attnlens.zoo.paper.<name>` (its `report_section`,
+    <name>` for the phenomenon module `attnlens.lab.paper.<name>` (its `report_section`,
     `reading` and optional `extra_sections`), or None where there is none (the report then
     shows a plain table)."""
     name = f"{__package__}.{mod.__name__.rsplit('.', 1)[-1]}"
@@ -426,9 +426,10 @@ def superseded_section(table: dict[str, dict]) -> str:
         text = ("The 1000-step models below stay in the zoo as the baselines of the sections "
                 "above, but their larger-budget replacements score better (each side's mean "
                 "over its shipped seeds; error: the mean over the splits both report, lower is "
-                "better; accuracy: higher is better). `hooked_models.zoo.load` warns when one "
+                "better; accuracy: higher is better). `attnlens.hooked_models.zoo.load` warns "
+                "when one "
                 "is loaded and names its replacements; "
-                "`hooked_models.zoo.available(superseded=False)` leaves them out.\n\n"
+                "`attnlens.hooked_models.zoo.available(superseded=False)` leaves them out.\n\n"
                 + markdown_table(header, rows(True)))
     if rows(False):
         text += ("\n\nNot superseded: these old models score better than (or as well as) "

@@ -4,7 +4,7 @@ Files: `layer.py`, `ops.py`, `options.py`.
 Importing this package registers the variant "cope" (`layer.py`).
 """
 
-from hooked_models.attention.cope.layer import CoPEAttention
-from hooked_models.attention.cope.options import CoPEOptions
+from attnlens.hooked_models.attention.cope.layer import CoPEAttention
+from attnlens.hooked_models.attention.cope.options import CoPEOptions
 
 __all__ = ["CoPEAttention", "CoPEOptions"]

@@ -25,22 +25,22 @@ from torch import Tensor, nn
 from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
-from hooked_models.attention.base import (
+from attnlens.hooked_models.attention.base import (
     AttentionContext,
     Stage,
     VariantAttention,
     is_plain_causal,
     sdpa_heads,
 )
-from hooked_models.attention.cope.ops import (
+from attnlens.hooked_models.attention.cope.ops import (
     causal_cope_attention,
     context_positions,
     interpolate_position_logits,
     safe_softmax,
 )
-from hooked_models.attention.cope.options import CoPEOptions
-from hooked_models.attention.observe import is_edited_forward, is_observed
-from hooked_models.attention.registry import register_attention
+from attnlens.hooked_models.attention.cope.options import CoPEOptions
+from attnlens.hooked_models.attention.observe import is_edited_forward, is_observed
+from attnlens.hooked_models.attention.registry import register_attention
 
 MAP = "batch head_index query_pos key_pos"
 COPE_STAGES = (
@@ -68,7 +68,7 @@ class CoPEAttention(VariantAttention):
     Extra hooks: `hook_pos_table` q.e[n] `[batch query_pos head_index npos]` and `hook_k_gate`.
 
     Example:
-        >>> from hooked_models import VariantConfig, HookedVariantTransformer
+        >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
         >>> model = HookedVariantTransformer(VariantConfig(
         ...     d_model=32, d_head=8, n_layers=2, n_ctx=16, d_vocab=50, attention="cope",
         ...     attn_cfg=dict(npos_max=8, every=2, relative=True), seed=0))
@@ -182,15 +182,15 @@ class CoPEAttention(VariantAttention):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """Fused kernels when no map is hooked: `kernels.cope` for every option (separate gate
-        keys, value gates, relative logits; `kernels.flash_attention` on a plain layer without
-        CoPE); None when the call does not fit them (float64, a hooked `hook_pos_table`)."""
+        """Fused kernels when no map is hooked: `attnlens.kernels.cope` for every option (separate
+        gate keys, value gates, relative logits; `attnlens.kernels.flash_attention` on a plain layer
+        without CoPE); None when the call does not fit them (float64, a hooked `hook_pos_table`)."""
         opts = self.opts
         scale = 1.0 / self.cfg.attn_scale
         if self.has_cope or opts.relative:
             if self.has_cope and is_observed(self.hook_pos_table):
                 return None
-            from kernels.cope.dispatch import fused_cope_attention
+            from attnlens.kernels.cope.dispatch import fused_cope_attention
 
             gate_k = None
             if self.has_cope and opts.val_gates:      # value gates win (see CoPEOptions)
@@ -204,7 +204,7 @@ class CoPEAttention(VariantAttention):
                                        scale, opts.scaling, keep_state=self.keep_fused_state,
                                        gate_k=gate_k, **rel)
         else:
-            from kernels.flash_attention.dispatch import fused_causal_attention
+            from attnlens.kernels.flash_attention.dispatch import fused_causal_attention
 
             res = fused_causal_attention(q, k, v, ctx.allowed, scale,
                                          keep_state=self.keep_fused_state)

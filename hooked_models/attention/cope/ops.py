@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hooked_models.attention.base import is_plain_causal
+from attnlens.hooked_models.attention.base import is_plain_causal
 
 # Elements per block of rows (2^20: 4 MiB in fp32). The temporaries are a few blocks, whatever
 # T is; blocks this large keep the number of parallel regions low on a loaded CPU.

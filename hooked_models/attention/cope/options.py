@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hooked_models.attention.options import official_bool, rename_official
-from kernels.cope.reference import SCALINGS
+from attnlens.hooked_models.attention.options import official_bool, rename_official
+from attnlens.kernels.cope.reference import SCALINGS
 
 
 def _positive_int(name: str, value, allow_none: bool = True) -> None:

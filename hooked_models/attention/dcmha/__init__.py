@@ -4,7 +4,7 @@ Files: `layer.py`, `ops.py`, `options.py`.
 Importing this package registers the variant "dcmha" (`layer.py`).
 """
 
-from hooked_models.attention.dcmha.layer import DCMHAttention
-from hooked_models.attention.dcmha.options import DCMHAOptions
+from attnlens.hooked_models.attention.dcmha.layer import DCMHAttention
+from attnlens.hooked_models.attention.dcmha.options import DCMHAOptions
 
 __all__ = ["DCMHAOptions", "DCMHAttention"]

@@ -16,7 +16,8 @@ The dynamic weights come from the attention input x (after ln1), `DynamicWeightP
     qdd, kdd = tanh(x dd)           dd  [d_model, G, 4M]
 
 with heads split into G groups of M = H/G (head h = g*M + m) that compose only within their group.
-Parameter names and shapes are the release's, so `hooked_models.converters.dcformer` copies them.
+Parameter names and shapes are the release's, so `attnlens.hooked_models.converters.dcformer` copies
+them.
 
 Options (`DCMHAOptions`): rank, groups, hidden size K, query-wise only, static B, QK-norm (RMS over
 d_head with a learned scale, before rotary), window attention on chosen layers. The rotary
@@ -26,7 +27,7 @@ Incremental decoding caches, per key, the merged key-wise matrix B + W_k(s) for 
 (`LayerCache.extra["kw"]`, `[batch key_pos 2 group head head]`), as the release's `KVKWCache`.
 
 Example:
-    >>> from hooked_models import VariantConfig, HookedVariantTransformer
+    >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
     >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=1, n_ctx=16, d_vocab=50, seed=0,
     ...                     attention="dcmha", positional_embedding_type="rotary")
     >>> model = HookedVariantTransformer(cfg)
@@ -44,7 +45,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hooked_models.attention.base import (
+from attnlens.hooked_models.attention.base import (
     AttentionContext,
     LayerCache,
     Stage,
@@ -52,10 +53,10 @@ from hooked_models.attention.base import (
     is_plain_causal,
     masked_softmax,
 )
-from hooked_models.attention.dcmha.ops import causal_dcmha_attention
-from hooked_models.attention.dcmha.options import DCMHAOptions
-from hooked_models.attention.registry import register_attention
-from kernels.dcmha.reference import ComposeWeights, compose_reference
+from attnlens.hooked_models.attention.dcmha.ops import causal_dcmha_attention
+from attnlens.hooked_models.attention.dcmha.options import DCMHAOptions
+from attnlens.hooked_models.attention.registry import register_attention
+from attnlens.kernels.dcmha.reference import ComposeWeights, compose_reference
 
 PHASES = ("pre", "post")
 # Order of the generator's C axis (dw1, qkw, dd), as in the release.
@@ -205,7 +206,7 @@ class DCMHAttention(VariantAttention):
         return cache.append("kw", torch.stack(mats, dim=2))
 
     def compose_weights(self, phase: str, dyn: dict[str, Tensor]) -> ComposeWeights:
-        """The weights of one Compose phase in the spec's form (`kernels.dcmha.reference`):
+        """The weights of one Compose phase in the spec's form (`attnlens.kernels.dcmha.reference`):
         the (hooked) dynamic weights `dyn` of every position, and B where it is learned."""
         names = [f"{phase}_{side}{n}" for side in "qk" for n in ("w1", "w2", "dd")]
         static = base_matrix(self, phase) if self.opts.static_proj else None
@@ -216,7 +217,7 @@ class DCMHAttention(VariantAttention):
         """Compose: `A'[:, t, s] = (B + W_q(t) + W_k(s))^T A[:, t, s]` within each group.
 
         `dyn` holds the (hooked) dynamic weights of the query positions and of all key
-        positions: then this is the op's spec, `kernels.dcmha.reference.compose_reference`.
+        positions: then this is the op's spec, `attnlens.kernels.dcmha.reference.compose_reference`.
         While decoding, `kw` holds the cached merged key matrices `[b s 2 g n m]` (B included)
         of every key, and `dyn` those of the new query positions only.
         Returns the composed tensor, same shape as `A`.
@@ -268,13 +269,13 @@ class DCMHAttention(VariantAttention):
         return causal_dcmha_attention(q, k, v, pre, post, 1.0 / self.cfg.attn_scale, self.window)
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """z from the fused DCMHA kernels (`kernels.dcmha`) when no map is hooked (the
+        """z from the fused DCMHA kernels (`attnlens.kernels.dcmha`) when no map is hooked (the
         dynamic-weight hooks still fire); None (take `attend`) while decoding with a KV cache,
         for a window on positions that are not the token indices, or dtypes / masks the
         kernels do not cover."""
         if ctx.cache is not None:
             return None
-        from kernels.dcmha.dispatch import dcmha_call_fits, fused_dcmha_attention
+        from attnlens.kernels.dcmha.dispatch import dcmha_call_fits, fused_dcmha_attention
 
         fits, key_valid = dcmha_call_fits(q, k, v, ctx.allowed, self.window,
                                           (ctx.q_positions, ctx.k_positions))

@@ -4,7 +4,7 @@ Files: `layer.py`, `options.py`.
 Importing this package registers the variant "infini" (`layer.py`).
 """
 
-from hooked_models.attention.infini.layer import InfiniAttention
-from hooked_models.attention.infini.options import InfiniOptions
+from attnlens.hooked_models.attention.infini.layer import InfiniAttention
+from attnlens.hooked_models.attention.infini.options import InfiniOptions
 
 __all__ = ["InfiniAttention", "InfiniOptions"]

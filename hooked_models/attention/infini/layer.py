@@ -4,10 +4,10 @@ Each layer cuts its input into segments of `segment_len` tokens and processes th
 causal softmax attention inside the segment (A_dot, Eq. 6; positional encoding on this local path
 only), a read of a per-head compressive memory M, z built from all previous segments (A_mem,
 Eq. 7), a learned per-head gate mixing the two (Eq. 10), then the memory update (linear Eq. 8 or
-linear + delta Eq. 9). The plain-torch equations live in `kernels.infini.reference` (the op's one
-spec).
+linear + delta Eq. 9). The plain-torch equations live in `attnlens.kernels.infini.reference` (the
+op's one spec).
 
-Choices (see also `kernels.infini.reference`):
+Choices (see also `attnlens.kernels.infini.reference`):
 - Segments follow the padding-aware token positions: position p is in segment p // segment_len.
 - Rotary (if the model uses it) rotates q and k by their position *within* the segment. RoPE
   scores depend only on q-k offsets, so this equals absolute positions inside a segment, and it
@@ -20,7 +20,7 @@ Choices (see also `kernels.infini.reference`):
 - Gradients flow through M, z across segments (BPTT, as in the paper); `detach_every=n` cuts them
   after every n-th segment.
 - The model's `past_kv_cache` (which would keep every past key) is refused with a ValueError;
-  `hooked_models.streaming.InfiniStream` is the constant-memory incremental API.
+  `attnlens.hooked_models.streaming.InfiniStream` is the constant-memory incremental API.
 
 Hooks. A forward with no hook on a stage of the catalogue runs the segment loop only (no
 `[query, key]` map beyond one segment). When any stage is hooked the layer materialises the
@@ -37,7 +37,7 @@ edits included, and raises ValueError while a whole-context stage (`WHOLE_CONTEX
 hooked, since a stream never holds the whole context.
 
 Example:
-    >>> from hooked_models import VariantConfig, HookedVariantTransformer
+    >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
     >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=1, n_ctx=16, d_vocab=50, seed=0,
     ...                     attention="infini", positional_embedding_type="rotary",
     ...                     attn_cfg={"segment_len": 4})
@@ -55,17 +55,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hooked_models.attention.base import (
+from attnlens.hooked_models.attention.base import (
     AttentionContext,
     Stage,
     VariantAttention,
     is_plain_causal,
     masked_softmax,
 )
-from hooked_models.attention.infini.options import InfiniOptions
-from hooked_models.attention.observe import is_observed
-from hooked_models.attention.registry import register_attention
-from kernels.infini import reference as mem
+from attnlens.hooked_models.attention.infini.options import InfiniOptions
+from attnlens.hooked_models.attention.observe import is_observed
+from attnlens.hooked_models.attention.registry import register_attention
+from attnlens.kernels.infini import reference as mem
 
 PER_TOKEN = "batch query_pos head_index d_head"
 
@@ -160,7 +160,8 @@ class InfiniAttention(VariantAttention):
         """One-shot forward over `x`, or one streamed chunk when `cache` is an InfiniLayerState."""
         if cache is not None and not isinstance(cache, InfiniLayerState):
             raise ValueError("infini attention does not support past_kv_cache (it would keep every "
-                             "past key); stream with hooked_models.streaming.InfiniStream, or call "
+                             "past key); stream with "
+                             "attnlens.hooked_models.streaming.InfiniStream, or call "
                              "generate(..., use_cache=False)")
         q, k, v = self.project_qkv(x)
         q, k = self.prepare_qk(q, k)
@@ -207,8 +208,9 @@ class InfiniAttention(VariantAttention):
         return self._attend_segments(q, k, v, qr, kr, pos, valid, is_plain_causal(ctx.allowed))
 
     def _attend_segments(self, q, k, v, qr, kr, pos, valid, aligned: bool = False) -> Tensor:
-        """The segment loop (`kernels.infini.reference.segment_pass`) on a slot-per-position layout;
-        `aligned` (position p of every row at index p, no padding) is checked when not given."""
+        """The segment loop (`attnlens.kernels.infini.reference.segment_pass`) on a
+        slot-per-position layout; `aligned` (position p of every row at index p, no padding) is
+        checked when not given."""
         md, (b, T) = mem.memory_dtype(q.dtype), q.shape[:2]
         aligned = aligned or (bool(valid.all()) and torch.equal(
             pos, torch.arange(T, device=pos.device).expand(b, T)))
@@ -231,13 +233,14 @@ class InfiniAttention(VariantAttention):
         return out.to(q.dtype)
 
     def _segment_pass(self, qr, kr, q, k, v, valid, *args):
-        """`kernels.infini.reference.segment_pass`, on the fused kernels (`kernels.infini`) when
-        `cfg.backend` allows it; only reached while no stage is hooked (see `attend`)."""
+        """`attnlens.kernels.infini.reference.segment_pass`, on the fused kernels
+        (`attnlens.kernels.infini`) when `cfg.backend` allows it; only reached while no stage is
+        hooked (see `attend`)."""
         if self.cfg.backend != "torch":
-            from kernels.dispatch import fused_backend_enabled
+            from attnlens.kernels.dispatch import fused_backend_enabled
 
             if fused_backend_enabled(self.cfg.backend, q):
-                from kernels.infini.dispatch import fused_segment_pass
+                from attnlens.kernels.infini.dispatch import fused_segment_pass
 
                 # Local attention in the model's dtype (q, k, v came from it: no rounding).
                 dtype = self.W_Q.dtype

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernels.infini import reference as mem
+from attnlens.kernels.infini import reference as mem
 
 PER_TOKEN = "batch query_pos head_index d_head"
 

@@ -4,6 +4,6 @@ Files: `layer.py`.
 Importing this package registers the variant "mha" (`layer.py`).
 """
 
-from hooked_models.attention.mha.layer import MultiHeadAttention
+from attnlens.hooked_models.attention.mha.layer import MultiHeadAttention
 
 __all__ = ["MultiHeadAttention"]

@@ -4,7 +4,7 @@ Files: `block_conv.py`, `layer.py`, `ops.py`, `options.py`.
 Importing this package registers the variant "mta" (`layer.py`).
 """
 
-from hooked_models.attention.mta.layer import MultiTokenAttention
-from hooked_models.attention.mta.options import MTAOptions
+from attnlens.hooked_models.attention.mta.layer import MultiTokenAttention
+from attnlens.hooked_models.attention.mta.options import MTAOptions
 
 __all__ = ["MTAOptions", "MultiTokenAttention"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hooked_models.attention.base import (
+from attnlens.hooked_models.attention.base import (
     AttentionContext,
     LayerCache,
     Stage,
@@ -38,7 +38,7 @@ from hooked_models.attention.base import (
     is_plain_causal,
     masked_softmax,
 )
-from hooked_models.attention.mta.ops import (
+from attnlens.hooked_models.attention.mta.ops import (
     causal_mta_attention,
     depth_scale,
     head_mix,
@@ -47,9 +47,9 @@ from hooked_models.attention.mta.ops import (
     key_query_conv,
     rms_norm,
 )
-from hooked_models.attention.mta.options import MTAOptions
-from hooked_models.attention.observe import is_observed
-from hooked_models.attention.registry import register_attention
+from attnlens.hooked_models.attention.mta.options import MTAOptions
+from attnlens.hooked_models.attention.observe import is_observed
+from attnlens.hooked_models.attention.registry import register_attention
 
 HEADS = "batch pos head_index d_head"
 
@@ -69,7 +69,7 @@ class MultiTokenAttention(VariantAttention):
     `b_gate [d_head]`).
 
     Example:
-        >>> from hooked_models import VariantConfig, HookedVariantTransformer
+        >>> from attnlens.hooked_models import VariantConfig, HookedVariantTransformer
         >>> cfg = VariantConfig(d_model=32, d_head=8, n_layers=1, n_ctx=16, d_vocab=50, seed=0,
         ...                     attention="mta", attn_cfg={"query_kernel_size": 2,
         ...                     "key_kernel_size": 3, "head_kernel_size": 2})
@@ -219,11 +219,11 @@ class MultiTokenAttention(VariantAttention):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     def fused_attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """z from the fused MTA kernels (`kernels.mta`) when no map is hooked; None (take
+        """z from the fused MTA kernels (`attnlens.kernels.mta`) when no map is hooked; None (take
         `attend`) while decoding with a KV cache or for dtypes / masks they do not cover."""
         if ctx.cache is not None:
             return None
-        from kernels.mta.dispatch import fused_mta_attention
+        from attnlens.kernels.mta.dispatch import fused_mta_attention
 
         params = (self.mta_kernel, self.pre_sm_head_kernel, self.mta_kernel_after_sm,
                   self.head_kernel)

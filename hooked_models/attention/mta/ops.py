@@ -1,7 +1,7 @@
 """Plain-torch building blocks of Multi-Token Attention (Golovneva et al. 2025, arXiv 2504.00927).
 
 Pure functions on `[batch head_index query_pos key_pos]` maps, used by `MultiTokenAttention`
-(`layer.py`). The specification of each step is `kernels.mta.reference` (the op's one spec,
+(`layer.py`). The specification of each step is `attnlens.kernels.mta.reference` (the op's one spec,
 shared with the fused kernels and the tests); these are the layer's CPU-fast implementations
 of it, tested equal to it (tests/test_layer_specs.py):
 
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from hooked_models.attention.mta.block_conv import block_conv
-from kernels.mta.reference import key_padding
+from attnlens.hooked_models.attention.mta.block_conv import block_conv
+from attnlens.kernels.mta.reference import key_padding
 
 INIT_METHODS = ("identity", "zero", "const", "uniform", "normal", "diagonal")
 # Query rows per block of the banded CPU convolution (see key_query_conv); 64-256 are alike.
@@ -42,8 +42,8 @@ def key_query_conv(maps: Float[Tensor, "batch head_index query_pos key_pos"],
                    pad_key: str = "both", block_rows: int | None = None
                    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Depthwise 2-D convolution of each head's map, `Conv2d_theta(Mask_0(maps))` (Eqs. 5, 6):
-    the op specified by `kernels.mta.reference.conv_qk`, computed by row blocks (equal to it at
-    every allowed entry; tests/test_layer_specs.py).
+    the op specified by `attnlens.kernels.mta.reference.conv_qk`, computed by row blocks (equal to
+    it at every allowed entry; tests/test_layer_specs.py).
 
     Disallowed entries (future keys, padding) are zeroed first (Mask_0), so they cannot leak into
     the output; the query axis is zero-padded by `c_q - 1` rows from the past only (causal), the
@@ -116,7 +116,8 @@ def head_mix(maps: Float[Tensor, "batch head_index query_pos key_pos"],
              kernel: Float[Tensor, "n_groups c_h c_h"]
              ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Mix heads within non-overlapping groups of c_h heads (Eq. 7): the op specified by
-    `kernels.mta.reference.mix_heads`, as one batched matmul per group (tests/test_layer_specs.py).
+    `attnlens.kernels.mta.reference.mix_heads`, as one batched matmul per group
+    (tests/test_layer_specs.py).
 
     `kernel[g, n, m]` is the weight of input head `g*c_h + n` in output head `g*c_h + m`
     (the official `head_kernel` layout): `A_new[m] = sum_n A[n] kernel[g, n, m]`. One group

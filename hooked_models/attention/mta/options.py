@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hooked_models.attention.mta.ops import INIT_METHODS
-from kernels.mta.reference import PAD_KEYS
+from attnlens.hooked_models.attention.mta.ops import INIT_METHODS
+from attnlens.kernels.mta.reference import PAD_KEYS
 
 KERNEL_PAIRS = (("query_kernel_size", "key_kernel_size"),
                 ("after_sm_query_kernel_size", "after_sm_key_kernel_size"))

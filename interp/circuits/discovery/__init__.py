@@ -9,25 +9,29 @@ on the zoo's paper-task models), `prompt_scores` (edge scores with per-prompt co
 sweep's `circuit` analysis), `figure`, `discover` (all in one call).
 """
 
-from interp.circuits.discovery.discover import Discovery, discover
-from interp.circuits.discovery.extract import (
+from attnlens.interp.circuits.discovery.discover import Discovery, discover
+from attnlens.interp.circuits.discovery.extract import (
     circuit_metric,
     faithfulness,
     faithfulness_curve,
     prune,
     select_edges,
 )
-from interp.circuits.discovery.figure import circuit_figure
-from interp.circuits.discovery.graph import CircuitGraph, Edge, Node, build_graph
-from interp.circuits.discovery.induction import (
+from attnlens.interp.circuits.discovery.figure import circuit_figure
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge, Node, build_graph
+from attnlens.interp.circuits.discovery.induction import (
     head_scores,
     induction_heads,
     induction_task,
     recovery,
 )
-from interp.circuits.discovery.metrics import logit_diff_metric, logprob_metric, loss_metric
-from interp.circuits.discovery.paper_tasks import conjunction_task_pair, find_block_task
-from interp.circuits.discovery.scoring import (
+from attnlens.interp.circuits.discovery.metrics import (
+    logit_diff_metric,
+    logprob_metric,
+    loss_metric,
+)
+from attnlens.interp.circuits.discovery.paper_tasks import conjunction_task_pair, find_block_task
+from attnlens.interp.circuits.discovery.scoring import (
     attribution_patching,
     eap_ig,
     edge_ig,

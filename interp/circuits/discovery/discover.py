@@ -1,7 +1,7 @@
 """One call from a model and a task to a scored, extracted and checked circuit.
 
 Example:
-    >>> from hooked_models import zoo
+    >>> from attnlens.hooked_models import zoo
     >>> model = zoo.load("induction-mha")
     >>> result = discover(model, induction_task(model, n_prompts=8, seed=0), top_k=20)
     >>> result.faithfulness["faithfulness"] > 0.9
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from interp.circuits.discovery.extract import faithfulness, select_edges
-from interp.circuits.discovery.graph import CircuitGraph, Edge, build_graph
-from interp.circuits.discovery.induction import Task, induction_task  # noqa: F401 (doctest)
-from interp.circuits.discovery.scoring import attribution_patching, eap_ig
+from attnlens.interp.circuits.discovery.extract import faithfulness, select_edges
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge, build_graph
+from attnlens.interp.circuits.discovery.induction import Task, induction_task  # noqa: F401 (doctest)
+from attnlens.interp.circuits.discovery.scoring import attribution_patching, eap_ig
 
 METHODS = ("eap-ig", "attribution")
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from hooked_models.interop import norm_without_hooks
-from interp.circuits.discovery.graph import CircuitGraph, Edge
-from interp.circuits.discovery.mixing import finite_map, mixing_tensors
-from interp.circuits.discovery.switches import graph_switches
+from attnlens.hooked_models.interop import norm_without_hooks
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge
+from attnlens.interp.circuits.discovery.mixing import finite_map, mixing_tensors
+from attnlens.interp.circuits.discovery.switches import graph_switches
 
 
 @dataclass

@@ -17,9 +17,9 @@ from __future__ import annotations
 import pandas as pd
 from torch import Tensor
 
-from interp._common import check_int
-from interp.circuits.discovery.engine import Record, run
-from interp.circuits.discovery.graph import CircuitGraph, Edge
+from attnlens.interp._common import check_int
+from attnlens.interp.circuits.discovery.engine import Record, run
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge
 
 
 def select_edges(graph: CircuitGraph, scores: pd.DataFrame, top_k: int | None = None,

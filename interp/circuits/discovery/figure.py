@@ -5,8 +5,8 @@ read just left of it and the layer's shared attention input above) and the MLP, 
 Residual edges are straight lines ending at the port they feed (q a little above the head, v a
 little below); within-layer map edges are arcs inside the head column (pre-softmax to the right,
 post-softmax to the left). Width grows with |score|; colour is the sign on the diverging scale of
-`interp.plots.colors` (blue: corrupting the edge lowers the metric, i.e. the edge carries the
-behaviour; red: it raises it).
+`attnlens.interp.plots.colors` (blue: corrupting the edge lowers the metric, i.e. the edge carries
+the behaviour; red: it raises it).
 
 Example:
     >>> fig = circuit_figure(graph, scores, circuit, title="induction-mha")    # doctest: +SKIP
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.circuits.discovery.graph import CircuitGraph, Edge, Node
-from interp.plots.colors import DIVERGING
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge, Node
+from attnlens.interp.plots.colors import DIVERGING
 
 PORT_OFFSET = {"q": -0.22, "k": 0.0, "v": 0.22}
 BLUE, RED = DIVERGING[1][1], DIVERGING[9][1]
@@ -70,7 +70,7 @@ def _edge_path(edge: Edge, pos) -> tuple[list[float], list[float]]:
 def circuit_figure(graph: CircuitGraph, scores: pd.DataFrame, edges: list[Edge] | None = None,
                    title: str = "", top: int = 30) -> go.Figure:
     """The edges `edges` (default: the `top` by |score|) of `graph`, scored by `scores`
-    (a table from `interp.circuits.discovery.scoring`)."""
+    (a table from `attnlens.interp.circuits.discovery.scoring`)."""
     by_name = dict(zip(scores.edge, scores.score, strict=True))
     if edges is None:
         index = graph.edge_index()

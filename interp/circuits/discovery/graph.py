@@ -10,7 +10,7 @@ Edges:
   attention input when the layer reads it besides q/k/v, e.g. DCMHA's dynamic-weight generator);
 - within-layer map edges `L{l}H{n} -> L{l}H{m} [pre|post]`: head n's score (pre) or probability
   (post) map as mixed into head m's map (MTA head mixing, DCMHA Compose), read from the layer's
-  `head_mixing_at` and the catalogue (`interp.circuits.discovery.mixing`);
+  `head_mixing_at` and the catalogue (`attnlens.interp.circuits.discovery.mixing`);
 - sub-node edges `L{l}H{h}.mem -> L{l}H{h}`: a per-head stage that enters the head output
   additively (the memory read of Infini-attention).
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from interp.circuits.discovery.mixing import MixingSpec, mixing_specs
+from attnlens.interp.circuits.discovery.mixing import MixingSpec, mixing_specs
 
 # A stage named here, when a layer's catalogue has it, becomes a node of its own per head that
 # feeds the head's output (the stage must enter z additively and be hooked per head,
@@ -149,7 +149,7 @@ def build_graph(model) -> CircuitGraph:
 
     Returns a `CircuitGraph`; see the module docstring for what it holds.
     """
-    from interp.circuits.discovery.switches import graph_switches
+    from attnlens.interp.circuits.discovery.switches import graph_switches
 
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads

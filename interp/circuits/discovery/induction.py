@@ -19,11 +19,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import check_int, find_stage, to_distribution
-from interp.circuits.discovery.graph import CircuitGraph, Edge, head_node
-from interp.circuits.discovery.metrics import logprob_metric
-from interp.tasks.induction import repeated_tokens
-from interp.tools.heads import previous_token_scores, repeated_induction_scores
+from attnlens.interp._common import check_int, find_stage, to_distribution
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge, head_node
+from attnlens.interp.circuits.discovery.metrics import logprob_metric
+from attnlens.interp.tasks.induction import repeated_tokens
+from attnlens.interp.tools.heads import previous_token_scores, repeated_induction_scores
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hooked_models.attention.base import VariantAttention
+from attnlens.hooked_models.attention.base import VariantAttention
 
 PHASES = ("pre", "post")
 

@@ -1,7 +1,7 @@
 """Circuits of the zoo's paper-task models: MTA's find-the-block and DCMHA's conjunction (the
 tables of docs/circuit_discovery.md).
 
-    python -m interp.circuits.discovery.paper_report [--prompts 32] [--seed 0] [--top-k 20]
+    python -m attnlens.interp.circuits.discovery.paper_report [--prompts 32] [--seed 0] [--top-k 20]
         [--models "mta-findblock-*-s0,dcmha-conjunction-*"]
 
 For each model: the metric on clean and corrupted prompts (`paper_tasks`), the pruned top-k
@@ -22,20 +22,20 @@ import math
 import pandas as pd
 import torch
 
-from interp.circuits.discovery.discover import discover
-from interp.circuits.discovery.engine import run
-from interp.circuits.discovery.extract import (
+from attnlens.interp.circuits.discovery.discover import discover
+from attnlens.interp.circuits.discovery.engine import run
+from attnlens.interp.circuits.discovery.extract import (
     circuit_metric,
     faithfulness_curve,
     reference_record,
     select_edges,
 )
-from interp.circuits.discovery.paper_tasks import (
+from attnlens.interp.circuits.discovery.paper_tasks import (
     CORRUPTIONS,
     conjunction_task_pair,
     find_block_task,
 )
-from interp.circuits.discovery.report import markdown
+from attnlens.interp.circuits.discovery.report import markdown
 
 SIZES = (5, 10, 20, 30, 40, 60, 80)
 MIN_GAP = 0.05   # nats: below this clean - corrupted gap, faithfulness is a ratio of noise
@@ -47,7 +47,7 @@ def tasks_of(name: str, model, prompts: int, seed: int) -> dict:
     corruptions."""
     if name.startswith("mta-findblock"):
         return {"target block": find_block_task(model, prompts, seed)}
-    # the -twin models' lookups write the target's value twice (interp.tasks.conjunction)
+    # the -twin models' lookups write the target's value twice (attnlens.interp.tasks.conjunction)
     twin = bool((getattr(model, "card", None) or {}).get("task_args", {}).get("twin_target"))
     kwargs = {"twin_target": True} if twin else {}
     return {c: conjunction_task_pair(model, prompts, seed, corrupt=c, **kwargs)
@@ -105,14 +105,14 @@ def circuit_row(name: str, model, task, label: str, top_k: int = 20, steps: int 
 
 def zoo_names(patterns: str) -> list[str]:
     """Zoo checkpoints matching any of the comma-separated glob `patterns`, sorted."""
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     wanted = patterns.split(",")
     return sorted(n for n in zoo.available() if any(fnmatch.fnmatch(n, p) for p in wanted))
 
 
 def main(argv=None) -> None:
-    from hooked_models import zoo
+    from attnlens.hooked_models import zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)

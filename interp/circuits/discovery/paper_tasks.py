@@ -2,12 +2,12 @@
 two-attribute conjunction (prompts, corruptions and metrics).
 
 - `find_block_task`: clean prompts are find-the-block samples of the task the model was trained
-  on (`interp.tasks.find_block.CPU_TASK`, its answer variant read from the checkpoint's recipe),
-  with the answer appended (teacher forcing). The corrupted prompt replaces the target block's
-  letters by distinct letters that are none of the query's, so no block matches the query any
-  more; everything else (the other blocks, the query, the answer tokens) is kept. Metric: mean
+  on (`attnlens.interp.tasks.find_block.CPU_TASK`, its answer variant read from the checkpoint's
+  recipe), with the answer appended (teacher forcing). The corrupted prompt replaces the target
+  block's letters by distinct letters that are none of the query's, so no block matches the query
+  any more; everything else (the other blocks, the query, the answer tokens) is kept. Metric: mean
   log-probability of the clean answer token(s).
-- `conjunction_task_pair`: clean prompts are `interp.tasks.conjunction` lookups. Two
+- `conjunction_task_pair`: clean prompts are `attnlens.interp.tasks.conjunction` lookups. Two
   corruptions: "attribute" (the conjunction) changes one attribute of the target record (its
   colour on even prompts, its shape on odd ones) to one no record uses, so the record keeps one
   match with the query like the distractors do, and no record has both; "value" replaces the
@@ -17,7 +17,7 @@ two-attribute conjunction (prompts, corruptions and metrics).
   the distractor pairs' values (0 when single-attribute matches are only added: they tie).
 
 Example:
-    >>> from hooked_models import zoo
+    >>> from attnlens.hooked_models import zoo
     >>> model = zoo.load("mta-findblock-last-mta-s0")
     >>> task = find_block_task(model, n_prompts=4, seed=0)
     >>> task.clean.shape == task.corrupted.shape, bool((task.clean != task.corrupted).any())
@@ -31,11 +31,11 @@ import random
 import torch
 from torch import Tensor
 
-from interp._common import check_int
-from interp.circuits.discovery.induction import Task
-from interp.circuits.discovery.metrics import logprob_metric
-from interp.tasks.conjunction import conjunction_task
-from interp.tasks.find_block import CPU_TASK, VARIANTS, FindBlockTask
+from attnlens.interp._common import check_int
+from attnlens.interp.circuits.discovery.induction import Task
+from attnlens.interp.circuits.discovery.metrics import logprob_metric
+from attnlens.interp.tasks.conjunction import conjunction_task
+from attnlens.interp.tasks.find_block import CPU_TASK, VARIANTS, FindBlockTask
 
 FIND_BLOCK_VARIANTS = {v.lower(): v for v in VARIANTS}
 
@@ -44,7 +44,7 @@ def model_variant(model) -> str:
     """The find-the-block answer variant ("First", "Last" or "All") from the checkpoint's
     recipe name (`mta-findblock-<variant>-...`); ValueError when the model carries none."""
     recipe = str(model.cfg.metadata.get("recipe", ""))
-    prefix = "mta-findblock-"       # the zoo's recipe names (attnlens.zoo.paper.mta)
+    prefix = "mta-findblock-"       # the zoo's recipe names (attnlens.lab.paper.mta)
     answer = recipe.removeprefix(prefix).split("-")[0]
     if recipe.startswith(prefix) and answer in FIND_BLOCK_VARIANTS:
         return FIND_BLOCK_VARIANTS[answer]

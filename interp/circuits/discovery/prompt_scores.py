@@ -29,10 +29,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import check_int
-from interp.circuits.discovery.graph import build_graph
-from interp.circuits.discovery.metrics import logprob_metric
-from interp.circuits.discovery.scoring import attribution_patching, eap_ig
+from attnlens.interp._common import check_int
+from attnlens.interp.circuits.discovery.graph import build_graph
+from attnlens.interp.circuits.discovery.metrics import logprob_metric
+from attnlens.interp.circuits.discovery.scoring import attribution_patching, eap_ig
 
 CORRUPTIONS = ("first_half", "all")
 

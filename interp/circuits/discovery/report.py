@@ -1,7 +1,7 @@
 """The induction circuit on the bundled models: the tables of docs/circuit_discovery.md.
 
-    python -m interp.circuits.discovery.report [--prompts 32] [--seed 0] [--top-k 20]
-    python -m interp.circuits.discovery.report --models text-mha-l2 --half-len 20
+    python -m attnlens.interp.circuits.discovery.report [--prompts 32] [--seed 0] [--top-k 20]
+    python -m attnlens.interp.circuits.discovery.report --models text-mha-l2 --half-len 20
 
 For each `induction-<variant>` (or each model named by `--models`): EAP-IG (10 steps) and
 first-order attribution scores on `induction_task` (clean `[BOS] r r` vs corrupted `[BOS] r' r`,
@@ -20,18 +20,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp.circuits.discovery.discover import discover
-from interp.circuits.discovery.engine import run
-from interp.circuits.discovery.extract import (
+from attnlens.interp.circuits.discovery.discover import discover
+from attnlens.interp.circuits.discovery.engine import run
+from attnlens.interp.circuits.discovery.extract import (
     circuit_metric,
     faithfulness,
     faithfulness_curve,
     reference_record,
     select_edges,
 )
-from interp.circuits.discovery.graph import build_graph
-from interp.circuits.discovery.induction import induction_heads, induction_task, recovery
-from interp.circuits.discovery.scoring import attribution_patching, eap_ig, exact_patching
+from attnlens.interp.circuits.discovery.graph import build_graph
+from attnlens.interp.circuits.discovery.induction import induction_heads, induction_task, recovery
+from attnlens.interp.circuits.discovery.scoring import attribution_patching, eap_ig, exact_patching
 
 VARIANTS = ("mha", "mta", "cope", "dcmha", "infini")
 SIZES = (5, 10, 20, 30, 40, 60, 80, 100)
@@ -39,7 +39,7 @@ SIZES = (5, 10, 20, 30, 40, 60, 80, 100)
 
 def load(name: str):
     """A checkpoint directory (one with config.json) or else the bundled model `name`."""
-    from hooked_models import HookedVariantTransformer, zoo
+    from attnlens.hooked_models import HookedVariantTransformer, zoo
 
     path = Path(name)
     if (path / "config.json").is_file():

@@ -24,9 +24,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._common import check_int
-from interp.circuits.discovery.engine import Record, run
-from interp.circuits.discovery.graph import CircuitGraph, Edge
+from attnlens.interp._common import check_int
+from attnlens.interp.circuits.discovery.engine import Record, run
+from attnlens.interp.circuits.discovery.graph import CircuitGraph, Edge
 
 
 def _slot(t: Tensor, head: int | None) -> Tensor:

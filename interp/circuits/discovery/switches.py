@@ -1,6 +1,6 @@
 """The model switches circuit discovery needs, turned on for a block and restored after.
 
-Per-edge inputs come from the model's TransformerLens switches (`hooked_models.interop`):
+Per-edge inputs come from the model's TransformerLens switches (`attnlens.hooked_models.interop`):
 `set_use_split_qkv_input` (per-head copies of the residual feeding q, k, v),
 `set_use_attn_result` (per-head outputs) and `set_use_hook_mlp_in` (the MLP branch's input).
 """

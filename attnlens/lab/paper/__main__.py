@@ -1,11 +1,11 @@
 """Command line of the paper-task zoo.
 
-    python -m attnlens.zoo.paper list [PATTERN...]          recipes, and which are shipped
-    python -m attnlens.zoo.paper train NAME... [--resume]   train, eval, then publish the finished
+    python -m attnlens.lab.paper list [PATTERN...]          recipes, and which are shipped
+    python -m attnlens.lab.paper train NAME... [--resume]   train, eval, then publish the finished
                                                           model into hooked_models/zoo/NAME
-    python -m attnlens.zoo.paper eval NAME... [--write]     re-measure; --write stores card metrics
-    python -m attnlens.zoo.paper report                     docs/reproduction.md + its figures
-    python -m attnlens.zoo.paper lr-probe NAME... --lrs LR... [--steps N] [--csv PATH]
+    python -m attnlens.lab.paper eval NAME... [--write]     re-measure; --write stores card metrics
+    python -m attnlens.lab.paper report                     docs/reproduction.md + its figures
+    python -m attnlens.lab.paper lr-probe NAME... --lrs LR... [--steps N] [--csv PATH]
                                                           validation loss at each lr (lr_probe.py)
 
 NAME may be a shell-style pattern ("mta-findblock-first-*"), quoted.
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from attnlens.training.stop_signals import TrainingStopped
-from attnlens.zoo.paper._registry import all_recipes, module_of
-from attnlens.zoo.paper._training import (
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.zoo import available, closest_names, superseded_by
+from attnlens.lab.paper._registry import all_recipes, module_of
+from attnlens.lab.paper._training import (
     CLI,
     EVAL_SEED,
     default_run_root,
@@ -35,9 +36,8 @@ from attnlens.zoo.paper._training import (
     write_metrics,
     zoo_dir,
 )
-from attnlens.zoo.run_progress import describe, progress
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.zoo import available, closest_names, superseded_by
+from attnlens.lab.run_progress import describe, progress
+from attnlens.training.stop_signals import TrainingStopped
 
 
 def _names(names: list[str]) -> str:
@@ -77,12 +77,12 @@ def _eval(names: list[str], write: bool) -> None:
     for name in names:
         if name not in shipped:
             raise SystemExit(f"{name} is not shipped (train it first: "
-                             f"python -m attnlens.zoo.paper train {name} --resume)")
+                             f"python -m attnlens.lab.paper train {name} --resume)")
         _measure(name, zoo_dir(name), write)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.paper")
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.paper")
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list")
     p_list.add_argument("names", nargs="*", default=["*"])
@@ -144,7 +144,7 @@ def main(argv=None) -> None:
 
         print(write_report())
     elif args.command == "lr-probe":
-        from attnlens.zoo.paper import lr_probe
+        from attnlens.lab.paper import lr_probe
 
         lr_probe.main(_select(args.names), args.lrs, args.steps, args.csv, args.threads)
 

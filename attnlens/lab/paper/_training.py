@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.zoo import ZOO_DIR
+from attnlens.lab.paper._registry import Recipe
 from attnlens.training.train_state import runs_root
 from attnlens.training.trainer import BEST_DIR, METRICS_FILE, Sampler, TrainConfig, fit
-from attnlens.zoo.paper._registry import Recipe
-from hooked_models.config import VariantConfig
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.zoo import ZOO_DIR
 
 KIND = "paper-task"
 # The held-out evaluation seed of every paper-task module (issue 20): fixed after the models were
@@ -36,7 +36,7 @@ KIND = "paper-task"
 EVAL_SEED = 60_613_579
 EVAL_SPAN = 100_000
 WALL_FILE = "wall_seconds.json"
-CLI = "python -m attnlens.zoo.paper"
+CLI = "python -m attnlens.lab.paper"
 
 
 def default_run_root() -> Path:
@@ -78,7 +78,7 @@ def replay(recipe: Recipe, draw: Callable[[torch.Generator], object]) -> list:
 
 def training_seeds(recipe: Recipe) -> set[int]:
     """Every seed training `recipe` used: the weights' seed and each batch's data seed."""
-    from attnlens.zoo.paper._registry import module_of
+    from attnlens.lab.paper._registry import module_of
 
     return {recipe.seed, *module_of(recipe).batch_seeds(recipe)}
 
@@ -146,7 +146,7 @@ def train_recipe(recipe: Recipe, out_dir, sample: Sampler, resume: bool = True,
         "final_train_loss": final_loss, "train_loss_curve": curve,
     }
     # Every shipped model carries its tokenizer (docs/design.md contract 6): the task's vocabulary.
-    from interp.tasks.prompts import task_tokenizer
+    from attnlens.interp.tasks.prompts import task_tokenizer
 
     model.tokenizer = task_tokenizer(recipe.task_args)
     # fp16 weights, as the text zoo ships: the 36 CoPE models of 4 x 128 would take 115 MB in
@@ -269,7 +269,7 @@ def write_metrics(directory: Path, metrics: dict[str, float], eval_seed: int = E
 
 def evaluate_model(model) -> dict[str, float]:
     """The metrics of a loaded paper-task model, measured by its recipe's module."""
-    from attnlens.zoo.paper._registry import get_recipe, module_of
+    from attnlens.lab.paper._registry import get_recipe, module_of
 
     card = getattr(model, "card", None) or {}
     if card.get("kind") != KIND or "recipe" not in card:

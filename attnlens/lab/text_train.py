@@ -1,7 +1,7 @@
 """Train, evaluate and release the text-language-model zoo (`attnlens train --zoo text`).
 
     attnlens train --zoo text --device cuda          all 15 recipes, resumable, into
-                                                     ~/.cache/attnlens/zoo-text (default_runs_dir)
+                                                     ~/.cache/attnlens/lab-text (default_runs_dir)
     attnlens train --zoo text --measure              tokens per wall- and CPU-second of each
                                                      recipe, and its projected time
     attnlens train --zoo text --smoke                the whole pipeline in seconds (never a zoo)
@@ -25,6 +25,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.tokenizers.bpe import BPETokenizer, cached_stream, train_bpe
+from attnlens.interp.tools.text_eval import (
+    evaluate_windows,
+    induction_probe,
+    save_eval_tokens,
+    text_repeat_probe,
+    val_windows,
+)
+from attnlens.lab.run_progress import describe, progress
+from attnlens.lab.text_recipes import (
+    RECIPES,
+    SMOKE,
+    VOCAB_SIZE,
+    flops_per_token,
+    get_recipe,
+    package_pins,
+    run_seed,
+)
+from attnlens.lab.text_recipes import train_config as make_train_config
 from attnlens.training.corpus import DEFAULT_VAL_FRACTION, Corpus, stdlib_root
 from attnlens.training.package_corpus import PackageCorpus
 from attnlens.training.train_state import (
@@ -34,26 +54,6 @@ from attnlens.training.train_state import (
     thin_metrics,
 )
 from attnlens.training.trainer import METRICS_FILE, fit
-from attnlens.zoo.run_progress import describe, progress
-from attnlens.zoo.text_recipes import (
-    RECIPES,
-    SMOKE,
-    VOCAB_SIZE,
-    flops_per_token,
-    get_recipe,
-    package_pins,
-    run_seed,
-)
-from attnlens.zoo.text_recipes import train_config as make_train_config
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.tokenizers.bpe import BPETokenizer, cached_stream, train_bpe
-from interp.tools.text_eval import (
-    evaluate_windows,
-    induction_probe,
-    save_eval_tokens,
-    text_repeat_probe,
-    val_windows,
-)
 
 # A release's training log keeps every evaluation row and every 10th step's training row
 # (attnlens.training.train_state.thin_metrics): 10,000 rows of ~1.1 MB become ~1,040 of ~0.1 MB.
@@ -62,7 +62,7 @@ RELEASE_METRICS_EVERY = 10
 
 def default_runs_dir() -> Path:
     """Where `attnlens train --zoo text` keeps runs by default: `runs_root()/zoo-text`, i.e.
-    `$ATTNLENS_RUNS/zoo-text`, else `~/.cache/attnlens/zoo-text`, outside the work tree (the old
+    `$ATTNLENS_RUNS/zoo-text`, else `~/.cache/attnlens/lab-text`, outside the work tree (the old
     default, `out/zoo-text`, never reached the next session)."""
     return runs_root() / "zoo-text"
 
@@ -324,11 +324,11 @@ def release(name: str, run_dir, data: TextData, release_dir, device: str = "cpu"
     metrics_log = thin_metrics(run_dir / METRICS_FILE, out / METRICS_FILE,
                                RELEASE_METRICS_EVERY)
     released = HookedVariantTransformer.from_pretrained(out, device=device)
-    from interp.tools.text_eval import load_eval_tokens
+    from attnlens.interp.tools.text_eval import load_eval_tokens
 
     metrics = evaluate_windows(released, load_eval_tokens(out))
     card = {"kind": "text-lm", "recipe": name, "smoke_test_only": smoke,
-            "train_command": command, "eval_command": f"python -m attnlens.zoo.evaluate {name}",
+            "train_command": command, "eval_command": f"python -m attnlens.lab.evaluate {name}",
             "seed": tcfg["seed"], "steps": state["step"], "tokens": state["tokens"],
             "train_config": tcfg, "device": (model.card or {}).get("device"),
             "device_name": _device_name((model.card or {}).get("device")),
@@ -407,7 +407,7 @@ def measure(names, data: TextData, device: str, steps: int = 3, batch: int | Non
 
 
 def queue_status(out_dir, names, release_dir=None) -> list[dict]:
-    """Where each recipe's run stands: `attnlens.zoo.run_progress.progress` (steps done of the
+    """Where each recipe's run stands: `attnlens.lab.run_progress.progress` (steps done of the
     total, tokens, CPU hours, the recent pace and the time left) and whether it is released."""
     out_dir = Path(out_dir)
     release_dir = Path(release_dir) if release_dir else out_dir / "release"

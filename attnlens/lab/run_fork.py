@@ -7,7 +7,7 @@ model, optimiser and generator are then the same too. So the curriculum run's ch
 step j <= k is the short run's checkpoint at step j, and `fork_run` writes it as such, after
 checking every one of those conditions, instead of training the k steps again:
 
-    python -m attnlens.zoo.run_fork SRC_CHECKPOINT text-mha-l2-cur [--out RUNS_DIR]
+    python -m attnlens.lab.run_fork SRC_CHECKPOINT text-mha-l2-cur [--out RUNS_DIR]
 
 The fork's card names its source (`forked_from`), and its metrics log is the source's up to
 step j. tests/test_run_fork.py shows that a forked run ends bit-identical to the same recipe
@@ -22,11 +22,11 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+from attnlens.hooked_models.checkpoint import read_config
+from attnlens.lab.text_recipes import get_recipe, train_config
+from attnlens.lab.text_train import default_runs_dir, schedule_phase_ends
 from attnlens.training.train_state import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, read_train_state
 from attnlens.training.trainer import METRICS_FILE, SCHEDULE_FUTURE, TrainConfig, same_lr_until
-from attnlens.zoo.text_recipes import get_recipe, train_config
-from attnlens.zoo.text_train import default_runs_dir, schedule_phase_ends
-from hooked_models.checkpoint import read_config
 
 # train-config entries a fork may differ in: the batch (rows of the short run = batch x n_ctx /
 # ctx of the curriculum) and how the schedule goes on after the fork (the lr of every step

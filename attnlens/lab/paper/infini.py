@@ -3,15 +3,15 @@
 The paper fine-tunes a 1B model on 5K-token passkey prompts (segments of 2K) and retrieves the
 key at up to 1M tokens, at every depth. Here a 2-layer Infini-attention model (linear + delta
 memory, segments of `SEGMENT_LEN` tokens) is trained from scratch at one length, `TRAIN_LENGTH`
-word-level tokens (`interp.tasks.passkey.PasskeyTokenizer`, digits one token each, as the
+word-level tokens (`attnlens.interp.tasks.passkey.PasskeyTokenizer`, digits one token each, as the
 paper's tokenizer), so the key usually sits several segments before the question and must come
 back through the compressive memory. It is then evaluated, streaming, at 1x, 2x, 4x, 8x and 16x
 that length and at depths 0, 0.25, 0.5, 0.75, 1: a length x depth grid of token accuracy (the
 paper's metric). The gates' specialisation (memory vs local heads, paper Fig. 3) is measured on
-the trained model with `interp.variants.infini.memory_specialisation`.
+the trained model with `attnlens.interp.variants.infini.memory_specialisation`.
 
-    python -m attnlens.zoo.paper train infini-passkey-s0 --resume
-    python -m attnlens.zoo.paper eval infini-passkey-s0 --write
+    python -m attnlens.lab.paper train infini-passkey-s0 --resume
+    python -m attnlens.lab.paper eval infini-passkey-s0 --write
 """
 
 from __future__ import annotations
@@ -19,11 +19,16 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attnlens.zoo.paper._registry import Recipe
-from attnlens.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from attnlens.zoo.paper._training import answer_loss_metric, replay, train_recipe
-from interp.tasks.passkey import PasskeyTokenizer, cell_seed, evaluate_passkey, passkey_task
-from interp.variants.infini import memory_knockout_hooks, memory_specialisation
+from attnlens.interp.tasks.passkey import (
+    PasskeyTokenizer,
+    cell_seed,
+    evaluate_passkey,
+    passkey_task,
+)
+from attnlens.interp.variants.infini import memory_knockout_hooks, memory_specialisation
+from attnlens.lab.paper._registry import Recipe
+from attnlens.lab.paper._training import EVAL_SEED as HELDOUT_SEED
+from attnlens.lab.paper._training import answer_loss_metric, replay, train_recipe
 
 TOKENIZER = PasskeyTokenizer()
 TRAIN_LENGTH = 160          # word-level tokens; 68 are prompt, 92 filler

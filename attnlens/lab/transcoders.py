@@ -1,9 +1,9 @@
 """Per-layer transcoders for the zoo's MLP models: train (resumable, on the CPU), evaluate, ship.
 
-    python -m attnlens.zoo.transcoders train text-mha-l4mlp     # ~11 CPU-minutes per model
-    python -m attnlens.zoo.transcoders eval text-mha-l4mlp      # recompute the card's metrics
+    python -m attnlens.lab.transcoders train text-mha-l4mlp     # ~11 CPU-minutes per model
+    python -m attnlens.lab.transcoders eval text-mha-l4mlp      # recompute the card's metrics
                                                     # (--write: into the card)
-    python -m attnlens.zoo.transcoders status
+    python -m attnlens.lab.transcoders status
 
 Text models: the training data is the model's own training split (the standard library's train
 files, which the zoo's text models were trained on), tokenised with the model's tokenizer, cut
@@ -36,12 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.training.corpus import Corpus
-from attnlens.training.train_state import runs_root
-from hooked_models import zoo
-from hooked_models.tokenizers.bpe import encode_documents
-from interp.sae.transcoder import TranscoderConfig
-from interp.sae.transcoder_train import (
+from attnlens.hooked_models import zoo
+from attnlens.hooked_models.tokenizers.bpe import encode_documents
+from attnlens.interp.sae.transcoder import TranscoderConfig
+from attnlens.interp.sae.transcoder_train import (
     collect_mlp_io,
     load_transcoders,
     replacement_loss,
@@ -50,7 +48,9 @@ from interp.sae.transcoder_train import (
     transcoder_hooks,
     transcoder_metrics,
 )
-from interp.tools.text_eval import load_eval_tokens
+from attnlens.interp.tools.text_eval import load_eval_tokens
+from attnlens.training.corpus import Corpus
+from attnlens.training.train_state import runs_root
 
 TEXT_MODELS = ("text-mha-l4mlp", "text-dcmha-l4mlp", "text-mta-l4mlp", "text-cope-l4mlp",
                "text-infini-l4mlp")
@@ -91,7 +91,7 @@ def eval_windows(name: str) -> torch.Tensor:
 
 
 def _paper_batch(name: str, seed: int, batch: int = 64):
-    from attnlens.zoo.paper._registry import get_recipe, module_of
+    from attnlens.lab.paper._registry import get_recipe, module_of
 
     recipe = get_recipe(name)
     return module_of(recipe).task_batch(recipe.task_args, "id", batch, seed)
@@ -121,7 +121,7 @@ def paper_eval_batches(name: str) -> list:
 def paper_answer_error(model, transcoders, batches) -> dict:
     """The task's answer error (samples with any wrong answer) clean and with every MLP
     replaced by its transcoder."""
-    from interp.tasks._batch import answer_error_rate
+    from attnlens.interp.tasks._batch import answer_error_rate
 
     out = {}
     for key, fwd_hooks in (("clean", []), ("replaced", transcoder_hooks(transcoders))):
@@ -204,8 +204,8 @@ def train(name: str, progress: bool = True, out_dir=None, **overrides) -> dict:
     card = dict(model=name, settings=settings,
                 training_tokens=int(tokens.numel() if mask is None else mask.sum()),
                 window=WINDOW if mask is None else None, corpus=corpus,
-                train_command=f"python -m attnlens.zoo.transcoders train {name}",
-                eval_command=f"python -m attnlens.zoo.transcoders eval {name}",
+                train_command=f"python -m attnlens.lab.transcoders train {name}",
+                eval_command=f"python -m attnlens.lab.transcoders eval {name}",
                 cpu_time_s=round(time.process_time() - cpu0, 1),
                 wall_time_s=round(time.time() - wall0, 1),
                 machine=f"{platform.machine()} CPU, torch {torch.__version__}, "
@@ -227,7 +227,7 @@ def status() -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.transcoders",
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.transcoders",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

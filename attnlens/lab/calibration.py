@@ -3,14 +3,14 @@
 Reads the training logs (`metrics.jsonl`, one evaluation every 250 steps) of any set of runs and
 returns their trajectories (tokens seen vs. validation loss, best induction score, copy-loss
 ratio on repeated random tokens and on repeated real text) and, per run, the tokens at which it
-first met the zoo's bar (`attnlens.zoo.text_studies.forms_induction`) or "not yet" with how far it
+first met the zoo's bar (`attnlens.lab.text_studies.forms_induction`) or "not yet" with how far it
 got. Runs still in progress are read as they stand: the table says how many tokens each has seen.
 
-    python -m attnlens.zoo.calibration RUNS/runs/* [--keep docs/figures/zoo/calibration.csv]
+    python -m attnlens.lab.calibration RUNS/runs/* [--keep docs/figures/zoo/calibration.csv]
                                                  [--csv docs/figures/zoo/calibration.csv]
                                                  [--png docs/figures/zoo/calibration.png]
                                                  [--focus RUN ... --focus-png PATH]
-RUNS: `attnlens train --zoo text`'s runs directory (`attnlens.zoo.text_train.default_runs_dir`).
+RUNS: `attnlens train --zoo text`'s runs directory (`attnlens.lab.text_train.default_runs_dir`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnlens.zoo.text_studies import COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction
-from interp.plots.png import write_png
+from attnlens.interp.plots.png import write_png
+from attnlens.lab.text_studies import COPY_RATIO_THRESHOLD, INDUCTION_THRESHOLD, forms_induction
 
 COLUMNS = ["run", "step", "tokens", "val_loss", "induction_score", "copy_loss_ratio",
            "text_copy_ratio"]
@@ -84,8 +84,8 @@ def run_style(run: str, index: int) -> tuple[dict, str, bool]:
     other run (a calibration run) in colour `index` of a 24-colour palette, solid."""
     from plotly.colors import qualitative
 
-    from interp.plots.colors import VARIANT_COLOURS
-    from interp.plots.training import SHAPE_DASH, SHAPE_MARKER
+    from attnlens.interp.plots.colors import VARIANT_COLOURS
+    from attnlens.interp.plots.training import SHAPE_DASH, SHAPE_MARKER
 
     m = re.fullmatch(r"text-(?P<variant>[a-z]+)-(?P<shape>.+)", run)
     if m and m["variant"] in VARIANT_COLOURS and m["shape"] in SHAPE_DASH:
@@ -145,7 +145,7 @@ def figure(traj: pd.DataFrame, val_loss: bool = False, split: bool = True):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.calibration",
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.calibration",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--csv", type=Path, default=None, help="write the trajectories here")

@@ -1,6 +1,6 @@
 """The studies of the text-LM zoo (issue 17 items 4-6, issue 26 item 5), run on released models.
 
-    python -m attnlens.zoo.text_studies RELEASE_DIR [--out docs/figures/zoo] [--no-png]
+    python -m attnlens.lab.text_studies RELEASE_DIR [--out docs/figures/zoo] [--no-png]
 
 RELEASE_DIR holds released text models (`text-<variant>-<shape>/`, as written by
 `attnlens train --zoo text`): `hooked_models/zoo` once the zoo ships, `RUNS/release`
@@ -9,22 +9,23 @@ figures (HTML, and PNG when kaleido works) into OUT, where `attnlens.reports.zoo
 
 1. Induction (`induction_study`, `training_logs`): the final induction score, second-copy loss
    and in-context-learning score of every model, and the training log (induction score and
-   validation loss against tokens seen: the phase change, `interp.plots.training`). A model
+   validation loss against tokens seen: the phase change, `attnlens.interp.plots.training`). A model
    "forms induction heads" when its best head's induction-stripe score reaches
    `INDUCTION_THRESHOLD`; the 1-layer models are the controls. Induction by copy distance
    (`copy_distance_study`): the same probe at |r| = 20 to 255, which tells an Infini model's
    in-segment induction (local attention) from copying across segments (the memory).
 2. Head diversity (`diversity_study`): captured-variance curves of every layer's QK and OV
    circuits (plain, and composed for variants with static head mixing) with the random-init
-   baseline (`interp.tools.diversity`), summarised by the mean captured variance (DCFormer Fig. 5:
-   lower = more diverse).
+   baseline (`attnlens.interp.tools.diversity`), summarised by the mean captured variance (DCFormer
+   Fig. 5: lower = more diverse).
 3. Gating (`gating_study`): Infini's memory vs local heads on validation windows longer than a
-   segment (`interp.variants.infini.memory_specialisation`), MTA's output gates and key-query kernel
-   classes, DCMHA's dynamic weights (`interp.tools.gating.gate_values` on the dd stages), CoPE's
-   gates by token category (what it counts: newlines, indentation, identifiers, ...).
+   segment (`attnlens.interp.variants.infini.memory_specialisation`), MTA's output gates and
+   key-query kernel classes, DCMHA's dynamic weights (`attnlens.interp.tools.gating.gate_values` on
+   the dd stages), CoPE's gates by token category (what it counts: newlines, indentation,
+   identifiers, ...).
 4. Sharpness (`sharpness_study`): per head, the spread of the raw q.k scores and of the logits
    entering the softmax, and the entropy of the attention they give, on validation windows
-   (`interp.tools.score_spread`): where a variant's attention gets its sharpness.
+   (`attnlens.interp.tools.score_spread`): where a variant's attention gets its sharpness.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from interp.tools.diversity import diversity_summary, head_diversity
-from interp.tools.gating import gate_values
-from interp.tools.score_spread import score_spread
-from interp.tools.text_eval import load_eval_tokens
-from interp.variants.cope import gates_by_category
-from interp.variants.infini import memory_specialisation
-from interp.variants.mta import kernel_table
+from attnlens.interp.tools.diversity import diversity_summary, head_diversity
+from attnlens.interp.tools.gating import gate_values
+from attnlens.interp.tools.score_spread import score_spread
+from attnlens.interp.tools.text_eval import load_eval_tokens
+from attnlens.interp.variants.cope import gates_by_category
+from attnlens.interp.variants.infini import memory_specialisation
+from attnlens.interp.variants.mta import kernel_table
 
 INDUCTION_THRESHOLD = 0.3
 # Issue 26's second bar: second-copy loss below half the first-copy loss on the same probe.
@@ -94,7 +95,7 @@ def _labels(name: str, directory: Path) -> tuple[str, str]:
 def _mixes_heads(model) -> bool:
     """Whether the model's attention class mixes heads statically (overrides `head_mixing`):
     its circuits have a composed form (MTA, DCMHA)."""
-    from hooked_models.attention import VariantAttention
+    from attnlens.hooked_models.attention import VariantAttention
 
     return type(model.blocks[0].attn).head_mixing is not VariantAttention.head_mixing
 
@@ -162,7 +163,7 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
     `repeat_loss`, `icl_score`, `val_loss`, the best induction head and `forms_induction`.
     Where the card has a row-stochastic stage, `distribution_head` is that stage's best head
     (re-measured on the card's probe: the card keeps the pattern stage's head table only)."""
-    from interp.tools.text_eval import distribution_head
+    from attnlens.interp.tools.text_eval import distribution_head
 
     rows = []
     for name, d in models.items():
@@ -176,7 +177,7 @@ def induction_study(models: dict[str, Path], threshold: float = INDUCTION_THRESH
             if stage != dist_stage or abs(score - dist_score) > 1e-3:
                 raise ValueError(f"{name}: the probe's best `{stage}` score {score:.4f} is not "
                                  f"the card's {dist_stage} {dist_score}: re-run `python -m "
-                                 f"attnlens.zoo.evaluate {name}`")
+                                 f"attnlens.lab.evaluate {name}`")
         rows.append({"model": name, "variant": variant, "shape": shape,
                      "val_loss": m["val_loss"], "icl_score": m["icl_score"],
                      "induction_score": m["induction_score"], "repeat_loss": m["repeat_loss"],
@@ -195,7 +196,7 @@ def copy_distance_study(models: dict[str, Path], distances=COPY_DISTANCES,
     (model, distance): the best head's `induction_score`, `first_copy_loss`, `repeat_loss`,
     `copy_loss_ratio`, and `segment_len` (Infini's; NaN otherwise): an earlier copy further back
     than the segment is out of local attention's reach, so only the memory can serve it."""
-    from interp.tools.text_eval import induction_probe
+    from attnlens.interp.tools.text_eval import induction_probe
 
     rows = []
     for name, d in models.items():
@@ -218,7 +219,7 @@ def copy_distance_study(models: dict[str, Path], distances=COPY_DISTANCES,
 
 
 def _load(directory):
-    from hooked_models.model import HookedVariantTransformer
+    from attnlens.hooked_models.model import HookedVariantTransformer
 
     model = HookedVariantTransformer.from_pretrained(directory, device="cpu")
     return model.float() if model.cfg.dtype != torch.float32 else model
@@ -279,8 +280,8 @@ def gating_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> dic
 
 
 def sharpness_study(models: dict[str, Path], n_windows: int = STUDY_WINDOWS) -> pd.DataFrame:
-    """`interp.tools.score_spread` of every model on its first `n_windows` validation windows, with
-    `model`, `variant` and `shape` columns."""
+    """`attnlens.interp.tools.score_spread` of every model on its first `n_windows` validation
+    windows, with `model`, `variant` and `shape` columns."""
     frames = []
     for name, d in models.items():
         variant, shape = _labels(name, d)
@@ -321,8 +322,8 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True,
     into a studied zoo costs its own studies, not the whole zoo's)."""
     from tqdm.auto import tqdm
 
-    from interp.plots import save_figure
-    from interp.plots.training import (
+    from attnlens.interp.plots import save_figure
+    from attnlens.interp.plots.training import (
         cope_category_figure,
         copy_distance_figure,
         diversity_comparison_figure,
@@ -368,7 +369,7 @@ def run_studies(release_dir, out_dir, png: bool = True, progress: bool = True,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.text_studies",
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.text_studies",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("release_dir", help="directory of released text models")
     parser.add_argument("--out", default="docs/figures/zoo", help="tables and figures go here")

@@ -5,14 +5,14 @@ For each model, length factor and depth whose key lies outside the question's se
 0-0.75), on the first `n` prompts of the cards' own evaluation cells (seed `EVAL_SEED`, never
 a training or validation seed), it records per prompt whether the key came back and, per
 layer and head, how much of the memory read at the answer positions comes from the key's digit
-tokens (`interp.variants.infini.memory_source_share`): `share` (what the model reads),
+tokens (`attnlens.interp.variants.infini.memory_source_share`): `share` (what the model reads),
 `share_no_erosion` (the same if the delta rule had not eroded the key since it was written)
 and `contrast` (how strongly the query singles the key's tokens out against any other stored
 token). The CSV feeds docs/reproduction.md's diagnosis section
 (`attnlens.reports.reproduction.infini`).
 
-    python -m attnlens.zoo.paper.infini_diagnosis              # 32 prompts per cell (all)
-    python -m attnlens.zoo.paper.infini_diagnosis --n 4 --factors 1 8 --out /tmp/diag.csv
+    python -m attnlens.lab.paper.infini_diagnosis              # 32 prompts per cell (all)
+    python -m attnlens.lab.paper.infini_diagnosis --n 4 --factors 1 8 --out /tmp/diag.csv
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnlens.zoo.paper.infini import DEPTHS, EVAL_SEED, FACTORS, LONG_SEEDS, TOKENIZER
-from hooked_models import zoo
-from interp.tasks.passkey import KEY_LINE, cell_seed, passkey_task, predict
-from interp.variants.infini import memory_source_share
+from attnlens.hooked_models import zoo
+from attnlens.interp.tasks.passkey import KEY_LINE, cell_seed, passkey_task, predict
+from attnlens.interp.variants.infini import memory_source_share
+from attnlens.lab.paper.infini import DEPTHS, EVAL_SEED, FACTORS, LONG_SEEDS, TOKENIZER
 
 MODELS = tuple(f"infini-passkey-long-s{seed}" for seed in LONG_SEEDS)
 DIAGNOSIS_DEPTHS = (0.0, 0.25, 0.5, 0.75)      # the key outside the question's segment
@@ -100,7 +100,7 @@ def run(models=MODELS, factors=FACTORS, depths=DIAGNOSIS_DEPTHS, n: int = N_PROM
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnlens.zoo.paper.infini_diagnosis",
+    p = argparse.ArgumentParser(prog="python -m attnlens.lab.paper.infini_diagnosis",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=N_PROMPTS, help="prompts per cell (<= 32)")

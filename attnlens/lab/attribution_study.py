@@ -1,7 +1,7 @@
 """Attribution graphs on the shipped MLP text models: does the graph find the induction path?
 
-    python -m attnlens.zoo.attribution_study            # -> docs/figures/attribution/*.csv
-    python -m attnlens.zoo.attribution_study --counting # the CoPE counting model
+    python -m attnlens.lab.attribution_study            # -> docs/figures/attribution/*.csv
+    python -m attnlens.lab.attribution_study --counting # the CoPE counting model
 
 For each model with shipped transcoders and each of `N_PROMPTS` prompts (seeds `EVAL_SEED + i`,
 a seed no training used): `[BOS] r_0 .. r_{L-1} r_0 .. r_{L-2}` with `r` drawn from the tokens
@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.zoo.transcoders import TEXT_MODELS, eval_windows, transcoder_dir
-from hooked_models import zoo
-from interp.attribution.contexts import transcoders_for
-from interp.attribution.graph import attribute
-from interp.attribution.prune import prune
-from interp.attribution.qk import attribute_qk, pattern_sources
-from interp.attribution.replacement import clean_run, float64_copy
+from attnlens.hooked_models import zoo
+from attnlens.interp.attribution.contexts import transcoders_for
+from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.prune import prune
+from attnlens.interp.attribution.qk import attribute_qk, pattern_sources
+from attnlens.interp.attribution.replacement import clean_run, float64_copy
+from attnlens.lab.transcoders import TEXT_MODELS, eval_windows, transcoder_dir
 
 EVAL_SEED = 20261204
 N_PROMPTS = 16
@@ -153,7 +153,7 @@ N_COUNTING = 12
 def counting_prompts(name: str, n: int) -> list[tuple[torch.Tensor, list[str]]]:
     """`n` in-distribution programs of the counting task from the card's evaluation seed (never
     a training seed), without padding: (tokens [1 pos], words)."""
-    from attnlens.zoo.transcoders import _paper_batch
+    from attnlens.lab.transcoders import _paper_batch
 
     card = json.loads((zoo.path(name) / "card.json").read_text())
     batch = _paper_batch(name, int(card["eval_seed"]), batch=n)
@@ -232,7 +232,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFra
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.attribution_study",
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.attribution_study",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=None,

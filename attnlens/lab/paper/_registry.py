@@ -11,7 +11,7 @@ and, optionally, `CLAIMS: dict[phenomenon, str]` (the paper's claim, quoted in t
 report shows a plain table of the cards' metrics).
 
 Example:
-    >>> from attnlens.zoo.paper._registry import all_recipes
+    >>> from attnlens.lab.paper._registry import all_recipes
     >>> recipes = all_recipes()                                   # doctest: +SKIP
     >>> module_of(recipes["cope-flipflop-cope-s0"]).evaluate      # doctest: +SKIP
 """
@@ -22,7 +22,7 @@ import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
 
-PACKAGE = "attnlens.zoo.paper"
+PACKAGE = "attnlens.lab.paper"
 PHENOMENON_MODULES = ("cope", "mta", "infini", "dcmha")
 
 
@@ -97,12 +97,12 @@ def all_recipes() -> dict[str, Recipe]:
 def get_recipe(name: str) -> Recipe:
     recipes = all_recipes()
     if name not in recipes:
-        from hooked_models.zoo import closest_names
+        from attnlens.hooked_models.zoo import closest_names
 
         close = closest_names(name, sorted(recipes))
         raise ValueError(f"no paper-task recipe {name!r}"
                          + (f"; the closest: {', '.join(close)}" if close else "")
-                         + f" ({len(recipes)} recipes: `python -m attnlens.zoo.paper list`)")
+                         + f" ({len(recipes)} recipes: `python -m attnlens.lab.paper list`)")
     return recipes[name]
 
 

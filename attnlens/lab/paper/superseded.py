@@ -10,9 +10,9 @@ shipped seeds:
 - DCMHA conjunction: the held-out accuracy (higher wins).
 
 The old models stay in the zoo as the baselines of docs/reproduction.md's 1000-step sections;
-`hooked_models/zoo/superseded.json` (written by `python -m attnlens.zoo.paper report`, checked
-by a test) names each one's replacements, so `hooked_models.zoo.load` warns and points at them,
-`python -m attnlens.zoo.paper list` says so, and `attnlens serve --zoo paper` lists them last.
+`hooked_models/zoo/superseded.json` (written by `python -m attnlens.lab.paper report`, checked
+by a test) names each one's replacements, so `attnlens.hooked_models.zoo.load` warns and points at
+them, `python -m attnlens.lab.paper list` says so, and `attnlens serve --zoo paper` lists them last.
 A setting whose new group does not score better keeps its old models unmarked.
 """
 
@@ -22,7 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from hooked_models.zoo import SUPERSEDED_FILE, ZOO_DIR
+from attnlens.hooked_models.zoo import SUPERSEDED_FILE, ZOO_DIR
 
 # old recipe name (a regular expression) -> the name of its replacements (with the match's
 # groups), the summary score, and whether higher is better

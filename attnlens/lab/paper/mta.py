@@ -1,25 +1,25 @@
 """MTA's phenomenon (Golovneva et al. 2025, Sec. 2, Table 1): find the block, MTA vs MHA.
 
-Scaled down for a CPU (`interp.tasks.find_block.CPU_TASK`): 8 blocks of 3 distinct letters out
-of 12, a 2-letter query; the paper uses ~52 blocks of 5 out of 26 letters. Both models have
+Scaled down for a CPU (`attnlens.interp.tasks.find_block.CPU_TASK`): 8 blocks of 3 distinct letters
+out of 12, a 2-letter query; the paper uses ~52 blocks of 5 out of 26 letters. Both models have
 2 layers, 2 heads, d_model 64, RoPE, RMSNorm and a SwiGLU MLP (the paper: 4 layers, d_model
 256); MTA adds the paper's pre-softmax key-query convolution, c_q = L = 2, c_k = 2N - 1 = 5, in
 every layer. Three seeds per setting, as the paper reports variance across seeds.
 Metric: the fraction of held-out prompts whose answer is not reproduced exactly.
 
-    python -m attnlens.zoo.paper train "mta-findblock-first-*" --resume
+    python -m attnlens.lab.paper train "mta-findblock-first-*" --resume
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnlens.zoo.paper._registry import Recipe
-from attnlens.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from attnlens.zoo.paper._training import draw_seed, replay, train_recipe
-from interp.tasks.find_block import CPU_TASK, FindBlockTask, answer_error_rate
+from attnlens.interp.tasks.find_block import CPU_TASK, FindBlockTask, answer_error_rate
+from attnlens.lab.paper._registry import Recipe
+from attnlens.lab.paper._training import EVAL_SEED as HELDOUT_SEED
+from attnlens.lab.paper._training import draw_seed, replay, train_recipe
 
-EVAL_SEED = HELDOUT_SEED    # held out: see attnlens.zoo.paper._training.EVAL_SEED
+EVAL_SEED = HELDOUT_SEED    # held out: see attnlens.lab.paper._training.EVAL_SEED
 EVAL_SAMPLES = 1024
 # Out-of-distribution probes (the models are trained on 8 blocks of 3 letters): other block
 # lengths at 8 blocks, and other numbers of blocks of 3 letters.
@@ -99,7 +99,7 @@ def with_context(model, n_ctx: int):
     it is long enough."""
     import dataclasses
 
-    from hooked_models.model import HookedVariantTransformer
+    from attnlens.hooked_models.model import HookedVariantTransformer
 
     if n_ctx <= model.cfg.n_ctx:
         return model
@@ -125,7 +125,7 @@ def evaluate(model, recipe: Recipe) -> dict[str, float]:
     answered wrongly (teacher forced, equal to greedy decoding); `answer_loss`: mean
     cross-entropy on their answer tokens; `error_block_len{N}` / `error_n_blocks{n}`: the
     same error on 1024 prompts of the `ood_tasks` (the context is lengthened as needed)."""
-    from interp.tasks.find_block import answer_loss
+    from attnlens.interp.tasks.find_block import answer_loss
 
     task = task_of(recipe)
     batch = task.to_tokens(task.generate(EVAL_SAMPLES, seed=EVAL_SEED))
@@ -156,7 +156,7 @@ def target_block_attention(model, recipe: Recipe, n: int = 128, seed: int = EVAL
     """
     import pandas as pd
 
-    from interp._common import head_label
+    from attnlens.interp._common import head_label
 
     task = task_of(recipe)
     samples = task.generate(n, seed=seed)

@@ -3,11 +3,12 @@ cannot, compared with MHA at equal parameters.
 
 Two tasks, both with answer-only loss:
 
-- `conjunction` (`interp.tasks.conjunction`): look up the record with *both* a colour and a
+- `conjunction` (`attnlens.interp.tasks.conjunction`): look up the record with *both* a colour and a
   shape; distractor pairs make any sum of single-attribute heads' outputs tie, so the two
   matches must be combined inside one attention pattern (pre-softmax Compose sums two heads'
   logits; a single head can only do it with QK rank n_colours + n_shapes = 16 > d_head = 8).
-- `composition` (`interp.tasks.composition`, DCFormer's synthetic two-hop questions, mixed kinds).
+- `composition` (`attnlens.interp.tasks.composition`, DCFormer's synthetic two-hop questions, mixed
+  kinds).
 
 Models: 2 layers, 4 heads of d_head 8, d_model 32, rotary. Equal parameters: DCMHA's dynamic
 weight generator (dw1, qkw, dd: 3,584 per layer) is paid back to MHA as a wider MLP,
@@ -18,10 +19,10 @@ setting on `conjunction` (plus one pair trained 3000 steps), one on `composition
 Metrics: held-out accuracy; for DCMHA also the accuracy with the dynamic composition knocked
 out (`no_compose`: every dynamic weight zeroed, which is exactly MHA with the same weights), with
 only pre- or only post-softmax Compose knocked out, and the mean |off-diagonal| mixing weight
-at the answer's (query, target) pair (`interp.circuits.composed.mixing_at`): how much each head
-borrows.
+at the answer's (query, target) pair (`attnlens.interp.circuits.composed.mixing_at`): how much each
+head borrows.
 
-    python -m attnlens.zoo.paper train "dcmha-*" --resume
+    python -m attnlens.lab.paper train "dcmha-*" --resume
 """
 
 from __future__ import annotations
@@ -31,23 +32,27 @@ from contextlib import nullcontext
 
 import torch
 
-from attnlens.zoo.paper._registry import Recipe
-from attnlens.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from attnlens.zoo.paper._training import (
+from attnlens.hooked_models.config import VariantConfig
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.interp.tasks.composition import CompositionVocab, accuracy_by_kind, composition_task
+from attnlens.interp.tasks.conjunction import (
+    conjunction_accuracy,
+    conjunction_task,
+    conjunction_vocab,
+)
+from attnlens.interp.variants import dcmha as dcmha_views
+from attnlens.interp.variants.dcmha import knockout_hooks, selectivity
+from attnlens.lab.paper._registry import Recipe
+from attnlens.lab.paper._training import EVAL_SEED as HELDOUT_SEED
+from attnlens.lab.paper._training import (
     answer_loss_metric,
     draw_seed,
     replay,
     train_recipe,
 )
-from hooked_models.config import VariantConfig
-from hooked_models.model import HookedVariantTransformer
-from interp.tasks.composition import CompositionVocab, accuracy_by_kind, composition_task
-from interp.tasks.conjunction import conjunction_accuracy, conjunction_task, conjunction_vocab
-from interp.variants import dcmha as dcmha_views
-from interp.variants.dcmha import knockout_hooks, selectivity
 
 D_MODEL, D_MLP = 32, 128
-EVAL_SEED, EVAL_N = HELDOUT_SEED, 2048   # held out: see attnlens.zoo.paper._training
+EVAL_SEED, EVAL_N = HELDOUT_SEED, 2048   # held out: see attnlens.lab.paper._training
 TASKS = {"conjunction": (0, 1, 2), "composition": (0,)}   # task -> seeds
 N_CTX = 32
 VOCAB_SIZE = {"conjunction": len(conjunction_vocab()), "composition": len(CompositionVocab())}
@@ -106,7 +111,7 @@ def _recipe(task: str, variant: str, seed: int, steps: int = 1000) -> Recipe:
 # Issue 24 item 3: conjunction trained until the answer loss on held-out validation questions
 # stops improving (ceiling FULL_TRAIN["steps"]), DCMHA and MHA at equal parameters, 3 seeds;
 # the Compose knock-outs of `evaluate` then say whether the trained DCMHA relies on Compose.
-# The lr is chosen on the validation questions (`python -m attnlens.zoo.paper lr-probe`, seed 0,
+# The lr is chosen on the validation questions (`python -m attnlens.lab.paper lr-probe`, seed 0,
 # 2,500 steps at a constant 3e-4 / 1e-3 / 3e-3; LR_PROBE_CSV, shown in the report): 1e-3 for
 # both variants (tests/test_lr_probe.py holds the recipes to the probe).
 # At the 1000-step recipes' 3e-3 DCMHA's validation loss stopped falling after ~1,250 steps and
@@ -173,7 +178,7 @@ def param_counts(task: str = "conjunction") -> dict[str, int]:
 
 def lookups(task_args: dict, batch: int, seed: int, twin: bool | None = None):
     """Conjunction lookups of a recipe's task (`task_args["twin_target"]`: the target's value
-    written twice, `interp.tasks.conjunction`); `twin` overrides it."""
+    written twice, `attnlens.interp.tasks.conjunction`); `twin` overrides it."""
     twin = task_args.get("twin_target", False) if twin is None else twin
     return conjunction_task(batch, seed=seed, twin_target=twin)
 
@@ -242,13 +247,15 @@ def _accuracy(model, task_args: dict, fwd_hooks=(), twin: bool | None = None) ->
 
 
 def borrowing_at_answer(model, n: int = 32, task_args: dict | None = None) -> dict[str, float]:
-    """`interp.variants.dcmha.borrowing_at_answer` on `n` held-out lookups (seed EVAL_SEED + 1)."""
+    """`attnlens.interp.variants.dcmha.borrowing_at_answer` on `n` held-out lookups
+    (seed EVAL_SEED + 1)."""
     return dcmha_views.borrowing_at_answer(model, lookups(task_args or {}, n, EVAL_SEED + 1))
 
 
 def attention_split(model, layer: int = 1, n: int = 64,
                     task_args: dict | None = None) -> dict[str, float]:
-    """`interp.variants.dcmha.attention_split` on `n` held-out lookups (seed EVAL_SEED + 2)."""
+    """`attnlens.interp.variants.dcmha.attention_split` on `n` held-out lookups
+    (seed EVAL_SEED + 2)."""
     return dcmha_views.attention_split(model, lookups(task_args or {}, n, EVAL_SEED + 2), layer)
 
 

@@ -1,6 +1,6 @@
 """Train a toy induction model and save it into the zoo (then its card is measured).
 
-    python -m attnlens.zoo.train mha [--steps 1500] [--attn-cfg '{"...": ...}']
+    python -m attnlens.lab.train mha [--steps 1500] [--attn-cfg '{"...": ...}']
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import time
 
 import torch
 
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.hooked_models.zoo import ZOO_DIR
+from attnlens.hooked_models.zoo.recipes import VARIANTS, config
+from attnlens.interp.tasks.zoo_induction import sample
+from attnlens.lab.evaluate import main as evaluate_main
 from attnlens.training.trainer import train
-from attnlens.zoo.evaluate import main as evaluate_main
-from hooked_models.model import HookedVariantTransformer
-from hooked_models.zoo import ZOO_DIR
-from hooked_models.zoo.recipes import VARIANTS, config
-from interp.tasks.zoo_induction import sample
 
 
 def main(argv=None) -> None:
@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     losses = train(model, sample, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                    seed=args.seed)
     name = f"induction-{args.variant}"
-    command = "python -m attnlens.zoo.train " + " ".join(argv or [args.variant])
+    command = "python -m attnlens.lab.train " + " ".join(argv or [args.variant])
     card = {"task": "induction: next token on the second copy of [BOS] r r, r random letters, "
                     "repeat length 6..20",
             "train_command": command, "steps": args.steps, "batch_size": args.batch_size,

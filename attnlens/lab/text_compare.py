@@ -1,6 +1,6 @@
 """DCMHA vs MHA on text at equal tokens (issue 24 item 3): validation loss over seeds.
 
-    python -m attnlens.zoo.text_compare RELEASE_DIR [--zoo hooked_models/zoo] [--csv PATH]
+    python -m attnlens.lab.text_compare RELEASE_DIR [--zoo hooked_models/zoo] [--csv PATH]
         [--curves PATH]
 
 The DCMHA paper's gains are in language-modelling loss at equal parameters and compute. Here:
@@ -8,7 +8,7 @@ the 2-layer attention-only text models (d_model 128, 4 heads of 32, vocabulary 4
 1.9% more parameters, its dynamic-weight generator), trained on the same token stream.
 
 - Three seeds of each at 10M tokens (`text-{mha,dcmha}-l2-short-s{0,1,2}`,
-  `attnlens.zoo.text_recipes.COMPARISON_RECIPES`: `attnlens train --zoo text --only ...` writes
+  `attnlens.lab.text_recipes.COMPARISON_RECIPES`: `attnlens train --zoo text --only ...` writes
   them to RELEASE_DIR), which measure the seed spread;
 - the zoo's `text-mha-l2` and `text-dcmha-l2` (one seed each, 41M tokens), read from the zoo;
 - when both are shipped, `text-mha-l2-pkgs` and `text-dcmha-l2-pkgs` (one seed each, 41M tokens
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from hooked_models.model import HookedVariantTransformer
-from interp.tools.text_eval import chunk_losses, load_eval_tokens
-from interp.variants.dcmha import knockout_hooks
+from attnlens.hooked_models.model import HookedVariantTransformer
+from attnlens.interp.tools.text_eval import chunk_losses, load_eval_tokens
+from attnlens.interp.variants.dcmha import knockout_hooks
 
 FIELDS = ("model", "variant", "seed", "steps", "tokens", "parameters", "ctx", "compose",
           "val_loss", "cpu_time_s")
@@ -171,7 +171,7 @@ def losses(rows: list[dict], variant: str, of: str, compose: str = "on",
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m attnlens.zoo.text_compare",
+    parser = argparse.ArgumentParser(prog="python -m attnlens.lab.text_compare",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("release_dir", help="where the short runs were released "
                         "(RUNS/release of attnlens train --zoo text)")

@@ -9,11 +9,11 @@ but not the CPU pace, so the projection holds whatever else runs), else in wall 
 runs lengthen their context as they go (a curriculum: `ctx_schedule` in the checkpoint's card),
 so while a shorter-context phase runs the projection is a lower bound, and says so
 (`longer_context_ahead`); where finished runs of the same schedule lie beside it, their slowdown
-in the longer phases bounds the whole time left (`left_range`, `attnlens.zoo.phase_projection`).
+in the longer phases bounds the whole time left (`left_range`, `attnlens.lab.phase_projection`).
 Steps that ran an evaluation are left out of the pace (an evaluation's time is charged to the
 step after it).
 
-    >>> progress(Path.home() / ".cache/attnlens/zoo-text/runs/text-mta-l4mlp")  # doctest: +SKIP
+    >>> progress(Path.home() / ".cache/attnlens/lab-text/runs/text-mta-l4mlp")  # doctest: +SKIP
     {'step': 2500, 'of': 10000, 'tokens': 10240000, 'cpu_h': 0.81, 'tokens_per_s': 3914.0,
      'clock': 'cpu', 'left_h': 2.18, 'longer_context_ahead': True,
      'left_range': {'low': 2.18, 'high': 2.81, 'runs': [...], 'ratios': (0.72, 1.0)}}
@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attnlens.training.train_state import latest_checkpoint, read_train_state
-from attnlens.training.trainer import METRICS_FILE
-from attnlens.zoo.phase_projection import (
+from attnlens.lab.phase_projection import (
     PACE_KEYS,
     later_phases_range,
     phases,
     plain_steps,
 )
+from attnlens.training.train_state import latest_checkpoint, read_train_state
+from attnlens.training.trainer import METRICS_FILE
 
 WINDOW = 100   # steps the pace is read from
 

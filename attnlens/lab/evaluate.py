@@ -1,11 +1,12 @@
 """Re-measure a bundled model's card metrics; `--write` stores them in its card.json.
 
-    python -m attnlens.zoo.evaluate induction-mha [--write]
+    python -m attnlens.lab.evaluate induction-mha [--write]
 
 Toy `induction-*` models are measured on their task
-(`interp.tasks.zoo_induction.induction_metrics`);
-text language models (card "kind": "text-lm") by `interp.tools.text_eval.evaluate_text_model`;
-paper-task models (card "kind": "paper-task") by their recipe's module (`attnlens.zoo.paper`).
+(`attnlens.interp.tasks.zoo_induction.induction_metrics`);
+text language models (card "kind": "text-lm") by
+`attnlens.interp.tools.text_eval.evaluate_text_model`; paper-task models (card "kind": "paper-task")
+by their recipe's module (`attnlens.lab.paper`).
 """
 
 from __future__ import annotations
@@ -13,21 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from hooked_models.zoo import available, load, path
-from interp.tasks.zoo_induction import induction_metrics
+from attnlens.hooked_models.zoo import available, load, path
+from attnlens.interp.tasks.zoo_induction import induction_metrics
 
-EVAL_MODULE = "attnlens.zoo.evaluate"
+EVAL_MODULE = "attnlens.lab.evaluate"
 
 
 def measure(name: str) -> dict:
     """The metrics of the bundled model `name`, as its card records them."""
     model = load(name)
     if (model.card or {}).get("kind") == "text-lm":
-        from interp.tools.text_eval import evaluate_text_model
+        from attnlens.interp.tools.text_eval import evaluate_text_model
 
         return evaluate_text_model(model, model.card, directory=path(name))
     if (model.card or {}).get("kind") == "paper-task":
-        from attnlens.zoo.paper._training import evaluate_model
+        from attnlens.lab.paper._training import evaluate_model
 
         return evaluate_model(model)
     return induction_metrics(model)

@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlens.hooked_models.config import VariantConfig
 from attnlens.training.trainer import TrainConfig
-from hooked_models.config import VariantConfig
 
 VOCAB_SIZE = 4096
 ARCH = dict(d_model=128, d_head=32, n_heads=4, n_ctx=512)
@@ -109,7 +109,7 @@ class Recipe:
 # tokens. With rotary (or CoPE's contextual) positions the model is the same at both lengths.
 # The lr is constant at 3e-3 (where the heads formed) and decays linearly to 0 over the last
 # 2,000 steps (a warmup-stable-decay schedule).
-# text-mha-l2's first 6,250 steps are text-mha-l2-ctx256's (attnlens.zoo.run_fork).
+# text-mha-l2's first 6,250 steps are text-mha-l2-ctx256's (attnlens.lab.run_fork).
 CTX_CURRICULUM = {"ctx_schedule": ((6250, 256),)}
 CURRICULUM_TRAIN = {"steps": 10_000, "batch_size": 8, "cooldown": 2000}
 RECIPES: dict[str, Recipe] = {

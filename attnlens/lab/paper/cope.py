@@ -8,25 +8,25 @@ trains on FFL(0.8) with 32 instructions and is tested on FFL(0.98) (sparse) and 
 instructions (longer). Every model: 2 layers, 4 heads, d_model 64, MLP 256, loss on the
 answer tokens only. Metrics are error rates (fractions) on held-out seeded batches.
 
-    python -m attnlens.zoo.paper train "cope-flipflop-*" --resume
+    python -m attnlens.lab.paper train "cope-flipflop-*" --resume
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnlens.zoo.paper._registry import Recipe
-from attnlens.zoo.paper._training import EVAL_SEED as HELDOUT_SEED
-from attnlens.zoo.paper._training import answer_loss_metric, draw_seed, replay, train_recipe
-from interp.tasks._batch import TaskBatch, answer_error_rate
-from interp.tasks.counting import VOCAB as COUNTING_VOCAB
-from interp.tasks.counting import counting_batch
-from interp.tasks.flip_flop import VOCAB as FLIP_FLOP_VOCAB
-from interp.tasks.flip_flop import flip_flop_batch
-from interp.tasks.selective_copy import VOCAB as SELECTIVE_COPY_VOCAB
-from interp.tasks.selective_copy import selective_copy_batch
+from attnlens.interp.tasks._batch import TaskBatch, answer_error_rate
+from attnlens.interp.tasks.counting import VOCAB as COUNTING_VOCAB
+from attnlens.interp.tasks.counting import counting_batch
+from attnlens.interp.tasks.flip_flop import VOCAB as FLIP_FLOP_VOCAB
+from attnlens.interp.tasks.flip_flop import flip_flop_batch
+from attnlens.interp.tasks.selective_copy import VOCAB as SELECTIVE_COPY_VOCAB
+from attnlens.interp.tasks.selective_copy import selective_copy_batch
+from attnlens.lab.paper._registry import Recipe
+from attnlens.lab.paper._training import EVAL_SEED as HELDOUT_SEED
+from attnlens.lab.paper._training import answer_loss_metric, draw_seed, replay, train_recipe
 
-EVAL_SEED = HELDOUT_SEED    # held out: see attnlens.zoo.paper._training.EVAL_SEED
+EVAL_SEED = HELDOUT_SEED    # held out: see attnlens.lab.paper._training.EVAL_SEED
 EVAL_SAMPLES = 512
 EVAL_CHUNK = 64
 N_CTX = 288   # the longest OOD sample (128 statements) needs ~150 tokens, <= 288 by far
@@ -118,7 +118,7 @@ def _recipe(task: str, position: str, seed: int = 0, steps: int = 1000,
 # Issue 24: the results that did not reproduce at 1000 steps of 2-layer d_model 64 models
 # (Flip-Flop, counting with 3 and 5 variables), at the paper's depth (4 layers) and trained
 # until the held-out loss stops improving (`validation`), three seeds per setting. `steps` is
-# only the ceiling. Trained with `python -m attnlens.zoo.paper train "cope-*-long-*" --resume` (in
+# only the ceiling. Trained with `python -m attnlens.lab.paper train "cope-*-long-*" --resume` (in
 # the background, resumable); not shipped before a run has finished.
 # The shape is the nearest to the paper's 4 x 256 that the calibration allows (issue 24 lets us
 # state it): `python -m attnlens.benchmarks.paper_shapes` measured 4 x 256 at 0.42-0.84 CPU-s per

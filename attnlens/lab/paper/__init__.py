@@ -6,8 +6,8 @@ One module per phenomenon (`cope`, `mta`, `infini`, `dcmha`) declares `RECIPES` 
 (resumable run under ~/.cache/attnlens/paper-zoo/, save_pretrained, the card of kind "paper-task").
 The models ship in `hooked_models/zoo/<recipe name>/`; `report.py` writes docs/reproduction.md.
 
-    python -m attnlens.zoo.paper list
-    python -m attnlens.zoo.paper train cope-flipflop-cope-s0 --resume
-    python -m attnlens.zoo.paper eval cope-flipflop-cope-s0 --write
-    python -m attnlens.zoo.paper report
+    python -m attnlens.lab.paper list
+    python -m attnlens.lab.paper train cope-flipflop-cope-s0 --resume
+    python -m attnlens.lab.paper eval cope-flipflop-cope-s0 --write
+    python -m attnlens.lab.paper report
 """

@@ -1,6 +1,6 @@
 """Learning-rate probes of the paper-task recipes: pick a run's lr on validation data, not by hand.
 
-    python -m attnlens.zoo.paper lr-probe "dcmha-conjunction-full-*-s0" --lrs 3e-4 1e-3 3e-3 \
+    python -m attnlens.lab.paper lr-probe "dcmha-conjunction-full-*-s0" --lrs 3e-4 1e-3 3e-3 \
         --steps 2500 --csv docs/figures/reproduction/dcmha-conjunction-full_lr_probe.csv
 
 Each recipe is trained at every lr for `steps` steps, without early stopping, with the recipe's
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from attnlens.lab.paper._registry import Recipe, modules
+from attnlens.lab.paper._training import build_model, train_config
 from attnlens.training.trainer import METRICS_FILE, fit
-from attnlens.zoo.paper._registry import Recipe, modules
-from attnlens.zoo.paper._training import build_model, train_config
 
 FIELDS = ("recipe", "variant", "lr", "step", "val_loss")
 
@@ -121,7 +121,7 @@ def table(rows: list[dict], every: int = 500) -> str:
 
 
 def main(names: list[str], lrs: list[float], steps: int, csv_path, threads: int = 1) -> None:
-    from attnlens.zoo.paper._registry import all_recipes
+    from attnlens.lab.paper._registry import all_recipes
 
     torch.set_num_threads(threads)
     recipes = [all_recipes()[n] for n in names]

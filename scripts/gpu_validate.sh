@@ -8,6 +8,14 @@
 #
 #   OUT=out/gpu bash scripts/gpu_validate.sh
 #
+# The device call, prepared (a call sends at most 64 MiB of working tree; the zoo's weights are
+# ~150 MiB and no stage here needs a model, so they stay behind):
+#   1. here:   bash scripts/gpu_tree.sh hide        (model folders out of the tree, ~11 MiB left)
+#   2. device: run(command="OUT=$OUT bash scripts/gpu_validate.sh", carry=[".whl"], timeout_s=560)
+#   3. here:   bash scripts/gpu_tree.sh restore     (always, also when the call failed)
+# then commit $OUT's files' figures into docs/benchmarks.md with the device, driver, torch and
+# triton versions and the date (env.txt).
+#
 # Python packages the GPU image lacks (transformer-lens and the few it pulls in) can travel as
 # wheels in .whl/ (see the device notes); they are installed to /tmp/site first.
 set -u

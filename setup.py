@@ -28,6 +28,7 @@ setup(
     package_dir=package_dir,
     package_data={
         "attnlens.lab": ["package_pins.json"],
+        "attnlens.kernels": ["tuned_configs.json"],
         "attnlens.dashboards": ["assets/*.js", "assets/*.css"],
     },
     include_package_data=False,

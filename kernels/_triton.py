@@ -13,7 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -89,6 +91,46 @@ def next_pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
+# The configurations an autotuning pass on a real GPU chose (`python -m
+# attnlens.kernels.autotune_pass`): {arch: {kernel: {tuning_key: config}}}. A launch whose key is
+# listed runs that config without benchmarking; any other launch autotunes as usual.
+TUNED_FILE = Path(__file__).with_name("tuned_configs.json")
+
+
+def gpu_arch() -> str:
+    """`"sm_90"` for the current CUDA device."""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def tuning_key(keys: list[str], nargs: dict, meta: dict) -> str:
+    """A launch's autotuning key as text: the values of `keys` among its arguments, then the
+    dtypes of its tensor arguments in order (what `triton.autotune` keys its cache on)."""
+    args = {**nargs, **meta}
+    values = ",".join(f"{k}={args[k]}" for k in keys if k in args)
+    dtypes = ",".join(str(v.dtype) for v in args.values() if hasattr(v, "dtype"))
+    return f"{values}|{dtypes}"
+
+
+def triton_cache_key(keys: list[str], nargs: dict, meta: dict) -> tuple:
+    """The key `triton.autotune` files a launch's choice under (values of `keys`, then tensor
+    dtypes), to name its cache entries by `tuning_key`."""
+    args = {**nargs, **meta}
+    return tuple([args[k] for k in keys if k in args]
+                 + [str(v.dtype) for v in args.values() if hasattr(v, "dtype")])
+
+
+def config_tuple(config) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a `triton.Config`."""
+    return (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps,
+            config.num_stages)
+
+
+def load_tuned(path: Path = TUNED_FILE) -> dict:
+    """The tuned configurations file, {} when there is none."""
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+
+
 class LazyAutotune:
     """`triton.autotune(configs(), key)(kernel)`, built on first use, only ever used on a GPU.
 
@@ -97,27 +139,60 @@ class LazyAutotune:
     given, keeps the configs that suit a launch's constexprs `meta` (e.g. tiles that do not
     spill at its BLOCK_D); the autotuner applies it as its `early_config_prune`, and
     `candidates(**meta)` says what it would try (`python -m attnlens.kernels.compile_check` reads
-    it).
+    it). A launch whose `tuning_key` an autotuning pass recorded for this GPU's architecture
+    (`TUNED_FILE`) takes that config alone, if it is still among the candidates.
     """
 
-    def __init__(self, kernel, configs, key: list[str], prune=None):
+    instances: list[LazyAutotune] = []   # every one made, for the autotuning pass
+
+    def __init__(self, kernel, configs, key: list[str], prune=None, name: str | None = None):
         self.kernel, self.configs, self.key, self.prune = kernel, configs, key, prune
+        self.name = name or getattr(kernel, "__name__", None) or kernel.fn.__name__
         self._tuned = None
+        self._names: dict[tuple, str] = {}   # triton's cache key -> tuning_key
+        LazyAutotune.instances.append(self)
 
     def candidates(self, **meta) -> list:
         """The configs the autotuner tries for a launch with constexprs `meta`."""
         configs = self.configs()
         return self.prune(configs, meta) if self.prune is not None else configs
 
+    def choose(self, configs, nargs: dict, meta: dict, tuned: dict) -> list:
+        """The configs to try for one launch: the recorded one when `tuned` (this kernel's
+        entries of the tuned file) has the launch's key and it is a candidate; else the
+        candidates."""
+        kept = self.prune(configs, meta) if self.prune is not None else configs
+        key = tuning_key(self.key, nargs, meta)
+        self._names[triton_cache_key(self.key, nargs, meta)] = key
+        recorded = tuned.get(key)
+        if recorded is not None:
+            want = (recorded["BLOCK_M"], recorded["BLOCK_N"], recorded["num_warps"],
+                    recorded["num_stages"])
+            match = [c for c in kept if config_tuple(c) == want]
+            if match:
+                return match[:1]
+        return kept
+
     def __getitem__(self, grid):
         if self._tuned is None:
-            by = None
-            if self.prune is not None:
-                by = {"early_config_prune": lambda configs, nargs, **meta: self.prune(configs,
-                                                                                      meta)}
+            tuned = load_tuned().get(gpu_arch(), {}).get(self.name, {})
+            by = {"early_config_prune": lambda configs, nargs, **meta: self.choose(
+                configs, nargs, meta, tuned)}
             self._tuned = triton.autotune(configs=self.configs(), key=self.key,
                                           prune_configs_by=by)(self.kernel)
         return self._tuned[grid]
+
+    def chosen(self) -> dict[str, dict]:
+        """What the autotuner settled on so far: {tuning_key: config}, from its cache."""
+        if self._tuned is None:
+            return {}
+        out = {}
+        for cache_key, config in self._tuned.cache.items():
+            if cache_key in self._names:
+                bm, bn, w, s = config_tuple(config)
+                out[self._names[cache_key]] = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w,
+                                               "num_stages": s}
+        return out
 
 
 def _flag_on(meta, flag: str) -> bool:
@@ -179,7 +254,13 @@ __all__ = [
     "INTERPRET",
     "SUPPORTED_DTYPES",
     "LazyAutotune",
+    "TUNED_FILE",
     "available",
+    "config_tuple",
+    "gpu_arch",
+    "load_tuned",
+    "triton_cache_key",
+    "tuning_key",
     "head_dim_configs",
     "with_flag_tiles",
     "can_run",

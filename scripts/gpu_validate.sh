@@ -2,9 +2,11 @@
 # GPU validation of the Triton kernels in one short run (for a lent GPU, where time is scarce):
 #   1. the fused ops against their float32 references at real sizes (bf16 and fp32),
 #   2. the bf16 benchmark at T=4096 (the issue targets' length),
-#   3. the kernel and dispatch tests compiled for the GPU instead of interpreted.
+#   3. the kernel and dispatch tests compiled for the GPU instead of interpreted,
+# after an autotuning pass (stage 0) whose choices come back as tuned_configs.json.
 # Each stage has its own time limit and writes its own file, so a stage that runs long costs
-# only itself.  Results land in $OUT (default out/gpu): env.txt, check.md, bench.md, tests.log.
+# only itself.  Results land in $OUT (default out/gpu): env.txt, tune.log, tuned_configs.json,
+# check.md, bench.md, tests.log.
 #
 #   OUT=out/gpu bash scripts/gpu_validate.sh
 #
@@ -49,6 +51,11 @@ stage() {  # stage SECONDS FILE CMD...: run CMD with a time limit, output to the
 }
 
 BENCH="$PY -m attnlens.benchmarks.kernels"
+# 0. the autotuning pass: the chosen configs go into kernels/tuned_configs.json here (so the
+#    stages below run them) and back in $OUT; commit that file into kernels/ after the call.
+stage "${TUNE_S:-90}" "$OUT/tune.log" $PY -m attnlens.kernels.autotune_pass --dtypes bf16 \
+    --out kernels/tuned_configs.json --segment
+cp kernels/tuned_configs.json "$OUT/" 2>/dev/null || true
 stage "${CHECK_S:-80}" "$OUT/check.md" $BENCH --check --T 1024,4096 --d 64,128 --dtype bf16
 stage "${CHECK32_S:-40}" "$OUT/check.md" $BENCH --check --T 1024 --d 64 --dtype fp32
 stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
@@ -57,4 +64,4 @@ stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "$
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
     tests/test_kernel_mta.py tests/test_kernel_dcmha.py tests/test_kernel_cope_options.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
-    tests/test_gqa.py
+    tests/test_gqa.py tests/test_autotune_pass.py

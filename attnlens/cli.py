@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnlens.commands import UsageError, count
 from attnlens.hooked_models import HookedVariantTransformer, available_variants
 from attnlens.hooked_models.attention import get_attention_class
 from attnlens.interp.tools import heads
@@ -295,6 +296,9 @@ def cmd_circuit(args) -> int:
     )
     from attnlens.interp.plots.analyses import save_figure
 
+    if args.variant is not None and args.task != "findblock":
+        raise UsageError("circuit", "--variant is the find-the-block answer variant: it goes "
+                                    f"with --task findblock, not --task {args.task}")
     torch.set_num_threads(max(1, args.threads))
     model = load_model(args.model, args.device, "circuit")
     try:
@@ -302,7 +306,8 @@ def cmd_circuit(args) -> int:
             task = induction_task(model, n_prompts=args.prompts, half_len=args.half_len,
                                   seed=args.seed)
         elif args.task == "findblock":
-            task = find_block_task(model, n_prompts=args.prompts, seed=args.seed)
+            task = find_block_task(model, n_prompts=args.prompts, seed=args.seed,
+                                   variant=find_block_variant(model, args))
         else:   # "conjunction-attribute" / "conjunction-value"
             task = conjunction_task_pair(model, n_prompts=args.prompts, seed=args.seed,
                                          corrupt=args.task.split("-", 1)[1])
@@ -335,6 +340,27 @@ def cmd_circuit(args) -> int:
         print(f"wrote {', '.join(str(out / n) for n in names)}, circuit.json, scores.csv "
               "(plotly.min.js beside the page: it opens offline)")
     return 0
+
+
+def find_block_variant(model, args) -> str:
+    """The find-the-block answer variant: --variant, else the one in the model's recipe name
+    (the zoo's mta-findblock-* models); UsageError naming both ways when there is neither."""
+    from attnlens.hooked_models import zoo
+    from attnlens.interp.circuits.discovery.paper_tasks import FIND_BLOCK_VARIANTS, model_variant
+
+    if args.variant is not None:
+        return FIND_BLOCK_VARIANTS[args.variant]
+    try:
+        return model_variant(model)
+    except ValueError:
+        recipe = model.cfg.metadata.get("recipe", "")
+        bundled = [n for n in zoo.available() if n.startswith("mta-findblock-")]
+        example = f" (bundled: {bundled[0]}, ...)" if bundled else ""
+        raise UsageError("circuit", f"{args.model} is not one of the zoo's find-the-block "
+                                    f"models (its recipe {recipe!r} names no answer variant): "
+                                    "--task findblock is for models trained on find-the-block"
+                                    f"{example}; for a checkpoint of your own trained on it, "
+                                    "add --variant first|last|all") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -441,17 +467,21 @@ def build_parser() -> argparse.ArgumentParser:
                               "conjunction-attribute / -value (DCMHA's conjunction models): "
                               "one attribute or the value of the target record replaced; "
                               "metric: the answer's log-prob")
+    circuit.add_argument("--variant", choices=["first", "last", "all"], default=None,
+                         help="--task findblock: the answer variant the model was trained on "
+                              "(default: read from the zoo model's recipe name)")
     circuit.add_argument("--method", choices=["eap-ig", "attribution"], default="eap-ig")
-    circuit.add_argument("--steps", type=int, default=10, help="EAP-IG interpolation steps")
-    circuit.add_argument("--top-k", type=int, default=20, help="edges kept (after pruning)")
+    circuit.add_argument("--steps", type=count(1), default=10,
+                         help="EAP-IG interpolation steps")
+    circuit.add_argument("--top-k", type=count(1), default=20, help="edges kept (after pruning)")
     circuit.add_argument("--threshold", type=float, default=None,
                          help="keep edges with |score| >= this instead of --top-k")
-    circuit.add_argument("--prompts", type=int, default=16)
+    circuit.add_argument("--prompts", type=count(1), default=16)
     circuit.add_argument("--half-len", type=int, default=None,
                          help="length of the repeated half (default: fits n_ctx, at most 10)")
     circuit.add_argument("--seed", type=int, default=0)
     circuit.add_argument("--ablation", choices=["corrupted", "mean"], default="corrupted")
-    circuit.add_argument("--show", type=int, default=15, help="edges printed")
+    circuit.add_argument("--show", type=count(0), default=15, help="edges printed")
     circuit.add_argument("--out", default=None,
                          help="write circuit.html (with plotly.min.js beside it, so it opens "
                               "offline), circuit.png, circuit.json and scores.csv here")
@@ -469,7 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as err:   # a bad argument found before any work: one line, status 2
+        print(f"attnlens {err.command}: error: {err.message}", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_graph_note_details_and_qk(store):
 
 @pytest.mark.parametrize("name, message", [
     ("tiny-attn-only", "is attention-only"),
-    ("tiny-no-transcoders", "has no transcoders .*attnlens.lab.transcoders train"),
+    ("tiny-no-transcoders", "has no transcoders .*attnlens.interp.sae.transcoder_train"),
 ])
 def test_models_without_transcoders_say_why(store, name, message):
     with pytest.raises(ValueError, match=message):

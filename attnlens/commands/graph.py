@@ -11,8 +11,20 @@ offline).
 
 from __future__ import annotations
 
-import re
+import argparse
 from pathlib import Path
+
+from attnlens.commands import UsageError, count
+
+
+def share(text: str) -> float:
+    """An argparse type: a number in (0, 1] (a share of the influence)."""
+    from attnlens.interp.attribution.prune import check_threshold
+
+    try:
+        return check_threshold("threshold", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
 
 
 def add_parser(sub) -> None:
@@ -24,18 +36,24 @@ def add_parser(sub) -> None:
     p.add_argument("prompt")
     p.add_argument("--target", action="append", default=None, metavar="TOKEN",
                    help="the logit to explain at the last position (text of one token; "
-                        "repeatable; default: the likeliest tokens up to 95%% probability)")
-    p.add_argument("--node-threshold", type=float, default=0.8,
-                   help="keep the features covering this share of influence (default 0.8)")
-    p.add_argument("--edge-threshold", type=float, default=0.98,
-                   help="keep the edges covering this share of edge influence (default 0.98)")
-    p.add_argument("--show", type=int, default=12, help="features printed")
-    p.add_argument("--contexts", type=int, default=0, metavar="N",
+                        "repeatable, each token once; default: the likeliest tokens up to 95%% "
+                        "probability)")
+    p.add_argument("--node-threshold", type=share, default=0.8,
+                   help="keep the features covering this share of influence, in (0, 1] "
+                        "(default 0.8)")
+    p.add_argument("--edge-threshold", type=share, default=0.98,
+                   help="keep the edges covering this share of edge influence, in (0, 1] "
+                        "(default 0.98)")
+    p.add_argument("--show", type=count(0), default=12, metavar="N",
+                   help="features printed (default 12)")
+    p.add_argument("--contexts", type=count(0), default=0, metavar="N",
                    help="print each shown feature's N top contexts (validation windows)")
-    p.add_argument("--batch-size", type=int, default=64, help="targets per backward pass")
+    p.add_argument("--batch-size", type=count(1), default=64, help="targets per backward pass")
     p.add_argument("--out", default=None, help="write <slug>.json and <slug>.html here")
-    p.add_argument("--slug", default=None, help="graph name in the viewer (default: from the "
-                                                "model and prompt)")
+    p.add_argument("--slug", default=None,
+                   help="graph name in the viewer and file name (default: the model and "
+                        "prompt's letters and digits plus a hash of the exact model, prompt "
+                        "and targets, so distinct prompts never share a file)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=run)
 
@@ -52,6 +70,47 @@ def resolve(source: str) -> Path:
                      "config.json) nor a bundled model")
 
 
+def check_arguments(args, directory: Path) -> str | None:
+    """Everything about the arguments that can be wrong, checked before the model is loaded and
+    the graph computed (UsageError): the prompt's characters, repeated targets, the slug and
+    the output folder. Returns the slug (None without --out)."""
+    from attnlens.interp.attribution.export import check_output, check_slug, default_slug
+    from attnlens.interp.attribution.replacement import check_prompt_text
+
+    try:
+        check_prompt_text(args.prompt)
+        for target in args.target or []:
+            check_prompt_text(target, f"--target {target!r}")
+        repeated = sorted({t for t in args.target or [] if args.target.count(t) > 1})
+        if repeated:
+            raise ValueError(f"--target {repeated[0]!r} is given more than once: each logit "
+                             "node needs its own token")
+        if args.slug is not None:
+            check_slug(args.slug)
+        if not args.out:
+            return None
+        slug = args.slug or default_slug(directory.name, args.prompt, args.target)
+        check_output(args.out, slug)
+        return slug
+    except ValueError as err:
+        raise UsageError("graph", str(err)) from None
+
+
+def missing_transcoders(directory: Path, err: Exception) -> str:
+    """The message for a model without transcoders: the lab's command where it takes this
+    model (a zoo MLP model in the zoo's own folder), the library otherwise."""
+    from attnlens.hooked_models import zoo
+    from attnlens.lab.transcoders import MLP_MODELS
+
+    name = directory.name
+    if name in MLP_MODELS and name in zoo.available() \
+            and zoo.path(name).resolve() == directory.resolve():
+        return (f"{name} has no transcoders; train them with "
+                f"`python -m attnlens.lab.transcoders train {name}`")
+    return (f"{err} (`python -m attnlens.lab.transcoders train` takes only the zoo's MLP "
+            f"models: {', '.join(MLP_MODELS)})")
+
+
 def run(args) -> int:
     from attnlens.hooked_models import HookedVariantTransformer
     from attnlens.interp.attribution.contexts import transcoders_for
@@ -60,18 +119,22 @@ def run(args) -> int:
     from attnlens.interp.attribution.replacement import float64_copy
 
     directory = resolve(args.model)
+    slug = check_arguments(args, directory)
     try:
         model = float64_copy(HookedVariantTransformer.from_pretrained(directory, device="cpu"))
         if model.cfg.attn_only:
             raise ValueError(f"{directory.name} is attention-only: attribution graphs replace "
                              "MLPs by transcoders, so they need a model with MLPs (the zoo's "
                              "-l4mlp text models ship transcoders)")
-        transcoders = transcoders_for(directory)
+        try:
+            transcoders = transcoders_for(directory)
+        except FileNotFoundError as err:
+            raise ValueError(missing_transcoders(directory, err)) from None
         graph = attribute(model, transcoders, args.prompt, targets=args.target,
                           batch_size=args.batch_size, progress=not args.no_progress,
                           model_name=directory.name, transcoder_set=f"{directory.name}/transcoders")
         pruned = prune(graph, args.node_threshold, args.edge_threshold)
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         raise SystemExit(f"attnlens graph: {err}") from None
     graph.node_influence = pruned.node_influence
     summary(graph, pruned, args.show)
@@ -83,22 +146,17 @@ def run(args) -> int:
         from attnlens.interp.plots.attribution_graph import graph_figure
 
         out = Path(args.out)
-        slug = args.slug or slugify(f"{directory.name}-{args.prompt}")
         try:
             path = write_graph(graph, out, slug, node_mask=pruned.node_mask,
                                edge_mask=pruned.edge_mask, node_threshold=args.node_threshold)
-        except ValueError as err:
+            fig = graph_figure(graph, pruned, title=f"{directory.name}: {args.prompt!r} -> "
+                                                     f"{graph.logit_token_strings[0]!r}")
+            written = save_figure(fig, out / slug, png=False)
+        except (ValueError, OSError) as err:
             raise SystemExit(f"attnlens graph: {err}") from None
-        fig = graph_figure(graph, pruned, title=f"{directory.name}: {args.prompt!r} -> "
-                                                 f"{graph.logit_token_strings[0]!r}")
-        written = save_figure(fig, out / slug, png=False)
         print(f"wrote {path} (circuit-tracer / Neuronpedia graph JSON) and "
               f"{', '.join(str(p) for p in written)}")
     return 0
-
-
-def slugify(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "graph"
 
 
 def summary(graph, pruned, show: int) -> None:

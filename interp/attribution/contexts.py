@@ -31,13 +31,15 @@ def context_windows(directory) -> torch.Tensor | None:
 
 def transcoders_for(directory, dtype: torch.dtype = torch.float64) -> dict[int, Transcoder]:
     """The transcoders shipped with a checkpoint directory (`<directory>/transcoders`), in
-    `dtype`. FileNotFoundError naming the command that trains them when there are none."""
+    `dtype`. FileNotFoundError saying how to train them when there are none: with the library
+    (any model; the command line's `python -m attnlens.lab.transcoders train` takes only the
+    zoo's MLP models, which ship theirs, so `attnlens graph` names it only for those)."""
     path = Path(directory) / "transcoders"
     if not (path / "transcoders.safetensors").is_file():
         raise FileNotFoundError(
             f"{Path(directory).name} has no transcoders ({path / 'transcoders.safetensors'} is "
-            "missing); train them with `python -m attnlens.lab.transcoders train "
-            f"{Path(directory).name}` (zoo MLP models) or attnlens.interp.sae.transcoder_train")
+            "missing); train one per layer with attnlens.interp.sae.transcoder_train "
+            f"(collect_mlp_io, train_transcoder, then save_transcoders into {path})")
     return {layer: tc.requires_grad_(False) for layer, tc in
             load_transcoders(path, dtype=dtype).items()}
 

@@ -54,9 +54,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
+import re
 from importlib import metadata as _metadata
 from pathlib import Path
 
@@ -227,15 +230,74 @@ def _version() -> str:
         return "unknown"
 
 
+# Longest slug, in UTF-8 bytes: `<slug>.json`, `<slug>.html` and the atomic writer's temp names
+# beside them (`.<slug>.json.<16 hex>.attnlens-tmp`) must fit a file name (255 bytes on Linux,
+# macOS and Windows file systems).
+MAX_SLUG_BYTES = 200
+
+
 def check_slug(slug) -> str:
     """`slug` if it can name `<slug>.json` beside the others, else a ValueError."""
     if not isinstance(slug, str) or not slug or slug.startswith(".") \
             or any(c in slug for c in "/\\\0") or (os.altsep and os.altsep in slug):
         raise ValueError(f"slug must be a non-empty file name without '/', '\\' or a leading "
                          f"'.', got {slug!r}")
+    try:
+        size = len(slug.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise ValueError(f"slug {slug!r} has a character no file name can hold ({err.reason} "
+                         f"at character {err.start})") from None
+    if size > MAX_SLUG_BYTES:
+        raise ValueError(f"slug is {size} bytes long; at most {MAX_SLUG_BYTES} fit a file name "
+                         f"(<slug>.json and its temp file): {slug[:40]!r}...")
     if f"{slug}.json" == INDEX_FILE:
         raise ValueError(f"slug {slug!r} would overwrite the graph list {INDEX_FILE}")
     return slug
+
+
+def default_slug(model_name: str, prompt, targets=None) -> str:
+    """A slug for a graph of `prompt` on `model_name` (with `targets`, as given to `attribute`):
+    a readable part (lower-case ASCII letters and digits of the model name and prompt, at most
+    48 characters) and 10 hex digits of a SHA-256 of the exact model name, prompt and targets,
+    so prompts that read alike (`import os`, `Import OS!`, any two non-ASCII prompts) never
+    share a file, while the same graph asked for again replaces its old file."""
+    readable = re.sub(r"[^a-z0-9]+", "-", f"{model_name}-{prompt}".lower()).strip("-")[:48]
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.tolist()
+    if isinstance(targets, torch.Tensor):
+        targets = targets.tolist()
+    if isinstance(targets, (list, tuple)):
+        targets = [t.tolist() if isinstance(t, torch.Tensor) else t for t in targets]
+    key = ascii((str(model_name), prompt, targets))   # ascii: surrogates hash too
+    digest = hashlib.sha256(key.encode("ascii")).hexdigest()[:10]
+    return f"{readable.rstrip('-') or 'graph'}-{digest}"
+
+
+def check_output(directory, slug: str) -> Path:
+    """Check, before a graph is computed, that `<slug>.json` can be written into `directory`
+    (created if missing): ValueError naming the problem (the slug, a file where the folder
+    should be, a folder that cannot be created or written). Returns the directory."""
+    check_slug(slug)
+    directory = Path(directory)
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise ValueError(f"output folder {directory} exists and is not a folder")
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:      # a name too long, a parent that is a file, no permission
+        raise ValueError(f"cannot create the output folder {directory}: "
+                         f"{err.strerror or err}") from None
+    # a probe file as long as the longest name the writers use: a read-only folder, a full
+    # disk's missing inodes or a file name limit show here, not after the graph is computed
+    probe = directory / f".{slug}.json.{'0' * 16}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise ValueError(f"cannot write into the output folder {directory}: "
+                         f"{err.strerror or err}") from None
+    probe.unlink(missing_ok=True)
+    return directory
 
 
 def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
@@ -244,8 +306,8 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
     (`[target, source]`), e.g. from `attnlens.interp.attribution.prune`; None keeps every node and
     every nonzero edge)."""
     check_slug(slug)
-    if node_threshold is not None and not (isinstance(node_threshold, (int, float))
-                                           and math.isfinite(node_threshold)):
+    if node_threshold is not None and (isinstance(node_threshold, bool) or not (
+            isinstance(node_threshold, (int, float)) and math.isfinite(node_threshold))):
         raise ValueError(f"node_threshold must be a number or None, got {node_threshold!r}")
     lay = _Layout(graph)
     n = lay.n_nodes
@@ -293,25 +355,46 @@ def _read_index(path: Path) -> dict:
     return index
 
 
+@contextlib.contextmanager
+def index_lock(directory: Path):
+    """Hold an exclusive lock on `directory` (`fcntl.flock` on the folder itself, so no lock
+    file is left beside the graphs) while its graph list is read, changed and written:
+    processes writing graphs into one folder then update the list one at a time and lose no
+    entry. Where fcntl is missing (Windows) the update is not locked."""
+    try:
+        import fcntl
+    except ImportError:       # pragma: no cover - not on Linux or macOS
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)          # releases the lock
+
+
 def write_graph(graph, directory, slug: str, **kw) -> Path:
     """Write `<slug>.json` into `directory` and list it in `graph-metadata.json` (other
     entries and keys kept; an entry with the same slug replaced). Both files are written
-    whole to a temporary file and renamed over the old ones; an unreadable graph list stops
-    the write before anything is changed. `kw` goes to `graph_to_json`. Returns the path."""
+    whole to a temporary file and renamed over the old ones; the graph list is read, changed
+    and written under a lock (`index_lock`), so processes writing into one folder lose no
+    entry; an unreadable graph list stops the write before anything is changed. `kw` goes to
+    `graph_to_json`. Returns the path."""
     data = graph_to_json(graph, slug, **kw)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = check_output(directory, slug)
     index_path = directory / INDEX_FILE
-    index = _read_index(index_path)
     path = directory / f"{slug}.json"
-    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False))
-    entry = {k: v for k, v in data["metadata"].items() if k != "info"}
-    index["graphs"] = [g for g in index["graphs"]
-                       if not (isinstance(g, dict) and g.get("slug") == slug)] + [entry]
-    write_text_atomic(index_path, json.dumps(index, indent=2, ensure_ascii=False))
+    with index_lock(directory):
+        index = _read_index(index_path)
+        write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False))
+        entry = {k: v for k, v in data["metadata"].items() if k != "info"}
+        index["graphs"] = [g for g in index["graphs"]
+                           if not (isinstance(g, dict) and g.get("slug") == slug)] + [entry]
+        write_text_atomic(index_path, json.dumps(index, indent=2, ensure_ascii=False))
     return path
 
 
-__all__ = ["ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE", "NODE_FIELDS", "SCHEMA_VERSION",
-           "check_slug", "feature_code", "graph_to_json", "influence_scores", "viewer_token",
-           "write_graph"]
+__all__ = ["ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE", "MAX_SLUG_BYTES", "NODE_FIELDS",
+           "SCHEMA_VERSION", "check_output", "check_slug", "default_slug", "feature_code",
+           "graph_to_json", "index_lock", "influence_scores", "viewer_token", "write_graph"]

@@ -24,12 +24,20 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from attnlens.interp.attribution.replacement import CleanRun, alphas_like, clean_run, frozen_forward
+from attnlens.interp.attribution.replacement import (
+    CleanRun,
+    alphas_like,
+    check_prompt_text,
+    clean_run,
+    frozen_forward,
+    prompt_tokens,
+)
 from attnlens.interp.sae.transcoder import Transcoder
 
 
@@ -140,25 +148,60 @@ def token_strings(model, ids) -> list[str]:
     return [model.to_str_tokens(torch.tensor([i]))[0] for i in ids]
 
 
+def resolve_targets(model, targets) -> Tensor | None:
+    """`targets` (a token id, the text of one token, or a non-empty list of them; None: the
+    likeliest tokens) as a `[n]` tensor of distinct token ids. ValueError naming the bad one:
+    an empty list, a float or bool (1.7 is no token id), a text of more or fewer than one
+    token, an id outside the vocabulary, or a token asked for twice (two logit nodes with one
+    id would collide in the graph and in its JSON)."""
+    if targets is None:
+        return None
+    d_vocab = int(getattr(model.cfg, "d_vocab_out", -1) or -1)
+    d_vocab = d_vocab if d_vocab > 0 else int(model.cfg.d_vocab)
+    if isinstance(targets, (str, numbers.Integral, Tensor)) and not (
+            isinstance(targets, Tensor) and targets.ndim > 0):
+        items = [targets]
+    elif isinstance(targets, (list, tuple, Tensor)):
+        items = list(targets)
+    else:
+        raise ValueError("targets must be a token id, the text of one token or a list of them, "
+                         f"got {type(targets).__name__}")
+    if not items:
+        raise ValueError("targets is empty: give at least one token (or None for the likeliest "
+                         "tokens)")
+    ids = []
+    for t in items:
+        if isinstance(t, Tensor) and t.ndim == 0 and not t.dtype.is_floating_point \
+                and t.dtype != torch.bool:
+            t = int(t)
+        if isinstance(t, str):
+            tok = model.to_tokens(check_prompt_text(t, f"target {t!r}"), prepend_bos=False)[0]
+            if tok.numel() != 1:
+                pieces = model.to_str_tokens(t, prepend_bos=False)
+                raise ValueError(f"target {t!r} is {tok.numel()} tokens; give one token "
+                                 f"(the model's tokens for it: {pieces})")
+            t = int(tok[0])
+        elif isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"target {t!r} is a {type(t).__name__}: give a token id (int) or "
+                             "the text of one token")
+        if not 0 <= int(t) < d_vocab:
+            raise ValueError(f"target token id {t} is outside the vocabulary "
+                             f"(0 .. {d_vocab - 1})")
+        ids.append(int(t))
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        names = ", ".join(f"{i} {token_strings(model, [i])[0]!r}" for i in repeated)
+        raise ValueError(f"targets ask for the same token more than once ({names}): each "
+                         "logit node needs its own token")
+    return torch.tensor(ids, dtype=torch.long)
+
+
 def choose_logits(run: CleanRun, model, targets=None, logit_mass: float = 0.95,
                   max_logits: int = 10) -> tuple[Tensor, Tensor]:
     """(tokens, probabilities) of the logit nodes at the last position."""
     probs = torch.softmax(run.logits[0, -1].double(), -1)
-    if targets is not None:
-        ids = []
-        for t in ([targets] if isinstance(targets, (str, int)) else list(targets)):
-            if isinstance(t, str):
-                tok = model.to_tokens(t, prepend_bos=False)[0]
-                if tok.numel() != 1:
-                    pieces = model.to_str_tokens(t, prepend_bos=False)
-                    raise ValueError(f"target {t!r} is {tok.numel()} tokens; give one token "
-                                     f"(the model's tokens for it: {pieces})")
-                t = int(tok[0])
-            if not 0 <= int(t) < probs.numel():
-                raise ValueError(f"target token id {t} is outside the vocabulary "
-                                 f"(0 .. {probs.numel() - 1})")
-            ids.append(int(t))
-        tokens = torch.tensor(ids)
+    tokens = resolve_targets(model, targets)
+    if tokens is not None:
         return tokens, probs[tokens]
     order = probs.argsort(descending=True)
     mass = probs[order].cumsum(0)
@@ -170,12 +213,16 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
               logit_mass: float = 0.95, max_logits: int = 10, batch_size: int = 64,
               progress: bool = False, model_name: str = "", transcoder_set: str = ""
               ) -> AttributionGraph:
-    """The attribution graph of `prompt` (see the module doc). `targets`: token ids or strings
-    for the logit nodes (default: the likeliest tokens). Runs in the model's dtype: use a
-    float64 model for exact identities."""
+    """The attribution graph of `prompt` (a str or `[1 pos]` token ids; see the module doc).
+    `targets`: distinct token ids or one-token strings for the logit nodes (default: the
+    likeliest tokens; see `resolve_targets`). `transcoders`: one per layer, each at the layer
+    it was trained for. Runs in the model's dtype: use a float64 model for exact identities."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    run = clean_run(model, transcoders, prompt)
+    # every argument is checked before the clean run and the rows (the expensive part)
+    tokens = prompt_tokens(model, prompt)
+    targets = resolve_targets(model, targets)
+    run = clean_run(model, transcoders, tokens)
     logit_tokens, logit_probs = choose_logits(run, model, targets, logit_mass, max_logits)
     layers = sorted(run.features)
     feats = torch.cat([torch.stack([torch.full_like(run.features[layer][0], layer),
@@ -252,4 +299,4 @@ def _rows(grads, alphas, layers, run: CleanRun, n_layers: int, n_pos: int) -> Te
                       dense(g_embed, (batch, n_pos))], 1)
 
 
-__all__ = ["AttributionGraph", "attribute", "choose_logits", "token_strings"]
+__all__ = ["AttributionGraph", "attribute", "choose_logits", "resolve_targets", "token_strings"]

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -75,11 +76,20 @@ def logit_weights(graph) -> Tensor:
     return w
 
 
+def check_threshold(name: str, value) -> float:
+    """`value` as a float if it is a real number in (0, 1] (a share of influence), else a
+    ValueError naming it: True is not 1.0, nor "0.8" a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not 0 < float(value) <= 1:
+        raise ValueError(f"{name} must be in (0, 1] (a number: a share of the influence), got "
+                         f"{value!r}")
+    return float(value)
+
+
 def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> PrunedGraph:
     """Masks of the nodes and edges to keep (see the module doc)."""
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if not 0 < value <= 1:
-            raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        check_threshold(name, value)
     n_f, n = graph.n_features, graph.n_nodes
     always = n - graph.n_logits - graph.n_pos          # embeddings and logits from here on
     weights = logit_weights(graph)
@@ -104,4 +114,5 @@ def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> P
                        node_threshold=node_threshold, edge_threshold=edge_threshold)
 
 
-__all__ = ["PrunedGraph", "coverage_cutoff", "normalized", "path_influence", "prune"]
+__all__ = ["PrunedGraph", "check_threshold", "coverage_cutoff", "normalized", "path_influence",
+           "prune"]

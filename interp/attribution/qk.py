@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,7 @@ from attnlens.interp.attribution.replacement import (
     alphas_like,
     clean_run,
     frozen_hooks,
+    prompt_tokens,
 )
 from attnlens.interp.sae.transcoder import Transcoder
 
@@ -66,6 +68,22 @@ def score_stage(model, layer: int) -> str:
         raise ValueError(f"layer {layer} of this {model.cfg.attention} model has no "
                          "pre-softmax map stage")
     return f"blocks.{layer}.attn.{pre[-1].hook_name}"
+
+
+def check_entry(model, n_pos: int, layer: int, head: int, query_pos: int, key_pos: int) -> None:
+    """ValueError unless (layer, head, query_pos, key_pos) names an entry of a map of this model
+    on `n_pos` tokens: ints (not bool) in range, no negative index counted from the end, and the
+    key at or before the query (every attnlens model is causal)."""
+    for name, value, top in (("layer", layer, model.cfg.n_layers),
+                             ("head", head, model.cfg.n_heads), ("query_pos", query_pos, n_pos),
+                             ("key_pos", key_pos, n_pos)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+        if not 0 <= value < top:
+            raise ValueError(f"{name}={value} is out of range (0 .. {top - 1})")
+    if key_pos > query_pos:
+        raise ValueError(f"key_pos {key_pos} is after query_pos {query_pos}: a causal head "
+                         "cannot attend there")
 
 
 def key_hook(model, layer: int) -> str:
@@ -158,15 +176,7 @@ def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, 
     """Attribute `layer`/`head`'s pre-softmax score at (query_pos, key_pos) (module doc);
     `extra_hooks` as in `qk_score`."""
     run = run or clean_run(model, transcoders, prompt)
-    n = run.n_pos
-    for name, value, top in (("layer", layer, model.cfg.n_layers),
-                             ("head", head, model.cfg.n_heads), ("query_pos", query_pos, n),
-                             ("key_pos", key_pos, n)):
-        if not 0 <= value < top:
-            raise ValueError(f"{name}={value} is out of range (0 .. {top - 1})")
-    if key_pos > query_pos:
-        raise ValueError(f"key_pos {key_pos} is after query_pos {query_pos}: a causal head "
-                         "cannot attend there")
+    check_entry(model, run.n_pos, layer, head, query_pos, key_pos)
     stage = score_stage(model, layer)
     aq, ak = alphas_like(run), alphas_like(run)
     score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos, stage, extra_hooks)
@@ -235,11 +245,12 @@ def pattern_sources(model, prompt, layer: int, head: int, query_pos: int, key_po
     if name is None:
         raise ValueError(f"{model.cfg.attention} attention does not mix its softmax maps: its "
                          "effective pattern is its softmax itself")
+    tokens = prompt_tokens(model, prompt)
+    check_entry(model, tokens.shape[1], layer, head, query_pos, key_pos)
     prefix = f"blocks.{layer}.attn."
     target = prefix + "hook_pattern"
     if phase == "pre":
         name, target = "hook_attn_scores", score_stage(model, layer)
-    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
     store = {}
 
     def leaf(act, hook):
@@ -287,17 +298,25 @@ def cope_position_counts(model, prompt, layer: int, head: int, query_pos: int,
     (p[q, k] = sum over t from k to q of sigmoid(q_q . k_t), capped at npos_max - 1)."""
     if model.cfg.attention != "cope":
         raise ValueError(f"{model.cfg.attention} attention has no contextual positions")
+    tokens = prompt_tokens(model, prompt)
+    check_entry(model, tokens.shape[1], layer, head, query_pos, key_pos)
     prefix = f"blocks.{layer}.attn."
-    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
     _, cache = model.run_with_cache(tokens, names_filter=[prefix + "hook_gates",
                                                           prefix + "hook_positions"],
                                     stop_at_layer=layer + 1)
     gates = cache[prefix + "hook_gates"][0, head, query_pos, key_pos:query_pos + 1]
     position = float(cache[prefix + "hook_positions"][0, head, query_pos, key_pos])
+    total = float(gates.sum())
+    # the layer sums the gates in its own order (a reversed cumulative sum), so in float32 the
+    # two sums differ by rounding: n terms in (0, 1) each round by at most eps * the running
+    # sum. Only a gap beyond that, at the cap npos_max - 1, is the clamp.
+    tol = 2 * gates.numel() * torch.finfo(gates.dtype).eps * max(abs(total), 1.0)
+    cap = getattr(model.blocks[layer].attn, "npos_max", None)
+    at_cap = cap is None or position >= cap - 1 - tol
     return PositionCounts(position=position, tokens=list(range(key_pos, query_pos + 1)),
-                          gates=gates.clone(), clamped=bool(gates.sum() > position + 1e-9))
+                          gates=gates.clone(), clamped=bool(at_cap and total > position + tol))
 
 
-__all__ = ["PatternSources", "PositionCounts", "QKAttribution", "attribute_qk",
+__all__ = ["PatternSources", "PositionCounts", "QKAttribution", "attribute_qk", "check_entry",
            "cope_position_counts", "pattern_sources", "qk_pairs", "qk_score", "score_stage",
            "source_labels"]

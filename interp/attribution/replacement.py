@@ -96,33 +96,87 @@ def _frozen_names(model) -> list[str]:
 
 
 def check_transcoders(model, transcoders: dict[int, Transcoder]) -> None:
+    """ValueError naming what does not fit: a transcoder per MLP layer, each at the layer it
+    was trained for (its `cfg.layer` / `cfg.hook_name`), mapping d_model -> d_model."""
     if model.cfg.attn_only:
         raise ValueError("the model is attention-only: it has no MLPs for transcoders to "
                          "replace (attribution graphs need a model with MLPs)")
     if model.cfg.parallel_attn_mlp:
         raise ValueError("parallel attention + MLP blocks are not supported by the replacement "
                          "model yet")
-    missing = [layer for layer in range(model.cfg.n_layers) if layer not in transcoders]
+    if not isinstance(transcoders, dict):
+        raise ValueError("transcoders must be a dict {layer: Transcoder}, got "
+                         f"{type(transcoders).__name__}")
+    n_layers = model.cfg.n_layers
+    extra = [k for k in transcoders
+             if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n_layers]
+    if extra:
+        raise ValueError(f"transcoders has keys {extra} that are not layers of this model "
+                         f"(0 .. {n_layers - 1})")
+    missing = [layer for layer in range(n_layers) if layer not in transcoders]
     if missing:
         raise ValueError(f"every MLP needs a transcoder: layers {missing} have none "
                          f"(got layers {sorted(transcoders)})")
     for layer, tc in transcoders.items():
+        if not isinstance(tc, Transcoder):
+            raise ValueError(f"transcoders[{layer}] is a {type(tc).__name__}, not a Transcoder")
         if (tc.cfg.d_in, tc.cfg.d_out) != (model.cfg.d_model, model.cfg.d_model):
             raise ValueError(f"transcoder of layer {layer} maps {tc.cfg.d_in} -> {tc.cfg.d_out}, "
                              f"the model's MLPs map {model.cfg.d_model} -> {model.cfg.d_model}")
+        # a transcoder knows the MLP it was trained on: one placed at another layer (swapped
+        # dict entries) would run without complaint and explain far less
+        hook_in, hook_out = mlp_hooks(layer)
+        if tc.cfg.layer is not None and tc.cfg.layer != layer:
+            raise ValueError(f"transcoders[{layer}] was trained for layer {tc.cfg.layer} (its "
+                             f"cfg.layer): each transcoder must sit at its own layer")
+        for field_name, hook in (("hook_name", hook_in), ("hook_name_out", hook_out)):
+            stored = getattr(tc.cfg, field_name, "")
+            if stored and stored != hook:
+                raise ValueError(f"transcoders[{layer}] reads or replaces {stored!r} (its "
+                                 f"cfg.{field_name}), not layer {layer}'s {hook!r}")
     if model.cfg.attention == "dcmha" and getattr(model.blocks[0].attn.opts, "qk_norm", False):
         raise ValueError("DCMHA with qk_norm: the QK-norm scale has no hook to freeze, so the "
                          "replacement model would not be linear; not supported yet")
+
+
+def check_prompt_text(prompt: str, what: str = "the prompt") -> str:
+    """`prompt` if every character is a Unicode scalar value; else a ValueError naming the
+    position of the first lone surrogate (what a non-UTF-8 byte read from the command line or
+    a file with errors="surrogateescape" becomes, U+DC80 .. U+DCFF), which no tokenizer can
+    encode. `what` names the text in the message."""
+    for i, ch in enumerate(prompt):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            bad = (f"the undecodable byte 0x{ord(ch) - 0xDC00:02x} ({what} is not valid UTF-8)"
+                   if 0xDC80 <= ord(ch) <= 0xDCFF else "a lone surrogate")
+            raise ValueError(f"{what} has {bad} {ch!r} at character {i}: it must be valid "
+                             "Unicode text")
+    return prompt
+
+
+def prompt_tokens(model, prompt) -> Tensor:
+    """`[1 pos]` token ids of `prompt`: a str (tokenised with BOS, as `model.to_tokens`) or a
+    `[1 pos]` integer tensor; ValueError naming what is wrong otherwise."""
+    if isinstance(prompt, str):
+        return model.to_tokens(check_prompt_text(prompt))
+    if not isinstance(prompt, Tensor):
+        hint = " (decode it to str first)" if isinstance(prompt, (bytes, bytearray)) else ""
+        raise ValueError("prompt must be a str or a [1, pos] tensor of token ids, got "
+                         f"{type(prompt).__name__}{hint}")
+    if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+        raise ValueError(f"prompt tokens must be integer token ids, got dtype {prompt.dtype}")
+    if prompt.ndim != 2 or prompt.shape[0] != 1:
+        raise ValueError(f"one prompt at a time: tokens must be [1, pos], got "
+                         f"{tuple(prompt.shape)}")
+    if prompt.shape[1] == 0:
+        raise ValueError("the prompt has no tokens")
+    return prompt
 
 
 @torch.no_grad()
 def clean_run(model, transcoders: dict[int, Transcoder], prompt) -> CleanRun:
     """Run `prompt` (text or `[1 pos]` tokens) and record what the replacement model needs."""
     check_transcoders(model, transcoders)
-    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else prompt
-    if tokens.ndim != 2 or tokens.shape[0] != 1:
-        raise ValueError(f"one prompt at a time: tokens must be [1, pos], got "
-                         f"{tuple(tokens.shape)}")
+    tokens = prompt_tokens(model, prompt)
     names = set(_frozen_names(model))
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names,
                                          return_cache_object=False)
@@ -271,5 +325,6 @@ def float64_copy(model):
     return copy.deepcopy(model).to(torch.float64).eval()
 
 
-__all__ = ["Alphas", "CleanRun", "FrozenOutputs", "alphas_like", "clean_run", "float64_copy",
-           "frozen_forward", "frozen_hooks"]
+__all__ = ["Alphas", "CleanRun", "FrozenOutputs", "alphas_like", "check_prompt_text",
+           "check_transcoders", "clean_run", "float64_copy", "frozen_forward", "frozen_hooks",
+           "prompt_tokens"]

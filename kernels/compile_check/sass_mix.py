@@ -41,6 +41,7 @@ _CLASS = {"HMMA": "mma", "HGMMA": "mma", "IMMA": "mma", "IGMMA": "mma", "QGMMA":
           "UTMASTG": "tma", "UBLKCP": "tma", "UTMAREDG": "tma", "RED": "atom", "ATOM": "atom",
           "ATOMG": "atom", "LDS": "lds", "LDSM": "lds", "STS": "sts", "SHFL": "shfl",
           "BAR": "bar"}
+TOTALS = ("instructions", "mma_flops", "cuda_flops", "global_bytes")
 WARP = 32
 WARPGROUP = 4                       # warps that issue one HGMMA together (sm_90 wgmma)
 
@@ -49,7 +50,7 @@ _INSTR = re.compile(r"/\*([0-9a-fA-F]+)\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _TARGET = re.compile(r"(0x[0-9a-fA-F]+)|`\((\.L_x_\d+)\)")
-_HMMA = re.compile(r"^HMMA\.(\d)(\d)(\d+)")            # HMMA.16816 -> m16 n8 k16
+_MMA = re.compile(r"^[A-Z]MMA\.(16|8)(8)(\d+)")       # HMMA.16816 -> m16 n8 k16, .1688
 _GMMA = re.compile(r"^[A-Z]GMMA\.(\d+)x(\d+)x(\d+)")   # HGMMA.64x128x16
 
 
@@ -149,11 +150,15 @@ def mix(instrs: list[Instr], start: int = 0, end: int | None = None) -> Counter:
     """Instruction counts per class in [start, end] (the whole kernel by default); also
     `mma_flops`, `cuda_flops` (per warp, one pass) and `global_bytes` (loads + stores + TMA,
     per warp)."""
-    c = Counter({k: 0 for k in CLASSES})
+    c = _zero()
     for ins in instrs:
         if start <= ins.addr and (end is None or ins.addr <= end):
             _count(c, ins, 1)
     return c
+
+
+def _zero() -> Counter:
+    return Counter({k: 0 for k in CLASSES + TOTALS})
 
 
 def _count(c: Counter, ins: Instr, weight: float) -> None:
@@ -175,7 +180,7 @@ def mma_flops(opcode: str) -> int:
     if m := _GMMA.match(opcode):
         mm, n, k = (int(x) for x in m.groups())
         return 2 * mm * n * k // WARPGROUP
-    if m := _HMMA.match(opcode):
+    if m := _MMA.match(opcode):
         mm, n, k = (int(x) for x in m.groups())
         return 2 * mm * n * k
     raise ValueError(f"no MMA shape in {opcode!r}")
@@ -206,7 +211,7 @@ def loop_var(source: tuple[str, int] | None) -> str | None:
 def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float]) -> Counter:
     """Counts per program (per warp) when loop `found[i]` runs `trips[i]` times each time it is
     entered: an instruction counts the product of the trips of the loops around it."""
-    c = Counter({k: 0 for k in CLASSES})
+    c = _zero()
     for ins in instrs:
         w = 1.0
         for lo, n in zip(found, trips, strict=True):
@@ -225,5 +230,5 @@ def loop_rows(instrs: list[Instr], found: list[Loop]) -> list[dict]:
             for lo in found]
 
 
-__all__ = ["CLASSES", "Instr", "Loop", "access_bytes", "disassemble", "innermost",
+__all__ = ["CLASSES", "TOTALS", "Instr", "Loop", "access_bytes", "disassemble", "innermost",
            "loop_rows", "loop_var", "loops", "mix", "mma_flops", "parse", "weighted_mix"]

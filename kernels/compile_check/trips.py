@@ -11,7 +11,9 @@ constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is deriv
   BLOCK_N steps: `ceil(end / BLOCK_N)` iterations, averaged over `pid < grid[0]` (about
   `T / (2 * BLOCK_N)` at long T). The causal flash forward splits this in two loops (source
   order = SASS order): the unmasked tiles left of the diagonal, `floor(first / BLOCK_N)`, then
-  the masked ones crossing it;
+  the masked ones crossing it. Its backward: dQ of a query tile sweeps the same keys
+  (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
+  `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
 - loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK; MTA's
   out pass has pre- then post-softmax taps) and d_head chunks (`d0`) are their runtime bounds.
 
@@ -62,6 +64,24 @@ def _flash_fwd(env, grid):
     return {"start_n": [unmasked, _causal_tiles(env, grid) - unmasked]}
 
 
+def _flash_dq(env, grid):
+    if env.get("SEGMENTED"):
+        return None
+    full = math.ceil(env["T_K"] / env["BLOCK_N"])
+    return {"start_n": _causal_tiles(env, grid) if env.get("CAUSAL") else full}
+
+
+def _flash_dkdv(env, grid):
+    """Key tile `pid` sweeps the query tiles from the first that sees it to T_Q."""
+    if env.get("SEGMENTED"):
+        return None
+    bm, t_q = env["BLOCK_M"], env["T_Q"]
+    if not env.get("CAUSAL"):
+        return {"start_m": math.ceil(t_q / bm)}
+    los = (max(pid * env["BLOCK_N"] - env["Q_OFFSET"], 0) // bm * bm for pid in range(grid[0]))
+    return {"start_m": _avg(max(0, math.ceil((t_q - lo) / bm)) for lo in los)}
+
+
 def _cope_fwd(env, grid):
     return {"i": _causal_tiles(env, grid)}
 
@@ -84,7 +104,8 @@ def _dcmha(env, grid):
             "d0": env["BLOCK_D"] // env["DCH"]}
 
 
-MODELS = {"attn_fwd_kernel": _flash_fwd, "cope_fwd_kernel": _cope_fwd,
+MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
+          "cope_fwd_kernel": _cope_fwd,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha}
 

@@ -170,6 +170,10 @@ def _roofline(args, cache) -> int:
     start = time.perf_counter()
     results = calibrate.run(points, cache=cache, workers=1)
     table = calibrate.markdown(results)
+    if any(r["T"] == 4096 and r["d_head"] == 64 for r in results):
+        table += ("\n\nHot loops at T=4096, d_head 64 (counts per warp per pass of each "
+                  "innermost loop body, with its trips; then per launch):\n\n"
+                  + calibrate.hot_loops(results))
     print(table)
     print(f"\n{len(results)} points estimated in {time.perf_counter() - start:.0f} s",
           file=sys.stderr)

@@ -65,6 +65,7 @@ def op_estimate(rows: list[dict]) -> dict:
         if r["kernel"] not in best or e["time_s"] < best[r["kernel"]][0]["time_s"]:
             best[r["kernel"]] = (e, r)
     out = dict(kernels=[f"{k} {r['config']}" for k, (_, r) in best.items()],
+               rows=[r for _, r in best.values()],
                tensor_flops=0.0, cuda_flops=0.0, io_bytes=0.0, sass_bytes=0.0,
                instructions=0.0)
     for _, r in best.values():
@@ -128,4 +129,14 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MEASURED", "estimate_launch", "markdown", "op_estimate", "record", "run"]
+def hot_loops(results: list[dict], T: int = 4096, d_head: int = 64) -> str:
+    """The instruction mix (`mix_report.format_mix`) of the estimated launches at (T, d)."""
+    from attnlens.kernels.compile_check.mix_report import format_mix
+
+    rows = [dict(r, op=res["op"]) for res in results
+            if res["T"] == T and res["d_head"] == d_head for r in res.get("rows", [])]
+    return format_mix(rows)
+
+
+__all__ = ["MEASURED", "estimate_launch", "hot_loops", "markdown", "op_estimate", "record",
+           "run"]

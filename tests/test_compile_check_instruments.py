@@ -187,3 +187,38 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     assert fwd["per_launch"]["mma_flops"] == heads * tiles * dots * 2 * 128 * 64 * 64
     assert rows["_bwd_preprocess"]["mix"]["once"]["mma"] == 0
     assert rows["_bwd_dq"]["mix"]["per_launch"]["mma"] > 0
+
+
+_SAME_LAUNCHES = """
+import json, torch
+from attnlens.benchmarks.kernels import OPS
+from attnlens.kernels.compile_check import calibrate
+from attnlens.kernels.compile_check.capture import capturing
+
+def sig(launches):
+    return [(l.name, l.grid, sorted((k, str(v)) for k, v in l.kwargs.items()),
+             [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in l.args])
+            for l in launches]
+
+out = {}
+for op in ("flash", "cope", "mta", "dcmha"):
+    make, fn = OPS[op](1, 4, 64, 32, torch.bfloat16, "cpu")["fused"]
+    inputs = make()
+    with capturing() as cap:
+        with cap.phase("fwd"):
+            fn(*inputs)
+    out[op] = sig(cap.launches) == sig(calibrate.record(op, 64, 32, heads=4)) != []
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+def test_calibration_records_the_benchmarks_launches():
+    """`calibrate` rebuilds the benchmark's cases (the kernels floor may not import
+    attnlens.benchmarks): both record the same launches (kernels, grids, constexprs, shapes)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _SAME_LAUNCHES], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == dict(flash=True, cope=True, mta=True,
+                                                             dcmha=True)

@@ -1,8 +1,9 @@
 """Roofline estimates at the benchmark's shapes against the H200 times measured 2026-12-04.
 
 `python -m attnlens.kernels.compile_check --roofline FILE` records each op's forward launches
-as `python -m attnlens.benchmarks.kernels` makes them on a GPU (its own cases: batch 1, 16
-heads, bf16, CoPE npos 64, MTA 6 x 11 kernels with full head mixing, DCMHA's official Compose)
+as `python -m attnlens.benchmarks.kernels` makes them on a GPU (its cases, rebuilt in `_inputs`:
+batch 1, 16 heads, bf16, CoPE npos 64, MTA 6 x 11 kernels with full head mixing, DCMHA's
+official Compose)
 at the (T, d_head) pairs measured in docs/benchmarks.md, compiles them for sm_90 (results
 cache), reads their instruction mix and trip counts (`mix_report`), estimates each launch
 (`roofline`) and writes a markdown table of estimate / measured per op.
@@ -30,17 +31,45 @@ ARCH = 90
 HEADS = 16
 
 
+def _inputs(op: str, T: int, D: int, H: int):
+    """The forward of the benchmark's fused `op` (`attnlens.benchmarks.kernels`, rebuilt here:
+    the kernels floor imports nothing above it) on CPU bf16 inputs, batch 1: a callable."""
+    B, dt = 1, torch.bfloat16
+
+    def rand(*shape):                                  # leaves needing grad, as benchmarked
+        return torch.randn(*shape, dtype=dt).requires_grad_()
+
+    q, k, v = rand(B, T, H, D), rand(B, T, H, D), rand(B, T, H, D)
+    if op == "flash":
+        from attnlens.kernels.flash_attention import flash_attention
+        return lambda: flash_attention(q, k, v)
+    if op == "cope":                                   # npos 64
+        from attnlens.kernels.cope import cope_attention
+        E = (rand(D, 64) * 0.1).detach().requires_grad_()
+        return lambda: cope_attention(q, k, v, E)
+    if op == "mta":                                    # 6 x 11 kernels, full head mixings
+        from attnlens.kernels.mta import mta_attention
+        kernels = [(rand(H, 1, 6, 11) * 0.1).detach().requires_grad_() for _ in range(2)]
+        mixes = [(torch.eye(H, dtype=dt)[None] + 0.1 * rand(1, H, H)).detach().requires_grad_()
+                 for _ in range(2)]
+        return lambda: mta_attention(q, k, v, kernels[0], mixes[0], kernels[1], mixes[1])
+    if op == "dcmha":                                  # rank 2, query- and key-wise
+        from attnlens.kernels.dcmha import ComposeWeights, dcmha_attention
+        ws = [(0.1 * rand(B, T, 1, *shape)).detach().requires_grad_() for _ in range(2)
+              for shape in ((2, H), (2, H), (H,)) * 2]
+        return lambda: dcmha_attention(q, k, v, ComposeWeights(*ws[:6]),
+                                       ComposeWeights(*ws[6:]))
+    raise ValueError(f"no benchmark case for {op!r} (flash, cope, mta, dcmha)")
+
+
 def record(op: str, T: int, d_head: int, heads: int = HEADS):
     """The forward launches of the benchmark's fused `op` at (T, d_head), bf16, batch 1."""
-    from attnlens.benchmarks.kernels import OPS
     from attnlens.kernels.compile_check.capture import capturing
 
-    make, fn = OPS[op](1, heads, T, d_head, torch.bfloat16, "cpu")["fused"]
-    with torch.no_grad():
-        inputs = make()
+    forward = _inputs(op, T, d_head, heads)
     with capturing() as cap:
         with cap.phase("fwd"):
-            fn(*inputs)
+            forward()
     return cap.launches
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from attnlens.kernels import _triton
-from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate
+from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate, resident_warps
 from attnlens.kernels.compile_check.sass_mix import (
     access_bytes,
     innermost,
@@ -143,14 +143,22 @@ def test_roofline_arithmetic_on_a_made_up_mix():
     assert PEAKS["H200"].hbm > PEAKS["H100"].hbm and PEAKS["H100"].tensor == 989e12
 
 
+def test_resident_warps_take_the_tightest_limit():
+    assert resident_warps(255, 8, 40 * 1024) == 8           # 256 regs x 256 threads: 1 block
+    assert resident_warps(240, 4, 33 * 1024) == 8           # registers: 2 blocks of 4 warps
+    assert resident_warps(32, 4, 100 * 1024) == 8           # shared memory: 2 blocks
+    assert resident_warps(16, 1, 0) == 32                   # the 32-block limit
+
+
 def test_calibration_table_states_estimate_over_measured():
     from attnlens.kernels.compile_check.calibrate import markdown
 
     r = dict(op="flash", T=4096, d_head=64, measured_ms=0.5, kernels=["k 64x64 w4 s3"],
+             occupancy=["1024 x 4 / 12"],
              tensor_flops=1e9, cuda_flops=0, io_bytes=1e6, sass_bytes=2e6, instructions=1e6,
              H100_io_s=2e-4, H200_io_s=1e-4, H200_sass_s=2e-4, H200_issue_s=5e-4)
     last = markdown([r]).splitlines()[-1]
-    assert last.startswith("| flash | 4096 | 64 | k 64x64 w4 s3 |")
+    assert last.startswith("| flash | 4096 | 64 | k 64x64 w4 s3 | 1024 x 4 / 12 |")
     assert last.endswith("| 0.5 | 0.2 | 0.4 | 1 |")
 
 

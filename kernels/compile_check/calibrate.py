@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlens.kernels.compile_check.roofline import PEAKS, estimate
+from attnlens.kernels.compile_check.roofline import PEAKS, estimate, resident_warps
 
 # Forward ms on one H200, bf16, batch 1, 16 heads, `fused` rows of docs/benchmarks.md
 # "Measured on an H200 (2026-12-04)" (triton 3.6.0 on the GPU; the estimate compiles with the
@@ -94,6 +94,9 @@ def op_estimate(rows: list[dict]) -> dict:
         if r["kernel"] not in best or e["time_s"] < best[r["kernel"]][0]["time_s"]:
             best[r["kernel"]] = (e, r)
     out = dict(kernels=[f"{k} {r['config']}" for k, (_, r) in best.items()],
+               occupancy=[f"{r['mix']['programs']} x {r['num_warps']} / "
+                          f"{resident_warps(r['registers'], r['num_warps'], r['shared_bytes'])}"
+                          for _, r in best.values()],
                rows=[r for _, r in best.values()],
                tensor_flops=0.0, cuda_flops=0.0, io_bytes=0.0, sass_bytes=0.0,
                instructions=0.0)
@@ -135,14 +138,15 @@ def _ms(s: float) -> str:
 
 def markdown(results: list[dict]) -> str:
     """The ESTIMATES vs MEASURED table (ratios estimate / measured)."""
-    lines = ["| op | T | d | kernels (config) | tensor GFLOP | CUDA-core GFLOP | I/O MB | "
+    lines = ["| op | T | d | kernels (config) | programs x warps / resident warps per SM | "
+             "tensor GFLOP | CUDA-core GFLOP | I/O MB | "
              "SASS global MB | warp instr. (M) | H100 est. ms | H200 est. ms | "
              "H200 est. ms (SASS bytes) | H200 issue-bound ms | H200 measured ms | "
              "est. / measured | est. (SASS bytes) / measured | issue / measured |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['T']} | {r['d_head']} | {r['error']} |" + " |" * 13)
+            lines.append(f"| {r['op']} | {r['T']} | {r['d_head']} | {r['error']} |" + " |" * 14)
             continue
         meas = r["measured_ms"]
         ratio = f"{r['H200_io_s'] * 1e3 / meas:.2g}" if meas else "-"
@@ -150,6 +154,7 @@ def markdown(results: list[dict]) -> str:
         sass = f"{r['H200_sass_s'] * 1e3 / meas:.2g}" if meas else "-"
         lines.append(
             f"| {r['op']} | {r['T']} | {r['d_head']} | {'; '.join(r['kernels'])} | "
+            f"{'; '.join(r['occupancy'])} | "
             f"{r['tensor_flops'] / 1e9:.3g} | {r['cuda_flops'] / 1e9:.3g} | "
             f"{r['io_bytes'] / 1e6:.3g} | {r['sass_bytes'] / 1e6:.3g} | "
             f"{r['instructions'] / 1e6:.3g} | {_ms(r['H100_io_s'])} | {_ms(r['H200_io_s'])} | "

@@ -54,10 +54,14 @@ def launch_mix(cubin: bytes, launch) -> dict:
         lo["trips"] = n
     out = dict(loops=rows, once=dict(mix(instrs)), grid=launch.grid, programs=launch.programs,
                warps=launch.num_warps, io_bytes=io_bytes(launch), per_launch=None, why=None)
-    if trips is None:
-        out["why"] = (f"no trip model for {launch.name}" if rows else None)
-        if not rows:                                   # straight-line code: once per warp
-            trips = []
+    if trips is None and not rows:                     # straight-line code: once per warp
+        trips = []
+    elif trips is None:
+        from attnlens.kernels.compile_check.trips import MODELS
+
+        loops_seen = ", ".join(sorted({str(lo["var"]) for lo in rows}))
+        out["why"] = (f"no trip model for {launch.name}" if launch.name not in MODELS else
+                      f"{launch.name}'s trip model does not cover its loops ({loops_seen})")
     if trips is not None:
         scale = launch.num_warps * launch.programs
         out["per_launch"] = {k: v * scale for k, v in weighted_mix(instrs, found, trips).items()}

@@ -53,6 +53,21 @@ PEAKS = {"H100": Peak(tensor=989e12, fp32=67e12, hbm=3.35e12, sms=132),     # H1
          "H200": Peak(tensor=989e12, fp32=67e12, hbm=4.8e12, sms=132)}
 
 
+REGISTER_FILE = 65536              # 32-bit registers per SM (sm_80, sm_90)
+SHARED_PER_SM = 228 * 1024         # bytes per SM (section 8), 1 KB of it reserved per block
+MAX_WARPS, MAX_BLOCKS = 64, 32     # resident per SM on sm_90
+
+
+def resident_warps(registers: int, warps: int, shared_bytes: int) -> int:
+    """Warps of one kernel resident on an SM: programs that fit by registers (allocated in
+    multiples of 8 per thread), shared memory, the 64-warp and 32-block limits, x warps. Not
+    in the time estimate: few warps per SM hide little latency, which a roofline ignores."""
+    regs = -(-max(registers, 1) // 8) * 8
+    fit = min(REGISTER_FILE // (regs * 32 * warps), SHARED_PER_SM // (shared_bytes + 1024),
+              MAX_WARPS // warps, MAX_BLOCKS)
+    return fit * warps
+
+
 def estimate(counts: dict, nbytes: float, peak: Peak, programs: int) -> dict:
     """Seconds: `tensor_s`, `cuda_s`, `hbm_s`, their sum `time_s`, and `issue_s`, for
     per-launch `counts` (`mma_flops`, `cuda_flops`, `instructions`: warp instructions) and
@@ -66,4 +81,4 @@ def estimate(counts: dict, nbytes: float, peak: Peak, programs: int) -> dict:
                 time_s=tensor_s + cuda_s + hbm_s, issue_s=issue_s, sm_share=used)
 
 
-__all__ = ["PEAKS", "SOURCE", "Peak", "estimate"]
+__all__ = ["PEAKS", "SOURCE", "Peak", "estimate", "resident_warps"]

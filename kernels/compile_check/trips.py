@@ -11,7 +11,8 @@ constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is deriv
   BLOCK_N steps: `ceil(end / BLOCK_N)` iterations, averaged over `pid < grid[0]` (about
   `T / (2 * BLOCK_N)` at long T). The causal flash forward splits this in two loops (source
   order = SASS order): the unmasked tiles left of the diagonal, `floor(first / BLOCK_N)`, then
-  the masked ones crossing it. Its backward: dQ of a query tile sweeps the same keys
+  the masked ones crossing it (with Infini's segments a third, masked, range first: from the
+  segment's start). Its backward: dQ of a query tile sweeps the same keys
   (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
   `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
 - loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK; MTA's
@@ -54,32 +55,61 @@ def _causal_tiles(env, grid, start=lambda first: 0):
     return _avg(out)
 
 
+def _steps(lo, hi, step) -> int:
+    """Iterations of `range(lo, hi, step)`."""
+    return max(0, math.ceil((hi - lo) / step))
+
+
 def _flash_fwd(env, grid):
-    if env.get("SEGMENTED"):
-        return None
-    bn, t_k = env["BLOCK_N"], env["T_K"]
+    """`attn_fwd_kernel`'s three key ranges (its `_fwd_tiles` calls): masked [start, u_lo),
+    unmasked [u_lo, u_hi), masked [u_hi, hi). Causal without segments has start = u_lo = 0,
+    a constant empty first loop the compiler drops: two loops."""
+    bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
     if not env.get("CAUSAL"):
-        return {"start_n": [t_k // bn, math.ceil((t_k % bn) / bn)]}
-    unmasked = _avg((env["Q_OFFSET"] + pid * env["BLOCK_M"]) // bn for pid in range(grid[0]))
-    return {"start_n": [unmasked, _causal_tiles(env, grid) - unmasked]}
+        return {"start_n": [t_k // bn, _steps(t_k // bn * bn, t_k, bn)]}
+    parts = []
+    for pid in range(grid[0]):
+        first = off + pid * bm
+        start, u_lo, u_hi, hi = 0, 0, max(first // bn * bn, 0), min(t_k, first + bm)
+        if env.get("SEGMENTED"):
+            seg = env["SEG_LEN"]
+            last = off + min(pid * bm + bm, t_q) - 1
+            start = first // seg * seg // bn * bn
+            u_lo = -(-(last // seg * seg) // bn) * bn
+            u_hi = max(u_hi, u_lo)
+        parts.append((_steps(start, u_lo, bn), _steps(u_lo, u_hi, bn), _steps(u_hi, hi, bn)))
+    masked_lo, unmasked, masked_hi = (_avg(p[i] for p in parts) for i in range(3))
+    if env.get("SEGMENTED"):
+        return {"start_n": [masked_lo, unmasked, masked_hi]}
+    return {"start_n": [unmasked, masked_hi]}
 
 
 def _flash_dq(env, grid):
-    if env.get("SEGMENTED"):
-        return None
-    full = math.ceil(env["T_K"] / env["BLOCK_N"])
-    return {"start_n": _causal_tiles(env, grid) if env.get("CAUSAL") else full}
+    """dQ of query tile `pid`: keys from its segment's first tile (0 unsegmented) to the
+    causal end."""
+    bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
+    if not env.get("CAUSAL"):
+        return {"start_n": _steps(0, t_k, bn)}
+    seg = env.get("SEG_LEN") if env.get("SEGMENTED") else None
+    return {"start_n": _avg(
+        _steps((off + pid * bm) // seg * seg // bn * bn if seg else 0,
+               min(t_k, off + (pid + 1) * bm), bn) for pid in range(grid[0]))}
 
 
 def _flash_dkdv(env, grid):
-    """Key tile `pid` sweeps the query tiles from the first that sees it to T_Q."""
-    if env.get("SEGMENTED"):
-        return None
-    bm, t_q = env["BLOCK_M"], env["T_Q"]
-    if not env.get("CAUSAL"):
-        return {"start_m": math.ceil(t_q / bm)}
-    los = (max(pid * env["BLOCK_N"] - env["Q_OFFSET"], 0) // bm * bm for pid in range(grid[0]))
-    return {"start_m": _avg(max(0, math.ceil((t_q - lo) / bm)) for lo in los)}
+    """dK/dV of key tile `pid`: query tiles from the first that sees it to T_Q (segmented: to
+    the end of its last key's segment)."""
+    bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
+    trips = []
+    for pid in range(grid[0]):
+        start_n = pid * bn
+        lo = max(start_n - off, 0) // bm * bm if env.get("CAUSAL") else 0
+        hi = t_q
+        if env.get("SEGMENTED"):
+            seg = env["SEG_LEN"]
+            hi = min(t_q, ((min(start_n + bn, t_k) - 1) // seg + 1) * seg - off)
+        trips.append(_steps(lo, hi, bm))
+    return {"start_m": _avg(trips)}
 
 
 def _cope_fwd(env, grid):

@@ -18,7 +18,9 @@ Per-warp amounts of one executed instruction: FLOPs of an MMA from the shape in 
 (HMMA.16816 = 2*16*8*16 per warp; HGMMA.64x64x16 = 2*64*64*16 per warpgroup of 4 warps, so a
 quarter per warp), 2*32 for an FFMA and 32 for an FMUL/FADD (all 32 lanes on); global bytes =
 the access width in the opcode (.128 = 16 B, .64 = 8 B, .U16 = 2 B, .U8 = 1 B, else 4 B) x 32
-lanes. Lanes masked off by predicates are counted as on: an upper bound.
+lanes. Lanes masked off by predicates are counted as on: an upper bound. TMA copies are
+counted but carry no bytes here (their size is in the tensor descriptor, not the opcode; no
+kernel of this project uses TMA today: the count is 0 throughout).
 
 Example:
     >>> instrs = parse(disassemble(cubin))                        # doctest: +SKIP
@@ -148,8 +150,8 @@ def innermost(found: list[Loop]) -> list[Loop]:
 
 def mix(instrs: list[Instr], start: int = 0, end: int | None = None) -> Counter:
     """Instruction counts per class in [start, end] (the whole kernel by default); also
-    `mma_flops`, `cuda_flops` (per warp, one pass) and `global_bytes` (loads + stores + TMA,
-    per warp)."""
+    `mma_flops`, `cuda_flops` (per warp, one pass) and `global_bytes` (global loads, stores
+    and atomics, per warp)."""
     c = _zero()
     for ins in instrs:
         if start <= ins.addr and (end is None or ins.addr <= end):

@@ -148,7 +148,7 @@ def _unroll(main, rest, kinds=("ldg", "ffma", "instructions")) -> int:
 
 
 def loop_trips(loop_rows: list[dict], model: dict) -> list[float] | None:
-    """Trips per SASS loop (`sass_mix.analyse(...)["loops"]` rows, in address order) from a
+    """Trips per SASS loop (`sass_mix.loop_rows` rows, in address order) from a
     model's `{var: n or [n per occurrence]}`; None when a loop is not covered."""
     by_var: dict[str, list[int]] = {}
     for i, lo in enumerate(loop_rows):

@@ -7,4 +7,10 @@ compiler for `GPUTarget("cuda", 80 | 90, 32)` down to a cubin (`compiler`), and 
 registers, spills and shared memory with the cuobjdump shipped in the triton wheel. Nothing is
 launched; it must run with TRITON_INTERPRET unset. `--quick` compiles the subset the test suite
 runs (tests/test_compile_check.py). Results: docs/benchmarks.md.
+
+Instruments (issue 57): `--mix` reads each kernel's instruction mix from its SASS per loop body
+and per launch (`sass_mix`: classes and loops; `trips`: trip counts from the launch;
+`mix_report`: the report), and `--roofline FILE` estimates the benchmark's forward launches
+(`roofline`: peaks and the time formula; `calibrate`: against the H200 times measured
+2026-12-04). Tests: tests/test_compile_check_instruments.py.
 """

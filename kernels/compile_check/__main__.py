@@ -10,6 +10,13 @@ registers, spilled bytes, shared memory, compile seconds), then a summary per op
 config. Exits 1 on a compile error, shared memory above the architecture's per-block limit, or
 registers x threads above the register file (and, with `--fail-on-spill`, on any spill).
 Run it with TRITON_INTERPRET unset: the interpreter replaces the compiler.
+
+`--mix` adds each kernel's instruction mix from its SASS (`mix_report`): the counts of every
+innermost loop body (tensor-core MMA, CUDA-core FFMA/FMUL/FADD, global and shared loads and
+stores, shuffles, ...) with its trip count, and a total per launch at the cases' shape
+(batch 1, T 256). `--roofline FILE` instead estimates the benchmark's forward launches at the
+shapes measured on the H200 (`calibrate`, `roofline`) and writes the ESTIMATES vs MEASURED
+table to FILE (`--ops` picks among flash, cope, mta, dcmha).
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ def _args(argv):
     p.add_argument("--fail-on-spill", action="store_true", help="also exit 1 on any spill")
     p.add_argument("--markdown", metavar="FILE",
                    help="also write docs/benchmarks.md's per-kernel table (`doc_table`) here")
+    p.add_argument("--mix", action="store_true",
+                   help="also report each kernel's SASS instruction mix per hot loop body and "
+                        "per launch (and write it into --json rows)")
+    p.add_argument("--roofline", metavar="FILE",
+                   help="estimate the benchmark's forward launches (sm_90, bf16, batch 1, 16 "
+                        "heads) against the H200 times of docs/benchmarks.md and write the "
+                        "markdown table here (no compile matrix)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.workers < 1:
@@ -144,6 +158,33 @@ def doc_table(rows) -> str:
     return "\n".join(lines)
 
 
+def _roofline(args, cache) -> int:
+    """`--roofline FILE`: the calibration table (`calibrate`), printed and written to FILE."""
+    from attnlens.kernels.compile_check import calibrate
+
+    points = [p for p in calibrate.MEASURED if args.ops is None or p[0] in args.ops]
+    if not points:
+        print(f"--roofline: no measured op among {args.ops} (flash, cope, mta, dcmha)",
+              file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    results = calibrate.run(points, cache=cache, workers=1)
+    table = calibrate.markdown(results)
+    if any(r["T"] == 4096 and r["d_head"] == 64 for r in results):
+        table += ("\n\nHot loops at T=4096, d_head 64 (counts per warp per pass of each "
+                  "innermost loop body, with its trips; then per launch):\n\n"
+                  + calibrate.hot_loops(results))
+    print(table)
+    print(f"\n{len(results)} points estimated in {time.perf_counter() - start:.0f} s",
+          file=sys.stderr)
+    with open(args.roofline, "w") as f:
+        f.write(table + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 1 if any("error" in r for r in results) else 0
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -157,6 +198,9 @@ def main(argv=None) -> int:
     from attnlens.kernels.compile_check.results_cache import ResultCache
     from attnlens.kernels.compile_check.run import compile_all, jobs
 
+    cache = None if args.no_results_cache else ResultCache(args.results_cache)
+    if args.roofline:
+        return _roofline(args, cache)
     start = time.perf_counter()
     job_list = jobs(quick=args.quick, ops=args.ops, dtypes=args.dtypes, archs=args.archs,
                     d_heads=args.d_heads, main_only=args.main_only,
@@ -178,8 +222,8 @@ def main(argv=None) -> int:
             bar.set_postfix_str(f"{row['op']} {row['kernel']}", refresh=False)
             bar.update()
 
-    cache = None if args.no_results_cache else ResultCache(args.results_cache)
-    rows = compile_all(job_list, workers=args.workers, progress=progress, cache=cache)
+    rows = compile_all(job_list, workers=args.workers, progress=progress, cache=cache,
+                       with_mix=args.mix)
     if bar is not None:
         bar.close()
     if log is not None:
@@ -189,6 +233,12 @@ def main(argv=None) -> int:
     print(format_rows(rows))
     print()
     print(format_summary(summary(rows)))
+    if args.mix:
+        from attnlens.kernels.compile_check.mix_report import format_mix
+
+        print("\nInstruction mix (per warp per pass of each innermost loop; per launch: all "
+              "warps and programs at the cases' shape)\n")
+        print(format_mix(rows))
     bad = [r for r in rows if r["problems"]]
     spills = [r for r in rows if r["spill_bytes"]]
     hits = sum(r["cached"] for r in rows)

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -36,7 +37,9 @@ class Launch:
     Attributes:
         kernel: the `@triton.jit` function; args: its positional arguments (CPU tensors and
         scalars, as passed); kwargs: constexprs and launch options (`num_warps`, ...);
-        pass_: "fwd" or "bwd"; tuned: True when the config is one of an autotune list.
+        pass_: "fwd" or "bwd"; tuned: True when the config is one of an autotune list;
+        grid: the program grid `(x, y, z)` (a grid function evaluated on the launch's
+        arguments), None when not recorded.
     """
 
     kernel: object
@@ -44,6 +47,12 @@ class Launch:
     kwargs: dict
     pass_: str
     tuned: bool = False
+    grid: tuple | None = None
+
+    @property
+    def programs(self) -> int:
+        """Programs (thread blocks) the launch starts: the product of its grid."""
+        return math.prod(self.grid) if self.grid else 0
 
     @property
     def name(self) -> str:
@@ -80,8 +89,19 @@ class Capture:
         finally:
             self.current = previous
 
-    def record(self, kernel, args, kwargs, tuned=False) -> None:
-        self.launches.append(Launch(kernel, tuple(args), dict(kwargs), self.current, tuned))
+    def record(self, kernel, args, kwargs, tuned=False, grid=None) -> None:
+        self.launches.append(Launch(kernel, tuple(args), dict(kwargs), self.current, tuned,
+                                    _grid(grid, kernel, args, kwargs)))
+
+
+def _grid(grid, kernel, args, kwargs) -> tuple | None:
+    """The grid as a 3-tuple of ints; a callable grid gets the arguments by name."""
+    if grid is None:
+        return None
+    if callable(grid):
+        grid = grid({**dict(zip(kernel.arg_names, args, strict=False)), **kwargs})
+    grid = tuple(int(g) for g in grid)
+    return grid + (1,) * (3 - len(grid))
 
 
 PACKAGE = "attnlens.kernels"
@@ -106,12 +126,13 @@ def capturing():
     patched = []
 
     def run(self, *args, grid, warmup, **kwargs):
-        cap.record(self, args, kwargs)
+        cap.record(self, args, kwargs, grid=grid)
 
     def tuned(self, grid):
         def launch(*args, **kwargs):
             for cfg in self.candidates(**kwargs):
-                cap.record(self.kernel, args, {**kwargs, **cfg.all_kwargs()}, tuned=True)
+                cap.record(self.kernel, args, {**kwargs, **cfg.all_kwargs()}, tuned=True,
+                           grid=grid)
         return launch
 
     try:

@@ -123,13 +123,15 @@ def problems(row: dict) -> list[str]:
     return out
 
 
-def compile_launch(launch, arch: int, cache=None, key: str | None = None) -> dict:
+def compile_launch(launch, arch: int, cache=None, key: str | None = None,
+                   keep_cubin: bool = False) -> dict:
     """Compile `launch` for sm_`arch`; returns a row (registers, spills, shared, seconds) or a
     row with `error` set when the compiler fails.
 
     With a `cache` (`results_cache.ResultCache`) and the launch's `key` (`cache.key(launch_key(
     launch, arch))`), a stored row is returned with `cached=True` and no compile; a new
-    successful compile is stored."""
+    successful compile is stored. `keep_cubin`: the row also holds the cubin bytes (`cubin`,
+    not JSON-able: the caller pops it)."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
@@ -138,8 +140,11 @@ def compile_launch(launch, arch: int, cache=None, key: str | None = None) -> dic
                num_stages=launch.num_stages, error=None, cached=False)
     if cache is not None and key is not None:
         hit = cache.get(key)
-        if hit is not None:
+        cubin = cache.cubin(key) if hit is not None and keep_cubin else b""
+        if hit is not None and (cubin or not keep_cubin):
             row.update(hit, cached=True)
+            if keep_cubin:
+                row["cubin"] = cubin
             return row
     start = time.perf_counter()
     try:
@@ -157,6 +162,8 @@ def compile_launch(launch, arch: int, cache=None, key: str | None = None) -> dic
                compile_s=time.perf_counter() - start)
     if cache is not None and key is not None:
         cache.put(key, row, compiled.asm["cubin"])
+    if keep_cubin:
+        row["cubin"] = compiled.asm["cubin"]
     return row
 
 

@@ -74,6 +74,13 @@ class ResultCache:
             return None
         return {name: entry[name] for name in ROW_FIELDS}
 
+    def cubin(self, key: str) -> bytes:
+        """The stored cubin of `key` (b"" when there is none)."""
+        try:
+            return self._path(key, ".cubin").read_bytes()
+        except OSError:
+            return b""
+
     def put(self, key: str, row: dict, cubin: bytes) -> None:
         """Store the cubin and the row's measured fields of a successful compile."""
         if row.get("error"):

@@ -90,12 +90,18 @@ def jobs(quick: bool = False, ops=None, dtypes=None, archs=None, d_heads=None,
 
 
 _CACHE: list = [None]      # the ResultCache of this run (None: compile everything)
+_MIX: list = [False]       # also read each kernel's instruction mix (`mix_report.launch_mix`)
 
 
 def _row(job: Job) -> dict:
     cache = _CACHE[0]
     key = cache.key(job.key) if cache is not None and job.key else None
-    row = compile_launch(job.launch, job.arch, cache, key)
+    row = compile_launch(job.launch, job.arch, cache, key, keep_cubin=_MIX[0])
+    cubin = row.pop("cubin", None)
+    if cubin:
+        from attnlens.kernels.compile_check.mix_report import launch_mix
+
+        row["mix"] = launch_mix(cubin, job.launch)
     row = dict(op=job.case.op, option=job.case.name, main=job.case.main, dtype=job.dtype,
                d_head=job.d_head, **row)
     row["pass"] = row.pop("pass_")
@@ -112,11 +118,13 @@ def _row_at(i: int) -> dict:
 
 
 def compile_all(job_list: list[Job], workers: int = 1, progress=None,
-                cache=None) -> list[dict]:
+                cache=None, with_mix: bool = False) -> list[dict]:
     """Rows in job order; `progress(row)` is called after each. `workers > 1` forks a pool.
     `cache` (a `results_cache.ResultCache`): rows of kernels compiled before are read from it
-    (`cached` True), new ones are added to it."""
+    (`cached` True), new ones are added to it. `with_mix`: each row also gets `mix`, the
+    kernel's instruction mix per loop and per launch (`mix_report.launch_mix`)."""
     _CACHE[0] = cache
+    _MIX[0] = with_mix
     rows = []
     if workers <= 1:
         for job in job_list:

@@ -1,0 +1,209 @@
+"""Trip counts of a kernel's loops for one recorded launch, from its arguments and grid.
+
+A SASS loop is named by the `for` statement its backward branch comes from (the source line
+nvdisasm prints, `sass_mix.loop_var`). `MODELS[kernel](env, grid)` gives, per loop variable,
+the iterations of one entry of that loop, averaged over the launch's programs, where `env`
+holds the launch's arguments by parameter name (ints such as T_Q, H, D, CQ, and the
+constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is derived:
+
+- key tiles of a causal query tile (`start_n`, `i`, `n0`): query tile `pid` (rows from
+  `Q_OFFSET + pid * BLOCK_M`) sweeps keys up to `min(T_K, Q_OFFSET + (pid + 1) * BLOCK_M)` in
+  BLOCK_N steps: `ceil(end / BLOCK_N)` iterations, averaged over `pid < grid[0]` (about
+  `T / (2 * BLOCK_N)` at long T). The causal flash forward splits this in two loops (source
+  order = SASS order): the unmasked tiles left of the diagonal, `floor(first / BLOCK_N)`, then
+  the masked ones crossing it (with Infini's segments a third, masked, range first: from the
+  segment's start). Its backward: dQ of a query tile sweeps the same keys
+  (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
+  `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
+- loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK; MTA's
+  out pass has pre- then post-softmax taps) and d_head chunks (`d0`) are their runtime bounds.
+
+A variable listing one value per SASS loop gets them in address order. A variable may close
+more SASS loops than the model lists when ptxas unrolled a runtime loop: an unrolled main loop
+directly followed by its smaller remainder loop, both innermost, from the same source line at
+the same depth. The unroll factor u is the ratio of the two bodies' instruction counts of one
+class (global loads, else FFMA, else all); the main loop then runs floor(N / u) times and the
+remainder N mod u (MTA's 11 key taps: twice 4, then 3).
+A kernel without a model, or with a loop its model does not name, has no trip counts (None).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def kernel_env(launch) -> dict:
+    """The launch's arguments by parameter name (positional) and its keyword constexprs."""
+    env = dict(zip(launch.kernel.arg_names, launch.args, strict=False))
+    env.update(launch.kwargs)
+    return env
+
+
+def _avg(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _causal_tiles(env, grid, start=lambda first: 0):
+    """Average key tiles per query tile: keys [start(first), min(T_K, first + BLOCK_M))."""
+    bm, bn = env["BLOCK_M"], env["BLOCK_N"]
+    out = []
+    for pid in range(grid[0]):
+        first = env["Q_OFFSET"] + pid * bm
+        lo, hi = start(first), min(env["T_K"], first + bm)
+        out.append(max(0, math.ceil((hi - lo) / bn)))
+    return _avg(out)
+
+
+def _steps(lo, hi, step) -> int:
+    """Iterations of `range(lo, hi, step)`."""
+    return max(0, math.ceil((hi - lo) / step))
+
+
+def _flash_fwd(env, grid):
+    """`attn_fwd_kernel`'s three key ranges (its `_fwd_tiles` calls): masked [start, u_lo),
+    unmasked [u_lo, u_hi), masked [u_hi, hi). Causal without segments has start = u_lo = 0,
+    a constant empty first loop the compiler drops: two loops."""
+    bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
+    if not env.get("CAUSAL"):
+        return {"start_n": [t_k // bn, _steps(t_k // bn * bn, t_k, bn)]}
+    parts = []
+    for pid in range(grid[0]):
+        first = off + pid * bm
+        start, u_lo, u_hi, hi = 0, 0, max(first // bn * bn, 0), min(t_k, first + bm)
+        if env.get("SEGMENTED"):
+            seg = env["SEG_LEN"]
+            last = off + min(pid * bm + bm, t_q) - 1
+            start = first // seg * seg // bn * bn
+            u_lo = -(-(last // seg * seg) // bn) * bn
+            u_hi = max(u_hi, u_lo)
+        parts.append((_steps(start, u_lo, bn), _steps(u_lo, u_hi, bn), _steps(u_hi, hi, bn)))
+    masked_lo, unmasked, masked_hi = (_avg(p[i] for p in parts) for i in range(3))
+    if env.get("SEGMENTED"):
+        return {"start_n": [masked_lo, unmasked, masked_hi]}
+    return {"start_n": [unmasked, masked_hi]}
+
+
+def _flash_dq(env, grid):
+    """dQ of query tile `pid`: keys from its segment's first tile (0 unsegmented) to the
+    causal end."""
+    bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
+    if not env.get("CAUSAL"):
+        return {"start_n": _steps(0, t_k, bn)}
+    seg = env.get("SEG_LEN") if env.get("SEGMENTED") else None
+    return {"start_n": _avg(
+        _steps((off + pid * bm) // seg * seg // bn * bn if seg else 0,
+               min(t_k, off + (pid + 1) * bm), bn) for pid in range(grid[0]))}
+
+
+def _flash_dkdv(env, grid):
+    """dK/dV of key tile `pid`: query tiles from the first that sees it to T_Q (segmented: to
+    the end of its last key's segment)."""
+    bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
+    trips = []
+    for pid in range(grid[0]):
+        start_n = pid * bn
+        lo = max(start_n - off, 0) // bm * bm if env.get("CAUSAL") else 0
+        hi = t_q
+        if env.get("SEGMENTED"):
+            seg = env["SEG_LEN"]
+            hi = min(t_q, ((min(start_n + bn, t_k) - 1) // seg + 1) * seg - off)
+        trips.append(_steps(lo, hi, bm))
+    return {"start_m": _avg(trips)}
+
+
+def _cope_fwd(env, grid):
+    return {"i": _causal_tiles(env, grid)}
+
+
+def _mta(env, grid):
+    sch, d = env["SCH"], env["D"]
+    taps_q = [env["CQ"]] + ([env["CQ2"]] if "CQ2" in env else [])
+    taps_k = [env["CK"]] + ([env["CK2"]] if "CK2" in env else [])
+    return {"n0": _causal_tiles(env, grid), "n": env["H"], "a": taps_q, "b": taps_k,
+            "d0": max(0, math.ceil((d - sch) / sch))}
+
+
+def _dcmha(env, grid):
+    window = env["WINDOW"]
+
+    def start(first):
+        return 0 if window < 0 else max(first - window, 0) // env["BLOCK_N"] * env["BLOCK_N"]
+
+    return {"n0": _causal_tiles(env, grid, start), "n": env["H"], "c": env["C"],
+            "d0": env["BLOCK_D"] // env["DCH"]}
+
+
+MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
+          "cope_fwd_kernel": _cope_fwd,
+          "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
+          "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha}
+
+
+def _unroll(main, rest, kinds=("ldg", "ffma", "instructions")) -> int:
+    for k in kinds:
+        if main.get(k) and rest.get(k):
+            return max(1, round(main[k] / rest[k]))
+    return 1
+
+
+def loop_trips(loop_rows: list[dict], model: dict) -> list[float] | None:
+    """Trips per SASS loop (`sass_mix.loop_rows` rows, in address order) from a
+    model's `{var: n or [n per occurrence]}`; None when a loop is not covered."""
+    by_var: dict[str, list[int]] = {}
+    for i, lo in enumerate(loop_rows):
+        by_var.setdefault(lo["var"], []).append(i)
+    trips: list[float | None] = [None] * len(loop_rows)
+    for var, idx in by_var.items():
+        if var not in model:
+            return None
+        value = model[var]
+        values = value if isinstance(value, list) else [value]
+        if len(values) == len(idx):                 # one value per SASS loop
+            for n, i in zip(values, idx, strict=True):
+                trips[i] = n
+            continue
+        groups = _occurrences(loop_rows, idx)
+        if len(values) == 1:
+            values = values * len(groups)
+        if len(values) != len(groups):
+            return None
+        for n, group in zip(values, groups, strict=True):
+            if len(group) == 1:
+                trips[group[0]] = n
+            else:                                   # unrolled main loop + remainder loop
+                main, rest = group
+                u = _unroll(loop_rows[main]["mix"], loop_rows[rest]["mix"])
+                trips[main], trips[rest] = n // u, n % u
+    return trips
+
+
+def _occurrences(loop_rows, idx) -> list[list[int]]:
+    """Group a variable's loops into source occurrences: an innermost loop directly followed
+    (no loop between) by a smaller innermost loop of the same line and depth is an unrolled
+    main loop and its remainder."""
+    groups: list[list[int]] = []
+    for i in idx:
+        prev = groups[-1][-1] if groups else None
+        a, b = (loop_rows[prev], loop_rows[i]) if prev is not None else (None, None)
+        if (prev is not None and len(groups[-1]) == 1 and i == prev + 1
+                and a["inner"] and b["inner"] and a["line"] == b["line"]
+                and a["depth"] == b["depth"] and a["end"] < b["start"]
+                and b["mix"].get("instructions", 0) < a["mix"].get("instructions", 0)):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def trips_for(launch, loop_rows: list[dict]) -> list[float] | None:
+    """Trip counts of `loop_rows` for `launch` (None: no model for this kernel or loop)."""
+    fn = MODELS.get(launch.name)
+    grid = getattr(launch, "grid", None)
+    if fn is None or grid is None:
+        return None
+    model = fn(kernel_env(launch), grid)
+    return None if model is None else loop_trips(loop_rows, model)
+
+
+__all__ = ["MODELS", "kernel_env", "loop_trips", "trips_for"]

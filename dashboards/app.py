@@ -2,7 +2,9 @@
 
 Layout: a bar of shared controls (models, prompt, layer, head, stage) above one tab per page
 (`attnlens.dashboards.pages.PAGES`). The URL's query string mirrors the tab and the shared controls,
-so a link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`.
+so a link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`;
+`&model=c` names the one-model pages' model when it is not the first of `models` (which it
+follows by default).
 A page's own controls (its `LINK` table: URL key -> (component id, default)) join the link when
 they differ from their defaults, e.g. `&circuit=pair&query=3&key=1`; a link without them (older
 links) leaves them as they are.
@@ -22,7 +24,7 @@ from attnlens.interp.tools.explore import map_stages
 
 # Flask refuses larger request bodies with 413 before any callback (or tokenizer) runs.
 MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 64_000
-SHARED_KEYS = ("page", "models", "layer", "head", "stage", "prompt")
+SHARED_KEYS = ("page", "models", "layer", "head", "stage", "prompt", "model")
 
 
 def _page_links() -> dict[str, tuple[str, object]]:
@@ -125,12 +127,17 @@ def _parse_link(search: str | None) -> dict:
     return out
 
 
-def make_link(page, models, layer, head, stage, prompt, controls: dict | None = None) -> str:
+def make_link(page, models, layer, head, stage, prompt, controls: dict | None = None,
+              model: str | None = None) -> str:
     """The query string of a view (inverse of `_parse_link`). `controls`: the pages' own
-    controls by URL key; those at their default (or None, an emptied number box) are left out."""
+    controls by URL key; those at their default (or None, an emptied number box) are left out.
+    `model`: the one-model pages' model, left out when it is the first of `models` (the model
+    it follows)."""
     values = {"page": page, "models": ",".join(models or []), "layer": layer, "head": head,
               "stage": stage, "prompt": prompt or ""}
     values = {k: "" if v is None else v for k, v in values.items()}
+    if model and model != (list(models or []) or [None])[0]:
+        values["model"] = model
     for key, value in (controls or {}).items():
         if key not in PAGE_LINKS:
             raise ValueError(f"{key!r} is not a linked control; known: {sorted(PAGE_LINKS)}")
@@ -147,15 +154,6 @@ def _register_shared(app: Dash, store) -> None:
     def _apply_prompt(_clicks, _blur, text, applied):
         return no_update if text == applied else (text or "")
 
-    @app.callback(Output("ctl-model", "value"), Input("ctl-models", "value"),
-                  prevent_initial_call=True)
-    def _one_model(names):
-        """The one-model pages follow the first chosen model (a link's `models=` too); the
-        user may pick another one there."""
-        if isinstance(names, list) and names and names[0] in store.models:
-            return names[0]
-        return no_update
-
     @app.callback(Output("ctl-layer", "options"), Output("ctl-head", "options"),
                   Output("ctl-stage", "options"), Input("ctl-models", "value"))
     def _chosen_options(names):
@@ -165,27 +163,45 @@ def _register_shared(app: Dash, store) -> None:
     linked = [("page", "tabs.value"), ("models", "ctl-models.value"),
               ("prompt", "ctl-applied-prompt.data"), ("layer", "ctl-layer.value"),
               ("head", "ctl-head.value"), ("stage", "ctl-stage.value"),
+              ("model", "ctl-model.value"),
               *[(key, f"{cid}.value") for key, (cid, _) in PAGE_LINKS.items()]]
     keys = [k for k, _ in linked]
+
+    def first(names):
+        """The model the one-model pages follow: the first chosen one, if known."""
+        if isinstance(names, list) and names and isinstance(names[0], str) \
+                and names[0] in store.models:
+            return names[0]
+        return None
 
     @app.callback(Output("url", "search"),
                   *[Output(*o.split(".")) for _, o in linked],
                   Output("ctl-prompt", "value"),
                   Input("url", "search"), *[Input(*o.split(".")) for _, o in linked])
     def _sync_link(search, *values):
+        """URL -> controls (a link), controls -> URL (the view changed). The one-model pages'
+        model follows the first chosen model (a link's `models=` too) unless the link names
+        it (`model=`); the user may pick another one, and the link keeps it."""
         current = dict(zip(keys, values, strict=True))
         if ctx.triggered_id in (None, "url"):
             link = _parse_link(search)
             if not link:
                 return (no_update,) * (len(keys) + 2)
+            if "model" not in link and first(link.get("models")):
+                link["model"] = first(link["models"])
             changed = [link[k] if k in link and link[k] != current[k] else no_update
                        for k in keys]
             text = link.get("prompt", no_update)
             return (no_update, *changed, text)
-        search_now = make_link(*[current[k] for k in SHARED_KEYS],
-                               controls={k: current[k] for k in PAGE_LINKS})
-        return (no_update if search_now == search else search_now,) + (no_update,) * (
-            len(keys) + 1)
+        follow = no_update
+        if ctx.triggered_id == "ctl-models" and first(current["models"]) \
+                and first(current["models"]) != current["model"]:
+            follow = current["model"] = first(current["models"])
+        search_now = make_link(*[current[k] for k in SHARED_KEYS if k != "model"],
+                               controls={k: current[k] for k in PAGE_LINKS},
+                               model=current["model"])
+        outputs = [follow if k == "model" else no_update for k in keys]
+        return (no_update if search_now == search else search_now, *outputs, no_update)
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

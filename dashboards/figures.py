@@ -76,7 +76,7 @@ def number_input(input_id: str, value: int, minimum: int = 0, width: str = "70px
 
 def check_index(name: str, value, size: int, owner: str = "") -> int:
     """`value` (an int, or a string of digits from a URL) as an index in [0, size)."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
         where = f" of {owner}" if owner else ""
@@ -87,7 +87,7 @@ def check_index(name: str, value, size: int, owner: str = "") -> int:
 def check_int(name: str, value, low: int, high: int, owner: str = "") -> int:
     """`value` (an int, or a string of digits) in [low, high]; one message for every bad
     value: "choose low .. high"."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         where = f" of {owner}" if owner else ""

@@ -66,7 +66,7 @@ class Choice:
 def _closest_index(what: str, value, size: int, name: str) -> tuple[int, str]:
     """`value` (an int, or digits from a URL) as an index below `size`, else the closest one and
     a note naming what was replaced."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if 0 <= value < size:

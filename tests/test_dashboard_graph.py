@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from browser_common import figure, screenshot, wait
-from dashboard_common import ALPHABET
+from dashboard_common import ALPHABET, call
 
 from attnlens.dashboards.pages import graph as page
 from attnlens.dashboards.store import ModelStore
@@ -80,6 +80,74 @@ def test_bad_thresholds_and_targets(store):
         page.compute_graph(store, "tiny-mha", "", "cat", 0.8, 0.98)
     with pytest.raises(ValueError, match="key_pos 9 is after query_pos 3"):
         page.qk_details(store, "tiny-mha", "", 0, 0, 3, 9)
+
+
+GRAPH = {"tabs.value": "graph", "ctl-model.value": "tiny-mha", "ctl-applied-prompt.data": "",
+         "graph-target.value": "", "graph-node-threshold.value": 0.8,
+         "graph-edge-threshold.value": 0.98, "graph-max-edges.value": 400}
+
+
+@pytest.fixture(scope="module")
+def app(store):
+    from attnlens.dashboards.app import create_app
+
+    return create_app(store)
+
+
+@pytest.mark.parametrize("edges, message", [
+    ("abc", "edges drawn 'abc' is not a valid edges drawn: choose 0 .. 100000"),
+    ([1], "edges drawn [1] is not a valid edges drawn"),
+    (-3, "edges drawn -3 is not a valid edges drawn"),
+])
+def test_bad_edges_drawn_are_named_not_a_500(app, edges, message):
+    """Issue 56 item 3: a crafted "edges drawn" value answered 500."""
+    status, resp = call(app, "graph-figure", {**GRAPH, "graph-max-edges.value": edges})
+    assert status == 200 and resp["response"]["graph-error"]["children"].startswith(message)
+
+
+def test_bad_thresholds_in_a_request_are_named(app):
+    status, resp = call(app, "graph-figure", {**GRAPH, "graph-node-threshold.value": [1]})
+    assert status == 200
+    assert "node threshold must be in (0, 1], got [1]" in resp["response"]["graph-error"][
+        "children"]
+
+
+@pytest.mark.parametrize("click, message", [
+    ({"points": [{"customdata": 999999}]}, "node 999999 is not a node drawn in this graph"),
+    ({"points": [{"customdata": -1}]}, "node -1 is not a node drawn in this graph"),
+    ({"points": [{"customdata": [1, 2]}]}, "node [1, 2] is not a node drawn in this graph"),
+    ({"points": [{"customdata": True}]}, "node True is not a node drawn in this graph"),
+    ("x", "a click names a node by its index; got 'x'"),
+    ({"points": "x"}, "a click names a node by its index"),
+])
+def test_a_click_naming_no_drawn_node_is_refused(app, store, click, message):
+    """Issue 56 item 3: node-click customdata 999999, [1, 2] or clickData 'x' answered 500, and
+    -1 silently showed the last node (a logit)."""
+    status, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": click},
+                        changed="graph-figure.clickData")
+    assert status == 200, status
+    assert message in str(resp["response"]["graph-node"]["children"])
+    # a drawn node still answers with its details
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    kept = int(pruned.node_mask.nonzero()[0, 0])
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": {
+        "points": [{"customdata": kept}]}}, changed="graph-figure.clickData")
+    assert "strongest" in str(resp["response"]["graph-node"]["children"])
+
+
+def test_a_lone_surrogate_in_the_prompt_or_target_is_named(app):
+    """Issue 56 item 3: the tokenizer failed (500) on half a surrogate pair."""
+    for values, box in (({"ctl-applied-prompt.data": "the \ud800cat"}, "graph-error"),
+                        ({"graph-target.value": "\udc00"}, "graph-error")):
+        status, resp = call(app, "graph-figure", {**GRAPH, **values})
+        assert status == 200
+        assert "not text (U+D" in resp["response"][box]["children"]
+    status, resp = call(app, "graph-qk", {**GRAPH, "graph-qk-layer.value": 0,
+                                          "graph-qk-head.value": [0], "graph-qk-query.value": 3,
+                                          "graph-qk-key.value": "x"})
+    assert status == 200
+    assert "head [0] is not a valid head of tiny-mha" in resp["response"]["graph-qk-error"][
+        "children"]
 
 
 @pytest.mark.browser

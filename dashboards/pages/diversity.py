@@ -34,7 +34,8 @@ def register(app, store):
     def _update(name, composed):
         try:
             with store.using(name) as model:
-                curves = head_diversity(model, composed="composed" in (composed or []))
+                curves = head_diversity(model, composed=isinstance(composed, list)
+                                       and "composed" in composed)
         except ValueError as err:
             return {}, "", str(err)
         return diversity_figure(curves), diversity_summary(curves).to_string(), ""

@@ -65,11 +65,19 @@ def layout(store):
     ])
 
 
+def first_model(names):
+    """The explorer's model: the first chosen one (a name given alone too); None for a
+    request without one (then `store.get` names what is wrong)."""
+    if isinstance(names, list):
+        return names[0] if names else None
+    return names
+
+
 def compute(store, names, text, layer, head, stage):
     """The page's outputs for one request; raises ValueError for bad input."""
     if not names:
         raise ValueError("choose a model")
-    name = names[0] if isinstance(names, list) else names
+    name = first_model(names)
     panel = build_panel(store, name, text, layer, head, stage)
     grid = mosaic_figure(panel)
     warm_tiles(store, panel)          # a new prompt: every stage's tiles, once
@@ -140,7 +148,7 @@ def register(app, store):
     def _format(fmt, names, _text, layer, head, stage):
         """A new export format changes only the camera button: no model run, no map sent."""
         try:
-            name = (names or [None])[0] if isinstance(names, list) else names
+            name = first_model(names)
             model = store.get(name)
             layer = check_index("layer", layer, model.cfg.n_layers)
             head = check_index("head", head, model.cfg.n_heads)
@@ -203,7 +211,7 @@ def register(app, store):
     def _zoom(click, names):
         """A click on a thumbnail tile zooms that (layer, head); gutters and bad data: nothing."""
         try:
-            model = store.get((names or [None])[0])
+            model = store.get(first_model(names))
             layer, head = mosaic_head(click["points"][0])
         except (ValueError, TypeError, KeyError, IndexError):
             return no_update, no_update
@@ -220,7 +228,7 @@ def register(app, store):
         prompt it was made on: another head or stage shows the same query and key, a new
         prompt or model clears it (its positions need not exist there: issue 56)."""
         hidden = {}, {"display": "none"}, None
-        name = (names or [None])[0] if isinstance(names, list) else names
+        name = first_model(names)
         on = [name, text if isinstance(text, str) else ""]
         if ctx.triggered_id != "explorer-zoom":
             if not isinstance(selected, dict) or selected.get("on") != on:
@@ -245,7 +253,7 @@ def register(app, store):
                   prevent_initial_call=True)
     def _csv(_clicks, names, text, layer, head, stage):
         try:
-            panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
+            panel = build_panel(store, first_model(names), text, layer, head, stage)
         except ValueError:
             return no_update
         return dcc.send_data_frame(zoom_table(panel).to_csv, f"{panel.filename}.csv")

@@ -13,7 +13,15 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from attnlens.dashboards.app_links import explorer_link
-from attnlens.dashboards.figures import control_row, error_box, graph, loading, note_box
+from attnlens.dashboards.figures import (
+    check_int,
+    control_row,
+    error_box,
+    graph,
+    loading,
+    note_box,
+)
+from attnlens.dashboards.store import check_text
 from attnlens.interp.attribution.contexts import (
     context_windows,
     feature_activations,
@@ -84,6 +92,7 @@ def layout(store):
 
 def _first_line(store, name, text) -> str:
     prompt = text if isinstance(text, str) and text.strip() else store.default_text[name]
+    check_text(prompt)
     if not store.reads_line_breaks.get(name, False):
         prompt = next((line for line in prompt.splitlines() if line.strip()), prompt)
     return prompt
@@ -112,9 +121,11 @@ def session(store, name):
 def compute_graph(store, name, text, target, node_threshold, edge_threshold):
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
-    targets = [target.strip()] if isinstance(target, str) and target.strip() else None
+    targets = [check_text(target.strip(), "the target token")] \
+        if isinstance(target, str) and target.strip() else None
     for label, value in (("node threshold", node_threshold), ("edge threshold", edge_threshold)):
-        if value is None or not 0 < float(value) <= 1:
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not 0 < value <= 1:
             raise ValueError(f"{label} must be in (0, 1], got {value!r}")
 
     def make():
@@ -126,6 +137,32 @@ def compute_graph(store, name, text, target, node_threshold, edge_threshold):
     pruned = prune(g, float(node_threshold), float(edge_threshold))
     g.node_influence = pruned.node_influence
     return model, transcoders, prompt, g, pruned
+
+
+def edges_drawn(value) -> int | None:
+    """The "edges drawn" box as a number of edges, None (all) when empty or 0; ValueError for
+    anything else than a whole number 0 .. MAX_EDGES."""
+    if value is None or value == "":
+        return None
+    return check_int("edges drawn", value, 0, MAX_EDGES) or None
+
+
+MAX_EDGES = 100_000
+
+
+def clicked_node(click, g, pruned) -> int:
+    """The node a click on the graph names (its `customdata`); ValueError for a click that
+    names no drawn node (crafted or stale: a node index of another graph)."""
+    try:
+        index = click["points"][0]["customdata"]
+    except (TypeError, KeyError, IndexError):
+        raise ValueError(f"a click names a node by its index; got {click!r:.80}") from None
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < g.n_nodes \
+            or not bool(pruned.node_mask[index]):
+        raise ValueError(f"node {index!r:.40} is not a node drawn in this graph (the "
+                         f"graph has {int(pruned.node_mask.sum())} drawn nodes among indices "
+                         f"0 .. {g.n_nodes - 1}): click a node")
+    return index
 
 
 def note(g, pruned) -> str:
@@ -163,10 +200,12 @@ def qk_details(store, name, text, layer, head, query, key):
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
     n = model.to_tokens(prompt).shape[1]
-    query = n - 1 if query is None else int(query)
-    key = 0 if key is None else int(key)
-    qk = attribute_qk(model, transcoders, prompt, int(layer), int(head), query, key)
-    link = explorer_link(name, int(layer), int(head), "pattern", prompt)
+    layer = check_int("layer", layer, 0, model.cfg.n_layers - 1, name)
+    head = check_int("head", head, 0, model.cfg.n_heads - 1, name)
+    query = n - 1 if query is None else check_int("query position", query, 0, n - 1)
+    key = 0 if key is None else check_int("key position", key, 0, n - 1)
+    qk = attribute_qk(model, transcoders, prompt, layer, head, query, key)
+    link = explorer_link(name, layer, head, "pattern", prompt)
     rows = []
     for side, bias in (("query", qk.query_bias), ("key", qk.key_bias)):
         rows.append(html.Div(f"through the {side}: bias {bias:+.3f}; top sources"))
@@ -188,12 +227,12 @@ def register(app, store):
         if tab != ID:
             raise PreventUpdate
         try:
+            drawn = edges_drawn(max_edges)
             with store.using(name):
                 _, _, prompt, g, pruned = compute_graph(store, name, text, target,
                                                         node_threshold, edge_threshold)
         except ValueError as err:
             return {}, "", str(err)
-        drawn = None if not max_edges or int(max_edges) < 1 else int(max_edges)
         figure = graph_figure(g, pruned, title=f"{name}: {prompt!r} -> "
                                                f"{g.logit_token_strings[0]!r}", max_edges=drawn)
         return figure, note(g, pruned), ""
@@ -203,16 +242,18 @@ def register(app, store):
                   State("graph-target", "value"), State("graph-node-threshold", "value"),
                   State("graph-edge-threshold", "value"))
     def _click(click, name, text, target, node_threshold, edge_threshold):
-        if not click or not click.get("points") or "customdata" not in click["points"][0]:
-            raise PreventUpdate
+        points = click.get("points") if isinstance(click, dict) else None
+        if not click or (isinstance(points, list) and points and isinstance(points[0], dict)
+                         and "customdata" not in points[0]):
+            raise PreventUpdate     # nothing clicked yet, or an edge (edges carry no node)
         try:
             with store.using(name):
                 model, transcoders, _, g, pruned = compute_graph(
                     store, name, text, target, node_threshold, edge_threshold)
                 return node_details(store, name, model, transcoders, g, pruned,
-                                    int(click["points"][0]["customdata"]))
+                                    clicked_node(click, g, pruned))
         except ValueError as err:
-            return str(err)
+            return html.Div(str(err), style={"color": "#b00020"})
 
     @app.callback(Output("graph-qk", "children"), Output("graph-qk-error", "children"),
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),

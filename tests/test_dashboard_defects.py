@@ -306,3 +306,28 @@ def test_browser_shows_the_first_page_for_an_unknown_one(server, browser, shots)
     assert selected.strip() == "Compare models"
     wait(browser, figure("compare-zoom-0", "g.layout.title.text"))
     browser.save_screenshot(str(shots / "unknown-page-link.png"))
+
+
+# -- issue 56 item 4: the smaller defects ----------------------------------------------------
+
+def test_every_page_is_in_the_docs_page_table():
+    from pathlib import Path
+
+    from attnlens.dashboards.pages import PAGES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "dashboard.md").read_text()
+    table = text.split("## Pages", 1)[1].split("\n## ", 1)[0]
+    named = {title.strip() for line in table.splitlines()[2:] if line.startswith("| ")
+             for title in line.split("|")[1].split(",")}
+    assert {p.TITLE for p in PAGES} <= named, {p.TITLE for p in PAGES} - named
+
+
+def test_head_diversity_numbers_are_a_table(app):
+    """They were a DataFrame's printout under the plot."""
+    status, resp = call(app, "diversity-graph", {"ctl-model.value": "tiny-mha",
+                                                 "diversity-composed.value": []})
+    assert status == 200
+    summary = json.dumps(resp["response"]["diversity-summary"]["children"])
+    assert '"type": "Table"' in summary and "diversity-table" in summary
+    for header in ("layer", "circuit", "heads", "k90", "random init k90", "mean captured"):
+        assert f'"{header}"' in summary

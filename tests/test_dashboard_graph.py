@@ -175,3 +175,13 @@ def test_graph_page_in_the_browser(server, browser, shots):
     link = browser.find_element("css selector", "#graph-qk a").get_attribute("href")
     assert "page=explorer" in link and "models=tiny-mha" in link
     screenshot(browser, shots, "graph")
+
+
+def test_graph_axis_labels_show_spaces_and_line_breaks(store):
+    """Issue 56 item 4: a line break (or a space) was a blank axis label ("13:")."""
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    labels = page.graph_figure(g, pruned).layout.xaxis.ticktext
+    assert "4:␣" in labels                                     # "the cat ...": a space
+    assert all(label.split(":", 1)[1].strip() for label in labels), labels
+    from attnlens.interp.plots.views import shown_text
+    assert shown_text("\n") == "↵"

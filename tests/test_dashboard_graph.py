@@ -150,6 +150,38 @@ def test_a_lone_surrogate_in_the_prompt_or_target_is_named(app):
         "children"]
 
 
+def test_every_drawn_node_can_be_picked_from_a_list(app, store):
+    """Issue 56 item 5: a dozen features in one cell sit a few pixels apart and a click
+    selected the wrong one; the list beside the plot names every drawn node."""
+    from attnlens.interp.plots.attribution_graph import node_positions
+
+    status, resp = call(app, "graph-figure", GRAPH)
+    assert status == 200
+    options = resp["response"]["graph-pick"]["options"]
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    drawn = pruned.node_mask.nonzero().flatten().tolist()
+    assert sorted(o["value"] for o in options) == sorted(drawn)
+    influence = [float(pruned.node_influence[o["value"]]) for o in options]
+    assert influence == sorted(influence, reverse=True)            # the strongest first
+    # the most crowded cell: each of its nodes is one pick away
+    cells = {}
+    for index, (x, y) in node_positions(g, pruned.node_mask).items():
+        cells.setdefault((round(x), y), []).append(index)
+    crowded = max(cells.values(), key=len)
+    assert len(crowded) > 1
+    for index in crowded:
+        _, resp = call(app, "graph-node", {**GRAPH, "graph-pick.value": index},
+                       changed="graph-pick.value")
+        assert g.node_label(index) in str(resp["response"]["graph-node"]["children"])
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-pick.value": -1},
+                   changed="graph-pick.value")
+    assert "node -1 is not a node drawn in this graph" in str(resp["response"]["graph-node"])
+    # a click names its node in the list too
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": {
+        "points": [{"customdata": crowded[0]}]}}, changed="graph-figure.clickData")
+    assert resp["response"]["graph-pick"]["value"] == crowded[0]
+
+
 @pytest.mark.browser
 def test_graph_page_in_the_browser(server, browser, shots):
     browser.get(f"{server}/?page=graph&models=tiny-mha")
@@ -185,3 +217,25 @@ def test_graph_axis_labels_show_spaces_and_line_breaks(store):
     assert all(label.split(":", 1)[1].strip() for label in labels), labels
     from attnlens.interp.plots.views import shown_text
     assert shown_text("\n") == "↵"
+
+
+
+@pytest.mark.browser
+def test_a_node_picked_from_the_list_shows_its_details(server, browser, store, shots):
+    """Issue 56 item 5 in the browser: the list beside the plot picks a node of a crowded cell."""
+    import json
+
+    browser.get(f"{server}/?page=graph&models=tiny-mha")
+    wait(browser, figure("graph-figure", "g.data.some(t => t.name === 'feature')"), timeout=120)
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    option = page.node_options(g, pruned)[3]
+    browser.find_element("id", "graph-pick").click()        # labels hold quotes: not choose()
+    text = json.dumps(" ".join(option["label"].split()))
+    wait(browser, "return [...document.querySelectorAll('[role=option]')].find(o => "
+                  f"o.innerText.replace(/\\s+/g, ' ').trim() === {text}) || null").click()
+    label = g.node_label(option["value"])
+    details = wait(browser, "const d = document.getElementById('graph-node');"
+                            f"return d && d.innerText.includes({label!r}) ? d.innerText : null;")
+    assert "strongest" in details
+    browser.execute_script("document.getElementById('graph-pick').scrollIntoView();")
+    screenshot(browser, shots, "graph-node-picked")

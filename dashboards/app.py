@@ -2,7 +2,9 @@
 
 Layout: a bar of shared controls (models, prompt, layer, head, stage) above one tab per page
 (`attnlens.dashboards.pages.PAGES`). The URL's query string mirrors the tab and the shared controls,
-so a link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`.
+so a link restores the view: `/?page=compare&models=a,b&layer=1&head=2&stage=pattern&prompt=...`;
+`&model=c` names the one-model pages' model when it is not the first of `models` (which it
+follows by default).
 A page's own controls (its `LINK` table: URL key -> (component id, default)) join the link when
 they differ from their defaults, e.g. `&circuit=pair&query=3&key=1`; a link without them (older
 links) leaves them as they are.
@@ -12,17 +14,18 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlencode
 
-from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update, set_props
 from flask_compress import Compress
 
-from attnlens.dashboards.figures import MAX_COMPARED
+from attnlens.dashboards.figures import MAX_COMPARED, error_box
+from attnlens.dashboards.guards import APP_ERROR, guard_envelopes, on_callback_error
 from attnlens.dashboards.pages import PAGES
-from attnlens.dashboards.store import MAX_PROMPT_CHARS
+from attnlens.dashboards.store import MAX_PROMPT_CHARS, check_text
 from attnlens.interp.tools.explore import map_stages
 
 # Flask refuses larger request bodies with 413 before any callback (or tokenizer) runs.
 MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 64_000
-SHARED_KEYS = ("page", "models", "layer", "head", "stage", "prompt")
+SHARED_KEYS = ("page", "models", "layer", "head", "stage", "prompt", "model")
 
 
 def _page_links() -> dict[str, tuple[str, object]]:
@@ -43,8 +46,8 @@ LINK_KEYS = SHARED_KEYS + tuple(PAGE_LINKS)
 def _stage_names(store, names) -> list[str]:
     """Map stage names of the chosen models (catalogue order, first model first)."""
     out: list[str] = []
-    for name in names or []:
-        if name in store.models:
+    for name in names if isinstance(names, list) else []:
+        if isinstance(name, str) and name in store.models:
             model = store.models[name]
             for layer in range(model.cfg.n_layers):
                 out += [s.name for s in map_stages(model, layer) if s.name not in out]
@@ -60,7 +63,8 @@ def _options(store, names) -> tuple[list, list, list]:
     models arrive (issue 49). A page shows the closest view when the chosen model lacks one
     (`attnlens.dashboards.panels.choose_view`).
     """
-    chosen = [store.models[n] for n in (names or []) if n in store.models]
+    names = names if isinstance(names, list) else []
+    chosen = [store.models[n] for n in names if isinstance(n, str) and n in store.models]
     everything = list(store.models.values())
 
     def numbers(size) -> list[dict]:
@@ -111,32 +115,90 @@ def _controls(store) -> html.Div:
     ], style={"padding": "6px 0", "borderBottom": "1px solid #ddd"})
 
 
+MAX_LINK_INT = 2 ** 53 - 1   # larger numbers stay text (JSON and the browser lose them)
+
+
+def _link_int(text: str):
+    """`text` as an int when it is plain ASCII digits of a number the browser keeps exactly,
+    else `text` unchanged (the page or `_check_link` names it)."""
+    digits = text.strip()
+    if digits.isascii() and digits.isdigit() and int(digits) <= MAX_LINK_INT:
+        return int(digits)
+    return text
+
+
 def _parse_link(search: str | None) -> dict:
     """The link's values (strings; lists for models); unknown keys ignored. Values are not
-    checked here: the pages check them and say what is wrong."""
-    query = parse_qs((search or "").lstrip("?"), keep_blank_values=True)
+    checked here: `_check_link` and the pages check them and say what is wrong."""
+    if not isinstance(search, str):
+        return {}
+    query = parse_qs(search.lstrip("?"), keep_blank_values=True)
     out = {k: v[-1] for k, v in query.items() if k in LINK_KEYS}
     if "models" in out:
         out["models"] = [m for m in out["models"].split(",") if m]
     numeric = ["layer", "head"] + [k for k, (_, d) in PAGE_LINKS.items() if type(d) is int]
     for key in numeric:
-        if key in out and out[key].strip().isdigit():
-            out[key] = int(out[key])
+        if key in out:
+            out[key] = _link_int(out[key])
     return out
 
 
-def make_link(page, models, layer, head, stage, prompt, controls: dict | None = None) -> str:
+def _check_link(store, link: dict) -> tuple[dict, list[str]]:
+    """`link` without the shared values the controls cannot show (a page, model, layer, head or
+    stage no model here has), and a sentence for each; the rest of the link still applies. An
+    unknown page falls back to the first page."""
+    link, notes = dict(link), []
+    pages = [p.ID for p in PAGES]
+    if "page" in link and link["page"] not in pages:
+        notes.append(f"page {link['page']!r} is not a page of this dashboard "
+                     f"({', '.join(pages)}): showing {PAGES[0].TITLE}")
+        link["page"] = pages[0]
+    if "models" in link:
+        unknown = [m for m in link["models"] if m not in store.models]
+        if unknown:
+            notes.append(f"unknown model(s) {', '.join(map(repr, unknown))}; available: "
+                         f"{', '.join(store.names)}")
+        link["models"] = [m for m in link["models"] if m in store.models]
+        if not link["models"]:
+            del link["models"]
+    if "model" in link and link["model"] not in store.models:
+        notes.append(f"unknown model {link['model']!r} for the one-model pages; available: "
+                     f"{', '.join(store.names)}")
+        del link["model"]
+    models = list(store.models.values())
+    for key, size in (("layer", max(m.cfg.n_layers for m in models)),
+                      ("head", max(m.cfg.n_heads for m in models))):
+        value = link.get(key)
+        if key in link and (isinstance(value, bool) or not isinstance(value, int)
+                            or not 0 <= value < size):
+            notes.append(f"{key} {value} is not a {key} of these models ({key}s 0 .. "
+                         f"{size - 1}): the {key} is left as it was")
+            del link[key]
+    if "stage" in link and link["stage"] not in _stage_names(store, store.names):
+        notes.append(f"stage {link['stage']!r} is not a map stage of these models: the stage "
+                     "is left as it was")
+        del link["stage"]
+    return link, notes
+
+
+def make_link(page, models, layer, head, stage, prompt, controls: dict | None = None,
+              model: str | None = None) -> str:
     """The query string of a view (inverse of `_parse_link`). `controls`: the pages' own
-    controls by URL key; those at their default (or None, an emptied number box) are left out."""
+    controls by URL key; those at their default (or None, an emptied number box) are left out.
+    `model`: the one-model pages' model, left out when it is the first of `models` (the model
+    it follows)."""
     values = {"page": page, "models": ",".join(models or []), "layer": layer, "head": head,
               "stage": stage, "prompt": prompt or ""}
     values = {k: "" if v is None else v for k, v in values.items()}
+    if model and model != (list(models or []) or [None])[0]:
+        values["model"] = model
     for key, value in (controls or {}).items():
         if key not in PAGE_LINKS:
             raise ValueError(f"{key!r} is not a linked control; known: {sorted(PAGE_LINKS)}")
         if value is not None and value != PAGE_LINKS[key][1]:
             values[key] = value
-    return "?" + urlencode(values)
+    # a lone surrogate (no UTF-8 for it) would fail the whole link: it is written as "?"
+    return "?" + urlencode(values, errors="replace")
 
 
 def _register_shared(app: Dash, store) -> None:
@@ -145,16 +207,15 @@ def _register_shared(app: Dash, store) -> None:
                   State("ctl-prompt", "value"), State("ctl-applied-prompt", "data"),
                   prevent_initial_call=True)
     def _apply_prompt(_clicks, _blur, text, applied):
-        return no_update if text == applied else (text or "")
-
-    @app.callback(Output("ctl-model", "value"), Input("ctl-models", "value"),
-                  prevent_initial_call=True)
-    def _one_model(names):
-        """The one-model pages follow the first chosen model (a link's `models=` too); the
-        user may pick another one there."""
-        if isinstance(names, list) and names and names[0] in store.models:
-            return names[0]
-        return no_update
+        if text is not None and not isinstance(text, str):
+            return no_update                       # a crafted request: no prompt in it
+        text = text or ""
+        try:
+            check_text(text)
+        except ValueError as err:   # no tokenizer reads it, and no response could carry it
+            set_props(APP_ERROR, {"children": f"{err}; it is replaced by U+FFFD"})
+            text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        return no_update if text == applied else text
 
     @app.callback(Output("ctl-layer", "options"), Output("ctl-head", "options"),
                   Output("ctl-stage", "options"), Input("ctl-models", "value"))
@@ -165,27 +226,65 @@ def _register_shared(app: Dash, store) -> None:
     linked = [("page", "tabs.value"), ("models", "ctl-models.value"),
               ("prompt", "ctl-applied-prompt.data"), ("layer", "ctl-layer.value"),
               ("head", "ctl-head.value"), ("stage", "ctl-stage.value"),
+              ("model", "ctl-model.value"),
               *[(key, f"{cid}.value") for key, (cid, _) in PAGE_LINKS.items()]]
     keys = [k for k, _ in linked]
 
+    def first(names):
+        """The model the one-model pages follow: the first chosen one, if known."""
+        if isinstance(names, list) and names and isinstance(names[0], str) \
+                and names[0] in store.models:
+            return names[0]
+        return None
+
     @app.callback(Output("url", "search"),
                   *[Output(*o.split(".")) for _, o in linked],
-                  Output("ctl-prompt", "value"),
-                  Input("url", "search"), *[Input(*o.split(".")) for _, o in linked])
+                  Output("ctl-prompt", "value"), Output("link-note", "children"),
+                  Input("url", "search"), *[Input(*o.split(".")) for _, o in linked],
+                  State("link-note", "children"))
     def _sync_link(search, *values):
+        """URL -> controls (a link), controls -> URL (the view changed). The one-model pages'
+        model follows the first chosen model (a link's `models=` too) unless the link names
+        it (`model=`); the user may pick another one, and the link keeps it."""
+        *values, note = values
         current = dict(zip(keys, values, strict=True))
         if ctx.triggered_id in (None, "url"):
-            link = _parse_link(search)
+            link, notes = _check_link(store, _parse_link(search))
+            note = f"This link: {'; '.join(notes)}." if notes else ""
             if not link:
-                return (no_update,) * (len(keys) + 2)
+                return (no_update,) * (len(keys) + 2) + (note,)
+            if "model" not in link and first(link.get("models")):
+                link["model"] = first(link["models"])
             changed = [link[k] if k in link and link[k] != current[k] else no_update
                        for k in keys]
             text = link.get("prompt", no_update)
-            return (no_update, *changed, text)
-        search_now = make_link(*[current[k] for k in SHARED_KEYS],
-                               controls={k: current[k] for k in PAGE_LINKS})
-        return (no_update if search_now == search else search_now,) + (no_update,) * (
-            len(keys) + 1)
+            return (no_update, *changed, text, note)
+        # the user changed the view: a note about the link it came from is old news
+        note = "" if note and ctx.triggered_id in ("tabs", "ctl-models", "ctl-layer",
+                                                    "ctl-head", "ctl-stage", "ctl-model") \
+            else no_update
+        follow = no_update
+        if ctx.triggered_id == "ctl-models" and first(current["models"]) \
+                and first(current["models"]) != current["model"]:
+            follow = current["model"] = first(current["models"])
+        try:
+            search_now = make_link(*[current[k] for k in SHARED_KEYS if k != "model"],
+                                   controls={k: current[k] for k in PAGE_LINKS},
+                                   model=current["model"])
+        except (ValueError, TypeError):     # a crafted value no link can hold
+            search_now = search
+        outputs = [follow if k == "model" else no_update for k in keys]
+        return (no_update if search_now == search else search_now, *outputs, no_update, note)
+
+    @app.callback(Output(APP_ERROR, "children"), Input("tabs", "value"),
+                  Input("ctl-models", "value"), Input("ctl-layer", "value"),
+                  Input("ctl-head", "value"), Input("ctl-stage", "value"),
+                  Input("ctl-model", "value"),
+                  State(APP_ERROR, "children"), prevent_initial_call=True)
+    def _clear_app_error(*values):
+        """Another view chosen: the error of an earlier request is old news (not on a new
+        prompt: applying one may be what raised it)."""
+        return "" if values[-1] else no_update
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -228,8 +327,10 @@ def create_app(store, host: str | None = None) -> Dash:
     names another host are refused (`served_hosts`)."""
     if not store.names:
         raise ValueError("the dashboard needs at least one model")
-    app = Dash(__name__, title="attnlens", suppress_callback_exceptions=True)
+    app = Dash(__name__, title="attnlens", suppress_callback_exceptions=True,
+               on_error=on_callback_error)
     _guard_hosts(app, served_hosts(host))
+    guard_envelopes(app)
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     # Responses compressed (the browser asks for zstd or gzip): a map's masked half is NaN
     # and compresses to nothing; level 1 costs a few ms (attnlens/benchmarks/explorer.py).
@@ -242,6 +343,8 @@ def create_app(store, host: str | None = None) -> Dash:
         html.Div(f"models: {', '.join(store.names)} (compare up to {MAX_COMPARED})",
                  style={"color": "#555"}),
         _controls(store),
+        error_box("link-note"),      # what a link asked for that this dashboard cannot show
+        error_box(APP_ERROR),        # a request the server could not answer (guards.py)
         dcc.Tabs(id="tabs", value=PAGES[0].ID, children=[
             dcc.Tab(label=p.TITLE, value=p.ID, children=html.Div(p.layout(store),
                                                                   style={"padding": "8px"}))

@@ -74,9 +74,24 @@ def number_input(input_id: str, value: int, minimum: int = 0, width: str = "70px
                      style={"width": width})
 
 
+def frame_table(df, columns: dict[str, str], class_name: str, bold: str | None = None
+                ) -> html.Table:
+    """The rows of DataFrame `df` as a table (the Induction page's look): `columns` maps a
+    column of `df` to its header; floats with 3 decimals; column `bold` in bold."""
+    cell = {"padding": "2px 10px", "textAlign": "right"}
+    head = html.Tr([html.Th(title, style={**cell, "borderBottom": "1px solid #999"})
+                    for title in columns.values()])
+    rows = [html.Tr([html.Td(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]),
+                             style={**cell, "fontWeight": "bold"} if c == bold else cell)
+                     for c in columns]) for _, r in df.iterrows()]
+    return html.Table([head, *rows], className=class_name,
+                      style={"fontFamily": "monospace", "fontSize": "12px",
+                             "borderCollapse": "collapse", "marginBottom": "12px"})
+
+
 def check_index(name: str, value, size: int, owner: str = "") -> int:
     """`value` (an int, or a string of digits from a URL) as an index in [0, size)."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
         where = f" of {owner}" if owner else ""
@@ -87,7 +102,7 @@ def check_index(name: str, value, size: int, owner: str = "") -> int:
 def check_int(name: str, value, low: int, high: int, owner: str = "") -> int:
     """`value` (an int, or a string of digits) in [low, high]; one message for every bad
     value: "choose low .. high"."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         where = f" of {owner}" if owner else ""

@@ -66,7 +66,7 @@ class Choice:
 def _closest_index(what: str, value, size: int, name: str) -> tuple[int, str]:
     """`value` (an int, or digits from a URL) as an index below `size`, else the closest one and
     a note naming what was replaced."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if 0 <= value < size:
@@ -139,7 +139,24 @@ def zoom_figure(panel: Panel, window: int = WINDOW) -> dict:
     fig = map_figure_dict(m, panel.stage, labels, title=f"{panel.name} L{panel.layer}"
                           f"H{panel.head} hook_{panel.stage.name}", window=window)
     fig["layout"]["height"] = max(fig["layout"]["height"], WINDOWED_HEIGHT)
-    return _fit_labels(fig)
+    return _fit_labels(_explicit_axes(fig, len(labels)))
+
+
+def _explicit_axes(fig: dict, n: int) -> dict:
+    """`fig` (an `n`-position map) with each axis' type and range spelled out: the browser
+    updates the zoomed map in place, and plotly.js carried the type and range of a windowed
+    map (numbered positions, 64 of 481 shown) over to a short map drawn after it (a 38-token
+    prompt: labelled positions), which collapsed the axes ("ax.dtick error: Infinity") and
+    left the map blank until a reload (issue 56)."""
+    layout = fig["layout"]
+    numbered = not isinstance(fig["data"][0]["x"][0], str)
+    for axis in ("xaxis", "yaxis"):
+        spec = {"type": "linear" if numbered else "category"}
+        if "range" not in layout[axis]:    # the whole map: every position in view
+            whole = [-0.5, n - 0.5]
+            spec.update(range=whole if axis == "xaxis" else whole[::-1], autorange=False)
+        layout[axis] = {**layout[axis], **spec}
+    return fig
 
 
 WINDOWED_HEIGHT = 640   # the height `map_figure_dict` gives a windowed map

@@ -89,6 +89,7 @@ class ModelStore:
         if len(text) > MAX_PROMPT_CHARS:
             raise ValueError(f"the prompt is {len(text):,} characters; the dashboard accepts at "
                              f"most {MAX_PROMPT_CHARS:,}")
+        check_text(text)
         lines = [line for line in text.splitlines() if line.strip()]
         if len(lines) > 1 and (self.reads_line_breaks[name] or text == self.default_text[name]):
             lines = [text]   # one text (the Gating page's box starts with the default text)
@@ -115,6 +116,19 @@ class ModelStore:
         """`[batch pos]` tokens and labels of `text` (see `prompt`)."""
         p = self.prompt(name, text)
         return p.tokens, p.labels
+
+
+def check_text(text: str, what: str = "the prompt") -> str:
+    """`text` when every character is text a tokenizer can read; ValueError naming the first
+    that is not (a lone surrogate, U+D800 .. U+DFFF: no UTF-8 for it, and a tokenizer fails on
+    it instead of refusing it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} holds a character that is not text (U+{ord(text[err.start]):04X}"
+                         f", half of a surrogate pair, at character {err.start}): remove it"
+                         ) from None
+    return text
 
 
 def _reads_line_breaks(model) -> bool:

@@ -97,3 +97,53 @@ def test_code_typed_into_the_prompt_is_one_prompt(server, browser, store, shots)
     assert shown[0] <= 0 and shown[1] >= n - 1, shown
     browser.execute_script("document.getElementById('explorer-zoom').scrollIntoView();")
     browser.save_screenshot(str(shots / "text-explorer-typed-code.png"))
+
+
+def test_a_short_prompt_after_the_default_text_redraws_the_zoomed_map(server, browser, store,
+                                                                       shots):
+    """Issue 56 item 1: a prompt shorter than the window (38 tokens after the 481-token default
+    text) used to leave the zoomed map blank: plotly.js kept the window's key range ("ax.dtick
+    error: Infinity", x at [447.5, 449.5]) and the row/column panel kept the clicked query and
+    key of the old text; a model change did not mend it. Now the whole short map is in view, the
+    stale selection is cleared, and another model redraws it under its own title."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    name, other = OPENED[0], next(n for n in store.names if n.startswith("text-infini"))
+    n_default = len(store.prompt(name, "").labels)
+    browser.get(f"{server}/?page=explorer&models={name}&layer=1&head=2")
+    wait(browser, figure("explorer-zoom", f"g.data[0].x.length === {n_default} ? 1 : null"),
+         timeout=120)
+    browser.execute_script("document.getElementById('explorer-zoom').scrollIntoView();")
+    cells = browser.find_element("css selector", "#explorer-zoom .nsewdrag")
+    ActionChains(browser).move_to_element_with_offset(cells, 30, 30).click().perform()
+    selected = wait(browser, figure("explorer-token", "g.layout.annotations[0].text"))
+    assert selected.startswith("query 4"), selected        # a query of the window (416 .. 480)
+
+    code = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n" \
+           "        print(os.path.basename(name))\n    return 0\n"
+    n = store.get(name).to_tokens(code).shape[1]
+    assert 24 < n < 64, n    # longer than the 23 tokens of the test above, shorter than a window
+    box = browser.find_element("id", "ctl-prompt")
+    box.clear()
+    box.send_keys(code)
+    browser.find_element("id", "ctl-run").click()
+    whole = f"[-0.5,{n - 0.5}]"
+
+    def shows_whole_map(title):
+        return figure("explorer-zoom", (
+            f"g.data[0].x.length === {n} && g.layout.title.text.startsWith({title!r}) && "
+            f"JSON.stringify(g._fullLayout.xaxis.range) === '{whole}' && "
+            f"JSON.stringify(g._fullLayout.yaxis.range.slice().reverse()) === '{whole}' && "
+            "g._fullLayout.xaxis.domain[1] - g._fullLayout.xaxis.domain[0] > 0.1 ? "
+            "g._fullLayout.xaxis.domain : null"))
+
+    wait(browser, shows_whole_map(f"{name} L1H2"))
+    assert browser.find_element("id", "explorer-token").value_of_css_property("display") == \
+        "none"                                            # query 4xx does not exist here
+    browser.execute_script("document.getElementById('explorer-zoom').scrollIntoView();")
+    browser.save_screenshot(str(shots / "text-explorer-short-after-long.png"))
+    # another model: its map, under its own title, still whole
+    browser.execute_script(f"window.dash_clientside.set_props('ctl-models', "
+                           f"{{value: [{other!r}]}});")
+    wait(browser, shows_whole_map(f"{other} L1H2"))
+    assert not browser.find_element("id", "explorer-error").text

@@ -5,7 +5,7 @@ headless-Chromium test that follows such a link and reads the restored figure.""
 from urllib.parse import parse_qs
 
 import pytest
-from browser_common import figure, wait
+from browser_common import choose, figure, wait
 from dash import no_update
 from dashboard_common import ALPHABET, call, shared
 
@@ -142,6 +142,38 @@ def test_knock_out_point_falls_back_to_the_link(app, store):
     assert {"z", "v", "softmax", "pattern"} <= set(_all_points(store))
 
 
+
+def test_link_round_trip_keeps_the_one_model_pages_model():
+    """Issue 56 item 2: the one-model pages' model travels in the link (`model=`), unless it is
+    the first chosen model, which it follows."""
+    link = make_link("variants", ["tiny-mha"], 0, 0, "pattern", "", model="tiny-mta")
+    assert _parse_link(link)["model"] == "tiny-mta"
+    assert "model=" not in make_link("variants", ["tiny-mta"], 0, 0, "pattern", "",
+                                     model="tiny-mta")
+
+
+def test_one_model_pages_model_is_linked_and_restored(app):
+    # controls -> URL: another model picked for the one-model pages joins the link
+    values = {"url.search": "?page=variants&models=tiny-mha", **SHARED, **_controls_now(),
+              "tabs.value": "variants", "ctl-model.value": "tiny-mta"}
+    _, resp = call(app, "url.search", values, changed="ctl-model.value")
+    link = _parse_link(resp["response"]["url"]["search"])
+    assert link["model"] == "tiny-mta" and link["models"] == ["tiny-mha"]
+    # URL -> controls: the link restores it beside the models
+    out = _sync(app, "?page=variants&models=tiny-mha&model=tiny-mta")
+    assert out["ctl-model"]["value"] == "tiny-mta" and out["tabs"]["value"] == "variants"
+    # a link without `model=` (older links): the model follows the link's first model
+    values = {**values, "url.search": "?page=variants&models=tiny-mta",
+              "ctl-model.value": "tiny-mha"}
+    _, resp = call(app, "url.search", values, changed="url.search")
+    assert resp["response"]["ctl-model"]["value"] == "tiny-mta"
+    # the models change: the one-model pages follow the first, and the link drops `model=`
+    values = {**values, "ctl-models.value": ["tiny-mta"], "ctl-model.value": "tiny-mha"}
+    _, resp = call(app, "url.search", values, changed="ctl-models.value")
+    out = resp["response"]
+    assert out["ctl-model"]["value"] == "tiny-mta"
+    assert "model" not in _parse_link(out["url"]["search"])
+
 @pytest.mark.browser
 def test_browser_follows_a_link_with_page_controls(server, browser):
     browser.get(f"{server}/?page=circuits&models=tiny-mta&layer=1&head=2&prompt=abcab"
@@ -161,3 +193,21 @@ def test_browser_follows_a_link_with_page_controls(server, browser):
     title = wait(browser, figure("heads-ablation", "g.layout.title.text"))
     assert title.startswith("tiny-mta: L1H3 set to its mean at hook_softmax; previous_token"), \
         browser.current_url
+
+
+
+@pytest.mark.browser
+def test_browser_reopens_a_link_on_its_one_model_pages_model(server, browser):
+    """Issue 56 item 2: Variants on the second model, reopened from its link, is Variants on that
+    model again (it reopened on the first model: "nothing for the cope view")."""
+    browser.get(f"{server}/?page=variants&models=tiny-mha")
+    wait(browser, "return document.querySelector('#ctl-model') && document.querySelector("
+                  "'#ctl-model').innerText.includes('tiny-mha')")
+    choose(browser, "ctl-model", "tiny-mta")
+    link = wait(browser, "return location.search.includes('model=tiny-mta') && location.href")
+    browser.get(link)
+    wait(browser, "const m = document.querySelector('#ctl-model');"
+                  "return m && m.innerText.includes('tiny-mta')"
+                  " && document.querySelector('#variants-body .js-plotly-plot') !== null")
+    assert browser.find_element("id", "variants-error").text == ""
+    assert "models=tiny-mha" in browser.current_url

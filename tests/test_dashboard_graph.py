@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from browser_common import figure, screenshot, wait
-from dashboard_common import ALPHABET
+from dashboard_common import ALPHABET, call
 
 from attnlens.dashboards.pages import graph as page
 from attnlens.dashboards.store import ModelStore
@@ -82,6 +82,106 @@ def test_bad_thresholds_and_targets(store):
         page.qk_details(store, "tiny-mha", "", 0, 0, 3, 9)
 
 
+GRAPH = {"tabs.value": "graph", "ctl-model.value": "tiny-mha", "ctl-applied-prompt.data": "",
+         "graph-target.value": "", "graph-node-threshold.value": 0.8,
+         "graph-edge-threshold.value": 0.98, "graph-max-edges.value": 400}
+
+
+@pytest.fixture(scope="module")
+def app(store):
+    from attnlens.dashboards.app import create_app
+
+    return create_app(store)
+
+
+@pytest.mark.parametrize("edges, message", [
+    ("abc", "edges drawn 'abc' is not a valid edges drawn: choose 0 .. 100000"),
+    ([1], "edges drawn [1] is not a valid edges drawn"),
+    (-3, "edges drawn -3 is not a valid edges drawn"),
+])
+def test_bad_edges_drawn_are_named_not_a_500(app, edges, message):
+    """Issue 56 item 3: a crafted "edges drawn" value answered 500."""
+    status, resp = call(app, "graph-figure", {**GRAPH, "graph-max-edges.value": edges})
+    assert status == 200 and resp["response"]["graph-error"]["children"].startswith(message)
+
+
+def test_bad_thresholds_in_a_request_are_named(app):
+    status, resp = call(app, "graph-figure", {**GRAPH, "graph-node-threshold.value": [1]})
+    assert status == 200
+    assert "node threshold must be in (0, 1], got [1]" in resp["response"]["graph-error"][
+        "children"]
+
+
+@pytest.mark.parametrize("click, message", [
+    ({"points": [{"customdata": 999999}]}, "node 999999 is not a node drawn in this graph"),
+    ({"points": [{"customdata": -1}]}, "node -1 is not a node drawn in this graph"),
+    ({"points": [{"customdata": [1, 2]}]}, "node [1, 2] is not a node drawn in this graph"),
+    ({"points": [{"customdata": True}]}, "node True is not a node drawn in this graph"),
+    ("x", "a click names a node by its index; got 'x'"),
+    ({"points": "x"}, "a click names a node by its index"),
+])
+def test_a_click_naming_no_drawn_node_is_refused(app, store, click, message):
+    """Issue 56 item 3: node-click customdata 999999, [1, 2] or clickData 'x' answered 500, and
+    -1 silently showed the last node (a logit)."""
+    status, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": click},
+                        changed="graph-figure.clickData")
+    assert status == 200, status
+    assert message in str(resp["response"]["graph-node"]["children"])
+    # a drawn node still answers with its details
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    kept = int(pruned.node_mask.nonzero()[0, 0])
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": {
+        "points": [{"customdata": kept}]}}, changed="graph-figure.clickData")
+    assert "strongest" in str(resp["response"]["graph-node"]["children"])
+
+
+def test_a_lone_surrogate_in_the_prompt_or_target_is_named(app):
+    """Issue 56 item 3: the tokenizer failed (500) on half a surrogate pair."""
+    for values, box in (({"ctl-applied-prompt.data": "the \ud800cat"}, "graph-error"),
+                        ({"graph-target.value": "\udc00"}, "graph-error")):
+        status, resp = call(app, "graph-figure", {**GRAPH, **values})
+        assert status == 200
+        assert "not text (U+D" in resp["response"][box]["children"]
+    status, resp = call(app, "graph-qk", {**GRAPH, "graph-qk-layer.value": 0,
+                                          "graph-qk-head.value": [0], "graph-qk-query.value": 3,
+                                          "graph-qk-key.value": "x"})
+    assert status == 200
+    assert "head [0] is not a valid head of tiny-mha" in resp["response"]["graph-qk-error"][
+        "children"]
+
+
+def test_every_drawn_node_can_be_picked_from_a_list(app, store):
+    """Issue 56 item 5: a dozen features in one cell sit a few pixels apart and a click
+    selected the wrong one; the list beside the plot names every drawn node."""
+    from attnlens.interp.plots.attribution_graph import node_positions
+
+    status, resp = call(app, "graph-figure", GRAPH)
+    assert status == 200
+    options = resp["response"]["graph-pick"]["options"]
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    drawn = pruned.node_mask.nonzero().flatten().tolist()
+    assert sorted(o["value"] for o in options) == sorted(drawn)
+    influence = [float(pruned.node_influence[o["value"]]) for o in options]
+    assert influence == sorted(influence, reverse=True)            # the strongest first
+    # the most crowded cell: each of its nodes is one pick away
+    cells = {}
+    for index, (x, y) in node_positions(g, pruned.node_mask).items():
+        cells.setdefault((round(x), y), []).append(index)
+    crowded = max(cells.values(), key=len)
+    assert len(crowded) > 1
+    for index in crowded:
+        _, resp = call(app, "graph-node", {**GRAPH, "graph-pick.value": index},
+                       changed="graph-pick.value")
+        assert g.node_label(index) in str(resp["response"]["graph-node"]["children"])
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-pick.value": -1},
+                   changed="graph-pick.value")
+    assert "node -1 is not a node drawn in this graph" in str(resp["response"]["graph-node"])
+    # a click names its node in the list too
+    _, resp = call(app, "graph-node", {**GRAPH, "graph-figure.clickData": {
+        "points": [{"customdata": crowded[0]}]}}, changed="graph-figure.clickData")
+    assert resp["response"]["graph-pick"]["value"] == crowded[0]
+
+
 @pytest.mark.browser
 def test_graph_page_in_the_browser(server, browser, shots):
     browser.get(f"{server}/?page=graph&models=tiny-mha")
@@ -107,3 +207,35 @@ def test_graph_page_in_the_browser(server, browser, shots):
     link = browser.find_element("css selector", "#graph-qk a").get_attribute("href")
     assert "page=explorer" in link and "models=tiny-mha" in link
     screenshot(browser, shots, "graph")
+
+
+def test_graph_axis_labels_show_spaces_and_line_breaks(store):
+    """Issue 56 item 4: a line break (or a space) was a blank axis label ("13:")."""
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    labels = page.graph_figure(g, pruned).layout.xaxis.ticktext
+    assert "4:␣" in labels                                     # "the cat ...": a space
+    assert all(label.split(":", 1)[1].strip() for label in labels), labels
+    from attnlens.interp.plots.views import shown_text
+    assert shown_text("\n") == "↵"
+
+
+
+@pytest.mark.browser
+def test_a_node_picked_from_the_list_shows_its_details(server, browser, store, shots):
+    """Issue 56 item 5 in the browser: the list beside the plot picks a node of a crowded cell."""
+    import json
+
+    browser.get(f"{server}/?page=graph&models=tiny-mha")
+    wait(browser, figure("graph-figure", "g.data.some(t => t.name === 'feature')"), timeout=120)
+    _, _, _, g, pruned = page.compute_graph(store, "tiny-mha", "", "", 0.8, 0.98)
+    option = page.node_options(g, pruned)[3]
+    browser.find_element("id", "graph-pick").click()        # labels hold quotes: not choose()
+    text = json.dumps(" ".join(option["label"].split()))
+    wait(browser, "return [...document.querySelectorAll('[role=option]')].find(o => "
+                  f"o.innerText.replace(/\\s+/g, ' ').trim() === {text}) || null").click()
+    label = g.node_label(option["value"])
+    details = wait(browser, "const d = document.getElementById('graph-node');"
+                            f"return d && d.innerText.includes({label!r}) ? d.innerText : null;")
+    assert "strongest" in details
+    browser.execute_script("document.getElementById('graph-pick').scrollIntoView();")
+    screenshot(browser, shots, "graph-node-picked")

@@ -337,6 +337,27 @@ def test_token_click_shows_query_row_and_key_column(app, store):
     assert "query 3:c attends to (row)" in json.dumps(fig["layout"]["annotations"])
 
 
+def test_the_clicked_cell_follows_the_head_and_a_new_prompt_clears_it(app):
+    """Issue 56 item 1: the row/column panel kept query 461 / key 436 of the old prompt after a
+    38-token one. The clicked query and key belong to the model and prompt they were clicked
+    on: another head shows them again, a new prompt or model clears them."""
+    values = shared(["tiny-mha"], layer=1, head=0, prompt="abcd")
+    values["explorer-zoom.clickData"] = {"points": [{"x": "1:a", "y": "3:c"}]}
+    _, resp = call(app, "explorer-token", values, changed="explorer-zoom.clickData")
+    selected = resp["response"]["explorer-selected"]["data"]
+    assert selected == {"on": ["tiny-mha", "abcd"], "query": 3, "key": 1}
+    values["explorer-selected.data"] = selected
+    _, resp = call(app, "explorer-token", {**values, "ctl-head.value": 1},
+                   changed="ctl-head.value")
+    assert "query 3:c attends to (row)" in json.dumps(
+        resp["response"]["explorer-token"]["figure"]["layout"]["annotations"])
+    for change in ({"ctl-applied-prompt.data": "ab"}, {"ctl-models.value": ["tiny-mta"]}):
+        _, resp = call(app, "explorer-token", {**values, **change},
+                       changed=next(iter(change)))
+        out = resp["response"]
+        assert out["explorer-token"]["style"] == {"display": "none"}
+        assert out["explorer-selected"]["data"] is None
+
 def test_csv_export_is_the_zoomed_map(app, store):
     values = shared(["tiny-mha"], layer=0, head=1, prompt="abc")
     values["explorer-csv.n_clicks"] = 1

@@ -71,7 +71,7 @@ def compute(store, names, text, layer, head, stage, scale: str = "shared") -> li
     (one colour range for all columns) or "per model". ValueError for a request that no
     column can answer (bad model list, unknown stage, unknown scale)."""
     scale = LINK["scale"][1] if scale is None else scale
-    if scale not in SCALES:
+    if not isinstance(scale, str) or scale not in SCALES:
         raise ValueError(f"colour scale {scale!r} is not one of {list(SCALES)}")
     names = check_models(store, names, minimum=2)
     panels = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from attnlens.dashboards.figures import error_box, graph, loading
+from attnlens.dashboards.figures import error_box, frame_table, graph, loading
 from attnlens.interp.plots import diversity_figure
 from attnlens.interp.tools.diversity import diversity_summary, head_diversity
 
@@ -23,7 +23,7 @@ def layout(store):
                "90% at small k means redundant heads (Cordonnier et al. 2020). The dashed line "
                "is a random-init layer of the same shape."),
         error_box("diversity-error"),
-        loading([graph("diversity-graph"), html.Pre(id="diversity-summary")]),
+        loading([graph("diversity-graph"), html.Div(id="diversity-summary")]),
     ])
 
 
@@ -34,7 +34,20 @@ def register(app, store):
     def _update(name, composed):
         try:
             with store.using(name) as model:
-                curves = head_diversity(model, composed="composed" in (composed or []))
+                curves = head_diversity(model, composed=isinstance(composed, list)
+                                       and "composed" in composed)
         except ValueError as err:
             return {}, "", str(err)
-        return diversity_figure(curves), diversity_summary(curves).to_string(), ""
+        return diversity_figure(curves), summary_table(diversity_summary(curves)), ""
+
+
+def summary_table(summary) -> list:
+    """`diversity_summary`'s numbers as a table: per layer and circuit, the k that captures
+    90% / 95% of the variance, the mean captured share, and the random-init layer's."""
+    columns = {"layer": "layer", "circuit": "circuit", "n_heads": "heads"}
+    columns.update({c: c.replace("baseline_", "random init ").replace("_", " ")
+                    for c in summary.columns if c not in columns})
+    return [html.Div("k90, k95: principal components needed to capture 90%, 95% of the "
+                     "variance; mean captured: lower is more diverse (DCMHA paper, Fig. 5)",
+                     style={"color": "#555", "fontSize": "13px", "margin": "4px 0"}),
+            frame_table(summary, columns, "diversity-table", bold="k90")]

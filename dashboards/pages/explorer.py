@@ -13,7 +13,7 @@ them for this prompt, stage and head (`explorer-shown` remembers what it shows).
 
 from __future__ import annotations
 
-from dash import Input, Output, State, dcc, html, no_update
+from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from attnlens.dashboards.figures import (
     EXPORT_FORMATS,
@@ -50,6 +50,7 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
+        dcc.Store(id="explorer-selected", data=None),   # the clicked query and key
         loading(graph("explorer-grid")),
         html.Div([
             html.Label("export"),
@@ -64,11 +65,19 @@ def layout(store):
     ])
 
 
+def first_model(names):
+    """The explorer's model: the first chosen one (a name given alone too); None for a
+    request without one (then `store.get` names what is wrong)."""
+    if isinstance(names, list):
+        return names[0] if names else None
+    return names
+
+
 def compute(store, names, text, layer, head, stage):
     """The page's outputs for one request; raises ValueError for bad input."""
     if not names:
         raise ValueError("choose a model")
-    name = names[0] if isinstance(names, list) else names
+    name = first_model(names)
     panel = build_panel(store, name, text, layer, head, stage)
     grid = mosaic_figure(panel)
     warm_tiles(store, panel)          # a new prompt: every stage's tiles, once
@@ -139,7 +148,7 @@ def register(app, store):
     def _format(fmt, names, _text, layer, head, stage):
         """A new export format changes only the camera button: no model run, no map sent."""
         try:
-            name = (names or [None])[0] if isinstance(names, list) else names
+            name = first_model(names)
             model = store.get(name)
             layer = check_index("layer", layer, model.cfg.n_layers)
             head = check_index("head", head, model.cfg.n_heads)
@@ -165,6 +174,36 @@ def register(app, store):
         Input("explorer-zoom", "config"), State("explorer-zoom", "figure"),
         prevent_initial_call=True)
 
+    # plotly.js's react keeps an axis' private `_inputRange` (relayout clears it, react does
+    # not): with square cells (scaleanchor, constrain "domain") a shorter map drawn after a
+    # windowed one got the window's range back, or collapsed axes ("ax.dtick error:
+    # Infinity"), and stayed blank (issue 56). Once the graph holds a new figure whose axes
+    # are not the ranges it asks for, a relayout to those ranges draws it as asked.
+    app.clientside_callback(
+        """function(figure) {
+            const want = (figure && figure.layout) || {};
+            const x = (want.xaxis || {}).range, y = (want.yaxis || {}).range;
+            if (!x || !y || !window.Plotly) { return; }
+            const title = ((want.title || {}).text) || '';
+            const n = ((figure.data || [])[0] || {}).x;
+            let tries = 0;
+            function drawn(g) {
+                return g && g._fullLayout && g._fullLayout.xaxis && g.data && g.data.length &&
+                    ((g.layout.title || {}).text || '') === title &&
+                    (!n || (g.data[0].x || []).length === n.length);
+            }
+            function check() {
+                const g = document.querySelector('#explorer-zoom .js-plotly-plot');
+                if (!drawn(g)) { if (++tries < 100) { setTimeout(check, 50); } return; }
+                const off = (a, b) => Math.abs(a[0] - b[0]) > 1e-6 || Math.abs(a[1] - b[1]) > 1e-6;
+                if (off(g._fullLayout.xaxis.range, x) || off(g._fullLayout.yaxis.range, y)) {
+                    window.Plotly.relayout(g, {'xaxis.range': x.slice(), 'yaxis.range': y.slice()});
+                }
+            }
+            setTimeout(check, 0);
+        }""",
+        Input("explorer-zoom", "figure"), prevent_initial_call=True)
+
     @app.callback(Output("ctl-layer", "value", allow_duplicate=True),
                   Output("ctl-head", "value", allow_duplicate=True),
                   Input("explorer-grid", "clickData"), State("ctl-models", "value"),
@@ -172,7 +211,7 @@ def register(app, store):
     def _zoom(click, names):
         """A click on a thumbnail tile zooms that (layer, head); gutters and bad data: nothing."""
         try:
-            model = store.get((names or [None])[0])
+            model = store.get(first_model(names))
             layer, head = mosaic_head(click["points"][0])
         except (ValueError, TypeError, KeyError, IndexError):
             return no_update, no_update
@@ -181,26 +220,40 @@ def register(app, store):
         return layer, head
 
     @app.callback(Output("explorer-token", "figure"), Output("explorer-token", "style"),
-                  Input("explorer-zoom", "clickData"), *[State(i.component_id, i.component_property)
-                                                         for i in SHARED],
+                  Output("explorer-selected", "data"),
+                  Input("explorer-zoom", "clickData"), *SHARED, State("explorer-selected", "data"),
                   prevent_initial_call=True)
-    def _token(click, names, text, layer, head, stage):
+    def _token(click, names, text, layer, head, stage, selected):
+        """A clicked cell's query row and key column. The selection belongs to the model and
+        prompt it was made on: another head or stage shows the same query and key, a new
+        prompt or model clears it (its positions need not exist there: issue 56)."""
+        hidden = {}, {"display": "none"}, None
+        name = first_model(names)
+        on = [name, text if isinstance(text, str) else ""]
+        if ctx.triggered_id != "explorer-zoom":
+            if not isinstance(selected, dict) or selected.get("on") != on:
+                return hidden
         try:
-            panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
-            point = click["points"][0]
-            query, key = _position(panel.labels, point["y"]), _position(panel.labels,
-                                                                        point["x"])
+            panel = build_panel(store, name, text, layer, head, stage)
+            if ctx.triggered_id == "explorer-zoom":
+                point = click["points"][0]
+                query, key = (_position(panel.labels, point["y"]),
+                              _position(panel.labels, point["x"]))
+            else:
+                query, key = (_position(panel.labels, selected.get("query")),
+                              _position(panel.labels, selected.get("key")))
         except (ValueError, TypeError, KeyError, IndexError):
-            return {}, {"display": "none"}
+            return hidden
         row, column = row_and_column(panel.zoom_map, query, key)
-        return row_column_figure(row, column, panel.labels, query, key, panel.stage), {}
+        figure = row_column_figure(row, column, panel.labels, query, key, panel.stage)
+        return figure, {}, {"on": on, "query": query, "key": key}
 
     @app.callback(Output("explorer-download", "data"), Input("explorer-csv", "n_clicks"),
                   *[State(i.component_id, i.component_property) for i in SHARED],
                   prevent_initial_call=True)
     def _csv(_clicks, names, text, layer, head, stage):
         try:
-            panel = build_panel(store, (names or [None])[0], text, layer, head, stage)
+            panel = build_panel(store, first_model(names), text, layer, head, stage)
         except ValueError:
             return no_update
         return dcc.send_data_frame(zoom_table(panel).to_csv, f"{panel.filename}.csv")

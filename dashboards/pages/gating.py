@@ -50,7 +50,7 @@ def _gates(model, tokens):
 def register(app, store):
     @app.callback(Output("gating-text", "value"), Input("ctl-model", "value"))
     def _default_text(name):
-        return store.default_text.get(name, "")
+        return store.default_text.get(name, "") if isinstance(name, str) else ""
 
     @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
                   Output("gating-memory", "style"), Output("gating-error", "children"),
@@ -60,7 +60,7 @@ def register(app, store):
         if ctx.triggered_id in (None, "ctl-model"):
             # the page's first draw, or a new model while the box still holds the previous
             # model's text: this model's default text (what the box is about to show)
-            text = store.default_text.get(name, "")
+            text = store.default_text.get(name, "") if isinstance(name, str) else ""
         try:
             prompt = store.prompt(name, text)
             with store.using(name) as model:

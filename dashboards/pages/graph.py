@@ -9,11 +9,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from attnlens.dashboards.app_links import explorer_link
-from attnlens.dashboards.figures import control_row, error_box, graph, loading, note_box
+from attnlens.dashboards.figures import (
+    check_int,
+    control_row,
+    error_box,
+    graph,
+    loading,
+    note_box,
+)
+from attnlens.dashboards.store import check_text
 from attnlens.interp.attribution.contexts import (
     context_windows,
     feature_activations,
@@ -58,7 +66,8 @@ def layout(store):
                "every edge is an exact direct effect (red raises its target, blue lowers it). "
                "Rows: token embeddings (E), each layer's features (circles, sized by influence "
                "on the output) and error nodes (grey diamonds: what the transcoders miss), "
-               "the logits on top. Click a node for its top contexts and strongest edges. "
+               "the logits on top. Click a node for its top contexts and strongest edges, or "
+               "pick it from the list under the plot (nodes sharing a cell sit close). "
                "Below: why a head attended from one position to another, source by source. "
                "Models without transcoders say how to train them."),
         control_row("target token", dcc.Input(id="graph-target", type="text", value="",
@@ -70,6 +79,10 @@ def layout(store):
         error_box("graph-error"),
         note_box("graph-note"),
         loading([graph("graph-figure")]),
+        control_row("node", dcc.Dropdown([], None, id="graph-pick", searchable=True,
+                                         placeholder="pick a node (or click one above): "
+                                                     "type part of its label, e.g. L1 F12",
+                                         style={"minWidth": "520px"})),
         html.Div(id="graph-node", style={"fontFamily": "monospace", "fontSize": "12px"}),
         html.H4("Why did a head attend there? (QK attribution)"),
         control_row("layer", _number("graph-qk-layer", 0, 1, "60px"),
@@ -84,6 +97,7 @@ def layout(store):
 
 def _first_line(store, name, text) -> str:
     prompt = text if isinstance(text, str) and text.strip() else store.default_text[name]
+    check_text(prompt)
     if not store.reads_line_breaks.get(name, False):
         prompt = next((line for line in prompt.splitlines() if line.strip()), prompt)
     return prompt
@@ -112,9 +126,11 @@ def session(store, name):
 def compute_graph(store, name, text, target, node_threshold, edge_threshold):
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
-    targets = [target.strip()] if isinstance(target, str) and target.strip() else None
+    targets = [check_text(target.strip(), "the target token")] \
+        if isinstance(target, str) and target.strip() else None
     for label, value in (("node threshold", node_threshold), ("edge threshold", edge_threshold)):
-        if value is None or not 0 < float(value) <= 1:
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not 0 < value <= 1:
             raise ValueError(f"{label} must be in (0, 1], got {value!r}")
 
     def make():
@@ -126,6 +142,47 @@ def compute_graph(store, name, text, target, node_threshold, edge_threshold):
     pruned = prune(g, float(node_threshold), float(edge_threshold))
     g.node_influence = pruned.node_influence
     return model, transcoders, prompt, g, pruned
+
+
+def edges_drawn(value) -> int | None:
+    """The "edges drawn" box as a number of edges, None (all) when empty or 0; ValueError for
+    anything else than a whole number 0 .. MAX_EDGES."""
+    if value is None or value == "":
+        return None
+    return check_int("edges drawn", value, 0, MAX_EDGES) or None
+
+
+MAX_EDGES = 100_000
+
+
+def clicked_node(click, g, pruned) -> int:
+    """The node a click on the graph names (its `customdata`); ValueError for a click that
+    names no drawn node (crafted or stale: a node index of another graph)."""
+    try:
+        index = click["points"][0]["customdata"]
+    except (TypeError, KeyError, IndexError):
+        raise ValueError(f"a click names a node by its index; got {click!r:.80}") from None
+    return drawn_node(index, g, pruned)
+
+
+def drawn_node(index, g, pruned) -> int:
+    """`index` when it is a node drawn in the pruned graph; ValueError naming it otherwise."""
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < g.n_nodes \
+            or not bool(pruned.node_mask[index]):
+        raise ValueError(f"node {index!r:.40} is not a node drawn in this graph (the "
+                         f"graph has {int(pruned.node_mask.sum())} drawn nodes among indices "
+                         f"0 .. {g.n_nodes - 1}): click a node or pick one from the list")
+    return index
+
+
+def node_options(g, pruned) -> list[dict]:
+    """Every drawn node as a dropdown option, the most influential first: crowded cells (a
+    dozen features a few pixels apart) are hard to click, the list names each one."""
+    kept = pruned.node_mask.nonzero().flatten().tolist()
+    influence = pruned.node_influence
+    kept.sort(key=lambda i: -float(influence[i]))
+    return [{"label": f"{g.node_label(i)} (influence {float(influence[i]):.3f})", "value": i}
+            for i in kept]
 
 
 def note(g, pruned) -> str:
@@ -163,10 +220,12 @@ def qk_details(store, name, text, layer, head, query, key):
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
     n = model.to_tokens(prompt).shape[1]
-    query = n - 1 if query is None else int(query)
-    key = 0 if key is None else int(key)
-    qk = attribute_qk(model, transcoders, prompt, int(layer), int(head), query, key)
-    link = explorer_link(name, int(layer), int(head), "pattern", prompt)
+    layer = check_int("layer", layer, 0, model.cfg.n_layers - 1, name)
+    head = check_int("head", head, 0, model.cfg.n_heads - 1, name)
+    query = n - 1 if query is None else check_int("query position", query, 0, n - 1)
+    key = 0 if key is None else check_int("key position", key, 0, n - 1)
+    qk = attribute_qk(model, transcoders, prompt, layer, head, query, key)
+    link = explorer_link(name, layer, head, "pattern", prompt)
     rows = []
     for side, bias in (("query", qk.query_bias), ("key", qk.key_bias)):
         rows.append(html.Div(f"through the {side}: bias {bias:+.3f}; top sources"))
@@ -179,7 +238,8 @@ def qk_details(store, name, text, layer, head, query, key):
 
 def register(app, store):
     @app.callback(Output("graph-figure", "figure"), Output("graph-note", "children"),
-                  Output("graph-error", "children"),
+                  Output("graph-error", "children"), Output("graph-pick", "options"),
+                  Output("graph-pick", "value"),
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
                   Input("graph-target", "value"), Input("graph-node-threshold", "value"),
                   Input("graph-edge-threshold", "value"), Input("graph-max-edges", "value"),
@@ -188,31 +248,41 @@ def register(app, store):
         if tab != ID:
             raise PreventUpdate
         try:
+            drawn = edges_drawn(max_edges)
             with store.using(name):
                 _, _, prompt, g, pruned = compute_graph(store, name, text, target,
                                                         node_threshold, edge_threshold)
         except ValueError as err:
-            return {}, "", str(err)
-        drawn = None if not max_edges or int(max_edges) < 1 else int(max_edges)
+            return {}, "", str(err), [], None
         figure = graph_figure(g, pruned, title=f"{name}: {prompt!r} -> "
                                                f"{g.logit_token_strings[0]!r}", max_edges=drawn)
-        return figure, note(g, pruned), ""
+        return figure, note(g, pruned), "", node_options(g, pruned), None
 
-    @app.callback(Output("graph-node", "children"), Input("graph-figure", "clickData"),
+    @app.callback(Output("graph-node", "children"), Output("graph-pick", "value",
+                                                           allow_duplicate=True),
+                  Input("graph-figure", "clickData"), Input("graph-pick", "value"),
                   State("ctl-model", "value"), State("ctl-applied-prompt", "data"),
                   State("graph-target", "value"), State("graph-node-threshold", "value"),
-                  State("graph-edge-threshold", "value"))
-    def _click(click, name, text, target, node_threshold, edge_threshold):
-        if not click or not click.get("points") or "customdata" not in click["points"][0]:
-            raise PreventUpdate
+                  State("graph-edge-threshold", "value"), prevent_initial_call=True)
+    def _click(click, picked, name, text, target, node_threshold, edge_threshold):
+        """A node clicked in the figure or picked from the list: its details (a click also
+        shows the clicked node in the list)."""
+        by_list = ctx.triggered_id == "graph-pick"
+        points = click.get("points") if isinstance(click, dict) else None
+        if (by_list and picked is None) or (not by_list and (not click or (
+                isinstance(points, list) and points and isinstance(points[0], dict)
+                and "customdata" not in points[0]))):
+            raise PreventUpdate     # nothing chosen yet, or an edge (edges carry no node)
         try:
             with store.using(name):
                 model, transcoders, _, g, pruned = compute_graph(
                     store, name, text, target, node_threshold, edge_threshold)
-                return node_details(store, name, model, transcoders, g, pruned,
-                                    int(click["points"][0]["customdata"]))
+                index = drawn_node(picked, g, pruned) if by_list else \
+                    clicked_node(click, g, pruned)
+                details = node_details(store, name, model, transcoders, g, pruned, index)
         except ValueError as err:
-            return str(err)
+            return html.Div(str(err), style={"color": "#b00020"}), no_update
+        return details, no_update if by_list or index == picked else index
 
     @app.callback(Output("graph-qk", "children"), Output("graph-qk-error", "children"),
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),

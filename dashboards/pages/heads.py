@@ -244,8 +244,10 @@ def ablation(store, names, text, kind, half, stage, choice, at, how, score):
     stage, _ = scored_stage(store, name, stage, names)
     if at not in ["z", "v", *map_stage_names(model)]:
         raise ValueError(f"knock-out point {at!r} is not z, v or a map stage of {name}")
-    if how not in HOW:
+    if not isinstance(how, str) or how not in HOW:
         raise ValueError(f"knock-out {how!r} is not one of {list(HOW)}")
+    if not isinstance(score, str):
+        raise ValueError(f"no score {score!r}: choose one of {[*SCORES, 'induction_stripe']}")
     probe, _ = probe_for(store, name, kind, half, text)
     with store.using(name):
         if chosen is None:

@@ -88,9 +88,9 @@ def _strings(model, prompt) -> list[str]:
 
 def text_view(store, name, text, layer, head, stage, token, mode, direction) -> tuple[list, str]:
     """The token spans and a note."""
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"colour mode {mode!r} is not one of {list(MODES)}")
-    if direction not in DIRECTIONS:
+    if not isinstance(direction, str) or direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r} is not one of {list(DIRECTIONS)}")
     model, prompt, chosen, layer, head, token, maps, replaced = _request(
         store, name, text, layer, head, stage, token)

@@ -231,7 +231,7 @@ CHANGE_MODES = {"mta": "consecutive", "dcmha": "to_pattern"}
 def stage_change(store, name, view, text) -> dict | None:
     """The stage-to-stage change figure of `view` (None for views without one), once per
     prompt; ValueError for the user."""
-    if view not in CHANGE_MODES:
+    if not isinstance(view, str) or view not in CHANGE_MODES:
         return None
     model = store.get(name)
     if view not in available_views(model):
@@ -291,7 +291,7 @@ def compute(store, name, view, text, layer, head) -> list:
     """The view's components; ValueError (shown in the page) for bad input or a model that
     lacks what the view needs."""
     model = store.get(name)
-    if view not in SECTIONS:
+    if not isinstance(view, str) or view not in SECTIONS:
         raise ValueError(f"view {view!r} is not one of {VIEWS}")
     if view not in available_views(model):
         have = available_views(model)

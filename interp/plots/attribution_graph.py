@@ -11,6 +11,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
+from attnlens.interp.plots.views import shown_text
+
 EDGE_CLASSES = ((0.5, 3.0, 0.75), (0.15, 1.6, 0.45), (0.0, 0.7, 0.25))   # (min share, width, alpha)
 
 
@@ -97,7 +99,7 @@ def graph_figure(graph, pruned, title: str = "", max_edges: int | None = 400) ->
     fig.update_layout(
         title=title, height=180 + 110 * (graph.n_layers + 2), plot_bgcolor="white",
         xaxis=dict(tickmode="array", tickvals=list(range(graph.n_pos)),
-                   ticktext=[f"{i}:{t}" for i, t in enumerate(graph.prompt_tokens)],
+                   ticktext=[f"{i}:{shown_text(t)}" for i, t in enumerate(graph.prompt_tokens)],
                    tickangle=-60, showgrid=False),
         yaxis=dict(tickmode="array", tickvals=list(range(-1, graph.n_layers + 1)),
                    ticktext=["E"] + [f"L{layer}" for layer in range(graph.n_layers)] + ["logit"],

@@ -31,3 +31,26 @@ def test_a_foreign_kernels_package_and_attnlens_import_side_by_side(tmp_path):
     out = _run(code, [tmp_path], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_from_the_repository_root_the_top_level_name_is_the_other_package(tmp_path):
+    """A process started in the repository root has the root on sys.path, where the folder
+    kernels/ (attnlens.kernels' source) would shadow Hugging Face's `kernels`, which
+    transformers >= 5.25 imports: it hands the name over instead."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("def get_kernel(name):\n    return name\n")
+    code = ("import kernels, attnlens.kernels as ours\n"
+            "assert kernels.get_kernel('y') == 'y', kernels.__file__\n"
+            f"assert ours.__file__ == {str(ROOT / 'kernels' / '__init__.py')!r}\n"
+            "print(kernels.__file__)")
+    out = _run(code, [tmp_path], cwd=ROOT)   # '' (the root) comes before PYTHONPATH
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path / "kernels" / "__init__.py")
+
+
+def test_from_the_repository_root_without_the_other_package_the_name_is_missing():
+    out = subprocess.run([sys.executable, "-S", "-c", "import kernels"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "ModuleNotFoundError: No module named 'kernels'" in out.stderr
+    assert "attnlens.kernels" in out.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from browser_common import figure, open_tab, wait
-from test_dashboard_browser_zoo import ONE_MODEL, PAGES, _drawn_or_error
+from browser_pages import ONE_MODEL, PAGES, drawn_or_error
 
 from attnlens import cli
 
@@ -50,7 +50,7 @@ def test_every_page_on_the_opened_text_models(server, browser, store, shots, pag
     if page in ONE_MODEL:
         wait(browser, f"return document.querySelector('#ctl-model') && document.querySelector("
                       f"'#ctl-model').innerText.includes({name!r})")
-    state = wait(browser, _drawn_or_error(graph_id, error_id), timeout=240)
+    state = wait(browser, drawn_or_error(graph_id, error_id), timeout=240)
     if page == "variants" and state.startswith("error"):
         assert "has nothing for" in state or "needs" in state, state   # plain MHA: no view
     else:

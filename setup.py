@@ -13,7 +13,7 @@ FLOORS = ("kernels", "hooked_models", "interp", "dashboards")
 
 
 def namespace_packages() -> tuple[list[str], dict[str, str]]:
-    packages = [p for p in find_packages(include=["attnlens", "attnlens.*"])]
+    packages = find_packages(include=["attnlens", "attnlens.*"])
     package_dir = {"attnlens": "attnlens"}
     for floor in FLOORS:
         found = find_packages(include=[floor, f"{floor}.*"])

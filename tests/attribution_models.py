@@ -27,6 +27,23 @@ CASES = {
     "infini-linear": dict(attention="infini", attn_cfg=dict(segment_len=4)),
     "infini-delta": dict(attention="infini", attn_cfg=dict(segment_len=4, update="delta")),
 }
+def write_cope_checkpoint(directory):
+    """A tiny CoPE checkpoint (character tokenizer, MLPs) with random TopK transcoders in
+    `directory/transcoders`, as `attnlens graph` reads one; returns `directory`."""
+    from dashboard_common import ALPHABET
+
+    from attnlens.interp.sae.transcoder_train import save_transcoders
+
+    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
+    model.save_pretrained(directory)
+    d = model.cfg.d_model
+    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,
+                                                         activation="topk", k=3, layer=layer),
+                                        seed=layer) for layer in range(model.cfg.n_layers)},
+                     directory / "transcoders")
+    return directory
+
+
 PROMPT_TOKENS = [3, 17, 5, 3, 17, 9, 3, 17, 5, 41, 3]
 
 

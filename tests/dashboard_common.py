@@ -7,6 +7,25 @@ from __future__ import annotations
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
 
 
+def layout_props(layout, values: dict | None = None) -> dict:
+    """Every property of every component with a string id in `layout`, by "id.property"
+    (added to `values` when given)."""
+    values = {} if values is None else values
+
+    def walk(node):
+        if isinstance(node, (list, tuple)):
+            for child in node:
+                walk(child)
+        elif hasattr(node, "to_plotly_json"):
+            props = node.to_plotly_json()["props"]
+            if isinstance(props.get("id"), str):
+                values.update({f"{props['id']}.{k}": v for k, v in props.items()})
+            walk(props.get("children"))
+
+    walk(layout)
+    return values
+
+
 def call(app, output_prefix: str, values: dict, changed: str | None = None):
     """POST one callback to /_dash-update-component; returns (status, response dict)."""
     key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))

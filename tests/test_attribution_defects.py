@@ -14,7 +14,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 import torch
-from attribution_models import model_and_transcoders, prompt
+from attribution_models import model_and_transcoders, prompt, write_cope_checkpoint
 from dashboard_common import ALPHABET
 
 from attnlens.cli import find_block_variant, main
@@ -34,23 +34,14 @@ from attnlens.interp.attribution.prune import prune
 from attnlens.interp.attribution.qk import cope_position_counts, pattern_sources
 from attnlens.interp.attribution.replacement import clean_run
 from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
-from attnlens.interp.sae.transcoder_train import save_transcoders
 
 from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A tiny CoPE checkpoint with a tokenizer and transcoders (as tests/test_cli_graph.py)."""
-    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
-    directory = tmp_path_factory.mktemp("ckpt") / "tiny-cope"
-    model.save_pretrained(directory)
-    d = model.cfg.d_model
-    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,
-                                                         activation="topk", k=3, layer=layer),
-                                        seed=layer) for layer in range(model.cfg.n_layers)},
-                     directory / "transcoders")
-    return directory
+    """A tiny CoPE checkpoint with a tokenizer and transcoders."""
+    return write_cope_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-cope")
 
 
 @pytest.fixture(scope="module")

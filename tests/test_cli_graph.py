@@ -4,26 +4,17 @@ transcoders; the viewer JSON and the figure written; clear messages otherwise.""
 import json
 
 import pytest
+from attribution_models import write_cope_checkpoint
 from dashboard_common import ALPHABET
 
 from attnlens.cli import main
-from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
-from attnlens.interp.sae.transcoder_train import save_transcoders
 
 from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
-    directory = tmp_path_factory.mktemp("ckpt") / "tiny-cope"
-    model.save_pretrained(directory)
-    d = model.cfg.d_model
-    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,
-                                                         activation="topk", k=3, layer=layer),
-                                        seed=layer) for layer in range(model.cfg.n_layers)},
-                     directory / "transcoders")
-    return directory
+    return write_cope_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-cope")
 
 
 def test_graph_prints_and_writes(checkpoint, tmp_path, capsys):

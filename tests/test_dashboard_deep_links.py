@@ -7,7 +7,7 @@ from urllib.parse import parse_qs
 import pytest
 from browser_common import choose, figure, wait
 from dash import no_update
-from dashboard_common import ALPHABET, call, shared
+from dashboard_common import ALPHABET, call, layout_props, shared
 
 from attnlens.dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
 from attnlens.dashboards.pages import PAGES
@@ -47,23 +47,12 @@ def test_every_page_control_is_linked_with_its_layout_default():
                                "ablate_score", "ablate_head", "circuit", "query", "key",
                                "scale", "mode", "direction", "rank_by"}
     layout = {}
-
-    def walk(node):
-        if isinstance(node, (list, tuple)):
-            for child in node:
-                walk(child)
-        elif hasattr(node, "to_plotly_json"):
-            props = node.to_plotly_json()["props"]
-            if "id" in props and "value" in props:
-                layout[props["id"]] = props["value"]
-            walk(props.get("children"))
-
     store = ModelStore()
     store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "ab")
     for page in PAGES:
-        walk(page.layout(store))
+        layout_props(page.layout(store), layout)
     for cid, default in PAGE_LINKS.values():
-        assert layout[cid] == default, cid
+        assert layout[f"{cid}.value"] == default, cid
 
 
 def test_link_round_trip_leaves_defaults_out():

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 from browser_common import figure, open_tab, wait
-from dashboard_common import ALPHABET, call, shared
+from dashboard_common import ALPHABET, call, layout_props, shared
 
 from attnlens.dashboards.app import _host_name, create_app, served_hosts
 from attnlens.dashboards.store import ModelStore
@@ -160,24 +160,6 @@ def test_a_ranked_head_opens_in_the_explorer(server, browser):
 
 # -- issue 56 item 3: crafted requests get a message, never a 500 --------------------------
 
-def _layout_values(app) -> dict:
-    """Every component property of the layout, by "id.property"."""
-    values = {}
-
-    def walk(node):
-        if isinstance(node, (list, tuple)):
-            for child in node:
-                walk(child)
-        elif hasattr(node, "to_plotly_json"):
-            props = node.to_plotly_json()["props"]
-            if isinstance(props.get("id"), str):
-                values.update({f"{props['id']}.{k}": v for k, v in props.items()})
-            walk(props.get("children"))
-
-    walk(app.layout)
-    return values
-
-
 def test_no_callback_answers_500_to_crafted_values(app):
     """Every server callback, every input and state in turn set to a value the browser never
     sends (a list, an integer beyond 64 bits, half a surrogate pair), on its own page: the
@@ -185,7 +167,7 @@ def test_no_callback_answers_500_to_crafted_values(app):
     from attnlens.dashboards.pages import PAGES
 
     pages = {p.ID for p in PAGES}
-    base = {**_layout_values(app), "ctl-models.value": ["tiny-mha", "tiny-infini"],
+    base = {**layout_props(app.layout), "ctl-models.value": ["tiny-mha", "tiny-infini"],
             "ctl-model.value": "tiny-mha", "url.search": "?page=compare"}
     client, failed = app.server.test_client(), []
     for key, spec in app.callback_map.items():

@@ -36,6 +36,20 @@ One file `<slug>.json`:
 - `links`: `{source, target, weight}` per kept nonzero edge, weight = `adjacency[target,
   source]`, in (target, source) order.
 
+On request (`head_loadings=`, `qk=`), one more top-level key, `attention`: attnlens's
+extension, which circuit-tracer's pydantic `Model` (metadata, qParams, nodes, links) and both
+viewers ignore (pydantic drops unknown keys; the viewers read only the four keys):
+
+- `schema` (1), `head_kind` ("head", or "source head" for MTA and DCMHA: the head whose softmax
+  map the post-softmax mixing draws on), `n_heads`;
+- `loadings`: per kept link, `{source, target, heads, bypass}`: `heads[l][h]` is the link's
+  weight carried by head h of layer l and `bypass[l]` what does not pass layer l's attention,
+  so for every layer l `sum(heads[l]) + bypass[l] == weight` (exact; see
+  `attnlens.interp.attribution.head_loadings`);
+- `qk`: per head asked for, `{layer, head, query_pos, key_pos, stage, score, query_bias,
+  key_bias, query, key}`, the two sides' largest sources as `{node_id, label, value}`
+  (`attnlens.interp.attribution.qk`; a source's node_id may name a node the graph left out).
+
 Nodes without a kept link are left out, except embeddings and logits (as circuit-tracer does).
 Beside the graphs, `graph-metadata.json` (`{"graphs": [metadata, ...]}`, `info` left out) lists
 the graphs the local server offers; `write_graph` keeps the other entries.
@@ -68,6 +82,8 @@ import torch
 from attnlens.hooked_models.checkpoint import write_text_atomic
 
 SCHEMA_VERSION = 1
+ATTENTION_KEY = "attention"        # attnlens's extension, ignored by circuit-tracer's viewer
+ATTENTION_SCHEMA = 1
 INDEX_FILE = "graph-metadata.json"
 FEATURE_TYPE = "cross layer transcoder"
 ERROR_TYPE = "mlp reconstruction error"
@@ -301,10 +317,12 @@ def check_output(directory, slug: str) -> Path:
 
 
 def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
-                  node_threshold: float | None = None) -> dict:
+                  node_threshold: float | None = None, head_loadings=None,
+                  qk=None) -> dict:
     """The viewer's JSON of `graph` (masks: bool `[n_nodes]` and `[n_nodes n_nodes]`
     (`[target, source]`), e.g. from `attnlens.interp.attribution.prune`; None keeps every node and
-    every nonzero edge)."""
+    every nonzero edge). `head_loadings` (a `head_loadings.HeadLoadings` of this graph) and
+    `qk` (`QKAttribution`s) add the `attention` extension (module doc) for the links kept."""
     check_slug(slug)
     if node_threshold is not None and (isinstance(node_threshold, bool) or not (
             isinstance(node_threshold, (int, float)) and math.isfinite(node_threshold))):
@@ -338,7 +356,31 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
         generator=dict(name="attnlens", version=_version()),
         model=model_name, transcoder_set=transcoder_set, error_share=_error_share(lay))
     q_params = dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos="")
-    return dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
+    data = dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
+    if head_loadings is not None or qk:
+        data[ATTENTION_KEY] = _attention(lay, nodes, targets, sources, head_loadings, qk or ())
+    return data
+
+
+def _attention(lay: _Layout, nodes: dict, targets, sources, loadings, qks) -> dict:
+    """The `attention` extension: head loadings of the links kept, QK attributions."""
+    from attnlens.interp.attribution.head_loadings import loadings_json, qk_json
+
+    node_id = {i: node["node_id"] for i, node in nodes.items()}
+    out = dict(schema=ATTENTION_SCHEMA)
+    if loadings is not None:
+        heads = tuple(loadings.heads.shape[1:])
+        if heads and heads[0] != lay.n_layers:
+            raise ValueError(f"head_loadings has {heads[0]} layers, the graph {lay.n_layers}")
+        kept = set(zip(targets.tolist(), sources.tolist(), strict=True))
+        out.update(head_kind="source head" if loadings.source_heads else "head",
+                   n_heads=int(heads[1]) if len(heads) > 1 else 0,
+                   loadings=loadings_json(loadings, node_id, kept))
+    if qks:
+        def source_id(i: int) -> str:
+            return _node(lay, i, {})["node_id"]      # QK sources are in graph order
+        out["qk"] = [qk_json(q, source_id) for q in qks]
+    return out
 
 
 def _read_index(path: Path) -> dict:
@@ -395,6 +437,7 @@ def write_graph(graph, directory, slug: str, **kw) -> Path:
     return path
 
 
-__all__ = ["ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE", "MAX_SLUG_BYTES", "NODE_FIELDS",
+__all__ = ["ATTENTION_KEY", "ATTENTION_SCHEMA", "ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE",
+           "MAX_SLUG_BYTES", "NODE_FIELDS",
            "SCHEMA_VERSION", "check_output", "check_slug", "default_slug", "feature_code",
            "graph_to_json", "index_lock", "influence_scores", "viewer_token", "write_graph"]

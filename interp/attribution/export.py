@@ -7,7 +7,8 @@ produces through its pydantic models (`Metadata`, `QParams`, `Node`, `Link`, `Mo
 and upstream commit 196e2ce; `tests/data/circuit_tracer/` holds a graph written by that writer.
 One file `<slug>.json`:
 
-- `metadata`: slug, scan (our model name: Neuronpedia reads it as the model id),
+- `metadata`: slug, scan (our model name: Neuronpedia reads it as the model id; or, with
+  feature pages written beside the graph, their path: `contexts.write_feature_pages`),
   transcoder_list (empty, as circuit-tracer writes for a named scan), prompt_tokens, prompt,
   node_threshold (left out when None: Neuronpedia's schema wants a number), schema_version (1)
   and `info` (Neuronpedia's optional block: generator {name, version}, description, and ours:
@@ -318,11 +319,15 @@ def check_output(directory, slug: str) -> Path:
 
 def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
                   node_threshold: float | None = None, head_loadings=None,
-                  qk=None) -> dict:
+                  qk=None, scan: str | None = None) -> dict:
     """The viewer's JSON of `graph` (masks: bool `[n_nodes]` and `[n_nodes n_nodes]`
     (`[target, source]`), e.g. from `attnlens.interp.attribution.prune`; None keeps every node and
     every nonzero edge). `head_loadings` (a `head_loadings.HeadLoadings` of this graph) and
-    `qk` (`QKAttribution`s) add the `attention` extension (module doc) for the links kept."""
+    `qk` (`QKAttribution`s) add the `attention` extension (module doc) for the links kept.
+    `scan` replaces `metadata.scan` (default: the model name), e.g. with the path under which
+    `contexts.write_feature_pages` wrote the features' pages."""
+    if scan is not None and (not isinstance(scan, str) or not scan):
+        raise ValueError(f"scan must be a non-empty str, got {scan!r}")
     check_slug(slug)
     if node_threshold is not None and (isinstance(node_threshold, bool) or not (
             isinstance(node_threshold, (int, float)) and math.isfinite(node_threshold))):
@@ -344,7 +349,7 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
             if node["node_id"] in linked or node["feature_type"] in ("embedding", "logit")]
     model_name = str(graph.model_name or "")
     transcoder_set = str(getattr(graph, "transcoder_set", "") or "")
-    metadata = dict(slug=slug, scan=model_name or "attnlens", transcoder_list=[],
+    metadata = dict(slug=slug, scan=scan or model_name or "attnlens", transcoder_list=[],
                     prompt_tokens=[viewer_token(t) for t in graph.prompt_tokens],
                     prompt=graph.prompt)
     if node_threshold is not None:

@@ -25,6 +25,7 @@ from attnlens.interp.attribution.replacement import (
     clean_run,
     frozen_hooks,
 )
+from attnlens.interp.plots.attribution_graph import head_loadings_figure
 
 TIGHT = dict(atol=1e-12, rtol=0)
 
@@ -191,6 +192,11 @@ def test_the_extension_travels_in_the_json_and_validates(loaded, tmp_path):
     plain = graph_to_json(graph, "heads", pruned.node_mask, pruned.edge_mask)
     assert ATTENTION_KEY not in plain and {k: v for k, v in data.items()
                                            if k != ATTENTION_KEY} == plain
+    fig = head_loadings_figure(loads)
+    (heat,) = fig.data
+    assert torch.tensor(heat.z).shape == (model.cfg.n_layers, model.cfg.n_heads)
+    torch.testing.assert_close(torch.tensor(heat.z, dtype=torch.float64),
+                               loads.heads.abs().sum(0), **TIGHT)
 
 
 def test_bad_requests_are_named():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import torch
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
@@ -29,10 +30,15 @@ from attnlens.interp.attribution.contexts import (
     transcoders_for,
 )
 from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.head_loadings import head_loadings
 from attnlens.interp.attribution.prune import prune
 from attnlens.interp.attribution.qk import qk_split
 from attnlens.interp.attribution.replacement import float64_copy
-from attnlens.interp.plots.attribution_graph import graph_figure, qk_split_figure
+from attnlens.interp.plots.attribution_graph import (
+    graph_figure,
+    head_loadings_figure,
+    qk_split_figure,
+)
 
 TITLE = "Attribution graph"
 ID = "graph"
@@ -203,6 +209,14 @@ def node_details(store, name, model, transcoders, g, pruned, index):
                  if values[i] != 0]
         if items:
             parts += [html.Div(title), html.Ul(items)]
+    if kind in ("feature", "logit") and bool(pruned.edge_mask[index].any()):
+        # which attention heads carry this node's kept inputs (head loadings, exact split)
+        mask = torch.zeros_like(pruned.edge_mask)
+        mask[index] = pruned.edge_mask[index]
+        loads = head_loadings(model, transcoders, g, edge_mask=mask)
+        parts.append(dcc.Graph(figure=head_loadings_figure(
+            loads, f"heads carrying its {len(loads.targets)} kept inputs"),
+            config={"displaylogo": False}))
     if kind == "feature":
         layer, _, feature = g.features[index].tolist()
         tokens = context_windows(store.directories[name])

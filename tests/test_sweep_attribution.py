@@ -74,3 +74,24 @@ def test_missing_transcoders_are_named(ckpt, tmp_path):
                   progress=False, png=False)
     with pytest.raises(ValueError, match="needs transcoders: give args.transcoders"):
         run_sweep(_spec(ckpt), out=tmp_path / "out2", progress=False, png=False)
+
+
+def test_on_ray_equals_in_process(ckpt, tmp_path):
+    """The analysis runs on Ray like the others: the same merged table as in process."""
+    import pandas as pd
+    import ray
+
+    from attnlens.interp.sweep.ray_backend import LOCAL_OBJECT_STORE
+
+    spec = _spec(ckpt, transcoders=str(ckpt))
+    local = run_sweep(spec, out=tmp_path / "local", progress=False, figures=False)
+    ray.init(num_cpus=2, object_store_memory=LOCAL_OBJECT_STORE, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    try:
+        on_ray = run_sweep(spec, out=tmp_path / "ray", ray="local", workers=2, progress=False,
+                           figures=False)
+    finally:
+        ray.shutdown()
+    assert on_ray.ran == local.shards == 3
+    pd.testing.assert_frame_equal(local.merged, on_ray.merged)
+    pd.testing.assert_frame_equal(local.summary, on_ray.summary)

@@ -100,15 +100,12 @@ class HeadLoadings:
 def _node_sources(graph, run: CleanRun, sources: list[int]):
     """Per source node, a function setting its scale in an `Alphas` row."""
     n_f, n_pos, n_layers = graph.n_features, graph.n_pos, graph.n_layers
-    offsets, start = {}, 0
-    for layer in sorted(run.features):
-        offsets[layer] = start
-        start += len(run.features[layer][0])
+    active = _active(run)
     setters = []
     for s in sources:
         if s < n_f:
-            layer = int(graph.features[s, 0])
-            setters.append(("features", layer, s - offsets[layer]))
+            layer, pos, feature = graph.features[s].tolist()
+            setters.append(("features", layer, active[(layer, pos, feature)]))
         elif s < n_f + n_layers * n_pos:
             setters.append(("errors", *divmod(s - n_f, n_pos)))
         elif s < n_f + n_layers * n_pos + n_pos:
@@ -128,10 +125,18 @@ def _set(alphas, row: int, setter, value: float = 1.0) -> None:
         alphas.embed[row, a] = value
 
 
+def _active(run: CleanRun) -> dict[tuple[int, int, int], int]:
+    """(layer, pos, feature) -> its index among its layer's active features in `run`."""
+    return {(layer, int(p), int(f)): i for layer in sorted(run.features)
+            for i, (p, f) in enumerate(zip(*run.features[layer][:2], strict=True))}
+
+
 def _check_graph(graph, run: CleanRun) -> None:
-    feats = [(layer, int(p), int(f)) for layer in sorted(run.features)
-             for p, f in zip(*run.features[layer][:2], strict=True)]
-    if [tuple(r) for r in graph.features.tolist()] != feats:
+    """ValueError unless every feature of the graph is active on its prompt here (a graph of
+    another model, other transcoders or another prompt)."""
+    active = _active(run)
+    if graph.n_pos != run.n_pos or any(tuple(r) not in active
+                                       for r in graph.features.tolist()):
         raise ValueError("the graph's features are not this model's and transcoders' active "
                          "features on its prompt: pass the model and transcoders that built it")
 

@@ -140,3 +140,39 @@ def test_cope_positions_split_over_the_tokens_counted():
     assert not counts.clamped
     assert abs(float(counts.gates.sum()) - counts.position) < 1e-12
     assert ((counts.gates > 0) & (counts.gates < 1)).all()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_split_separates_constants_positions_and_sources(case):
+    """The split's terms sum to the score; the constant terms agree with the biases of
+    attribute_qk (computed by other forwards); each source list sums to the source x source
+    term; only sources that can reach the head are listed (a layer-0 head: embeddings)."""
+    from attnlens.interp.attribution.qk import qk_split
+    from attnlens.interp.plots.attribution_graph import qk_split_figure
+
+    model, tcs = model_and_transcoders(case)
+    run = clean_run(model, tcs, prompt(model))
+    key = INFINI_KEY if case.startswith("infini") else KEY
+    split = qk_split(model, tcs, None, 1, 1, QUERY, key, run=run)
+    qk = attribute_qk(model, tcs, None, layer=1, head=1, query_pos=QUERY, key_pos=key, run=run)
+    terms = dict(split.terms)
+    assert split.score == pytest.approx(qk.score, abs=1e-12)
+    assert sum(terms.values()) == pytest.approx(split.score, abs=1e-12)
+    positional = terms.get("position logit, constant q", 0.0) + \
+        terms.get("position logit, q of sources", 0.0)
+    assert ("position logit, q of sources" in terms) == (case == "cope")
+    if case == "cope":
+        assert abs(terms["position logit, q of sources"]) > 1e-3
+    assert terms["constant q · constant k"] + terms["q of sources · constant k"] + positional \
+        == pytest.approx(qk.key_bias, abs=1e-12)
+    assert terms["constant q · constant k"] + terms.get("position logit, constant q", 0.0) + \
+        terms["constant q · k of sources"] == pytest.approx(qk.query_bias, abs=1e-12)
+    both = terms["q of sources · k of sources"]
+    for side in (split.query, split.key):
+        assert sum(v for _, v in side) == pytest.approx(both, abs=1e-12)
+        assert all(v != 0 for _, v in side)
+        assert not any(label.startswith("L1 ") for label, _ in side)   # layer 1 is not before
+    layer0 = qk_split(model, tcs, None, 0, 1, QUERY, key, run=run)
+    assert {label.split()[0] for label, _ in layer0.query + layer0.key} == {"embed"}
+    fig = qk_split_figure(split)
+    assert len(fig.data) == 3 and "through the query" in {t.name for t in fig.data}

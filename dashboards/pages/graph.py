@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import torch
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
@@ -29,10 +30,15 @@ from attnlens.interp.attribution.contexts import (
     transcoders_for,
 )
 from attnlens.interp.attribution.graph import attribute
+from attnlens.interp.attribution.head_loadings import head_loadings
 from attnlens.interp.attribution.prune import prune
-from attnlens.interp.attribution.qk import attribute_qk
+from attnlens.interp.attribution.qk import qk_split
 from attnlens.interp.attribution.replacement import float64_copy
-from attnlens.interp.plots.attribution_graph import graph_figure
+from attnlens.interp.plots.attribution_graph import (
+    graph_figure,
+    head_loadings_figure,
+    qk_split_figure,
+)
 
 TITLE = "Attribution graph"
 ID = "graph"
@@ -203,6 +209,14 @@ def node_details(store, name, model, transcoders, g, pruned, index):
                  if values[i] != 0]
         if items:
             parts += [html.Div(title), html.Ul(items)]
+    if kind in ("feature", "logit") and bool(pruned.edge_mask[index].any()):
+        # which attention heads carry this node's kept inputs (head loadings, exact split)
+        mask = torch.zeros_like(pruned.edge_mask)
+        mask[index] = pruned.edge_mask[index]
+        loads = head_loadings(model, transcoders, g, edge_mask=mask)
+        parts.append(dcc.Graph(figure=head_loadings_figure(
+            loads, f"heads carrying its {len(loads.targets)} kept inputs"),
+            config={"displaylogo": False}))
     if kind == "feature":
         layer, _, feature = g.features[index].tolist()
         tokens = context_windows(store.directories[name])
@@ -224,16 +238,13 @@ def qk_details(store, name, text, layer, head, query, key):
     head = check_int("head", head, 0, model.cfg.n_heads - 1, name)
     query = n - 1 if query is None else check_int("query position", query, 0, n - 1)
     key = 0 if key is None else check_int("key position", key, 0, n - 1)
-    qk = attribute_qk(model, transcoders, prompt, layer, head, query, key)
+    split = qk_split(model, transcoders, prompt, layer, head, query, key)
     link = explorer_link(name, layer, head, "pattern", prompt)
-    rows = []
-    for side, bias in (("query", qk.query_bias), ("key", qk.key_bias)):
-        rows.append(html.Div(f"through the {side}: bias {bias:+.3f}; top sources"))
-        rows.append(html.Ul([html.Li(f"{value:+.4f}  {label}") for label, value in
-                             qk.top(side, 8)]))
-    return [html.Div([f"L{layer}H{head} score {qk.score:+.4f} at query {query}, key {key} "
-                      f"({qk.stage.split('.')[-1]}); ",
-                      dcc.Link(f"open L{layer}H{head} in the explorer", href=link)]), *rows]
+    return [html.Div([f"L{layer}H{head} score {split.score:+.4f} at query {query}, key {key}: "
+                      f"constant and positional terms apart; {len(split.query)} sources "
+                      f"through the query and {len(split.key)} through the key reach it; ",
+                      dcc.Link(f"open L{layer}H{head} in the explorer", href=link)]),
+            dcc.Graph(figure=qk_split_figure(split), config={"displaylogo": False})]
 
 
 def register(app, store):

@@ -7,7 +7,8 @@ produces through its pydantic models (`Metadata`, `QParams`, `Node`, `Link`, `Mo
 and upstream commit 196e2ce; `tests/data/circuit_tracer/` holds a graph written by that writer.
 One file `<slug>.json`:
 
-- `metadata`: slug, scan (our model name: Neuronpedia reads it as the model id),
+- `metadata`: slug, scan (our model name: Neuronpedia reads it as the model id; or, with
+  feature pages written beside the graph, their path: `contexts.write_feature_pages`),
   transcoder_list (empty, as circuit-tracer writes for a named scan), prompt_tokens, prompt,
   node_threshold (left out when None: Neuronpedia's schema wants a number), schema_version (1)
   and `info` (Neuronpedia's optional block: generator {name, version}, description, and ours:
@@ -35,6 +36,20 @@ One file `<slug>.json`:
   score is <= their pruning threshold), None for logits; `activation` only on features;
 - `links`: `{source, target, weight}` per kept nonzero edge, weight = `adjacency[target,
   source]`, in (target, source) order.
+
+On request (`head_loadings=`, `qk=`), one more top-level key, `attention`: attnlens's
+extension, which circuit-tracer's pydantic `Model` (metadata, qParams, nodes, links) and both
+viewers ignore (pydantic drops unknown keys; the viewers read only the four keys):
+
+- `schema` (1), `head_kind` ("head", or "source head" for MTA and DCMHA: the head whose softmax
+  map the post-softmax mixing draws on), `n_heads`;
+- `loadings`: per kept link, `{source, target, heads, bypass}`: `heads[l][h]` is the link's
+  weight carried by head h of layer l and `bypass[l]` what does not pass layer l's attention,
+  so for every layer l `sum(heads[l]) + bypass[l] == weight` (exact; see
+  `attnlens.interp.attribution.head_loadings`);
+- `qk`: per head asked for, `{layer, head, query_pos, key_pos, stage, score, query_bias,
+  key_bias, query, key}`, the two sides' largest sources as `{node_id, label, value}`
+  (`attnlens.interp.attribution.qk`; a source's node_id may name a node the graph left out).
 
 Nodes without a kept link are left out, except embeddings and logits (as circuit-tracer does).
 Beside the graphs, `graph-metadata.json` (`{"graphs": [metadata, ...]}`, `info` left out) lists
@@ -68,6 +83,8 @@ import torch
 from attnlens.hooked_models.checkpoint import write_text_atomic
 
 SCHEMA_VERSION = 1
+ATTENTION_KEY = "attention"        # attnlens's extension, ignored by circuit-tracer's viewer
+ATTENTION_SCHEMA = 1
 INDEX_FILE = "graph-metadata.json"
 FEATURE_TYPE = "cross layer transcoder"
 ERROR_TYPE = "mlp reconstruction error"
@@ -301,10 +318,16 @@ def check_output(directory, slug: str) -> Path:
 
 
 def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
-                  node_threshold: float | None = None) -> dict:
+                  node_threshold: float | None = None, head_loadings=None,
+                  qk=None, scan: str | None = None) -> dict:
     """The viewer's JSON of `graph` (masks: bool `[n_nodes]` and `[n_nodes n_nodes]`
     (`[target, source]`), e.g. from `attnlens.interp.attribution.prune`; None keeps every node and
-    every nonzero edge)."""
+    every nonzero edge). `head_loadings` (a `head_loadings.HeadLoadings` of this graph) and
+    `qk` (`QKAttribution`s) add the `attention` extension (module doc) for the links kept.
+    `scan` replaces `metadata.scan` (default: the model name), e.g. with the path under which
+    `contexts.write_feature_pages` wrote the features' pages."""
+    if scan is not None and (not isinstance(scan, str) or not scan):
+        raise ValueError(f"scan must be a non-empty str, got {scan!r}")
     check_slug(slug)
     if node_threshold is not None and (isinstance(node_threshold, bool) or not (
             isinstance(node_threshold, (int, float)) and math.isfinite(node_threshold))):
@@ -326,7 +349,7 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
             if node["node_id"] in linked or node["feature_type"] in ("embedding", "logit")]
     model_name = str(graph.model_name or "")
     transcoder_set = str(getattr(graph, "transcoder_set", "") or "")
-    metadata = dict(slug=slug, scan=model_name or "attnlens", transcoder_list=[],
+    metadata = dict(slug=slug, scan=scan or model_name or "attnlens", transcoder_list=[],
                     prompt_tokens=[viewer_token(t) for t in graph.prompt_tokens],
                     prompt=graph.prompt)
     if node_threshold is not None:
@@ -338,7 +361,31 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
         generator=dict(name="attnlens", version=_version()),
         model=model_name, transcoder_set=transcoder_set, error_share=_error_share(lay))
     q_params = dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos="")
-    return dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
+    data = dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
+    if head_loadings is not None or qk:
+        data[ATTENTION_KEY] = _attention(lay, nodes, targets, sources, head_loadings, qk or ())
+    return data
+
+
+def _attention(lay: _Layout, nodes: dict, targets, sources, loadings, qks) -> dict:
+    """The `attention` extension: head loadings of the links kept, QK attributions."""
+    from attnlens.interp.attribution.head_loadings import loadings_json, qk_json
+
+    node_id = {i: node["node_id"] for i, node in nodes.items()}
+    out = dict(schema=ATTENTION_SCHEMA)
+    if loadings is not None:
+        heads = tuple(loadings.heads.shape[1:])
+        if heads and heads[0] != lay.n_layers:
+            raise ValueError(f"head_loadings has {heads[0]} layers, the graph {lay.n_layers}")
+        kept = set(zip(targets.tolist(), sources.tolist(), strict=True))
+        out.update(head_kind="source head" if loadings.source_heads else "head",
+                   n_heads=int(heads[1]) if len(heads) > 1 else 0,
+                   loadings=loadings_json(loadings, node_id, kept))
+    if qks:
+        def source_id(i: int) -> str:
+            return _node(lay, i, {})["node_id"]      # QK sources are in graph order
+        out["qk"] = [qk_json(q, source_id) for q in qks]
+    return out
 
 
 def _read_index(path: Path) -> dict:
@@ -395,6 +442,7 @@ def write_graph(graph, directory, slug: str, **kw) -> Path:
     return path
 
 
-__all__ = ["ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE", "MAX_SLUG_BYTES", "NODE_FIELDS",
+__all__ = ["ATTENTION_KEY", "ATTENTION_SCHEMA", "ERROR_TYPE", "FEATURE_TYPE", "INDEX_FILE",
+           "MAX_SLUG_BYTES", "NODE_FIELDS",
            "SCHEMA_VERSION", "check_output", "check_slug", "default_slug", "feature_code",
            "graph_to_json", "index_lock", "influence_scores", "viewer_token", "write_graph"]

@@ -201,6 +201,105 @@ def attribute_qk(model, transcoders: dict[int, Transcoder], prompt, layer: int, 
                          labels=labels, features=feats)
 
 
+# additive position terms of a variant's score, read at their own hook (CoPE's q . e[p])
+POSITION_TERMS = {"cope": "hook_pos_logits"}
+
+
+@dataclass
+class QKSplit:
+    """A head's score at (query_pos, key_pos) split into constant, positional and source terms.
+
+    With the query-side scales `a` and key-side scales `b` (module doc) the score is
+    `c0 + sum_s A[s] a_s + sum_t B[t] b_t + sum_st M[s, t] a_s b_t`: `c0` pairs the constant
+    parts of q and k (b_Q . b_K and every other constant: biases, norm offsets, `b_dec`),
+    `A[s]` source s's query against the constant key (q_s . b_K), `B[t]` the constant query
+    against source t's key (b_Q . k_t), `M` source against source. `terms` holds c0, sum A,
+    sum B and sum M (CoPE: the position logit q . e[p], linear in q, taken out of c0 and
+    sum A as its own two terms), so `sum(terms) == score` exactly. `query[s] = sum_t M[s, t]`
+    and `key[t] = sum_s M[s, t]` list the sources that can reach the head (embeddings; features
+    and error nodes of earlier layers) and are non-zero; each list sums to sum M. Learned
+    absolute position embeddings stay in their embedding source (as in the graph); rotary
+    positions rotate q and k and add no term of their own.
+    """
+
+    layer: int
+    head: int
+    query_pos: int
+    key_pos: int
+    score: float
+    terms: list[tuple[str, float]]
+    query: list[tuple[str, float]]
+    key: list[tuple[str, float]]
+
+
+def _reaches(run: CleanRun, layer: int) -> Tensor:
+    """`[n_sources]` bool: the source can reach layer `layer`'s attention (graph order)."""
+    flags = []
+    for src_layer in sorted(run.features):
+        flags += [src_layer < layer] * len(run.features[src_layer][0])
+    flags += [src_layer < layer for src_layer in range(len(run.errors)) for _ in range(run.n_pos)]
+    flags += [True] * run.n_pos
+    return torch.tensor(flags)
+
+
+def qk_split(model, transcoders: dict[int, Transcoder], prompt, layer: int, head: int,
+             query_pos: int, key_pos: int, run: CleanRun | None = None) -> QKSplit:
+    """The split of `QKSplit` (its doc), from four replacement forwards and their gradients."""
+    run = run or clean_run(model, transcoders, prompt)
+    check_entry(model, run.n_pos, layer, head, query_pos, key_pos)
+    stage = score_stage(model, layer)
+    pos_hook = POSITION_TERMS.get(model.cfg.attention)
+
+    def forward(aq, ak):
+        store = {}
+        extra = [] if pos_hook is None else [(f"blocks.{layer}.attn.{pos_hook}",
+                                              lambda act, hook: store.setdefault("p", act))]
+        score = qk_score(model, run, aq, ak, layer, head, query_pos, key_pos, stage, extra)
+        pos = store["p"][0, head, query_pos, key_pos] if "p" in store else \
+            torch.zeros((), dtype=score.dtype)
+        return score, pos
+
+    def side_grads(value, alphas):
+        if not value.requires_grad:
+            return torch.zeros(_reaches(run, layer).shape, dtype=value.dtype)
+        return _flat(torch.autograd.grad(value, alphas.tensors(), allow_unused=True,
+                                         retain_graph=True), alphas, run).detach()
+
+    ones, zeros = alphas_like(run), alphas_like(run, 1, 0.0, False)
+    aq, ak = alphas_like(run), alphas_like(run)
+    score, _ = forward(aq, ak)
+    if not torch.isfinite(score):
+        raise ValueError(f"the score at ({query_pos}, {key_pos}) of layer {layer} head {head} is "
+                         f"{score.item()}: that key is masked for that query")
+    query_side, key_side = side_grads(score, aq), side_grads(score, ak)
+    score_b, _ = forward(zeros, ones)                    # constant query
+    b = side_grads(score_b, ones)
+    aq1 = alphas_like(run)
+    score_a, pos_a = forward(aq1, alphas_like(run, 1, 0.0, False))     # constant key
+    a, p = side_grads(score_a, aq1), side_grads(pos_a, aq1)
+    with torch.no_grad():
+        c0, p0 = forward(alphas_like(run, 1, 0.0, False), alphas_like(run, 1, 0.0, False))
+    m_query, m_key = query_side - a, key_side - b
+    terms = [("constant q · constant k", float(c0 - p0)),
+             ("q of sources · constant k", float(a.sum() - p.sum())),
+             ("constant q · k of sources", float(b.sum())),
+             ("q of sources · k of sources", float(m_query.sum()))]
+    if pos_hook is not None:
+        terms += [("position logit, constant q", float(p0)),
+                  ("position logit, q of sources", float(p.sum()))]
+    labels, _ = source_labels(model, run)
+    reach = _reaches(run, layer)
+
+    def listed(values):
+        order = values.abs().argsort(descending=True).tolist()
+        return [(labels[i], float(values[i])) for i in order
+                if bool(reach[i]) and float(values[i]) != 0.0]
+
+    return QKSplit(layer=layer, head=head, query_pos=query_pos, key_pos=key_pos,
+                   score=float(score.detach()), terms=terms, query=listed(m_query),
+                   key=listed(m_key))
+
+
 def qk_pairs(model, run: CleanRun, layer: int, head: int, query_pos: int, key_pos: int,
              query_sources, key_sources) -> Tensor:
     """`[len(query_sources) len(key_sources)]` bilinear terms d^2 score / d alpha_q d alpha_k
@@ -317,6 +416,7 @@ def cope_position_counts(model, prompt, layer: int, head: int, query_pos: int,
                           gates=gates.clone(), clamped=bool(at_cap and total > position + tol))
 
 
-__all__ = ["PatternSources", "PositionCounts", "QKAttribution", "attribute_qk", "check_entry",
+__all__ = ["POSITION_TERMS", "PatternSources", "PositionCounts", "QKAttribution", "QKSplit",
+           "attribute_qk", "check_entry",
            "cope_position_counts", "pattern_sources", "qk_pairs", "qk_score", "score_stage",
-           "source_labels"]
+           "qk_split", "source_labels"]

@@ -115,4 +115,53 @@ def _upper(low: float) -> float:
     return higher[0] if higher else float("inf")
 
 
-__all__ = ["graph_figure", "node_positions"]
+def qk_split_figure(split, n: int = 10) -> go.Figure:
+    """A `qk.QKSplit` drawn: left, the score's terms (constant and positional terms apart from
+    the sources' q . k); right, the `n` largest sources through the query and through the key
+    (each side sums to the "q of sources · k of sources" term)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6], horizontal_spacing=0.28,
+                        subplot_titles=(f"score {split.score:+.4f}: terms",
+                                        "sources through the query and through the key"))
+    names = [name for name, _ in split.terms][::-1]
+    values = [value for _, value in split.terms][::-1]
+    fig.add_trace(go.Bar(y=names, x=values, orientation="h", showlegend=False,
+                         marker_color=["#d62728" if v > 0 else "#1f77b4" for v in values],
+                         hovertemplate="%{y}: %{x:+.4f}<extra></extra>"), 1, 1)
+    for side, items, color in (("query", split.query, "#ff7f0e"),
+                               ("key", split.key, "#2ca02c")):
+        top = items[:n][::-1]
+        fig.add_trace(go.Bar(y=[f"{side}: {label}" for label, _ in top],
+                             x=[value for _, value in top], orientation="h",
+                             name=f"through the {side}", marker_color=color,
+                             hovertemplate="%{y}: %{x:+.4f}<extra></extra>"), 1, 2)
+    fig.update_layout(height=220 + 22 * max(len(names), min(n, len(split.query))
+                                            + min(n, len(split.key))),
+                      title=f"L{split.layer}H{split.head} at query {split.query_pos}, "
+                            f"key {split.key_pos}", plot_bgcolor="white", barmode="relative",
+                      legend=dict(orientation="h", y=-0.15), margin=dict(l=20, r=20, t=70,
+                                                                          b=40))
+    return fig
+
+
+def head_loadings_figure(loadings, title: str = "") -> go.Figure:
+    """Heat map, layers x heads, of the |loading| each head carries summed over the split
+    edges (`head_loadings.HeadLoadings`), with the bypass's share per layer in the hover."""
+    mass = loadings.heads.abs().sum(0).double()                  # [n_layers n_heads]
+    bypass = loadings.bypass.abs().sum(0).double()
+    kind = "source head" if loadings.source_heads else "head"
+    hover = [[f"L{layer} {kind} {head}: {float(mass[layer, head]):.4f}<br>bypass at L{layer}: "
+              f"{float(bypass[layer]):.4f}" for head in range(mass.shape[1])]
+             for layer in range(mass.shape[0])]
+    fig = go.Figure(go.Heatmap(z=mass.tolist(), colorscale="Oranges", hovertext=hover,
+                               hoverinfo="text", colorbar=dict(title="|loading|"),
+                               x=[f"{kind[0].upper()}{h}" for h in range(mass.shape[1])],
+                               y=[f"L{layer}" for layer in range(mass.shape[0])]))
+    fig.update_layout(title=title or f"head loadings over {len(loadings.targets)} edges "
+                                     f"(by {kind})", height=160 + 40 * mass.shape[0],
+                      margin=dict(l=40, r=20, t=60, b=40))
+    return fig
+
+
+__all__ = ["graph_figure", "head_loadings_figure", "node_positions", "qk_split_figure"]

@@ -69,6 +69,39 @@ def _diversity(model, circuits=diversity.CIRCUITS, composed: bool = False,
     return diversity.diversity_summary(curves, list(thresholds))
 
 
+def _attribution(model, tokens, transcoders: str = "", batch_size: int = 64) -> pd.DataFrame:
+    """Attribution graphs of each prompt (attnlens.interp.attribution.prompt_study), with the
+    transcoders in folder `transcoders` (a checkpoint folder holding `transcoders/`, or the
+    `transcoders` folder itself); "" takes the zoo model's own (the model's recipe name)."""
+    from attnlens.interp.attribution.prompt_study import attribution_measures
+
+    return attribution_measures(model, _transcoders(model, transcoders), tokens, batch_size)
+
+
+def _transcoders(model, folder: str) -> dict:
+    from pathlib import Path
+
+    from attnlens.interp.attribution.contexts import transcoders_for
+
+    if not isinstance(folder, str):
+        raise ValueError(f"transcoders must be a folder path (str), got {folder!r}")
+    if not folder:
+        from attnlens.hooked_models import zoo
+
+        name = model.cfg.metadata.get("recipe", "")
+        if name not in zoo.available():
+            raise ValueError("the attribution analysis needs transcoders: give args.transcoders "
+                             f"(a folder) for this model (recipe {name!r} is not a zoo model)")
+        folder = str(zoo.path(name))
+    path = Path(folder)
+    path = path.parent if path.name == "transcoders" else path
+    try:
+        tcs = transcoders_for(path, dtype=model.W_E.dtype)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
+    return {layer: tc.to(model.W_E.device) for layer, tc in tcs.items()}
+
+
 _DETECTOR_MEANS = {d: "mean" for d in heads.DETECTORS}
 
 ANALYSES: dict[str, Analysis] = {
@@ -87,6 +120,11 @@ ANALYSES: dict[str, Analysis] = {
                          "metric_corrupted": "mean"},
                         "edge scores of circuit discovery (attnlens.interp.circuits.discovery."
                         "prompt_scores): per shard the mean and the sum over its prompts"),
+    "attribution": Analysis(_attribution, True, ("measure", "layer", "head"),
+                            {"value": "mean"},
+                            "attribution-graph measures per prompt: error, embedding and feature "
+                            "shares of the target logit, head loadings "
+                            "(attnlens.interp.attribution.prompt_study)"),
     "diversity": Analysis(_diversity, False, ("layer", "circuit"), {},
                           "head diversity k90/k95 (attnlens.interp.tools.diversity)"),
 }

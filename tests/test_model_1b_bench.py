@@ -14,6 +14,13 @@ def test_without_gpu_refuses_naming_the_smoke_option(monkeypatch):
         bench.main([])
 
 
+def test_tiny_on_the_cpu_without_the_interpreter_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(_triton, "interpreting", lambda: False)
+    with pytest.raises(SystemExit, match="TRITON_INTERPRET=1"):
+        bench.main(["--tiny"])
+
+
 def test_bad_arguments_are_refused_before_any_model_is_built(monkeypatch):
     monkeypatch.setattr(bench, "build", lambda *a, **kw: pytest.fail("built a model"))
     for argv in (["--tiny", "--variants", "gpt"], ["--tiny", "--reps", "0"]):

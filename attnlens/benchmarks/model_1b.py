@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from attnlens.hooked_models import HookedVariantTransformer, VariantConfig
+from attnlens.kernels import _triton
 
 VARIANTS = ("mha", "cope", "mta", "dcmha", "infini")
 SHAPE_1B = dict(n_layers=24, d_model=2048, n_heads=16, d_head=128, d_mlp=8192, d_vocab=32000)
@@ -134,6 +135,9 @@ def main(argv=None) -> int:
         raise SystemExit("model_1b needs a CUDA GPU: the 1B-shaped bf16 model at T=4096 is a GPU "
                          "benchmark (no CUDA device here). Use --tiny for a CPU smoke run")
     device = "cuda" if cuda else "cpu"
+    if not cuda and not _triton.interpreting():
+        raise SystemExit("model_1b --tiny on the CPU runs the Triton kernels on their "
+                         "interpreter: set TRITON_INTERPRET=1 (no CUDA device here)")
     shape, dtype = (SHAPE_TINY, torch.float32) if args.tiny else (SHAPE_1B, torch.bfloat16)
     args.T = args.T or (32 if args.tiny else 4096)
     if args.T < 2:

@@ -23,6 +23,7 @@ from transformer_lens.hook_points import HookPoint
 
 from attnlens.hooked_models.attention import LayerCache, Stage
 from attnlens.hooked_models.attention.base import mark_plain_causal
+from attnlens.hooked_models.attention.pattern_heads import PatternHeads, select_pattern_heads
 from attnlens.hooked_models.components import Embed, PosEmbed, TransformerBlock, Unembed, make_norm
 from attnlens.hooked_models.config import VariantConfig
 from attnlens.hooked_models.devices import check_device
@@ -145,6 +146,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         stop_at_layer: int | None = None,
         tokens: Tensor | None = None,
         shortformer_pos_embed: Tensor | None = None,
+        pattern_heads: PatternHeads = None,
     ):
         """Run the model on text or `[batch pos]` token ids (TransformerLens's arguments).
 
@@ -163,6 +165,11 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
                 the residual stream `[batch pos d_model]` there, whatever `return_type`.
             tokens: the token ids, for a loss when `input` is a residual (`start_at_layer`).
             shortformer_pos_embed: only None (no variant uses shortformer positions).
+            pattern_heads: `{layer: head or [heads]}` (or heads for every layer): those layers'
+                `hook_pattern` carries only these heads, `[batch len(heads) query_pos
+                key_pos]`, and on the fused path costs only their maps, recomputed exactly
+                from the kernel's log-sum-exp (`attention/pattern_heads.py`). Passed through
+                by `run_with_cache` and `run_with_hooks`.
 
         Example:
             >>> resid = model(tokens, stop_at_layer=1)                 # doctest: +SKIP
@@ -202,7 +209,7 @@ class HookedVariantTransformer(TokenizationMixin, GenerationMixin, InteropMixin,
         full_mask = self._full_mask(attention_mask, past_kv_cache, batch, offset + n_new)
         allowed, q_pos, k_pos = self._masks(batch, n_new, offset, full_mask, device)
 
-        with self.client_observation():
+        with self.client_observation(), select_pattern_heads(self, pattern_heads):
             if start_at_layer is None:
                 resid = self.hook_embed(self.embed(tokens))
                 if self.cfg.positional_embedding_type == "standard":

@@ -143,4 +143,32 @@ def patterns_for(model, inputs, layers: int | Iterable[int] | None = None,
     return out
 
 
-__all__ = ["BACKENDS", "capture_fused_state", "fused_backend_enabled", "patterns_for"]
+def head_maps(state, heads: Tensor, rows_per_block: int | None = None,
+              ) -> Tensor:
+    """The chosen heads' whole maps `[batch len(heads) query_pos key_pos]` from a fused state.
+
+    The head-selective `hook_pattern` (`attnlens.hooked_models.attention.pattern_heads`) calls
+    this: `state.pattern(heads, rows)` recomputes exact rows from the saved log-sum-exp, one
+    block of query rows at a time. A variant whose heads mix (MTA, DCMHA) forms every head's
+    logits of the block's rows, so by default a block holds `len(heads) * query_pos / n_heads`
+    rows: that all-heads float32 transient is no larger than the result, and no tensor the size
+    of the layer's `[head_index, query_pos, key_pos]` is ever built.
+    """
+    n_q, n_h = state.n_queries, state.n_heads
+    if rows_per_block is None:
+        like = getattr(state, "q", state.lse)
+        rows_per_block = len(heads) * n_q * like.element_size() // (n_h * 4)
+    block = max(1, min(n_q, rows_per_block))
+    out = None
+    for start in range(0, max(n_q, 1), block):   # one (empty) block when there is no query
+        rows = torch.arange(start, min(start + block, n_q), device=state.device)
+        part = state.pattern(heads, rows)
+        if out is None:
+            out = part.new_empty(part.shape[0], len(heads), n_q, part.shape[-1])
+        out[:, :, start:start + len(rows)] = part
+        del part
+    return out
+
+
+__all__ = ["BACKENDS", "capture_fused_state", "fused_backend_enabled", "head_maps",
+           "patterns_for"]

@@ -65,3 +65,17 @@ stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "$
     tests/test_kernel_mta.py tests/test_kernel_dcmha.py tests/test_kernel_cope_options.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
     tests/test_gqa.py tests/test_autotune_pass.py
+
+# 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
+#    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused
+#    path (attnlens/benchmarks/model_1b.py; rows print as they are measured, so a cut run keeps
+#    its rows). Its limit is what the stages above left of TOTAL_S (default 540 s, under the
+#    call's timeout_s=560), at most MODEL1B_S: appending it cannot push the script past 10 minutes.
+MODEL1B_LEFT=$(( ${TOTAL_S:-540} - SECONDS ))
+MODEL1B_LIMIT=$(( MODEL1B_LEFT < ${MODEL1B_S:-150} ? MODEL1B_LEFT : ${MODEL1B_S:-150} ))
+if [ "$MODEL1B_LIMIT" -ge 30 ]; then
+    stage "$MODEL1B_LIMIT" "$OUT/model_1b.md" $PY -m attnlens.benchmarks.model_1b --reps 2
+else
+    echo "== model_1b skipped: ${MODEL1B_LEFT}s left of TOTAL_S=${TOTAL_S:-540}" \
+        | tee -a "$OUT/model_1b.md"
+fi

@@ -24,6 +24,11 @@ from transformer_lens.hook_points import HookPoint
 
 from attnlens.hooked_models.attention.observe import is_observed
 from attnlens.hooked_models.attention.options import check_option_names
+from attnlens.hooked_models.attention.pattern_heads import (
+    PatternHookPoint,
+    fused_with_head_maps,
+    head_selected_only,
+)
 from attnlens.hooked_models.rotary import Rotary
 
 MAP_SHAPE = "batch head_index query_pos key_pos"
@@ -209,8 +214,9 @@ class VariantAttention(nn.Module):
         if len(set(names)) != len(names) or not {"attn_scores", "pattern"} <= set(names):
             raise TypeError(f"{type(self).__name__}.stages must be unique and include "
                             f"'attn_scores' and 'pattern', got {names}")
-        for stage in self.stages:
-            setattr(self, stage.hook_name, HookPoint())
+        for stage in self.stages:   # hook_pattern can carry chosen heads only (pattern_heads)
+            setattr(self, stage.hook_name,
+                    PatternHookPoint() if stage.name == "pattern" else HookPoint())
         self.opts = cfg.attn_cfg
 
     # -- variant interface ---------------------------------------------------------------
@@ -345,15 +351,22 @@ class VariantAttention(nn.Module):
 
         backend "torch": never; "auto": on CUDA tensors; "triton": on CUDA, or on CPU under the
         Triton interpreter (TRITON_INTERPRET=1), else ValueError. A hook on any map stage of this
-        layer (including `run_with_cache` asking for one) switches it to `attend`.
+        layer (including `run_with_cache` asking for one) switches it to `attend`, except a
+        forward hook on a head-selective `hook_pattern` (`pattern_heads=`) alone: the kernel
+        still runs and the hook gets the asked heads' maps recomputed from the saved log-sum-exp
+        (`pattern_heads.fused_with_head_maps`).
         """
         if self.cfg.backend == "torch" or not self.has_fused_path():
             return None
         from attnlens.kernels.dispatch import fused_backend_enabled
 
-        if not fused_backend_enabled(self.cfg.backend, q) or self.maps_observed():
+        if not fused_backend_enabled(self.cfg.backend, q):
             return None
-        return self.fused_attend(q, k, v, ctx)
+        if not self.maps_observed():
+            return self.fused_attend(q, k, v, ctx)
+        if head_selected_only(self):
+            return fused_with_head_maps(self, q, k, v, ctx)
+        return None
 
     def prepare_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Transform q, k after hook_q/hook_k and before rotary (identity; DCMHA's QK-norm)."""

@@ -150,6 +150,7 @@ CASES: list[Case] = [
     Case("dcmha", "H32 q+k-wise", _dcmha(32)),
     Case("dcmha", "H4 q-wise", _dcmha(4, key_wise=False)),
     Case("dcmha", "H4 window", _dcmha(4, window=32)),
+    Case("dcmha", "H4 official", _dcmha(4, static=False), main=True),   # tensor-core forward
     Case("dcmha", "H16 official", _dcmha(16, static=False)),      # DCFormer: B = I
     Case("dcmha", "H32 official", _dcmha(32, static=False)),
 ]

@@ -169,13 +169,37 @@ def test_queries_aligned_to_the_last_keys():
 
 
 def test_many_heads_add_each_tile_to_a_fp32_output():
-    """16 heads (`ADD_TO_OUT_HEADS`): the out kernel adds tile by tile into a fp32 buffer in
-    d_head chunks, the last one partly masked (d_head 24)."""
+    """16 heads: the tensor-core out kernel adds each head's tile into a fp32 buffer in d_head
+    chunks (d_head 24 padded to 32); with fp16, official weights."""
     _check(18, 18, 16, d=24)
     _check(18, 18, 16, dtype=torch.float16)
 
 
+def test_tensor_core_forward_over_query_tiles_and_key_splits(monkeypatch):
+    """The tensor-core forward (`triton_fwd_tc`) with 16-row tiles: 3 query tiles, each key
+    range split over programs whose partial lse are merged, padding keys with empty rows, a
+    window, groups of 2 (4 channels per phase), d_head 24 (padded to 32)."""
+    from attnlens.kernels.dcmha import function, triton_fwd_tc
+    assert triton_fwd_tc.split_count(3, 2, 3) == 3
+    assert triton_fwd_tc.split_count(64, 1, 128) == 5
+    calls = spy(monkeypatch, function, "dcmha_tc_fwd", [], "tc")
+    key_valid = torch.rand(2, 41, generator=torch.Generator().manual_seed(3)) > 0.3
+    key_valid[1, :4] = False
+    q, k, v = (to_device(t) for t in _qkv(37, 41, 4, d=24, batch=2))
+    pre = _to(_weights(2, 37, 41, 4, seed=2, groups=2), torch.float32)
+    post = _to(_weights(2, 37, 41, 4, seed=3, groups=2), torch.float32)
+    out, lse = dcmha_attention(q, k, v, pre, post, scale=0.2, window=20,
+                               key_valid=to_device(key_valid), block_m=16, block_n=16)
+    ref_out, ref_lse = dcmha_attention_reference(
+        *(t.double() for t in (q, k, v)), pre.map(torch.Tensor.double),
+        post.map(torch.Tensor.double), 0.2, 20, to_device(key_valid))
+    assert calls == ["tc"]
+    torch.testing.assert_close(out.double(), ref_out, **FP32)
+    torch.testing.assert_close(lse.double(), ref_lse, **FP32)
+
+
 def test_fp16():
+    """fp16 with a static B: 2 channels + 2 static ones, the tensor-core forward."""
     _check(20, 20, 2, dtype=torch.float16, static=True)
 
 

@@ -110,7 +110,7 @@ def _mta(heads, pre=(6, 11), post=(6, 11), mix=True):
 
 # -- dcmha ----------------------------------------------------------------------------------
 
-def _dcmha(heads, key_wise=True, window=None, rank=2):
+def _dcmha(heads, key_wise=True, window=None, rank=2, static=True):
     def run(cap, dtype, d_head):
         from attnlens.kernels.dcmha.function import dcmha_attention
         from attnlens.kernels.dcmha.reference import ComposeWeights
@@ -121,7 +121,7 @@ def _dcmha(heads, key_wise=True, window=None, rank=2):
                 return (0.1 * torch.randn(*shape)).to(dtype).requires_grad_()
             side = [w(B, T, 1, rank, heads), w(B, T, 1, rank, heads), w(B, T, 1, heads)]
             return ComposeWeights(*side, *(side if key_wise else (None,) * 3),
-                                  static=w(1, heads, heads))
+                                  static=w(1, heads, heads) if static else None)
 
         pre, post = weights(), weights()
         leaves = [q, k, v, *(t for t in pre.tensors() + post.tensors() if t is not None)]
@@ -150,6 +150,9 @@ CASES: list[Case] = [
     Case("dcmha", "H32 q+k-wise", _dcmha(32)),
     Case("dcmha", "H4 q-wise", _dcmha(4, key_wise=False)),
     Case("dcmha", "H4 window", _dcmha(4, window=32)),
+    Case("dcmha", "H4 official", _dcmha(4, static=False), main=True),   # tensor-core forward
+    Case("dcmha", "H16 official", _dcmha(16, static=False)),      # DCFormer: B = I
+    Case("dcmha", "H32 official", _dcmha(32, static=False)),
 ]
 
 OPS = tuple(dict.fromkeys(c.op for c in CASES))

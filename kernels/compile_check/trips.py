@@ -134,10 +134,27 @@ def _dcmha(env, grid):
             "d0": env["BLOCK_D"] // env["DCH"]}
 
 
+def _dcmha_tc(env, grid):
+    """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
+    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); every head loop
+    (`n`: pre hidden maps, and in the out kernel the post ones; `m`: per output head) runs H
+    times per key tile; d_head chunks are unrolled (`static_range`)."""
+    bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
+    trips = []
+    for pid in range(grid[0]):
+        first = env["Q_OFFSET"] + pid * bm
+        lo = 0 if window < 0 else max(first - window, 0) // bn * bn
+        hi = min(env["T_K"], first + bm)
+        chunk = math.ceil(_steps(lo, hi, bn) / ns) * bn
+        trips += [_steps(lo + s * chunk, min(hi, lo + (s + 1) * chunk), bn) for s in range(ns)]
+    return {"n0": _avg(trips), "n": env["H"], "m": env["H"]}
+
+
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
-          "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha}
+          "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,
+          "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc}
 
 
 def _unroll(main, rest, kinds=("ldg", "ffma", "instructions")) -> int:

@@ -1,9 +1,12 @@
 """`dcmha_attention(q, k, v, pre, post, ...) -> (out, lse)`: the fused DCMHA maps as a
 differentiable op.
 
-Forward: the two fused passes of `triton_fwd`; backward: the two recompute passes of
-`triton_bwd` (delta, then everything else with atomics). Neither keeps a `[query, key]` map in
-memory (saved: q, k, v, the compose weights in the kernel layout, O(T), and the row lse).
+Forward: the two tensor-core passes of `triton_fwd_tc` (64-row tiles, heads streamed, Compose
+through its low-rank channels) when every phase has at most `triton_fwd_tc.MAX_CHANNELS`
+query-wise channels (the official Compose has 2), else the two all-heads passes of
+`triton_fwd`; both give the same lse. Backward: the two recompute passes of `triton_bwd`
+(delta, then everything else with atomics). None keeps a `[query, key]` map in memory (saved:
+q, k, v, the compose weights in the kernel layout, O(T), and the row lse).
 
 `recompute_backward` is the plain-torch counterpart of the backward: the spec re-run query
 chunk by query chunk under torch autograd (query rows are independent given q, k, v and the
@@ -28,6 +31,7 @@ from attnlens.kernels.dcmha.reference import (
 )
 from attnlens.kernels.dcmha.triton_bwd import dcmha_bwd
 from attnlens.kernels.dcmha.triton_fwd import dcmha_fwd
+from attnlens.kernels.dcmha.triton_fwd_tc import MAX_CHANNELS, channel_weights, dcmha_tc_fwd
 from attnlens.kernels.flash_attention.function import check_inputs
 
 N_WEIGHTS = 7          # tensors of one ComposeWeights: qw1 qw2 qdd kw1 kw2 kdd static
@@ -141,6 +145,18 @@ def _from_kernel_layout(grads: tuple, like: ComposeWeights) -> tuple[Tensor | No
     return (*out, static)
 
 
+def fused_forward(q, k, v, kpre: tuple, kpost: tuple, scale: float, window: int | None,
+                  key_valid, block_m: int | None, block_n: int | None) -> tuple[Tensor, Tensor]:
+    """`(out, lse)` from the tensor-core forward (`triton_fwd_tc`) when every phase has at
+    most MAX_CHANNELS query-wise channels (rank * groups, plus H for a static B other than I;
+    the official Compose has 2), else from the all-heads-per-tile forward (`triton_fwd`)."""
+    H = q.shape[2]
+    cpre, cpost = channel_weights(kpre, H), channel_weights(kpost, H)
+    if max(cpre[0].shape[2], cpost[0].shape[2]) <= MAX_CHANNELS:
+        return dcmha_tc_fwd(q, k, v, cpre, cpost, scale, window, key_valid, block_m, block_n)
+    return dcmha_fwd(q, k, v, kpre, kpost, scale, window, key_valid, block_m, block_n)
+
+
 class DCMHAFunction(torch.autograd.Function):
     """autograd.Function over `dcmha_fwd` / `dcmha_bwd` (two Triton passes each); saves q, k,
     v, the compose weights (O(T)) and the row lse, no `[query, key]` map."""
@@ -154,7 +170,7 @@ class DCMHAFunction(torch.autograd.Function):
         kv = kernel_key_valid(key_valid, q.device)
         q_, k_, v_ = q.to(work), k.to(work), v.to(work)
         kpre, kpost = kernel_weights(pre, H, q.device), kernel_weights(post, H, q.device)
-        out, lse = dcmha_fwd(q_, k_, v_, kpre, kpost, scale, window, kv, block_m, block_n)
+        out, lse = fused_forward(q_, k_, v_, kpre, kpost, scale, window, kv, block_m, block_n)
         ctx.save_for_backward(q_, k_, v_, lse, *(t for t in kpre + kpost if t is not None))
         ctx.present = [t is not None for t in kpre + kpost]
         ctx.like = (pre.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")),
@@ -208,4 +224,5 @@ def dcmha_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
                                *pre.tensors(), *post.tensors())
 
 
-__all__ = ["DCMHAFunction", "dcmha_attention", "kernel_weights", "recompute_backward"]
+__all__ = ["DCMHAFunction", "dcmha_attention", "fused_forward", "kernel_weights",
+           "recompute_backward"]

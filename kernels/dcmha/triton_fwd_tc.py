@@ -1,0 +1,332 @@
+"""Fused DCMHA forward on tensor cores: 64-row tiles, one head at a time, Compose through
+its low-rank channels.
+
+Compose (reference.py) of a per-head map x_n(t, s), for output head m, written as channels:
+
+    out_m = x_m (1 + gq_m(t) + gk_m(s))
+          + sum_c w2q[c, m](t) hq_c + sum_c w2k[c, m](s) hk_c,
+    hq_c(t, s) = sum_n w1q[c, n](t) x_n(t, s),   hk_c(t, s) = sum_n w1k[c, n](s) x_n(t, s).
+
+c runs over the G * R (group, rank) channels laid out over all H heads (zero outside the
+group, `function.kernel_weights`); a static B folds in as H more query-wise channels that
+are constant in t (w1 = I, w2 = B - I, `channel_weights`). Only the few hidden maps
+`[C, rows, keys]` hold all heads' information, so a program never holds an `[H, rows,
+keys]` tensor: it streams heads, and every product over d_head is a 2-D `tl.dot` of
+BLOCK_M (64) query rows. For the official Compose (rank 2, one group, query- and key-wise,
+B = I) the hidden maps are 4 `[64, BLOCK_N]` tiles per phase. (Forming hq_c as one dot of
+the weighted head-concatenated query with the concatenated keys, inner dimension H * d_head,
+costs 2 C * H * d_head MACs per (t, s) against H * d_head MACs plus 2 C * H FMAs here, since
+the per-head scores are needed for out_m anyway; docs/benchmarks.md.)
+
+Pass 1 (`dcmha_tc_lse_kernel`), per (query tile, key split): for each key tile, the pre hidden
+maps from every head's scores, then each head's logits L_m and its online row max / sum;
+the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
+(`dcmha_tc_out_kernel`), same grid: per key tile the pre hidden maps, then every head's
+probabilities A_n = exp(L_n - lse_n) into the post hidden maps, then per head
+P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an `[H, rows, d_head]`
+accumulator would not fit in registers at 16-32 heads). Key splits make the grid fill the
+GPU at batch 1 (`split_count`).
+
+Layout: q, k, v `[batch pos head_index d_head]` (any strides); per phase W1Q, W2Q fp32
+`[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch key_pos CK H]`,
+GK `[batch key_pos H]`, contiguous; O fp32 `[batch query_pos H D]` zeroed, contiguous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
+from attnlens.kernels.flash_attention.triton_fwd import _dot
+
+# Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
+# used (`function`): the hidden maps are `[CB, rows, keys]` register tiles per phase.
+MAX_CHANNELS = 4
+# 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
+# key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
+# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`); the out
+# pass holds four hidden maps (pre and post), the lse pass two.
+TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
+# fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
+LSE_BLOCKS = (64, 32)
+OUT_BLOCKS = (64, 16)
+FP32_BLOCKS = (32, 16)
+TARGET_PROGRAMS = 264              # two programs per SM of an H100 / H200 (132 SMs)
+
+
+@triton.jit
+def _split_range(lo, hi, split, NS, BLOCK_N: tl.constexpr):
+    """Keys `[start, end)` of key split `split` of NS over the tiles of `[lo, hi)`."""
+    chunk = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NS) * BLOCK_N
+    start = lo + split * chunk
+    return start, tl.minimum(hi, start + chunk)
+
+
+@triton.jit
+def _chan(W, pos, p_ok, C, H, n, CB: tl.constexpr):
+    """`[CB, len(pos)]`: channel weights of head n at positions pos (W already at the batch
+    row), zero beyond C channels or outside the sequence."""
+    offs_c = tl.arange(0, CB)
+    # One i32 offset tensor with n inside (64-bit pointer tensors per weight, hoisted out of
+    # the head loops, took ~60 registers).
+    return tl.load(W + (pos[None, :] * (C * H) + offs_c[:, None] * H + n),
+                   mask=(offs_c[:, None] < C) & p_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+           IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`[rows, keys]` scale * q_n k_n^T of head n, tensor-core dots over d_head in DCH
+    chunks (fewer live registers than one `[rows, d_head]` operand; Q, K at the batch)."""
+    s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_D, DCH):
+        # Unmasked loads (masks were hoisted out of the head loops as `[rows, DCH]` register
+        # tensors): d_head is padded to BLOCK_D by the wrapper, and rows / keys past the end
+        # read the last one (finite; such rows are never stored, such keys are masked).
+        offs_d = d0 + tl.arange(0, DCH)
+        rows = tl.minimum(m0 + tl.arange(0, BLOCK_M), T_Q - 1)
+        cols = tl.minimum(n0 + tl.arange(0, BLOCK_N), T_K - 1)
+        q = tl.load(Q + (rows[:, None] * sq_t + n * sq_h + offs_d[None, :] * sq_d))
+        k = tl.load(K + (cols[None, :] * sk_t + n * sk_h + offs_d[:, None] * sk_d))
+        s = _dot(q, k, IEEE) if d0 == 0 else s + _dot(q, k, IEEE)
+    return s * scale
+
+
+@triton.jit
+def _hidden(x, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr,
+            CQB: tl.constexpr, CKB: tl.constexpr):
+    """Add head n's map x `[rows, keys]` into the hidden maps hq `[CQB, rows, keys]` (weights
+    per query) and hk `[CKB, rows, keys]` (per key)."""
+    hq += _chan(W1Q, rows, r_ok, CQ, H, n, CQB)[:, :, None] * x[None, :, :]
+    if HAS_K:
+        hk += _chan(W1K, cols, c_ok, CK, H, n, CKB)[:, None, :] * x[None, :, :]
+    return hq, hk
+
+
+@triton.jit
+def _composed(x, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H,
+              HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """Compose's output head m `[rows, keys]` from head m's map x and the hidden maps."""
+    gate = 1.0 + tl.load(GQ + (rows * H + m), mask=r_ok, other=0.0)[:, None]
+    out = tl.sum(_chan(W2Q, rows, r_ok, CQ, H, m, CQB)[:, :, None] * hq, 0)
+    if HAS_K:
+        gate = gate + tl.load(GK + (cols * H + m), mask=c_ok, other=0.0)[None, :]
+        out += tl.sum(_chan(W2K, cols, c_ok, CK, H, m, CKB)[:, None, :] * hk, 0)
+    return out + x * gate
+
+
+@triton.jit
+def _pre_hidden(Q, K, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t, sq_h, sq_d,
+                sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                CQB: tl.constexpr, CKB: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """The pre-softmax hidden maps of one tile, from every head's scores."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                         CQB, CKB)
+    return hq, hk
+
+
+@triton.jit
+def _probs(Q, K, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows, r_ok, cols,
+           c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q, scale,
+           HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+           DCH: tl.constexpr):
+    """A_m = exp(L_m - lse_m) `[rows, keys]`, 0 where masked and on empty or absent rows."""
+    s = _score(Q, K, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
+               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                  CQB, CKB)
+    lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+
+
+@triton.jit
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
+                        H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CK, NS, scale,
+                        HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                        HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        DCH: tl.constexpr):
+    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
+    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`."""
+    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    r_ok = rows < T_Q
+    offs_h = tl.arange(0, HB)
+    Qb, Kb = Q + b * sq_b, K + b * sk_b
+    W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
+    W1K, W2K, GK = W1K + b * T_K * CK * H, W2K + b * T_K * CK * H, GK + b * T_K * H
+    m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
+    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
+    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < T_K
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
+        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
+                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
+                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        for m in range(0, H):
+            s = _score(Qb, Kb, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D,
+                       scale, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H,
+                          HAS_K, CQB, CKB)
+            x = tl.where(ok, x, float("-inf")) * LOG2E
+            sel = offs_h[:, None] == m
+            m_old = tl.max(tl.where(sel, m_i, float("-inf")), 0)
+            l_old = tl.sum(tl.where(sel, l_i, 0.0), 0)
+            m_new = tl.maximum(m_old, tl.max(x, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
+                tl.math.exp2(x - m_use[:, None]), 1)
+            m_i = tl.where(sel, m_new[None, :], m_i)
+            l_i = tl.where(sel, l_new[None, :], l_i)
+    at = ((split * tl.num_programs(2) + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
+    mask = (offs_h[:, None] < H) & r_ok[None, :]
+    tl.store(MP + at, m_i, mask=mask)
+    tl.store(LP + at, l_i, mask=mask)
+
+
+@triton.jit
+def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+                        W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                        skv_b, H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                        HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                        CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        DCH: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
+    z = Compose_post(exp(L - lse)) v to O."""
+    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    r_ok = rows < T_Q
+    Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
+    W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
+    W1Q2, W2Q2, GQ2 = W1Q2 + b * T_Q * CQ2 * H, W2Q2 + b * T_Q * CQ2 * H, GQ2 + b * T_Q * H
+    W1K, W2K, GK = W1K + b * T_K * CK * H, W2K + b * T_K * CK * H, GK + b * T_K * H
+    W1K2, W2K2, GK2 = W1K2 + b * T_K * CK * H, W2K2 + b * T_K * CK * H, GK2 + b * T_K * H
+    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
+    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < T_K
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
+        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
+                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
+                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):                          # post hidden maps from every head's A
+            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, T_K, rows,
+                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
+                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
+                             HAS_K, CQB2, CKB)
+        for m in range(0, H):                          # each head's pattern times its values
+            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows,
+                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
+                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, m, rows, r_ok, cols, c_ok, CQ2, CK,
+                          H, HAS_K, CQB2, CKB)
+            p = p.to(V.dtype.element_ty)
+            for d0 in tl.static_range(0, BLOCK_D, DCH):        # d_head in chunks: registers
+                offs_d = d0 + tl.arange(0, DCH)
+                v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
+                                  + offs_d[None, :] * sv_d))
+                tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
+                              _dot(p, v, IEEE), mask=r_ok[:, None])
+
+
+def channel_weights(w: tuple, n_heads: int) -> tuple:
+    """`(w1q, w2q, gq, w1k, w2k, gk)` for this forward from `function.kernel_weights`'s
+    `(B, w1q, w2q, ddq, w1k, w2k, ddk)`: a static B other than I becomes H more query-wise
+    channels (w1 = I, w2 = B - I, constant in t)."""
+    static, w1q, w2q, gq, w1k, w2k, gk = w
+    eye = torch.eye(n_heads, device=w1q.device, dtype=torch.float32)
+    if not torch.equal(static, eye):
+        shape = (*w1q.shape[:2], n_heads, n_heads)
+        w1q = torch.cat([w1q, eye.expand(shape)], 2).contiguous()
+        w2q = torch.cat([w2q, (static - eye).expand(shape)], 2).contiguous()
+    return w1q, w2q, gq, w1k, w2k, gk
+
+
+def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
+    """Key splits per query tile so that the grid holds about TARGET_PROGRAMS programs."""
+    return max(1, min(key_tiles, math.ceil(TARGET_PROGRAMS / max(1, n_tiles * batch))))
+
+
+def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
+                 key_valid=None, block_m: int | None = None, block_n: int | None = None):
+    """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
+    `pre`, `post`: `channel_weights` tuples (key-wise three None when query-wise only);
+    block_m / block_n override both passes' LSE_BLOCKS / OUT_BLOCKS."""
+    B, T_Q, H, D_in = q.shape
+    T_K = k.shape[1]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q)
+    D = next_pow2(D_in)
+    if D != D_in:                          # zero d_head columns: the kernels never mask d
+        q, k, v = (torch.nn.functional.pad(t, (0, D - D_in)) for t in (q, k, v))
+    lse = torch.empty(B, H, T_Q, **f32)
+    if T_Q == 0:
+        return out, lse
+    has_k = pre[3] is not None
+    dummy = torch.zeros(1, **f32)
+    pre = tuple(dummy if t is None else t for t in pre)
+    post = tuple(dummy if t is None else t for t in post)
+    cq, cq2 = pre[0].shape[2], post[0].shape[2]
+    ck = pre[3].shape[2] if has_k else 1
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    w = -1 if window is None else int(window)
+    common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
+                  CQB=next_pow2(cq, minimum=1), CKB=next_pow2(ck, minimum=1), BLOCK_D=D,
+                  DCH=min(32, D), **TC_LAUNCH)
+
+    def grid(blocks):
+        bm, bn = block_m or blocks[0], block_n or blocks[1]
+        n_m = math.ceil(T_Q / bm)
+        ns = split_count(n_m, B, math.ceil(T_K / bn))
+        return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
+
+    fp32 = q.dtype == torch.float32
+    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
+    mp = torch.empty(ns, B, H, T_Q, **f32)
+    lp = torch.empty(ns, B, H, T_Q, **f32)
+    dcmha_tc_lse_kernel[(n_m, ns, B)](
+        q, k, mp, lp, kv, *pre, *q.stride(), *k.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, w, D, cq, ck, ns, scale, HB=next_pow2(H, minimum=1), **common,
+        **blocks)
+    m_max = mp.amax(0)
+    m_use = torch.where(m_max.isinf(), 0.0, m_max)
+    total = (lp * torch.exp2(mp - m_use)).sum(0)
+    lse.copy_(torch.where(total == 0, float("-inf"),
+                          (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
+    o = torch.zeros(B, T_Q, H, D, **f32)
+    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    dcmha_tc_out_kernel[(n_m, ns, B)](
+        q, k, v, o, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, w, D, cq, cq2, ck, ns, scale, CQB2=next_pow2(cq2, minimum=1),
+        **common, **blocks)
+    out.copy_(o[..., :D_in])
+    return out, lse
+
+
+__all__ = ["FP32_BLOCKS", "LSE_BLOCKS", "MAX_CHANNELS", "OUT_BLOCKS", "channel_weights",
+           "dcmha_tc_fwd", "dcmha_tc_lse_kernel", "dcmha_tc_out_kernel", "split_count"]

@@ -14,6 +14,7 @@ them for this prompt, stage and head (`explorer-shown` remembers what it shows).
 from __future__ import annotations
 
 from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
 
 from attnlens.dashboards.figures import (
     EXPORT_FORMATS,
@@ -32,6 +33,7 @@ from attnlens.dashboards.panels import (
     zoom_figure,
     zoom_table,
 )
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.plots import row_column_figure
 from attnlens.interp.plots.maps import mosaic_head
 from attnlens.interp.tools.explore import row_and_column
@@ -50,6 +52,7 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
+        drawn_store(ID),
         dcc.Store(id="explorer-selected", data=None),   # the clicked query and key
         loading(graph("explorer-grid")),
         html.Div([
@@ -126,20 +129,22 @@ def register(app, store):
     @app.callback(Output("explorer-grid", "figure"), Output("explorer-zoom", "figure"),
                   Output("explorer-zoom", "config"), Output("explorer-stages", "children"),
                   Output("explorer-shown", "data"), Output("explorer-error", "children"),
-                  Output("explorer-note", "children"),
-                  *SHARED, State("explorer-format", "value"), State("explorer-shown", "data"))
-    def _update(names, text, layer, head, stage, fmt, shown):
+                  Output("explorer-note", "children"), drawn_output(ID),
+                  *SHARED, TAB, State("explorer-format", "value"), State("explorer-shown", "data"),
+                  drawn_state(ID))
+    def _update(names, text, layer, head, stage, tab, fmt, shown, drawn):
+        drawn = when_shown(ID, tab, drawn, names, text, layer, head, stage)
         try:
             panel, grid, zoom, stages = compute(store, names, text, layer, head, stage)
             config = graph_config(panel.filename, fmt)
             zoom = drawn_with(zoom, config)
         except ValueError as err:
-            return {}, {}, graph_config(), [], {}, str(err), ""
+            return {}, {}, graph_config(), [], {}, str(err), "", drawn
         now = shown_keys(panel)
         shown = shown if isinstance(shown, dict) else {}
         grid = no_update if shown.get("grid") == now["grid"] else grid
         stages = no_update if shown.get("stages") == now["stages"] else stages
-        return grid, zoom, config, stages, now, "", panel.note
+        return grid, zoom, config, stages, now, "", panel.note, drawn
 
     @app.callback(Output("explorer-zoom", "config", allow_duplicate=True),
                   Input("explorer-format", "value"),
@@ -221,12 +226,15 @@ def register(app, store):
 
     @app.callback(Output("explorer-token", "figure"), Output("explorer-token", "style"),
                   Output("explorer-selected", "data"),
-                  Input("explorer-zoom", "clickData"), *SHARED, State("explorer-selected", "data"),
-                  prevent_initial_call=True)
-    def _token(click, names, text, layer, head, stage, selected):
+                  Input("explorer-zoom", "clickData"), *SHARED, TAB,
+                  State("explorer-selected", "data"), prevent_initial_call=True)
+    def _token(click, names, text, layer, head, stage, tab, selected):
         """A clicked cell's query row and key column. The selection belongs to the model and
         prompt it was made on: another head or stage shows the same query and key, a new
-        prompt or model clears it (its positions need not exist there: issue 56)."""
+        prompt or model clears it (its positions need not exist there: issue 56). Hidden,
+        the page computes nothing: it catches up when shown again."""
+        if tab != ID:
+            raise PreventUpdate
         hidden = {}, {"display": "none"}, None
         name = first_model(names)
         on = [name, text if isinstance(text, str) else ""]

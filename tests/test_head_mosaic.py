@@ -133,7 +133,8 @@ def _explorer(app, model: str, prompt: str, layer: int, head: int, stage: str) -
     key = next(k for k in app.callback_map if k.lstrip(".").startswith("explorer-grid"))
     spec = app.callback_map[key]
     values = {"tabs.value": "explorer", "ctl-models.value": [model],
-              "ctl-applied-prompt.data": prompt, "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
+              "ctl-applied-prompt.data": prompt, "ctl-layer.value": layer,
+              "ctl-head.value": head, "ctl-stage.value": stage,
               "explorer-format.value": "png", "explorer-shown.data": {}}
 
     def props(items):

@@ -15,6 +15,7 @@ from helpers import tiny_model
 
 # the computing callbacks of the pages that used to compute while hidden: (output, page)
 COMPUTING = [("compare-columns", "compare"), ("explorer-grid", "explorer"),
+             ("explorer-stages", "explorer"),
              ("variants-body", "variants"), ("variants-change", "variants"),
              ("gating-gates", "gating"), ("diversity-graph", "diversity")]
 

@@ -251,6 +251,8 @@ def register(app, store):
         name = first_model(names)
         on = [name, text if isinstance(text, str) else ""]
         if ctx.triggered_id != "explorer-zoom":
+            if selected is None:
+                raise PreventUpdate     # nothing selected: the panel is hidden already
             if not isinstance(selected, dict) or selected.get("on") != on:
                 return hidden
         try:

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlencode
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update, set_props
 from flask_compress import Compress
 
+from attnlens.dashboards import graph_pick
 from attnlens.dashboards.figures import MAX_COMPARED, error_box
 from attnlens.dashboards.guards import APP_ERROR, guard_envelopes, on_callback_error
 from attnlens.dashboards.pages import PAGES
@@ -353,4 +354,5 @@ def create_app(store, host: str | None = None) -> Dash:
     _register_shared(app, store)
     for page in PAGES:
         page.register(app, store)
+    graph_pick.register(app)       # the Attribution graph's picked node, marked in its figure
     return app

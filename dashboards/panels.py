@@ -14,7 +14,7 @@ import pandas as pd
 from attnlens.dashboards.figures import safe_filename
 from attnlens.dashboards.map_cache import MAP_CACHE
 from attnlens.hooked_models.attention import Stage
-from attnlens.interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict
+from attnlens.interp.plots.maps import WINDOW, head_mosaic_figure, map_figure_dict, token_ticks
 from attnlens.interp.tools.explore import (
     ExploreView,
     all_map_keys,
@@ -27,6 +27,8 @@ from attnlens.interp.tools.explore import (
 
 THUMBNAIL = 32       # thumbnails are block means onto at most 32 x 32 cells
 STAGE_VIEW = 128     # the zoomed head's other stages: at most 128 x 128
+STAGE_TICKS = 16     # tick labels per axis of a stage view: more overlap in its 420 px
+STAGE_TICK_CHARS = 10   # a longer tick label is cut with "…" (the hover names it in full)
 FULL = 1024          # the zoomed head itself: full size up to this many tokens
 
 
@@ -209,12 +211,23 @@ def mosaic_figure(panel: Panel, cell_px: int = 100) -> dict:
     return MAP_CACHE.memo(panel.cache_key, ("mosaic", panel.stage.name, cell_px), build)
 
 
+def _few_ticks(fig: dict, labels: list[str]) -> dict:
+    """`fig` labelled by at most STAGE_TICKS short tick labels per axis: a small figure of a
+    long text prompt had 48 labels per axis overlapping each other (issue 56)."""
+    ticks = token_ticks(labels, STAGE_TICKS)
+    ticks["ticktext"] = [t if len(t) <= STAGE_TICK_CHARS else t[:STAGE_TICK_CHARS - 1] + "…"
+                         for t in ticks["ticktext"]]
+    for axis in ("xaxis", "yaxis"):
+        fig["layout"][axis].update(ticks)
+    return fig
+
+
 def stage_figures(panel: Panel) -> list[dict]:
     """The zoomed head at every map stage of its layer (downsampled beyond STAGE_VIEW)."""
     labels = downsample_labels(panel.labels, STAGE_VIEW)
-    return [_fit_labels(map_figure_dict(downsample(maps[panel.head], STAGE_VIEW), s, labels,
-                                        height=420, title=f"L{panel.layer}H{panel.head} "
-                                        f"hook_{s.name} ({s.softmax})"))
+    return [_fit_labels(_few_ticks(map_figure_dict(
+                downsample(maps[panel.head], STAGE_VIEW), s, labels, height=420,
+                title=f"L{panel.layer}H{panel.head} hook_{s.name} ({s.softmax})"), labels))
             for s, maps in panel.view.zoom]
 
 

@@ -69,7 +69,9 @@ def fast_tier_files(times: dict[str, float]) -> dict[str, float]:
 def run_fast(workers: str) -> tuple[float, dict[str, float], int]:
     OUT.mkdir(parents=True, exist_ok=True)
     xml = OUT / "fast.xml"
-    cmd = [sys.executable, "-m", "pytest", "-n", workers, "-m", "not reproduce and not install",
+    # the schedule of make test (scripts/test.sh, tests/schedule.py)
+    cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadfile",
+           "--no-loadscope-reorder", "-m", "not reproduce and not install",
            "-q",
            "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_duration_report=total"]
     start = time.monotonic()

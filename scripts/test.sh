@@ -10,9 +10,13 @@ bash scripts/ensure_browser.sh
 . .venv/bin/activate
 ruff check .
 workers=${ATTNLENS_TEST_WORKERS:-auto}
+# One file per worker at a time, longest files first (tests/schedule.py: its XDIST_ARGS; the
+# order comes from tests/conftest.py): a file's module fixtures (server, Chromium, model store)
+# are built once, and no long file starts last while the other worker idles.
+dist=(--dist loadfile --no-loadscope-reorder)
 if [ "${ATTNLENS_SKIP_BROWSER:-0}" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   echo "attnlens: ATTNLENS_SKIP_BROWSER=1 and no chromium: the browser tests are NOT run" >&2
-  python -m pytest -n "$workers" -m "not reproduce and not install and not browser" "$@"
+  python -m pytest -n "$workers" "${dist[@]}" -m "not reproduce and not install and not browser" "$@"
 else
-  python -m pytest -n "$workers" -m "not reproduce and not install" "$@"
+  python -m pytest -n "$workers" "${dist[@]}" -m "not reproduce and not install" "$@"
 fi

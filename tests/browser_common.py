@@ -4,12 +4,15 @@ save a screenshot."""
 
 from __future__ import annotations
 
+POLL_S = 0.05   # WebDriverWait's default 0.5 s left a worker idle ~0.25 s per wait
+
 
 def wait(driver, script, timeout=60):
-    """Run `script` in the page until it returns something truthy; returns that."""
+    """Run `script` in the page every POLL_S until it returns something truthy; returns that."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script))
+    return WebDriverWait(driver, timeout, poll_frequency=POLL_S).until(
+        lambda d: d.execute_script(script))
 
 
 def figure(graph_id, expr):

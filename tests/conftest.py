@@ -94,6 +94,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Check the tier marks, then put the longest test files first (tests/schedule.py): with
+    `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) xdist hands out the files in
+    this order, the greedy longest-first schedule, so no long file starts last."""
+    from schedule import file_durations, order_key
     from tiers import check_marks
 
     check_marks(items)
+    key = order_key(file_durations())
+    items.sort(key=lambda item: key(item.nodeid))

@@ -27,7 +27,10 @@ def layout_props(layout, values: dict | None = None) -> dict:
 
 
 def call(app, output_prefix: str, values: dict, changed: str | None = None):
-    """POST one callback to /_dash-update-component; returns (status, response dict)."""
+    """POST one callback to /_dash-update-component; returns (status, response dict). The tab
+    shown is the callback's page (the first word of `output_prefix`) unless `values` names
+    one: hidden pages compute nothing (dashboards/visible.py)."""
+    values = {"tabs.value": output_prefix.split("-")[0], **values}
     key = next(k for k in app.callback_map if k.lstrip(".").startswith(output_prefix))
     spec = app.callback_map[key]
 

@@ -322,6 +322,17 @@ def test_outputs_page_notes(app):
 
 # -- Induction heads page ----------------------------------------------------------------------
 
+def test_induction_scores_of_a_composed_pattern_say_they_are_not_attention_mass(app):
+    """Issue 56 item 6: DCMHA's `pattern` after Compose is a signed mix of heads (text-dcmha-l4mlp
+    L3H0 scores 2.72, rows summing to 3.4 on average): the page says what such a score is, and
+    names the row-stochastic stage; a plain softmax pattern needs no such note."""
+    note = response(app, "heads-scores", values("heads", ["tiny-dcmha", "tiny-mha"]))[
+        "heads-note"]["children"]
+    assert "tiny-dcmha: hook_pattern is not an attention distribution" in note
+    assert "not attention mass" in note and "hook_probs is the row-stochastic stage" in note
+    assert "tiny-mha: hook_pattern" not in note
+
+
 def test_induction_page_scores_every_model(app, store):
     out = response(app, "heads-scores", values("heads", ["tiny-mha", "tiny-dcmha"]))
     figures = out["heads-scores"]["children"]

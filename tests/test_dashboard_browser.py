@@ -168,3 +168,53 @@ def test_store_errors(store):
         store.get("nope")
     with pytest.raises(ValueError, match="reads at most 48"):
         store.prompt("tiny-mha", "a" * 60)
+
+
+# record every callback request's output and status (the page's fetches)
+RECORD = """
+window.__calls = [];
+if (!window.__fetch) { window.__fetch = window.fetch; }
+window.fetch = async function(url, opts) {
+    const r = await window.__fetch(url, opts);
+    try { window.__calls.push([JSON.parse(opts.body).output, r.status]); } catch (e) {}
+    return r;
+};"""
+
+
+def _calls(browser, settle=1.0):
+    """[(first output id of the callback, HTTP status)] of the requests since RECORD."""
+    import time
+
+    time.sleep(settle)      # the last responses of the change land
+    return [(out.lstrip(".").split(".")[0], status)
+            for out, status in browser.execute_script("return window.__calls")]
+
+
+def test_only_the_shown_page_computes(server, browser, store, shots):
+    """Issue 56 item 3: a head change on the explorer ran Compare, Variants, Gating and
+    Diversity too (a 2.4 s Compare request while the user was on the explorer). Now their
+    requests answer 204 (nothing computed); a page computes when its tab is shown after its
+    inputs changed, and not again when they did not."""
+    browser.get(f"{server}/?page=explorer&models=tiny-mha,tiny-infini&layer=0&head=0")
+    wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('L0H0') || null"))
+    browser.execute_script(RECORD)
+    choose(browser, "ctl-head", "2")
+    wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('L0H2') || null"))
+    calls = _calls(browser)
+    computed = {out for out, status in calls if status == 200}
+    assert "explorer-grid" in computed, calls
+    for page in ("compare", "variants", "gating", "diversity"):
+        assert not any(out.startswith(f"{page}-") for out in computed), (page, calls)
+    # the Compare tab shown: it draws the head chosen while it was hidden
+    browser.execute_script(RECORD)
+    next(t for t in browser.find_elements("css selector", ".tab")
+         if t.text.strip() == "Compare models").click()
+    wait(browser, figure("compare-zoom-0", "g.layout.title.text.includes('L0H2') || null"))
+    # back on the explorer, nothing changed: it computes nothing
+    browser.execute_script(RECORD)
+    next(t for t in browser.find_elements("css selector", ".tab")
+         if t.text.strip() == "Attention explorer").click()
+    wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('L0H2') || null"))
+    calls = _calls(browser)
+    assert not any(out.startswith("explorer-") for out, status in calls if status == 200), \
+        calls

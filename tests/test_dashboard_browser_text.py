@@ -147,3 +147,69 @@ def test_a_short_prompt_after_the_default_text_redraws_the_zoomed_map(server, br
                            f"{{value: [{other!r}]}});")
     wait(browser, shows_whole_map(f"{other} L1H2"))
     assert not browser.find_element("id", "explorer-error").text
+
+
+# tick labels of a drawn graph (`g`) that overlap the previous label on their axis
+OVERLAPS = """
+    const out = [];
+    for (const sel of ['.xtick text', '.ytick text']) {
+        const boxes = [...g.querySelectorAll(sel)].map(t => t.getBoundingClientRect())
+            .filter(b => b.width > 0);
+        for (let i = 1; i < boxes.length; i++) {
+            const a = boxes[i - 1], b = boxes[i];
+            if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 &&
+                b.top < a.bottom - 1) { out.push(sel + ' ' + i); }
+        }
+    }
+    return out;"""
+
+
+def test_the_stage_views_of_a_long_prompt_have_legible_tick_labels(server, browser, shots):
+    """Issue 56 item 6: the explorer's small stage views of the ~500-token default text put 48
+    tick labels per axis into about 220 px: they overlapped. Every stage view's labels stand
+    apart now."""
+    name = OPENED[0]
+    browser.get(f"{server}/?page=explorer&models={name}&layer=1&head=2")
+    count = wait(browser, "const gs = document.querySelectorAll('#explorer-stages "
+                          ".js-plotly-plot'); return gs.length >= 2 && [...gs].every(g => "
+                          "g.querySelector('.ytick text')) ? gs.length : null", timeout=120)
+    graphs = browser.find_elements("css selector", "#explorer-stages .js-plotly-plot")
+    assert len(graphs) == count
+    for g in graphs:
+        assert browser.execute_script(f"const g = arguments[0]; {OVERLAPS}", g) == []
+        assert len(g.find_elements("css selector", ".ytick text")) >= 8   # still labelled
+    browser.execute_script("document.getElementById('explorer-stages').scrollIntoView();")
+    browser.save_screenshot(str(shots / "text-explorer-stages.png"))
+
+
+def test_the_diversity_legend_names_the_lines_of_both_panels(server, browser, shots):
+    """Issue 56 item 6: the legend showed only the QK panel's colours; the OV lines took
+    others. Now a layer has one colour in both panels, the one its legend entry shows."""
+    name = DEEP[0]
+    browser.get(f"{server}/?page=diversity&model={name}")
+    lines = wait(browser, figure("diversity-graph", (
+        "g._fullData.length > 4 ? g._fullData.map(t => [t.name, t.xaxis, t.line.color, "
+        "t.showlegend]) : null")), timeout=120)
+    legend = {n: c for n, _, c, shown in lines if shown}
+    assert {n for n, *_ in lines} == set(legend) and len(legend) >= 5   # L0..L3, random init
+    for n, axis, c, _ in lines:
+        assert c == legend[n], f"{n} on {axis} is {c}; its legend entry shows {legend[n]}"
+    assert {axis for _, axis, _, _ in lines} >= {"x", "x2"}
+    browser.save_screenshot(str(shots / f"text-diversity-legend-{name}.png"))
+
+
+def test_the_cope_gating_heatmap_labels_every_head(server, browser, store, shots):
+    """Issue 56 item 6: a 4-layer CoPE model's rows were squeezed into the default height and
+    plotly dropped every other head label. Every head is labelled now, rows apart, L0H0 on
+    top."""
+    name = next(n for n in store.names if n.startswith("text-cope") and n.endswith("l4mlp"))
+    model = store.get(name)
+    browser.get(f"{server}/?page=gating&model={name}")
+    rows = wait(browser, figure("gating-gates", "g.data[0].y.length"), timeout=120)
+    assert rows == model.cfg.n_layers * model.cfg.n_heads
+    g = browser.find_element("id", "gating-gates")
+    labels = [t.text for t in g.find_elements("css selector", ".ytick text")]
+    assert labels == [f"L{la}H{h}" for la in range(model.cfg.n_layers)
+                      for h in range(model.cfg.n_heads)]
+    assert browser.execute_script(f"const g = arguments[0]; {OVERLAPS}", g) == []
+    g.screenshot(str(shots / f"text-gating-{name}.png"))

@@ -239,3 +239,21 @@ def test_a_node_picked_from_the_list_shows_its_details(server, browser, store, s
     assert "strongest" in details
     browser.execute_script("document.getElementById('graph-pick').scrollIntoView();")
     screenshot(browser, shots, "graph-node-picked")
+
+
+@pytest.mark.browser
+def test_the_picked_node_is_marked_in_the_figure(server, browser, shots):
+    """Issue 56 item 6: a node picked from the list (or clicked) showed its details, but the
+    figure did not say which dot it was. Now it alone is drawn at full strength and larger."""
+    browser.get(f"{server}/?page=graph&model=tiny-mha")
+    wait(browser, figure("graph-figure", "g.data.some(t => t.customdata) || null"), timeout=120)
+    browser.find_element("id", "graph-pick").click()
+    options = wait(browser, "const o = [...document.querySelectorAll('[role=option]')];"
+                            "return o.length > 1 ? o : null")
+    options[1].click()          # the second most influential node
+    marked = wait(browser, figure("graph-figure", (
+        "g.data.some(t => t.selectedpoints) ? g.data.filter(t => t.selectedpoints)"
+        ".flatMap(t => Array.from(t.selectedpoints).map(j => t.customdata[j])) : null")))
+    assert len(marked) == 1
+    wait(browser, "return document.getElementById('graph-node').innerText.trim().length > 0")
+    browser.find_element("id", "graph-figure").screenshot(str(shots / "graph-picked.png"))

@@ -271,7 +271,9 @@ def test_explorer_grid_zoom_and_stages(app, store):
     assert out["explorer-zoom"]["config"]["toImageButtonOptions"]["filename"] == \
         "tiny-mta_L1H3_pattern"
     n_maps = len([s for s in store.get("tiny-mta").stages(1) if s.is_map])
-    assert len(out["explorer-stages"]["children"]) == n_maps
+    _, stages = call(app, "explorer-stages", shared(["tiny-mta"], layer=1, head=3,
+                                                    stage="pattern", prompt="abcab"))
+    assert len(stages["response"]["explorer-stages"]["children"]) == n_maps
 
 
 @pytest.mark.parametrize("layer, head, stage, message, shown", [

@@ -282,7 +282,14 @@ def test_explorer_leaves_out_what_the_browser_already_shows(app):
                                            "explorer-shown.data": shown})
     out = again["response"]
     assert "explorer-grid" not in out                     # same thumbnails: not sent again
-    assert "explorer-stages" in out and out["explorer-zoom"]["figure"]["data"]
+    assert out["explorer-zoom"]["figure"]["data"]
+    # the stage views come in their own request, again for another head, not for a stage
+    _, stages = call(app, "explorer-stages", {**values, "ctl-head.value": 1})
+    assert stages["response"]["explorer-stages"]["children"]
+    drawn = {"explorer-drawn-stages.data": stages["response"]["explorer-drawn-stages"]["data"]}
+    status, _ = call(app, "explorer-stages", {**values, "ctl-head.value": 1, **drawn},
+                     changed="tabs.value")
+    assert status == 204
     _, other = call(app, "explorer-grid", {**values, "ctl-stage.value": "attn_scores",
                                            "explorer-shown.data": out["explorer-shown"]["data"]})
     assert other["response"]["explorer-grid"]["figure"]["data"]

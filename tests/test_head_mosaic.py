@@ -132,8 +132,9 @@ def _explorer(app, model: str, prompt: str, layer: int, head: int, stage: str) -
     """The explorer's update callback through Dash's endpoint; its outputs."""
     key = next(k for k in app.callback_map if k.lstrip(".").startswith("explorer-grid"))
     spec = app.callback_map[key]
-    values = {"ctl-models.value": [model], "ctl-applied-prompt.data": prompt,
-              "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
+    values = {"tabs.value": "explorer", "ctl-models.value": [model],
+              "ctl-applied-prompt.data": prompt, "ctl-layer.value": layer,
+              "ctl-head.value": head, "ctl-stage.value": stage,
               "explorer-format.value": "png", "explorer-shown.data": {}}
 
     def props(items):

@@ -67,7 +67,8 @@ class Explorer:
 
     def post(self, text: str, layer: int, head: int, stage: str) -> tuple[float, int, int]:
         """(ms, bytes sent, bytes before compression) of one update."""
-        values = {"ctl-models.value": ["m"], "ctl-applied-prompt.data": text,
+        values = {"tabs.value": "explorer", "ctl-models.value": ["m"],
+                  "ctl-applied-prompt.data": text,
                   "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
                   "explorer-format.value": "png", "explorer-shown.data": self.shown}
 

@@ -84,12 +84,14 @@ def measure(variant: str, args, rng: random.Random) -> list[dict]:
     store = ModelStore()
     store.add("m", model, "abc")
     app = create_app(store)
-    pages = {f"variants {v}": (Callback(app, "variants-body"), {"variants-view.value": v})
+    pages = {f"variants {v}": (Callback(app, "variants-body"), {"variants-view.value": v,
+                                                        "tabs.value": "variants"})
              for v in available_views(model)}
     for v in available_views(model):
         if v in CHANGE_MODES:   # the stage-change table: its own callback, drawn after
             pages[f"variants {v} stage change"] = (Callback(app, "variants-change"),
-                                                   {"variants-view.value": v})
+                                                   {"variants-view.value": v,
+                                                    "tabs.value": "variants"})
     pages["token view"] = (Callback(app, "tokens-text"), {"tokens-mode.value": "head"})
     pages["head view"] = (Callback(app, "tokens-lines"), {})
     rows = []

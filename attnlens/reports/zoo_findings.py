@@ -14,16 +14,18 @@ import re
 from collections.abc import Iterable
 
 INTRO = """\
-Small transformers trained here on two CPU cores on the source files of the Python standard
-library, 512-token context, with the byte-level BPE tokenizer (4,096 tokens) they were trained
-with; each `card.json` holds the exact command, data, tokens seen, wall and CPU time, and metrics
-re-measured by `python -m attnlens.lab.evaluate NAME`. Score: the best head's attention on the
-induction stripe of the zoo's probe (`[BOS] r r`, 150 random ids, held-out seed 20261125), at the
-`pattern` stage and, for MTA, DCMHA and Infini, whose pattern is not a plain softmax, also at
-their row-stochastic stage; copy ratio: the second copy's loss over the first's; a model copies
-when a score reaches 0.3 and the ratio is below 0.5 (the bar of
-[Induction heads across variants](#induction-heads-across-variants)). One training seed each
-(0), so no interval."""
+Small transformers trained here on two CPU cores on the source files of the Python standard library,
+512-token context, with the byte-level BPE tokenizer (4,096 tokens) they were trained with; each
+`card.json` holds the exact command, data, tokens seen, wall and CPU time, and metrics re-measured
+by `python -m attnlens.lab.evaluate NAME`. Score: the best head's attention on the induction stripe
+of the zoo's probe (`[BOS] r r`, 150 random ids, held-out seed 20261125), at the `pattern` stage
+and, for MTA, DCMHA and Infini, whose pattern is not a plain softmax, also at their row-stochastic
+stage. Where the pattern is not row-stochastic its score is not attention mass but a signed weight:
+DCMHA's post-Compose pattern mixes the heads' maps (text-dcmha-l4mlp's L3H0 rows on the probe sum to
+3.4 on average, -1.0 to 11.2, entries -1.4 to 8.9), so its 2.72 can exceed 1, and the row-stochastic
+stage's score is the attention mass; copy ratio: the second copy's loss over the first's; a model
+copies when a score reaches 0.3 and the ratio is below 0.5 (the bar of [Induction heads across
+variants](#induction-heads-across-variants)). One training seed each (0), so no interval."""
 
 FINDINGS = """\
 Every model saw the same 41M tokens: five 2-layer attention-only models of 4 heads, their

@@ -7,9 +7,11 @@
 
 and append it to PAGES. A page reads the shared controls (`ctl-models`, `ctl-applied-prompt`,
 `ctl-layer`, `ctl-head`, `ctl-stage`; see dashboards/app.py) as callback Inputs or keeps its
-own. It calls interp for numbers and attnlens.interp.plots for figures, checks request values with
-`attnlens.dashboards.figures` / `attnlens.dashboards.panels.build_panel`, and shows a ValueError's
-message in the page instead of raising.
+own; a callback that computes takes the tab too and does nothing while its page is hidden
+(`attnlens.dashboards.visible.when_shown`). It calls interp for numbers and
+attnlens.interp.plots for figures, checks request values with `attnlens.dashboards.figures` /
+`attnlens.dashboards.panels.build_panel`, and shows a ValueError's message in the page instead
+of raising.
 """
 
 from attnlens.dashboards.pages import (

@@ -12,6 +12,7 @@ from dash import Input, Output, dcc, html
 
 from attnlens.dashboards.figures import check_models, error_box, graph, graph_config, loading
 from attnlens.dashboards.panels import build_panel, mosaic_figure, zoom_figure
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.plots.colors import colorbar_title
 from attnlens.interp.plots.maps import MapScale
 
@@ -37,6 +38,7 @@ def layout(store):
                                  LINK["scale"][1], id="compare-scale", inline=True)],
                  style={"display": "flex", "gap": "8px", "alignItems": "center"}),
         error_box("compare-error"),
+        drawn_store(ID),
         loading(html.Div(id="compare-columns", style={"display": "flex", "gap": "12px",
                                                       "flexWrap": "wrap"})),
     ])
@@ -110,11 +112,14 @@ def compute(store, names, text, layer, head, stage, scale: str = "shared") -> li
 
 def register(app, store):
     @app.callback(Output("compare-columns", "children"), Output("compare-error", "children"),
+                  drawn_output(ID),
                   Input("ctl-models", "value"), Input("ctl-applied-prompt", "data"),
                   Input("ctl-layer", "value"), Input("ctl-head", "value"),
-                  Input("ctl-stage", "value"), Input("compare-scale", "value"))
-    def _update(names, text, layer, head, stage, scale):
+                  Input("ctl-stage", "value"), Input("compare-scale", "value"), TAB,
+                  drawn_state(ID))
+    def _update(names, text, layer, head, stage, scale, tab, drawn):
+        drawn = when_shown(ID, tab, drawn, names, text, layer, head, stage, scale)
         try:
-            return compute(store, names, text, layer, head, stage, scale), ""
+            return compute(store, names, text, layer, head, stage, scale), "", drawn
         except ValueError as err:
-            return [], str(err)
+            return [], str(err), drawn

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dash import Input, Output, dcc, html
 
 from attnlens.dashboards.figures import error_box, frame_table, graph, loading
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.plots import diversity_figure
 from attnlens.interp.tools.diversity import diversity_summary, head_diversity
 
@@ -23,22 +24,25 @@ def layout(store):
                "90% at small k means redundant heads (Cordonnier et al. 2020). The dashed line "
                "is a random-init layer of the same shape."),
         error_box("diversity-error"),
+        drawn_store(ID),
         loading([graph("diversity-graph"), html.Div(id="diversity-summary")]),
     ])
 
 
 def register(app, store):
     @app.callback(Output("diversity-graph", "figure"), Output("diversity-summary", "children"),
-                  Output("diversity-error", "children"),
-                  Input("ctl-model", "value"), Input("diversity-composed", "value"))
-    def _update(name, composed):
+                  Output("diversity-error", "children"), drawn_output(ID),
+                  Input("ctl-model", "value"), Input("diversity-composed", "value"), TAB,
+                  drawn_state(ID))
+    def _update(name, composed, tab, drawn):
+        drawn = when_shown(ID, tab, drawn, name, composed)
         try:
             with store.using(name) as model:
                 curves = head_diversity(model, composed=isinstance(composed, list)
                                        and "composed" in composed)
         except ValueError as err:
-            return {}, "", str(err)
-        return diversity_figure(curves), summary_table(diversity_summary(curves)), ""
+            return {}, "", str(err), drawn
+        return diversity_figure(curves), summary_table(diversity_summary(curves)), "", drawn
 
 
 def summary_table(summary) -> list:

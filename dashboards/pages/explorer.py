@@ -8,12 +8,14 @@ Speed (`attnlens/benchmarks/explorer.py`): the maps come from `attnlens.dashboar
 forward per model and prompt); the thumbnails are ONE heatmap (tiles with NaN gutters, a click
 mapped back to its head by the cell's axis labels), memoised with the maps; every figure is a
 plain dict with typed float32 arrays (no plotly validation, no per-number JSON); a response
-leaves out (`no_update`) the thumbnails and the stage views when the browser already shows
-them for this prompt, stage and head (`explorer-shown` remembers what it shows)."""
+leaves out (`no_update`) the thumbnails when the browser already shows them for this prompt and
+stage (`explorer-shown` remembers what it shows); the stage views come in a request of their
+own, made again only for another prompt, layer or head."""
 
 from __future__ import annotations
 
 from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
 
 from attnlens.dashboards.figures import (
     EXPORT_FORMATS,
@@ -32,6 +34,7 @@ from attnlens.dashboards.panels import (
     zoom_figure,
     zoom_table,
 )
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.plots import row_column_figure
 from attnlens.interp.plots.maps import mosaic_head
 from attnlens.interp.tools.explore import row_and_column
@@ -50,6 +53,7 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
+        drawn_store(ID), drawn_store(ID, "stages"),
         dcc.Store(id="explorer-selected", data=None),   # the clicked query and key
         loading(graph("explorer-grid")),
         html.Div([
@@ -74,14 +78,15 @@ def first_model(names):
 
 
 def compute(store, names, text, layer, head, stage):
-    """The page's outputs for one request; raises ValueError for bad input."""
+    """The panel, thumbnails and zoomed map of one request (the stage views: `stage_graphs`);
+    raises ValueError for bad input."""
     if not names:
         raise ValueError("choose a model")
     name = first_model(names)
     panel = build_panel(store, name, text, layer, head, stage)
     grid = mosaic_figure(panel)
     warm_tiles(store, panel)          # a new prompt: every stage's tiles, once
-    return panel, grid, zoom_figure(panel), stage_graphs(panel)
+    return panel, grid, zoom_figure(panel)
 
 
 def stage_graphs(panel) -> list:
@@ -95,11 +100,8 @@ def stage_graphs(panel) -> list:
 
 
 def shown_keys(panel) -> dict:
-    """What the browser shows after this response: a key for the thumbnails (prompt, stage)
-    and one for the stage views (prompt, layer, head)."""
-    entry = hash(panel.cache_key)
-    return {"grid": f"{entry}|{panel.stage.name}",
-            "stages": f"{entry}|{panel.layer}|{panel.head}"}
+    """What the browser shows after this response: a key for the thumbnails (prompt, stage)."""
+    return {"grid": f"{hash(panel.cache_key)}|{panel.stage.name}"}
 
 
 def _position(labels: list[str], value) -> int:
@@ -124,22 +126,37 @@ def drawn_with(figure: dict, config: dict) -> dict:
 
 def register(app, store):
     @app.callback(Output("explorer-grid", "figure"), Output("explorer-zoom", "figure"),
-                  Output("explorer-zoom", "config"), Output("explorer-stages", "children"),
-                  Output("explorer-shown", "data"), Output("explorer-error", "children"),
-                  Output("explorer-note", "children"),
-                  *SHARED, State("explorer-format", "value"), State("explorer-shown", "data"))
-    def _update(names, text, layer, head, stage, fmt, shown):
+                  Output("explorer-zoom", "config"), Output("explorer-shown", "data"),
+                  Output("explorer-error", "children"), Output("explorer-note", "children"),
+                  drawn_output(ID),
+                  *SHARED, TAB, State("explorer-format", "value"), State("explorer-shown", "data"),
+                  drawn_state(ID))
+    def _update(names, text, layer, head, stage, tab, fmt, shown, drawn):
+        drawn = when_shown(ID, tab, drawn, names, text, layer, head, stage)
         try:
-            panel, grid, zoom, stages = compute(store, names, text, layer, head, stage)
+            panel, grid, zoom = compute(store, names, text, layer, head, stage)
             config = graph_config(panel.filename, fmt)
             zoom = drawn_with(zoom, config)
         except ValueError as err:
-            return {}, {}, graph_config(), [], {}, str(err), ""
+            return {}, {}, graph_config(), {}, str(err), "", drawn
         now = shown_keys(panel)
         shown = shown if isinstance(shown, dict) else {}
         grid = no_update if shown.get("grid") == now["grid"] else grid
-        stages = no_update if shown.get("stages") == now["stages"] else stages
-        return grid, zoom, config, stages, now, "", panel.note
+        return grid, zoom, config, now, "", panel.note, drawn
+
+    # The stage views in their own request (issue 56 item 3): the zoomed map's response no
+    # longer waits for them nor carries them, and the browser draws the map before it mounts
+    # the stage views' graphs (~0.4 s of a head change's 1.5 s in headless Chromium). They do
+    # not depend on the bar's stage: a stage change does not call this.
+    @app.callback(Output("explorer-stages", "children"), drawn_output(ID, "stages"),
+                  *SHARED[:4], TAB, State("ctl-stage", "value"), drawn_state(ID, "stages"))
+    def _stages(names, text, layer, head, tab, stage, drawn):
+        drawn = when_shown(ID, tab, drawn, names, text, layer, head)
+        try:
+            panel = build_panel(store, first_model(names), text, layer, head, stage)
+        except ValueError:
+            return [], drawn        # the zoom's callback says what is wrong
+        return stage_graphs(panel), drawn
 
     @app.callback(Output("explorer-zoom", "config", allow_duplicate=True),
                   Input("explorer-format", "value"),
@@ -221,16 +238,21 @@ def register(app, store):
 
     @app.callback(Output("explorer-token", "figure"), Output("explorer-token", "style"),
                   Output("explorer-selected", "data"),
-                  Input("explorer-zoom", "clickData"), *SHARED, State("explorer-selected", "data"),
-                  prevent_initial_call=True)
-    def _token(click, names, text, layer, head, stage, selected):
+                  Input("explorer-zoom", "clickData"), *SHARED, TAB,
+                  State("explorer-selected", "data"), prevent_initial_call=True)
+    def _token(click, names, text, layer, head, stage, tab, selected):
         """A clicked cell's query row and key column. The selection belongs to the model and
         prompt it was made on: another head or stage shows the same query and key, a new
-        prompt or model clears it (its positions need not exist there: issue 56)."""
+        prompt or model clears it (its positions need not exist there: issue 56). Hidden,
+        the page computes nothing: it catches up when shown again."""
+        if tab != ID:
+            raise PreventUpdate
         hidden = {}, {"display": "none"}, None
         name = first_model(names)
         on = [name, text if isinstance(text, str) else ""]
         if ctx.triggered_id != "explorer-zoom":
+            if selected is None:
+                raise PreventUpdate     # nothing selected: the panel is hidden already
             if not isinstance(selected, dict) or selected.get("on") != on:
                 return hidden
         try:

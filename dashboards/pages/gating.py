@@ -7,6 +7,7 @@ from __future__ import annotations
 from dash import Input, Output, State, ctx, dcc, html
 
 from attnlens.dashboards.figures import graph, loading
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.plots import cope_category_figure, gate_figure, memory_figure
 from attnlens.interp.tools.gating import gate_values
 from attnlens.interp.variants.cope import cope_layers, gates_by_category
@@ -29,6 +30,7 @@ def layout(store):
             html.Button("run", id="gating-run", n_clicks=0),
         ], style={"display": "flex", "gap": "8px", "marginTop": "8px"}),
         html.Div(id="gating-error", style={"color": "#b00020"}),
+        drawn_store(ID),
         loading([graph("gating-gates"), graph("gating-memory")]),
     ])
 
@@ -54,20 +56,29 @@ def register(app, store):
 
     @app.callback(Output("gating-gates", "figure"), Output("gating-memory", "figure"),
                   Output("gating-memory", "style"), Output("gating-error", "children"),
+                  drawn_output(ID),
                   Input("ctl-model", "value"), Input("gating-run", "n_clicks"),
-                  Input("gating-text", "n_blur"), State("gating-text", "value"))
-    def _update(name, _clicks, _blur, text):
-        if ctx.triggered_id in (None, "ctl-model"):
-            # the page's first draw, or a new model while the box still holds the previous
-            # model's text: this model's default text (what the box is about to show)
-            text = store.default_text.get(name, "") if isinstance(name, str) else ""
-        try:
-            prompt = store.prompt(name, text)
-            with store.using(name) as model:
-                gates = _gates(model, prompt.tokens)
-                if not memory_layers(model):
-                    return gates, {}, {"display": "none"}, prompt.note
-                memory = memory_specialisation(model, prompt.tokens)
-        except ValueError as err:
-            return {}, {}, {"display": "none"}, str(err)
-        return gates, memory_figure(memory), {}, prompt.note
+                  Input("gating-text", "n_blur"), TAB, State("gating-text", "value"),
+                  drawn_state(ID))
+    def _update(name, clicks, blur, tab, text, drawn):
+        drawn = when_shown(ID, tab, drawn, name, clicks, blur)
+        return (*_draw(store, name, text), drawn)
+
+
+def _draw(store, name, text):
+    """The gate figures of model `name` on `text` (its default text when the model changed)."""
+    if ctx.triggered_id in (None, "ctl-model", "tabs"):
+        # the page's first draw, or a new model (maybe while the page was hidden) while the
+        # box still holds the previous model's text: this model's default text (what the box
+        # is about to show)
+        text = store.default_text.get(name, "") if isinstance(name, str) else ""
+    try:
+        prompt = store.prompt(name, text)
+        with store.using(name) as model:
+            gates = _gates(model, prompt.tokens)
+            if not memory_layers(model):
+                return gates, {}, {"display": "none"}, prompt.note
+            memory = memory_specialisation(model, prompt.tokens)
+    except ValueError as err:
+        return {}, {}, {"display": "none"}, str(err)
+    return gates, memory_figure(memory), {}, prompt.note

@@ -31,6 +31,7 @@ from attnlens.interp.plots.outputs import (
     scores_figure,
     training_curve_figure,
 )
+from attnlens.interp.tools.explore import find_map_stage
 from attnlens.interp.tools.induction_study import (
     METRICS_FILE,
     ablation_effect,
@@ -38,6 +39,7 @@ from attnlens.interp.tools.induction_study import (
     probe_scores,
     training_curve,
 )
+from attnlens.interp.tools.text_eval import distribution_stage
 
 TITLE = "Induction heads"
 ID = "heads"
@@ -215,6 +217,9 @@ def scores(store, names, text, kind, half, stage, rank_by="induction") -> tuple[
             notes.append(replaced if replaced.startswith(name) else f"{name}: {replaced}")
         if note:
             notes.append(f"{name}: {note}")
+        meaning = score_meaning(model, name, shown)
+        if meaning:
+            notes.append(meaning)
         columns = SCORES + (["induction_stripe"] if "induction_stripe" in table else [])
         block = [graph(f"heads-scores-{i}", figure=scores_figure(
             table, columns, title=f"{name}: hook_{shown}, {probe_label(probe)}"))]
@@ -228,6 +233,21 @@ def scores(store, names, text, kind, half, stage, rank_by="induction") -> tuple[
     if not figures:
         raise ValueError("\n".join(notes))
     return figures, "\n".join(notes)
+
+
+def score_meaning(model, name: str, stage: str) -> str:
+    """What the scores of a stage whose rows are not attention distributions are ("" for a
+    row-stochastic stage): DCMHA's `pattern` after Compose is a signed mix of the heads' maps
+    (text-dcmha-l4mlp's L3H0 scores 2.72, its rows summing to 3.4 on average), so a score is that
+    signed weight on the induction stripe, not a share of attention (issue 56)."""
+    if find_map_stage(model, 0, stage).row_stochastic:
+        return ""
+    other = distribution_stage(model)
+    return (f"{name}: hook_{stage} is not an attention distribution (its rows need not sum to "
+            "1 and its entries may be negative): a score is the signed weight on the stripe, "
+            "not attention mass, and can exceed 1"
+            + (f"; hook_{other} is the row-stochastic stage, whose scores are attention mass"
+               if other else ""))
 
 
 def probe_label(probe) -> str:

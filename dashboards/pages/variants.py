@@ -14,6 +14,7 @@ from dash import Input, Output, dcc, html
 
 from attnlens.dashboards.figures import check_index, error_box, graph, graph_config, loading
 from attnlens.dashboards.map_cache import MAP_CACHE
+from attnlens.dashboards.visible import TAB, drawn_output, drawn_state, drawn_store, when_shown
 from attnlens.interp.circuits.composed import borrowing_table, mixing_matrices
 from attnlens.interp.plots import (
     head_heatmap,
@@ -111,6 +112,7 @@ def layout(store):
                "model's default text).", style={"color": "#555"}),
         html.P(id="variants-explain"),
         error_box("variants-error"),
+        drawn_store(ID), drawn_store(ID, "change"),
         loading(html.Div(id="variants-body")),
         loading(graph("variants-change", style={"display": "none"})),
     ])
@@ -317,26 +319,29 @@ def register(app, store):
         return views[0] if views else VIEWS[0]
 
     @app.callback(Output("variants-body", "children"), Output("variants-explain", "children"),
-                  Output("variants-error", "children"),
+                  Output("variants-error", "children"), drawn_output(ID),
                   Input("ctl-model", "value"), Input("variants-view", "value"),
                   Input("ctl-applied-prompt", "data"), Input("ctl-layer", "value"),
-                  Input("ctl-head", "value"))
-    def _update(name, view, text, layer, head):
+                  Input("ctl-head", "value"), TAB, drawn_state(ID))
+    def _update(name, view, text, layer, head, tab, drawn):
         """The view's figures for the layer and head (the stage-change table: `_change`)."""
+        drawn = when_shown(ID, tab, drawn, name, view, text, layer, head)
         explain = EXPLAIN.get(view, "") if isinstance(view, str) else ""
         try:
-            return compute(store, name, view, text, layer, head), explain, ""
+            return compute(store, name, view, text, layer, head), explain, "", drawn
         except ValueError as err:
-            return [], explain, str(err)
+            return [], explain, str(err), drawn
 
     @app.callback(Output("variants-change", "figure"), Output("variants-change", "style"),
+                  drawn_output(ID, "change"),
                   Input("ctl-model", "value"), Input("variants-view", "value"),
-                  Input("ctl-applied-prompt", "data"))
-    def _change(name, view, text):
+                  Input("ctl-applied-prompt", "data"), TAB, drawn_state(ID, "change"))
+    def _change(name, view, text, tab, drawn):
         """Every head's stage-to-stage change: independent of the layer and head, so a head
         change does not even call it."""
+        drawn = when_shown(ID, tab, drawn, name, view, text)
         try:
             figure = stage_change(store, name, view, text)
         except ValueError:
             figure = None
-        return (figure, {}) if figure is not None else ({}, {"display": "none"})
+        return (figure, {}, drawn) if figure is not None else ({}, {"display": "none"}, drawn)

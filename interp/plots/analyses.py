@@ -27,6 +27,7 @@ from attnlens.interp.plots.colors import (
     SEQUENTIAL,
     coloraxis_args,
     colorbar_title,
+    colour,
     scale_args,
 )
 
@@ -127,19 +128,25 @@ def copying_figure(df: pd.DataFrame) -> go.Figure:
 
 def diversity_figure(curves: pd.DataFrame) -> go.Figure:
     """Cumulative captured variance vs number of components, one line per layer; the
-    random-init baseline dashed; one panel per circuit (`head_diversity`)."""
+    random-init baseline dashed; one panel per circuit (`head_diversity`). A layer has one
+    colour in every panel, so the one legend (entry "L1": both panels' L1 lines, a click
+    hides both) reads for the QK and the OV panel alike (issue 56: the OV lines took other
+    colours than the legend's)."""
     circuits = list(dict.fromkeys(curves["circuit"]))
     fig = make_subplots(rows=1, cols=len(circuits), subplot_titles=[c.upper() for c in circuits],
                         shared_yaxes=True)
+    layers = sorted(set(curves.loc[curves["source"] != "random", "layer"]))
     for i, c in enumerate(circuits):
         part = curves[curves["circuit"] == c]
         for (layer, source), g in part.groupby(["layer", "source"]):
             random = source == "random"
+            line = dict(dash="dash", color="black") if random \
+                else dict(color=colour(layers.index(layer)))
+            group = "random" if random else str(layer)
             fig.add_trace(go.Scatter(
                 x=g["k"], y=g["captured"], mode="lines",
-                name="random init" if random else f"L{layer}", legendgroup=str(layer),
-                showlegend=i == 0, line=dict(dash="dash", color="black") if random else None),
-                row=1, col=i + 1)
+                name="random init" if random else f"L{layer}", legendgroup=group,
+                showlegend=i == 0, line=line), row=1, col=i + 1)
         fig.add_hline(y=0.9, line=dict(dash="dot", color="grey"), row=1, col=i + 1)
     fig.update_xaxes(title="components k")
     fig.update_yaxes(title="cumulative captured variance", range=[0, 1.02], col=1)

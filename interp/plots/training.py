@@ -144,6 +144,9 @@ def diversity_comparison_figure(summary: pd.DataFrame) -> go.Figure:
     return fig
 
 
+COPE_ROW_PX, COPE_TOP_PX = 26, 220   # a row of `cope_category_figure`; title, axis, margins
+
+
 def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     """Mean CoPE gate per head (rows) and key-token category (columns): what each head
     counts (`attnlens.interp.variants.cope.gates_by_category`; rows named by `model` too when the
@@ -154,11 +157,19 @@ def cope_category_figure(table: pd.DataFrame) -> go.Figure:
     row = table["head_label"]
     table = table.assign(row=table["model"] + " " + row if "model" in table else row)
     grid = table.pivot_table(index="row", columns="category", values="mean_gate")
+    grid = grid.reindex([r for r in dict.fromkeys(table["row"]) if r in grid.index])
     grid = grid[[c for c in dict.fromkeys(table["category"]) if c in grid.columns]]
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
                                zmin=0, zmax=1, colorscale=SEQUENTIAL,
                                colorbar=dict(title="mean gate"),
                                text=grid.to_numpy(), texttemplate="%{text:.2f}"))
+    rows = list(grid.index)
+    # every head labelled, in reading order (L0H0 on top), each row tall enough for its
+    # numbers: a 4-layer model's 32 rows used to be squeezed into 450 px, plotly dropping
+    # every other label (issue 56)
     fig.update_layout(title="CoPE: what each head counts (mean gate by key token category)",
-                      xaxis_title="key token category", yaxis_title="head")
+                      xaxis_title="key token category",
+                      yaxis=dict(title="head", autorange="reversed", tickmode="array",
+                                 tickvals=rows, ticktext=rows),
+                      height=COPE_TOP_PX + COPE_ROW_PX * len(rows))
     return fig

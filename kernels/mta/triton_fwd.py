@@ -111,24 +111,84 @@ def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
+def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                 D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                 HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                 BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """Conv_pre(Mask_0(scale q k^T)) of head `n` `[R, C]` fp32 on rows `row0 + arange(R)`, keys
+    `col0 + arange(C)` (q, k already offset to head n), on tensor cores.
+
+    Away from the causal edge, `sum_{a,b} th[a,b] q_{i-(CQ-1)+a} . k_{j-LEFT+b}` is
+    `sum_a q_{i-(CQ-1)+a} . kt_a(j)` with the folded keys kt_a (`fold_keys`: k Mask_0'd for
+    padding, convolved along keys by th[a, :]): CQ dots. A window whose taps reach a causally
+    masked (row, key) pair sums the CQ * CK masked products directly instead (Mask_0 before
+    the convolution), each a dot; only the few windows at the diagonal do."""
+    last_key = col0 + (C - 1) - LEFT + (CK - 1)
+    first_row = row0 - (CQ - 1)
+    acc = tl.zeros([R, C], dtype=tl.float32)
+    cols = col0 + tl.arange(0, C)
+    if last_key > first_row + Q_OFFSET:              # taps cross the causal edge: direct
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            r_in = (rows >= 0) & (rows < T_Q)
+            for b in range(0, CK):
+                keys = cols - LEFT + b
+                ok = _allowed(rows, keys, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
+                             (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
+                acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
+    else:                                            # factored through q and kt: CQ dots
+        c_in = (cols >= 0) & (cols < T_K)
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            acc += dot_rows(Q + q_base, rows * sq_t, (rows >= 0) & (rows < T_Q), sq_d,
+                            KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
+                            SCH)
+    return acc * scale
+
+
+@triton.jit
+def _logits_tc(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, kv_ptr,
+               TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+               scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+               HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr,
+               SCH: tl.constexpr):
+    """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
+    Mask_0(scale q k^T)))), each head's convolved scores from `_conv_scores` (tensor cores; no
+    staging buffer), mixed into every output head as they come. KT: the folded keys
+    `[batch H CQ T_K D]` contiguous (`fold_keys`), `kt_base` the offset of this batch's."""
+    out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
+                      kv_ptr, HAS_KVALID)
+    out = tl.zeros([HB, R, C], dtype=tl.float32)
+    for n in range(0, H):
+        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
+                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                            HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
+        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
+        out += w[:, None, None] * tl.where(out_ok, conv, 0.0)[None, :, :]
+    return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
+
+
+@triton.jit
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SR: tl.constexpr, SC: tl.constexpr, SCH: tl.constexpr):
+                   SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
     b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
         T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage = STAGE + prog * (HB * SR * SC)
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
-        x = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage,
-                    KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
-                    T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
-                    BLOCK_M, BLOCK_N, SR, SC, BLOCK_D, SCH) * LOG2E
+        x = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+                       sk_d, KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
+                       T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
+                       BLOCK_M, BLOCK_N, BLOCK_D, SCH) * LOG2E
         m_new = tl.maximum(m_i, tl.max(x, 2))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
@@ -140,22 +200,20 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
 
 
 @triton.jit
-def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
+def mta_out_kernel(Q, K, KT, V, O, LSE, KVALID, STAGE2, TH, W, TH2, W2,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    so_b, so_t, so_h, so_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-                   SCH: tl.constexpr):
+                   AR: tl.constexpr, AC: tl.constexpr, SCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
 
     A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
-    keys the post-softmax convolution reads, staged in STAGE2; its logits stage their raw
-    scores in STAGE1 (`SR x SC`)."""
+    keys the post-softmax convolution reads, staged in STAGE2 (`_logits_tc` on tensor cores)."""
     b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
         T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage1 = STAGE1 + prog * (HB * SR * SC)
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
     stage2 = STAGE2 + prog * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
     a_rows = m0 - (CQ2 - 1) + tl.arange(0, AR)
@@ -169,10 +227,10 @@ def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
     acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
-        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
-                         n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                         HB, AR, AC, SR, SC, BLOCK_D, SCH)
+        logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
+                            sk_h, sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
+                            n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
+                            IEEE, HB, AR, AC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
         tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
                  + offs_ac[None, None, :], probs)
@@ -205,8 +263,34 @@ def default_blocks() -> tuple[int, int]:
     return 16, 16
 
 
+def lse_blocks(hb: int, block_m: int | None, block_n: int | None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: its only `[HB, rows, keys]` tensor is the logits
+    (no staging), so 32 x 32 tiles at up to 16 heads (16K fp32 per program), larger for fewer
+    heads; explicit blocks (tests) win."""
+    bm = block_m or (64 if hb <= 4 else 32)
+    bn = block_n or max(16, min(64, 16384 // (hb * bm)))
+    return bm, bn
+
+
 def _window(n: int) -> int:
     return next_pow2(n)
+
+
+def fold_keys(k, pre_kernel, left: int, key_valid=None):
+    """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
+    pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
+    zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32;
+    O(T c_q d_head) memory, computed once per call."""
+    B, T_K, H, D = k.shape
+    CQ, CK = pre_kernel.shape[1:]
+    k0 = k.float()
+    if key_valid is not None:
+        k0 = k0 * key_valid[:, :, None, None].to(k0.dtype)
+    kp = torch.nn.functional.pad(k0.permute(0, 2, 1, 3), (0, 0, left, CK - 1 - left))
+    kt = torch.zeros(B, H, CQ, T_K, D, device=k.device, dtype=torch.float32)
+    for b in range(CK):                          # kp[.., j + b] is k0[j - left + b]
+        kt += pre_kernel[None, :, :, b, None, None] * kp[:, :, None, b:b + T_K]
+    return kt.to(k.dtype).contiguous()
 
 
 def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
@@ -230,26 +314,25 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     n_m = math.ceil(T_Q / bm)
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
+    kt = fold_keys(k, pre_kernel, left, key_valid)
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
-    # Pass 1: logits on the tile itself; raw scores on the tile + the pre-softmax halo.
-    sr1, sc1 = _window(bm + cq - 1), _window(bn + ck - 1)
-    stage = torch.empty(B * n_m * HB * sr1 * sc1, **f32)
-    mta_lse_kernel[(n_m, B)](
-        q, k, lse, kv, stage, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, SR=sr1, SC=sc1, **common)
-    # Pass 2: probabilities on the tile + the post-softmax halo, logits on that + pre halo.
+                  BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
+    lm, ln = lse_blocks(HB, block_m, block_n)
+    mta_lse_kernel[(math.ceil(T_Q / lm), B)](
+        q, k, kt, lse, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, BLOCK_M=lm, BLOCK_N=ln, **common)
+    # Pass 2: probabilities on the tile + the post-softmax halo, staged for the convolution.
     ar, ac = _window(bm + cq2 - 1), _window(bn + ck2 - 1)
-    sr2, sc2 = _window(ar + cq - 1), _window(ac + ck - 1)
-    stage1 = torch.empty(B * n_m * HB * sr2 * sc2, **f32)
     stage2 = torch.empty(B * n_m * HB * ar * ac, **f32)
     mta_out_kernel[(n_m, B)](
-        q, k, v, out, lse, kv, stage1, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
+        q, k, kt, v, out, lse, kv, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
-        SR=sr2, SC=sc2, **common)
+        BLOCK_M=bm, BLOCK_N=bn, **common)
     return out, lse
 
 
-__all__ = ["LAUNCH", "default_blocks", "mta_fwd", "mta_lse_kernel", "mta_out_kernel"]
+__all__ = ["LAUNCH", "default_blocks", "fold_keys", "lse_blocks", "mta_fwd", "mta_lse_kernel",
+           "mta_out_kernel"]

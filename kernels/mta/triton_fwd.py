@@ -200,33 +200,46 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
 
 
 @triton.jit
-def mta_out_kernel(Q, K, KT, V, O, LSE, KVALID, STAGE2, TH, W, TH2, W2,
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TH2, W2,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                   so_b, so_t, so_h, so_d, skv_b,
-                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
+                   skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   AR: tl.constexpr, AC: tl.constexpr, SCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
+                   AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
+                   DCH: tl.constexpr, SCH: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, AR - CQ2 + 1), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
 
-    A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
-    keys the post-softmax convolution reads, staged in STAGE2 (`_logits_tc` on tensor cores)."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
+    A program works on windows of AR rows x AC keys (powers of two): the probabilities of all
+    heads on a window (logits from `_logits_tc`, tensor cores) are staged in STAGE2, and the
+    post-softmax convolution reads them back for the window's outputs that have their whole
+    halo inside it: the first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys (no power-of-two
+    padding of the halo). The program's query rows start at `pid * (AR - CQ2 + 1)`; its key
+    loop steps by `AC - CK2 + 1`. z is summed in the fp32 `Z [batch T_Q H D]` (zeroed, rows
+    owned by this program) d_head chunk by chunk: no `[H, rows, d_head]` accumulator."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    prog = b * tl.num_programs(0) + pid
+    BMe = AR - CQ2 + 1
+    BNe = AC - CK2 + 1
+    m0 = pid * BMe
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    offs_ar = tl.arange(0, AR)
+    offs_ac = tl.arange(0, AC)
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
-    stage2 = STAGE2 + prog * (HB * AR * AC)
+    stage2 = STAGE2 + prog.to(tl.int64) * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
-    a_rows = m0 - (CQ2 - 1) + tl.arange(0, AR)
+    a_rows = m0 - (CQ2 - 1) + offs_ar
     a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
     # Rows outside the sequence and empty rows (lse -inf) get +inf: their probabilities are 0.
     lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
                   mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    offs_ar = tl.arange(0, AR)
-    offs_ac = tl.arange(0, AC)
-    acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
+    offs_m = m0 + offs_ar                                    # output rows (first BMe valid)
+    m_own = (offs_ar < BMe) & (offs_m < T_Q)
+    z_rows = Z + ((b.to(tl.int64) * T_Q + offs_m[None, :, None]) * H
+                  + offs_h[:, None, None]) * D
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
+    for n0 in range(0, n_end, BNe):
         logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
                             sk_h, sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
                             n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
@@ -235,19 +248,25 @@ def mta_out_kernel(Q, K, KT, V, O, LSE, KVALID, STAGE2, TH, W, TH2, W2,
         tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
                  + offs_ac[None, None, :], probs)
         tl.debug_barrier()
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+        offs_n = n0 + offs_ac                                # output keys (first BNe valid)
+        ok = (_allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+              & (offs_ar < BMe)[:, None] & (offs_ac < BNe)[None, :])
         pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
-                                       AR, AC, BLOCK_M, BLOCK_N)                  # Eqs. 6, 7
+                                       AR, AC, AR, AC)                            # Eqs. 6, 7
         tl.debug_barrier()
-        v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h + offs_n[None, :, None] * sv_t
-                    + offs_d[None, None, :] * sv_d,
-                    mask=h_valid[:, None, None] & (offs_n < T_K)[None, :, None]
-                    & d_valid[None, None, :], other=0.0)
-        acc += _dot(pattern.to(v.dtype), v, IEEE)
-    tl.store(O + b * so_b + offs_h[:, None, None] * so_h + offs_m[None, :, None] * so_t
-             + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
-             mask=h_valid[:, None, None] & m_in[None, :, None] & d_valid[None, None, :])
+        n_ok = (offs_ac < BNe) & (offs_n < T_K)
+        for d0 in range(0, D, DCH):                          # z += pattern v, chunk by chunk
+            offs_d = d0 + tl.arange(0, DCH)
+            d_valid = offs_d < D
+            v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
+                        + offs_n[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
+                        mask=h_valid[:, None, None] & n_ok[None, :, None]
+                        & d_valid[None, None, :], other=0.0)
+            z_mask = h_valid[:, None, None] & m_own[None, :, None] & d_valid[None, None, :]
+            z_ptr = z_rows + offs_d[None, None, :]
+            part = _dot(pattern.to(v.dtype), v, IEEE)
+            tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+        tl.debug_barrier()                                   # Z re-read by other threads
 
 
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
@@ -272,8 +291,18 @@ def lse_blocks(hb: int, block_m: int | None, block_n: int | None) -> tuple[int, 
     return bm, bn
 
 
-def _window(n: int) -> int:
-    return next_pow2(n)
+def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
+    """(AR, AC) of the out pass: powers of two with `hb * AR * AC <= 16384` fp32 (the logits,
+    probabilities and pattern of all heads, one at a time), each at least twice the post-
+    softmax halo, at most 64."""
+    ar = next_pow2(2 * cq2)
+    ac = next_pow2(2 * ck2)
+    while hb * ar * ac < 16384 and min(ar, ac) < 64:
+        if ar <= ac:
+            ar *= 2
+        else:
+            ac *= 2
+    return ar, ac
 
 
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
@@ -306,12 +335,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
     if T_Q == 0:
         return out, lse
-    bm, bn = default_blocks()
-    bm, bn = block_m or bm, block_n or bn
     cq, ck = pre_kernel.shape[1:]
     cq2, ck2 = post_kernel.shape[1:]
     HB, BD = next_pow2(H, minimum=1), next_pow2(D)
-    n_m = math.ceil(T_Q / bm)
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
     kt = fold_keys(k, pre_kernel, left, key_valid)
@@ -323,16 +349,19 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     mta_lse_kernel[(math.ceil(T_Q / lm), B)](
         q, k, kt, lse, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, BLOCK_M=lm, BLOCK_N=ln, **common)
-    # Pass 2: probabilities on the tile + the post-softmax halo, staged for the convolution.
-    ar, ac = _window(bm + cq2 - 1), _window(bn + ck2 - 1)
-    stage2 = torch.empty(B * n_m * HB * ar * ac, **f32)
-    mta_out_kernel[(n_m, B)](
-        q, k, kt, v, out, lse, kv, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), kv.stride(0),
+    # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
+    ar, ac = out_windows(HB, cq2, ck2)
+    n_w = math.ceil(T_Q / (ar - cq2 + 1))
+    stage2 = torch.empty(B * n_w * HB * ar * ac, **f32)
+    z = torch.zeros(B, T_Q, H, D, **f32)
+    mta_out_kernel[(n_w, B)](
+        q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
+        *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
-        BLOCK_M=bm, BLOCK_N=bn, **common)
+        DCH=min(BD, 16), **common)
+    out.copy_(z)
     return out, lse
 
 
 __all__ = ["LAUNCH", "default_blocks", "fold_keys", "lse_blocks", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel"]
+           "mta_out_kernel", "out_windows"]

@@ -200,12 +200,12 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
 
 
 @triton.jit
-def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TH2, W2,
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DCH: tl.constexpr, SCH: tl.constexpr):
+                   PR: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, AR - CQ2 + 1), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
 
     A program works on windows of AR rows x AC keys (powers of two): the probabilities of all
@@ -213,8 +213,13 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TH2, W2,
     post-softmax convolution reads them back for the window's outputs that have their whole
     halo inside it: the first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys (no power-of-two
     padding of the halo). The program's query rows start at `pid * (AR - CQ2 + 1)`; its key
-    loop steps by `AC - CK2 + 1`. z is summed in the fp32 `Z [batch T_Q H D]` (zeroed, rows
-    owned by this program) d_head chunk by chunk: no `[H, rows, d_head]` accumulator."""
+    loop steps by `AC - CK2 + 1`. The convolution is CQ2 dots per window, all heads at once:
+    row tap a reads the stage a rows down, and its key taps are a dot with the banded
+    Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`); the head mixing is one dot of
+    `W2T [HB, HB]` (`W2T[m, n] = W2[n, m]`, zero-padded; HB >= 16) with the stacked maps
+    `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is summed in the
+    fp32 `Z [batch T_Q H D]` (zeroed; rows owned by this program) d_head chunk by chunk: no
+    `[H, rows, d_head]` accumulator."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     prog = b * tl.num_programs(0) + pid
@@ -234,10 +239,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TH2, W2,
     lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
                   mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    offs_m = m0 + offs_ar                                    # output rows (first BMe valid)
-    m_own = (offs_ar < BMe) & (offs_m < T_Q)
-    z_rows = Z + ((b.to(tl.int64) * T_Q + offs_m[None, :, None]) * H
-                  + offs_h[:, None, None]) * D
+    w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
     for n0 in range(0, n_end, BNe):
         logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
@@ -246,27 +248,40 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TH2, W2,
                             IEEE, HB, AR, AC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
         tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
-                 + offs_ac[None, None, :], probs)
+                 + offs_ac[None, None, :], probs.to(STAGE2.dtype.element_ty))
         tl.debug_barrier()
         offs_n = n0 + offs_ac                                # output keys (first BNe valid)
-        ok = (_allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-              & (offs_ar < BMe)[:, None] & (offs_ac < BNe)[None, :])
-        pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
-                                       AR, AC, AR, AC)                            # Eqs. 6, 7
-        tl.debug_barrier()
         n_ok = (offs_ac < BNe) & (offs_n < T_K)
-        for d0 in range(0, D, DCH):                          # z += pattern v, chunk by chunk
-            offs_d = d0 + tl.arange(0, DCH)
-            d_valid = offs_d < D
-            v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
-                        + offs_n[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
-                        mask=h_valid[:, None, None] & n_ok[None, :, None]
-                        & d_valid[None, None, :], other=0.0)
-            z_mask = h_valid[:, None, None] & m_own[None, :, None] & d_valid[None, None, :]
-            z_ptr = z_rows + offs_d[None, None, :]
-            part = _dot(pattern.to(v.dtype), v, IEEE)
-            tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
-        tl.debug_barrier()                                   # Z re-read by other threads
+        for r0 in range(0, AR, PR):                          # PR output rows at a time
+            offs_r = r0 + tl.arange(0, PR)
+            ok = (_allowed(m0 + offs_r, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                  & (offs_r < BMe)[:, None] & (offs_ac < BNe)[None, :])
+            conv = tl.zeros([HB, PR, AC], dtype=tl.float32)
+            for a in range(0, CQ2):            # Conv_post: row tap a, key taps as one dot
+                x = tl.load(stage2 + offs_h[:, None, None] * (AR * AC)
+                            + (offs_r[None, :, None] + a) * AC + offs_ac[None, None, :],
+                            mask=(offs_r + a < AR)[None, :, None], other=0.0)
+                toep = tl.load(TOEP + (offs_h[:, None, None] * CQ2 + a) * (AC * AC)
+                               + offs_ac[None, :, None] * AC + offs_ac[None, None, :])
+                conv += _dot(x, toep, IEEE)
+            conv = tl.where(ok[None, :, :], conv, 0.0)       # Mask_0, outputs with halo in
+            pattern = tl.reshape(_dot(w2t, tl.reshape(conv.to(w2t.dtype), [HB, PR * AC]),
+                                      IEEE), [HB, PR, AC]).to(w2t.dtype)   # Mix_post: a dot
+            z_rows = Z + ((b.to(tl.int64) * T_Q + m0 + offs_r[None, :, None]) * H
+                          + offs_h[:, None, None]) * D
+            m_own = (offs_r < BMe) & (m0 + offs_r < T_Q)
+            for d0 in range(0, D, DCH):                      # z += pattern v, chunk by chunk
+                offs_d = d0 + tl.arange(0, DCH)
+                d_valid = offs_d < D
+                v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
+                            + offs_n[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
+                            mask=h_valid[:, None, None] & n_ok[None, :, None]
+                            & d_valid[None, None, :], other=0.0)
+                z_mask = h_valid[:, None, None] & m_own[None, :, None] & d_valid[None, None, :]
+                z_ptr = z_rows + offs_d[None, None, :]
+                part = _dot(pattern, v, IEEE)
+                tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+        tl.debug_barrier()                   # the stage is rewritten and Z re-read next
 
 
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
@@ -322,6 +337,21 @@ def fold_keys(k, pre_kernel, left: int, key_valid=None):
     return kt.to(k.dtype).contiguous()
 
 
+def post_toeplitz(post_kernel, left2: int, ac: int, hb: int, dtype):
+    """`[hb, c_q', AC, AC]` banded matrices of the post-softmax convolution's key taps:
+    `T[h, a, c, j] = th'[h, a, c - j]` for `0 <= c - j < c_k'` (window key c feeds output key
+    j, both window-relative; `left2` is already in the window's offset), zero elsewhere and for
+    padded heads `h >= H`. Row tap a of a window's probabilities times T[h, a] is that tap's
+    row of Conv_post. Tiny: built per call."""
+    H, CQ2, CK2 = post_kernel.shape
+    diff = torch.arange(ac)[:, None] - torch.arange(ac)[None, :]            # c - j
+    band = (diff >= 0) & (diff < CK2)
+    taps = post_kernel[:, :, diff.clamp(0, CK2 - 1).to(post_kernel.device)]  # [H CQ2 AC AC]
+    out = torch.zeros(hb, CQ2, ac, ac, device=post_kernel.device, dtype=torch.float32)
+    out[:H] = taps * band.to(post_kernel.device)
+    return out.to(dtype).contiguous()
+
+
 def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
             scale: float, key_valid=None, block_m: int | None = None,
             block_n: int | None = None):
@@ -350,18 +380,22 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
         q, k, kt, lse, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, BLOCK_M=lm, BLOCK_N=ln, **common)
     # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
-    ar, ac = out_windows(HB, cq2, ck2)
+    hb2 = max(HB, 16)                                  # the mixing dot needs >= 16 heads
+    ar, ac = out_windows(hb2, cq2, ck2)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
-    stage2 = torch.empty(B * n_w * HB * ar * ac, **f32)
+    stage2 = torch.empty(B * n_w * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, T_Q, H, D, **f32)
+    w2t = torch.zeros(hb2, hb2, **f32)
+    w2t[:H, :H] = post_mix.t()
     mta_out_kernel[(n_w, B)](
-        q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
+        q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
+        post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
-        DCH=min(BD, 16), **common)
+        PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
     out.copy_(z)
     return out, lse
 
 
 __all__ = ["LAUNCH", "default_blocks", "fold_keys", "lse_blocks", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_windows"]
+           "mta_out_kernel", "out_windows", "post_toeplitz"]

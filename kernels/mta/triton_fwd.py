@@ -1,25 +1,36 @@
-"""Fused Multi-Token Attention, forward: two passes, all heads of a query tile in one program.
+"""Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
+one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`) computes the row log-sum-exp of the logits L (after the pre-softmax
-key-query convolution and head mixing); pass 2 (`mta_out_kernel`) forms the probabilities
-`A = exp(L - lse)` tile by tile, applies the post-softmax convolution, Mask_0 and head mixing,
-and multiplies by V. Neither writes a `[query, key]` map to memory: both sweep the key tiles of
-one query tile (causal: only up to the diagonal) with all heads `[H, rows, keys]` resident.
+Pass 1 (`mta_lse_kernel`, 32 x 32 tiles at 16 heads) computes the row log-sum-exp of the logits
+L (pre-softmax key-query convolution, head mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
+forms the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
+Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
-Halos. An output entry (i, j) of a `c_q x c_k` convolution reads rows i - (c_q - 1) .. i and
-keys j - left .. j + right. Triton cannot shift register tensors, so a program computes the
-input of each convolution on a window enlarged by the halo (raw scores one head at a time),
-writes it to a small per-program staging buffer (`[H, window]`, O(T) in all, not O(T^2)), and
-reads the `c_q * c_k` shifted views back with ordinary masked loads, mixing the heads as it
-goes (`_conv_mix_from_stage`). Pass 2 needs L, hence raw
-scores, on a window enlarged by both halos. The causal and padding masks are applied exactly
-where the torch path applies them: Mask_0 before each convolution, Mask_-inf on L, Mask_0 after
-the post-softmax convolution. A step that is off is given as an identity (1 x 1 kernel,
-identity mixing), which computes the same numbers.
+Tensor-core identities (/work/shared/reference/kernels.md section 8):
+- Pre-softmax convolution (`_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
+  = sum_a q_{i-(c_q-1)+a} . kt_a(j)` with the folded keys `kt = fold_keys(k)` (computed once
+  per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
+  masked (row, key) pair (a band at the diagonal) sum the c_q * c_k masked products directly,
+  each a dot, so Mask_0 before the convolution stays exact.
+- Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
+  times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
+- Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
+The pre-softmax mixing is summed head by head as the convolved scores come (CUDA cores, H FMAs
+per logit and head).
 
-Layout: q, k, v, out `[batch pos head_index d_head]` (any strides); conv kernels fp32
+Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
+window, those whose convolution reads lie inside it; the window's probabilities are staged in a
+small per-program buffer (`[HB, AR, AC]` in the input dtype, O(T) in all) because Triton cannot
+shift register tensors. Masks sit where the torch path applies them: Mask_0 before each
+convolution (padding keys folded into kt), Mask_-inf on L, Mask_0 after the post-softmax
+convolution. A step that is off is given as an identity (1 x 1 kernel, identity mixing).
+
+Layout: q, k, v `[batch pos head_index d_head]` (any strides); conv kernels fp32
 `[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
 over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empty rows).
+
+`_logits` and `_conv_mix_from_stage` (raw scores staged, taps read back by shifted loads) serve
+the backward (`triton_bwd`), which is not rebuilt yet.
 """
 
 from __future__ import annotations
@@ -358,7 +369,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
 
     Kernels: fp32 `[H, c_q, c_k]` contiguous; mixings fp32 `[H, H]` contiguous (identities for
-    steps that are off); `left`, `left2`: key padding on the left of each convolution."""
+    steps that are off); `left`, `left2`: key padding on the left of each convolution;
+    `block_m` / `block_n` set the lse pass's tiles (the out pass sizes its windows itself,
+    `out_windows`)."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     out = torch.empty_like(q)

@@ -334,18 +334,21 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
     """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
     pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
-    zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32;
-    O(T c_q d_head) memory, computed once per call."""
+    zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32
+    one tap row at a time; O(T c_q d_head) memory (c_q times k's), computed once per call."""
     B, T_K, H, D = k.shape
     CQ, CK = pre_kernel.shape[1:]
     k0 = k.float()
     if key_valid is not None:
         k0 = k0 * key_valid[:, :, None, None].to(k0.dtype)
     kp = torch.nn.functional.pad(k0.permute(0, 2, 1, 3), (0, 0, left, CK - 1 - left))
-    kt = torch.zeros(B, H, CQ, T_K, D, device=k.device, dtype=torch.float32)
-    for b in range(CK):                          # kp[.., j + b] is k0[j - left + b]
-        kt += pre_kernel[None, :, :, b, None, None] * kp[:, :, None, b:b + T_K]
-    return kt.to(k.dtype).contiguous()
+    kt = torch.empty(B, H, CQ, T_K, D, device=k.device, dtype=k.dtype)
+    for a in range(CQ):                          # one fp32 [B H T_K D] sum at a time
+        acc = torch.zeros(B, H, T_K, D, device=k.device, dtype=torch.float32)
+        for b in range(CK):                      # kp[.., j + b] is k0[j - left + b]
+            acc += pre_kernel[None, :, a, b, None, None] * kp[:, :, b:b + T_K]
+        kt[:, :, a] = acc
+    return kt
 
 
 def post_toeplitz(post_kernel, left2: int, ac: int, hb: int, dtype):

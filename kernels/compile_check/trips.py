@@ -161,6 +161,11 @@ def _mta_out(env, grid):
             "d0": math.ceil(env["D"] / env["DCH"])}
 
 
+def _mta(env, grid):
+    """The MTA forward's two kernels: the out pass has windows (AR), the lse pass tiles."""
+    return (_mta_out if "AR" in env else _mta_lse)(env, grid)
+
+
 def _dcmha(env, grid):
     window = env["WINDOW"]
 
@@ -173,7 +178,7 @@ def _dcmha(env, grid):
 
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd,
-          "mta_lse_kernel": _mta_lse, "mta_out_kernel": _mta_out,
+          "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha}
 
 

@@ -148,6 +148,50 @@ def test_padding_keys_two_batches_wide_key_tiles_and_head_dim_24():
            block_n=32)
 
 
+def test_long_sequences_take_the_factored_convolution():
+    """T 70-80: most logit windows lie left of the causal edge, where the pre-softmax
+    convolution runs factored through the folded keys (at T <= 33 nearly every window touches
+    the diagonal and takes the direct taps)."""
+    _check(80, 80, 2, OFFICIAL, "both", block_n=16)
+    _check(70, 70, 4, ALL_ON, "left", block_n=16)
+    _check(40, 75, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1), "right", block_n=16)
+
+
+@pytest.mark.slow
+def test_sixteen_heads_full_mixing():
+    """The benchmark's head count: the post-softmax mixing dot over 16 heads, none padded
+    (~45 s of CPU in the interpreter)."""
+    _check(40, 40, 16, OFFICIAL, "both", d=16)
+
+
+def test_folded_keys_and_toeplitz_taps_match_the_convolution():
+    """`fold_keys` (k Mask_0'd at padding, convolved along keys by th[a, :]) and
+    `post_toeplitz` (banded key taps) against direct sums, in float64."""
+    from attnlens.kernels.mta.triton_fwd import fold_keys, post_toeplitz
+
+    g = torch.Generator().manual_seed(7)
+    B, T, H, D, CQ, CK, left = 2, 9, 3, 4, 2, 5, 1
+    k = torch.randn(B, T, H, D, generator=g, dtype=torch.float64)
+    th = torch.randn(H, CQ, CK, generator=g, dtype=torch.float64)
+    valid = torch.rand(B, T, generator=g) > 0.3
+    kt = fold_keys(k, th, left, valid)
+    k0 = k * valid[:, :, None, None]
+    for j in range(T):
+        want = sum(th[None, :, :, b, None] * k0[:, j - left + b, :, None, :]
+                   for b in range(CK) if 0 <= j - left + b < T)          # [B H CQ D]
+        torch.testing.assert_close(kt[:, :, :, j].double(), want, **FP32)
+    ac = 16
+    toep = post_toeplitz(th, left, ac, 4, torch.float64)
+    x = torch.randn(H, ac, generator=g, dtype=torch.float64)
+    for a in range(CQ):
+        conv = torch.stack([x[h] @ toep[h, a] for h in range(H)])
+        want = torch.stack([torch.tensor([sum(th[h, a, b] * x[h, j + b] for b in range(CK)
+                                              if j + b < ac) for j in range(ac)])
+                            for h in range(H)])
+        torch.testing.assert_close(conv, want, **FP32)          # taps held in fp32
+    assert not toep[H:].any()                                # padded heads are zero
+
+
 def test_queries_aligned_to_the_last_keys():
     _check(5, 21, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1))
 

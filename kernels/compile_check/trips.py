@@ -15,8 +15,11 @@ constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is deriv
   segment's start). Its backward: dQ of a query tile sweeps the same keys
   (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
   `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
-- loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK; MTA's
-  out pass has pre- then post-softmax taps) and d_head chunks (`d0`) are their runtime bounds.
+- loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK) and
+  d_head chunks (`d0`) are their runtime bounds. MTA's pre-softmax taps run either directly
+  (`a` x `b`, windows at the causal edge) or factored (`a`): each branch's `a` is CQ times the
+  share of windows taking it (`_mta_direct_share`); its out pass steps keys by AC - CK2 + 1
+  and adds row chunks (`r0`) with the post-softmax row taps (`a`: CQ2).
 
 A variable listing one value per SASS loop gets them in address order. A variable may close
 more SASS loops than the model lists when ptxas unrolled a runtime loop: an unrolled main loop
@@ -116,12 +119,51 @@ def _cope_fwd(env, grid):
     return {"i": _causal_tiles(env, grid)}
 
 
+def _mta_direct_share(env, windows) -> float:
+    """Share of `(row0, R, col0, C)` logit windows whose pre-softmax taps reach a causally
+    masked pair (`_conv_scores` sums those CQ * CK products directly; the rest take CQ
+    factored dots): last key tap `col0 + C - 1 - LEFT + CK - 1` beyond the first row's
+    `row0 - (CQ - 1) + Q_OFFSET`."""
+    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
+    direct = [col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off
+              for row0, r, col0, c in windows]
+    return _avg(direct)
+
+
+def _mta_lse(env, grid):
+    """MTA lse pass: key tiles `n0` of BLOCK_N (causal), heads `n`, then per head either the
+    direct taps (`a` x `b`) or the factored ones (`a`), in source order; their `a` trips are
+    CQ times the share of windows taking each branch (so the products count the work)."""
+    bm, bn = env["BLOCK_M"], env["BLOCK_N"]
+    windows = [(pid * bm, bm, n0, bn) for pid in range(grid[0])
+               for n0 in range(0, min(env["T_K"], env["Q_OFFSET"] + (pid + 1) * bm), bn)]
+    f = _mta_direct_share(env, windows)
+    return {"n0": _causal_tiles(env, grid), "n": env["H"], "a": [env["CQ"] * f,
+            env["CQ"] * (1 - f)], "b": env["CK"]}
+
+
+def _mta_out(env, grid):
+    """MTA out pass: windows of AR x AC with outputs AR - CQ2 + 1 rows from `pid * that`,
+    keys stepping by AC - CK2 + 1 (`n0`); per window the lse pass's taps on every head (`n`,
+    `a` direct / factored, `b`), then AR / PR row chunks (`r0`), each with the post-softmax
+    row taps (`a`: CQ2, one Toeplitz dot each) and the d_head chunks `d0` of z."""
+    ar, ac = env["AR"], env["AC"]
+    bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
+    windows, per_prog = [], []
+    for pid in range(grid[0]):
+        m0 = pid * bme
+        steps = range(0, min(env["T_K"], env["Q_OFFSET"] + m0 + bme), bne)
+        per_prog.append(len(steps))
+        windows += [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac) for n0 in steps]
+    f = _mta_direct_share(env, windows)
+    return {"n0": _avg(per_prog), "n": env["H"], "r0": ar // env["PR"],
+            "a": [env["CQ"] * f, env["CQ"] * (1 - f), env["CQ2"]], "b": env["CK"],
+            "d0": math.ceil(env["D"] / env["DCH"])}
+
+
 def _mta(env, grid):
-    sch, d = env["SCH"], env["D"]
-    taps_q = [env["CQ"]] + ([env["CQ2"]] if "CQ2" in env else [])
-    taps_k = [env["CK"]] + ([env["CK2"]] if "CK2" in env else [])
-    return {"n0": _causal_tiles(env, grid), "n": env["H"], "a": taps_q, "b": taps_k,
-            "d0": max(0, math.ceil((d - sch) / sch))}
+    """The MTA forward's two kernels: the out pass has windows (AR), the lse pass tiles."""
+    return (_mta_out if "AR" in env else _mta_lse)(env, grid)
 
 
 def _dcmha(env, grid):

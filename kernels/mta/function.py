@@ -1,7 +1,8 @@
 """`mta_attention(q, k, v, ...) -> (out, lse)`: the fused MTA forward as a differentiable op.
 
-The forward runs the two fused passes of `triton_fwd`, the backward the three of `triton_bwd`;
-neither keeps a `[query, key]` map in memory (saved: q, k, v, the parameters, the row lse).
+The forward runs the two tensor-core passes of `triton_fwd`, the backward the three of
+`triton_bwd`; neither keeps a `[query, key]` map in memory (saved: q, k, v, the parameters,
+the row lse).
 
 Example (on CUDA, or on CPU with TRITON_INTERPRET=1 set before import):
     >>> q = k = v = torch.randn(1, 20, 2, 16)

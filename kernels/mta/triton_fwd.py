@@ -1,25 +1,36 @@
-"""Fused Multi-Token Attention, forward: two passes, all heads of a query tile in one program.
+"""Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
+one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`) computes the row log-sum-exp of the logits L (after the pre-softmax
-key-query convolution and head mixing); pass 2 (`mta_out_kernel`) forms the probabilities
-`A = exp(L - lse)` tile by tile, applies the post-softmax convolution, Mask_0 and head mixing,
-and multiplies by V. Neither writes a `[query, key]` map to memory: both sweep the key tiles of
-one query tile (causal: only up to the diagonal) with all heads `[H, rows, keys]` resident.
+Pass 1 (`mta_lse_kernel`, 32 x 32 tiles at 16 heads) computes the row log-sum-exp of the logits
+L (pre-softmax key-query convolution, head mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
+forms the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
+Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
-Halos. An output entry (i, j) of a `c_q x c_k` convolution reads rows i - (c_q - 1) .. i and
-keys j - left .. j + right. Triton cannot shift register tensors, so a program computes the
-input of each convolution on a window enlarged by the halo (raw scores one head at a time),
-writes it to a small per-program staging buffer (`[H, window]`, O(T) in all, not O(T^2)), and
-reads the `c_q * c_k` shifted views back with ordinary masked loads, mixing the heads as it
-goes (`_conv_mix_from_stage`). Pass 2 needs L, hence raw
-scores, on a window enlarged by both halos. The causal and padding masks are applied exactly
-where the torch path applies them: Mask_0 before each convolution, Mask_-inf on L, Mask_0 after
-the post-softmax convolution. A step that is off is given as an identity (1 x 1 kernel,
-identity mixing), which computes the same numbers.
+Tensor-core identities (/work/shared/reference/kernels.md section 8):
+- Pre-softmax convolution (`_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
+  = sum_a q_{i-(c_q-1)+a} . kt_a(j)` with the folded keys `kt = fold_keys(k)` (computed once
+  per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
+  masked (row, key) pair (a band at the diagonal) sum the c_q * c_k masked products directly,
+  each a dot, so Mask_0 before the convolution stays exact.
+- Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
+  times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
+- Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
+The pre-softmax mixing is summed head by head as the convolved scores come (CUDA cores, H FMAs
+per logit and head).
 
-Layout: q, k, v, out `[batch pos head_index d_head]` (any strides); conv kernels fp32
+Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
+window, those whose convolution reads lie inside it; the window's probabilities are staged in a
+small per-program buffer (`[HB, AR, AC]` in the input dtype, O(T) in all) because Triton cannot
+shift register tensors. Masks sit where the torch path applies them: Mask_0 before each
+convolution (padding keys folded into kt), Mask_-inf on L, Mask_0 after the post-softmax
+convolution. A step that is off is given as an identity (1 x 1 kernel, identity mixing).
+
+Layout: q, k, v `[batch pos head_index d_head]` (any strides); conv kernels fp32
 `[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
 over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empty rows).
+
+`_logits` and `_conv_mix_from_stage` (raw scores staged, taps read back by shifted loads) serve
+the backward (`triton_bwd`), which is not rebuilt yet.
 """
 
 from __future__ import annotations
@@ -111,24 +122,84 @@ def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
+def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                 D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                 HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                 BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """Conv_pre(Mask_0(scale q k^T)) of head `n` `[R, C]` fp32 on rows `row0 + arange(R)`, keys
+    `col0 + arange(C)` (q, k already offset to head n), on tensor cores.
+
+    Away from the causal edge, `sum_{a,b} th[a,b] q_{i-(CQ-1)+a} . k_{j-LEFT+b}` is
+    `sum_a q_{i-(CQ-1)+a} . kt_a(j)` with the folded keys kt_a (`fold_keys`: k Mask_0'd for
+    padding, convolved along keys by th[a, :]): CQ dots. A window whose taps reach a causally
+    masked (row, key) pair sums the CQ * CK masked products directly instead (Mask_0 before
+    the convolution), each a dot; only the few windows at the diagonal do."""
+    last_key = col0 + (C - 1) - LEFT + (CK - 1)
+    first_row = row0 - (CQ - 1)
+    acc = tl.zeros([R, C], dtype=tl.float32)
+    cols = col0 + tl.arange(0, C)
+    if last_key > first_row + Q_OFFSET:              # taps cross the causal edge: direct
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            r_in = (rows >= 0) & (rows < T_Q)
+            for b in range(0, CK):
+                keys = cols - LEFT + b
+                ok = _allowed(rows, keys, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
+                             (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
+                acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
+    else:                                            # factored through q and kt: CQ dots
+        c_in = (cols >= 0) & (cols < T_K)
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            acc += dot_rows(Q + q_base, rows * sq_t, (rows >= 0) & (rows < T_Q), sq_d,
+                            KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
+                            SCH)
+    return acc * scale
+
+
+@triton.jit
+def _logits_tc(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, kv_ptr,
+               TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+               scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+               HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr,
+               SCH: tl.constexpr):
+    """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
+    Mask_0(scale q k^T)))), each head's convolved scores from `_conv_scores` (tensor cores; no
+    staging buffer), mixed into every output head as they come. KT: the folded keys
+    `[batch H CQ T_K D]` contiguous (`fold_keys`), `kt_base` the offset of this batch's."""
+    out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
+                      kv_ptr, HAS_KVALID)
+    out = tl.zeros([HB, R, C], dtype=tl.float32)
+    for n in range(0, H):
+        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
+                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                            HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
+        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
+        out += w[:, None, None] * tl.where(out_ok, conv, 0.0)[None, :, :]
+    return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
+
+
+@triton.jit
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SR: tl.constexpr, SC: tl.constexpr, SCH: tl.constexpr):
+                   SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
     b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
         T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage = STAGE + prog * (HB * SR * SC)
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(0, n_end, BLOCK_N):
-        x = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage,
-                    KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
-                    T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
-                    BLOCK_M, BLOCK_N, SR, SC, BLOCK_D, SCH) * LOG2E
+        x = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+                       sk_d, KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
+                       T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
+                       BLOCK_M, BLOCK_N, BLOCK_D, SCH) * LOG2E
         m_new = tl.maximum(m_i, tl.max(x, 2))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
@@ -140,56 +211,88 @@ def mta_lse_kernel(Q, K, LSE, KVALID, STAGE, TH, W,
 
 
 @triton.jit
-def mta_out_kernel(Q, K, V, O, LSE, KVALID, STAGE1, STAGE2, TH, W, TH2, W2,
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                   so_b, so_t, so_h, so_d, skv_b,
-                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
+                   skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-                   SCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
+                   AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PR: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, AR - CQ2 + 1), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
 
-    A is formed on the window of `AR >= BLOCK_M + CQ2 - 1` rows and `AC >= BLOCK_N + CK2 - 1`
-    keys the post-softmax convolution reads, staged in STAGE2; its logits stage their raw
-    scores in STAGE1 (`SR x SC`)."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage1 = STAGE1 + prog * (HB * SR * SC)
-    stage2 = STAGE2 + prog * (HB * AR * AC)
+    A program works on windows of AR rows x AC keys (powers of two): the probabilities of all
+    heads on a window (logits from `_logits_tc`, tensor cores) are staged in STAGE2, and the
+    post-softmax convolution reads them back for the window's outputs that have their whole
+    halo inside it: the first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys (no power-of-two
+    padding of the halo). The program's query rows start at `pid * (AR - CQ2 + 1)`; its key
+    loop steps by `AC - CK2 + 1`. The convolution is CQ2 dots per window, all heads at once:
+    row tap a reads the stage a rows down, and its key taps are a dot with the banded
+    Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`); the head mixing is one dot of
+    `W2T [HB, HB]` (`W2T[m, n] = W2[n, m]`, zero-padded; HB >= 16) with the stacked maps
+    `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is summed in the
+    fp32 `Z [batch T_Q H D]` (zeroed; rows owned by this program) d_head chunk by chunk: no
+    `[H, rows, d_head]` accumulator."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    prog = b * tl.num_programs(0) + pid
+    BMe = AR - CQ2 + 1
+    BNe = AC - CK2 + 1
+    m0 = pid * BMe
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    offs_ar = tl.arange(0, AR)
+    offs_ac = tl.arange(0, AC)
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
+    stage2 = STAGE2 + prog.to(tl.int64) * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
-    a_rows = m0 - (CQ2 - 1) + tl.arange(0, AR)
+    a_rows = m0 - (CQ2 - 1) + offs_ar
     a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
     # Rows outside the sequence and empty rows (lse -inf) get +inf: their probabilities are 0.
     lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
                   mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    offs_ar = tl.arange(0, AR)
-    offs_ac = tl.arange(0, AC)
-    acc = tl.zeros([HB, BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
-        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
-                         n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                         HB, AR, AC, SR, SC, BLOCK_D, SCH)
+    w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
+    for n0 in range(0, n_end, BNe):
+        logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
+                            sk_h, sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
+                            n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
+                            IEEE, HB, AR, AC, BLOCK_D, SCH)
         probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
         tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
-                 + offs_ac[None, None, :], probs)
+                 + offs_ac[None, None, :], probs.to(STAGE2.dtype.element_ty))
         tl.debug_barrier()
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-        pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
-                                       AR, AC, BLOCK_M, BLOCK_N)                  # Eqs. 6, 7
-        tl.debug_barrier()
-        v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h + offs_n[None, :, None] * sv_t
-                    + offs_d[None, None, :] * sv_d,
-                    mask=h_valid[:, None, None] & (offs_n < T_K)[None, :, None]
-                    & d_valid[None, None, :], other=0.0)
-        acc += _dot(pattern.to(v.dtype), v, IEEE)
-    tl.store(O + b * so_b + offs_h[:, None, None] * so_h + offs_m[None, :, None] * so_t
-             + offs_d[None, None, :] * so_d, acc.to(O.dtype.element_ty),
-             mask=h_valid[:, None, None] & m_in[None, :, None] & d_valid[None, None, :])
+        offs_n = n0 + offs_ac                                # output keys (first BNe valid)
+        n_ok = (offs_ac < BNe) & (offs_n < T_K)
+        for r0 in range(0, AR, PR):                          # PR output rows at a time
+            offs_r = r0 + tl.arange(0, PR)
+            ok = (_allowed(m0 + offs_r, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                  & (offs_r < BMe)[:, None] & (offs_ac < BNe)[None, :])
+            conv = tl.zeros([HB, PR, AC], dtype=tl.float32)
+            for a in range(0, CQ2):            # Conv_post: row tap a, key taps as one dot
+                x = tl.load(stage2 + offs_h[:, None, None] * (AR * AC)
+                            + (offs_r[None, :, None] + a) * AC + offs_ac[None, None, :],
+                            mask=(offs_r + a < AR)[None, :, None], other=0.0)
+                toep = tl.load(TOEP + (offs_h[:, None, None] * CQ2 + a) * (AC * AC)
+                               + offs_ac[None, :, None] * AC + offs_ac[None, None, :])
+                conv += _dot(x, toep, IEEE)
+            conv = tl.where(ok[None, :, :], conv, 0.0)       # Mask_0, outputs with halo in
+            pattern = tl.reshape(_dot(w2t, tl.reshape(conv.to(w2t.dtype), [HB, PR * AC]),
+                                      IEEE), [HB, PR, AC]).to(w2t.dtype)   # Mix_post: a dot
+            z_rows = Z + ((b.to(tl.int64) * T_Q + m0 + offs_r[None, :, None]) * H
+                          + offs_h[:, None, None]) * D
+            m_own = (offs_r < BMe) & (m0 + offs_r < T_Q)
+            for d0 in range(0, D, DCH):                      # z += pattern v, chunk by chunk
+                offs_d = d0 + tl.arange(0, DCH)
+                d_valid = offs_d < D
+                v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
+                            + offs_n[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
+                            mask=h_valid[:, None, None] & n_ok[None, :, None]
+                            & d_valid[None, None, :], other=0.0)
+                z_mask = h_valid[:, None, None] & m_own[None, :, None] & d_valid[None, None, :]
+                z_ptr = z_rows + offs_d[None, None, :]
+                part = _dot(pattern, v, IEEE)
+                tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+        tl.debug_barrier()                   # the stage is rewritten and Z re-read next
 
 
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
@@ -205,8 +308,62 @@ def default_blocks() -> tuple[int, int]:
     return 16, 16
 
 
-def _window(n: int) -> int:
-    return next_pow2(n)
+def lse_blocks(hb: int, block_m: int | None, block_n: int | None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: its only `[HB, rows, keys]` tensor is the logits
+    (no staging), so 32 x 32 tiles at up to 16 heads (16K fp32 per program), larger for fewer
+    heads; explicit blocks (tests) win."""
+    bm = block_m or (64 if hb <= 4 else 32)
+    bn = block_n or max(16, min(64, 16384 // (hb * bm)))
+    return bm, bn
+
+
+def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
+    """(AR, AC) of the out pass: powers of two with `hb * AR * AC <= 16384` fp32 (the logits,
+    probabilities and pattern of all heads, one at a time), each at least twice the post-
+    softmax halo, at most 64."""
+    ar = next_pow2(2 * cq2)
+    ac = next_pow2(2 * ck2)
+    while hb * ar * ac < 16384 and min(ar, ac) < 64:
+        if ar <= ac:
+            ar *= 2
+        else:
+            ac *= 2
+    return ar, ac
+
+
+def fold_keys(k, pre_kernel, left: int, key_valid=None):
+    """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
+    pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
+    zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32
+    one tap row at a time; O(T c_q d_head) memory (c_q times k's), computed once per call."""
+    B, T_K, H, D = k.shape
+    CQ, CK = pre_kernel.shape[1:]
+    k0 = k.float()
+    if key_valid is not None:
+        k0 = k0 * key_valid[:, :, None, None].to(k0.dtype)
+    kp = torch.nn.functional.pad(k0.permute(0, 2, 1, 3), (0, 0, left, CK - 1 - left))
+    kt = torch.empty(B, H, CQ, T_K, D, device=k.device, dtype=k.dtype)
+    for a in range(CQ):                          # one fp32 [B H T_K D] sum at a time
+        acc = torch.zeros(B, H, T_K, D, device=k.device, dtype=torch.float32)
+        for b in range(CK):                      # kp[.., j + b] is k0[j - left + b]
+            acc += pre_kernel[None, :, a, b, None, None] * kp[:, :, b:b + T_K]
+        kt[:, :, a] = acc
+    return kt
+
+
+def post_toeplitz(post_kernel, left2: int, ac: int, hb: int, dtype):
+    """`[hb, c_q', AC, AC]` banded matrices of the post-softmax convolution's key taps:
+    `T[h, a, c, j] = th'[h, a, c - j]` for `0 <= c - j < c_k'` (window key c feeds output key
+    j, both window-relative; `left2` is already in the window's offset), zero elsewhere and for
+    padded heads `h >= H`. Row tap a of a window's probabilities times T[h, a] is that tap's
+    row of Conv_post. Tiny: built per call."""
+    H, CQ2, CK2 = post_kernel.shape
+    diff = torch.arange(ac)[:, None] - torch.arange(ac)[None, :]            # c - j
+    band = (diff >= 0) & (diff < CK2)
+    taps = post_kernel[:, :, diff.clamp(0, CK2 - 1).to(post_kernel.device)]  # [H CQ2 AC AC]
+    out = torch.zeros(hb, CQ2, ac, ac, device=post_kernel.device, dtype=torch.float32)
+    out[:H] = taps * band.to(post_kernel.device)
+    return out.to(dtype).contiguous()
 
 
 def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
@@ -215,41 +372,46 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
 
     Kernels: fp32 `[H, c_q, c_k]` contiguous; mixings fp32 `[H, H]` contiguous (identities for
-    steps that are off); `left`, `left2`: key padding on the left of each convolution."""
+    steps that are off); `left`, `left2`: key padding on the left of each convolution;
+    `block_m` / `block_n` set the lse pass's tiles (the out pass sizes its windows itself,
+    `out_windows`)."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     out = torch.empty_like(q)
     lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
     if T_Q == 0:
         return out, lse
-    bm, bn = default_blocks()
-    bm, bn = block_m or bm, block_n or bn
     cq, ck = pre_kernel.shape[1:]
     cq2, ck2 = post_kernel.shape[1:]
     HB, BD = next_pow2(H, minimum=1), next_pow2(D)
-    n_m = math.ceil(T_Q / bm)
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
+    kt = fold_keys(k, pre_kernel, left, key_valid)
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
-    # Pass 1: logits on the tile itself; raw scores on the tile + the pre-softmax halo.
-    sr1, sc1 = _window(bm + cq - 1), _window(bn + ck - 1)
-    stage = torch.empty(B * n_m * HB * sr1 * sc1, **f32)
-    mta_lse_kernel[(n_m, B)](
-        q, k, lse, kv, stage, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, SR=sr1, SC=sc1, **common)
-    # Pass 2: probabilities on the tile + the post-softmax halo, logits on that + pre halo.
-    ar, ac = _window(bm + cq2 - 1), _window(bn + ck2 - 1)
-    sr2, sc2 = _window(ar + cq - 1), _window(ac + ck - 1)
-    stage1 = torch.empty(B * n_m * HB * sr2 * sc2, **f32)
-    stage2 = torch.empty(B * n_m * HB * ar * ac, **f32)
-    mta_out_kernel[(n_m, B)](
-        q, k, v, out, lse, kv, stage1, stage2, pre_kernel, pre_mix, post_kernel, post_mix,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), kv.stride(0),
+                  BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
+    lm, ln = lse_blocks(HB, block_m, block_n)
+    mta_lse_kernel[(math.ceil(T_Q / lm), B)](
+        q, k, kt, lse, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, BLOCK_M=lm, BLOCK_N=ln, **common)
+    # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
+    hb2 = max(HB, 16)                                  # the mixing dot needs >= 16 heads
+    ar, ac = out_windows(hb2, cq2, ck2)
+    n_w = math.ceil(T_Q / (ar - cq2 + 1))
+    stage2 = torch.empty(B * n_w * hb2 * ar * ac, device=q.device, dtype=q.dtype)
+    z = torch.zeros(B, T_Q, H, D, **f32)
+    w2t = torch.zeros(hb2, hb2, **f32)
+    w2t[:H, :H] = post_mix.t()
+    mta_out_kernel[(n_w, B)](
+        q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
+        post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
+        *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
-        SR=sr2, SC=sc2, **common)
+        PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
+    out.copy_(z)
     return out, lse
 
 
-__all__ = ["LAUNCH", "default_blocks", "mta_fwd", "mta_lse_kernel", "mta_out_kernel"]
+__all__ = ["LAUNCH", "default_blocks", "fold_keys", "lse_blocks", "mta_fwd", "mta_lse_kernel",
+           "mta_out_kernel", "out_windows", "post_toeplitz"]

@@ -47,7 +47,7 @@ import torch
 from attnlens.kernels._head_tiles import dot_rows
 from attnlens.kernels._prologue import head_tile, load_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.cope.triton_bwd_kv import clamped_logit, cope_bwd_dkdv_kernel, kv_blocks
+from attnlens.kernels.cope.triton_bwd_kv import clamped_dkdv, clamped_logit
 from attnlens.kernels.cope.triton_fwd import (
     _cope_tile,
     _tables,
@@ -314,14 +314,8 @@ def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_v
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), **sizes, **chunks, **launch)
         if chunks["CHUNKED"]:
             dq *= scale                 # the kernel added dQ unscaled, chunk by chunk
-        kbm, kbn, klaunch = kv_blocks(q.dtype == torch.float32)
-        cope_bwd_dkdv_kernel[(math.ceil(T_K / kbn), B * H)](
-            q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV, *q.stride(),
-            *k.stride(), *v.stride(), *do.stride(), KV.stride(0), H, T_Q, T_K, T_K - T_Q, D,
-            npos, rnpos, scale, HAS_KVALID=flags["HAS_KVALID"], HAS_COPE=flags["HAS_COPE"],
-            HAS_REL=flags["HAS_REL"], REL_EXTEND=rel_extend, IEEE=q.dtype == torch.float32,
-            BLOCK_M=kbm, BLOCK_N=kbn, BLOCK_D=next_pow2(D), RNPOS_BLOCK=sizes["RNPOS_BLOCK"],
-            **klaunch)
+        clamped_dkdv(q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV, npos,
+                     rnpos, scale, flags, rel_extend, sizes["RNPOS_BLOCK"])
         if pos_emb is not None:
             dz[:, :, npos - 1] += dzl   # the clamped pairs' dlogit, summed per row in-kernel
     else:

@@ -22,8 +22,12 @@ product per query tile); their gradient dZR stays in the query-tile pass.
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 from attnlens.kernels._prologue import head_tile, load_tile
-from attnlens.kernels._triton import on_gpu, tl, triton
+from attnlens.kernels._triton import next_pow2, on_gpu, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # GPU tiles (BLOCK_M query rows per step x BLOCK_N keys per program) and launch options by
@@ -136,4 +140,21 @@ def cope_bwd_dkdv_kernel(Q, K, V, R, QPOS, KPOS, DO, LSE, DELTA, EDGE, ZLAST, DK
     tl.store(DV + kv_off, dv, mask=nd_mask)
 
 
-__all__ = ["GPU_KV_LAUNCH", "clamped_logit", "cope_bwd_dkdv_kernel", "kv_blocks"]
+def clamped_dkdv(q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV, npos: int,
+                 rnpos: int, scale: float, flags: dict, rel_extend: bool, rnpos_block: int):
+    """Add the clamped pairs' dK, dV to `dk`, `dv` (fp32 `[batch pos head d]`, contiguous),
+    from the query-tile pass's `edge` / `zlast` `[batch * head, query_pos]`; the other
+    arguments as `triton_bwd.cope_bwd` passes them (`triton_fwd.launch_args`)."""
+    B, T_Q, H, D = q.shape
+    T_K = k.shape[1]
+    bm, bn, launch = kv_blocks(q.dtype == torch.float32)
+    cope_bwd_dkdv_kernel[(math.ceil(T_K / bn), B * H)](
+        q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV, *q.stride(),
+        *k.stride(), *v.stride(), *do.stride(), KV.stride(0), H, T_Q, T_K, T_K - T_Q, D, npos,
+        rnpos, scale, HAS_KVALID=flags["HAS_KVALID"], HAS_COPE=flags["HAS_COPE"],
+        HAS_REL=flags["HAS_REL"], REL_EXTEND=rel_extend, IEEE=q.dtype == torch.float32,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), RNPOS_BLOCK=rnpos_block, **launch)
+
+
+__all__ = ["GPU_KV_LAUNCH", "clamped_dkdv", "clamped_logit", "cope_bwd_dkdv_kernel",
+           "kv_blocks"]

@@ -81,15 +81,23 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", default=["cope", "flash"])
     p.add_argument("--T", nargs="+", type=int, default=[4096])
     p.add_argument("--d", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--loops", action="store_true",
+                   help="also print each kernel's hot loops (mix_report.format_mix)")
     args = p.parse_args(argv)
     from attnlens.kernels.compile_check.results_cache import ResultCache
     cache = ResultCache(None)
+    from attnlens.kernels.compile_check.mix_report import format_mix
     print(HEADER)
+    loops = []
     for op in args.ops:
         for T in args.T:
             for d in args.d:
                 for pass_, est in run(op, T, d, cache).items():
                     print(line(op, T, d, pass_, est), flush=True)
+                    loops += [dict(r, op=f"{op} T={T} d={d}") for r in est.get("rows", [])]
+    if args.loops:
+        print()
+        print(format_mix(loops))
     return 0
 
 

@@ -12,10 +12,9 @@ constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is deriv
   `T / (2 * BLOCK_N)` at long T). The causal flash forward splits this in two loops (source
   order = SASS order): the unmasked tiles left of the diagonal, `floor(first / BLOCK_N)`, then
   the masked ones crossing it (with Infini's segments a third, masked, range first: from the
-  segment's start). Its backward: dQ of a query tile sweeps the same keys (`start_n`: the
-  unmasked tiles left of its first row, then the masked ones); dK/dV of key tile `pid` sweeps
-  the query tiles from the first that sees it, `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to
-  T_Q (`start_m`: the masked tiles crossing the diagonal, then the unmasked ones below);
+  segment's start). Its backward: dQ of a query tile sweeps the same keys
+  (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
+  `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
 - loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK; MTA's
   out pass has pre- then post-softmax taps) and d_head chunks (`d0`) are their runtime bounds.
 
@@ -87,34 +86,21 @@ def _flash_fwd(env, grid):
 
 def _flash_dq(env, grid):
     """dQ of query tile `pid`: keys from its segment's first tile (0 unsegmented) to the
-    causal end, in two loops (source order): causal without segments, the tiles left of the
-    tile's first row unmasked, then the ones crossing the diagonal masked; segmented, the
-    first loop is empty (lo = mid); non-causal it is dropped (constant empty)."""
+    causal end."""
     bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
     if not env.get("CAUSAL"):
         return {"start_n": _steps(0, t_k, bn)}
     seg = env.get("SEG_LEN") if env.get("SEGMENTED") else None
-    unmasked, masked = [], []
-    for pid in range(grid[0]):
-        hi = min(t_k, off + (pid + 1) * bm)
-        if seg:
-            lo = (off + pid * bm) // seg * seg // bn * bn
-            mid = lo
-        else:
-            lo = 0
-            mid = min(max(off + pid * bm + 1, 0) // bn * bn, t_k // bn * bn)
-        unmasked.append(_steps(lo, mid, bn))
-        masked.append(_steps(mid, hi, bn))
-    return {"start_n": [_avg(unmasked), _avg(masked)]}
+    return {"start_n": _avg(
+        _steps((off + pid * bm) // seg * seg // bn * bn if seg else 0,
+               min(t_k, off + (pid + 1) * bm), bn) for pid in range(grid[0]))}
 
 
 def _flash_dkdv(env, grid):
     """dK/dV of key tile `pid`: query tiles from the first that sees it to T_Q (segmented: to
-    the end of its last key's segment), in two loops (source order): the tiles crossing the
-    diagonal masked, then (causal, unsegmented) the ones below it unmasked; otherwise the
-    second loop is empty."""
+    the end of its last key's segment)."""
     bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
-    masked, unmasked = [], []
+    trips = []
     for pid in range(grid[0]):
         start_n = pid * bn
         lo = max(start_n - off, 0) // bm * bm if env.get("CAUSAL") else 0
@@ -122,12 +108,8 @@ def _flash_dkdv(env, grid):
         if env.get("SEGMENTED"):
             seg = env["SEG_LEN"]
             hi = min(t_q, ((min(start_n + bn, t_k) - 1) // seg + 1) * seg - off)
-        mid = hi
-        if env.get("CAUSAL") and not env.get("SEGMENTED"):
-            mid = min(hi, lo + -(-max(start_n + bn - 1 - off - lo, 0) // bm) * bm)
-        masked.append(_steps(lo, mid, bm))
-        unmasked.append(_steps(mid, hi, bm))
-    return {"start_m": [_avg(masked), _avg(unmasked)]}
+        trips.append(_steps(lo, hi, bm))
+    return {"start_m": _avg(trips)}
 
 
 def _cope_fwd(env, grid):

@@ -24,9 +24,11 @@ u_ij`), then the clamped tiles once for dQ alone, summing their dlogit per row f
 a tile) are accumulated with fp32 atomics; the clamped pairs' dK, dV come from a second kernel,
 one program per key tile, without atomics (`triton_bwd_kv`), which reads per query row where
 its band starts (EDGE) and Z_i[npos - 1] (ZLAST): O(T). With npos 64 and mean gate 0.5 the
-band is about 150 keys of a 4k row, so the atomics fall by ~25x at T 4096 (issue 57: the
-atomics dominated, 19.9 ms of the 22.3 ms forward+backward on an H200). dZ is `[batch * head,
-query_pos, npos]`, O(T * npos), and the two small products with E run in torch afterwards.
+band is about 150 keys of a 4k row, so the atomics fall by ~11x at T 4096 (issue 57: the
+backward, mostly atomics, took 19.9 of the 22.3 ms forward+backward on an H200). dZ is
+`[batch * head, query_pos, npos]`, O(T * npos), and the two small products with E run in
+torch afterwards. With relative logits every tile is band (the key-tile pass is not launched:
+it spilled).
 
 With separate gate keys (sep-keys, val-gates) the gate term `dg g (1 - g)` goes to dQ through the
 gate keys and to dGK = scale sum_i (dg g (1 - g))_ij q_i instead of joining ds. Relative logits
@@ -138,9 +140,16 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
     # clamped (p = P_MAX, u = 0; `triton_bwd_kv`). nb: the band's tiles.
     c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     u_row = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # With relative logits every tile is band (the key-tile pass, gathering ZR transposed,
+    # spilled 0.7-10 KB per thread): the sweep runs to the end, and without CoPE nb = n_tiles.
     nb = n_tiles * 0
+    band_cap = P_MAX
+    if HAS_REL:
+        nb = n_tiles
+        band_cap = float("inf")
     if HAS_COPE:
-        while (nb < n_tiles) & (tl.min(c_i, 0) < P_MAX):
+        nb = n_tiles * 0
+        while (nb < n_tiles) & (tl.min(c_i, 0) < band_cap):
             p, dlogit, u, g, w, lo, hi, keep, c_i, ridx = _cope_grad_tile(
                 q, do, Z, ZR, c_i, lse2, delta, Q, q_rows, m_valid, sq_d, DO, do_rows, sdo_d,
                 K, GK, V, kv_ptr, kpos_ptr, k_base, g_base, v_base, sk_t, sk_d, sg_t, sg_d,
@@ -149,12 +158,6 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
                 REL_EXTEND, BLOCK_N, IEEE, CHUNKED, BLOCK_D, DCH)
             u_row += tl.sum(u, 1)
             nb += 1
-    # Keys left of `edge` are clamped for every row of this tile: their dK / dV are summed by
-    # `cope_bwd_dkdv_kernel` from EDGE and ZLAST (Z_i[npos - 1]), their dQ by sweep 3 here.
-    zlast = tl.sum(tl.where(tl.arange(0, Z.shape[1])[None, :] == NPOS - 1, Z, 0.0), 1)
-    edge = tl.zeros([BLOCK_M], dtype=tl.int32) + (n_tiles - nb) * BLOCK_N
-    tl.store(EDGE + pid_bh * T_Q + offs_m, edge, mask=m_valid)
-    tl.store(ZLAST + pid_bh * T_Q + offs_m, zlast, mask=m_valid)
 
     # Sweep 2: gradients, with dg_it = U_i - sum_{j > t} u_ij.
     c_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -230,8 +233,15 @@ def cope_bwd_kernel(Q, K, V, E, GK, R, QPOS, KPOS, DO, LSE, DELTA, DQ, DK, DV, D
             dv = _dot(tl.trans(p.to(do.dtype)), do, IEEE)
             tl.atomic_add(DK + kv_off, dk, mask=nd_mask)
             tl.atomic_add(DV + kv_off, dv, mask=nd_mask)
-    # Sweep 3: the clamped tiles: dQ, the position gradient at npos - 1 (per row, DZL) and
-    # the relative one; no dK / dV here.
+    # Keys left of `edge` are clamped for every row of this tile: their dK / dV are summed by
+    # `cope_bwd_dkdv_kernel` from EDGE and ZLAST (Z_i[npos - 1]), their dQ by sweep 3 here.
+    # (Computed after sweep 2: one register less across it; npos 256 at d 128 spilled 24 B.)
+    zlast = tl.sum(tl.where(tl.arange(0, Z.shape[1])[None, :] == NPOS - 1, Z, 0.0), 1)
+    edge = tl.zeros([BLOCK_M], dtype=tl.int32) + (n_tiles - nb) * BLOCK_N
+    tl.store(EDGE + pid_bh * T_Q + offs_m, edge, mask=m_valid)
+    tl.store(ZLAST + pid_bh * T_Q + offs_m, zlast, mask=m_valid)
+    # Sweep 3: the clamped tiles: dQ and the position gradient at npos - 1 (per row, DZL); no
+    # dK / dV here.
     dzl = tl.zeros([BLOCK_M], dtype=tl.float32)
     for i in range(nb, n_tiles):
         start_n = last - i * BLOCK_N
@@ -314,8 +324,9 @@ def cope_bwd(do, q, k, v, pos_emb, out, lse, scale: float, e_scale: float, key_v
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=next_pow2(D), **sizes, **chunks, **launch)
         if chunks["CHUNKED"]:
             dq *= scale                 # the kernel added dQ unscaled, chunk by chunk
-        clamped_dkdv(q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV, npos,
-                     rnpos, scale, flags, rel_extend, sizes["RNPOS_BLOCK"])
+        if rel_emb is None:     # with relative logits every pair is band (edge 0)
+            clamped_dkdv(q, k, v, R, QPOS, KPOS, do, lse, delta, edge, zlast, dk, dv, KV,
+                         npos, rnpos, scale, flags, rel_extend, sizes["RNPOS_BLOCK"])
         if pos_emb is not None:
             dz[:, :, npos - 1] += dzl   # the clamped pairs' dlogit, summed per row in-kernel
     else:

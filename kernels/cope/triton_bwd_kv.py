@@ -15,9 +15,11 @@ for that row) and `ZLAST = Z_i[npos - 1]`, both O(T). This kernel then sums the 
 pairs' dK and dV per key tile, sweeping the query tiles that see it like the flash backward's
 dK/dV pass, without atomics, and adds them to the band's partial sums (it runs second).
 
-Without CoPE (a CoPE+rel layer without the CoPE term) EDGE is the causal end: every pair is
-handled here. The relative logits (HAS_REL) need the query tile's table `ZR` (one extra
-product per query tile); their gradient dZR stays in the query-tile pass.
+With relative logits (CoPE+rel, or a CoPE+rel layer without CoPE) this pass is not launched:
+every pair is band (EDGE 0) and the query-tile pass does all, as before the split. Compiled
+with them, this kernel gathers the relative table transposed and spilled 0.7-10 KB per thread
+(sm_80 / sm_90, compile_check), so its HAS_REL branch is kept only as the spec of what a
+launch would need.
 """
 
 from __future__ import annotations

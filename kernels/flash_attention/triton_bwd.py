@@ -50,44 +50,6 @@ def _bwd_preprocess(O, DO, DLSE, DELTA, so_b, so_t, so_h, so_d, sdo_b, sdo_t, sd
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keep_n, Q, DO, LSE, DELTA, q_base, do_base, sq_t, sq_d, sdo_t,
-                sdo_d, pid_bh, offs_n, offs_d, d_valid, lo, hi, T_Q, Q_OFFSET, SEG_LEN,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-                BLOCK_M: tl.constexpr):
-    """Accumulate the query tiles [lo, hi) into (dk, dv) (transposed `[key, query]` tiles).
-    MASKED adds the causal / segment / padding masks; unmasked tiles see every pair (rows past
-    T_Q have lse +inf and dO 0, so they add nothing)."""
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        m_valid = offs_m < T_Q
-        qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
-                     mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
-        do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                     mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
-        lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid,
-                      other=float("inf")) * 1.4426950408889634
-        delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
-        st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
-        pt = tl.math.exp2(st - lse[None, :])
-        if MASKED:
-            keep = keep_n[:, None] & m_valid[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
-            if SEGMENTED:
-                keep = keep & (offs_n[:, None] // SEG_LEN
-                               == (offs_m[None, :] + Q_OFFSET) // SEG_LEN)
-            pt = tl.where(keep, pt, 0.0)
-        elif HAS_KVALID:
-            pt = tl.where(keep_n[:, None], pt, 0.0)
-        dv += _dot(pt.to(do.dtype), do, IEEE)
-        dpt = _dot(v, tl.trans(do), IEEE)                                      # [N, M]
-        dst = pt * (dpt - delta[None, :])
-        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
-    return dk, dv
-
-
-@triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
               sdo_b, sdo_t, sdo_h, sdo_d, sdk_b, sdk_t, sdk_h, sdk_d,
@@ -96,9 +58,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr):
-    """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles).
-    Causal without segments: the query tiles crossing the diagonal run masked, the ones below
-    it (every row sees every key of the tile) unmasked."""
+    """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
     pid_n, pid_bh, b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = head_tile(
         T_K, H, D, BLOCK_N, BLOCK_D)
     start_n = pid_n * BLOCK_N
@@ -118,55 +78,31 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
     if SEGMENTED:   # the last query that sees this tile is in its last key's segment
         seg_end = ((tl.minimum(start_n + BLOCK_N, T_K) - 1) // SEG_LEN + 1) * SEG_LEN
         hi = tl.minimum(T_Q, seg_end - Q_OFFSET)
-    mid = hi
-    if CAUSAL and not SEGMENTED:   # from `mid` on, every row sees the whole key tile
-        mid = tl.minimum(hi, lo + tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - Q_OFFSET - lo, 0),
-                                          BLOCK_M) * BLOCK_M)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, keep_n, Q, DO, LSE, DELTA, q_base, do_base, sq_t, sq_d,
-                         sdo_t, sdo_d, pid_bh, offs_n, offs_d, d_valid, lo, mid, T_Q, Q_OFFSET,
-                         SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, IEEE, BLOCK_M)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, keep_n, Q, DO, LSE, DELTA, q_base, do_base, sq_t, sq_d,
-                         sdo_t, sdo_d, pid_bh, offs_n, offs_d, d_valid, mid, hi, T_Q, Q_OFFSET,
-                         SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED, HAS_KVALID, IEEE,
-                         BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < T_Q
+        qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
+                     mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
+        do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                     mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
+        lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
+        keep = keep_n[:, None] & m_valid[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
+        if SEGMENTED:
+            keep = keep & (offs_n[:, None] // SEG_LEN == (offs_m[None, :] + Q_OFFSET) // SEG_LEN)
+        st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
+        pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)
+        dv += _dot(pt.to(do.dtype), do, IEEE)
+        dpt = _dot(v, tl.trans(do), IEEE)                                      # [N, M]
+        dst = pt * (dpt - delta[None, :])
+        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
     dk *= sm_scale
     tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
              dk.to(DK.dtype.element_ty), mask=nd_mask)
     tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :] * sdv_d,
              dv.to(DV.dtype.element_ty), mask=nd_mask)
-
-
-@triton.jit
-def _dq_tiles(dq, q, do, lse, delta, K, V, KVALID, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-              kv_ptr, offs_m, m_valid, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN,
-              qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
-              HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Accumulate the key tiles [lo, hi) into dq; MASKED adds the bound / causal / segment
-    masks (rows past T_Q have lse +inf: p 0 without a mask)."""
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < T_K
-        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-        vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
-                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-        s = _dot(q, kt, IEEE) * qk_scale
-        p = tl.math.exp2(s - lse[:, None])
-        if MASKED:
-            keep = n_valid[None, :] & m_valid[:, None]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
-            if SEGMENTED:
-                keep = keep & (offs_n[None, :] // SEG_LEN
-                               == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
-            p = tl.where(keep, p, 0.0)
-        if HAS_KVALID:
-            kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
-            p = tl.where(kv[None, :] != 0, p, 0.0)
-        dp = _dot(do, vt, IEEE)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
-    return dq
 
 
 @triton.jit
@@ -177,42 +113,42 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr):
-    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile. Causal: heaviest tiles
-    first (program x owns tile `cdiv(T_Q, BLOCK_M) - 1 - x`), and without segments the key
-    tiles left of the diagonal run unmasked, the ones crossing it masked."""
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
         T_Q, H, D, BLOCK_M, BLOCK_D)
-    if CAUSAL:                                      # heaviest tiles first
-        pid_m = tl.cdiv(T_Q, BLOCK_M) - 1 - pid_m
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_valid = offs_m < T_Q
-        md_mask = m_valid[:, None] & d_valid[None, :]
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
-    lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid,
-                  other=float("inf")) * 1.4426950408889634
+    lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
-    kv_ptr = KVALID + b * skv_b
     lo = 0
     hi = T_K
-    mid = 0
     if CAUSAL:
         hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
-        # [0, mid): left of the tile's first row, every row sees every key (below T_K)
-        mid = tl.minimum(tl.maximum(Q_OFFSET + pid_m * BLOCK_M + 1, 0) // BLOCK_N * BLOCK_N,
-                         T_K // BLOCK_N * BLOCK_N)
     if SEGMENTED:   # keys start at the first row's segment
         lo = ((Q_OFFSET + pid_m * BLOCK_M) // SEG_LEN * SEG_LEN // BLOCK_N) * BLOCK_N
-        mid = lo
-    dq = _dq_tiles(dq, q, do, lse, delta, K, V, KVALID, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-                   kv_ptr, offs_m, m_valid, offs_d, d_valid, lo, mid, T_K, Q_OFFSET, SEG_LEN,
-                   qk_scale, False, CAUSAL, SEGMENTED, HAS_KVALID, IEEE, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, K, V, KVALID, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
-                   kv_ptr, offs_m, m_valid, offs_d, d_valid, mid, hi, T_K, Q_OFFSET, SEG_LEN,
-                   qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, IEEE, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < T_K
+        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+        vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+        keep = n_valid[None, :] & m_valid[:, None]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+        if SEGMENTED:
+            keep = keep & (offs_n[None, :] // SEG_LEN == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
+        if HAS_KVALID:
+            kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
+            keep = keep & (kv[None, :] != 0)
+        s = _dot(q, kt, IEEE) * qk_scale
+        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
+        dp = _dot(do, vt, IEEE)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
     dq *= sm_scale
     tl.store(DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
              dq.to(DQ.dtype.element_ty), mask=md_mask)

@@ -130,14 +130,19 @@ def _cope_band_keys(env) -> float:
 
 def _cope_bwd(env, grid):
     """`cope_bwd_kernel`: per query tile, the band sweep twice (`while`: U_i, then `i` with
-    the gradients) and the clamped tiles once (`i`); d_head chunk loops (`d0`, fp32) by D."""
+    the gradients) and the clamped tiles once (`i`); d_head chunk loops (`d0`, fp32) by D.
+    With relative logits every tile is band."""
     bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
     band, clamped = [], []
     for pid in range(grid[0]):
         first = off + pid * bm
         n_tiles = _steps(0, min(t_k, first + bm), bn)
-        nb = min(n_tiles, math.ceil((bm + _cope_band_keys(env)) / bn) + 1) \
-            if env.get("HAS_COPE") else 0
+        if env.get("HAS_REL"):          # relative logits: every tile is band
+            nb = n_tiles
+        elif env.get("HAS_COPE"):
+            nb = min(n_tiles, math.ceil((bm + _cope_band_keys(env)) / bn) + 1)
+        else:
+            nb = 0
         band.append(nb)
         clamped.append(n_tiles - nb)
     nb, nc = _avg(band), _avg(clamped)

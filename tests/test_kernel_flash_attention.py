@@ -109,6 +109,16 @@ def test_non_causal():
     _check(*_inputs(9, 30), causal=False)
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_scale_not_positive(scale):
+    """The forward folds a positive scale into the exponent (row max of the unscaled scores);
+    a negative or zero scale flips or flattens the scores, so it takes the scale-first path
+    (with a ragged causal tail, padding keys and rows without keys: 0 * -inf is NaN)."""
+    key_valid = torch.ones(1, 40, dtype=torch.bool)
+    key_valid[0, :5] = False
+    _check(*_inputs(37, 40), scale=scale, key_valid=key_valid.to(DEVICE))
+
+
 def test_bf16_runs_in_fp32_under_the_interpreter():
     q, k, v = _inputs(17, 17, dtype=torch.bfloat16)
     out, lse = flash_attention(q, k, v, block_m=16, block_n=16)

@@ -198,7 +198,8 @@ def access_bytes(opcode: str) -> int:
 
 
 def loop_var(source: tuple[str, int] | None) -> str | None:
-    """The loop variable of the `for` statement at `source` (file, line), or None."""
+    """The loop variable of the `for` statement at `source` (file, line), "while" for a
+    `while` loop, or None."""
     if source is None:
         return None
     try:
@@ -207,7 +208,9 @@ def loop_var(source: tuple[str, int] | None) -> str | None:
     except (OSError, IndexError):
         return None
     m = re.match(r"\s*for\s+(\w+)\s+in\b", line)
-    return m.group(1) if m else None
+    if m:
+        return m.group(1)
+    return "while" if re.match(r"\s*while\b", line) else None
 
 
 def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float]) -> Counter:

@@ -161,6 +161,52 @@ def _mta_out(env, grid):
             "d0": math.ceil(env["D"] / env["DCH"])}
 
 
+# CoPE's backward splits each query tile's keys into the band next to the diagonal, where the
+# gate carry is still below npos - 1, and the clamped keys left of it (`cope/triton_bwd_kv.py`);
+# where the split falls depends on the gates, so the model assumes a mean gate (0.5: random
+# scores, sigmoid of a zero-mean logit, as in the benchmark's inputs): the band of a query tile
+# reaches `BLOCK_M + (NPOS - 1) / COPE_MEAN_GATE` keys left of its first row.
+COPE_MEAN_GATE = 0.5
+
+
+def _cope_band_keys(env) -> float:
+    return (env["NPOS"] - 1) / COPE_MEAN_GATE if env.get("HAS_COPE") else 0.0
+
+
+def _cope_bwd(env, grid):
+    """`cope_bwd_kernel`: per query tile, the band sweep twice (`while`: U_i, then `i` with
+    the gradients) and the clamped tiles once (`i`); d_head chunk loops (`d0`, fp32) by D.
+    With relative logits every tile is band."""
+    bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
+    band, clamped = [], []
+    for pid in range(grid[0]):
+        first = off + pid * bm
+        n_tiles = _steps(0, min(t_k, first + bm), bn)
+        if env.get("HAS_REL"):          # relative logits: every tile is band
+            nb = n_tiles
+        elif env.get("HAS_COPE"):
+            nb = min(n_tiles, math.ceil((bm + _cope_band_keys(env)) / bn) + 1)
+        else:
+            nb = 0
+        band.append(nb)
+        clamped.append(n_tiles - nb)
+    nb, nc = _avg(band), _avg(clamped)
+    d0 = max(1, math.ceil(env["D"] / env["DCH"]))
+    return {"while": nb, "i": [nb, nc], "d0": d0}
+
+
+def _cope_bwd_dkdv(env, grid):
+    """`cope_bwd_dkdv_kernel`: key tile `pid` sweeps the query tiles that see it (`start_m`);
+    counted are those holding a clamped pair (the rest skip the body after one small load):
+    query rows beyond the key tile's start plus the band."""
+    bm, bn, t_q, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "Q_OFFSET"))
+    trips = []
+    for pid in range(grid[0]):
+        first_row = max(pid * bn + int(_cope_band_keys(env)) - off, 0)
+        trips.append(_steps(first_row // bm * bm, t_q, bm))
+    return {"start_m": _avg(trips)}
+
+
 def _mta(env, grid):
     """The MTA forward's two kernels: the out pass has windows (AR), the lse pass tiles."""
     return (_mta_out if "AR" in env else _mta_lse)(env, grid)
@@ -193,7 +239,8 @@ def _dcmha_tc(env, grid):
 
 
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
-          "cope_fwd_kernel": _cope_fwd,
+          "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
+          "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,
           "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc}

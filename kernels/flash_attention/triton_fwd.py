@@ -1,10 +1,11 @@
 """Fused causal attention, forward: online softmax over key tiles (FlashAttention-2 schedule).
 
 One program owns a tile of BLOCK_M query rows of one (batch, head) and keeps it resident; it
-sweeps the key tiles left to right with a running row max `m` and row sum `l` (base 2: scores are
-pre-multiplied by log2(e)), so no `[query, key]` tile ever leaves the chip. Key tiles entirely
-below the causal diagonal run unmasked ("off-band"); only the tiles crossing the diagonal or the
-sequence end are masked ("on-band"). Any sequence length works: loads and stores are masked.
+sweeps the key tiles left to right with a running row max `m` and row sum `l` (base 2: the
+scale times log2(e) is folded into the exponent's FFMA), so no `[query, key]` tile ever leaves
+the chip. Key tiles entirely below the causal diagonal run unmasked ("off-band"); only the
+tiles crossing the diagonal or the sequence end are masked ("on-band"). Any sequence length
+works: loads and stores are masked.
 
 Layout: q, k, v, out `[batch pos head_index d_head]` (any strides), lse `[batch head_index
 query_pos]` float32, natural log. Causal attention puts query i at key position
@@ -45,15 +46,19 @@ def _dot(a, b, IEEE: tl.constexpr):
 def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
                offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
-               HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+               HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+               SCALE_FIRST: tl.constexpr):
     """Accumulate key tiles [lo, hi) into (acc, m_i, l_i); MASKED adds the bound/causal (and
-    same-segment) mask."""
+    same-segment) mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a
+    scale <= 0, where the fold is wrong, and where it costs registers)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T_K
         kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
                      mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        s = _dot(q, kt, IEEE) * qk_scale                       # [BLOCK_M, BLOCK_N], log2 units
+        s = _dot(q, kt, IEEE)                                  # [BLOCK_M, BLOCK_N], unscaled
+        if SCALE_FIRST:                 # scaled before masking (0 * -inf would be NaN)
+            s = s * qk_scale
         if MASKED:
             keep = n_valid[None, :]
             if CAUSAL:
@@ -65,10 +70,20 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
         if HAS_KVALID:
             kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
             s = tl.where(kv[None, :] != 0, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # The scale (log2 units) is folded into the exponent's FFMA, as the Triton tutorial
+        # and FlashAttention-3 do: max(s) * c == max(s * c) exactly for c > 0 (rounding is
+        # monotone), and exp2(s * c - m) costs one FFMA per score instead of FMUL + FADD.
+        # Only where it does not spill (`attn_fwd`).
+        if SCALE_FIRST:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         # A row that has seen only masked keys keeps m = -inf; shift by 0 there, not by -inf.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
+        if SCALE_FIRST:
+            p = tl.math.exp2(s - m_use[:, None])
+        else:
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
@@ -85,8 +100,14 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                     H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, qk_scale, T_BUCKET,
                     CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
                     HAS_MIX: tl.constexpr, STORE_DOT: tl.constexpr, IEEE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SCALE_FIRST: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
+
+    HEAVY_FIRST (causal, `attn_fwd`): the heaviest query tiles run first: program `x` of axis 0
+    owns tile `cdiv(T_Q, BLOCK_M) - 1 - x` (the last tiles see the most keys), so the lightest
+    tiles fill the tail of the launch (FlashAttention-2/3's schedule). SCALE_FIRST: see
+    `_fwd_tiles`.
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
@@ -98,6 +119,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     """
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
         T_Q, H, D, BLOCK_M, BLOCK_D)
+    if HEAVY_FIRST:                                 # heaviest tiles first
+        pid_m = tl.cdiv(T_Q, BLOCK_M) - 1 - pid_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < T_Q
+        md_mask = m_valid[:, None] & d_valid[None, :]
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
@@ -123,15 +149,15 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE)
+                               IEEE, SCALE_FIRST)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED, HAS_KVALID,
-                               BLOCK_N, IEEE)
+                               BLOCK_N, IEEE, SCALE_FIRST)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE)
+                               IEEE, SCALE_FIRST)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d
@@ -219,6 +245,11 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     meta = dict(CAUSAL=causal, SEGMENTED=bool(segment_len), HAS_KVALID=key_valid is not None,
                 HAS_MIX=mix is not None, STORE_DOT=a_dot is not None,
                 IEEE=q.dtype == torch.float32, BLOCK_D=next_pow2(D))
+    # The fold and the reordering cost registers: at d_head 128, 128x128 w8 s2 spilled 8-88 B
+    # (sm_80 / sm_90), and Infini's segments and gate epilogue 16-24 B at d 64 on sm_80
+    # (compile_check); there both keep the former order.
+    plain = not segment_len and mix is None and next_pow2(D) <= 64
+    meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=causal and plain)
     if T_Q == 0:
         return out, lse
     if block_m is None and on_gpu():

@@ -6,7 +6,13 @@ Two grid shapes are in use, one helper each:
 - `head_tile`, grid `(cdiv(T, BLOCK), batch * H)`: a program owns BLOCK positions of one
   (batch, head) (FlashAttention forward and backward, hence Infini-attention, and CoPE);
 - `heads_tile`, grid `(cdiv(T_Q, BLOCK_M), batch)`: a program owns BLOCK_M query rows of every
-  head of one batch element (MTA and DCMHA, whose head mixing needs all heads at once).
+  head of one batch element (MTA and DCMHA, whose head mixing needs all heads at once);
+- `heads_window`, grid `(cdiv(T_Q, STEP), batch)`: a program owns STEP query rows of every head
+  of one batch element, STEP a runtime step (MTA's output pass: windows whose rows overlap by
+  the post-softmax convolution's halo);
+- `split_tile`, grid `(cdiv(T_Q, BLOCK_M), n_splits, batch)`: a program owns BLOCK_M query rows
+  of one batch element and one of `n_splits` slices of their keys (DCMHA's tensor-core
+  forward, `dcmha/triton_fwd_tc.py`, whose partial sums are merged after the launch).
 
 `load_tile` reads a program's `[BLOCK BLOCK_D]` row tile and `softmax_state` starts the
 online-softmax state of the head-tiled forward kernels. `tl.program_id` / `tl.num_programs` are
@@ -74,6 +80,39 @@ def heads_tile(T, H, D, BLOCK: tl.constexpr, HB: tl.constexpr, BLOCK_D: tl.const
     r_ok = rows < T
     return b, prog, m0, rows, r_ok, offs_h, h_valid, offs_d, d_valid, \
         h_valid[:, None] & r_ok[None, :]
+
+
+@triton.jit
+def heads_window(STEP):
+    """Prologue of a program of the grid `(cdiv(T, STEP), batch)` whose rows start every STEP
+    (a runtime value; `heads_tile` for a constexpr block of rows).
+
+    Returns `(b, prog, m0)`: the batch `b = program_id(1)`, the program's row-major index
+    `prog = b * num_programs(0) + program_id(0)` (its slot in per-program staging buffers)
+    and its first row `m0 = program_id(0) * STEP`.
+    """
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    return b, b * tl.num_programs(0) + pid, pid * STEP
+
+
+@triton.jit
+def split_tile(T, BLOCK: tl.constexpr):
+    """Prologue of a program of the grid `(cdiv(T, BLOCK), n_splits, batch)`: BLOCK query rows
+    of one batch element, one slice of their keys.
+
+    Returns `(b, split, n_batch, m0, rows, r_ok)`: the batch `b = program_id(2)`, the key
+    slice `split = program_id(1)`, the grid's batch size `n_batch = num_programs(2)` (the
+    stride of per-(split, batch) buffers), the first row `m0 = program_id(0) * BLOCK`, the rows
+    `m0 + arange(BLOCK)` and `r_ok = rows < T` (the last tile may be ragged).
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
+    n_batch = tl.num_programs(2)
+    m0 = pid * BLOCK
+    rows = m0 + tl.arange(0, BLOCK)
+    return b, split, n_batch, m0, rows, rows < T
 
 
 @triton.jit

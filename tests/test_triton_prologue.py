@@ -1,8 +1,8 @@
 """The Triton programs share one prologue, `kernels/_prologue.py` (issue 46): the source reads
 `tl.program_id` / `tl.num_programs` there only and every launched program starts by calling
-`head_tile` or `heads_tile`; and the helpers' tiles, offsets and masks are the plain-torch ones,
-a ragged last tile included (under the interpreter, or on a GPU). Without triton the module is
-skipped: the kernels cannot be imported there either."""
+`head_tile`, `heads_tile`, `heads_window` or `split_tile`; and the helpers' tiles, offsets and
+masks are the plain-torch ones, a ragged last tile included (under the interpreter, or on a
+GPU). Without triton the module is skipped: the kernels cannot be imported there either."""
 
 import ast
 import math
@@ -13,7 +13,7 @@ import torch
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 PROLOGUE = KERNELS / "_prologue.py"
-HELPERS = {"head_tile", "heads_tile"}
+HELPERS = {"head_tile", "heads_tile", "heads_window", "split_tile"}
 
 
 def _tree(path: Path) -> ast.Module:
@@ -67,15 +67,22 @@ def test_every_launched_program_starts_with_the_shared_prologue():
                 f"{path.name}:{name} does not start with head_tile / heads_tile"
             programs.append(f"{path.parent.name}/{path.name}:{name}")
     # Every op's forward and backward programs (Infini launches flash_attention's; CoPE's
-    # backward is two since issue 57: query tiles, and the clamped pairs' dK / dV).
-    assert len(programs) == 16, programs
+    # backward is two since issue 57: query tiles, and the clamped pairs' dK / dV; DCMHA's
+    # tensor-core forward two more since issue 58: its lse and output passes).
+    assert len(programs) == 18, programs
 
 
 # -- the helpers against plain torch (interpreter, or compiled on a GPU) --------------------
 
 triton = pytest.importorskip("triton")
 
-from attnlens.kernels._prologue import head_tile, heads_tile, load_tile  # noqa: E402
+from attnlens.kernels._prologue import (  # noqa: E402
+    head_tile,
+    heads_tile,
+    heads_window,
+    load_tile,
+    split_tile,
+)
 
 from kernel_common import DEVICE, KERNEL_MARKS  # noqa: E402
 
@@ -129,6 +136,28 @@ def _heads_tile_probe(INTS, ROWS, R_OK, OFFS_H, H_VALID, OFFS_D, D_VALID, HR_MAS
     tl.store(D_VALID + prog * BLOCK_D + dims, d_valid.to(tl.int8))
     tl.store(HR_MASK + prog * HB * BLOCK + heads[:, None] * BLOCK + lanes[None, :],
              hr_mask.to(tl.int8))
+
+
+@triton.jit
+def _heads_window_probe(INTS, STEP):
+    """Writes (b, prog, m0) of `heads_window(STEP)` at the program's index `prog`."""
+    b, prog, m0 = heads_window(STEP)
+    three = tl.arange(0, 4)
+    tl.store(INTS + prog * 4 + three, tl.where(three == 0, b, tl.where(three == 1, prog, m0)),
+             mask=three < 3)
+
+
+@triton.jit
+def _split_tile_probe(INTS, ROWS, R_OK, T, BLOCK: tl.constexpr):
+    """Writes what `split_tile` returns at `[pid, split, b]` of the outputs (row-major)."""
+    b, split, n_batch, m0, rows, r_ok = split_tile(T, BLOCK)
+    slot = (tl.program_id(0) * tl.num_programs(1) + split) * n_batch + b
+    four = tl.arange(0, 4)
+    tl.store(INTS + slot * 4 + four,
+             tl.where(four == 0, b, tl.where(four == 1, split, tl.where(four == 2, n_batch, m0))))
+    lanes = tl.arange(0, BLOCK)
+    tl.store(ROWS + slot * BLOCK + lanes, rows)
+    tl.store(R_OK + slot * BLOCK + lanes, r_ok.to(tl.int8))
 
 
 def _pow2(n: int) -> int:
@@ -212,3 +241,34 @@ def test_heads_tile_matches_torch(shape):
     assert torch.equal(d_valid.cpu().bool(), (torch.arange(BLOCK_D) < D).expand(n, BLOCK_D))
     assert torch.equal(hr_mask.cpu().bool(),
                        want_h_valid[None, :, None] & (want_rows < T)[:, None, :])
+
+
+@_kernel_test
+@pytest.mark.parametrize("batch, T, step", [(2, 37, 11), (1, 5, 27), (3, 32, 16)])
+def test_heads_window_matches_torch(batch, T, step):
+    n_t = math.ceil(T / step)
+    ints = torch.full((n_t * batch, 4), -1, dtype=torch.int32, device=DEVICE)
+    _heads_window_probe[(n_t, batch)](ints, step)
+    prog = torch.arange(n_t * batch)                 # row-major over the grid: b * n_t + pid
+    want = torch.stack([prog // n_t, prog, prog % n_t * step], 1).int()
+    assert torch.equal(ints[:, :3].cpu(), want)
+
+
+@_kernel_test
+@pytest.mark.parametrize("shape", [(2, 37, 16, 3), (1, 5, 16, 1), (3, 32, 16, 2)],
+                         ids=lambda s: "b{}t{}m{}s{}".format(*s))
+def test_split_tile_matches_torch(shape):
+    B, T, BLOCK, NS = shape
+    n_t = math.ceil(T / BLOCK)
+    n = n_t * NS * B
+    ints = torch.empty(n, 4, dtype=torch.int32, device=DEVICE)
+    rows = torch.empty(n, BLOCK, dtype=torch.int32, device=DEVICE)
+    r_ok = torch.empty(n, BLOCK, dtype=torch.int8, device=DEVICE)
+    _split_tile_probe[(n_t, NS, B)](ints, rows, r_ok, T, BLOCK=BLOCK)
+    slot = torch.arange(n)                           # (pid, split, b) row-major
+    p_t, p_s, p_b = slot // (NS * B), slot // B % NS, slot % B
+    want_rows = p_t[:, None] * BLOCK + torch.arange(BLOCK)[None, :]
+    assert torch.equal(ints.cpu(), torch.stack([p_b, p_s, torch.full_like(p_b, B),
+                                                p_t * BLOCK], 1).int())
+    assert torch.equal(rows.cpu(), want_rows.int())
+    assert torch.equal(r_ok.cpu().bool(), want_rows < T)

@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
@@ -161,10 +162,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`."""
-    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    r_ok = rows < T_Q
+    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     offs_h = tl.arange(0, HB)
     Qb, Kb = Q + b * sq_b, K + b * sk_b
     W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
@@ -195,7 +193,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                 tl.math.exp2(x - m_use[:, None]), 1)
             m_i = tl.where(sel, m_new[None, :], m_i)
             l_i = tl.where(sel, l_new[None, :], l_i)
-    at = ((split * tl.num_programs(2) + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
+    at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
     tl.store(LP + at, l_i, mask=mask)
@@ -212,10 +210,7 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                         DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O."""
-    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    r_ok = rows < T_Q
+    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
     W1Q2, W2Q2, GQ2 = W1Q2 + b * T_Q * CQ2 * H, W2Q2 + b * T_Q * CQ2 * H, GQ2 + b * T_Q * H

@@ -40,7 +40,7 @@ import math
 import torch
 
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._prologue import heads_tile, heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -231,12 +231,9 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
     `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is summed in the
     fp32 `Z [batch T_Q H D]` (zeroed; rows owned by this program) d_head chunk by chunk: no
     `[H, rows, d_head]` accumulator."""
-    pid = tl.program_id(0)
-    b = tl.program_id(1)
-    prog = b * tl.num_programs(0) + pid
+    b, prog, m0 = heads_window(AR - CQ2 + 1)
     BMe = AR - CQ2 + 1
     BNe = AC - CK2 + 1
-    m0 = pid * BMe
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     offs_ar = tl.arange(0, AR)

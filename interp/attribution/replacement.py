@@ -232,14 +232,25 @@ def _expand(t: Tensor, batch: int) -> Tensor:
     return t.expand(batch, *t.shape[1:])
 
 
-def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
+def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None,
+                 detach_scores: bool = False):
     """The forward hooks that turn `model` into the replacement model on `run`'s prompt.
 
-    `read`: extra hook names whose live values are stored in `store` (a dict)."""
+    `read`: extra hook names whose live values are stored in `store` (a dict).
+    `detach_scores`: cut queries and keys from the autograd graph. They only reach the
+    pattern, which is frozen, so no value and no gradient of a direct effect changes; what
+    changes is memory: the backward no longer keeps every head's live scores and
+    probabilities (`[batch heads pos pos]` per layer), the largest tensors at long prompts."""
     batch = alphas.embed.shape[0]
     cache = run.cache
     store = {} if store is None else store
     hooks = []
+    if detach_scores:
+        def detached(act, hook):
+            return act.detach()
+        hooks += [(f"blocks.{layer}.attn.hook_{side}", detached)
+                  for layer in range(model.cfg.n_layers) for side in "qk"
+                  if f"blocks.{layer}.attn.hook_{side}" in model.hook_dict]
 
     def constant(name):
         def hook(act, hook):
@@ -307,11 +318,14 @@ def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
     return hooks
 
 
-def frozen_forward(model, run: CleanRun, alphas: Alphas, read=()) -> FrozenOutputs:
-    """One forward of the replacement model over `alphas.embed.shape[0]` copies of the prompt."""
+def frozen_forward(model, run: CleanRun, alphas: Alphas, read=(),
+                   detach_scores: bool = False) -> FrozenOutputs:
+    """One forward of the replacement model over `alphas.embed.shape[0]` copies of the prompt
+    (`detach_scores`: see `frozen_hooks`)."""
     batch = alphas.embed.shape[0]
     store: dict = {}
-    hooks = frozen_hooks(model, run, alphas, read=read, store=store)
+    hooks = frozen_hooks(model, run, alphas, read=read, store=store,
+                         detach_scores=detach_scores)
     with model.hooks(fwd_hooks=hooks):
         logits = model(run.tokens.expand(batch, -1))
     return FrozenOutputs(logits=logits,

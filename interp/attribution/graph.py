@@ -220,8 +220,8 @@ def choose_logits(run: CleanRun, model, targets=None, logit_mass: float = 0.95,
 def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
               logit_mass: float = 0.95, max_logits: int = 10, batch_size: int | None = None,
               progress: bool = False, model_name: str = "", transcoder_set: str = "",
-              budget: AttributionBudget | None = None, dtype: torch.dtype | None = None
-              ) -> AttributionGraph:
+              budget: AttributionBudget | None = None, dtype: torch.dtype | None = None,
+              callback=None) -> AttributionGraph:
     """The attribution graph of `prompt` (a str or `[1 pos]` token ids; see the module doc).
     `targets`: distinct token ids or one-token strings for the logit nodes (default: the
     likeliest tokens; see `resolve_targets`). `transcoders`: one per layer, each at the layer
@@ -234,7 +234,9 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
     budget covers every active feature the graph is the exact full graph. `batch_size`:
     copies per forward (default: derived from the memory budget). `dtype`: run in a copy of
     the model in this dtype (torch.float32 or torch.float64; default the model's own): use
-    float64 for exact identities (~1e-12 against ~1e-5 in float32)."""
+    float64 for exact identities (~1e-12 against ~1e-5 in float32). `callback(done, total)`:
+    called after each batch of rows (a job runner's progress; an exception it raises, such
+    as a cancellation, stops the graph)."""
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
             batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -263,10 +265,7 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
     batch = plan_batch(budget, model, n_pos, n_active, n_logits + n_f, n_sources, n_nodes,
                        dtype.itemsize, budgeted, batch_size)
     rows = _RowMaker(model, transcoders, run, feats, logit_tokens, layers, dtype)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_logits + n_f, desc="attribution rows", unit="row")
+    bar = _Progress(n_logits + n_f, progress, callback)
     try:
         if budgeted:
             adjacency, target_values, chosen, report = _budgeted(
@@ -276,8 +275,7 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
             chosen = torch.arange(n_active)
             report = BudgetReport(cap, budget.memory_bytes, batch, n_active, n_active)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     # the bias: every target's value with all sources ablated (alphas 0), one forward
     bias = torch.zeros(n_nodes, dtype=dtype)
     target_rows = list(range(n_f)) + [n_nodes - n_logits + i for i in range(n_logits)]
@@ -293,6 +291,27 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
         logit_tokens=logit_tokens, logit_token_strings=token_strings(model, logit_tokens),
         logit_probabilities=logit_probs, adjacency=adjacency, target_values=target_values,
         bias=bias, transcoder_set=transcoder_set, budget=report)
+
+
+class _Progress:
+    """Rows done: a tqdm bar (`show`) and/or `callback(done, total)` after each batch."""
+
+    def __init__(self, total: int, show: bool, callback):
+        self.total, self.done, self.callback, self.bar = total, 0, callback, None
+        if show:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc="attribution rows", unit="row")
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _in_dtype(model, dtype):
@@ -351,8 +370,7 @@ def _full(rows: _RowMaker, batch: int, n_nodes: int, bar) -> tuple[Tensor, Tenso
         idx = index[start:start + len(chunk)]
         adjacency[idx, :n_nodes - n_logits] = block
         target_values[idx] = vals
-        if bar is not None:
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     return adjacency, target_values
 
 
@@ -371,8 +389,7 @@ def _budgeted(rows: _RowMaker, budget, batch: int, n_f: int, n_nodes: int, probs
     for start in range(0, n_logits, batch):
         chunk = logit_targets[start:start + batch]
         computed[start:start + len(chunk)], values[start:start + len(chunk)] = rows(chunk)
-        if bar is not None:
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     sums = computed[:n_logits].abs().sum(1, dtype=torch.float64)
     weights = probs.to(torch.float64)
     depth = rows.model.cfg.n_layers + 1
@@ -396,8 +413,7 @@ def _budgeted(rows: _RowMaker, budget, batch: int, n_f: int, n_nodes: int, probs
         sums = torch.cat([sums, block.abs().sum(1, dtype=torch.float64)])
         visited += take
         done[take] = True
-        if bar is not None:
-            bar.update(len(take))
+        bar.update(len(take))
     influence = partial_influence(computed, sums, n_logits, weights, torch.tensor(visited),
                                   n_active, depth)
     chosen = done.nonzero().flatten()                       # node order: by index

@@ -54,7 +54,7 @@ def test_a_running_job_is_cancelled_at_its_next_step_and_the_queue_moves_on():
             progress(1, 10)
             time.sleep(0.01)
     running = jobs.submit("long", endless)
-    queued = jobs.submit("next", lambda progress: "ran")
+    jobs.submit("next", lambda progress: "ran")
     assert started.wait(10) and running.state == "running"
     assert "computing 1 / 10 rows (10%)" in running.describe()
     assert jobs.cancel("long")

@@ -350,7 +350,10 @@ class _RowMaker:
         """(rows `[len(chunk) n_sources]`, target values `[len(chunk)]`)."""
         run = self.run
         alphas = alphas_like(run, batch=len(chunk))
-        out = frozen_forward(self.model, run, alphas, detach_scores=True)
+        # features only: the blocks up to the last of their layers, no unembedding
+        stop = None if any(kind == "logit" for kind, _ in chunk) else \
+            1 + max(int(self.feats[j, 0]) for _, j in chunk)
+        out = frozen_forward(self.model, run, alphas, detach_scores=True, stop_at_layer=stop)
         vals = self.values(out, chunk)
         grads = torch.autograd.grad(vals.sum(), alphas.tensors(), allow_unused=True)
         return _rows(grads, alphas, self.layers, run, self.model.cfg.n_layers,

@@ -1,12 +1,15 @@
 """`attnlens graph MODEL "prompt" [--target TOKEN]`: an attribution graph on a model with
 transcoders (attnlens.interp.attribution; docs/attribution.md).
 
-Prints the target, the graph's size before and after pruning, the error nodes' share of the
-target's direct effects, and the most influential features (with their top contexts from the
-model's validation windows, `--contexts`). With `--out DIR` writes `<slug>.json` in the format
-circuit-tracer's local server and Neuronpedia's graph viewer read (plus `graph-metadata.json`)
-and `<slug>.html`, the pruned graph drawn with plotly (plotly.min.js beside it: it opens
-offline).
+The features that enter the graph are chosen by influence up to a node budget
+(`--max-features`, default 2,048) within a memory budget (`--memory`, default 2GB); what the
+budget left out is printed and written into the JSON (`metadata.info.budget`). float32 unless
+`--float64`. Prints the target, the graph's size before and after pruning, the error nodes'
+share of the target's direct effects, and the most influential features (with their top
+contexts from the model's validation windows, `--contexts`). With `--out DIR` writes
+`<slug>.json` in the format circuit-tracer's local server and Neuronpedia's graph viewer read
+(plus `graph-metadata.json`) and `<slug>.html`, the pruned graph drawn with plotly
+(plotly.min.js beside it: it opens offline).
 """
 
 from __future__ import annotations
@@ -214,7 +217,9 @@ def summary(graph, pruned, show: int) -> None:
     for i in range(graph.n_logits):
         p = float(graph.logit_probabilities[i])
         print(f"  logit {graph.logit_token_strings[i]!r}: p={p:.3f}")
-    print(f"graph: {graph.n_features} active features, {graph.n_errors} error nodes, "
+    active = graph.budget.n_active if graph.budget is not None else graph.n_features
+    print(f"graph: {active} active features, {graph.n_features} in the graph, "
+          f"{graph.n_errors} error nodes, "
           f"{n_edges} edges; pruned to {int(pruned.node_mask[:graph.n_features].sum())} "
           f"features and {int(pruned.edge_mask.sum())} edges (node threshold "
           f"{pruned.node_threshold}, edge threshold {pruned.edge_threshold})")

@@ -43,9 +43,9 @@ ID = "graph"
 CACHED = 8
 _cache: OrderedDict = OrderedDict()
 _lock = threading.Lock()
-# The server's budget: no graph is ever built unbounded (issue 55). A request may ask for
-# fewer features, never more; one that cannot fit the memory budget is refused with a message
-# before any row is computed (attnlens.interp.attribution.budget).
+# The server's budget: no graph is ever built unbounded (issue 55); one that cannot fit the
+# memory budget is refused with a message before any row is computed
+# (attnlens.interp.attribution.budget). Larger graphs: `attnlens graph --max-features`.
 SERVER_BUDGET = AttributionBudget()
 # Prompts up to this many tokens are graphed within the request; longer ones (the empty prompt
 # falls back to the model's default text, 480 tokens) run in the background job queue.
@@ -89,8 +89,6 @@ def layout(store):
                     "node threshold", _number("graph-node-threshold", 0.8, 0.05),
                     "edge threshold", _number("graph-edge-threshold", 0.98, 0.01),
                     "edges drawn", _number("graph-max-edges", 400, 50)),
-        control_row("features (budget)", _number("graph-max-features",
-                                                   SERVER_BUDGET.max_feature_nodes, 64, "90px")),
         html.Div(budget_text(), id="graph-budget", style={"fontSize": "12px", "color": "#555"}),
         html.Div([html.Span(id="graph-progress"),
                   html.Button("cancel", id="graph-cancel", n_clicks=0,
@@ -158,23 +156,6 @@ def budget_text(budget: AttributionBudget | None = None) -> str:
             "the budget left out.")
 
 
-def check_budget(value, budget: AttributionBudget | None = None) -> AttributionBudget:
-    """The budget a request asks for: the server's (empty box) or fewer features; ValueError
-    for more than the server's budget or anything but a whole number >= 1."""
-    budget = budget or SERVER_BUDGET
-    cap = budget.max_feature_nodes
-    if value is None or value == "":
-        return budget
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
-            or value < 1:
-        raise ValueError(f"features (budget) must be a whole number 1 .. {cap}, got {value!r}")
-    if value > cap:
-        raise ValueError(f"features (budget) {int(value)} is over this server's budget of {cap} "
-                         "features (graphs are never built unbounded here); use `attnlens "
-                         "graph --max-features` on the command line for a larger graph")
-    return AttributionBudget(max_feature_nodes=int(value), memory=budget.memory)
-
-
 @dataclass
 class GraphRequest:
     """A checked request: what to graph, its cache key and its length in tokens."""
@@ -193,8 +174,7 @@ class GraphRequest:
                          budget=self.budget, dtype=torch.float32, callback=callback)
 
 
-def graph_request(store, name, text, target, node_threshold, edge_threshold,
-                  max_features=None) -> GraphRequest:
+def graph_request(store, name, text, target, node_threshold, edge_threshold) -> GraphRequest:
     """Everything a graph request says, checked (ValueError naming what is wrong)."""
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
@@ -204,7 +184,7 @@ def graph_request(store, name, text, target, node_threshold, edge_threshold,
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not 0 < value <= 1:
             raise ValueError(f"{label} must be in (0, 1], got {value!r}")
-    budget = check_budget(max_features)
+    budget = SERVER_BUDGET
     n_tokens = int(model.to_tokens(prompt).shape[1])
     key = ("graph", name, prompt, tuple(targets or ()), budget.max_feature_nodes,
            budget.memory)
@@ -220,13 +200,11 @@ def finished_graph(request: GraphRequest):
     return job.result if job is not None and job.state == DONE else None
 
 
-def compute_graph(store, name, text, target, node_threshold, edge_threshold,
-                  max_features=None):
+def compute_graph(store, name, text, target, node_threshold, edge_threshold):
     """(model, transcoders, prompt, graph, pruned) of a request: a short prompt's graph is
     computed here, a long one's must have finished in the background (ValueError otherwise:
     the page submits it with `submit_graph`)."""
-    request = graph_request(store, name, text, target, node_threshold, edge_threshold,
-                            max_features)
+    request = graph_request(store, name, text, target, node_threshold, edge_threshold)
     g = finished_graph(request)
     if g is None:
         if request.n_tokens > SYNC_TOKENS:
@@ -348,10 +326,10 @@ def register(app, store):
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
                   Input("graph-target", "value"), Input("graph-node-threshold", "value"),
                   Input("graph-edge-threshold", "value"), Input("graph-max-edges", "value"),
-                  Input("tabs", "value"), Input("graph-max-features", "value"),
-                  Input("graph-poll", "n_intervals"), Input("graph-cancel", "n_clicks"))
-    def _update(name, text, target, node_threshold, edge_threshold, max_edges, tab,
-                max_features, _poll, _cancel):
+                  Input("tabs", "value"), Input("graph-poll", "n_intervals"),
+                  Input("graph-cancel", "n_clicks"))
+    def _update(name, text, target, node_threshold, edge_threshold, max_edges, tab, _poll,
+                _cancel):
         """Draw the graph of the request; a long prompt's graph is a background job: queued
         (or found) here, polled by graph-poll until done, cancelled by graph-cancel."""
         if tab != ID:
@@ -362,7 +340,7 @@ def register(app, store):
             drawn = edges_drawn(max_edges)
             with store.using(name):
                 request = graph_request(store, name, text, target, node_threshold,
-                                        edge_threshold, max_features)
+                                        edge_threshold)
                 if request.n_tokens > SYNC_TOKENS and finished_graph(request) is None:
                     job = JOBS.get(request.key)
                     if trigger == "graph-cancel":
@@ -380,8 +358,7 @@ def register(app, store):
                         return (*waiting, False, f"{request.n_tokens}-token prompt: "
                                 f"{job.describe()}", shown)
                 _, _, prompt, g, pruned = compute_graph(store, name, text, target,
-                                                        node_threshold, edge_threshold,
-                                                        max_features)
+                                                        node_threshold, edge_threshold)
         except ValueError as err:
             return {}, "", str(err), [], None, True, "", hidden
         figure = graph_figure(g, pruned, title=f"{name}: {_short(prompt)!r} -> "
@@ -393,10 +370,8 @@ def register(app, store):
                   Input("graph-figure", "clickData"), Input("graph-pick", "value"),
                   State("ctl-model", "value"), State("ctl-applied-prompt", "data"),
                   State("graph-target", "value"), State("graph-node-threshold", "value"),
-                  State("graph-edge-threshold", "value"), State("graph-max-features", "value"),
-                  prevent_initial_call=True)
-    def _click(click, picked, name, text, target, node_threshold, edge_threshold,
-               max_features):
+                  State("graph-edge-threshold", "value"), prevent_initial_call=True)
+    def _click(click, picked, name, text, target, node_threshold, edge_threshold):
         """A node clicked in the figure or picked from the list: its details (a click also
         shows the clicked node in the list)."""
         by_list = ctx.triggered_id == "graph-pick"
@@ -408,7 +383,7 @@ def register(app, store):
         try:
             with store.using(name):
                 model, transcoders, _, g, pruned = compute_graph(
-                    store, name, text, target, node_threshold, edge_threshold, max_features)
+                    store, name, text, target, node_threshold, edge_threshold)
                 index = drawn_node(picked, g, pruned) if by_list else \
                     clicked_node(click, g, pruned)
                 details = node_details(store, name, model, transcoders, g, pruned, index)

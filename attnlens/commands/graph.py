@@ -1,12 +1,15 @@
 """`attnlens graph MODEL "prompt" [--target TOKEN]`: an attribution graph on a model with
 transcoders (attnlens.interp.attribution; docs/attribution.md).
 
-Prints the target, the graph's size before and after pruning, the error nodes' share of the
-target's direct effects, and the most influential features (with their top contexts from the
-model's validation windows, `--contexts`). With `--out DIR` writes `<slug>.json` in the format
-circuit-tracer's local server and Neuronpedia's graph viewer read (plus `graph-metadata.json`)
-and `<slug>.html`, the pruned graph drawn with plotly (plotly.min.js beside it: it opens
-offline).
+The features that enter the graph are chosen by influence up to a node budget
+(`--max-features`, default 2,048) within a memory budget (`--memory`, default 2GB); what the
+budget left out is printed and written into the JSON (`metadata.info.budget`). float32 unless
+`--float64`. Prints the target, the graph's size before and after pruning, the error nodes'
+share of the target's direct effects, and the most influential features (with their top
+contexts from the model's validation windows, `--contexts`). With `--out DIR` writes
+`<slug>.json` in the format circuit-tracer's local server and Neuronpedia's graph viewer read
+(plus `graph-metadata.json`) and `<slug>.html`, the pruned graph drawn with plotly
+(plotly.min.js beside it: it opens offline).
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ import argparse
 from pathlib import Path
 
 from attnlens.commands import UsageError, count
+
+# AttributionBudget's defaults (attnlens.interp.attribution.budget; a test checks they agree),
+# written here so building the parser does not import torch
+DEFAULT_MAX_FEATURE_NODES = 2048
+DEFAULT_MEMORY = "2GB"
 
 
 def share(text: str) -> float:
@@ -25,6 +33,30 @@ def share(text: str) -> float:
         return check_threshold("threshold", float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+
+
+def feature_budget(text: str) -> int | None:
+    """An argparse type: a positive number of features, or "all" (None: every feature)."""
+    if text.strip().lower() in ("all", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of features or 'all', "
+                                         f"got {text!r}")
+    return value
+
+
+def memory_budget(text: str) -> str | None:
+    """An argparse type: a size such as 2GB (checked by `budget.parse_memory`), or none."""
+    from attnlens.interp.attribution.budget import parse_memory
+
+    try:
+        return None if parse_memory(text) is None else text
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_parser(sub) -> None:
@@ -48,7 +80,22 @@ def add_parser(sub) -> None:
                    help="features printed (default 12)")
     p.add_argument("--contexts", type=count(0), default=0, metavar="N",
                    help="print each shown feature's N top contexts (validation windows)")
-    p.add_argument("--batch-size", type=count(1), default=64, help="targets per backward pass")
+    p.add_argument("--batch-size", type=count(1), default=None,
+                   help="targets per backward pass (default: as many as the memory budget "
+                        "allows, at most 64)")
+    p.add_argument("--max-features", type=feature_budget, default=DEFAULT_MAX_FEATURE_NODES,
+                   metavar="N",
+                   help="the node budget: at most N features enter the graph, chosen by "
+                        "influence on the targets (estimated from the logit rows, refined as "
+                        "rows come in); 'all' for every active feature (default "
+                        f"{DEFAULT_MAX_FEATURE_NODES})")
+    p.add_argument("--memory", type=memory_budget, default=DEFAULT_MEMORY, metavar="SIZE",
+                   help="the memory budget of the rows, the adjacency and a batch, e.g. 2GB, "
+                        f"512MB, 'none' (default {DEFAULT_MEMORY}): a graph that cannot fit "
+                        "is refused before the rows are computed")
+    p.add_argument("--float64", action="store_true",
+                   help="run in float64 (identities exact to ~1e-12; twice the memory) instead "
+                        "of float32")
     p.add_argument("--out", default=None, help="write <slug>.json and <slug>.html here")
     p.add_argument("--slug", default=None,
                    help="graph name in the viewer and file name (default: the model and "
@@ -112,26 +159,31 @@ def missing_transcoders(directory: Path, err: Exception) -> str:
 
 
 def run(args) -> int:
+    import torch
+
     from attnlens.hooked_models import HookedVariantTransformer
+    from attnlens.interp.attribution.budget import AttributionBudget
     from attnlens.interp.attribution.contexts import transcoders_for
     from attnlens.interp.attribution.graph import attribute
     from attnlens.interp.attribution.prune import prune
-    from attnlens.interp.attribution.replacement import float64_copy
 
     directory = resolve(args.model)
     slug = check_arguments(args, directory)
+    budget = AttributionBudget(max_feature_nodes=args.max_features, memory=args.memory)
+    dtype = torch.float64 if args.float64 else torch.float32
     try:
-        model = float64_copy(HookedVariantTransformer.from_pretrained(directory, device="cpu"))
+        model = HookedVariantTransformer.from_pretrained(directory, device="cpu").to(dtype).eval()
         if model.cfg.attn_only:
             raise ValueError(f"{directory.name} is attention-only: attribution graphs replace "
                              "MLPs by transcoders, so they need a model with MLPs (the zoo's "
                              "-l4mlp text models ship transcoders)")
         try:
-            transcoders = transcoders_for(directory)
+            transcoders = transcoders_for(directory, dtype=dtype)
         except FileNotFoundError as err:
             raise ValueError(missing_transcoders(directory, err)) from None
         graph = attribute(model, transcoders, args.prompt, targets=args.target,
                           batch_size=args.batch_size, progress=not args.no_progress,
+                          budget=budget,
                           model_name=directory.name, transcoder_set=f"{directory.name}/transcoders")
         pruned = prune(graph, args.node_threshold, args.edge_threshold)
     except ValueError as err:
@@ -165,10 +217,19 @@ def summary(graph, pruned, show: int) -> None:
     for i in range(graph.n_logits):
         p = float(graph.logit_probabilities[i])
         print(f"  logit {graph.logit_token_strings[i]!r}: p={p:.3f}")
-    print(f"graph: {graph.n_features} active features, {graph.n_errors} error nodes, "
+    active = graph.budget.n_active if graph.budget is not None else graph.n_features
+    print(f"graph: {active} active features, {graph.n_features} in the graph, "
+          f"{graph.n_errors} error nodes, "
           f"{n_edges} edges; pruned to {int(pruned.node_mask[:graph.n_features].sum())} "
           f"features and {int(pruned.edge_mask.sum())} edges (node threshold "
           f"{pruned.node_threshold}, edge threshold {pruned.edge_threshold})")
+    if graph.budget is not None:
+        print(graph.budget.summary())
+        if graph.budget.n_left_out:
+            top = graph.budget.to_json(top=3)["top_left_out"]
+            print("  most influential features left out: " + ", ".join(
+                f"L{t['layer']} F{t['feature']} @{t['pos']} ({t['influence']:.3g})"
+                for t in top))
     print(f"error nodes' share of |direct effects| on {graph.logit_token_strings[0]!r}: "
           f"{graph.error_share():.1%}")
     influence = pruned.node_influence[:graph.n_features]

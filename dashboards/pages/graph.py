@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 from dash import Input, Output, State, ctx, dcc, html, no_update
@@ -22,7 +23,9 @@ from attnlens.dashboards.figures import (
     loading,
     note_box,
 )
+from attnlens.dashboards.jobs import CANCELLED, DONE, FAILED, JobRunner
 from attnlens.dashboards.store import check_text
+from attnlens.interp.attribution.budget import AttributionBudget
 from attnlens.interp.attribution.contexts import (
     context_windows,
     feature_activations,
@@ -45,6 +48,15 @@ ID = "graph"
 CACHED = 8
 _cache: OrderedDict = OrderedDict()
 _lock = threading.Lock()
+# The server's budget: no graph is ever built unbounded (issue 55); one that cannot fit the
+# memory budget is refused with a message before any row is computed
+# (attnlens.interp.attribution.budget). Larger graphs: `attnlens graph --max-features`.
+SERVER_BUDGET = AttributionBudget()
+# Prompts up to this many tokens are graphed within the request; longer ones (the empty prompt
+# falls back to the model's default text, 480 tokens) run in the background job queue.
+SYNC_TOKENS = 64
+JOBS = JobRunner(max_queued=2, keep=2)
+POLL_MS = 1000
 
 
 def _remember(key, make):
@@ -82,6 +94,12 @@ def layout(store):
                     "node threshold", _number("graph-node-threshold", 0.8, 0.05),
                     "edge threshold", _number("graph-edge-threshold", 0.98, 0.01),
                     "edges drawn", _number("graph-max-edges", 400, 50)),
+        html.Div(budget_text(), id="graph-budget", style={"fontSize": "12px", "color": "#555"}),
+        html.Div([html.Span(id="graph-progress"),
+                  html.Button("cancel", id="graph-cancel", n_clicks=0,
+                              style={"marginLeft": "8px"})],
+                 id="graph-job", style={"display": "none"}),
+        dcc.Interval(id="graph-poll", interval=POLL_MS, disabled=True),
         error_box("graph-error"),
         note_box("graph-note"),
         loading([graph("graph-figure")]),
@@ -129,7 +147,40 @@ def session(store, name):
     return _remember(("session", name), make)
 
 
-def compute_graph(store, name, text, target, node_threshold, edge_threshold):
+def _short(prompt: str, limit: int = 80) -> str:
+    return prompt if len(prompt) <= limit else prompt[:limit - 20] + " ... " + prompt[-15:]
+
+
+def budget_text(budget: AttributionBudget | None = None) -> str:
+    budget = budget or SERVER_BUDGET
+    cap = budget.max_feature_nodes
+    return (f"Budget: at most {cap} features enter the graph, chosen by their influence on the "
+            f"logits; {budget.memory} of memory for the rows, the adjacency and a batch "
+            f"(float32). Prompts over {SYNC_TOKENS} tokens are graphed in the background "
+            "(progress and a cancel button appear here); the note under the plot says what "
+            "the budget left out.")
+
+
+@dataclass
+class GraphRequest:
+    """A checked request: what to graph, its cache key and its length in tokens."""
+
+    model: object
+    transcoders: dict
+    prompt: str
+    targets: list | None
+    budget: AttributionBudget
+    key: tuple
+    n_tokens: int
+
+    def make(self, name, callback=None):
+        return attribute(self.model, self.transcoders, self.prompt, targets=self.targets,
+                         model_name=name, transcoder_set=f"{name}/transcoders",
+                         budget=self.budget, dtype=torch.float32, callback=callback)
+
+
+def graph_request(store, name, text, target, node_threshold, edge_threshold) -> GraphRequest:
+    """Everything a graph request says, checked (ValueError naming what is wrong)."""
     model, transcoders = session(store, name)
     prompt = _first_line(store, name, text)
     targets = [check_text(target.strip(), "the target token")] \
@@ -138,16 +189,41 @@ def compute_graph(store, name, text, target, node_threshold, edge_threshold):
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not 0 < value <= 1:
             raise ValueError(f"{label} must be in (0, 1], got {value!r}")
+    budget = SERVER_BUDGET
+    n_tokens = int(model.to_tokens(prompt).shape[1])
+    key = ("graph", name, prompt, tuple(targets or ()), budget.max_feature_nodes,
+           budget.memory)
+    return GraphRequest(model, transcoders, prompt, targets, budget, key, n_tokens)
 
-    def make():
-        g = attribute(model, transcoders, prompt, targets=targets, model_name=name,
-                      transcoder_set=f"{name}/transcoders")
-        return g
 
-    g = _remember(("graph", name, prompt, tuple(targets or ())), make)
+def finished_graph(request: GraphRequest):
+    """The request's graph if it is at hand (cached, or a finished background job), else None."""
+    with _lock:
+        if request.key in _cache:
+            return _cache[request.key]
+    job = JOBS.get(request.key)
+    return job.result if job is not None and job.state == DONE else None
+
+
+def compute_graph(store, name, text, target, node_threshold, edge_threshold):
+    """(model, transcoders, prompt, graph, pruned) of a request: a short prompt's graph is
+    computed here, a long one's must have finished in the background (ValueError otherwise:
+    the page submits it with `submit_graph`)."""
+    request = graph_request(store, name, text, target, node_threshold, edge_threshold)
+    g = finished_graph(request)
+    if g is None:
+        if request.n_tokens > SYNC_TOKENS:
+            raise ValueError(f"the graph of this {request.n_tokens}-token prompt is being "
+                             "computed in the background: wait for it above")
+        g = _remember(request.key, lambda: request.make(name))
     pruned = prune(g, float(node_threshold), float(edge_threshold))
     g.node_influence = pruned.node_influence
-    return model, transcoders, prompt, g, pruned
+    return request.model, request.transcoders, request.prompt, g, pruned
+
+
+def submit_graph(name, request: GraphRequest):
+    """The background job computing the request's graph (the existing one if any)."""
+    return JOBS.submit(request.key, lambda progress: request.make(name, callback=progress))
 
 
 def edges_drawn(value) -> int | None:
@@ -193,10 +269,13 @@ def node_options(g, pruned) -> list[dict]:
 
 def note(g, pruned) -> str:
     kept = int(pruned.node_mask[:g.n_features].sum())
+    active = g.budget.n_active if g.budget is not None else g.n_features
+    left = f" {g.budget.summary()}." if g.budget is not None and g.budget.n_left_out else ""
     return (f"{g.model_name}: target {g.logit_token_strings[0]!r} (p="
             f"{float(g.logit_probabilities[0]):.3f}) of {g.n_logits} logit node(s); "
-            f"{g.n_features} active features, {kept} kept, {int(pruned.edge_mask.sum())} edges; "
-            f"error nodes carry {g.error_share():.1%} of the direct effects on the target.")
+            f"{active} active features, {g.n_features} in the graph, {kept} kept, "
+            f"{int(pruned.edge_mask.sum())} edges; error nodes carry {g.error_share():.1%} of "
+            f"the direct effects on the target.{left}")
 
 
 def node_details(store, name, model, transcoders, g, pruned, index):
@@ -248,26 +327,53 @@ def qk_details(store, name, text, layer, head, query, key):
 
 
 def register(app, store):
+    hidden, shown = {"display": "none"}, {"display": "block", "margin": "6px 0"}
+
     @app.callback(Output("graph-figure", "figure"), Output("graph-note", "children"),
                   Output("graph-error", "children"), Output("graph-pick", "options"),
-                  Output("graph-pick", "value"),
+                  Output("graph-pick", "value"), Output("graph-poll", "disabled"),
+                  Output("graph-progress", "children"), Output("graph-job", "style"),
                   Input("ctl-model", "value"), Input("ctl-applied-prompt", "data"),
                   Input("graph-target", "value"), Input("graph-node-threshold", "value"),
                   Input("graph-edge-threshold", "value"), Input("graph-max-edges", "value"),
-                  Input("tabs", "value"))
-    def _update(name, text, target, node_threshold, edge_threshold, max_edges, tab):
+                  Input("tabs", "value"), Input("graph-poll", "n_intervals"),
+                  Input("graph-cancel", "n_clicks"))
+    def _update(name, text, target, node_threshold, edge_threshold, max_edges, tab, _poll,
+                _cancel):
+        """Draw the graph of the request; a long prompt's graph is a background job: queued
+        (or found) here, polled by graph-poll until done, cancelled by graph-cancel."""
         if tab != ID:
             raise PreventUpdate
+        trigger = ctx.triggered_id
+        waiting = no_update, no_update, "", no_update, no_update
         try:
             drawn = edges_drawn(max_edges)
             with store.using(name):
+                request = graph_request(store, name, text, target, node_threshold,
+                                        edge_threshold)
+                if request.n_tokens > SYNC_TOKENS and finished_graph(request) is None:
+                    job = JOBS.get(request.key)
+                    if trigger == "graph-cancel":
+                        if job is not None:
+                            JOBS.cancel(request.key)
+                        return {}, "graph cancelled: change the prompt or a setting to " \
+                            "compute it again", "", [], None, True, "", hidden
+                    if job is None or (trigger != "graph-poll" and job.state != DONE):
+                        job = submit_graph(name, request)
+                    if job.state == FAILED:
+                        return {}, "", job.error, [], None, True, "", hidden
+                    if job.state != DONE:
+                        if trigger == "graph-poll" and job.state == CANCELLED:
+                            return *waiting, True, "cancelled", hidden
+                        return (*waiting, False, f"{request.n_tokens}-token prompt: "
+                                f"{job.describe()}", shown)
                 _, _, prompt, g, pruned = compute_graph(store, name, text, target,
                                                         node_threshold, edge_threshold)
         except ValueError as err:
-            return {}, "", str(err), [], None
-        figure = graph_figure(g, pruned, title=f"{name}: {prompt!r} -> "
+            return {}, "", str(err), [], None, True, "", hidden
+        figure = graph_figure(g, pruned, title=f"{name}: {_short(prompt)!r} -> "
                                                f"{g.logit_token_strings[0]!r}", max_edges=drawn)
-        return figure, note(g, pruned), "", node_options(g, pruned), None
+        return figure, note(g, pruned), "", node_options(g, pruned), None, True, "", hidden
 
     @app.callback(Output("graph-node", "children"), Output("graph-pick", "value",
                                                            allow_duplicate=True),

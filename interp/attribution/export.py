@@ -360,6 +360,9 @@ def graph_to_json(graph, slug: str, node_mask=None, edge_mask=None,
                     + (f" with transcoders {transcoder_set}" if transcoder_set else ""),
         generator=dict(name="attnlens", version=_version()),
         model=model_name, transcoder_set=transcoder_set, error_share=_error_share(lay))
+    budget = getattr(graph, "budget", None)     # what a node budget left out (graph.budget)
+    if budget is not None:
+        metadata["info"]["budget"] = budget.to_json()
     q_params = dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos="")
     data = dict(metadata=metadata, qParams=q_params, nodes=kept, links=links)
     if head_loadings is not None or qk:

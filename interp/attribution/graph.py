@@ -24,12 +24,19 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import numbers
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from attnlens.interp.attribution.budget import (
+    AttributionBudget,
+    BudgetReport,
+    partial_influence,
+    plan_batch,
+)
 from attnlens.interp.attribution.replacement import (
     CleanRun,
     alphas_like,
@@ -72,6 +79,7 @@ class AttributionGraph:
     node_influence: Tensor | None = None
     feature_labels: dict = field(default_factory=dict)
     transcoder_set: str = ""
+    budget: BudgetReport | None = None
 
     @property
     def n_pos(self) -> int:
@@ -210,15 +218,32 @@ def choose_logits(run: CleanRun, model, targets=None, logit_mass: float = 0.95,
 
 
 def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
-              logit_mass: float = 0.95, max_logits: int = 10, batch_size: int = 64,
-              progress: bool = False, model_name: str = "", transcoder_set: str = ""
-              ) -> AttributionGraph:
+              logit_mass: float = 0.95, max_logits: int = 10, batch_size: int | None = None,
+              progress: bool = False, model_name: str = "", transcoder_set: str = "",
+              budget: AttributionBudget | None = None, dtype: torch.dtype | None = None,
+              callback=None) -> AttributionGraph:
     """The attribution graph of `prompt` (a str or `[1 pos]` token ids; see the module doc).
     `targets`: distinct token ids or one-token strings for the logit nodes (default: the
     likeliest tokens; see `resolve_targets`). `transcoders`: one per layer, each at the layer
-    it was trained for. Runs in the model's dtype: use a float64 model for exact identities."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    it was trained for.
+
+    `budget` (default `AttributionBudget()`: 2,048 features, 2 GB): when the prompt has more
+    active features than `budget.max_feature_nodes`, the features are chosen by influence on
+    the logits, estimated from the logit rows and refined as feature rows come in
+    (`attnlens.interp.attribution.budget`); `graph.budget` says what was left out. When the
+    budget covers every active feature the graph is the exact full graph. `batch_size`:
+    copies per forward (default: derived from the memory budget). `dtype`: run in a copy of
+    the model in this dtype (torch.float32 or torch.float64; default the model's own): use
+    float64 for exact identities (~1e-12 against ~1e-5 in float32). `callback(done, total)`:
+    called after each batch of rows (a job runner's progress; an exception it raises, such
+    as a cancellation, stops the graph)."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    budget = AttributionBudget() if budget is None else budget
+    if not isinstance(budget, AttributionBudget):
+        raise ValueError(f"budget must be an AttributionBudget, got {type(budget).__name__}")
+    model = _in_dtype(model, dtype)
     # every argument is checked before the clean run and the rows (the expensive part)
     tokens = prompt_tokens(model, prompt)
     targets = resolve_targets(model, targets)
@@ -229,59 +254,201 @@ def attribute(model, transcoders: dict[int, Transcoder], prompt, targets=None,
                                     run.features[layer][0], run.features[layer][1]], -1)
                        for layer in layers]) if layers else torch.zeros(0, 3, dtype=torch.long)
     acts = torch.cat([run.features[layer][2] for layer in layers])
-    n_f, n_pos, n_layers = feats.shape[0], run.n_pos, model.cfg.n_layers
-    n_nodes = n_f + n_layers * n_pos + n_pos + len(logit_tokens)
+    n_active, n_pos, n_layers = feats.shape[0], run.n_pos, model.cfg.n_layers
+    n_logits = len(logit_tokens)
+    cap = budget.max_feature_nodes
+    n_f = n_active if cap is None else min(n_active, cap)
+    budgeted = n_f < n_active
+    n_sources = n_active + n_layers * n_pos + n_pos
+    n_nodes = n_f + n_layers * n_pos + n_pos + n_logits
     dtype = run.errors[0].dtype
-    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    targets_all = [("feature", i) for i in range(n_f)] + \
-        [("logit", i) for i in range(len(logit_tokens))]
-    target_rows = list(range(n_f)) + [n_nodes - len(logit_tokens) + i
-                                      for i in range(len(logit_tokens))]
+    batch = plan_batch(budget, model, n_pos, n_active, n_logits + n_f, n_sources, n_nodes,
+                       dtype.itemsize, budgeted, batch_size)
+    rows = _RowMaker(model, transcoders, run, feats, logit_tokens, layers, dtype)
+    bar = _Progress(n_logits + n_f, progress, callback)
+    try:
+        if budgeted:
+            adjacency, target_values, chosen, report = _budgeted(
+                rows, budget, batch, n_f, n_nodes, probs=logit_probs, bar=bar)
+        else:
+            adjacency, target_values = _full(rows, batch, n_nodes, bar)
+            chosen = torch.arange(n_active)
+            report = BudgetReport(cap, budget.memory_bytes, batch, n_active, n_active)
+    finally:
+        bar.close()
+    # the bias: every target's value with all sources ablated (alphas 0), one forward
+    bias = torch.zeros(n_nodes, dtype=dtype)
+    target_rows = list(range(n_f)) + [n_nodes - n_logits + i for i in range(n_logits)]
+    with torch.no_grad():
+        out = frozen_forward(model, run, alphas_like(run, 1, 0.0, False), detach_scores=True)
+        bias[target_rows] = rows.values(out, [("feature", int(j)) for j in chosen] +
+                                        [("logit", i) for i in range(n_logits)], copy=0)
+    prompt_text = prompt if isinstance(prompt, str) else ""
+    return AttributionGraph(
+        prompt=prompt_text, prompt_tokens=token_strings(model, run.tokens[0]),
+        tokens=run.tokens[0], model_name=model_name or model.cfg.metadata.get("recipe", ""),
+        n_layers=n_layers, features=feats[chosen], activations=acts[chosen],
+        logit_tokens=logit_tokens, logit_token_strings=token_strings(model, logit_tokens),
+        logit_probabilities=logit_probs, adjacency=adjacency, target_values=target_values,
+        bias=bias, transcoder_set=transcoder_set, budget=report)
 
-    def values(out, chunk, copy: int | None = None) -> Tensor:
+
+class _Progress:
+    """Rows done: a tqdm bar (`show`) and/or `callback(done, total)` after each batch."""
+
+    def __init__(self, total: int, show: bool, callback):
+        self.total, self.done, self.callback, self.bar = total, 0, callback, None
+        if show:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc="attribution rows", unit="row")
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _in_dtype(model, dtype):
+    """`model`, or an eval copy of it in `dtype` (float32 or float64)."""
+    if dtype is None or dtype == model.cfg.dtype:
+        return model
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return copy.deepcopy(model).to(dtype).eval()
+
+
+class _RowMaker:
+    """Adjacency rows over every source (active features, errors, embeddings) for a list of
+    targets, one replacement forward + backward over one copy of the prompt per target."""
+
+    def __init__(self, model, transcoders, run: CleanRun, feats, logit_tokens, layers, dtype):
+        self.model, self.transcoders, self.run = model, transcoders, run
+        self.feats, self.logit_tokens, self.layers, self.dtype = feats, logit_tokens, layers, dtype
+
+    def values(self, out, chunk, copy: int | None = None) -> Tensor:
         """Each target's value: on copy i for chunk[i], or all on copy `copy`."""
         vals = []
         for i, (kind, j) in enumerate(chunk):
             i = i if copy is None else copy
             if kind == "feature":
-                layer, pos, f = feats[j].tolist()
-                tc = transcoders[layer]
+                layer, pos, f = self.feats[j].tolist()
+                tc = self.transcoders[layer]
                 x = out.mlp_in[layer][i, pos]
                 vals.append(x.to(tc.W_enc.dtype) @ tc.W_enc[:, f] + tc.b_enc[f])
             else:
                 logits = out.logits[i, -1]
-                vals.append(logits[logit_tokens[j]] - logits.mean())
-        return torch.stack(vals).to(dtype)
+                vals.append(logits[self.logit_tokens[j]] - logits.mean())
+        return torch.stack(vals).to(self.dtype)
 
-    starts = range(0, len(targets_all), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-        starts = tqdm(starts, desc="attribution rows", unit="batch")
-    target_values = torch.zeros(n_nodes, dtype=dtype)
-    for start in starts:
-        chunk = targets_all[start:start + batch_size]
+    def __call__(self, chunk) -> tuple[Tensor, Tensor]:
+        """(rows `[len(chunk) n_sources]`, target values `[len(chunk)]`)."""
+        run = self.run
         alphas = alphas_like(run, batch=len(chunk))
-        out = frozen_forward(model, run, alphas)
-        vals = values(out, chunk)
+        # features only: the blocks up to the last of their layers, no unembedding
+        stop = None if any(kind == "logit" for kind, _ in chunk) else \
+            1 + max(int(self.feats[j, 0]) for _, j in chunk)
+        out = frozen_forward(self.model, run, alphas, detach_scores=True, stop_at_layer=stop)
+        vals = self.values(out, chunk)
         grads = torch.autograd.grad(vals.sum(), alphas.tensors(), allow_unused=True)
-        rows = _rows(grads, alphas, layers, run, n_layers, n_pos)
-        idx = target_rows[start:start + len(chunk)]
-        adjacency[idx] = torch.cat([rows, torch.zeros(len(chunk), len(logit_tokens),
-                                                      dtype=dtype)], 1)
-        target_values[idx] = vals.detach()
-    # the bias: every target's value with all sources ablated (alphas 0), one forward
-    bias = torch.zeros(n_nodes, dtype=dtype)
-    with torch.no_grad():
-        out = frozen_forward(model, run, alphas_like(run, 1, 0.0, False))
-        bias[target_rows] = values(out, targets_all, copy=0)
-    prompt_text = prompt if isinstance(prompt, str) else ""
-    return AttributionGraph(
-        prompt=prompt_text, prompt_tokens=token_strings(model, run.tokens[0]),
-        tokens=run.tokens[0], model_name=model_name or model.cfg.metadata.get("recipe", ""),
-        n_layers=n_layers, features=feats, activations=acts, logit_tokens=logit_tokens,
-        logit_token_strings=token_strings(model, logit_tokens),
-        logit_probabilities=logit_probs, adjacency=adjacency, target_values=target_values,
-        bias=bias, transcoder_set=transcoder_set)
+        return _rows(grads, alphas, self.layers, run, self.model.cfg.n_layers,
+                     run.n_pos), vals.detach()
+
+
+def _full(rows: _RowMaker, batch: int, n_nodes: int, bar) -> tuple[Tensor, Tensor]:
+    """Every active feature's row and the logit rows, in node order: the exact full graph."""
+    n_f, n_logits = rows.feats.shape[0], len(rows.logit_tokens)
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=rows.dtype)
+    target_values = torch.zeros(n_nodes, dtype=rows.dtype)
+    targets = [("feature", i) for i in range(n_f)] + [("logit", i) for i in range(n_logits)]
+    index = list(range(n_f)) + [n_nodes - n_logits + i for i in range(n_logits)]
+    for start in range(0, len(targets), batch):
+        chunk = targets[start:start + batch]
+        block, vals = rows(chunk)
+        idx = index[start:start + len(chunk)]
+        adjacency[idx, :n_nodes - n_logits] = block
+        target_values[idx] = vals
+        bar.update(len(chunk))
+    return adjacency, target_values
+
+
+def _budgeted(rows: _RowMaker, budget, batch: int, n_f: int, n_nodes: int, probs: Tensor,
+              bar) -> tuple[Tensor, Tensor, Tensor, BudgetReport]:
+    """The logit rows, then feature rows in batches of the features with the largest
+    estimated influence not yet computed, the estimate refined as rows come in (each time
+    the computed rows have grown by a quarter), until `n_f` features. Returns the adjacency
+    over the chosen features (node order: by layer, position, feature, as the full graph),
+    the target values, the chosen features' indices among the active ones and the report."""
+    n_active, n_logits, dtype = rows.feats.shape[0], len(rows.logit_tokens), rows.dtype
+    n_sources = n_nodes - n_logits - n_f + n_active
+    computed = torch.empty(n_logits + n_f, n_sources, dtype=dtype)
+    values = torch.empty(n_logits + n_f, dtype=dtype)
+    logit_targets = [("logit", i) for i in range(n_logits)]
+    for start in range(0, n_logits, batch):
+        chunk = logit_targets[start:start + batch]
+        computed[start:start + len(chunk)], values[start:start + len(chunk)] = rows(chunk)
+        bar.update(len(chunk))
+    sums = computed[:n_logits].abs().sum(1, dtype=torch.float64)
+    weights = probs.to(torch.float64)
+    depth = rows.model.cfg.n_layers + 1
+    visited: list[int] = []
+    done = torch.zeros(n_active, dtype=torch.bool)
+    influence = partial_influence(computed, sums, n_logits, weights, torch.zeros(0, dtype=torch
+                                  .long), n_active, depth)[:n_active]
+    refresh = 0
+    while len(visited) < n_f:
+        if len(visited) >= refresh:
+            if visited:
+                influence = partial_influence(computed[:n_logits + len(visited)], sums,
+                                              n_logits, weights, torch.tensor(visited),
+                                              n_active, depth)[:n_active]
+            refresh = max(len(visited) + 4 * batch, int(len(visited) * 1.25))
+        ranked = influence.masked_fill(done, -1.0).argsort(descending=True, stable=True)
+        take = ranked[:min(batch, n_f - len(visited))].tolist()
+        block, vals = rows([("feature", j) for j in take])
+        at = n_logits + len(visited)
+        computed[at:at + len(take)], values[at:at + len(take)] = block, vals
+        sums = torch.cat([sums, block.abs().sum(1, dtype=torch.float64)])
+        visited += take
+        done[take] = True
+        bar.update(len(take))
+    influence = partial_influence(computed, sums, n_logits, weights, torch.tensor(visited),
+                                  n_active, depth)
+    chosen = done.nonzero().flatten()                       # node order: by index
+    row_of = torch.empty(n_active, dtype=torch.long)
+    row_of[torch.tensor(visited)] = torch.arange(n_logits, n_logits + n_f)
+    columns = torch.cat([chosen, torch.arange(n_active, n_sources)])
+    left = (~done).nonzero().flatten()
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
+    dropped = torch.zeros(n_nodes, dtype=dtype)
+    target_values = torch.zeros(n_nodes, dtype=dtype)
+    source_rows = torch.cat([row_of[chosen], torch.arange(n_logits)])
+    node_rows = torch.cat([torch.arange(n_f), torch.arange(n_nodes - n_logits, n_nodes)])
+    for s in range(0, len(source_rows), 256):
+        src, dst = source_rows[s:s + 256], node_rows[s:s + 256]
+        block = computed[src]
+        adjacency[dst, :n_nodes - n_logits] = block[:, columns]
+        dropped[dst] = block[:, left].sum(1)
+        target_values[dst] = values[src]
+    target = computed[0].abs()                              # the first logit: the target
+    effect_left = float(target[left].sum() / target.sum().clamp(min=1e-30))
+    del computed
+    total = float(influence.sum())
+    left_influence = influence[left]
+    order = left_influence.argsort(descending=True, stable=True)
+    report = BudgetReport(
+        max_feature_nodes=budget.max_feature_nodes, memory_bytes=budget.memory_bytes,
+        batch_size=batch, n_active=n_active, n_selected=n_f, left_out=rows.feats[left][order],
+        left_out_influence=left_influence[order].to(dtype),
+        influence_left_out=float(left_influence.sum()) / total if total > 0 else 0.0,
+        target_effect_left_out=effect_left,
+        dropped_effect=dropped)
+    return adjacency, target_values, chosen, report
 
 
 def _rows(grads, alphas, layers, run: CleanRun, n_layers: int, n_pos: int) -> Tensor:

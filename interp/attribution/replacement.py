@@ -223,7 +223,7 @@ def alphas_like(run: CleanRun, batch: int = 1, value: float = 1.0,
 class FrozenOutputs:
     """What a frozen forward exposes: logits and the live tensors attribution reads."""
 
-    logits: Tensor
+    logits: Tensor | None                # None when the forward stopped early
     mlp_in: dict[int, Tensor]            # ln2.hook_normalized per layer [batch pos d_model]
     live: dict[str, Tensor]              # any extra hook read live (names given to the forward)
 
@@ -232,14 +232,25 @@ def _expand(t: Tensor, batch: int) -> Tensor:
     return t.expand(batch, *t.shape[1:])
 
 
-def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
+def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None,
+                 detach_scores: bool = False):
     """The forward hooks that turn `model` into the replacement model on `run`'s prompt.
 
-    `read`: extra hook names whose live values are stored in `store` (a dict)."""
+    `read`: extra hook names whose live values are stored in `store` (a dict).
+    `detach_scores`: cut queries and keys from the autograd graph. They only reach the
+    pattern, which is frozen, so no value and no gradient of a direct effect changes; what
+    changes is memory: the backward no longer keeps every head's live scores and
+    probabilities (`[batch heads pos pos]` per layer), the largest tensors at long prompts."""
     batch = alphas.embed.shape[0]
     cache = run.cache
     store = {} if store is None else store
     hooks = []
+    if detach_scores:
+        def detached(act, hook):
+            return act.detach()
+        hooks += [(f"blocks.{layer}.attn.hook_{side}", detached)
+                  for layer in range(model.cfg.n_layers) for side in "qk"
+                  if f"blocks.{layer}.attn.hook_{side}" in model.hook_dict]
 
     def constant(name):
         def hook(act, hook):
@@ -307,15 +318,24 @@ def frozen_hooks(model, run: CleanRun, alphas: Alphas, read=(), store=None):
     return hooks
 
 
-def frozen_forward(model, run: CleanRun, alphas: Alphas, read=()) -> FrozenOutputs:
-    """One forward of the replacement model over `alphas.embed.shape[0]` copies of the prompt."""
+def frozen_forward(model, run: CleanRun, alphas: Alphas, read=(),
+                   detach_scores: bool = False, stop_at_layer: int | None = None
+                   ) -> FrozenOutputs:
+    """One forward of the replacement model over `alphas.embed.shape[0]` copies of the prompt
+    (`detach_scores`: see `frozen_hooks`). `stop_at_layer`: run only the blocks before it
+    (logits None, `mlp_in` of those blocks only): what rows of features need, without the
+    later blocks and the unembedding (half the cost of a 512-token row on the zoo models)."""
     batch = alphas.embed.shape[0]
     store: dict = {}
-    hooks = frozen_hooks(model, run, alphas, read=read, store=store)
+    hooks = frozen_hooks(model, run, alphas, read=read, store=store,
+                         detach_scores=detach_scores)
     with model.hooks(fwd_hooks=hooks):
-        logits = model(run.tokens.expand(batch, -1))
+        logits = model(run.tokens.expand(batch, -1), stop_at_layer=stop_at_layer)
+    if stop_at_layer is not None:
+        logits = None
     return FrozenOutputs(logits=logits,
-                         mlp_in={layer: store[("mlp_in", layer)] for layer in run.transcoders},
+                         mlp_in={layer: store[("mlp_in", layer)] for layer in run.transcoders
+                                 if ("mlp_in", layer) in store},
                          live={name: store[name] for name in read})
 
 

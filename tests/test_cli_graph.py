@@ -46,3 +46,37 @@ def test_graph_explains_what_is_missing(checkpoint, tmp_path):
               "--slug", "graph-metadata"])
     with pytest.raises(SystemExit, match="neither a checkpoint directory"):
         main(["graph", str(tmp_path / "nowhere"), "x"])
+
+
+def test_graph_writes_head_loadings_and_qk_on_request(checkpoint, tmp_path, capsys):
+    from attnlens.interp.attribution.export import ATTENTION_KEY
+
+    out = tmp_path / "graphs"
+    assert main(["graph", str(checkpoint), "the cat sat. the cat", "--target", " ",
+                 "--out", str(out), "--slug", "heads", "--no-progress", "--show", "1",
+                 "--qk-heads", "1"]) == 0
+    assert "head loadings of" in capsys.readouterr().out
+    data = json.loads((out / "heads.json").read_text())
+    attention = data[ATTENTION_KEY]
+    assert attention["loadings"] and attention["qk"], sorted(attention)
+    # without them the extension is absent (circuit-tracer's files stay as they were)
+    assert main(["graph", str(checkpoint), "the cat", "--out", str(out), "--slug", "plain",
+                 "--no-progress", "--show", "1"]) == 0
+    assert ATTENTION_KEY not in json.loads((out / "plain.json").read_text())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--head-loadings"], "--head-loadings write into the graph's files: give --out"),
+    (["--qk-heads", "2", "--feature-pages", "3"], "--qk-heads and --feature-pages write"),
+])
+def test_graph_extras_without_out_are_refused_first(checkpoint, flags, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["graph", str(checkpoint), "the cat", "--no-progress", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_feature_pages_need_validation_windows(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["graph", str(checkpoint), "the cat", "--no-progress", "--out", str(tmp_path),
+              "--feature-pages", "2"])
+    assert "needs the validation windows" in capsys.readouterr().err

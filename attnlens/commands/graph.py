@@ -9,7 +9,11 @@ share of the target's direct effects, and the most influential features (with th
 contexts from the model's validation windows, `--contexts`). With `--out DIR` writes
 `<slug>.json` in the format circuit-tracer's local server and Neuronpedia's graph viewer read
 (plus `graph-metadata.json`) and `<slug>.html`, the pruned graph drawn with plotly
-(plotly.min.js beside it: it opens offline).
+(plotly.min.js beside it: it opens offline). Into that JSON, on request: `--head-loadings`
+(each kept edge split across the attention heads it passes, the `attention` extension,
+`attnlens.interp.attribution.head_loadings`), `--qk-heads N` (the QK attribution of the N heads
+carrying the most of it) and `--feature-pages N` (each kept feature's N top contexts as the
+per-feature pages circuit-tracer's local viewer reads, under `<out>/features/<slug>/`).
 """
 
 from __future__ import annotations
@@ -97,6 +101,18 @@ def add_parser(sub) -> None:
                    help="run in float64 (identities exact to ~1e-12; twice the memory) instead "
                         "of float32")
     p.add_argument("--out", default=None, help="write <slug>.json and <slug>.html here")
+    p.add_argument("--head-loadings", action="store_true",
+                   help="with --out: split each kept edge across the attention heads it passes "
+                        "(per layer; MTA / DCMHA over the source heads of their mixing) and "
+                        "write the split into the JSON's 'attention' extension")
+    p.add_argument("--qk-heads", type=count(0), default=0, metavar="N",
+                   help="with --out: also the QK attribution of the N heads carrying the most "
+                        "head loading, at their busiest (query, key) entry (implies "
+                        "--head-loadings)")
+    p.add_argument("--feature-pages", type=count(0), default=0, metavar="N",
+                   help="with --out: write each kept feature's N top contexts (validation "
+                        "windows) as the per-feature pages circuit-tracer's viewer reads, "
+                        "beside the graph")
     p.add_argument("--slug", default=None,
                    help="graph name in the viewer and file name (default: the model and "
                         "prompt's letters and digits plus a hash of the exact model, prompt "
@@ -121,6 +137,7 @@ def check_arguments(args, directory: Path) -> str | None:
     """Everything about the arguments that can be wrong, checked before the model is loaded and
     the graph computed (UsageError): the prompt's characters, repeated targets, the slug and
     the output folder. Returns the slug (None without --out)."""
+    from attnlens.interp.attribution.contexts import EVAL_TOKENS_FILE, context_windows
     from attnlens.interp.attribution.export import check_output, check_slug, default_slug
     from attnlens.interp.attribution.replacement import check_prompt_text
 
@@ -134,6 +151,14 @@ def check_arguments(args, directory: Path) -> str | None:
                              "node needs its own token")
         if args.slug is not None:
             check_slug(args.slug)
+        asked = [flag for flag, on in (("--head-loadings", args.head_loadings),
+                                       ("--qk-heads", args.qk_heads),
+                                       ("--feature-pages", args.feature_pages)) if on]
+        if asked and not args.out:
+            raise ValueError(f"{' and '.join(asked)} write into the graph's files: give --out")
+        if args.feature_pages and context_windows(directory) is None:
+            raise ValueError(f"--feature-pages needs the validation windows beside the model "
+                             f"({directory}/{EVAL_TOKENS_FILE}); this checkpoint has none")
         if not args.out:
             return None
         slug = args.slug or default_slug(directory.name, args.prompt, args.target)
@@ -199,8 +224,21 @@ def run(args) -> int:
 
         out = Path(args.out)
         try:
+            extras = attention_extras(model, transcoders, graph, pruned, args)
+            if args.feature_pages:
+                from attnlens.interp.attribution.contexts import (
+                    context_windows,
+                    write_feature_pages,
+                )
+
+                scan, pages = write_feature_pages(
+                    model, transcoders, graph, out, slug, context_windows(directory),
+                    node_mask=pruned.node_mask, n=args.feature_pages)
+                extras["scan"] = scan
+                print(f"wrote {len(pages)} feature pages under {out / 'features'}")
             path = write_graph(graph, out, slug, node_mask=pruned.node_mask,
-                               edge_mask=pruned.edge_mask, node_threshold=args.node_threshold)
+                               edge_mask=pruned.edge_mask, node_threshold=args.node_threshold,
+                               **extras)
             fig = graph_figure(graph, pruned, title=f"{directory.name}: {args.prompt!r} -> "
                                                      f"{graph.logit_token_strings[0]!r}")
             written = save_figure(fig, out / slug, png=False)
@@ -209,6 +247,26 @@ def run(args) -> int:
         print(f"wrote {path} (circuit-tracer / Neuronpedia graph JSON) and "
               f"{', '.join(str(p) for p in written)}")
     return 0
+
+
+def attention_extras(model, transcoders, graph, pruned, args) -> dict:
+    """`write_graph`'s head loadings and QK of the top heads, when asked (module doc); the
+    heads carrying the most loading printed."""
+    if not (args.head_loadings or args.qk_heads):
+        return {}
+    from attnlens.interp.attribution.head_loadings import head_loadings, qk_for_top_heads
+    from attnlens.interp.attribution.replacement import clean_run
+
+    run = clean_run(model, transcoders, graph.tokens[None])
+    loads = head_loadings(model, transcoders, graph, edge_mask=pruned.edge_mask, run=run)
+    kind = "source heads (post-softmax mixing)" if loads.source_heads else "heads"
+    top = ", ".join(f"L{layer}H{head} {value:.3g}" for layer, head, value in loads.top_heads(3))
+    print(f"head loadings of {len(loads.edges)} kept edges; {kind} carrying the most: {top}")
+    extras = {"head_loadings": loads}
+    if args.qk_heads:
+        extras["qk"] = qk_for_top_heads(model, transcoders, graph, loads, n=args.qk_heads,
+                                        run=run)
+    return extras
 
 
 def summary(graph, pruned, show: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlencode
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update, set_props
+from dash.exceptions import PreventUpdate
 from flask_compress import Compress
 
 from attnlens.dashboards import graph_pick
@@ -238,44 +239,91 @@ def _register_shared(app: Dash, store) -> None:
             return names[0]
         return None
 
+    # Issue 56 item 3: this callback's outputs are the controls, so dash-renderer holds back
+    # every callback that reads a control while it runs: when the controls were its inputs
+    # too (one callback for both directions), a head change waited 20-120 ms for it before
+    # the explorer's request left. It runs for the URL only (a link, back / forward; the
+    # controls are its state); `_view_link` and the clientside push below keep the URL in
+    # step with the view without holding anything back. (`url.search` stays its first
+    # output, never changed: the callback is known by it.)
     @app.callback(Output("url", "search"),
                   *[Output(*o.split(".")) for _, o in linked],
                   Output("ctl-prompt", "value"), Output("link-note", "children"),
-                  Input("url", "search"), *[Input(*o.split(".")) for _, o in linked],
+                  Output("link-applied", "data"),
+                  Input("url", "search"), *[State(*o.split(".")) for _, o in linked],
                   State("link-note", "children"))
     def _sync_link(search, *values):
-        """URL -> controls (a link), controls -> URL (the view changed). The one-model pages'
-        model follows the first chosen model (a link's `models=` too) unless the link names
-        it (`model=`); the user may pick another one, and the link keeps it."""
+        """URL -> controls (a link). The one-model pages' model follows the first chosen model
+        (a link's `models=` too) unless the link names it (`model=`); the user may pick
+        another one, and the link keeps it. The URL the view itself pushed (`_view_link`)
+        changes nothing."""
         *values, note = values
         current = dict(zip(keys, values, strict=True))
-        if ctx.triggered_id in (None, "url"):
-            link, notes = _check_link(store, _parse_link(search))
-            note = f"This link: {'; '.join(notes)}." if notes else ""
-            if not link:
-                return (no_update,) * (len(keys) + 2) + (note,)
-            if "model" not in link and first(link.get("models")):
-                link["model"] = first(link["models"])
-            changed = [link[k] if k in link and link[k] != current[k] else no_update
-                       for k in keys]
-            text = link.get("prompt", no_update)
-            return (no_update, *changed, text, note)
-        # the user changed the view: a note about the link it came from is old news
-        note = "" if note and ctx.triggered_id in ("tabs", "ctl-models", "ctl-layer",
-                                                    "ctl-head", "ctl-stage", "ctl-model") \
-            else no_update
+        if ctx.triggered_id == "url" and search and search == _search_of(current, None):
+            raise PreventUpdate
+        link, notes = _check_link(store, _parse_link(search))
+        note = f"This link: {'; '.join(notes)}." if notes else ""
+        if not link:
+            return (no_update,) * (len(keys) + 2) + (note, no_update)
+        if "model" not in link and first(link.get("models")):
+            link["model"] = first(link["models"])
+        changed = [link[k] if k in link and link[k] != current[k] else no_update
+                   for k in keys]
+        text = link.get("prompt", no_update)
+        applied = _search_of({**current, **{k: link[k] for k in keys if k in link}}, None)
+        return (no_update, *changed, text, note, applied)
+
+    def _search_of(current: dict, fallback):
+        """The query string of the view the controls `current` show (`fallback` for a crafted
+        value no link can hold)."""
+        try:
+            return make_link(*[current[k] for k in SHARED_KEYS if k != "model"],
+                             controls={k: current[k] for k in PAGE_LINKS},
+                             model=current["model"])
+        except (ValueError, TypeError):
+            return fallback
+
+    @app.callback(Output("link-wanted", "data"),
+                  Output("ctl-model", "value", allow_duplicate=True),
+                  Output("link-note", "children", allow_duplicate=True),
+                  *[Input(*o.split(".")) for _, o in linked],
+                  State("link-note", "children"), State("link-applied", "data"),
+                  prevent_initial_call=True)
+    def _view_link(*values):
+        """The view changed: its query string for the browser's history (replacing the entry
+        while the view is the link's own, e.g. a link completed by its defaults), the one-model
+        pages' model following a new first chosen model, the link's note cleared (old news
+        once the user changed the view). Outputs no control the pages read but the one-model
+        pages' model, so that their requests go at once."""
+        *values, note, applied = values
+        current = dict(zip(keys, values, strict=True))
         follow = no_update
         if ctx.triggered_id == "ctl-models" and first(current["models"]) \
                 and first(current["models"]) != current["model"]:
             follow = current["model"] = first(current["models"])
-        try:
-            search_now = make_link(*[current[k] for k in SHARED_KEYS if k != "model"],
-                                   controls={k: current[k] for k in PAGE_LINKS},
-                                   model=current["model"])
-        except (ValueError, TypeError):     # a crafted value no link can hold
-            search_now = search
-        outputs = [follow if k == "model" else no_update for k in keys]
-        return (no_update if search_now == search else search_now, *outputs, no_update, note)
+        search = _search_of(current, None)     # None: a crafted value no link can hold
+        own = search is not None and search == applied
+        note = "" if note and not own and ctx.triggered_id in (
+            "tabs", "ctl-models", "ctl-layer", "ctl-head", "ctl-stage", "ctl-model") \
+            else no_update
+        wanted = no_update if search is None else {"search": search, "replace": own}
+        return wanted, follow, note
+
+    app.clientside_callback(
+        """function(wanted) {
+            if (!wanted || typeof wanted.search !== 'string') { return ''; }
+            if (window.location.search !== wanted.search) {
+                const url = window.location.pathname + wanted.search + window.location.hash;
+                if (wanted.replace) { window.history.replaceState({}, '', url); }
+                else { window.history.pushState({}, '', url); }
+                // dcc.Location reads the URL again (its `search`, for back / forward) once
+                // this change's requests are on their way; `_sync_link` then does nothing
+                setTimeout(() => window.dispatchEvent(
+                    new CustomEvent('_dashprivate_pushstate')), 0);
+            }
+            return '';
+        }""",
+        Output("link-pushed", "data"), Input("link-wanted", "data"), prevent_initial_call=True)
 
     @app.callback(Output(APP_ERROR, "children"), Input("tabs", "value"),
                   Input("ctl-models", "value"), Input("ctl-layer", "value"),
@@ -345,6 +393,7 @@ def create_app(store, host: str | None = None) -> Dash:
                  style={"color": "#555"}),
         _controls(store),
         error_box("link-note"),      # what a link asked for that this dashboard cannot show
+        dcc.Store(id="link-applied"), dcc.Store(id="link-wanted"), dcc.Store(id="link-pushed"),
         error_box(APP_ERROR),        # a request the server could not answer (guards.py)
         dcc.Tabs(id="tabs", value=PAGES[0].ID, children=[
             dcc.Tab(label=p.TITLE, value=p.ID, children=html.Div(p.layout(store),

@@ -52,3 +52,13 @@ def shared(models, layer=0, head=0, stage="pattern", prompt=""):
     return {"ctl-models.value": models, "ctl-applied-prompt.data": prompt,
             "ctl-layer.value": layer, "ctl-head.value": head, "ctl-stage.value": stage,
             "explorer-format.value": "png"}
+
+
+def view_link(app, values: dict, changed: str):
+    """POST the controls -> URL callback (`_view_link`, issue 56 item 3) for a change of control
+    `changed`: (status, response dict), the view's query string also at
+    response["response"]["url"]["search"] (where the URL callback answered it before)."""
+    status, resp = call(app, "link-wanted", values, changed=changed)
+    if status == 200 and "link-wanted" in resp["response"]:
+        resp["response"]["url"] = {"search": resp["response"]["link-wanted"]["data"]["search"]}
+    return status, resp

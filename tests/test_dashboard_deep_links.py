@@ -7,7 +7,7 @@ from urllib.parse import parse_qs
 import pytest
 from browser_common import choose, figure, wait
 from dash import no_update
-from dashboard_common import ALPHABET, call, layout_props, shared
+from dashboard_common import ALPHABET, call, layout_props, shared, view_link
 
 from attnlens.dashboards.app import PAGE_LINKS, _parse_link, create_app, make_link
 from attnlens.dashboards.pages import PAGES
@@ -70,7 +70,8 @@ def test_link_round_trip_leaves_defaults_out():
 
 def _sync(app, search, changed="url.search", **controls):
     values = {"url.search": search, **SHARED, **_controls_now(**controls)}
-    _, resp = call(app, "url.search", values, changed=changed)
+    _, resp = (call(app, "url.search", values, changed=changed) if changed == "url.search"
+               else view_link(app, values, changed))
     return resp.get("response", {})
 
 
@@ -145,7 +146,7 @@ def test_one_model_pages_model_is_linked_and_restored(app):
     # controls -> URL: another model picked for the one-model pages joins the link
     values = {"url.search": "?page=variants&models=tiny-mha", **SHARED, **_controls_now(),
               "tabs.value": "variants", "ctl-model.value": "tiny-mta"}
-    _, resp = call(app, "url.search", values, changed="ctl-model.value")
+    _, resp = view_link(app, values, changed="ctl-model.value")
     link = _parse_link(resp["response"]["url"]["search"])
     assert link["model"] == "tiny-mta" and link["models"] == ["tiny-mha"]
     # URL -> controls: the link restores it beside the models
@@ -158,7 +159,7 @@ def test_one_model_pages_model_is_linked_and_restored(app):
     assert resp["response"]["ctl-model"]["value"] == "tiny-mta"
     # the models change: the one-model pages follow the first, and the link drops `model=`
     values = {**values, "ctl-models.value": ["tiny-mta"], "ctl-model.value": "tiny-mha"}
-    _, resp = call(app, "url.search", values, changed="ctl-models.value")
+    _, resp = view_link(app, values, changed="ctl-models.value")
     out = resp["response"]
     assert out["ctl-model"]["value"] == "tiny-mta"
     assert "model" not in _parse_link(out["url"]["search"])

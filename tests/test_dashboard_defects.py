@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 from browser_common import figure, open_tab, wait
-from dashboard_common import ALPHABET, call, layout_props, shared
+from dashboard_common import ALPHABET, call, layout_props, shared, view_link
 
 from attnlens.dashboards.app import _host_name, create_app, served_hosts
 from attnlens.dashboards.store import ModelStore
@@ -259,7 +259,7 @@ def test_a_lone_surrogate_in_the_prompt_is_named(app):
     assert status == 200 and resp["response"]["ctl-applied-prompt"]["data"] == "the \ufffdcat"
     assert "U+DC00" in resp["sideUpdate"]["app-error"]["children"]
     # the link of a view whose prompt holds one
-    status, resp = call(app, "url.search", {**shared(["tiny-mha"], prompt="ab\ud800"),
+    status, resp = view_link(app, {**shared(["tiny-mha"], prompt="ab\ud800"),
                                             "tabs.value": "explorer", "url.search": ""},
                         changed="ctl-applied-prompt.data")
     assert status == 200 and "prompt=ab%3F" in resp["response"]["url"]["search"]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from dashboard_common import ALPHABET, call, shared
+from dashboard_common import ALPHABET, call, shared, view_link
 
 from attnlens.cli import build_store
 from attnlens.dashboards.app import MAX_REQUEST_BYTES, _parse_link, create_app, make_link
@@ -385,7 +385,7 @@ def test_deep_link_round_trip_and_sync(app):
     assert out["ctl-models"]["value"] == ["tiny-mha", "tiny-mta"]
     assert out["ctl-prompt"]["value"] == "ab c"
     values["ctl-head.value"] = 3                    # a control changes: the URL follows
-    _, resp = call(app, "url.search", values, changed="ctl-head.value")
+    _, resp = view_link(app, values, changed="ctl-head.value")
     assert _parse_link(resp["response"]["url"]["search"])["head"] == 3
 
 

@@ -1,0 +1,45 @@
+"""The explorer's head change in the browser (issue 56 item 3; timed by
+`attnlens.benchmarks.browser`, not here): what a change waits for and what it sends."""
+
+from __future__ import annotations
+
+import pytest
+from dashboard_common import ALPHABET
+
+from attnlens.dashboards.app import create_app
+from attnlens.dashboards.store import ModelStore
+
+from helpers import tiny_model
+
+CONTROLS = ("ctl-models.value", "ctl-applied-prompt.data", "ctl-layer.value", "ctl-head.value",
+            "ctl-stage.value", "tabs.value")
+
+
+@pytest.fixture(scope="module")
+def app():
+    store = ModelStore()
+    store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=48), "the cat.")
+    return create_app(store)
+
+
+def _ids(deps) -> set[str]:
+    return {f"{d['id']}.{d['property']}" for d in deps}
+
+
+def _outputs(key: str) -> set[str]:
+    return {o.split("@")[0] for o in key.strip(".").split("...")}
+
+
+def test_no_callback_fired_by_a_control_holds_back_the_explorer(app):
+    """dash-renderer holds a callback back while another pending one outputs one of its
+    inputs: a head change waited for the URL callback (it output every control) before the
+    explorer's request left. No callback fired by a shared control outputs a control the
+    explorer's zoom reads, except the explorer's own."""
+    zoom = next(cb for k, cb in app.callback_map.items()
+                if "explorer-zoom.figure" in _outputs(k) and "ctl-head.value" in _ids(cb["inputs"]))
+    reads = _ids(zoom["inputs"])
+    for key, cb in app.callback_map.items():
+        if cb is zoom or not _ids(cb["inputs"]) & set(CONTROLS):
+            continue
+        blocks = _outputs(key) & reads
+        assert not blocks, f"{key} (fired by a control) outputs {blocks}, read by the zoom"

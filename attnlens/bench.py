@@ -59,8 +59,17 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("pages", "attnlens.benchmarks.pages", "dashboard analysis pages, 512 tok",
               ("--variants", "mha", "--tokens", "32", "--layers", "1", "--heads", "2",
                "--d-model", "32", "--repeats", "1")),
+    Benchmark("browser", "attnlens.benchmarks.browser",
+              "explorer head change / new prompt in headless Chromium, 512 tok",
+              ("--variants", "mha", "--tokens", "64", "--repeats", "1")),
+    Benchmark("attribution", "attnlens.benchmarks.attribution",
+              "attribution graph peak RSS and time, 24 .. 512 tok, on a budget",
+              ("--models", "text-mha-l4mlp", "--tokens", "24", "--cap", "1GB")),
     Benchmark("kernels", "attnlens.benchmarks.kernels",
               "Triton kernels vs torch / SDPA (needs a GPU)", ()),
+    Benchmark("model_1b", "attnlens.benchmarks.model_1b",
+              "1B-shaped model forward, torch vs triton, one-head pattern hook (needs a GPU)",
+              ("--variants", "mha", "--T", "256", "--reps", "1")),
 )
 
 

@@ -8,10 +8,12 @@ from attnlens.benchmarks import model_1b as bench
 from attnlens.kernels import _triton
 
 
-def test_without_gpu_refuses_naming_the_smoke_option(monkeypatch):
+def test_without_gpu_refuses_naming_the_smoke_option(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU.*--tiny"):
-        bench.main([])
+    monkeypatch.setattr(bench, "build", lambda *a, **kw: pytest.fail("built a model"))
+    assert bench.main([]) == 0            # a note, not a failure: `make bench` runs through
+    out = capsys.readouterr().out
+    assert "needs a CUDA GPU" in out and "--tiny" in out
 
 
 def test_tiny_on_the_cpu_without_the_interpreter_says_so(monkeypatch):

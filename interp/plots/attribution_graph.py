@@ -11,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
+from attnlens.interp.plots.colors import scale_args
 from attnlens.interp.plots.views import shown_text
 
 EDGE_CLASSES = ((0.5, 3.0, 0.75), (0.15, 1.6, 0.45), (0.0, 0.7, 0.25))   # (min share, width, alpha)
@@ -154,8 +155,8 @@ def head_loadings_figure(loadings, title: str = "") -> go.Figure:
     hover = [[f"L{layer} {kind} {head}: {float(mass[layer, head]):.4f}<br>bypass at L{layer}: "
               f"{float(bypass[layer]):.4f}" for head in range(mass.shape[1])]
              for layer in range(mass.shape[0])]
-    fig = go.Figure(go.Heatmap(z=mass.tolist(), colorscale="Oranges", hovertext=hover,
-                               hoverinfo="text", colorbar=dict(title="|loading|"),
+    fig = go.Figure(go.Heatmap(z=mass.tolist(), **scale_args(mass.numpy(), signed=False),
+                               hovertext=hover, hoverinfo="text", colorbar=dict(title="|loading|"),
                                x=[f"{kind[0].upper()}{h}" for h in range(mass.shape[1])],
                                y=[f"L{layer}" for layer in range(mass.shape[0])]))
     fig.update_layout(title=title or f"head loadings over {len(loadings.targets)} edges "

@@ -32,9 +32,16 @@ def write_cope_checkpoint(directory):
     `directory/transcoders`, as `attnlens graph` reads one; returns `directory`."""
     from dashboard_common import ALPHABET
 
+    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
+    return write_checkpoint_with_transcoders(model, directory)
+
+
+def write_checkpoint_with_transcoders(model, directory):
+    """`model` saved in `directory` with random TopK transcoders (one per layer, 32 features,
+    k 3) in `directory/transcoders`, as `attnlens graph` and the sweep read them; returns
+    `directory`."""
     from attnlens.interp.sae.transcoder_train import save_transcoders
 
-    model = tiny_model("cope", tokenizer_alphabet=ALPHABET, n_ctx=48, d_mlp=64)
     model.save_pretrained(directory)
     d = model.cfg.d_model
     save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attribution_models import write_checkpoint_with_transcoders
 
 from attnlens.interp.attribution.contexts import transcoders_for
 from attnlens.interp.attribution.prompt_study import attribution_measures
-from attnlens.interp.sae.transcoder import Transcoder, TranscoderConfig
-from attnlens.interp.sae.transcoder_train import save_transcoders
 from attnlens.interp.sweep import run_sweep
 from attnlens.interp.tasks.induction import repeated_tokens
 
@@ -24,14 +23,7 @@ HALF, COUNT = 3, 5
 def ckpt(tmp_path_factory):
     """A float64 MHA checkpoint with MLPs and random TopK transcoders beside it."""
     root = tmp_path_factory.mktemp("attr_sweep") / "mha"
-    model = tiny_model("mha", dtype="float64", d_mlp=64)
-    model.save_pretrained(root)
-    d = model.cfg.d_model
-    save_transcoders({layer: Transcoder(TranscoderConfig(d_in=d, d_sae=32, d_out=d,
-                                                         activation="topk", k=3, layer=layer),
-                                        seed=layer) for layer in range(model.cfg.n_layers)},
-                     root / "transcoders")
-    return root
+    return write_checkpoint_with_transcoders(tiny_model("mha", dtype="float64", d_mlp=64), root)
 
 
 def _spec(ckpt, **args):

@@ -70,6 +70,23 @@ def assert_same_loss_and_grads(loss_f, loss_r, fused, ref, grad_atol):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
+def assert_grads_match_reference(out, lse, ref_out, ref_lse, x, ref_x, names, dtype, tol):
+    """The gradients of `x[n]` (n in `names`) through a kernel's `(out, lse)` equal those of
+    `ref_x[n]` through the float64 reference's `(ref_out, ref_lse)` within `tol`, under one
+    random linear loss on the output and the finite rows of the log-sum-exp; each is `dtype`
+    and fully written (no NaN left by `nan_empty`)."""
+    live = torch.isfinite(ref_lse)
+    g = torch.Generator().manual_seed(1)
+    d_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    d_lse = torch.randn(lse.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    loss = lambda o, l: (o.double() * d_out).sum() + (l.double()[live] * d_lse[live]).sum()  # noqa: E731
+    grads = torch.autograd.grad(loss(out, lse), [x[n] for n in names])
+    ref = torch.autograd.grad(loss(ref_out, ref_lse), [ref_x[n] for n in names])
+    for n, a, b in zip(names, grads, ref, strict=True):
+        assert a.dtype == dtype and not a.isnan().any(), f"d{n} has unwritten (NaN) elements"
+        torch.testing.assert_close(a.double(), b, **tol, msg=lambda m, n=n: f"d{n}: {m}")
+
+
 def assert_fp16_grads_close(fused, reference, q, k, v):
     """The q, k, v gradients of the kernel `fused` (fp16 `q`, `k`, `v` moved to DEVICE) are
     finite fp16 and within 2e-2 of those of `reference` on the same values in float32 (also on

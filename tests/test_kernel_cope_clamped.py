@@ -11,7 +11,12 @@ reference, tolerances as in test_kernel_cope_options.py.
 import pytest
 import torch
 
-from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+from kernel_common import (  # noqa: F401
+    DEVICE,
+    KERNEL_MARKS,
+    assert_grads_match_reference,
+    nan_empty,
+)
 
 pytestmark = KERNEL_MARKS
 
@@ -67,18 +72,9 @@ def test_clamped_pairs_match_the_float64_reference(name, dtype, t_q):
     ref_out, ref_lse = _run(cope_attention_reference, ref_x, case)
     tol = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(out.double(), ref_out, **tol)
-    live = torch.isfinite(ref_lse)
-    g = torch.Generator().manual_seed(1)
-    d_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
-    d_lse = torch.randn(lse.shape, generator=g, dtype=torch.float64).to(DEVICE)
-    loss = lambda o, l: (o.double() * d_out).sum() + (l.double()[live] * d_lse[live]).sum()  # noqa: E731
     names = ["q", "k", "v"] + (["E"] if case.get("cope", True) else [])
     names += (["gk"] if case.get("gate") else []) + (["R"] if case.get("rel") else [])
-    grads = torch.autograd.grad(loss(out, lse), [x[n] for n in names])
-    ref = torch.autograd.grad(loss(ref_out, ref_lse), [ref_x[n] for n in names])
-    for n, a, b in zip(names, grads, ref, strict=True):
-        assert a.dtype == dtype and not a.isnan().any(), f"d{n} has unwritten (NaN) elements"
-        torch.testing.assert_close(a.double(), b, **tol, msg=lambda m, n=n: f"d{n}: {m}")
+    assert_grads_match_reference(out, lse, ref_out, ref_lse, x, ref_x, names, dtype, tol)
 
 
 def test_most_pairs_are_clamped_at_this_size():

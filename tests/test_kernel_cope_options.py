@@ -10,7 +10,12 @@ import inspect
 import pytest
 import torch
 
-from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
+from kernel_common import (  # noqa: F401
+    DEVICE,
+    KERNEL_MARKS,
+    assert_grads_match_reference,
+    nan_empty,
+)
 
 pytestmark = KERNEL_MARKS
 
@@ -100,16 +105,8 @@ def _check_against_float64(case, dtype, d):
     live = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), live)
     torch.testing.assert_close(lse.double()[live], ref_lse[live], **tol)
-    g = torch.Generator().manual_seed(1)
-    d_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
-    d_lse = torch.randn(lse.shape, generator=g, dtype=torch.float64).to(DEVICE)
-    loss = lambda o, l: (o.double() * d_out).sum() + (l.double()[live] * d_lse[live]).sum()  # noqa: E731
     names = _leaves(x, case)
-    grads = torch.autograd.grad(loss(out, lse), [x[n] for n in names])
-    ref = torch.autograd.grad(loss(ref_out, ref_lse), [ref_x[n] for n in names])
-    for n, a, b in zip(names, grads, ref, strict=True):
-        assert a.dtype == dtype and not a.isnan().any(), f"d{n} has unwritten (NaN) elements"
-        torch.testing.assert_close(a.double(), b, **tol, msg=lambda m, n=n: f"d{n}: {m}")
+    assert_grads_match_reference(out, lse, ref_out, ref_lse, x, ref_x, names, dtype, tol)
 
 
 def test_decoding_queries_with_relative_positions():

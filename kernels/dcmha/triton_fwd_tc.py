@@ -153,6 +153,13 @@ def _probs(Q, K, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows, r_o
 
 
 @triton.jit
+def _batch_weights(W1, W2, G, b, T, C, H):
+    """Batch element `b`'s slices of one side's Compose weights: W1 and W2 hold `T * C * H`
+    values per batch element, G `T * H` (contiguous)."""
+    return W1 + b * T * C * H, W2 + b * T * C * H, G + b * T * H
+
+
+@triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CK, NS, scale,
@@ -165,8 +172,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     offs_h = tl.arange(0, HB)
     Qb, Kb = Q + b * sq_b, K + b * sk_b
-    W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
-    W1K, W2K, GK = W1K + b * T_K * CK * H, W2K + b * T_K * CK * H, GK + b * T_K * H
+    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
+    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
@@ -212,10 +219,10 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
     z = Compose_post(exp(L - lse)) v to O."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
-    W1Q, W2Q, GQ = W1Q + b * T_Q * CQ * H, W2Q + b * T_Q * CQ * H, GQ + b * T_Q * H
-    W1Q2, W2Q2, GQ2 = W1Q2 + b * T_Q * CQ2 * H, W2Q2 + b * T_Q * CQ2 * H, GQ2 + b * T_Q * H
-    W1K, W2K, GK = W1K + b * T_K * CK * H, W2K + b * T_K * CK * H, GK + b * T_K * H
-    W1K2, W2K2, GK2 = W1K2 + b * T_K * CK * H, W2K2 + b * T_K * CK * H, GK2 + b * T_K * H
+    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
+    W1Q2, W2Q2, GQ2 = _batch_weights(W1Q2, W2Q2, GQ2, b, T_Q, CQ2, H)
+    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
+    W1K2, W2K2, GK2 = _batch_weights(W1K2, W2K2, GK2, b, T_K, CK, H)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):

@@ -161,3 +161,23 @@ def test_the_kernel_and_its_grid_agree_on_the_order(blocks):
     ref_out, ref_lse = attention_reference(q, k, v, 0.25)
     torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse, atol=2e-5, rtol=1e-5)
+
+
+def test_lengths_past_the_grid_limit_keep_the_per_head_grid(monkeypatch):
+    """CUDA grid axis 1 takes at most 65,535 programs: past 16 x 65,535 positions the tiles go
+    back to axis 0 (no limit there)."""
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    assert triton_fwd.fits_heads_inner(16 * 65535) and not triton_fwd.fits_heads_inner(
+        16 * 65535 + 1)
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **meta: launches.append((grid, meta["HEAVY_FIRST"]))
+
+    monkeypatch.setattr(triton_fwd, "attn_fwd_kernel", Recorder())
+    T = 16 * 65535 + 1
+    q = torch.zeros(1, 1, 1, 16).expand(1, T, 1, 16)
+    triton_fwd.attn_fwd(q, q, q, 0.25, block_m=16, block_n=16)
+    assert launches == [((65536, 1), False)]

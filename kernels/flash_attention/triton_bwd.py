@@ -33,6 +33,7 @@ from attnlens.kernels._triton import (
 from attnlens.kernels.flash_attention.triton_fwd import (
     LOG2E,
     _dot,
+    fits_heads_inner,
     no_key_mask,
     tile_grid,
 )
@@ -237,7 +238,7 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dq_args = (q, k, v, do, lse, delta, dq, kv, *strides, *dq.stride(), kv.stride(0), *common)
     # heaviest tiles first across heads (list scheduling, `head_tile`); Infini's segments are
     # of equal weight
-    heavy = bool(causal) and not segment_len
+    heavy = bool(causal) and not segment_len and fits_heads_inner(T_Q, T_K)
     meta.update(HEAVY_FIRST=heavy)
     BH = B * H
     if block_m is None and on_gpu():

@@ -232,6 +232,17 @@ def heavy_grid(heavy_first: bool, block_m: int, block_n: int) -> bool:
     return bool(heavy_first) and block_m * block_n < MAX_HEAVY_TILE.value
 
 
+# CUDA's limit on grid axes 1 and 2. The heads-inner grid puts the tiles there, so it is used
+# only where even 16-position tiles (the smallest any config or the interpreter uses) fit:
+# T up to about a million positions; longer launches keep the per-head grid.
+MAX_GRID_Y = 65535
+
+
+def fits_heads_inner(*lengths: int) -> bool:
+    """Whether tiles of 16 positions over each of `lengths` fit the heads-inner grid's axis 1."""
+    return all(-(-T // 16) <= MAX_GRID_Y for T in lengths)
+
+
 def tile_grid(T: int, block: int, n_heads: int, heads_inner: bool) -> tuple[int, int]:
     """The launch grid of `head_tile` programs over `T` positions in tiles of `block`, for
     `n_heads` (batch * heads) rows: `(tiles, n_heads)`, or `(n_heads, tiles)` with
@@ -283,7 +294,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     # (Infini's segments are of equal weight), at d 128 without padding (`MAX_HEAVY_TILE`).
     plain = not segment_len and mix is None and next_pow2(D) <= 64
     heavy = bool(causal) and not segment_len and mix is None and (
-        next_pow2(D) <= 64 or key_valid is None)
+        next_pow2(D) <= 64 or key_valid is None) and fits_heads_inner(T_Q)
     meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy)
     if T_Q == 0:
         return out, lse
@@ -297,4 +308,5 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel", "no_key_mask", "tile_grid"]
+__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel", "fits_heads_inner", "no_key_mask",
+           "tile_grid"]

@@ -190,12 +190,12 @@ class LazyAutotune:
         call to find its key (19 us a launch on a 2-core EPYC, 2026-12-05; three of the four
         launches of a fused attention forward+backward are autotuned). The key here is at
         least as fine as Triton's: the key values, every constexpr and launch option passed,
-        the tensors' dtypes."""
+        the tensors' dtypes; a launch with a keyword argument that is not a plain value (bool,
+        int, float, str, None) keeps Triton's dispatch."""
         key = self._fast_key(args, meta)
-        try:
-            config = self._chosen.get(key)
-        except TypeError:             # an unhashable argument: Triton's own dispatch
+        if key is None:               # a keyword argument that is not a plain value
             return self._tuned[grid](*args, **meta)
+        config = self._chosen.get(key)
         if config is None:
             out = self._tuned[grid](*args, **meta)
             best = getattr(self._tuned, "best_config", None)
@@ -208,6 +208,9 @@ class LazyAutotune:
         if self._key_at is None:
             names = list(getattr(self.kernel, "arg_names", []))
             self._key_at = tuple(names.index(k) for k in self.key if k in names)
+        if not all(v is None or isinstance(v, (bool, int, float, str))
+                   for v in meta.values()):
+            return None
         values = tuple(args[i] for i in self._key_at if i < len(args))
         dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
         return values, tuple(meta.items()), dtypes

@@ -62,3 +62,11 @@ def test_a_config_with_a_pre_hook_always_goes_through_the_autotuner(monkeypatch)
     for _ in range(2):
         tuner[(1,)](torch.zeros(2), 4096, 7)
     assert [entry[0] for entry in log] == ["tuned", "tuned"]
+
+
+def test_a_tensor_keyword_keeps_the_autotuners_dispatch(monkeypatch):
+    """A tensor passed by keyword would make every call a new key (and keep it alive)."""
+    tuner, log = _tuner(monkeypatch)
+    for _ in range(2):
+        tuner[(1,)](torch.zeros(2), 4096, 7, Y=torch.zeros(1))
+    assert [entry[0] for entry in log] == ["tuned", "tuned"] and not tuner._chosen

@@ -4,7 +4,9 @@ rows and head dims are, and which of them are valid.
 Two grid shapes are in use, one helper each:
 
 - `head_tile`, grid `(cdiv(T, BLOCK), batch * H)`: a program owns BLOCK positions of one
-  (batch, head) (FlashAttention forward and backward, hence Infini-attention, and CoPE);
+  (batch, head) (FlashAttention forward and backward, hence Infini-attention, and CoPE); with
+  `HEADS_INNER` the grid `(batch * H, cdiv(T, BLOCK))`, heaviest tiles first across heads
+  (FlashAttention's kernels);
 - `heads_tile`, grid `(cdiv(T_Q, BLOCK_M), batch)`: a program owns BLOCK_M query rows of every
   head of one batch element (MTA and DCMHA, whose head mixing needs all heads at once);
 - `heads_window`, grid `(cdiv(T_Q, STEP), batch)`: a program owns STEP query rows of every head
@@ -29,7 +31,8 @@ import triton.language as tl
 
 
 @triton.jit
-def head_tile(T, H, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+def head_tile(T, H, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+              HEADS_INNER: tl.constexpr = False, REVERSED: tl.constexpr = False):
     """Prologue of a program of the grid `(cdiv(T, BLOCK), batch * H)` over a length-T axis
     (query rows, or key rows for a key-tiled backward program).
 
@@ -40,9 +43,24 @@ def head_tile(T, H, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
     validity `valid = offs < T` (the last tile may be ragged) and `d_valid = offs_d < D`
     (BLOCK_D is D rounded up to a power of two), and the `[BLOCK BLOCK_D]` load/store mask
     `valid[:, None] & d_valid[None, :]`.
+
+    HEADS_INNER: the grid is `(batch * H, cdiv(T, BLOCK))` instead, `pid_bh = program_id(0)`,
+    so the GPU, which starts programs in the order of their linear index (axis 0 fastest),
+    starts a tile index for every head before the next index. REVERSED: the tile index counts
+    from the end, `pid = cdiv(T, BLOCK) - 1 - program_id(1)` (with HEADS_INNER). Together they
+    start the heaviest programs of a causal launch first across all heads, not per head
+    (longest-processing-time-first list scheduling: the light tiles fill the launch's tail):
+    REVERSED for query tiles (the last see the most keys), not for key tiles (the first are
+    seen by the most queries).
     """
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if HEADS_INNER:
+        pid_bh = tl.program_id(0)
+        pid = tl.program_id(1)
+        if REVERSED:
+            pid = tl.num_programs(1) - 1 - pid
+    else:
+        pid = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     # The division first, as the kernels had it: after the offsets, ptxas scheduled it so
     # that `_bwd_preprocess` took 107 registers instead of 95 (fp32, d_head 128).
     b = pid_bh // H

@@ -59,11 +59,17 @@ cp kernels/tuned_configs.json "$OUT/" 2>/dev/null || true
 stage "${CHECK_S:-80}" "$OUT/check.md" $BENCH --check --T 1024,4096 --d 64,128 --dtype bf16
 stage "${CHECK32_S:-40}" "$OUT/check.md" $BENCH --check --T 1024 --d 64 --dtype fp32
 stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
+# (issue 57 item 2) flash with the 2026-12-04 method beside the back-to-back rows above:
+#    --isolated syncs after every call, so each call's host time before its first kernel is in
+#    the number; the rows' host ms column and T 1024 (host-bound) show how much
+stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
+    --reps 10 --isolated
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
     tests/test_kernel_mta.py tests/test_kernel_dcmha.py tests/test_kernel_cope_options.py \
-    tests/test_kernel_cope_clamped.py \
+    tests/test_kernel_cope_clamped.py tests/test_kernel_flash_schedule.py \
+    tests/test_kernel_flash_host.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
     tests/test_gqa.py tests/test_autotune_pass.py
 

@@ -5,7 +5,10 @@
     python -m attnlens.benchmarks.kernels --cpu       # tiny sizes on the Triton CPU interpreter
 
 Prints one markdown table per op, ready for docs/benchmarks.md: forward and forward+backward time
-(median over CUDA-event-timed repeats), peak memory above the inputs, and achieved TFLOP/s.
+(median over CUDA-event-timed calls run back to back, so the host's Python work overlaps the
+GPU's as in a training loop; `--isolated` synchronises after each call, which puts the host
+time before the first kernel into the number), peak memory above the inputs, achieved
+TFLOP/s, and the host's time per call (Python, autograd, launches; on the CPU the wall time).
 FLOPs count the two attention matmuls, causal (halved): fwd `2 * 2 * B * H * T^2 * D / 2`,
 fwd+bwd 3.5x that (Infini: causal within segments of 1024, the memory not counted). A case
 that runs out of memory prints "OOM". Without a GPU (and without --cpu) it prints a message
@@ -154,29 +157,51 @@ register_op("dcmha", dcmha_cases)
 
 
 # -- timing ------------------------------------------------------------------------------------
-def _time_cuda(fn: Callable[[], object], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _time_cuda(fn: Callable[[], object], reps: int, isolated: bool = False,
+               ) -> tuple[float, float]:
+    """(median GPU ms per call, median host ms per call) of `fn`.
+
+    By default the calls run back to back, as a training loop runs them: CUDA events around
+    each call, one synchronisation after the last (as `triton.testing.do_bench`). While the
+    host issues a call faster than the GPU runs the previous one, the host's Python work
+    (argument checks, autograd, launches) overlaps the GPU's and stays out of the number; where
+    the host is slower, the GPU waits and the gap is counted, as it would be in a model.
+    `isolated` synchronises after every call instead (the method before 2026-12-05): the GPU
+    idles while the host prepares each launch, so every call's host time up to its first
+    kernel lands in its number.
+    """
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    host = []
+    torch.cuda.synchronize()
+    if not isolated:
+        fn()                # queued ahead, so the first timed call does not start on an idle GPU
+    for start, end in zip(starts, ends, strict=True):
         start.record()
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
         end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        if isolated:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)), \
+        statistics.median(host)
 
 
-def _time_cpu(fn: Callable[[], object], reps: int) -> float:
+def _time_cpu(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(times)
 
 
-def measure(make, fn, backward: bool, reps: int, cuda: bool) -> tuple[float, float | None]:
-    """(median ms, peak MiB above the inputs or None on CPU) of fn (+ backward)."""
+def measure(make, fn, backward: bool, reps: int, cuda: bool, isolated: bool = False,
+            ) -> tuple[float, float | None, float]:
+    """(median ms, peak MiB above the inputs or None on CPU, median host ms per call) of fn
+    (+ backward); `isolated`: see `_time_cuda`."""
     inputs = make()
 
     def step():
@@ -199,11 +224,11 @@ def measure(make, fn, backward: bool, reps: int, cuda: bool) -> tuple[float, flo
         step()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        ms = _time_cuda(step, reps)
+        ms, host = _time_cuda(step, reps, isolated)
     else:
         peak = None
-        ms = _time_cpu(step, reps)
-    return ms, peak
+        ms, host = _time_cpu(step, reps)
+    return ms, peak, host
 
 
 def _fmt(x, unit="") -> str:
@@ -216,11 +241,14 @@ def _fmt(x, unit="") -> str:
     return f"{x:,.2f}{unit}" if x < 100 else f"{x:,.0f}{unit}"
 
 
-def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> list[str]:
-    lines = [f"### {name}  (batch {B}, heads {H}, {str(dtype).removeprefix('torch.')})", "",
+def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device,
+           isolated: bool = False) -> list[str]:
+    timing = "isolated calls" if isolated else "back to back"
+    lines = [f"### {name}  (batch {B}, heads {H}, {str(dtype).removeprefix('torch.')}, "
+             f"{timing})", "",
              "| T | d_head | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s "
-             "| peak MiB (fwd+bwd) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| peak MiB (fwd+bwd) | host ms (fwd; fwd+bwd) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for T in Ts:
         for D in Ds:
@@ -230,20 +258,20 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device) -> lis
                 row = []
                 for backward in (False, True):
                     try:
-                        ms, peak = measure(make, fn, backward, reps, cuda)
+                        ms, peak, host = measure(make, fn, backward, reps, cuda, isolated)
                         tflops = flops * (3.5 if backward else 1.0) / (ms * 1e-3) / 1e12
-                        row.append((ms, tflops, peak))
+                        row.append((ms, tflops, peak, host))
                     except torch.OutOfMemoryError:
-                        row.append(("OOM", "OOM", "OOM"))
+                        row.append(("OOM",) * 4)
                     except Exception as err:   # a kernel that fails to compile or launch
                         traceback.print_exc()
-                        row.append((f"error: {type(err).__name__}",) * 3)
+                        row.append((f"error: {type(err).__name__}",) * 4)
                     finally:
                         if cuda:
                             torch.cuda.empty_cache()
-                (f_ms, f_tf, _), (b_ms, b_tf, peak) = row
+                (f_ms, f_tf, _, f_host), (b_ms, b_tf, peak, b_host) = row
                 lines.append(f"| {T} | {D} | {impl} | {_fmt(f_ms)} | {_fmt(f_tf)} | {_fmt(b_ms)} "
-                             f"| {_fmt(b_tf)} | {_fmt(peak)} |")
+                             f"| {_fmt(b_tf)} | {_fmt(peak)} | {_fmt(f_host)}; {_fmt(b_host)} |")
                 print(lines[-1], flush=True)
     return lines
 
@@ -335,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of timing, measure the fused op's and the torch "
                              "reference's error against the reference in float64 (output, "
                              "gradients)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="synchronise after every timed call (the GPU idles while the host "
+                             "prepares each launch, so host overhead is in the number); default: "
+                             "calls back to back, host work overlapping the GPU's")
     parser.add_argument("--cpu", action="store_true",
                         help="tiny sizes on the Triton CPU interpreter (sets TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
@@ -367,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         check_table(ops, Ts, Ds, args.batch, H, dtype, device)
         return 0
     for name in ops:
-        run_op(name, Ts, Ds, args.batch, H, dtype, reps, cuda, device)
+        run_op(name, Ts, Ds, args.batch, H, dtype, reps, cuda, device, args.isolated)
         print()
     return 0
 

@@ -63,6 +63,12 @@ def _steps(lo, hi, step) -> int:
     return max(0, math.ceil((hi - lo) / step))
 
 
+def _tiles(T, block) -> int:
+    """Tiles of a `head_tile` launch over T positions: flash's kernels put them on grid axis 0
+    or 1 (`HEAVY_FIRST`), so they are counted from the length, not read off the grid."""
+    return math.ceil(T / block)
+
+
 def _flash_fwd(env, grid):
     """`attn_fwd_kernel`'s three key ranges (its `_fwd_tiles` calls): masked [start, u_lo),
     unmasked [u_lo, u_hi), masked [u_hi, hi). Causal without segments has start = u_lo = 0,
@@ -71,7 +77,7 @@ def _flash_fwd(env, grid):
     if not env.get("CAUSAL"):
         return {"start_n": [t_k // bn, _steps(t_k // bn * bn, t_k, bn)]}
     parts = []
-    for pid in range(grid[0]):
+    for pid in range(_tiles(t_q, bm)):
         first = off + pid * bm
         start, u_lo, u_hi, hi = 0, 0, max(first // bn * bn, 0), min(t_k, first + bm)
         if env.get("SEGMENTED"):
@@ -96,7 +102,7 @@ def _flash_dq(env, grid):
     seg = env.get("SEG_LEN") if env.get("SEGMENTED") else None
     return {"start_n": _avg(
         _steps((off + pid * bm) // seg * seg // bn * bn if seg else 0,
-               min(t_k, off + (pid + 1) * bm), bn) for pid in range(grid[0]))}
+               min(t_k, off + (pid + 1) * bm), bn) for pid in range(_tiles(env["T_Q"], bm)))}
 
 
 def _flash_dkdv(env, grid):
@@ -104,7 +110,7 @@ def _flash_dkdv(env, grid):
     the end of its last key's segment)."""
     bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
     trips = []
-    for pid in range(grid[0]):
+    for pid in range(_tiles(t_k, bn)):
         start_n = pid * bn
         lo = max(start_n - off, 0) // bm * bm if env.get("CAUSAL") else 0
         hi = t_q

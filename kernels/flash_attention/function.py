@@ -28,6 +28,9 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, key_valid, causal, block_m, block_n, segment_len=None):
+        # An output the loss does not use gets None, not a tensor of zeros: no fill kernel for
+        # an unused lse, and no dlse pass in `_bwd_preprocess`.
+        ctx.set_materialize_grads(False)
         out, lse = attn_fwd(q, k, v, scale, key_valid, causal, block_m, block_n,
                             segment_len=segment_len)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -96,10 +99,12 @@ def flash_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
     dtype = q.dtype
     work = kernel_dtype(dtype)
     key_valid = kernel_key_valid(key_valid, q.device)
-    out, lse = FlashAttentionFunction.apply(q.to(work), k.to(work), v.to(work), float(scale),
-                                            key_valid, bool(causal), block_m, block_n,
+    if work != dtype:
+        q, k, v = q.to(work), k.to(work), v.to(work)
+    out, lse = FlashAttentionFunction.apply(q, k, v, float(scale), key_valid, bool(causal),
+                                            block_m, block_n,
                                             None if segment_len is None else int(segment_len))
-    return out.to(dtype), lse
+    return (out if work == dtype else out.to(dtype)), lse
 
 
 __all__ = ["FlashAttentionFunction", "check_inputs", "flash_attention"]

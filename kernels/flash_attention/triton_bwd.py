@@ -30,7 +30,13 @@ from attnlens.kernels._triton import (
     triton,
     with_flag_tiles,
 )
-from attnlens.kernels.flash_attention.triton_fwd import LOG2E, _dot
+from attnlens.kernels.flash_attention.triton_fwd import (
+    LOG2E,
+    _dot,
+    fits_heads_inner,
+    no_key_mask,
+    tile_grid,
+)
 
 
 @triton.jit
@@ -57,10 +63,12 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
               CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr):
-    """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles)."""
+              BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+    """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles).
+    HEAVY_FIRST (causal): grid `(batch * H, cdiv(T_K, BLOCK_N))`, the first key tiles (seen
+    by the most queries) started first for every head (`head_tile`'s HEADS_INNER)."""
     pid_n, pid_bh, b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = head_tile(
-        T_K, H, D, BLOCK_N, BLOCK_D)
+        T_K, H, D, BLOCK_N, BLOCK_D, HEAVY_FIRST)
     start_n = pid_n * BLOCK_N
     k = load_tile(K + b * sk_b + h * sk_h, offs_n, sk_t, offs_d, sk_d, nd_mask)
     v = load_tile(V + b * sv_b + h * sv_h, offs_n, sv_t, offs_d, sv_d, nd_mask)
@@ -112,10 +120,12 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
             CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr):
-    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile."""
+            BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+    """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile. HEAVY_FIRST (causal): as
+    the forward's, the last query tiles (which see the most keys) started first for every
+    head."""
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
-        T_Q, H, D, BLOCK_M, BLOCK_D)
+        T_Q, H, D, BLOCK_M, BLOCK_D, HEAVY_FIRST, HEAVY_FIRST)
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, sdo_t, offs_d, sdo_d, md_mask)
     lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
@@ -215,8 +225,7 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _bwd_preprocess[(math.ceil(T_Q / 64), B * H)](
         out, do, dl, delta, *out.stride(), *do.stride(), H, T_Q, D, HAS_DLSE=has_dlse,
         BLOCK_M=64, BLOCK_D=BLOCK_D)
-    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
-                                                             device=q.device)
+    kv = no_key_mask(q.device) if key_valid is None else key_valid
     if kv.dtype == torch.bool:
         kv = kv.to(torch.int8)
     common = (H, T_Q, T_K, T_K - T_Q, D, segment_len or 1, scale, scale * LOG2E,
@@ -227,13 +236,18 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, kv, *strides, *dk.stride(), *dv.stride(),
                  kv.stride(0), *common)
     dq_args = (q, k, v, do, lse, delta, dq, kv, *strides, *dq.stride(), kv.stride(0), *common)
+    # heaviest tiles first across heads (list scheduling, `head_tile`); Infini's segments are
+    # of equal weight
+    heavy = bool(causal) and not segment_len and fits_heads_inner(T_Q, T_K)
+    meta.update(HEAVY_FIRST=heavy)
+    BH = B * H
     if block_m is None and on_gpu():
-        _dkdv_tuned[lambda M: (triton.cdiv(T_K, M["BLOCK_N"]), B * H)](*dkdv_args, **meta)
-        _dq_tuned[lambda M: (triton.cdiv(T_Q, M["BLOCK_M"]), B * H)](*dq_args, **meta)
+        _dkdv_tuned[lambda M: tile_grid(T_K, M["BLOCK_N"], BH, heavy)](*dkdv_args, **meta)
+        _dq_tuned[lambda M: tile_grid(T_Q, M["BLOCK_M"], BH, heavy)](*dq_args, **meta)
     else:
         bm, bn = block_m or 16, block_n or 16
-        _bwd_dkdv[(math.ceil(T_K / bn), B * H)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
-        _bwd_dq[(math.ceil(T_Q / bm), B * H)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        _bwd_dkdv[tile_grid(T_K, bn, BH, heavy)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        _bwd_dq[tile_grid(T_Q, bm, BH, heavy)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
     return dq, dk, dv
 
 

@@ -15,8 +15,6 @@ A row with no allowed key gets output 0 and lse -inf (as `masked_softmax`).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from attnlens.kernels._prologue import head_tile, load_tile, softmax_state
@@ -31,6 +29,14 @@ from attnlens.kernels._triton import (
 )
 
 LOG2E = 1.4426950408889634
+
+# Heaviest tiles first across heads (HEAVY_FIRST) costs registers at d 128 on sm_80 (sm_90 is
+# clean): 128x128 w8 s2 spills 8 B (128x128 w8 s1 too, 64 B with padding), and with padding
+# 128x64 w8 s3 / s4 8 B. So tiles of MAX_HEAVY_TILE rows x keys and more keep the per-head
+# order (the kernel and `heavy_grid` agree on it), and with padding at d 128 `attn_fwd` keeps
+# it: the autotuner weighs 128x128 in the per-head order against the smaller tiles in the
+# schedule's (`schedule.py`: 1.27 -> 1.02 of the ideal at T 4096, d 128).
+MAX_HEAVY_TILE = tl.constexpr(128 * 128)
 
 
 @triton.jit
@@ -104,10 +110,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                     SCALE_FIRST: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
 
-    HEAVY_FIRST (causal, `attn_fwd`): the heaviest query tiles run first: program `x` of axis 0
-    owns tile `cdiv(T_Q, BLOCK_M) - 1 - x` (the last tiles see the most keys), so the lightest
-    tiles fill the tail of the launch (FlashAttention-2/3's schedule). SCALE_FIRST: see
-    `_fwd_tiles`.
+    HEAVY_FIRST (causal, `attn_fwd`): grid `(batch * H, cdiv(T_Q, BLOCK_M))` instead, program
+    `(bh, x)` owning tile `cdiv(T_Q, BLOCK_M) - 1 - x` (`head_tile`'s HEADS_INNER, REVERSED):
+    the last tiles, which see the most keys, start first for every head, and the lightest fill
+    the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
+    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_fwd_tiles`.
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
@@ -118,12 +125,8 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     lengths of the same bucket share a tuned config.
     """
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
-        T_Q, H, D, BLOCK_M, BLOCK_D)
-    if HEAVY_FIRST:                                 # heaviest tiles first
-        pid_m = tl.cdiv(T_Q, BLOCK_M) - 1 - pid_m
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_valid = offs_m < T_Q
-        md_mask = m_valid[:, None] & d_valid[None, :]
+        T_Q, H, D, BLOCK_M, BLOCK_D, HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE,
+        HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE)
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
@@ -177,18 +180,22 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
 # without spills for sm_80 and sm_90 in fp16/bf16 over its BLOCK_D range (compile_check; table
 # in docs/benchmarks.md). Dropped: 128x64 with 4 warps (spills 16 B at d 64 on sm_80, 264 B at
 # d 128); 128x32 w4 is kept to d 64 (spills 8 B at d 128 on sm_80), 128x128 w8 from d 128
-# (spills 24 B at d 64 on sm_80).
+# (spills 24 B at d 64 on sm_80). 128x64 w8 s4 (from d 128, plain causal only) since
+# 2026-12-05: clean there on both archs (184 / 222 registers, 161 / 128 KB of shared memory).
 FWD_TILES = ((128, 64, 8, 3, 0, 1 << 30), (64, 64, 4, 3, 0, 1 << 30), (64, 32, 4, 4, 0, 1 << 30),
-             (128, 32, 4, 4, 0, 64), (128, 128, 8, 2, 128, 1 << 30))
+             (128, 32, 4, 4, 0, 64), (128, 128, 8, 2, 128, 1 << 30),
+             (128, 64, 8, 4, 128, 1 << 30))
 # With Infini's gate epilogue (HAS_MIX) these need more registers: at d 128 on sm_80 128x64
 # w8 spills 112 B and 64x64 w4 32 B (kept to d 64, clean there); 128x128 w8 s2 spills 72-184 B
 # (dropped). 64x32 w4 s4 stays spill-free at every d.
-MIX_TILES = ((128, 64, 8, 3, 0, 64), (64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0))
+MIX_TILES = ((128, 64, 8, 3, 0, 64), (64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0),
+             (128, 64, 8, 4, 1, 0))
 # The padding mask (HAS_KVALID) costs registers too: at d 128 on sm_80 64x64 w4 s3 spills 8 B
 # (kept to d 64) and 128x128 w8 s2 24-48 B on both archs (dropped); non-causal 128x128 w8 s2
 # spills 8 B at d 128 on sm_80 (dropped).
-KVALID_TILES = ((64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0))
-NON_CAUSAL_TILES = ((128, 128, 8, 2, 1, 0),)
+KVALID_TILES = ((64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0), (128, 64, 8, 4, 1, 0))
+NON_CAUSAL_TILES = ((128, 128, 8, 2, 1, 0), (128, 64, 8, 4, 1, 0))
+SEGMENTED_TILES = ((128, 64, 8, 4, 1, 0),)
 # fp32 (IEEE dots, `IEEE`) needs far more registers: every row above spills there (up to 11 KB
 # per thread; 128x64 w8 s3 needs 225 KB of shared memory at d 128, over sm_80's 163 KB). It
 # takes its own tile, 32x16 w8 s2: spill-free for flash and Infini's gate epilogue at d 64 and
@@ -200,11 +207,48 @@ FP32_FWD_TILES = ((32, 16, 8, 2, 0, 1 << 30),)
 _table, _ieee = with_flag_tiles(FWD_TILES, FP32_FWD_TILES)
 _gpu_configs, _prune = head_dim_configs(_table, when={
     "HAS_MIX": MIX_TILES, "HAS_KVALID": KVALID_TILES, "not CAUSAL": NON_CAUSAL_TILES,
-    "IEEE": _ieee})
+    "SEGMENTED": SEGMENTED_TILES, "IEEE": _ieee})
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
                           key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",
                                "HAS_MIX", "STORE_DOT", "IEEE"], prune=_prune)
+
+
+_NO_KEY_MASK: dict = {}
+
+
+def no_key_mask(device) -> torch.Tensor:
+    """The int8 `[1 1]` placeholder passed as KVALID without a padding mask (the kernels do not
+    read it then), made once per device instead of once per call."""
+    mask = _NO_KEY_MASK.get(device)
+    if mask is None:
+        mask = _NO_KEY_MASK[device] = torch.empty(1, 1, dtype=torch.int8, device=device)
+    return mask
+
+
+def heavy_grid(heavy_first: bool, block_m: int, block_n: int) -> bool:
+    """Whether a forward launch with HEAVY_FIRST and these tiles takes the heads-inner grid
+    (the kernel's own test: tiles under MAX_HEAVY_TILE)."""
+    return bool(heavy_first) and block_m * block_n < MAX_HEAVY_TILE.value
+
+
+# CUDA's limit on grid axes 1 and 2. The heads-inner grid puts the tiles there, so it is used
+# only where even 16-position tiles (the smallest any config or the interpreter uses) fit:
+# T up to about a million positions; longer launches keep the per-head grid.
+MAX_GRID_Y = 65535
+
+
+def fits_heads_inner(*lengths: int) -> bool:
+    """Whether tiles of 16 positions over each of `lengths` fit the heads-inner grid's axis 1."""
+    return all(-(-T // 16) <= MAX_GRID_Y for T in lengths)
+
+
+def tile_grid(T: int, block: int, n_heads: int, heads_inner: bool) -> tuple[int, int]:
+    """The launch grid of `head_tile` programs over `T` positions in tiles of `block`, for
+    `n_heads` (batch * heads) rows: `(tiles, n_heads)`, or `(n_heads, tiles)` with
+    `heads_inner` (its HEADS_INNER)."""
+    tiles = -(-T // block)   # not triton.cdiv: a jit function, 5 us per call from Python
+    return (n_heads, tiles) if heads_inner else (tiles, n_heads)
 
 
 def _launch_key(T_Q: int) -> int:
@@ -231,8 +275,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             torch.empty_like(q)
     if lse is None:
         lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
-    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
-                                                             device=q.device)
+    kv = no_key_mask(q.device) if key_valid is None else key_valid
     if kv.dtype == torch.bool:
         kv = kv.to(torch.int8)
     a_mem, g, a_dot = mix if mix is not None else (out, lse, None)
@@ -245,20 +288,25 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     meta = dict(CAUSAL=causal, SEGMENTED=bool(segment_len), HAS_KVALID=key_valid is not None,
                 HAS_MIX=mix is not None, STORE_DOT=a_dot is not None,
                 IEEE=q.dtype == torch.float32, BLOCK_D=next_pow2(D))
-    # The fold and the reordering cost registers: at d_head 128, 128x128 w8 s2 spilled 8-88 B
-    # (sm_80 / sm_90), and Infini's segments and gate epilogue 16-24 B at d 64 on sm_80
-    # (compile_check); there both keep the former order.
+    # The fold costs registers: at d_head 128, 128x128 w8 s2 spilled 8-88 B (sm_80 / sm_90),
+    # and Infini's segments and gate epilogue 16-24 B at d 64 on sm_80 (compile_check); there
+    # it keeps the former order. Heaviest tiles first across heads: plain causal attention
+    # (Infini's segments are of equal weight), at d 128 without padding (`MAX_HEAVY_TILE`).
     plain = not segment_len and mix is None and next_pow2(D) <= 64
-    meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=causal and plain)
+    heavy = bool(causal) and not segment_len and mix is None and (
+        next_pow2(D) <= 64 or key_valid is None) and fits_heads_inner(T_Q)
+    meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy)
     if T_Q == 0:
         return out, lse
     if block_m is None and on_gpu():
-        grid = lambda META: (triton.cdiv(T_Q, META["BLOCK_M"]), B * H)  # noqa: E731
-        _fwd_tuned[grid](*args, **meta)
+        _fwd_tuned[lambda META: tile_grid(T_Q, META["BLOCK_M"], B * H, heavy_grid(
+            heavy, META["BLOCK_M"], META["BLOCK_N"]))](*args, **meta)
     else:
         bm, bn = block_m or 16, block_n or 16
-        attn_fwd_kernel[(math.ceil(T_Q / bm), B * H)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        attn_fwd_kernel[tile_grid(T_Q, bm, B * H, heavy_grid(heavy, bm, bn))](
+            *args, BLOCK_M=bm, BLOCK_N=bn, **meta)
     return out, lse
 
 
-__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel"]
+__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel", "fits_heads_inner", "no_key_mask",
+           "tile_grid"]

@@ -22,12 +22,13 @@ from kernel_common import (  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
+from test_kernel_dcmha import FP32, _qkv, _to, _weights  # noqa: E402
+
 from attnlens.kernels.dcmha import (  # noqa: E402
     ComposeWeights,
     dcmha_attention,
     dcmha_attention_reference,
 )
-from test_kernel_dcmha import FP32, _qkv, _to, _weights  # noqa: E402
 
 
 def _backwards(monkeypatch) -> list:

@@ -255,6 +255,7 @@ MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _fla
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,
           "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc,
+          "dcmha_delta_kernel": _dcmha, "dcmha_bwd_kernel": _dcmha,
           "dcmha_tc_delta_kernel": _dcmha_tc_bwd, "dcmha_tc_grads_kernel": _dcmha_tc_bwd}
 
 

@@ -21,21 +21,28 @@ back hidden maps b_c (x = A, g = dP, post; x = s, g = dL, pre; g = 0 where maske
     dgq_m(t) = sum_s x_m g_m,  dw2q[c, m](t) = sum_s h_c g_m,  dw1q[c, n](t) = sum_s x_n b_c,
 
 and the key-wise ones summed over t instead. Every product over d_head is a 2-D `tl.dot` of
-BLOCK_M (64) query rows by BLOCK_N keys; only the hidden maps `[C, rows, keys]` (pre h and b,
-post h and b: 8 tiles at the official rank 2, query- and key-wise) live across the head loops.
+BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
 
 Pass 1 (`dcmha_tc_delta_kernel`), grid (query tile, key split, batch): per key tile the pre
-hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), then per head
-A_n, dA_n and the split's share of sum_s A_n dA_n; the splits' partials are summed in torch.
-Pass 2 (`dcmha_tc_grads_kernel`), same grid: per key tile the same two sets of maps, a head
-loop that forms the pre back hidden maps (from every head's dL) and the post hidden maps
-(from every head's A) and adds the weight gradients that need neither, then a head loop
-that adds dq, dk, dv and the rest. Everything is added with fp32 atomics: dq `[64, d_head]`
-per head and key tile (an `[H, 64, d_head]` accumulator does not fit in registers, as for
-the forward's output), dk, dv `[BLOCK_N, d_head]`, the weight gradients one row or column
-sum per channel. A separate key-tile pass for dk, dv and the key-wise (column) sums would
-recompute the whole chain (7 H dots per tile) and still add its `[64, d_head]` per head and
-query tile with atomics, so one pass is cheaper (docs/benchmarks.md).
+hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), then per head A_n,
+dA_n and the split's share of sum_s A_n dA_n; the splits' partials are summed in torch.
+
+Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
+hidden maps), dP and dL (from the post back hidden maps) are formed once, by the same dots,
+and kept in a per-program scratch `[H, 4, 64, 16]` fp32 (256 KB at 16 heads: L2-resident,
+O(programs * H) memory, never a `[T, T]` map). The rest runs from it in head loops that each
+hold at most two Compose hidden maps `[C, 64, 16]`, rebuilt from the scratch with FMAs where
+needed: post gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2
+and dv = P^T dz (post hidden maps), pre w1 and dq = ds k (pre back hidden maps), then
+dk = ds^T q. (Holding the four maps of the textbook order, eight at the official rank 2,
+spilled 8-280 B per thread on sm_80 / sm_90; this order compiles spill-free.)
+
+Everything is added with fp32 atomics: dq `[64, d_head]` per head and key tile (an
+`[H, 64, d_head]` accumulator does not fit in registers, as for the forward's output), dk,
+dv `[16, d_head]`, the weight gradients one row or column sum per channel. A separate
+key-tile pass for dk, dv and the key-wise (column) sums would recompute the whole chain (the
+4 H dots per tile of pass 1 and more) and still add a `[64, d_head]` per head and query tile
+with atomics (dk, dv), so one pass is cheaper (docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
 power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
@@ -63,12 +70,16 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
 )
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
-# (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS): the delta
-# pass holds four hidden maps, the gradient pass eight (compile_check, docs/benchmarks.md).
+# (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS), 8 warps
+# (`TC_LAUNCH`): the largest that compile spill-free for sm_80 / sm_90 at 16 and 32 heads,
+# d_head 64 and 128 (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32
+# official"`): the delta pass at 64x32 spilled 48 B, the gradient pass at 64x32 56-120 B.
 DELTA_BLOCKS = (64, 16)
 GRAD_BLOCKS = (64, 16)
-GRAD_DCH = 16
+# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled) and its dq, dk, dv
+# dots (GRAD_DCH, a runtime loop); other choices spilled 16-64 B at d_head 128 on one arch.
 SCORE_DCH = 32
+GRAD_DCH = 16
 
 
 @triton.jit

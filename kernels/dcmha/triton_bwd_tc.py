@@ -223,6 +223,13 @@ def _scratch(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _scratch_load(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Map j of head n from the scratch, read through L2 (`.cg`): other threads of the program
+    wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
+    return tl.load(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+
+
+@triton.jit
 def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                           W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
@@ -273,14 +280,14 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                                  kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K,
                                  D, CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N,
                                  BLOCK_D, DCH)
-            a = tl.load(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N))
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
             tl.store(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N), dp)
             tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), a * (da - delta[:, None]))
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
-            a = tl.load(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N))
-            dp = tl.load(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N))
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
                               qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=True, W2=False, W1=True)
@@ -288,11 +295,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
-            hq, hk = _hidden(tl.load(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N)), hq, hk, W1Q, W1K,
+            hq, hk = _hidden(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), hq, hk, W1Q, W1K,
                              n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
         for n in range(0, H):
-            s = tl.load(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N))
-            dl = tl.load(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N))
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
                               qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=True, W2=True, W1=False)
@@ -301,11 +308,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
-            aq, ak = _hidden(tl.load(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N)), aq, ak, W1Q2,
+            aq, ak = _hidden(_scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N), aq, ak, W1Q2,
                              W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
         for n in range(0, H):          # post w2, dv = P^T dz
-            a = tl.load(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N))
-            dp = tl.load(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N))
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
                               qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=False, W2=True, W1=False)
@@ -316,11 +323,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
         ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
-            eq, ek = _hidden(tl.load(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N)), eq, ek, W2Q, W2K,
+            eq, ek = _hidden(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W2Q, W2K,
                              n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
         for n in range(0, H):          # pre w1, dq = ds k
-            s = tl.load(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N))
-            dl = tl.load(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N))
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
                               qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=False, W2=False, W1=True)
@@ -329,7 +336,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             _add_dot(DQ, qpos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
                      BLOCK_D, ACH)
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
-            ds = _ds(tl.load(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N)), eq, ek, W1Q, GQ, W1K, GK, n,
+            ds = _ds(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W1Q, GQ, W1K, GK, n,
                      qpos, r_ok, kpos, c_ok, CQ, CK, H, scale, Q.dtype.element_ty, HAS_K, CQB,
                      CKB)
             _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,

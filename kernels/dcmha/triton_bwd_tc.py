@@ -73,7 +73,7 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 # (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS), 8 warps
 # (`TC_LAUNCH`): the largest that compile spill-free for sm_80 / sm_90 at 16 and 32 heads,
 # d_head 64 and 128 (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32
-# official"`): the delta pass at 64x32 spilled 48 B, the gradient pass at 64x32 56-120 B.
+# official"`): at 64x32 the delta pass spilled 8-72 B, the gradient pass 56-120 B.
 DELTA_BLOCKS = (64, 16)
 GRAD_BLOCKS = (64, 16)
 # d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled) and its dq, dk, dv

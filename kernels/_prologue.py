@@ -14,7 +14,8 @@ Two grid shapes are in use, one helper each:
   the post-softmax convolution's halo);
 - `split_tile`, grid `(cdiv(T_Q, BLOCK_M), n_splits, batch)`: a program owns BLOCK_M query rows
   of one batch element and one of `n_splits` slices of their keys (DCMHA's tensor-core
-  forward, `dcmha/triton_fwd_tc.py`, whose partial sums are merged after the launch).
+  forward and backward, `dcmha/triton_fwd_tc.py` / `triton_bwd_tc.py`, whose partial sums are
+  merged after the launch).
 
 `load_tile` reads a program's `[BLOCK BLOCK_D]` row tile and `softmax_state` starts the
 online-softmax state of the head-tiled forward kernels. `tl.program_id` / `tl.num_programs` are

@@ -244,12 +244,25 @@ def _dcmha_tc(env, grid):
     return {"n0": _avg(trips), "n": env["H"], "m": env["H"]}
 
 
+def _dcmha_tc_bwd(env, grid):
+    """`triton_bwd_tc`: the forward's key splits (`_dcmha_tc`); every head loop (`n`) runs H
+    times per key tile, listed once per SASS loop (3 in the delta kernel, 12 in the gradient
+    kernel: two adjacent `_pre_hidden` loops share a source line and would otherwise read as
+    an unrolled loop and its remainder); the gradient kernel's d_head chunks (`d0`: BLOCK_D
+    / ACH, a runtime loop ptxas unrolls) and the score dots' chunks have no loop."""
+    loops = 12 if "ACH" in env else 3
+    return {"n0": _dcmha_tc(env, grid)["n0"], "n": [env["H"]] * loops,
+            "d0": env["BLOCK_D"] // env.get("ACH", env["BLOCK_D"])}
+
+
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
           "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,
-          "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc}
+          "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc,
+          "dcmha_delta_kernel": _dcmha, "dcmha_bwd_kernel": _dcmha,
+          "dcmha_tc_delta_kernel": _dcmha_tc_bwd, "dcmha_tc_grads_kernel": _dcmha_tc_bwd}
 
 
 def _unroll(main, rest, kinds=("ldg", "ffma", "instructions")) -> int:

@@ -3,7 +3,8 @@ post-softmax Compose, window layers): kernels that never write a `[query, key]` 
 
 `reference.dcmha_attention_reference` is the spec; `function.dcmha_attention` the
 differentiable fused op (two Triton passes forward: `triton_fwd_tc` on tensor cores for the
-official Compose, `triton_fwd` otherwise; two recompute passes backward, `triton_bwd`);
+official Compose, `triton_fwd` otherwise; two recompute passes backward, `triton_bwd_tc` /
+`triton_bwd` under the same rule);
 `dispatch.dcmha_call_fits` / `dispatch.fused_dcmha_attention` decide whether a layer's call
 fits and keep the state for exact pattern rows.
 

@@ -4,8 +4,10 @@ differentiable op.
 Forward: the two tensor-core passes of `triton_fwd_tc` (64-row tiles, heads streamed, Compose
 through its low-rank channels) when every phase has at most `triton_fwd_tc.MAX_CHANNELS`
 query-wise channels (the official Compose has 2), else the two all-heads passes of
-`triton_fwd`; both give the same lse. Backward: the two recompute passes of `triton_bwd`
-(delta, then everything else with atomics). None keeps a `[query, key]` map in memory (saved:
+`triton_fwd`; both give the same lse. Backward: the two tensor-core recompute passes of
+`triton_bwd_tc` (delta, then everything else with atomics) under the same rule (a given static
+B counts H channels there even when it equals I, for its gradient), else the two all-heads
+passes of `triton_bwd`. None keeps a `[query, key]` map in memory (saved:
 q, k, v, the compose weights in the kernel layout, O(T), and the row lse).
 
 `recompute_backward` is the plain-torch counterpart of the backward: the spec re-run query
@@ -30,6 +32,7 @@ from attnlens.kernels.dcmha.reference import (
     dcmha_attention_reference,
 )
 from attnlens.kernels.dcmha.triton_bwd import dcmha_bwd
+from attnlens.kernels.dcmha.triton_bwd_tc import dcmha_tc_bwd, grad_channels, kernel_layout_grads
 from attnlens.kernels.dcmha.triton_fwd import dcmha_fwd
 from attnlens.kernels.dcmha.triton_fwd_tc import MAX_CHANNELS, channel_weights, dcmha_tc_fwd
 from attnlens.kernels.flash_attention.function import check_inputs
@@ -145,6 +148,25 @@ def _from_kernel_layout(grads: tuple, like: ComposeWeights) -> tuple[Tensor | No
     return (*out, static)
 
 
+def fused_backward(dout, q, k, v, lse, dlse, kpre: tuple, kpost: tuple, statics: tuple,
+                   scale: float, window: int | None, key_valid, block_m: int | None,
+                   block_n: int | None) -> tuple:
+    """`(dq, dk, dv, pre_grads, post_grads)` fp32, weight gradients in the `kernel_weights`
+    layout: from the tensor-core backward (`triton_bwd_tc`) when every phase has at most
+    MAX_CHANNELS query-wise channels once a given static B counts H more (`statics`: whether
+    pre / post have one), else from the all-heads-per-tile backward (`triton_bwd`)."""
+    H = q.shape[2]
+    chans = [grad_channels(w, H, s) for w, s in zip((kpre, kpost), statics, strict=True)]
+    if max(c[0].shape[2] for c in chans) > MAX_CHANNELS:
+        return dcmha_bwd(dout, q, k, v, lse, dlse, kpre, kpost, scale, window, key_valid,
+                         block_m, block_n)
+    dq, dk, dv, g_pre, g_post = dcmha_tc_bwd(dout, q, k, v, lse, dlse, *chans, scale, window,
+                                             key_valid, block_m, block_n)
+    C = kpre[1].shape[2]
+    return (dq, dk, dv, kernel_layout_grads(g_pre, C, H, statics[0]),
+            kernel_layout_grads(g_post, C, H, statics[1]))
+
+
 def fused_forward(q, k, v, kpre: tuple, kpost: tuple, scale: float, window: int | None,
                   key_valid, block_m: int | None, block_n: int | None) -> tuple[Tensor, Tensor]:
     """`(out, lse)` from the tensor-core forward (`triton_fwd_tc`) when every phase has at
@@ -158,8 +180,8 @@ def fused_forward(q, k, v, kpre: tuple, kpost: tuple, scale: float, window: int 
 
 
 class DCMHAFunction(torch.autograd.Function):
-    """autograd.Function over `dcmha_fwd` / `dcmha_bwd` (two Triton passes each); saves q, k,
-    v, the compose weights (O(T)) and the row lse, no `[query, key]` map."""
+    """autograd.Function over `fused_forward` / `fused_backward` (two Triton passes each);
+    saves q, k, v, the compose weights (O(T)) and the row lse, no `[query, key]` map."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, window, key_valid, block_m, block_n, *weights):
@@ -186,10 +208,11 @@ class DCMHAFunction(torch.autograd.Function):
         dtype, scale, window, kv, block_m, block_n = ctx.config
         if dout is None:
             dout = torch.zeros_like(q)
-        dq, dk, dv, g_pre, g_post = dcmha_bwd(dout.to(q.dtype), q, k, v, lse, dlse,
-                                              tuple(kw[:N_WEIGHTS]), tuple(kw[N_WEIGHTS:]),
-                                              scale, window, kv, block_m, block_n)
         like_pre, like_post = ctx.like
+        statics = (like_pre.static is not None, like_post.static is not None)
+        dq, dk, dv, g_pre, g_post = fused_backward(
+            dout.to(q.dtype), q, k, v, lse, dlse, tuple(kw[:N_WEIGHTS]), tuple(kw[N_WEIGHTS:]),
+            statics, scale, window, kv, block_m, block_n)
         return (dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None, None, None, None,
                 *_from_kernel_layout(g_pre, like_pre), *_from_kernel_layout(g_post, like_post))
 
@@ -224,5 +247,5 @@ def dcmha_attention(q: Float[Tensor, "batch query_pos head_index d_head"],
                                *pre.tensors(), *post.tensors())
 
 
-__all__ = ["DCMHAFunction", "dcmha_attention", "fused_forward", "kernel_weights",
-           "recompute_backward"]
+__all__ = ["DCMHAFunction", "dcmha_attention", "fused_backward", "fused_forward",
+           "kernel_weights", "recompute_backward"]

@@ -1,0 +1,436 @@
+"""Fused DCMHA backward on tensor cores: 64-row tiles, heads streamed, Compose through its
+low-rank channels (the forward's layout and helpers, `triton_fwd_tc`).
+
+With the forward's names (s_n = scale q_n k_n^T, L = Mask_-inf(Compose_pre(s)),
+A = exp(L - lse), P = Compose_post(A), z_m = P_m v_m) and a Compose of input x written as
+channels (`triton_fwd_tc`), its transpose applied to an output gradient g is the same
+Compose with w1 and w2 swapped:
+
+    (Compose^T g)_n = g_n (1 + gq_n + gk_n) + sum_c w1q[c, n] bq_c + sum_c w1k[c, n] bk_c,
+    bq_c = sum_m w2q[c, m] g_m,   bk_c = sum_m w2k[c, m] g_m       (back hidden maps),
+
+so the backward is, per (query row t, key s):
+
+    dP_m = dz_m v_m^T,  dA = Compose_post^T(dP),  delta_n(t) = sum_s A_n dA_n - dlse_n,
+    dL_n = A_n (dA_n - delta_n),  ds = ok * scale * Compose_pre^T(dL),
+    dq_n = ds_n k_n,  dk_n = ds_n^T q_n,  dv_m = P_m^T dz_m,
+
+and for a Compose with input x, output gradient g, hidden maps h_c = sum_n w1[c, n] x_n and
+back hidden maps b_c (x = A, g = dP, post; x = s, g = dL, pre; g = 0 where masked):
+
+    dgq_m(t) = sum_s x_m g_m,  dw2q[c, m](t) = sum_s h_c g_m,  dw1q[c, n](t) = sum_s x_n b_c,
+
+and the key-wise ones summed over t instead. Every product over d_head is a 2-D `tl.dot` of
+BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
+
+Pass 1 (`dcmha_tc_delta_kernel`), grid (query tile, key split, batch): per key tile the pre
+hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), then per head A_n,
+dA_n and the split's share of sum_s A_n dA_n; the splits' partials are summed in torch.
+
+Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
+hidden maps), dP and dL (from the post back hidden maps) are formed once, by the same dots,
+and kept in a per-program scratch `[H, 4, 64, 16]` fp32 (256 KB at 16 heads: L2-resident,
+O(programs * H) memory, never a `[T, T]` map). The rest runs from it in head loops that each
+hold at most two Compose hidden maps `[C, 64, 16]`, rebuilt from the scratch with FMAs where
+needed: post gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2
+and dv = P^T dz (post hidden maps), pre w1 and dq = ds k (pre back hidden maps), then
+dk = ds^T q. (Holding the four maps of the textbook order, eight at the official rank 2,
+spilled 8-280 B per thread on sm_80 / sm_90; this order compiles spill-free.)
+
+Everything is added with fp32 atomics: dq `[64, d_head]` per head and key tile (an
+`[H, 64, d_head]` accumulator does not fit in registers, as for the forward's output), dk,
+dv `[16, d_head]`, the weight gradients one row or column sum per channel. A separate
+key-tile pass for dk, dv and the key-wise (column) sums would recompute the whole chain (the
+4 H dots per tile of pass 1 and more) and still add a `[64, d_head]` per head and query tile
+with atomics (dk, dv), so one pass is cheaper (docs/benchmarks.md).
+
+Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
+power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
+same layout as the tensors they belong to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnlens.kernels._prologue import split_tile
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
+from attnlens.kernels.dcmha.triton_fwd_tc import (
+    FP32_BLOCKS,
+    TC_LAUNCH,
+    _composed,
+    _hidden,
+    _pre_hidden,
+    _score,
+    _split_range,
+    split_count,
+)
+from attnlens.kernels.flash_attention.triton_fwd import _dot
+
+# (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS), 8 warps
+# (`TC_LAUNCH`): the largest that compile spill-free for sm_80 / sm_90 at 16 and 32 heads,
+# d_head 64 and 128 (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32
+# official"`): at 64x32 the delta pass spilled 8-72 B, the gradient pass 56-120 B.
+DELTA_BLOCKS = (64, 16)
+GRAD_BLOCKS = (64, 16)
+# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled) and its dq, dk, dv
+# dots (GRAD_DCH, a runtime loop); other choices spilled 16-64 B at d_head 128 on one arch.
+SCORE_DCH = 32
+GRAD_DCH = 16
+
+
+@triton.jit
+def _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, rows, r_ok, cols,
+                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K, D, CQ, CK, H, scale,
+                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                DCH: tl.constexpr):
+    """Head n's scores s and probabilities A `[rows, keys]` (A 0 where masked or on rows
+    without keys). The weights are at the batch-folded positions `rows`, `cols`
+    (`dcmha_tc_grads_kernel`), the lse at the tile's rows from m0."""
+    s = _score(Qb, Kb, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
+               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                  CQB, CKB)
+    lse = tl.load(LSE + ((b * H + n) * T_Q + m0 + tl.arange(0, BLOCK_M)), mask=r_ok,
+                  other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    return s, tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+
+
+@triton.jit
+def _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, rows, r_ok, cols, c_ok,
+                sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D, CQ2, CK, H,
+                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                DCH: tl.constexpr):
+    """Head n's dP = dz v^T and dA = Compose_post^T(dP) `[rows, keys]` (back hidden maps bq,
+    bk; positions as `_head_probs`)."""
+    dp = _score(DOb, Vb, n, m0, n0, T_Q, T_K, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, 1.0,
+                IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+    da = _composed(dp, bq, bk, W1Q2, GQ2, W1K2, GK2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
+                   HAS_K, CQB2, CKB)
+    return dp, da
+
+
+@triton.jit
+def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
+    """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos."""
+    offs_c = tl.arange(0, CB)
+    tl.atomic_add(DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n), vals,
+                  mask=(offs_c[:, None] < C) & p_ok[None, :])
+
+
+@triton.jit
+def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, rows,
+                      r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr,
+                      CKB: tl.constexpr, GATES: tl.constexpr, W2: tl.constexpr,
+                      W1: tl.constexpr):
+    """Head n's share of one Compose's weight gradients on this tile (input x, output
+    gradient g, hidden maps h, back hidden maps b): the gates (GATES), w2 (W2: sum h_c g)
+    and w1 (W1: sum x b_c), row sums for the query-wise weights, column sums key-wise."""
+    if GATES:
+        xg = x * g
+        tl.atomic_add(DGQ + (rows * H + n), tl.sum(xg, 1), mask=r_ok)
+        if HAS_K:
+            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok)
+    if W2:
+        _add_chan(DW2Q, rows, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
+        if HAS_K:
+            _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_k * g[None, :, :], 1), CKB)
+    if W1:
+        _add_chan(DW1Q, rows, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
+        if HAS_K:
+            _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_k * x[None, :, :], 1), CKB)
+
+
+@triton.jit
+def _add_dot(OUT, pos, p_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
+             IEEE: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """OUT[pos, n, :] += a @ B[b_pos, n, :] (a `[len(pos), len(b_pos)]` in B's dtype), in
+    d_head chunks; OUT fp32 `[pos H D]` at the batch, B at the batch."""
+    for d0 in range(0, BLOCK_D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        bt = tl.load(B + (tl.minimum(b_pos, T_B - 1)[:, None] * sb_t + n * sb_h
+                          + offs_d[None, :] * sb_d))
+        tl.atomic_add(OUT + ((pos[:, None] * H + n) * D + offs_d[None, :]), _dot(a, bt, IEEE),
+                      mask=p_ok[:, None])
+
+
+@triton.jit
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+                          W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                          HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                          HB: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
+                          CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
+    row and head, DP `[NS, batch, H, T_Q]`."""
+    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    offs_h = tl.arange(0, HB)
+    Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
+    qpos = b * T_Q + rows              # batch-folded positions of the weights
+    acc = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
+    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
+    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < T_K
+        kpos = b * T_K + cols
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
+        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
+                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
+                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
+                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
+                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        for n in range(0, H):
+            _, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
+                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
+                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+                               BLOCK_D, DCH)
+            _, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
+                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D,
+                                CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D,
+                                DCH)
+            acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
+    at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
+    tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
+
+
+@triton.jit
+def _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, scale, dtype,
+        HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """Head n's ds = scale * Compose_pre^T(dL)_n in `dtype`, from its dL and the pre back
+    hidden maps eq, ek. It is 0 where masked without a mask: there every head's dL, so eq and
+    ek, are 0."""
+    ds = _composed(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                   CQB, CKB)
+    return (ds * scale).to(dtype)
+
+
+@triton.jit
+def _scratch(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, 4, rows, keys]`."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return SCR + ((n * 4 + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _scratch_load(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Map j of head n from the scratch, read through L2 (`.cg`): other threads of the program
+    wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
+    return tl.load(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+
+
+@triton.jit
+def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
+                          W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+                          DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
+                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
+                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                          HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                          CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dq, dk,
+    dv (fp32 `[batch pos H D]`) and of every weight gradient (the weights' layout).
+    DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
+    the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
+    four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128)."""
+    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
+    # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
+    # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
+    # spilled (sm_90, d 128).
+    qpos = b * T_Q + rows
+    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
+    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < T_K
+        kpos = b * T_K + cols
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
+        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
+                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
+                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        for n in range(0, H):          # every head's s and A
+            s, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
+                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
+                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+                               BLOCK_D, DCH)
+            tl.store(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N), s)
+            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
+        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
+                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
+                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
+        for n in range(0, H):          # every head's dP and dL
+            dp, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
+                                 kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K,
+                                 D, CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N,
+                                 BLOCK_D, DCH)
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
+            delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
+            tl.store(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N), dp)
+            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), a * (da - delta[:, None]))
+        tl.debug_barrier()             # the scratch is read by other threads
+        for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
+            _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
+                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              GATES=True, W2=False, W1=True)
+        # pre (x = s, g = dL): gates and w2, with the pre hidden maps rebuilt from the scratch
+        hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            hq, hk = _hidden(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), hq, hk, W1Q, W1K,
+                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
+        for n in range(0, H):
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
+            _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
+                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              GATES=True, W2=True, W1=False)
+        # Post, then pre: each builds its two hidden maps from the scratch, then adds the
+        # gradients needing them (two maps live at a time: four spilled on sm_80 or sm_90).
+        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
+        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            aq, ak = _hidden(_scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N), aq, ak, W1Q2,
+                             W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+        for n in range(0, H):          # post w2, dv = P^T dz
+            a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
+            _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
+                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              GATES=False, W2=True, W1=False)
+            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
+                          H, HAS_K, CQB2, CKB)
+            _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
+                     sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, ACH)
+        eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
+        ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            eq, ek = _hidden(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W2Q, W2K,
+                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
+        for n in range(0, H):          # pre w1, dq = ds k
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
+            _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
+                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              GATES=False, W2=False, W1=True)
+            ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
+                     Q.dtype.element_ty, HAS_K, CQB, CKB)
+            _add_dot(DQ, qpos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
+                     BLOCK_D, ACH)
+        for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
+            ds = _ds(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W1Q, GQ, W1K, GK, n,
+                     qpos, r_ok, kpos, c_ok, CQ, CK, H, scale, Q.dtype.element_ty, HAS_K, CQB,
+                     CKB)
+            _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,
+                     IEEE, BLOCK_D, ACH)
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
+
+
+def grad_channels(w: tuple, n_heads: int, with_static: bool) -> tuple:
+    """`(w1q, w2q, gq, w1k, w2k, gk)` channel weights of `function.kernel_weights`'s `(B, w1q,
+    w2q, ddq, w1k, w2k, ddk)` for the backward: B becomes H more query-wise channels (w1 = I,
+    w2 = B - I) whenever a static B is given (its gradient is then those channels' w2
+    gradient summed over batch and queries), even when B equals I."""
+    static, w1q, w2q, gq, w1k, w2k, gk = w
+    if with_static:
+        eye = torch.eye(n_heads, device=w1q.device, dtype=torch.float32)
+        shape = (*w1q.shape[:2], n_heads, n_heads)
+        w1q = torch.cat([w1q, eye.expand(shape)], 2).contiguous()
+        w2q = torch.cat([w2q, (static - eye).expand(shape)], 2).contiguous()
+    return w1q, w2q, gq, w1k, w2k, gk
+
+
+def kernel_layout_grads(g: tuple, channels: int, n_heads: int, with_static: bool) -> tuple:
+    """`(dB, dw1q, dw2q, dddq, dw1k, dw2k, dddk)` of `function.kernel_weights`'s layout from
+    the channel gradients `g = (dw1q, dw2q, dgq, dw1k, dw2k, dgk)` (`channels` = G * R)."""
+    dw1q, dw2q, dgq, dw1k, dw2k, dgk = g
+    if with_static:
+        d_b = dw2q[:, :, channels:].sum((0, 1))
+    else:
+        d_b = torch.zeros(n_heads, n_heads, device=dw1q.device, dtype=torch.float32)
+    return (d_b, dw1q[:, :, :channels], dw2q[:, :, :channels], dgq, dw1k, dw2k, dgk)
+
+
+def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float,
+                 window: int | None, key_valid=None, block_m: int | None = None,
+                 block_n: int | None = None):
+    """Launch both passes; returns `(dq, dk, dv, pre_grads, post_grads)` fp32, the weight
+    gradients in the channel layout `(dw1q, dw2q, dgq, dw1k, dw2k, dgk)` of `pre` / `post`
+    (`grad_channels` tuples; key-wise three None when query-wise). dlse may be None;
+    block_m / block_n override both passes' DELTA_BLOCKS / GRAD_BLOCKS."""
+    B, T_Q, H, D_in = q.shape
+    T_K = k.shape[1]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    grads = [tuple(None if t is None else torch.zeros(t.shape, **f32) for t in w)
+             for w in (pre, post)]
+    D = next_pow2(D_in)
+    dq = torch.zeros(B, T_Q, H, D, **f32)
+    dk = torch.zeros(B, T_K, H, D, **f32)
+    dv = torch.zeros(B, T_K, H, D, **f32)
+    if T_Q == 0:
+        return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
+    if D != D_in:                          # zero d_head columns: the kernels never mask d
+        q, k, v, dout = (torch.nn.functional.pad(t, (0, D - D_in)) for t in (q, k, v, dout))
+    has_k = pre[3] is not None
+    dummy = torch.zeros(1, **f32)
+
+    def fill(ts):
+        return tuple(dummy if t is None else t for t in ts)
+
+    pre_, post_, g_pre, g_post = fill(pre), fill(post), fill(grads[0]), fill(grads[1])
+    cq, cq2 = pre[0].shape[2], post[0].shape[2]
+    ck = pre[3].shape[2] if has_k else 1
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=q.device)
+    w = -1 if window is None else int(window)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), kv.stride(0))
+    sizes = (H, T_Q, T_K, T_K - T_Q, w, D)
+    common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
+                  CQB=next_pow2(cq, minimum=1), CQB2=next_pow2(cq2, minimum=1),
+                  CKB=next_pow2(ck, minimum=1), BLOCK_D=D, **TC_LAUNCH)
+    fp32 = q.dtype == torch.float32
+
+    def grid(blocks):
+        bm, bn = block_m or blocks[0], block_n or blocks[1]
+        n_m = math.ceil(T_Q / bm)
+        return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
+
+    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
+    partial = torch.empty(ns, B, H, T_Q, **f32)
+    dcmha_tc_delta_kernel[(n_m, ns, B)](
+        q, k, v, dout, lse, partial, kv, *pre_, *post_, *strides, *sizes, cq, cq2, ck, ns,
+        scale, HB=next_pow2(H, minimum=1), DCH=min(32, D), **common, **blocks)
+    delta = partial.sum(0)
+    if dlse is not None:
+        delta -= dlse.float()
+    delta = delta.contiguous()
+    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
+    bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
+    scratch = torch.empty(n_m * ns * B, H, 4, bm, bn, **f32)
+    dcmha_tc_grads_kernel[(n_m, ns, B)](
+        q, k, v, dout, lse, delta, kv, dq, dk, dv, scratch, *pre_, *post_, *g_pre, *g_post,
+        *strides, *sizes, cq, cq2, ck, ns, scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
+        **common, **blocks)
+    return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
+
+
+__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "dcmha_tc_bwd", "dcmha_tc_delta_kernel",
+           "dcmha_tc_grads_kernel", "grad_channels", "kernel_layout_grads"]

@@ -1,0 +1,124 @@
+"""The tensor-core DCMHA backward (`kernels/dcmha/triton_bwd_tc.py`) against the float64 spec.
+
+Every gradient (q, k, v and each Compose weight of both phases) of a random linear loss on
+the output and the finite lse rows equals the float64 reference's within the tolerance of
+test_kernel_dcmha.py's gradient test (FP32 after scaling by the reference's largest entry:
+key-side and static gradients sum up to T^2 * H terms). A spy checks which backward ran:
+the tensor-core one whenever each phase has <= MAX_CHANNELS query-wise channels (a given
+static B counting H more), the all-heads one otherwise.
+"""
+
+import pytest
+import torch
+
+from kernel_common import (  # noqa: F401
+    DEVICE,
+    KERNEL_MARKS,
+    assert_fp16_grads_close,
+    nan_empty,
+    spy,
+    to_device,
+)
+
+pytestmark = KERNEL_MARKS
+
+from test_kernel_dcmha import FP32, _qkv, _to, _weights  # noqa: E402
+
+from attnlens.kernels.dcmha import (  # noqa: E402
+    ComposeWeights,
+    dcmha_attention,
+    dcmha_attention_reference,
+)
+
+
+def _backwards(monkeypatch) -> list:
+    from attnlens.kernels.dcmha import function
+    log: list = []
+    spy(monkeypatch, function, "dcmha_tc_bwd", log, "tc")
+    spy(monkeypatch, function, "dcmha_bwd", log, "heads")
+    return log
+
+
+def _check_grads(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, scale=0.25,
+                 block_m=None, block_n=None, weights=None, **opts):
+    q, k, v = _qkv(T_q, T_k, H, d, batch)
+    pre, post = weights or (_weights(batch, T_q, T_k, H, seed=s, **opts) for s in (2, 3))
+    flat = [q, k, v, *pre.tensors(), *post.tensors()]
+    present = [t is not None for t in flat]
+
+    def build(ts):
+        it = iter(ts)
+        full = [next(it) if on else None for on in present]
+        return full[:3], ComposeWeights(*full[3:10]), ComposeWeights(*full[10:])
+
+    leaves = [to_device(t).requires_grad_() for t in flat if t is not None]
+    ref_leaves = [t.to(DEVICE, torch.float64).requires_grad_() for t in flat if t is not None]
+    kv = to_device(key_valid)
+    (q_, k_, v_), pre_, post_ = build(leaves)
+    out, lse = dcmha_attention(q_, k_, v_, pre_, post_, scale, window, kv, block_m, block_n)
+    (q_, k_, v_), pre_, post_ = build(ref_leaves)
+    ref_out, ref_lse = dcmha_attention_reference(q_, k_, v_, pre_, post_, scale, window, kv)
+    g = torch.Generator().manual_seed(5)
+    d_out, d_lse = (to_device(torch.randn(t.shape, generator=g)) for t in (out, lse))
+    fin = torch.isfinite(ref_lse)
+    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
+                              ref_leaves)
+    for i, (a, b) in enumerate(zip(grads, ref, strict=True)):
+        assert a.dtype == torch.float32 and not a.isnan().any(), i
+        s = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double() / s, b / s, **FP32, msg=lambda m, i=i: f"{i}: {m}")
+
+
+def test_query_tiles_key_splits_padding_window_and_padded_head_dim(monkeypatch):
+    """Official Compose (rank 2, query- and key-wise, B = I), 16-row tiles: 3 query tiles,
+    key ranges split over programs (delta partials summed, gradients added across programs),
+    padding keys with empty rows in batch row 1, a window, d_head 24 (padded to 32)."""
+    from attnlens.kernels.dcmha import triton_fwd_tc
+    assert triton_fwd_tc.split_count(3, 2, 3) == 3
+    log = _backwards(monkeypatch)
+    key_valid = torch.rand(2, 41, generator=torch.Generator().manual_seed(3)) > 0.3
+    key_valid[1, :4] = False
+    _check_grads(37, 41, 4, d=24, batch=2, window=20, key_valid=key_valid, scale=0.2,
+                 block_m=16, block_n=16)
+    assert log == ["tc"]
+
+
+@pytest.mark.parametrize("T_q, T_k, H, opts", [
+    (5, 21, 2, dict(key_wise=False, static=True)),     # aligned to the end, query-wise, B
+    (20, 20, 4, dict(groups=2, rank=1)),              # groups: channels zero outside a group
+    (18, 18, 3, {}),                                  # 3 heads (padded to 4)
+])
+def test_gradients_equal_the_specs(monkeypatch, T_q, T_k, H, opts):
+    log = _backwards(monkeypatch)
+    _check_grads(T_q, T_k, H, window=6 if T_q == 5 else None, block_m=16, **opts)
+    assert log == ["tc"]
+
+
+def test_static_b_equal_to_identity_still_gets_its_gradient(monkeypatch):
+    """A given static B equal to I: the forward takes no extra channels, the backward does
+    (H more), so dB is the spec's."""
+    log = _backwards(monkeypatch)
+    pre, post = (_weights(1, 12, 12, 2, seed=s) for s in (2, 3))
+    eye = torch.eye(2)[None]
+    _check_grads(12, 12, 2, weights=(ComposeWeights(*pre.tensors()[:6], eye.clone()),
+                                     ComposeWeights(*post.tensors()[:6], None)))
+    assert log == ["tc"]
+
+
+def test_more_channels_take_the_all_heads_backward(monkeypatch):
+    """Groups of 2 at rank 2 with a static B: 4 + 4 channels > MAX_CHANNELS."""
+    log = _backwards(monkeypatch)
+    _check_grads(10, 10, 4, groups=2, static=True)
+    assert log == ["heads"]
+
+
+def test_fp16_gradients_close_to_spec(monkeypatch):
+    log = _backwards(monkeypatch)
+    q, k, v = (t.half() for t in _qkv(18, 18, 4))
+    pre, post = (_to(_weights(1, 18, 18, 4, seed=s), torch.float32) for s in (2, 3))
+    assert_fp16_grads_close(lambda *qkv: dcmha_attention(*qkv, pre, post, scale=0.25, window=6,
+                                                         block_m=16),
+                            lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
+                            q, k, v)
+    assert log == ["tc"]

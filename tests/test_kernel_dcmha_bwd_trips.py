@@ -1,0 +1,25 @@
+"""Trip models of the DCMHA tensor-core backward's loops (`compile_check.trips`), which the
+backward roofline multiplies the SASS loop bodies by (docs/benchmarks.md)."""
+
+from attnlens.kernels.compile_check.trips import MODELS
+
+
+def _env(**kw):
+    env = dict(BLOCK_M=64, BLOCK_N=16, NS=2, WINDOW=-1, Q_OFFSET=0, T_K=128, H=16,
+               BLOCK_D=128)
+    env.update(kw)
+    return env
+
+
+def test_grads_kernel_lists_each_head_loop_and_the_d_head_chunks():
+    """Query tile 0 sees 4 key tiles (2 per split), tile 1 sees 8 (4 per split): 3 on
+    average; twelve head loops of H; d_head 128 in chunks of ACH 16."""
+    trips = MODELS["dcmha_tc_grads_kernel"](_env(ACH=16), (2, 2, 1))
+    assert trips == {"n0": 3.0, "n": [16] * 12, "d0": 8}
+
+
+def test_delta_kernel_has_three_head_loops():
+    """The two adjacent hidden-map loops share a source line: listed one per SASS loop, not
+    read as an unrolled loop and its remainder."""
+    trips = MODELS["dcmha_tc_delta_kernel"](_env(HB=16), (2, 2, 1))
+    assert trips["n0"] == 3.0 and trips["n"] == [16] * 3

@@ -1,11 +1,14 @@
 """What a head change costs the browser (issue 56 item 3; timed by `attnlens.benchmarks.browser`,
-not here): plotly.js does not measure every tick label of the explorer's zoomed map of a long
-prompt."""
+not here): the explorer's zoomed map of a long prompt is drawn before the stage views, and
+plotly.js does not measure every tick label of it."""
+
+import time
 
 import pytest
-from browser_common import figure, wait
+from browser_common import choose, figure, wait
 from dashboard_common import ALPHABET
 
+from attnlens.dashboards.pages import explorer
 from attnlens.dashboards.store import ModelStore
 
 from helpers import tiny_model
@@ -23,12 +26,69 @@ def store():
     return store
 
 
+# every Plotly.react in the page, in order: the graph's id
+RECORD_DRAWS = """
+window.__draws = [];
+if (!window.__drawsWrapped) {
+    window.__drawsWrapped = true;
+    const react = window.Plotly.react;
+    window.Plotly.react = function(gd, ...rest) {
+        const id = gd.id || (gd.parentElement && gd.parentElement.id) || '?';
+        const title = ((rest[0] && rest[0].layout) || rest[1] || {}).title;
+        window.__draws.push([id, ((title || {}).text) || '']);
+        return react.call(this, gd, ...rest);
+    };
+}"""
+
+
 def _open(server, browser, head):
     browser.get(f"{server}/?page=explorer&models=tiny-mha&layer=1&head={head}")
     wait(browser, figure("explorer-zoom", f"g.layout.title.text.startsWith('tiny-mha L1H{head}') "
                                           f"&& g.data[0].x.length === {N}"), timeout=120)
     wait(browser, "return document.querySelectorAll('#explorer-stages .js-plotly-plot').length "
                   ">= 2")
+
+
+def test_a_head_change_draws_the_zoomed_map_before_the_stage_views(server, browser,
+                                                                    monkeypatch):
+    """The stage views' request used to leave with the zoom's; its smaller response came first
+    and the browser drew the 2-5 stage views (~165 ms at 512 tokens) before the zoomed map.
+    Now it leaves once the zoom's figure has arrived: the zoom is drawn first, however long
+    the zoom's request takes (here made slower than the stage views')."""
+    _open(server, browser, head=0)
+    compute = explorer.compute
+
+    def slow_compute(*args):
+        time.sleep(0.5)
+        return compute(*args)
+
+    monkeypatch.setattr(explorer, "compute", slow_compute)
+    browser.execute_script(RECORD_DRAWS)
+    choose(browser, "ctl-head", "1")
+    wait(browser, "return [...document.querySelectorAll('#explorer-stages .js-plotly-plot')]"
+                  ".every(g => g.layout.title.text.startsWith('L1H1'))", timeout=60)
+    draws = browser.execute_script("return window.__draws")
+    ids = [i for i, _ in draws]
+    assert "explorer-zoom" in ids, draws
+    stages = [n for n, i in enumerate(ids) if i.startswith("explorer-stage-")]
+    assert stages, draws
+    assert ids.index("explorer-zoom") < stages[0], draws
+    # each drawn once for the change, with the new head
+    assert ids.count("explorer-zoom") == 1, draws
+    assert all(t.startswith("L1H1") for i, t in draws if i.startswith("explorer-stage-")), draws
+
+
+def test_a_stage_change_leaves_the_stage_views_as_they_are(server, browser):
+    """The stage views do not depend on the bar's stage: their request no longer listens to
+    the controls but to the zoom's arrival, and a zoom redrawn for another stage sends them
+    nothing."""
+    _open(server, browser, head=2)
+    browser.execute_script(RECORD_DRAWS)
+    choose(browser, "ctl-stage", "attn_scores")
+    wait(browser, figure("explorer-zoom", "g.layout.title.text.includes('hook_attn_scores')"))
+    wait(browser, "return !document.querySelector('[data-dash-is-loading=true]')")
+    draws = browser.execute_script("return window.__draws")
+    assert [i for i, _ in draws if i.startswith("explorer-stage-")] == [], draws
 
 
 def test_the_zoomed_maps_tick_labels_are_not_measured_one_by_one(server, browser):

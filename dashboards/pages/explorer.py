@@ -53,6 +53,7 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
+        dcc.Store(id="explorer-zoom-arrived", data=None),   # the stage views' cue
         drawn_store(ID), drawn_store(ID, "stages"),
         dcc.Store(id="explorer-selected", data=None),   # the clicked query and key
         loading(graph("explorer-grid")),
@@ -145,13 +146,27 @@ def register(app, store):
         return grid, zoom, config, now, "", panel.note, drawn
 
     # The stage views in their own request (issue 56 item 3): the zoomed map's response no
-    # longer waits for them nor carries them, and the browser draws the map before it mounts
-    # the stage views' graphs (~0.4 s of a head change's 1.5 s in headless Chromium). They do
-    # not depend on the bar's stage: a stage change does not call this.
+    # longer waits for them nor carries them. That request leaves once the zoomed map's
+    # figure has arrived, so the browser draws the map first: when both requests left
+    # together the stage views' smaller response came first and its 2-5 graphs were drawn
+    # before the map (~165 ms of a 512-token head change in headless Chromium). The browser
+    # marks the figure's arrival in `explorer-zoom-arrived` (a number: the figure itself as an
+    # input would be sent back to the server, 1.7 MB, beyond the request limit); the
+    # controls are state. The stage views do not depend on the bar's stage nor the export
+    # format: a zoom redrawn for those, their own inputs unchanged, sends nothing.
+    app.clientside_callback(
+        "function(figure) { return performance.now(); }",
+        Output("explorer-zoom-arrived", "data"), Input("explorer-zoom", "figure"))
+
     @app.callback(Output("explorer-stages", "children"), drawn_output(ID, "stages"),
-                  *SHARED[:4], TAB, State("ctl-stage", "value"), drawn_state(ID, "stages"))
-    def _stages(names, text, layer, head, tab, stage, drawn):
+                  Input("explorer-zoom-arrived", "data"), TAB,
+                  *[State(i.component_id, i.component_property) for i in SHARED[:4]],
+                  State("ctl-stage", "value"), drawn_state(ID, "stages"))
+    def _stages(_arrived, tab, names, text, layer, head, stage, drawn):
+        drawn_before = drawn
         drawn = when_shown(ID, tab, drawn, names, text, layer, head)
+        if ctx.triggered_id == "explorer-zoom-arrived" and drawn == drawn_before:
+            raise PreventUpdate     # these stage views are drawn already
         try:
             panel = build_panel(store, first_model(names), text, layer, head, stage)
         except ValueError:

@@ -1,6 +1,7 @@
 """What a head change costs the browser (issue 56 item 3; timed by `attnlens.benchmarks.browser`,
-not here): the explorer's zoomed map of a long prompt is drawn before the stage views, and
-plotly.js does not measure every tick label of it."""
+not here): the explorer's zoomed map of a long prompt is drawn before the stage views, once
+(not from scratch for the new export name), and plotly.js does not measure every tick label
+of it."""
 
 import time
 
@@ -25,6 +26,8 @@ def store():
     store.add("tiny-mha", tiny_model(tokenizer_alphabet=ALPHABET, n_ctx=128), PROMPT)
     return store
 
+
+ZOOM_SVG = "document.querySelector('#explorer-zoom .js-plotly-plot .main-svg')"
 
 # every Plotly.react in the page, in order: the graph's id
 RECORD_DRAWS = """
@@ -104,3 +107,22 @@ def test_the_zoomed_maps_tick_labels_are_not_measured_one_by_one(server, browser
     assert got[:2] == ["allow", "allow"]
     assert got[2] >= 64 and got[3] >= 64        # the 64-position window, every token labelled
 
+
+def test_a_head_change_renames_the_export_without_drawing_the_map_from_scratch(server,
+                                                                              browser):
+    """The zoom's config names the head in the camera button's file name, and plotly.js met
+    any config change with Plotly.newPlot and Plotly.react again: two whole draws of the
+    map for every head change. dashboards/assets/export_name.js writes a new name into the
+    graph's context instead: the map is drawn once, in place (its SVG kept), and the camera
+    button saves under the new head's name; another export format still reaches plotly."""
+    _open(server, browser, head=0)
+    browser.execute_script(f"window.__svg = {ZOOM_SVG};")
+    choose(browser, "ctl-head", "3")
+    wait(browser, figure("explorer-zoom", "g.layout.title.text.startsWith('tiny-mha L1H3')"))
+    options = "g._context.toImageButtonOptions"
+    assert wait(browser, figure("explorer-zoom", f"{options}.filename")) == \
+        "tiny-mha_L1H3_pattern"
+    assert browser.execute_script(f"return {ZOOM_SVG} === window.__svg")
+    browser.find_element("css selector", "#explorer-format input[value='svg']").click()
+    assert wait(browser, figure("explorer-zoom", f"{options}.format === 'svg' && "
+                                                f"{options}.filename")) == "tiny-mha_L1H3_pattern"

@@ -57,3 +57,16 @@ def test_the_stage_views_are_requested_once_the_zoomed_map_has_arrived(app):
     assert set(CONTROLS[:4]) <= _ids(stages["state"])
     cue = next(cb for cb in app._callback_list if cb["output"] == "explorer-zoom-arrived.data")
     assert _ids(cue["inputs"]) == {"explorer-zoom.figure"} and "clientside_function" in cue
+
+
+def test_the_dashboard_benchmarks_share_one_command_line():
+    """`explorer`, `pages` and `browser` take one command line (`dashboard_parser`, each with
+    its own defaults) and print one header (`dashboard_header`): shape, machine, load."""
+    from attnlens.benchmarks.explorer import dashboard_header, dashboard_parser
+
+    args = dashboard_parser("x\nmore", variants="mha", layers=2).parse_args(["--tokens", "40"])
+    assert (args.variants, args.tokens, args.layers, args.heads, args.repeats) == \
+        ("mha", 40, 2, 8, 15)
+    head = dashboard_header("the explorer", args, 1.5)
+    assert head.startswith("# the explorer (40 tokens, 2 layers x 8 heads, d_model 256)\n\n")
+    assert "load average 1.5 before" in head and "a shared machine" in head

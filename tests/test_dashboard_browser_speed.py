@@ -126,3 +126,19 @@ def test_a_head_change_renames_the_export_without_drawing_the_map_from_scratch(s
     browser.find_element("css selector", "#explorer-format input[value='svg']").click()
     assert wait(browser, figure("explorer-zoom", f"{options}.format === 'svg' && "
                                                 f"{options}.filename")) == "tiny-mha_L1H3_pattern"
+
+
+def test_a_head_change_redraws_the_stage_views_in_place(server, browser):
+    """The stage views came as new children on every change, and dash-renderer mounts new
+    children anew: every stage view was drawn from scratch, twice (newPlot, then plotly's
+    automargin redraw). The same stages of another head get their figures in place: the
+    graphs keep their SVGs and show the new head."""
+    _open(server, browser, head=0)
+    stages = "[...document.querySelectorAll('#explorer-stages .js-plotly-plot')]"
+    browser.execute_script(f"window.__stage_svgs = {stages}.map(g => "
+                           "g.querySelector('.main-svg'));")
+    choose(browser, "ctl-head", "2")
+    wait(browser, f"return {stages}.every(g => g.layout.title.text.startsWith('L1H2'))")
+    kept = browser.execute_script(
+        f"return {stages}.map(g => window.__stage_svgs.includes(g.querySelector('.main-svg')))")
+    assert len(kept) >= 2 and all(kept), kept

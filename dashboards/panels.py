@@ -149,11 +149,14 @@ def _explicit_axes(fig: dict, n: int) -> dict:
     updates the zoomed map in place, and plotly.js carried the type and range of a windowed
     map (numbered positions, 64 of 481 shown) over to a short map drawn after it (a 38-token
     prompt: labelled positions), which collapsed the axes ("ax.dtick error: Infinity") and
-    left the map blank until a reload (issue 56)."""
+    left the map blank until a reload (issue 56). Tick labels are drawn as they are
+    (`ticklabeloverflow` "allow", a category axis' default): a numbered axis' default, "hide past
+    div", measured every label's box on every draw (~270 ms of a 512-token head change in
+    headless Chromium, issue 56 item 3), and the margins fit the labels anyway (`_fit_labels`)."""
     layout = fig["layout"]
     numbered = not isinstance(fig["data"][0]["x"][0], str)
     for axis in ("xaxis", "yaxis"):
-        spec = {"type": "linear" if numbered else "category"}
+        spec = {"type": "linear" if numbered else "category", "ticklabeloverflow": "allow"}
         if "range" not in layout[axis]:    # the whole map: every position in view
             whole = [-0.5, n - 0.5]
             spec.update(range=whole if axis == "xaxis" else whole[::-1], autorange=False)

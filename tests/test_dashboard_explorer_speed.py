@@ -43,3 +43,30 @@ def test_no_callback_fired_by_a_control_holds_back_the_explorer(app):
             continue
         blocks = _outputs(key) & reads
         assert not blocks, f"{key} (fired by a control) outputs {blocks}, read by the zoom"
+
+
+def test_the_stage_views_are_requested_once_the_zoomed_map_has_arrived(app):
+    """The explorer's stage views and its zoomed map were requested together; the stage views'
+    smaller response came first and the browser drew them before the map. Their callback now
+    reads no control as an input (only as state): the browser's note of the zoom's arrival,
+    written by a clientside callback of the zoom's figure, fires it."""
+    stages = next(cb for k, cb in app.callback_map.items()
+                  if "explorer-stages.children" in _outputs(k))
+    assert not _ids(stages["inputs"]) & (set(CONTROLS) - {"tabs.value"})
+    assert "explorer-zoom-arrived.data" in _ids(stages["inputs"])
+    assert set(CONTROLS[:4]) <= _ids(stages["state"])
+    cue = next(cb for cb in app._callback_list if cb["output"] == "explorer-zoom-arrived.data")
+    assert _ids(cue["inputs"]) == {"explorer-zoom.figure"} and "clientside_function" in cue
+
+
+def test_the_dashboard_benchmarks_share_one_command_line():
+    """`explorer`, `pages` and `browser` take one command line (`dashboard_parser`, each with
+    its own defaults) and print one header (`dashboard_header`): shape, machine, load."""
+    from attnlens.benchmarks.explorer import dashboard_header, dashboard_parser
+
+    args = dashboard_parser("x\nmore", variants="mha", layers=2).parse_args(["--tokens", "40"])
+    assert (args.variants, args.tokens, args.layers, args.heads, args.repeats) == \
+        ("mha", 40, 2, 8, 15)
+    head = dashboard_header("the explorer", args, 1.5)
+    assert head.startswith("# the explorer (40 tokens, 2 layers x 8 heads, d_model 256)\n\n")
+    assert "load average 1.5 before" in head and "a shared machine" in head

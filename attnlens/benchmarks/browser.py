@@ -17,10 +17,7 @@ copy the table into docs/benchmarks.md; the machine is shared, so the numbers ca
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import random
 import shutil
 import socket
@@ -30,7 +27,7 @@ import time
 
 import torch
 
-from attnlens.benchmarks.explorer import ALPHABET
+from attnlens.benchmarks.explorer import ALPHABET, dashboard_header, dashboard_parser
 from attnlens.benchmarks.pages import build_model
 from attnlens.dashboards.app import create_app
 from attnlens.dashboards.store import ModelStore
@@ -153,25 +150,13 @@ def measure(variant: str, args, rng: random.Random) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="mha,dcmha")
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = dashboard_parser(__doc__, variants="mha,dcmha", layers=2, heads=4, d_model=64,
+                            repeats=5).parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     load = os.getloadavg()[0]
     rows = [r for v in args.variants.split(",") for r in measure(v, args, rng)]
-    cpu = platform.processor() or platform.machine()
-    print(f"# explorer in headless Chromium ({args.tokens} tokens, {args.layers} layers x "
-          f"{args.heads} heads, d_model {args.d_model})\n")
-    print(f"- date: {datetime.datetime.now():%Y-%m-%dT%H:%M}, device: CPU ({cpu}, "
-          f"{os.cpu_count()} cores, 1-minute load average {load:.1f} before / "
-          f"{os.getloadavg()[0]:.1f} after: a shared machine), torch {torch.__version__}")
+    print(dashboard_header("explorer in headless Chromium", args, load))
     print(f"- from the change to the zoomed map drawn; median (max) of {args.repeats}; targets: "
           f"head change < {HEAD_TARGET_MS:.0f} ms, new prompt < {PROMPT_TARGET_MS:.0f} ms\n")
     print("| variant | update | ms (median) | ms (max) |")

@@ -47,6 +47,36 @@ OPTIONS = {"mha": dict(positional_embedding_type="rotary"),
            "infini": dict(positional_embedding_type="rotary", attn_cfg={"segment_len": 128})}
 
 
+def dashboard_parser(doc: str, variants: str = "mha,mta,cope,dcmha,infini", layers: int = 4,
+                     heads: int = 8, d_model: int = 256,
+                     repeats: int = 15) -> argparse.ArgumentParser:
+    """The command line of the dashboard benchmarks (this one, `pages`, `browser`): variants,
+    the models' shape, the prompt's tokens, repeats and torch threads, with each script's
+    defaults; `doc`: the script's docstring (its first line describes the command)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--variants", default=variants)
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=heads)
+    parser.add_argument("--d-model", type=int, default=d_model)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def dashboard_header(what: str, args, load_before: float) -> str:
+    """The first lines of a dashboard benchmark's table: what was timed at which shape, and
+    the date, machine, torch and the 1-minute load average before and now (a shared machine's
+    load is part of every number)."""
+    cpu = platform.processor() or platform.machine()
+    return (f"# {what} ({args.tokens} tokens, {args.layers} layers x {args.heads} heads, "
+            f"d_model {args.d_model})\n\n"
+            f"- date: {datetime.datetime.now():%Y-%m-%dT%H:%M}, device: CPU ({cpu}, "
+            f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, 1-minute load "
+            f"average {load_before:.1f} before / {_load():.1f} after: a shared "
+            f"machine), torch {torch.__version__}")
+
+
 def build_model(variant: str, args) -> HookedVariantTransformer:
     cfg = VariantConfig(d_model=args.d_model, d_head=args.d_model // args.heads,
                         n_heads=args.heads, n_layers=args.layers, n_ctx=args.tokens,
@@ -126,14 +156,7 @@ def _load() -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="mha,mta,cope,dcmha,infini")
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = dashboard_parser(__doc__)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in OPTIONS]
     if unknown:
@@ -143,12 +166,7 @@ def main(argv=None) -> None:
     load_before = _load()
     rows = [r for v in args.variants.split(",") for r in measure(v, args, rng)]
 
-    print(f"# dashboard explorer update ({args.tokens} tokens, {args.layers} layers x "
-          f"{args.heads} heads, d_model {args.d_model})\n")
-    cpu = platform.processor() or platform.machine()
-    print(f"- date: {datetime.datetime.now():%Y-%m-%dT%H:%M}, device: CPU ({cpu}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, 1-minute load "
-          f"average {load_before:.1f} before / {_load():.1f} after), torch {torch.__version__}")
+    print(dashboard_header("dashboard explorer update", args, load_before))
     print(f"- median of {args.repeats} requests each; target: head / layer / stage updates "
           f"<= {TARGET_MS:.0f} ms\n")
     print("| variant | update | ms | sent KiB (zstd) | JSON KiB |")

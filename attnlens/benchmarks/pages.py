@@ -16,17 +16,14 @@ docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import random
 import statistics
 import time
 
 import torch
 
-from attnlens.benchmarks.explorer import ALPHABET, OPTIONS
+from attnlens.benchmarks.explorer import ALPHABET, OPTIONS, dashboard_header, dashboard_parser
 from attnlens.dashboards.app import create_app
 from attnlens.dashboards.map_cache import MAP_CACHE
 from attnlens.dashboards.pages.variants import CHANGE_MODES, available_views
@@ -114,26 +111,12 @@ def measure(variant: str, args, rng: random.Random) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="mha,mta,cope,dcmha,infini")
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = dashboard_parser(__doc__, layers=2, heads=4, d_model=64, repeats=5).parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     load = os.getloadavg()[0]
     rows = [r for v in args.variants.split(",") for r in measure(v, args, rng)]
-    cpu = platform.processor() or platform.machine()
-    print(f"# dashboard pages ({args.tokens} tokens, {args.layers} layers x {args.heads} heads, "
-          f"d_model {args.d_model})\n")
-    print(f"- date: {datetime.datetime.now():%Y-%m-%dT%H:%M}, device: CPU ({cpu}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, 1-minute load "
-          f"average {load:.1f} before / {os.getloadavg()[0]:.1f} after), torch "
-          f"{torch.__version__}")
+    print(dashboard_header("dashboard pages", args, load))
     print(f"- median of {args.repeats} requests; targets: head change < {HEAD_TARGET_MS:.0f} ms, "
           f"new prompt < {PROMPT_TARGET_MS:.0f} ms\n")
     print("| variant | page | update | ms |")

@@ -14,7 +14,7 @@ own, made again only for another prompt, layer or head."""
 
 from __future__ import annotations
 
-from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash import Input, Output, State, ctx, dcc, html, no_update, set_props
 from dash.exceptions import PreventUpdate
 
 from attnlens.dashboards.figures import (
@@ -53,6 +53,8 @@ def layout(store):
         error_box("explorer-error"),
         html.Div(id="explorer-note", style={"color": "#555"}),
         dcc.Store(id="explorer-shown", data={}),
+        dcc.Store(id="explorer-zoom-arrived", data=None),   # the stage views' cue
+        dcc.Store(id="explorer-stages-shown", data=None),   # the stages of the stage views
         drawn_store(ID), drawn_store(ID, "stages"),
         dcc.Store(id="explorer-selected", data=None),   # the clicked query and key
         loading(graph("explorer-grid")),
@@ -145,18 +147,45 @@ def register(app, store):
         return grid, zoom, config, now, "", panel.note, drawn
 
     # The stage views in their own request (issue 56 item 3): the zoomed map's response no
-    # longer waits for them nor carries them, and the browser draws the map before it mounts
-    # the stage views' graphs (~0.4 s of a head change's 1.5 s in headless Chromium). They do
-    # not depend on the bar's stage: a stage change does not call this.
+    # longer waits for them nor carries them. That request leaves once the zoomed map's
+    # figure has arrived, so the browser draws the map first: when both requests left
+    # together the stage views' smaller response came first and its 2-5 graphs were drawn
+    # before the map (~165 ms of a 512-token head change in headless Chromium). The browser
+    # marks the figure's arrival in `explorer-zoom-arrived` (a number: the figure itself as an
+    # input would be sent back to the server, 1.7 MB, beyond the request limit); the
+    # controls are state. The stage views do not depend on the bar's stage nor the export
+    # format: a zoom redrawn for those, their own inputs unchanged, sends nothing.
+    app.clientside_callback(
+        "function(figure) { return performance.now(); }",
+        Output("explorer-zoom-arrived", "data"), Input("explorer-zoom", "figure"))
+
+    # New stage views (another model or layer: other stages) come as new graphs; the same
+    # stages of another head or prompt get their new figures in place (set_props): graphs that
+    # come as new children are mounted anew by dash-renderer, and plotly.js drew each from
+    # scratch, twice (newPlot, then the automargin redraw). `explorer-stages-shown` names the
+    # stages whose graphs the page holds.
     @app.callback(Output("explorer-stages", "children"), drawn_output(ID, "stages"),
-                  *SHARED[:4], TAB, State("ctl-stage", "value"), drawn_state(ID, "stages"))
-    def _stages(names, text, layer, head, tab, stage, drawn):
+                  Output("explorer-stages-shown", "data"),
+                  Input("explorer-zoom-arrived", "data"), TAB,
+                  *[State(i.component_id, i.component_property) for i in SHARED[:4]],
+                  State("ctl-stage", "value"), drawn_state(ID, "stages"),
+                  State("explorer-stages-shown", "data"))
+    def _stages(_arrived, tab, names, text, layer, head, stage, drawn, shown):
+        drawn_before = drawn
         drawn = when_shown(ID, tab, drawn, names, text, layer, head)
+        if ctx.triggered_id == "explorer-zoom-arrived" and drawn == drawn_before:
+            raise PreventUpdate     # these stage views are drawn already
         try:
             panel = build_panel(store, first_model(names), text, layer, head, stage)
         except ValueError:
-            return [], drawn        # the zoom's callback says what is wrong
-        return stage_graphs(panel), drawn
+            return [], drawn, []    # the zoom's callback says what is wrong
+        graphs = stage_graphs(panel)
+        now = [g.id for g in graphs]
+        if now != shown:
+            return graphs, drawn, now
+        for g in graphs:
+            set_props(g.id, {"figure": g.figure})
+        return no_update, drawn, no_update
 
     @app.callback(Output("explorer-zoom", "config", allow_duplicate=True),
                   Input("explorer-format", "value"),

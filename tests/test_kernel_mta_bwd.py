@@ -77,7 +77,23 @@ def test_gradients_over_several_programs_and_key_windows():
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
     (45, 45, 4, ALL_ON, "right", 2),                  # padding keys, empty rows, groups of 2
     (7, 40, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1), "left", 1),   # aligned to the end
-    (37, 37, 3, dict(pre=(2, 5), post=(3, 2), pre_mix=1), "both", 1),   # 3 heads, odd length
+    (37, 37, 3, dict(pre=(2, 5), post=(3, 3), pre_mix=1), "both", 1),   # 3 heads, odd length
 ])
 def test_gradients_at_odd_lengths(T_q, T_k, H, opts, pad_key, batch):
     _check_gradients(T_q, T_k, H, opts, pad_key, batch)
+
+
+def test_trip_models_count_the_backward_windows():
+    """`compile_check.trips` models the backward's key windows per program as the kernels'
+    loops run them: T 61, 27 rows and 22 keys owned per window: programs at rows 0, 27, 54
+    sweep 2, 3 and 3 windows."""
+    from attnlens.kernels.compile_check.trips import MODELS
+
+    env = dict(OR=27, ORC=22, AR=32, AC=32, PR=16, T_K=61, Q_OFFSET=0, H=2, D=64, DCH=16,
+               CQ=6, CK=11, LEFT=5, CQ2=6, CK2=11, LEFT2=5, GK=256)
+    delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
+    assert delta["n0"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
+    post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
+    assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
+    pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
+    assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 5

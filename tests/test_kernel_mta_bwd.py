@@ -6,9 +6,9 @@ interpreter.
    (dR from dC), against direct sums in float64.
 2. Its windows (`bwd_windows`) hold both convolutions' halos around the positions they own.
 3. Gradients equal the float64 spec's where the windows matter: sequences spanning several
-   programs and key windows at odd lengths (the owned 27 x 22 positions of a 32 x 32 window do
-   not divide them), each pad_key, the diagonal band, padding keys over two batches, queries
-   aligned to the last keys.
+   programs and key windows at odd lengths (the owned 27 x 22 positions of a 32 x 32 window
+   do not divide them), the benchmark's 16 heads with full mixings, each pad_key, the
+   diagonal band, padding keys over two batches, queries aligned to the last keys.
 """
 
 import pytest
@@ -97,3 +97,10 @@ def test_trip_models_count_the_backward_windows():
     assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 5
+
+
+@pytest.mark.slow
+def test_gradients_at_sixteen_heads_full_mixing():
+    """The benchmark's head count: every mixing dot over 16 heads, none padded (~2 min of CPU
+    in the interpreter)."""
+    _check_gradients(30, 30, 16, OFFICIAL, "both", 1)

@@ -97,6 +97,18 @@ def test_trip_models_count_the_backward_windows():
     assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 5
+    # two programs per row window (`key_splits`): split 0 takes key windows 0, 2; split 1
+    # takes window 1: 1 + 2 + 2 and 1 + 1 + 1 windows, the same 8 in all
+    split = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, NS=2), (6, 1))
+    assert split["n0"] == pytest.approx(8 / 6)
+
+
+def test_key_splits_fill_the_machine_without_empty_splits():
+    from attnlens.kernels.mta.triton_bwd import key_splits
+
+    assert key_splits(152, 187, "cpu") == 2             # 4k: 304 programs on 132 SMs
+    assert key_splits(38, 47, "cpu") == 7               # 1k
+    assert key_splits(1, 1, "cpu") == 1                 # one key window: nothing to split
 
 
 @pytest.mark.slow

@@ -161,20 +161,22 @@ def _mta_out(env, grid):
             "d0": math.ceil(env["D"] / env["DCH"])}
 
 
-# MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `pid * OR`, key windows step
-# by ORC (`bwd_windows`); a window's work is PR-row sweeps (`r0`, AR / PR each). The post and
-# pre passes call a scalar-argument function per window (per row chunk for the dC sweep), which
-# ptxas keeps as its own SASS function: its loops are not inside the key loop's addresses, so
-# their trips carry the windows per program (`w`); the functions' straight-line code is
-# counted once per program (an undercount).
+# MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `(N_W - 1 - pid % N_W) *
+# OR` (last rows first), their key windows step by ORC (`bwd_windows`) from `pid // N_W` in
+# steps of NS (`key_splits`); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
+# and pre passes call a scalar-argument function per window (per row chunk for the dC sweep),
+# which ptxas keeps as its own SASS function: its loops are not inside the key loop's
+# addresses, so their trips carry the windows per program (`w`); the functions' straight-line
+# code is counted once per program (an undercount).
 def _mta_bwd_windows(env, grid, row_shift, col_shift):
     """(windows per program, direct-tap share of the logit windows at `(m0 + row_shift + r0,
     PR, n0 + col_shift, AC)`)."""
     own_r, own_c, ar, pr = env["OR"], env["ORC"], env["AR"], env["PR"]
+    n_w, ns = env.get("N_W", grid[0]), env.get("NS", 1)
     per_prog, windows = [], []
     for pid in range(grid[0]):
-        m0 = pid * own_r
-        steps = range(0, min(env["T_K"], env["Q_OFFSET"] + m0 + own_r), own_c)
+        m0, split = (n_w - 1 - pid % n_w) * own_r, pid // n_w
+        steps = range(split * own_c, min(env["T_K"], env["Q_OFFSET"] + m0 + own_r), ns * own_c)
         per_prog.append(len(steps))
         windows += [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
                     for n0 in steps for r0 in range(0, ar, pr)]

@@ -12,6 +12,9 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
 (`X_(a,b)` the map X read at the convolution's tap (a, b)). Every program owns OR query rows
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
+NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
+windows s, s + NS, ... (dq, dk, dv, delta by atomics; the parameter partials per program);
+the row windows go last rows first, so the programs with the most key windows start first.
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
   (dP one batched dot per d_head chunk, W' one dot over heads); dA = the transposed post-softmax
@@ -88,13 +91,16 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                          sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                          H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                     N_W, NS,
                          HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                          AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, OR), batch)`: `DELTA[b, h, i] += sum_j A_ij dA_ij` over the
     program's OR rows (DELTA zeroed). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on
     the owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
-    b, prog, m0 = heads_window(OR)
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     stage_g = STAGE_G + prog.to(tl.int64) * (HB * AR * AC)
@@ -102,7 +108,7 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(0, n_end, ORC):
+    for n0 in range(split * ORC, n_end, NS * ORC):
         stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
                            stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
                            Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
@@ -118,7 +124,7 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
             part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
             ptr = DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :]
             own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
-            tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)
+            tl.atomic_add(ptr, part, mask=own)         # the NS programs of a row window
         tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
 
 
@@ -201,6 +207,7 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
+                    N_W, NS,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                         AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                         CKP: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -210,9 +217,11 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
     the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
-    b, prog, m0 = heads_window(OR)
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(0, n_end, ORC):
+    for n0 in range(split * ORC, n_end, NS * ORC):
         _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
                      DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, sq_b, sq_t, sq_h, sq_d, sk_b,
                      sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -365,6 +374,7 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                   N_W, NS,
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -376,9 +386,11 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
     positions `(m0, n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on
     R's window (the positions the owned taps read), staged where G was; dq, dk; dth. `WM
     [HB, HB]` is W in the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
-    b, prog, m0 = heads_window(OR)
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(0, n_end, ORC):
+    for n0 in range(split * ORC, n_end, NS * ORC):
         _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
                    STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
@@ -406,6 +418,16 @@ def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
+def key_splits(row_programs: int, key_windows: int, device) -> int:
+    """How many programs share a row window's key windows (NS): enough for two programs per
+    SM (132 on an H100 / H200; the device's count on a GPU), at most one per key window.
+    Split s takes key windows s, s + NS, ...: causal rows near the end hold twice the mean
+    windows, and one program per row window left the last ones as the critical path."""
+    n_sm = (torch.cuda.get_device_properties(device).multi_processor_count
+            if torch.device(device).type == "cuda" else 132)
+    return max(1, min(math.ceil(2 * n_sm / max(row_programs, 1)), key_windows))
+
+
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
             left: int, left2: int, scale: float, key_valid=None, block_m: int | None = None,
             block_n: int | None = None):
@@ -429,7 +451,8 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     pr = min(ar, 16)
     ckp = tap_pow2(ck, ck2)
     n_w = math.ceil(T_Q / own_r)
-    n_prog = B * n_w
+    ns = key_splits(n_w * B, math.ceil(T_K / own_c), q.device)
+    n_prog = B * n_w * ns
     do = do.contiguous()
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
@@ -446,31 +469,30 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     def stage(dtype=q.dtype, cols=ar):
         return torch.empty(n_prog * hb * cols * ac, device=q.device, dtype=dtype)
 
-    grid = (n_w, B)
+    grid = (n_w * ns, B)
     delta = torch.zeros(B, H, T_Q, **f32)
     mta_bwd_delta_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, *strides,
-        *shape, cq2, right2, own_r, own_c, **common)
+        *shape, cq2, right2, own_r, own_c, n_w, ns, **common)
     if dlse is not None:
         delta -= dlse.float()
     dth2_p = torch.zeros(n_prog, hb, cq2, ckp, **f32)
     dw2_p = torch.zeros(n_prog, hb, hb, **f32)
     mta_bwd_post_kernel[grid](
         q, k, kt, v, do, lse, kv, stage(), stage(), stage(), stage(), stage(torch.float32, ac),
-        dv, dth2_p, dw2_p,
-        pre_kernel, pre_mix, w2, w2t, toep_p, *strides, *shape, cq2, ck2, left2, own_r, own_c,
-        CKP=ckp, **common)
+        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, *strides, *shape, cq2, ck2,
+        left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
         dq, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
-        cq2, right2, own_r, own_c, CKP=ckp, GK=min(256, ar * ac), **common)
+        cq2, right2, own_r, own_c, n_w, ns, CKP=ckp, GK=min(256, ar * ac), **common)
     dth = dth_p.sum(0)[:H, :, :ck].contiguous()
     dth2 = dth2_p.sum(0)[:H, :, :ck2].contiguous()
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_windows", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+__all__ = ["bwd_windows", "key_splits", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
            "mta_bwd_pre_kernel"]

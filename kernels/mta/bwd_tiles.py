@@ -228,8 +228,8 @@ def bwd_toeplitz(pre_kernel, post_kernel, ac: int, hb: int, dtype):
 
 
 def tap_pow2(*sizes: int) -> int:
-    """A power of two >= every size (the `[HB, CQP, CKP]` tap accumulators; tl.arange needs
-    powers of two, not 16)."""
+    """A power of two >= every size (CKP: the key taps' axis of the `[HB, CQ, CKP]` kernel
+    gradient partials; tl.arange needs powers of two, not 16)."""
     return next_pow2(max(sizes), minimum=1)
 
 

@@ -67,7 +67,8 @@ stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
-    tests/test_kernel_mta.py tests/test_kernel_dcmha.py tests/test_kernel_cope_options.py \
+    tests/test_kernel_mta.py tests/test_kernel_mta_bwd.py tests/test_kernel_dcmha.py \
+    tests/test_kernel_dcmha_bwd_tc.py tests/test_kernel_cope_options.py \
     tests/test_kernel_cope_clamped.py tests/test_kernel_flash_schedule.py \
     tests/test_kernel_flash_host.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \

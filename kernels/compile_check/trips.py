@@ -167,6 +167,58 @@ def _mta_out(env, grid):
             "d0": math.ceil(env["D"] / env["DCH"])}
 
 
+# MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `(N_W - 1 - pid % N_W) *
+# OR` (last rows first), their key windows step by ORC (`bwd_windows`) from `pid // N_W` in
+# steps of NS (`key_splits`); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
+# and pre passes call a scalar-argument function per window (per row chunk for the dC sweep),
+# which ptxas keeps as its own SASS function: its loops are not inside the key loop's
+# addresses, so their trips carry the windows per program (`w`); the functions' straight-line
+# code is counted once per program (an undercount).
+def _mta_bwd_windows(env, grid, row_shift, col_shift):
+    """(windows per program, direct-tap share of the logit windows at `(m0 + row_shift + r0,
+    PR, n0 + col_shift, AC)`)."""
+    own_r, own_c, ar, pr = env["OR"], env["ORC"], env["AR"], env["PR"]
+    n_w, ns = env.get("N_W", grid[0]), env.get("NS", 1)
+    per_prog, windows = [], []
+    for pid in range(grid[0]):
+        m0, split = (n_w - 1 - pid % n_w) * own_r, pid // n_w
+        steps = range(split * own_c, min(env["T_K"], env["Q_OFFSET"] + m0 + own_r), ns * own_c)
+        per_prog.append(len(steps))
+        windows += [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
+                    for n0 in steps for r0 in range(0, ar, pr)]
+    return _avg(per_prog), _mta_direct_share(env, windows)
+
+
+def _mta_bwd_delta(env, grid):
+    """`mta_bwd_delta_kernel`: per window G staged (`r0`, d_head chunks `d0`), then per row
+    chunk the transposed post taps (`a`: CQ2) and the logits (heads `n`, direct / factored
+    `a`, `b`)."""
+    w, f = _mta_bwd_windows(env, grid, 0, 0)
+    r, cq = env["AR"] // env["PR"], env["CQ"]
+    return {"n0": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
+            "a": [env["CQ2"], cq * f, cq * (1 - f)], "n": env["H"], "b": env["CK"]}
+
+
+def _mta_bwd_post(env, grid):
+    """`mta_bwd_post_kernel` (`_post_window`): five sweeps per window (A with the logits; P2
+    and P, `a` CQ2; dP, `d0`; dv, `d0`; dth', `a` CQ2)."""
+    w, f = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
+    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
+    return {"n0": w, "r0": [rw] * 5, "n": env["H"], "b": env["CK"], "d0": [d0, d0],
+            "a": [cq * f, cq * (1 - f), env["CQ2"], env["CQ2"]]}
+
+
+def _mta_bwd_pre(env, grid):
+    """`mta_bwd_pre_kernel`, its functions in address order: `_pre_dc` (logits: `n`, `a`,
+    `b`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq, dk `d0`; dth `a` CQ), `_pre_stage`
+    (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
+    w, f = _mta_bwd_windows(env, grid, 0, 0)
+    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
+    return {"n0": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "b": env["CK"],
+            "a": [cq * f, cq * (1 - f), cq, cq, env["CQ2"]], "d0": [d0, d0, d0],
+            "k0": env["AR"] * env["AC"] // env["GK"] * w}
+
+
 # CoPE's backward splits each query tile's keys into the band next to the diagonal, where the
 # gate carry is still below npos - 1, and the clamped keys left of it (`cope/triton_bwd_kv.py`);
 # where the split falls depends on the gates, so the model assumes a mean gate (0.5: random
@@ -259,6 +311,8 @@ MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _fla
           "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
           "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
+          "mta_bwd_delta_kernel": _mta_bwd_delta, "mta_bwd_post_kernel": _mta_bwd_post,
+          "mta_bwd_pre_kernel": _mta_bwd_pre,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,
           "dcmha_tc_lse_kernel": _dcmha_tc, "dcmha_tc_out_kernel": _dcmha_tc,
           "dcmha_delta_kernel": _dcmha, "dcmha_bwd_kernel": _dcmha,

@@ -1,21 +1,38 @@
-"""Fused Multi-Token Attention, backward: three passes, no `[query, key]` map in memory.
+"""Fused Multi-Token Attention, backward: three passes on tensor cores, all heads of a window in
+one program, no `[query, key]` map in memory.
 
-With the forward's names (R raw masked scores, C = Conv(R), L = Mask_-inf(Mix(C)), A = softmax
-L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowed mask:
+With the forward's names (R = Mask_0(scale q k^T), C = Conv(R), L = Mask_-inf(Mix(C)),
+A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowed mask:
 
-    dP = dz v^T,   G = ok * Mix'^T(dP)          (cheap anywhere: one dot per head + mixing)
-    dA = Conv'^T(G)                             (correlation with the flipped kernel)
-    dL = A (dA - delta),   delta_i = sum_j A_ij dA_ij - dlse_i
-    dC = Mix^T(dL),        dR = ok * Conv^T(dC),  dq = scale dR k,  dk = scale dR^T q
-    dv = P^T dz,  dW'[m, p] = <P2[m], dP[p]>,  dtheta'[m, a, b] = <G[m], A[m] shifted>
-    dW[n, m] = <C[n], dL[m]>,  dtheta[n, a, b] = <dC[n], R[n] shifted>
+    dP = dz v^T,   G = ok * W' dP,   dv = P^T dz,   dW' = P2 . dP^T,   dth'[a, b] = <G, A_(a,b)>
+    dA = Conv'^T(G),   dL = A (dA - delta),   delta_i = sum_j A_ij dA_ij - dlse_i
+    dC = W dL,   dW = C . dL^T,   dR = ok * Conv^T(dC),   dth[a, b] = <dC, R_(a,b)>
+    dq = scale dR k,   dk = scale dR^T q
 
-Pass 1 (`mta_delta_kernel`) computes delta per row; pass 2 (`mta_bwd_post_kernel`) owns the
-entries (i, j) of P in its query tile and adds dv, dW', dtheta'; pass 3 (`mta_bwd_pre_kernel`)
-owns the entries of R and C in its tile and writes dq, adds dk, dW, dtheta. Each forms what it
-needs on windows enlarged by the halos (the transposed convolutions read rows *below* and keys
-on the other side), staged per program as in the forward. Sums over other programs' rows (dk,
-dv, the parameter gradients) use fp32 atomics.
+(`X_(a,b)` the map X read at the convolution's tap (a, b)). Every program owns OR query rows
+and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
+ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
+NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
+windows s, s + NS, ... (dq, dk, dv, delta by atomics; the parameter partials per program);
+the row windows go last rows first, so the programs with the most key windows start first.
+
+- Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
+  (dP one batched dot per d_head chunk, W' one dot over heads); dA = the transposed post-softmax
+  convolution, CQ' Toeplitz dots of the staged G (`toeplitz_taps`); A from the forward's
+  tensor-core logits; delta summed per owned row.
+- Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
+  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (fp32 atomics per window and d_head
+  chunk), dW' one dot per row chunk, dth' by `tap_grads` (CQ' dots per chunk).
+- Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
+  positions, staged; dR on the window above-left of them (the positions their taps read in the
+  forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq and dk += dR k,
+  dR^T q (fp32 atomics per window and d_head chunk: dR's window reaches CQ - 1 rows into the
+  program above and every key window's halo overlaps the next); dW one dot, dth by `tap_grads`
+  from the raw scores R staged on that window.
+
+The mixings' and kernels' gradients are summed per program in registers and written once to
+per-program partials (summed in torch): no atomics for them. Recomputation is flash style from
+the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`).
 """
 
 from __future__ import annotations
@@ -24,328 +41,458 @@ import math
 
 import torch
 
-from attnlens.kernels._head_tiles import d_chunk, dot_add_heads, dot_heads, dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_tile
+from attnlens.kernels._head_tiles import d_chunk, dot_rows, score_chunk
+from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.mta.bwd_tiles import (
+    add_dot_heads,
+    bwd_toeplitz,
+    dot_heads_rt,
+    head_gram,
+    logits_staging_scores,
+    mix_heads_dot,
+    padded_mixing,
+    row_lse2,
+    stage_gram,
+    stage_load,
+    stage_mixed_dprobs,
+    stage_store,
+    tap_grads,
+    tap_pow2,
+    toeplitz_taps,
+)
 from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
     _allowed,
-    _conv_mix_from_stage,
-    _logits,
-    default_blocks,
+    _logits_tc,
+    fold_keys,
+    out_windows,
 )
 
 
 @triton.jit
-def _store3(ptr, x, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
-    """Stage `x [HB, R, C]` row-major at `ptr`."""
+def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, LSE, TH, W,
+           H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+           HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr,
+           C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """A `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` from the saved
+    lse (0 where masked, outside the sequence and on empty rows)."""
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
+    logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+                        sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
+                        Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, R, C, BLOCK_D, SCH)
+    lse2 = row_lse2(LSE, b, H, T_Q, row0 + tl.arange(0, R), offs_h, h_valid)
+    return tl.math.exp2(logits * LOG2E - lse2[:, :, None])
+
+
+@triton.jit
+def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2, TOEP_PT,
+                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                         H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                     N_W, NS,
+                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                         AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+                         BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+    """Pass 1, grid `(cdiv(T_Q, OR), batch)`: `DELTA[b, h, i] += sum_j A_ij dA_ij` over the
+    program's OR rows (DELTA zeroed). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on
+    the owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
     offs_h = tl.arange(0, HB)
-    offs_r = tl.arange(0, R)
-    offs_c = tl.arange(0, C)
-    tl.store(ptr + offs_h[:, None, None] * (R * C) + offs_r[None, :, None] * C
-             + offs_c[None, None, :], x)
-
-
-@triton.jit
-def _load3(ptr, col0, HB: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-           R: tl.constexpr, C: tl.constexpr):
-    """`[HB, R, C]` from a staged `[HB, SR, SC]` buffer, rows 0.., columns col0.."""
-    offs_h = tl.arange(0, HB)
-    offs_r = tl.arange(0, R)
-    offs_c = col0 + tl.arange(0, C)
-    return tl.load(ptr + offs_h[:, None, None] * (SR * SC) + offs_r[None, :, None] * SC
-                   + offs_c[None, None, :],
-                   mask=(offs_r < SR)[None, :, None] & (offs_c < SC)[None, None, :], other=0.0)
-
-
-@triton.jit
-def _head(x, offs_h, n):
-    """`x[n]` of a `[HB, R, C]` register tensor."""
-    return tl.sum(tl.where(offs_h[:, None, None] == n, x, 0.0), 0)
-
-
-@triton.jit
-def _dprobs(DO, V, do_base, v_base, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, stage_dp, stage_g,
-            TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
-            Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-            HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, GR: tl.constexpr,
-            GC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """dA `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: the transposed
-    post-softmax convolution of G, formed on the window `GR x GC` from `(row0, col0 - RIGHT2)`."""
-    g_rows = row0 + tl.arange(0, GR)
-    g_cols = col0 - RIGHT2 + tl.arange(0, GC)
-    offs_gr = tl.arange(0, GR)
-    offs_gc = tl.arange(0, GC)
-    r_in = (g_rows >= 0) & (g_rows < T_Q)
-    c_in = (g_cols >= 0) & (g_cols < T_K)
-    for p in range(0, H):
-        dp = dot_rows(DO + do_base + p * sdo_h, g_rows * sdo_t, r_in, sdo_d,
-                      V + v_base + p * sv_h, g_cols * sv_t, c_in, sv_d, D, IEEE, BLOCK_D, SCH)
-        tl.store(stage_dp + p * (GR * GC) + offs_gr[:, None] * GC + offs_gc[None, :], dp)
-    tl.debug_barrier()
-    g_ok = _allowed(g_rows, g_cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-    g = _conv_mix_from_stage(stage_dp, ONES, W2T, H, offs_h, h_valid, 1, 1, g_ok, HB, GR, GC,
-                             GR, GC)
-    tl.debug_barrier()
-    _store3(stage_g, g, HB, GR, GC)
-    tl.debug_barrier()
-    every = (tl.arange(0, R)[:, None] >= 0) & (tl.arange(0, C)[None, :] >= 0)
-    d_probs = _conv_mix_from_stage(stage_g, TH2F, EYE, H, offs_h, h_valid, CQ2, CK2, every, HB,
-                                   GR, GC, R, C)
-    tl.debug_barrier()
-    return d_probs
-
-
-@triton.jit
-def _row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid):
-    """log2-scaled lse `[HB, len(rows)]`; +inf outside the sequence and on empty rows."""
-    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
-                  mask=h_valid[:, None] & ((rows >= 0) & (rows < T_Q))[None, :],
-                  other=float("inf"))
-    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-
-
-@triton.jit
-def mta_delta_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G,
-                     TH, W, TH2F, W2T, ONES, EYE,
-                     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                     sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, RIGHT2,
-                     HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     SR: tl.constexpr, SC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
-                     SCH: tl.constexpr):
-    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: delta_i = sum_j A_ij dA_ij per head."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage1 = STAGE1 + prog * (HB * SR * SC)
-    stage_dp = STAGE_DP + prog * (HB * GR * GC)
-    stage_g = STAGE_G + prog * (HB * GR * GC)
+    h_valid = offs_h < H
+    stage_g = STAGE_G + prog.to(tl.int64) * (HB * AR * AC)
     kv_ptr = KVALID + b * skv_b
-    lse2 = _row_lse2(LSE, b, H, T_Q, offs_m, offs_h, h_valid)
-    delta = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
-        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0, n0, T_Q, T_K,
-                         Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N,
-                         SR, SC, BLOCK_D, SCH)
-        probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])
-        d_probs = _dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
-                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D,
-                          m0, n0, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2, RIGHT2,
-                          HAS_KVALID, IEEE, HB, BLOCK_M, BLOCK_N, GR, GC, BLOCK_D, SCH)
-        delta += tl.sum(probs * d_probs, 2)
-    tl.store(DELTA + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], delta, mask=hr_mask)
+    w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
+    offs_c = tl.arange(0, AC)
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
+    for n0 in range(split * ORC, n_end, NS * ORC):
+        stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
+                           stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
+                           Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
+        tl.debug_barrier()
+        for r0 in range(0, AR, PR):
+            offs_r = r0 + tl.arange(0, PR)
+            rows = m0 + offs_r
+            d_probs = toeplitz_taps(stage_g, offs_r, TOEP_PT, CQ2, 1, offs_h, h_valid, IEEE, HB,
+                                    PR, AR, AC)
+            probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
+                           LSE, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET,
+                           scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D, SCH)
+            part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
+            ptr = DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :]
+            own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
+            tl.atomic_add(ptr, part, mask=own)         # the NS programs of a row window
+        tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
+
+
+@triton.jit(noinline=True)
+def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M, DV,
+                 DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P,
+                 sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                 sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                 H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
+                 b, prog, m0, n0,
+                 HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                 AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr,
+                 BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+    """The post pass on the key window `n0` of program `prog` (a function of its own, called
+    with scalars only: nothing of it is hoisted out of the key loop and kept live across it)."""
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    slot = prog.to(tl.int64) * (HB * AR * AC)
+    stage_a = STAGE_A + slot
+    stage_p2 = STAGE_P2 + slot
+    stage_p = STAGE_P + slot
+    stage_g = STAGE_G + slot
+    stage_m = STAGE_M + prog.to(tl.int64) * (HB * AC * AC)
+    kv_ptr = KVALID + b * skv_b
+    offs_c = tl.arange(0, AC)
+    for r0 in range(0, AR, PR):
+        probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
+                       LSE, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1) + r0, n0 - LEFT2,
+                       T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR,
+                       AC, BLOCK_D, SCH)
+        stage_store(stage_a, r0 + tl.arange(0, PR), probs, offs_h, AR, AC)
+    tl.debug_barrier()
+    cols = n0 + offs_c
+    c_in = cols < T_K
+    w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
+    for r0 in range(0, AR, PR):                 # P2 = Mask_0(Conv'(A)), P = Mix'(P2)
+        offs_r = r0 + tl.arange(0, PR)
+        own = (_allowed(m0 + offs_r, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+               & (offs_r < OR)[:, None] & (offs_c < ORC)[None, :])[None, :, :]
+        p2 = tl.where(own, toeplitz_taps(stage_a, offs_r, TOEP_P, CQ2, 1, offs_h, h_valid,
+                                         IEEE, HB, PR, AR, AC), 0.0)
+        stage_store(stage_p2, offs_r, p2, offs_h, AR, AC)
+        stage_store(stage_p, offs_r, mix_heads_dot(w2t, p2, IEEE, HB, PR, AC), offs_h, AR, AC)
+    tl.debug_barrier()
+    w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
+    d_w2 = tl.zeros([HB, HB], dtype=tl.float32)
+    for r0 in range(0, AR, PR):                 # dP = dz v^T; dW'; G = Mask_0(W' dP)
+        offs_r = r0 + tl.arange(0, PR)
+        rows = m0 + offs_r
+        own = (_allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+               & (offs_r < OR)[:, None] & (offs_c < ORC)[None, :])[None, :, :]
+        d_p = dot_heads_rt(DO, b * sdo_b, sdo_t, sdo_h, sdo_d, rows, rows < T_Q, V, b * sv_b,
+                           sv_t, sv_h, sv_d, cols, c_in, offs_h, h_valid, D, IEEE, HB, PR, AC,
+                           DCH)
+        d_p = tl.where(own, d_p, 0.0)
+        d_w2 += head_gram(stage_load(stage_p2, offs_r, offs_h, h_valid, AR, AC), d_p, IEEE,
+                          HB, PR, AC, w2.dtype)
+        stage_store(stage_g, offs_r, tl.where(own, mix_heads_dot(w2, d_p, IEEE, HB, PR, AC),
+                                              0.0), offs_h, AR, AC)
+    w_ptr = DW2_P + prog.to(tl.int64) * (HB * HB) + offs_h[:, None] * HB + offs_h[None, :]
+    tl.store(w_ptr, tl.load(w_ptr) + d_w2)
+    for r0 in range(0, AR, PR):                 # dv += P^T dz
+        offs_r = r0 + tl.arange(0, PR)
+        rows = m0 + offs_r
+        pattern_t = tl.permute(stage_load(stage_p, offs_r, offs_h, h_valid, AR, AC), (0, 2, 1))
+        add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
+                      rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
+    tl.debug_barrier()
+    for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
+        offs_r = r0 + tl.arange(0, PR)
+        g = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
+        tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), g, stage_a, offs_r, stage_m,
+                  CQ2, CK2, offs_h, h_valid, IEEE, HB, AR, AC, CKP)
+    tl.debug_barrier()                                  # the stages are rewritten next
 
 
 @triton.jit
-def mta_bwd_post_kernel(Q, K, V, DO, LSE, KVALID, STAGE1, STAGE2, DV, DTH2, DW2,
-                        TH, W, TH2, W2, EYE,
+def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
+                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
+                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
+                    N_W, NS,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        AR: tl.constexpr, AC: tl.constexpr, SR: tl.constexpr,
-                        SC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), batch)`: dv, dW' and dtheta' from the entries of P
-    in this query tile (A staged on the forward's window, `AR x AC`)."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage1 = STAGE1 + prog * (HB * SR * SC)
-    stage2 = STAGE2 + prog * (HB * AR * AC)
+                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
+                        DCH: tl.constexpr, SCH: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, OR), batch)`: dv (atomics into fp32 DV), and this program's
+    partial dW' `DW2_P [prog, HB, HB]` and dth' `DTH2_P [prog, HB, CQ2, CKP]` (zeroed) from
+    the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
+    or two maps each, passing them on through per-program stages: A (on the window from
+    `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
+    for n0 in range(split * ORC, n_end, NS * ORC):
+        _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
+                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, sq_b, sq_t, sq_h, sq_d, sk_b,
+                     sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
+                     b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH)
+
+
+@triton.jit(noinline=True)
+def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
+               STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+               sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
+               sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b,
+               prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR:
+               tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
+               tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+    """Pre pass, key window `n0`, part 1 (scalar arguments only: nothing hoisted out of
+    the key loop): G and R staged, dA = Conv'^T(G) staged on the owned positions."""
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    slot = prog.to(tl.int64) * (HB * AR * AC)
+    stage_g = STAGE_G + slot                  # G, later dR
+    stage_da = STAGE_DA + slot
+    stage_r = STAGE_R + slot
     kv_ptr = KVALID + b * skv_b
-    lse2 = _row_lse2(LSE, b, H, T_Q, m0 - (CQ2 - 1) + tl.arange(0, AR), offs_h, h_valid)
-    offs_i = tl.arange(0, BLOCK_M)
-    offs_j = tl.arange(0, BLOCK_N)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
-        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
-                         n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                         HB, AR, AC, SR, SC, BLOCK_D, SCH)
-        _store3(stage2, tl.math.exp2(logits * LOG2E - lse2[:, :, None]), HB, AR, AC)
-        tl.debug_barrier()
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_in = offs_n < T_K
-        ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-        p2 = _conv_mix_from_stage(stage2, TH2, EYE, H, offs_h, h_valid, CQ2, CK2, ok, HB, AR,
-                                  AC, BLOCK_M, BLOCK_N)
-        pattern = _conv_mix_from_stage(stage2, TH2, W2, H, offs_h, h_valid, CQ2, CK2, ok, HB,
-                                       AR, AC, BLOCK_M, BLOCK_N)
-        # dP = dz v^T and dv += P^T dz over d_head in DCH chunks (`attnlens.kernels._head_tiles`).
-        d_p = dot_heads(DO, b * sdo_b, sdo_t, sdo_h, sdo_d, offs_m, m_in, V, b * sv_b, sv_t,
-                        sv_h, sv_d, offs_n, n_in, offs_h, h_valid, D, IEEE, HB, BLOCK_M,
-                        BLOCK_N, BLOCK_D, DCH)                             # [HB, BM, BN]
-        dot_add_heads(DV, b, T_K, H, offs_n, n_in, tl.permute(pattern, (0, 2, 1)), DO,
-                      b * sdo_b, sdo_t, sdo_h, sdo_d, offs_m, m_in, offs_h, h_valid, D, IEEE,
-                      BLOCK_D, DCH)
-        g = tl.zeros([HB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for p in range(0, H):
-            d_pp = _head(d_p, offs_h, p)
-            w_col = tl.load(W2 + offs_h * H + p, mask=h_valid, other=0.0)   # W'[:, p]
-            g += w_col[:, None, None] * d_pp[None, :, :]
-            tl.atomic_add(DW2 + offs_h * H + p,
-                          tl.sum(tl.sum(p2 * d_pp[None, :, :], 2), 1), mask=h_valid)
-        g = tl.where(ok[None, :, :], g, 0.0)
-        for m in range(0, H):
-            g_m = _head(g, offs_h, m)
-            base = stage2 + m * (AR * AC)
-            for a in range(0, CQ2):
-                for bb in range(0, CK2):
-                    shifted = tl.load(base + (offs_i[:, None] + a) * AC + offs_j[None, :] + bb)
-                    tl.atomic_add(DTH2 + (m * CQ2 + a) * CK2 + bb, tl.sum(g_m * shifted))
-        tl.debug_barrier()
+    offs_c = tl.arange(0, AC)
+    offs_ar = tl.arange(0, AR)
+    w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
+    stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
+                       stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
+                       Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
+    r_rows = m0 - (CQ - 1) + offs_ar
+    r_cols = n0 - LEFT + offs_c
+    r_in = (r_rows >= 0) & (r_rows < T_Q)
+    c_in = (r_cols >= 0) & (r_cols < T_K)
+    r_ok = _allowed(r_rows, r_cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+    for n in range(0, H):                          # R, one head at a time (a dot each)
+        s = dot_rows(Q + b * sq_b + n * sq_h, r_rows * sq_t, r_in, sq_d,
+                     K + b * sk_b + n * sk_h, r_cols * sk_t, c_in, sk_d, D, IEEE, BLOCK_D,
+                     SCH)
+        tl.store(stage_r + n * (AR * AC) + offs_ar[:, None] * AC + offs_c[None, :],
+                 tl.where(r_ok, s * scale, 0.0).to(STAGE_R.dtype.element_ty))
+    tl.debug_barrier()
+    for r0 in range(0, AR, PR):                    # dA = Conv'^T(G) on the owned rows
+        offs_r = r0 + tl.arange(0, PR)
+        stage_store(stage_da, offs_r, toeplitz_taps(stage_g, offs_r, TOEP_PT, CQ2, 1,
+                                                    offs_h, h_valid, IEEE, HB, PR, AR, AC),
+                    offs_h, AR, AC)
+
+
+@triton.jit(noinline=True)
+def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
+            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
+            skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
+            n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
+            tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+    """Part 2: the logits and convolved scores C on the owned positions, dL =
+    A (dA - delta) and dC = W dL staged; dW (added to the program's slot of DW_P) from the
+    staged C and dL (`stage_gram`)."""
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    slot = prog.to(tl.int64) * (HB * AR * AC)
+    stage_da = STAGE_DA + slot
+    stage_c = STAGE_C + slot
+    stage_dc = STAGE_DC + slot
+    kv_ptr = KVALID + b * skv_b
+    kt_base = b.to(tl.int64) * H * CQ * T_K * D
+    offs_c = tl.arange(0, AC)
+    wm = tl.load(WM + offs_h[:, None] * HB + offs_h[None, :])
+    stage_dl = STAGE_DL + slot
+    for r0 in range(0, AR, PR):                    # dL = A (dA - delta), dW, dC = W dL
+        offs_r = r0 + tl.arange(0, PR)
+        rows = m0 + offs_r
+        logits = logits_staging_scores(
+            Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
+            kv_ptr, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET, scale,
+            CQ, CK, LEFT, stage_c, offs_r, HAS_KVALID, IEEE, HB, PR, AC, AR, BLOCK_D, SCH)
+        lse2 = row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid)
+        delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
+                        mask=h_valid[:, None] & (rows < T_Q)[None, :], other=0.0)
+        tl.debug_barrier()                         # dA and C staged by other threads
+        own = ((offs_r < OR)[:, None] & (offs_c < ORC)[None, :])[None, :, :]
+        d_logits = tl.where(own, tl.math.exp2(logits * LOG2E - lse2[:, :, None])
+                            * (stage_load(stage_da, offs_r, offs_h, h_valid, AR, AC)
+                               - delta[:, :, None]), 0.0)
+        stage_store(stage_dl, offs_r, d_logits, offs_h, AR, AC)
+        stage_store(stage_dc, offs_r, mix_heads_dot(wm, d_logits, IEEE, HB, PR, AC), offs_h,
+                    AR, AC)
+    tl.debug_barrier()
+    stage_gram(DW_P + prog.to(tl.int64) * (HB * HB), stage_c, stage_dl, offs_h, IEEE, HB,
+               AR * AC, GK)
+
+
+
+
+@triton.jit(noinline=True)
+def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
+            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
+            skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
+            n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
+            tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+    """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was), dq and
+    dk (atomics), dth (the program's slot of DTH_P)."""
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    slot = prog.to(tl.int64) * (HB * AR * AC)
+    stage_g = STAGE_G + slot                  # G, later dR
+    stage_dc = STAGE_DC + slot
+    stage_r = STAGE_R + slot
+    stage_m = STAGE_M + prog.to(tl.int64) * (HB * AC * AC)
+    dth_acc = DTH_P + prog.to(tl.int64) * (HB * CQ * CKP)
+    kv_ptr = KVALID + b * skv_b
+    offs_c = tl.arange(0, AC)
+    tl.debug_barrier()                                  # dC staged by other threads
+    r_cols = n0 - LEFT + offs_c
+    c_in = (r_cols >= 0) & (r_cols < T_K)
+    for r0 in range(0, AR, PR):                    # dR = Mask_0(Conv^T(dC)), into stage_g
+        offs_r = r0 + tl.arange(0, PR)
+        dr_ok = _allowed(m0 - (CQ - 1) + offs_r, r_cols, T_Q, T_K, Q_OFFSET, kv_ptr,
+                         HAS_KVALID)
+        d_r = toeplitz_taps(stage_dc, offs_r, TOEP_RT, CQ, -1, offs_h, h_valid, IEEE, HB,
+                            PR, AR, AC)
+        stage_store(stage_g, offs_r, tl.where(dr_ok[None, :, :], d_r * scale, 0.0), offs_h,
+                    AR, AC)
+    tl.debug_barrier()
+    for r0 in range(0, AR, PR):                    # dq += dR k, dk += dR^T q
+        offs_r = r0 + tl.arange(0, PR)
+        rows = m0 - (CQ - 1) + offs_r
+        rows_in = (rows >= 0) & (rows < T_Q)
+        d_r = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC)
+        add_dot_heads(DQ, b, T_Q, H, rows, rows_in, d_r, K, b * sk_b, sk_t, sk_h, sk_d,
+                      r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
+        add_dot_heads(DK, b, T_K, H, r_cols, c_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
+                      sq_t, sq_h, sq_d, rows, rows_in, offs_h, h_valid, D, IEEE, DCH)
+    for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
+        offs_r = r0 + tl.arange(0, PR)
+        d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
+        tap_grads(dth_acc, d_c, stage_r, offs_r, stage_m, CQ, CK, offs_h, h_valid, IEEE, HB,
+                  AR, AC, CKP)
+    tl.debug_barrier()                                  # the stages are rewritten next
 
 
 @triton.jit
-def mta_bwd_pre_kernel(Q, K, V, DO, LSE, DELTA, KVALID, STAGE1, STAGE_DP, STAGE_G, STAGE_DL,
-                       STAGE_DC, DQ, DK, DTH, DW,
-                       TH, W, THF, WT, TH2F, W2T, ONES, EYE,
+def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2,
+                       TOEP_PT, TOEP_RT,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                       H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, RIGHT, CQ2, CK2, RIGHT2,
+                       H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                   N_W, NS,
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       DR: tl.constexpr, DC: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr,
-                       GR: tl.constexpr, GC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 3, grid `(cdiv(T_Q, BLOCK_M), batch)`: dq of this query tile; dk, dW, dtheta from
-    the entries of R and C it owns. dL and dC live on the window `DR x DC` from
-    `(m0, n0 - RIGHT)` that the transposed pre-softmax convolution reads."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
-    stage1 = STAGE1 + prog * (HB * SR * SC)
-    stage_dp = STAGE_DP + prog * (HB * GR * GC)
-    stage_g = STAGE_G + prog * (HB * GR * GC)
-    stage_dl = STAGE_DL + prog * (HB * DR * DC)
-    stage_dc = STAGE_DC + prog * (HB * DR * DC)
-    kv_ptr = KVALID + b * skv_b
-    w_rows = m0 + tl.arange(0, DR)
-    w_in = (w_rows >= 0) & (w_rows < T_Q)
-    lse2 = _row_lse2(LSE, b, H, T_Q, w_rows, offs_h, h_valid)
-    delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + w_rows[None, :],
-                    mask=h_valid[:, None] & w_in[None, :], other=0.0)
-    # dq and dk over d_head in DCH chunks (`attnlens.kernels._head_tiles`); dq is added to DQ
-    # (zeroed; only this program writes these rows) tile by tile: no `[HB, rows, d_head]` tensor
-    # lives across the loop (at d_head 128 they spilled).
-    every = (tl.arange(0, BLOCK_M)[:, None] >= 0) & (tl.arange(0, BLOCK_N)[None, :] >= 0)
-    every_w = (tl.arange(0, DR)[:, None] >= 0) & (tl.arange(0, DC)[None, :] >= 0)
-    offs_i = tl.arange(0, BLOCK_M)
-    offs_j = tl.arange(0, BLOCK_N)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
-        logits = _logits(Q, K, b * sq_b, b * sk_b, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage1,
-                         kv_ptr, TH, W, H, offs_h, h_valid, D, m0, n0 - RIGHT,
-                         T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, DR, DC,
-                         SR, SC, BLOCK_D, SCH)
-        probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])
-        d_probs = _dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
-                          stage_dp, stage_g, TH2F, W2T, ONES, EYE, H, offs_h, h_valid, D,
-                          m0, n0 - RIGHT, T_Q, T_K, Q_OFFSET, kv_ptr, CQ2, CK2,
-                          RIGHT2, HAS_KVALID, IEEE, HB, DR, DC, GR, GC, BLOCK_D, SCH)
-        d_logits = probs * (d_probs - delta[:, :, None])
-        _store3(stage_dl, d_logits, HB, DR, DC)
-        tl.debug_barrier()
-        d_c = _conv_mix_from_stage(stage_dl, ONES, WT, H, offs_h, h_valid, 1, 1, every_w, HB,
-                                   DR, DC, DR, DC)
-        tl.debug_barrier()
-        _store3(stage_dc, d_c, HB, DR, DC)
-        tl.debug_barrier()
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_in = offs_n < T_K
-        ok = _allowed(offs_m, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-        d_r = _conv_mix_from_stage(stage_dc, THF, EYE, H, offs_h, h_valid, CQ, CK, ok, HB, DR,
-                                   DC, BLOCK_M, BLOCK_N) * scale
-        dot_add_heads(DQ, b, T_Q, H, offs_m, m_in, d_r, K, b * sk_b, sk_t, sk_h, sk_d, offs_n,
-                      n_in, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
-        dot_add_heads(DK, b, T_K, H, offs_n, n_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
-                      sq_t, sq_h, sq_d, offs_m, m_in, offs_h, h_valid, D, IEEE, BLOCK_D, DCH)
-        # Parameter gradients over the entries (i, j) of this tile: C from the staged raw
-        # scores (window origin (m0 - (CQ - 1), n0 - RIGHT - LEFT)), dL and dC staged above.
-        c_own = _conv_mix_from_stage(stage1 + RIGHT, TH, EYE, H, offs_h, h_valid, CQ, CK, every,
-                                     HB, SR, SC, BLOCK_M, BLOCK_N)
-        dl_own = _load3(stage_dl, RIGHT, HB, DR, DC, BLOCK_M, BLOCK_N)
-        for n in range(0, H):
-            c_n = _head(c_own, offs_h, n)
-            tl.atomic_add(DW + n * H + offs_h, tl.sum(tl.sum(c_n[None, :, :] * dl_own, 2), 1),
-                          mask=h_valid)
-            dc_n = tl.load(stage_dc + n * (DR * DC) + offs_i[:, None] * DC + offs_j[None, :]
-                           + RIGHT)
-            base = stage1 + n * (SR * SC)
-            for a in range(0, CQ):
-                for bb in range(0, CK):
-                    shifted = tl.load(base + (offs_i[:, None] + a) * SC + offs_j[None, :]
-                                      + RIGHT + bb)
-                    tl.atomic_add(DTH + (n * CQ + a) * CK + bb, tl.sum(dc_n * shifted))
-        tl.debug_barrier()
+                       AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+                       CKP: tl.constexpr, BLOCK_D: tl.constexpr,
+                       DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq, dk (atomics into fp32 DQ, DK) and this
+    program's partial dW `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key
+    window, sweeps of PR rows passing maps on through per-program stages: G (from `(m0, n0 -
+    RIGHT2)`) and R = Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned
+    positions `(m0, n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on
+    R's window (the positions the owned taps read), staged where G was; dq, dk; dth. `WM
+    [HB, HB]` is W in the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
+    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
+    for n0 in range(split * ORC, n_end, NS * ORC):
+        _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
+                   STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT,
+                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
+                   sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2,
+                   RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D,
+                   DCH, SCH, GK)
+        _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
+                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
+                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+        _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
+                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
+                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+
+
+def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
+    """(AR, AC, OR, ORC): the backward's windows (`out_windows` for the larger halo of the two
+    convolutions: `[HB, PR, AC]` tensors at a time, 32 x 32 at 16 heads with 6 x 11 kernels)
+    and the positions each owns, its first OR rows and ORC keys (27 x 22 there)."""
+    hq, hk = max(cq, cq2), max(ck, ck2)
+    ar, ac = out_windows(hb, hq, hk)
+    return ar, ac, ar - hq + 1, ac - hk + 1
+
+
+def key_splits(row_programs: int, key_windows: int, device) -> int:
+    """How many programs share a row window's key windows (NS): enough for two programs per
+    SM (132 on an H100 / H200; the device's count on a GPU), at most one per key window.
+    Split s takes key windows s, s + NS, ...: causal rows near the end hold twice the mean
+    windows, and one program per row window left the last ones as the critical path."""
+    n_sm = (torch.cuda.get_device_properties(device).multi_processor_count
+            if torch.device(device).type == "cuda" else 132)
+    return max(1, min(math.ceil(2 * n_sm / max(row_programs, 1)), key_windows))
 
 
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
             left: int, left2: int, scale: float, key_valid=None, block_m: int | None = None,
             block_n: int | None = None):
     """Launch the three passes. Kernels / mixings as for `mta_fwd` (fp32 `[H c_q c_k]`,
-    `[H H]`). Returns fp32 `(dq, dk, dv, dtheta [H c_q c_k], dW [H H], dtheta', dW')`."""
+    `[H H]`); `block_m` / `block_n` are the forward's and unused (the windows are
+    `bwd_windows`). Returns fp32 `(dq, dk, dv, dtheta [H c_q c_k], dW [H H], dtheta', dW')`."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
     dq = torch.zeros(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
-    dth, dw = torch.zeros_like(pre_kernel), torch.zeros_like(pre_mix)
-    dth2, dw2 = torch.zeros_like(post_kernel), torch.zeros_like(post_mix)
     if T_Q == 0:
-        return dq, dk, dv, dth, dw, dth2, dw2
-    bm, bn = default_blocks()
-    bm, bn = block_m or bm, block_n or bn
+        return (dq, dk, dv, torch.zeros_like(pre_kernel), torch.zeros_like(pre_mix),
+                torch.zeros_like(post_kernel), torch.zeros_like(post_mix))
     cq, ck = pre_kernel.shape[1:]
     cq2, ck2 = post_kernel.shape[1:]
-    right, right2 = ck - 1 - left, ck2 - 1 - left2
-    HB, BD = next_pow2(H, minimum=1), next_pow2(D)
-    n_m = math.ceil(T_Q / bm)
+    right2 = ck2 - 1 - left2
+    hb = max(next_pow2(H, minimum=1), 16)          # the mixing dots need >= 16 heads
+    BD = next_pow2(D)
+    ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
+    pr = min(ar, 16)
+    ckp = tap_pow2(ck, ck2)
+    n_w = math.ceil(T_Q / own_r)
+    ns = key_splits(n_w * B, math.ceil(T_K / own_c), q.device)
+    n_prog = B * n_w * ns
     do = do.contiguous()
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
-    flip = lambda t: t.flip(1, 2).contiguous()  # noqa: E731
-    ones = torch.ones(H, 1, 1, **f32)
-    eye = torch.eye(H, **f32)
+    kt = fold_keys(k, pre_kernel, left, key_valid)
+    toep_p, toep_pt, toep_rt = bwd_toeplitz(pre_kernel, post_kernel, ac, hb, q.dtype)
+    w2, w2t = padded_mixing(post_mix, hb, q.dtype), padded_mixing(post_mix, hb, q.dtype, True)
+    wm = padded_mixing(pre_mix, hb, q.dtype)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), kv.stride(0))
-    common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    shape = (H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left)
+    common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=hb,
+                  AR=ar, AC=ac, PR=pr, BLOCK_D=BD, DCH=d_chunk(BD), SCH=score_chunk(BD, q.dtype),
+                  **LAUNCH)
 
-    def stage(rows, cols):
-        return torch.empty(B * n_m * HB * rows * cols, **f32)
+    def stage(dtype=q.dtype, cols=ar):
+        return torch.empty(n_prog * hb * cols * ac, device=q.device, dtype=dtype)
 
-    # Pass 1: delta on the tile; G on the tile + the post-softmax halo (below, other side).
-    sr, sc = next_pow2(bm + cq - 1), next_pow2(bn + ck - 1)
-    gr, gc = next_pow2(bm + cq2 - 1), next_pow2(bn + ck2 - 1)
-    delta = torch.empty(B, H, T_Q, **f32)
-    mta_delta_kernel[(n_m, B)](
-        q, k, v, do, lse, delta, kv, stage(sr, sc), stage(gr, gc), stage(gr, gc), pre_kernel,
-        pre_mix, flip(post_kernel), post_mix.t().contiguous(), ones, eye, *strides,
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, right2, SR=sr, SC=sc, GR=gr,
-        GC=gc, **common)
+    grid = (n_w * ns, B)
+    delta = torch.zeros(B, H, T_Q, **f32)
+    mta_bwd_delta_kernel[grid](
+        q, k, kt, v, do, lse, delta, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, *strides,
+        *shape, cq2, right2, own_r, own_c, n_w, ns, **common)
     if dlse is not None:
         delta -= dlse.float()
-    # Pass 2: the forward's windows.
-    ar, ac = next_pow2(bm + cq2 - 1), next_pow2(bn + ck2 - 1)
-    sr, sc = next_pow2(ar + cq - 1), next_pow2(ac + ck - 1)
-    mta_bwd_post_kernel[(n_m, B)](
-        q, k, v, do, lse, kv, stage(sr, sc), stage(ar, ac), dv, dth2, dw2, pre_kernel, pre_mix,
-        post_kernel, post_mix, eye, *strides, H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        cq2, ck2, left2, AR=ar, AC=ac, SR=sr, SC=sc, DCH=d_chunk(BD), **common)
-    # Pass 3: dL / dC on the tile + the pre-softmax halo (below, other side), A there needs
-    # raw scores with the halo above; dA there needs G with the post-softmax halo below.
-    dr, dc = next_pow2(bm + cq - 1), next_pow2(bn + ck - 1)
-    sr, sc = next_pow2(dr + cq - 1), next_pow2(dc + ck - 1)
-    gr, gc = next_pow2(dr + cq2 - 1), next_pow2(dc + ck2 - 1)
-    mta_bwd_pre_kernel[(n_m, B)](
-        q, k, v, do, lse, delta, kv, stage(sr, sc), stage(gr, gc), stage(gr, gc),
-        stage(dr, dc), stage(dr, dc), dq, dk, dth, dw, pre_kernel, pre_mix, flip(pre_kernel),
-        pre_mix.t().contiguous(), flip(post_kernel), post_mix.t().contiguous(), ones, eye,
-        *strides, H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, right, cq2, ck2, right2,
-        DR=dr, DC=dc, SR=sr, SC=sc, GR=gr, GC=gc, DCH=d_chunk(BD), **common)
-    return dq, dk, dv, dth, dw, dth2, dw2
+    dth2_p = torch.zeros(n_prog, hb, cq2, ckp, **f32)
+    dw2_p = torch.zeros(n_prog, hb, hb, **f32)
+    mta_bwd_post_kernel[grid](
+        q, k, kt, v, do, lse, kv, stage(), stage(), stage(), stage(), stage(torch.float32, ac),
+        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, *strides, *shape, cq2, ck2,
+        left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
+    dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
+    dw_p = torch.zeros(n_prog, hb, hb, **f32)
+    mta_bwd_pre_kernel[grid](
+        q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
+        stage(), stage(), stage(), stage(torch.float32, ac),
+        dq, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
+        cq2, right2, own_r, own_c, n_w, ns, CKP=ckp, GK=min(256, ar * ac), **common)
+    dth = dth_p.sum(0)[:H, :, :ck].contiguous()
+    dth2 = dth2_p.sum(0)[:H, :, :ck2].contiguous()
+    return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["mta_bwd", "mta_bwd_post_kernel", "mta_bwd_pre_kernel", "mta_delta_kernel"]
+__all__ = ["bwd_windows", "key_splits", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+           "mta_bwd_pre_kernel"]

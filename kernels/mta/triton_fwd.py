@@ -29,8 +29,10 @@ Layout: q, k, v `[batch pos head_index d_head]` (any strides); conv kernels fp32
 `[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
 over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empty rows).
 
-`_logits` and `_conv_mix_from_stage` (raw scores staged, taps read back by shifted loads) serve
-the backward (`triton_bwd`), which is not rebuilt yet.
+`_logits` and `_conv_mix_from_stage` (raw scores staged, taps read back by shifted loads) are
+the old staged design, no longer called (the tensor-core backward, `triton_bwd`, reads the
+logits through `_logits_tc` and `_conv_scores`); kept here unchanged, to be removed with the
+forward's next change.
 """
 
 from __future__ import annotations

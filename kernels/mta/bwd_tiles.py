@@ -1,0 +1,239 @@
+"""Window helpers of the fused MTA backward (`triton_bwd`): every `[query, key]` quantity on a
+window of AR x AC positions, all heads at once, on tensor cores.
+
+A program stages a window's maps (all heads, `[HB, AR, AC]` row-major, per-program buffers) and
+reads them back PR rows at a time, shifted by a tap's rows: Triton cannot shift register
+tensors. A convolution's key taps are one dot with a banded Toeplitz matrix per row tap
+(`toeplitz_taps`, the forward's `post_toeplitz`); a head mixing is one dot over the stacked
+`[HB, rows * keys]` maps (`mix_heads_dot`); a convolution kernel's gradient is, per row tap a,
+one dot `M = g^T x_a` (`[AC, AC]` per head) whose diagonals `M[j, j + b]` are its key taps,
+read back from a small stage (`tap_grads`): no atomics, no scalar reductions per tap.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlens.kernels._head_tiles import _slice
+from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed, _conv_scores, post_toeplitz
+
+
+@triton.jit
+def mix_heads_dot(wm, x, IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr,
+                  C: tl.constexpr):
+    """`out[m] = sum_n wm[m, n] x[n]` for `x [HB, R, C]`: one dot of `wm [HB, HB]` (its dtype
+    is the dot's) with the stacked maps; fp32 `[HB, R, C]`."""
+    return tl.reshape(_dot(wm, tl.reshape(x.to(wm.dtype), [HB, R * C]), IEEE), [HB, R, C])
+
+
+@triton.jit
+def head_gram(x, y, IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+              dtype: tl.constexpr):
+    """`out[n, m] = sum_{r, c} x[n, r, c] y[m, r, c]` `[HB, HB]` fp32: a mixing's gradient on a
+    window, one dot over its positions (operands cast to `dtype`)."""
+    return _dot(tl.reshape(x.to(dtype), [HB, R * C]),
+                tl.trans(tl.reshape(y.to(dtype), [HB, R * C])), IEEE)
+
+
+@triton.jit
+def stage_gram(OUT, stage_x, stage_y, offs_h, IEEE: tl.constexpr, HB: tl.constexpr,
+               N: tl.constexpr, GK: tl.constexpr):
+    """`OUT[n, m] += sum_k x[n, k] y[m, k]` (OUT fp32 `[HB, HB]`, the program's own slot) over
+    the N positions of two staged windows read as `[HB, N]`, GK positions per dot (operands in
+    y's dtype): a mixing's gradient on a window, loaded straight in the dot's 2-D shape (a
+    reshape of `[HB, rows, keys]` register maps spilled)."""
+    offs_k = tl.arange(0, GK)
+    acc = tl.zeros([HB, HB], dtype=tl.float32)
+    for k0 in range(0, N, GK):
+        at = offs_h[:, None] * N + k0 + offs_k[None, :]
+        x = tl.load(stage_x + at).to(stage_y.dtype.element_ty)
+        acc += _dot(x, tl.trans(tl.load(stage_y + at)), IEEE)
+    out = OUT + offs_h[:, None] * HB + offs_h[None, :]
+    tl.store(out, tl.load(out) + acc)
+
+
+@triton.jit
+def stage_load(stage, rows, offs_h, h_valid, AR: tl.constexpr, AC: tl.constexpr):
+    """`[HB, len(rows), AC]` of a staged `[HB, AR, AC]` window, rows `rows` (0 outside)."""
+    offs_c = tl.arange(0, AC)
+    r_ok = (rows >= 0) & (rows < AR)
+    return tl.load(stage + offs_h[:, None, None] * (AR * AC) + rows[None, :, None] * AC
+                   + offs_c[None, None, :],
+                   mask=h_valid[:, None, None] & r_ok[None, :, None], other=0.0)
+
+
+@triton.jit
+def stage_store(stage, rows, x, offs_h, AR: tl.constexpr, AC: tl.constexpr):
+    """Write `x [HB, len(rows), AC]` into rows `rows` of a staged window (in its dtype)."""
+    offs_c = tl.arange(0, AC)
+    tl.store(stage + offs_h[:, None, None] * (AR * AC) + rows[None, :, None] * AC
+             + offs_c[None, None, :], x.to(stage.dtype.element_ty))
+
+
+@triton.jit
+def toeplitz_taps(stage, rows, TOEP, CQ, SIGN: tl.constexpr, offs_h, h_valid,
+                  IEEE: tl.constexpr, HB: tl.constexpr, PR: tl.constexpr, AR: tl.constexpr,
+                  AC: tl.constexpr):
+    """`sum_a stage[:, rows + SIGN * a, :] @ TOEP[:, a]`, fp32 `[HB, PR, AC]` (PR rows): a 2-D
+    convolution of the staged window, row tap a read SIGN * a rows away, its key taps one dot
+    with the banded `TOEP [HB, CQ, AC, AC]` (stage dtype; zero for padded heads)."""
+    offs_c = tl.arange(0, AC)
+    acc = tl.zeros([HB, PR, AC], dtype=tl.float32)
+    for a in range(0, CQ):
+        x = stage_load(stage, rows + SIGN * a, offs_h, h_valid, AR, AC)
+        toep = tl.load(TOEP + (offs_h[:, None, None] * CQ + a) * (AC * AC)
+                       + offs_c[None, :, None] * AC + offs_c[None, None, :])
+        acc += _dot(x, toep, IEEE)
+    return acc
+
+
+@triton.jit
+def tap_grads(ACC, g, stage_x, rows, stage_m, CQ, CK, offs_h, h_valid, IEEE: tl.constexpr,
+              HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, CKP: tl.constexpr):
+    """`ACC[h, a, b] += sum_{r, j} g[h, r, j] x[h, rows[r] + a, j + b]` (ACC fp32 `[HB, CQ,
+    CKP]`, the program's own slot: no atomics), x the staged window `stage_x`: the gradient
+    of a convolution kernel whose output gradient is g. Per row tap a, one dot `M = g^T x_a`
+    `[HB, AC, AC]`; its key tap b is the diagonal `sum_j M[j, j + b]`, read from the fp32
+    stage `stage_m` `[HB, AC, AC]`. The sums go to memory, not registers: a `[HB, CQ, CKP]`
+    accumulator carried through the key loop was spilled (sm_80)."""
+    offs_j = tl.arange(0, AC)
+    offs_b = tl.arange(0, CKP)
+    gt = tl.permute(g, (0, 2, 1)).to(stage_x.dtype.element_ty)              # [HB, AC, R]
+    m_ptr = stage_m + offs_h[:, None, None] * (AC * AC)
+    diag_ok = ((offs_j[:, None] + offs_b[None, :] < AC) & (offs_b[None, :] < CK))[None, :, :]
+    for a in range(0, CQ):
+        x = stage_load(stage_x, rows + a, offs_h, h_valid, AR, AC)
+        tl.store(m_ptr + offs_j[None, :, None] * AC + offs_j[None, None, :], _dot(gt, x, IEEE))
+        tl.debug_barrier()
+        diag = tl.load(m_ptr + offs_j[None, :, None] * (AC + 1) + offs_b[None, None, :],
+                       mask=diag_ok, other=0.0)                              # M[j, j + b]
+        acc_ptr = ACC + (offs_h[:, None] * CQ + a) * CKP + offs_b[None, :]
+        tl.store(acc_ptr, tl.load(acc_ptr) + tl.sum(diag, 1))
+        tl.debug_barrier()                               # stage_m is rewritten next tap
+
+
+@triton.jit
+def dot_heads_rt(X, x_base, x_st, x_sh, x_sd, x_pos, x_ok, Y, y_base, y_st, y_sh, y_sd, y_pos,
+                 y_ok, offs_h, h_valid, D, IEEE: tl.constexpr, HB: tl.constexpr,
+                 R: tl.constexpr, C: tl.constexpr, DCH: tl.constexpr):
+    """`out[h, i, j] = sum_d X[x_pos[i], h, d] Y[y_pos[j], h, d]` `[HB, R, C]` fp32, as
+    `_head_tiles.dot_heads` but over d_head chunks in a loop to the runtime D (not unrolled:
+    one chunk's operands live at a time; unrolled, MTA's post pass spilled ~290 B on sm_80)."""
+    acc = tl.zeros([HB, R, C], dtype=tl.float32)
+    for d0 in range(0, D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        d_valid = offs_d < D
+        x = _slice(X, x_base, x_st, x_sh, x_sd, x_pos, x_ok, offs_h, h_valid, offs_d, d_valid)
+        y = _slice(Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h, h_valid, offs_d, d_valid)
+        acc += _dot(x, tl.permute(y, (0, 2, 1)), IEEE)
+    return acc
+
+
+@triton.jit
+def add_dot_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok,
+                  offs_h, h_valid, D, IEEE: tl.constexpr, DCH: tl.constexpr):
+    """`OUT[b, out_pos[i], h, d] += sum_j x[h, i, j] Y[y_pos[j], h, d]` (fp32 atomics into the
+    contiguous `[batch T H D]` OUT), as `_head_tiles.dot_add_heads` but over d_head chunks in a
+    loop to the runtime D: not unrolled, one chunk's operands and addresses live at a time
+    (unrolled, MTA's post pass spilled 728-784 B on sm_80)."""
+    xc = x.to(Y.dtype.element_ty)
+    for d0 in range(0, D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        d_valid = offs_d < D
+        y = _slice(Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h, h_valid, offs_d, d_valid)
+        tl.atomic_add(OUT + ((b * T + out_pos[None, :, None]) * H + offs_h[:, None, None]) * D
+                      + offs_d[None, None, :], _dot(xc, y, IEEE),
+                      mask=h_valid[:, None, None] & out_ok[None, :, None]
+                      & d_valid[None, None, :])
+
+
+@triton.jit
+def row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid):
+    """log2-scaled lse `[HB, len(rows)]`; +inf outside the sequence and on empty rows (their
+    probabilities are 0)."""
+    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
+                  mask=h_valid[:, None] & ((rows >= 0) & (rows < T_Q))[None, :],
+                  other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+
+
+@triton.jit
+def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
+                          kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+                          scale, CQ, CK, LEFT, stage_c, rows_rel, HAS_KVALID: tl.constexpr,
+                          IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                          SR: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """The logits L `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` as the
+    forward's `_logits_tc` forms them (each head's convolved scores from `_conv_scores`, mixed
+    on CUDA cores in fp32, so that they match the saved lse); each head's convolved scores
+    (0 where not allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for
+    the pre-softmax mixing's gradient."""
+    offs_c = tl.arange(0, C)
+    out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
+                      HAS_KVALID)
+    out = tl.zeros([HB, R, C], dtype=tl.float32)
+    for n in range(0, H):
+        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
+                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                            HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
+        conv = tl.where(out_ok, conv, 0.0)
+        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
+        out += w[:, None, None] * conv[None, :, :]
+        tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
+                 conv.to(stage_c.dtype.element_ty))
+    return tl.where(out_ok[None, :, :], out, float("-inf"))
+
+
+@triton.jit
+def stage_mixed_dprobs(DO, V, do_base, v_base, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, stage,
+                       w2, kv_ptr, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+                       HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                       AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+                       BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """Stage `G = Mask_0(W' dP)`, `dP = dz v^T`, on the window of AR rows from `row0` and AC
+    keys from `col0` (`w2 [HB, HB]`: `w2[n, m] = W'[n, m]`), PR rows at a time: dP one batched
+    dot per d_head chunk, the mixing one dot."""
+    for r0 in range(0, AR, PR):
+        offs_r = r0 + tl.arange(0, PR)
+        rows = row0 + offs_r
+        cols = col0 + tl.arange(0, AC)
+        d_p = dot_heads_rt(DO, do_base, sdo_t, sdo_h, sdo_d, rows, (rows >= 0) & (rows < T_Q),
+                           V, v_base, sv_t, sv_h, sv_d, cols, (cols >= 0) & (cols < T_K),
+                           offs_h, h_valid, D, IEEE, HB, PR, AC, DCH)
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+        g = tl.where(ok[None, :, :], mix_heads_dot(w2, d_p, IEEE, HB, PR, AC), 0.0)
+        stage_store(stage, offs_r, g, offs_h, AR, AC)
+
+
+def padded_mixing(mix, hb: int, dtype, transpose: bool = False):
+    """`[hb, hb]` copy of an fp32 `[H, H]` mixing (transposed if asked), zero-padded, in the
+    dtype of the dots that apply it."""
+    H = mix.shape[0]
+    out = torch.zeros(hb, hb, device=mix.device, dtype=torch.float32)
+    out[:H, :H] = mix.t() if transpose else mix
+    return out.to(dtype).contiguous()
+
+
+def bwd_toeplitz(pre_kernel, post_kernel, ac: int, hb: int, dtype):
+    """The three banded tap sets of the backward, `[hb, c_q, AC, AC]` each (`post_toeplitz`):
+    the post-softmax convolution (P2 from A), its transpose (dA from G: the kernel flipped in
+    both axes) and the pre-softmax one's transpose (dR from dC: `T[j, c] = th[a, c - j]`)."""
+    post = post_toeplitz(post_kernel, 0, ac, hb, dtype)
+    post_t = post_toeplitz(post_kernel.flip(1, 2), 0, ac, hb, dtype)
+    pre_t = post_toeplitz(pre_kernel, 0, ac, hb, dtype).transpose(-1, -2).contiguous()
+    return post, post_t, pre_t
+
+
+def tap_pow2(*sizes: int) -> int:
+    """A power of two >= every size (CKP: the key taps' axis of the `[HB, CQ, CKP]` kernel
+    gradient partials; tl.arange needs powers of two, not 16)."""
+    return next_pow2(max(sizes), minimum=1)
+
+
+__all__ = ["add_dot_heads", "bwd_toeplitz", "dot_heads_rt", "head_gram",
+           "logits_staging_scores", "mix_heads_dot", "padded_mixing", "row_lse2", "stage_gram",
+           "stage_load", "stage_mixed_dprobs", "stage_store", "tap_grads", "tap_pow2",
+           "toeplitz_taps"]

@@ -28,11 +28,6 @@ convolution. A step that is off is given as an identity (1 x 1 kernel, identity 
 Layout: q, k, v `[batch pos head_index d_head]` (any strides); conv kernels fp32
 `[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
 over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empty rows).
-
-`_logits` and `_conv_mix_from_stage` (raw scores staged, taps read back by shifted loads) are
-the old staged design, no longer called (the tensor-core backward, `triton_bwd`, reads the
-logits through `_logits_tc` and `_conv_scores`); kept here unchanged, to be removed with the
-forward's next change.
 """
 
 from __future__ import annotations
@@ -61,66 +56,6 @@ def _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID: tl.constexpr):
         kv = tl.load(kv_ptr + cols, mask=c_ok, other=0)
         ok = ok & (kv[None, :] != 0)
     return ok
-
-
-@triton.jit
-def _conv_mix_from_stage(stage, TH, W, H, offs_h, h_valid, CQ, CK, ok, HB: tl.constexpr,
-                         SR: tl.constexpr, SC: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
-    """Convolution then head mixing of a staged `[HB, SR, SC]` input (row-major at `stage`):
-
-        conv[n, r, c] = ok[r, c] * sum_{a, b} TH[n, a, b] stage[n, r + a, c + b]
-        out[m, r, c]  = sum_n W[n, m] conv[n, r, c]
-
-    returns `out [HB, R, C]` fp32. One input head at a time: registers hold `[R, C]` per head
-    and the `[HB, R, C]` result, never an `[HB, HB, R, C]` product."""
-    offs_r = tl.arange(0, R)
-    offs_c = tl.arange(0, C)
-    out = tl.zeros([HB, R, C], dtype=tl.float32)
-    for n in range(0, H):
-        base = stage + n * (SR * SC)
-        conv = tl.zeros([R, C], dtype=tl.float32)
-        for a in range(0, CQ):
-            r = offs_r + a
-            for b in range(0, CK):
-                th = tl.load(TH + (n * CQ + a) * CK + b)
-                c = offs_c + b
-                win = tl.load(base + r[:, None] * SC + c[None, :],
-                              mask=(r < SR)[:, None] & (c < SC)[None, :], other=0.0)
-                conv += th * win
-        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
-        out += w[:, None, None] * tl.where(ok, conv, 0.0)[None, :, :]
-    return out
-
-
-@triton.jit
-def _logits(Q, K, q_base, k_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, stage, kv_ptr,
-            TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
-            scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-            HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr,
-            SC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
-    Mask_0(scale q k^T)))). The raw scores are computed on the window enlarged by the halo
-    (`SR >= R + CQ - 1` rows from `row0 - (CQ - 1)`, `SC >= C + CK - 1` keys from `col0 - LEFT`)
-    and staged at `stage` `[HB, SR, SC]` fp32; q k^T sums d_head in SCH chunks (`dot_rows`)."""
-    rows = row0 - (CQ - 1) + tl.arange(0, SR)
-    cols = col0 - LEFT + tl.arange(0, SC)
-    r_in = (rows >= 0) & (rows < T_Q)
-    c_in = (cols >= 0) & (cols < T_K)
-    ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-    offs_sr = tl.arange(0, SR)
-    offs_sc = tl.arange(0, SC)
-    for n in range(0, H):                     # one head at a time: `[SR, SC]` in registers
-        qk = dot_rows(Q + q_base + n * sq_h, rows * sq_t, r_in, sq_d,
-                      K + k_base + n * sk_h, cols * sk_t, c_in, sk_d, D, IEEE, BLOCK_D, SCH)
-        s = tl.where(ok, qk * scale, 0.0)                                # Mask_0(scale q k^T)
-        tl.store(stage + n * (SR * SC) + offs_sr[:, None] * SC + offs_sc[None, :], s)
-    tl.debug_barrier()
-    out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
-                      kv_ptr, HAS_KVALID)
-    logits = _conv_mix_from_stage(stage, TH, W, H, offs_h, h_valid, CQ, CK, out_ok, HB, SR, SC,
-                                  R, C)                                            # Eqs. 5, 7
-    tl.debug_barrier()                                  # the stage is rewritten next tile
-    return tl.where(out_ok[None, :, :], logits, float("-inf"))                     # Mask_-inf
 
 
 @triton.jit

@@ -204,6 +204,39 @@ def test_fp16():
 
 
 # -- 3. gradients --------------------------------------------------------------------------------
+def check_fused_gradients(q, k, v, pre, post, scale, window, key_valid, block_m=None,
+                          block_n=None):
+    """The fused op's gradients of q, k, v and every Compose weight equal the float64 spec's
+    under one random linear loss on the output and the finite rows of the log-sum-exp."""
+    flat = [q, k, v, *pre.tensors(), *post.tensors()]
+    present = [t is not None for t in flat]
+
+    def build(ts):
+        it = iter(ts)
+        full = [next(it) if on else None for on in present]
+        return full[:3], ComposeWeights(*full[3:10]), ComposeWeights(*full[10:])
+
+    leaves = [to_device(t).requires_grad_() for t in flat if t is not None]
+    ref_leaves = [t.to(DEVICE, torch.float64).requires_grad_() for t in flat if t is not None]
+    (q_, k_, v_), pre_, post_ = build(leaves)
+    out, lse = dcmha_attention(q_, k_, v_, pre_, post_, scale, window, key_valid, block_m,
+                               block_n)
+    (q_, k_, v_), pre_, post_ = build(ref_leaves)
+    ref_out, ref_lse = dcmha_attention_reference(q_, k_, v_, pre_, post_, scale, window,
+                                                 key_valid)
+    g = torch.Generator().manual_seed(5)
+    d_out, d_lse = (to_device(torch.randn(t.shape, generator=g)) for t in (out, lse))
+    fin = torch.isfinite(ref_lse)
+    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
+    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
+                              ref_leaves)
+    for i, (a, b) in enumerate(zip(grads, ref, strict=True)):
+        assert a.dtype == torch.float32 and not a.isnan().any(), i
+        # Key-side and static gradients sum <= T^2 * H terms: scale the tolerance by them.
+        s = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double() / s, b / s, **FP32, msg=lambda m, i=i: f"{i}: {m}")
+
+
 @pytest.mark.parametrize("T_q, T_k, H, batch, window, opts", [
     (18, 18, 4, 1, None, dict(groups=2, static=True)),
     (12, 12, 2, 2, 4, {}),                       # padding with empty rows, window
@@ -220,32 +253,7 @@ def test_fused_gradients_equal_the_specs(T_q, T_k, H, batch, window, opts):
         key_valid = torch.ones(2, T_k, dtype=torch.bool, device=DEVICE)
         key_valid[1, :3] = False               # empty query rows
         key_valid[0, 7] = False
-    flat = [q, k, v, *pre.tensors(), *post.tensors()]
-    present = [t is not None for t in flat]
-
-    def build(ts):
-        it = iter(ts)
-        full = [next(it) if on else None for on in present]
-        return full[:3], ComposeWeights(*full[3:10]), ComposeWeights(*full[10:])
-
-    leaves = [to_device(t).requires_grad_() for t in flat if t is not None]
-    ref_leaves = [t.to(DEVICE, torch.float64).requires_grad_() for t in flat if t is not None]
-    (q_, k_, v_), pre_, post_ = build(leaves)
-    out, lse = dcmha_attention(q_, k_, v_, pre_, post_, 0.25, window, key_valid)
-    (q_, k_, v_), pre_, post_ = build(ref_leaves)
-    ref_out, ref_lse = dcmha_attention_reference(q_, k_, v_, pre_, post_, 0.25, window,
-                                                 key_valid)
-    g = torch.Generator().manual_seed(5)
-    d_out, d_lse = (to_device(torch.randn(t.shape, generator=g)) for t in (out, lse))
-    fin = torch.isfinite(ref_lse)
-    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
-    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
-                              ref_leaves)
-    for i, (a, b) in enumerate(zip(grads, ref, strict=True)):
-        assert a.dtype == torch.float32 and not a.isnan().any(), i
-        # Key-side and static gradients sum <= T^2 * H terms: scale the tolerance by them.
-        s = max(1.0, b.abs().max().item())
-        torch.testing.assert_close(a.double() / s, b / s, **FP32, msg=lambda m, i=i: f"{i}: {m}")
+    check_fused_gradients(q, k, v, pre, post, 0.25, window, key_valid)
 
 
 def test_fp16_gradients_close_to_spec():

@@ -22,7 +22,7 @@ from kernel_common import (  # noqa: F401
 
 pytestmark = KERNEL_MARKS
 
-from test_kernel_dcmha import FP32, _qkv, _to, _weights  # noqa: E402
+from test_kernel_dcmha import _qkv, _to, _weights, check_fused_gradients  # noqa: E402
 
 from attnlens.kernels.dcmha import (  # noqa: E402
     ComposeWeights,
@@ -43,31 +43,8 @@ def _check_grads(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, scale=
                  block_m=None, block_n=None, weights=None, **opts):
     q, k, v = _qkv(T_q, T_k, H, d, batch)
     pre, post = weights or (_weights(batch, T_q, T_k, H, seed=s, **opts) for s in (2, 3))
-    flat = [q, k, v, *pre.tensors(), *post.tensors()]
-    present = [t is not None for t in flat]
-
-    def build(ts):
-        it = iter(ts)
-        full = [next(it) if on else None for on in present]
-        return full[:3], ComposeWeights(*full[3:10]), ComposeWeights(*full[10:])
-
-    leaves = [to_device(t).requires_grad_() for t in flat if t is not None]
-    ref_leaves = [t.to(DEVICE, torch.float64).requires_grad_() for t in flat if t is not None]
-    kv = to_device(key_valid)
-    (q_, k_, v_), pre_, post_ = build(leaves)
-    out, lse = dcmha_attention(q_, k_, v_, pre_, post_, scale, window, kv, block_m, block_n)
-    (q_, k_, v_), pre_, post_ = build(ref_leaves)
-    ref_out, ref_lse = dcmha_attention_reference(q_, k_, v_, pre_, post_, scale, window, kv)
-    g = torch.Generator().manual_seed(5)
-    d_out, d_lse = (to_device(torch.randn(t.shape, generator=g)) for t in (out, lse))
-    fin = torch.isfinite(ref_lse)
-    grads = torch.autograd.grad((out * d_out).sum() + (lse.where(fin, 0) * d_lse).sum(), leaves)
-    ref = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse.where(fin, 0) * d_lse).sum(),
-                              ref_leaves)
-    for i, (a, b) in enumerate(zip(grads, ref, strict=True)):
-        assert a.dtype == torch.float32 and not a.isnan().any(), i
-        s = max(1.0, b.abs().max().item())
-        torch.testing.assert_close(a.double() / s, b / s, **FP32, msg=lambda m, i=i: f"{i}: {m}")
+    check_fused_gradients(q, k, v, pre, post, scale, window, to_device(key_valid), block_m,
+                          block_n)
 
 
 def test_query_tiles_key_splits_padding_window_and_padded_head_dim(monkeypatch):

@@ -17,7 +17,7 @@ import torch
 from attnlens.kernels._head_tiles import _slice
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
-from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed, _conv_scores, post_toeplitz
+from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed, post_toeplitz
 
 
 @triton.jit
@@ -159,32 +159,6 @@ def row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid):
     return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
 
-@triton.jit
-def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
-                          kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
-                          scale, CQ, CK, LEFT, stage_c, rows_rel, HAS_KVALID: tl.constexpr,
-                          IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-                          SR: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """The logits L `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` as the
-    forward's `_logits_tc` forms them (each head's convolved scores from `_conv_scores`, mixed
-    on CUDA cores in fp32, so that they match the saved lse); each head's convolved scores
-    (0 where not allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for
-    the pre-softmax mixing's gradient."""
-    offs_c = tl.arange(0, C)
-    out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
-                      HAS_KVALID)
-    out = tl.zeros([HB, R, C], dtype=tl.float32)
-    for n in range(0, H):
-        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
-                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
-                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                            HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
-        conv = tl.where(out_ok, conv, 0.0)
-        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
-        out += w[:, None, None] * conv[None, :, :]
-        tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
-                 conv.to(stage_c.dtype.element_ty))
-    return tl.where(out_ok[None, :, :], out, float("-inf"))
 
 
 @triton.jit
@@ -234,6 +208,6 @@ def tap_pow2(*sizes: int) -> int:
 
 
 __all__ = ["add_dot_heads", "bwd_toeplitz", "dot_heads_rt", "head_gram",
-           "logits_staging_scores", "mix_heads_dot", "padded_mixing", "row_lse2", "stage_gram",
+           "mix_heads_dot", "padded_mixing", "row_lse2", "stage_gram",
            "stage_load", "stage_mixed_dprobs", "stage_store", "tap_grads", "tap_pow2",
            "toeplitz_taps"]

@@ -49,7 +49,6 @@ from attnlens.kernels.mta.bwd_tiles import (
     bwd_toeplitz,
     dot_heads_rt,
     head_gram,
-    logits_staging_scores,
     mix_heads_dot,
     padded_mixing,
     row_lse2,
@@ -67,6 +66,7 @@ from attnlens.kernels.mta.triton_fwd import (
     _allowed,
     _logits_tc,
     fold_keys,
+    logits_staging_scores,
     out_windows,
 )
 
@@ -299,7 +299,7 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
         logits = logits_staging_scores(
             Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
             kv_ptr, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET, scale,
-            CQ, CK, LEFT, stage_c, offs_r, HAS_KVALID, IEEE, HB, PR, AC, AR, BLOCK_D, SCH)
+            CQ, CK, LEFT, stage_c, offs_r, HAS_KVALID, IEEE, HB, PR, AC, AR, BLOCK_D, SCH, True)
         lse2 = row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid)
         delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
                         mask=h_valid[:, None] & (rows < T_Q)[None, :], other=0.0)

@@ -105,16 +105,38 @@ def _logits_tc(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, 
     Mask_0(scale q k^T)))), each head's convolved scores from `_conv_scores` (tensor cores; no
     staging buffer), mixed into every output head as they come. KT: the folded keys
     `[batch H CQ T_K D]` contiguous (`fold_keys`), `kt_base` the offset of this batch's."""
-    out_ok = _allowed(row0 + tl.arange(0, R), col0 + tl.arange(0, C), T_Q, T_K, Q_OFFSET,
-                      kv_ptr, HAS_KVALID)
+    return logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+                                 sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q,
+                                 T_K, Q_OFFSET, scale, CQ, CK, LEFT, KT, 0, HAS_KVALID, IEEE, HB,
+                                 R, C, R, BLOCK_D, SCH, False)
+
+
+@triton.jit
+def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
+                          kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+                          scale, CQ, CK, LEFT, stage_c, rows_rel, HAS_KVALID: tl.constexpr,
+                          IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                          SR: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr,
+                          STAGE: tl.constexpr):
+    """`_logits_tc`'s logits (each head's convolved scores mixed on CUDA cores in fp32, so the
+    backward's match the saved lse); with STAGE each head's convolved scores (0 where not
+    allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for the
+    pre-softmax mixing's gradient (the backward's pre pass)."""
+    offs_c = tl.arange(0, C)
+    out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
+                      HAS_KVALID)
     out = tl.zeros([HB, R, C], dtype=tl.float32)
     for n in range(0, H):
         conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
                             kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
                             D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                             HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
+        conv = tl.where(out_ok, conv, 0.0)
         w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
-        out += w[:, None, None] * tl.where(out_ok, conv, 0.0)[None, :, :]
+        out += w[:, None, None] * conv[None, :, :]
+        if STAGE:
+            tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
+                     conv.to(stage_c.dtype.element_ty))
     return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
 
 

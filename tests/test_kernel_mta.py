@@ -73,13 +73,13 @@ def _mta_model(**overrides):
 
 
 def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
-           dtype=torch.float32, block_n=None):
+           dtype=torch.float32, block_n=None, block_m=None):
     q, k, v = _qkv(T_q, T_k, H, d, batch)
     params = _params(H, **opts)
     out, lse = mta_attention(*(t.to(DEVICE, dtype) for t in (q, k, v)),
                              *(None if p is None else p.to(DEVICE) for p in params),
                              pad_key=pad_key, scale=d ** -0.5, key_valid=key_valid,
-                             block_n=block_n)
+                             block_m=block_m, block_n=block_n)
     assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
     # fp16: the spec in fp32 on the same fp16-rounded inputs; fp32: the spec in float64.
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
@@ -201,6 +201,20 @@ def test_fp16():
 
 
 
+
+def test_fp16_windows_inside_the_sequence_take_unmasked_factored_taps():
+    """fp16 / bf16 with d_head one unpadded chunk: a factored window whose q rows and kt keys
+    all lie inside the sequence loads them unmasked (`_interior`); T 48 in 16 x 16 lse tiles
+    gives such windows (rows 32-47, keys 0-15), next to masked and direct ones."""
+    from attnlens.kernels.compile_check.trips import MODELS
+
+    env = dict(BLOCK_M=16, BLOCK_N=16, T_Q=48, T_K=48, Q_OFFSET=0, H=2, D=16, BLOCK_D=16,
+               SCH=16, CQ=6, CK=11, LEFT=5, N_T=3, NS=1)
+    direct, inside, masked = MODELS["mta_lse_kernel"](env, (3, 1))["a"]
+    assert inside > 0 and direct + inside + masked == pytest.approx(6)
+    _check(48, 48, 2, OFFICIAL, dtype=torch.float16, block_m=16, block_n=16)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_key_splits_combine_exactly(monkeypatch, splits):
     """Both passes with every row window's keys split over `splits` programs (split s takes
@@ -246,7 +260,8 @@ def test_trip_models_count_the_forward_key_splits():
     rows x 22 keys (rows 0, 27, 54 sweep 2, 3, 3 key windows), with 1 and 2 splits."""
     from attnlens.kernels.compile_check.trips import MODELS
 
-    env = dict(BLOCK_M=32, BLOCK_N=32, T_K=61, Q_OFFSET=0, H=2, D=16, CQ=6, CK=11, LEFT=5)
+    env = dict(BLOCK_M=32, BLOCK_N=32, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=16, CQ=6, CK=11,
+               LEFT=5)
     assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))["n0"] == 1.5
     assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2), (4, 1))["n0"] == 0.75
     out = dict(env, AR=32, AC=32, PR=16, DCH=16, CQ2=6, CK2=11, LEFT2=5)

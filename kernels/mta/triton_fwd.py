@@ -88,6 +88,15 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
                 s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
                              (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
                 acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
+    elif _interior(first_row, row0 + R, col0, col0 + C, T_Q, T_K, D, BLOCK_D, SCH):
+        # factored, every row tap and key inside the sequence and one chunk of d_head: the
+        # same CQ dots without masks
+        offs_d = tl.arange(0, BLOCK_D)
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            x = tl.load(Q + q_base + rows[:, None] * sq_t + offs_d[None, :] * sq_d)
+            yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D + offs_d[:, None])
+            acc += _dot(x, yt, IEEE)
     else:                                            # factored through q and kt: CQ dots
         c_in = (cols >= 0) & (cols < T_K)
         for a in range(0, CQ):
@@ -96,6 +105,18 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
                             KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
                             SCH)
     return acc * scale
+
+
+@triton.jit
+def _interior(first_row, rows_end, col0, cols_end, T_Q, T_K, D, BLOCK_D: tl.constexpr,
+              SCH: tl.constexpr):
+    """A factored window reads rows `[first_row, rows_end)` of q and keys `[col0, cols_end)`
+    of kt all inside the sequence, and d_head is one unpadded chunk (bf16 / fp16)."""
+    if SCH == BLOCK_D:
+        return ((first_row >= 0) & (rows_end <= T_Q) & (col0 >= 0) & (cols_end <= T_K)
+                & (D == BLOCK_D))
+    else:
+        return False
 
 
 @triton.jit

@@ -73,13 +73,13 @@ def _mta_model(**overrides):
 
 
 def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
-           dtype=torch.float32, block_n=None):
+           dtype=torch.float32, block_n=None, block_m=None):
     q, k, v = _qkv(T_q, T_k, H, d, batch)
     params = _params(H, **opts)
     out, lse = mta_attention(*(t.to(DEVICE, dtype) for t in (q, k, v)),
                              *(None if p is None else p.to(DEVICE) for p in params),
                              pad_key=pad_key, scale=d ** -0.5, key_valid=key_valid,
-                             block_n=block_n)
+                             block_m=block_m, block_n=block_n)
     assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
     # fp16: the spec in fp32 on the same fp16-rounded inputs; fp32: the spec in float64.
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
@@ -199,6 +199,76 @@ def test_queries_aligned_to_the_last_keys():
 def test_fp16():
     _check(20, 20, 2, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), dtype=torch.float16)
 
+
+
+
+def test_fp16_windows_inside_the_sequence_take_unmasked_factored_taps():
+    """fp16 / bf16 with d_head one unpadded chunk: a factored window whose q rows and kt keys
+    all lie inside the sequence loads them unmasked (`_interior`); T 48 in 16 x 16 lse tiles
+    gives such windows (rows 32-47, keys 0-15), next to masked and direct ones."""
+    from attnlens.kernels.compile_check.trips import MODELS
+
+    env = dict(BLOCK_M=16, BLOCK_N=16, T_Q=48, T_K=48, Q_OFFSET=0, H=2, D=16, BLOCK_D=16,
+               SCH=16, CQ=3, CK=5, LEFT=2, N_T=3, NS=1)
+    direct, inside, masked = MODELS["mta_lse_kernel"](env, (3, 1))["a"]
+    assert inside > 0 and direct + inside + masked == pytest.approx(3)
+    _check(48, 48, 2, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), dtype=torch.float16,
+           block_m=16, block_n=16)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_key_splits_combine_exactly(monkeypatch, splits):
+    """Both passes with every row window's keys split over `splits` programs (split s takes
+    key windows s, s + NS, ...; partial lse by logsumexp, partial z summed in fp32) and
+    without a split: T 61 at 6 x 11 gives 2 lse tiles of 32 keys and 3 out windows of 22
+    keys, so NS 3 leaves some splits with no key window (their lse is -inf)."""
+    from attnlens.kernels.mta import triton_fwd
+
+    used = []
+    grids = triton_fwd.forward_grids
+
+    def forced(*args):
+        g = grids(*args[:9], splits=(splits, splits))      # (B, T_Q, ..., block_n)
+        used.append((g.ns_lse, g.ns_out))
+        return g
+
+    monkeypatch.setattr(triton_fwd, "forward_grids", forced)
+    _check(61, 61, 2, OFFICIAL, "both")
+    assert used == [(splits, splits)]
+
+
+def test_forward_grids_fill_the_sms_at_batch_1():
+    """The benchmark's shapes (16 heads, 6 x 11): both passes launch >= 132 programs (2 SMs'
+    worth at 4k) and the modeled finish time of their causal key windows stays within 1.3x
+    of an even share of 132 SMs (one program per SM: 32 / 38 programs at 1k finished at 8x /
+    6.7x, 128 / 152 at 4k at 2.1x / 1.9x without the split)."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids, makespan, split_windows
+
+    for T in (1024, 4096):
+        g = forward_grids(1, T, T, 16, 6, 11, "cpu")
+        for n, rows, step, ns in ((g.n_t, g.block_m, g.block_n, g.ns_lse),
+                                  (g.n_w, g.ar - 5, g.ac - 10, g.ns_out)):
+            work = split_windows(n, rows, step, T, 0, ns)
+            assert len(work) >= 132 and sum(work) == sum(split_windows(n, rows, step, T, 0, 1))
+            assert makespan(work, 132) <= 1.3 * sum(work) / 132, (T, rows, ns)
+    unsplit = split_windows(32, 32, 32, 1024, 0, 1)
+    assert makespan(unsplit, 132) == 32 and sum(unsplit) == 528
+
+
+def test_trip_models_count_the_forward_key_splits():
+    """`compile_check.trips` counts a split pass's key windows per program as the kernels run
+    them: T 61, lse tiles of 32 x 32 (2 row tiles; 1 and 2 key tiles) and out windows of 27
+    rows x 22 keys (rows 0, 27, 54 sweep 2, 3, 3 key windows), with 1 and 2 splits."""
+    from attnlens.kernels.compile_check.trips import MODELS
+
+    env = dict(BLOCK_M=32, BLOCK_N=32, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=16, CQ=6, CK=11,
+               LEFT=5)
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))["n0"] == 1.5
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2), (4, 1))["n0"] == 0.75
+    out = dict(env, AR=32, AC=32, PR=16, DCH=16, CQ2=6, CK2=11, LEFT2=5)
+    assert MODELS["mta_out_kernel"](dict(out, N_W=3, NS=1), (3, 1))["n0"] == pytest.approx(8 / 3)
+    # split 0 takes key windows 0, 2 (1 + 2 + 2), split 1 window 1 (1 + 1 + 1): 8 in all
+    assert MODELS["mta_out_kernel"](dict(out, N_W=3, NS=2), (6, 1))["n0"] == pytest.approx(8 / 6)
 
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [

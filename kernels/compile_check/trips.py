@@ -136,35 +136,63 @@ def _mta_direct_share(env, windows) -> float:
     return _avg(direct)
 
 
+def _mta_split_windows(env, grid, rows, step):
+    """The forward's key splits (`triton_fwd.key_splits`): program `pid` of the grid's axis 0
+    takes row window `N - 1 - pid % N` (rows from that times `rows`) and its key windows from
+    `(pid // N) * step` in steps of `NS * step`, N the row windows (`N_T` / `N_W`; the whole
+    axis without a split). Returns `[(row0, [n0, ...]) per program]`."""
+    n_w = env.get("N_T", env.get("N_W", grid[0]))
+    ns = env.get("NS", 1)
+    out = []
+    for pid in range(grid[0]):
+        m0, split = (n_w - 1 - pid % n_w) * rows, pid // n_w
+        end = min(env["T_K"], env["Q_OFFSET"] + m0 + rows)
+        out.append((m0, range(split * step, end, ns * step)))
+    return out
+
+
+def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
+    """Shares of the forward's logit windows `(row0, R, col0, C)` per branch of
+    `_conv_scores`: direct taps, factored inside the sequence (`_interior`: rows
+    `row0 - (CQ - 1) .. row0 + R - 1` and keys `col0 .. col0 + C - 1` in range, d_head one
+    unpadded chunk: bf16 / fp16), factored with masks; in source order."""
+    direct = _mta_direct_share(env, windows)
+    one_chunk = env.get("SCH") == env.get("BLOCK_D") == env["D"]
+    inside = [row0 - (env["CQ"] - 1) >= 0 and row0 + r <= env["T_Q"] and col0 >= 0
+              and col0 + c <= env["T_K"] for row0, r, col0, c in windows]
+    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
+    fast = _avg(ok and one_chunk and not (col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off)
+                for ok, (row0, r, col0, c) in zip(inside, windows, strict=True))
+    return direct, fast, 1.0 - direct - fast
+
+
 def _mta_lse(env, grid):
-    """MTA lse pass: key tiles `n0` of BLOCK_N (causal), heads `n`, then per head either the
-    direct taps (`a` x `b`) or the factored ones (`a`), in source order; their `a` trips are
-    CQ times the share of windows taking each branch (so the products count the work)."""
+    """MTA lse pass: key tiles `n0` of BLOCK_N (causal, a split's share), heads `n`, then per
+    head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
+    factored ones (`a`), in source order; their `a` trips are CQ times the share of windows
+    taking each branch (`_mta_tap_shares`: so the products count the work)."""
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
-    windows = [(pid * bm, bm, n0, bn) for pid in range(grid[0])
-               for n0 in range(0, min(env["T_K"], env["Q_OFFSET"] + (pid + 1) * bm), bn)]
-    f = _mta_direct_share(env, windows)
-    return {"n0": _causal_tiles(env, grid), "n": env["H"], "a": [env["CQ"] * f,
-            env["CQ"] * (1 - f)], "b": env["CK"]}
+    progs = _mta_split_windows(env, grid, bm, bn)
+    windows = [(m0, bm, n0, bn) for m0, steps in progs for n0 in steps]
+    shares = _mta_tap_shares(env, windows)
+    return {"n0": _avg(len(steps) for _, steps in progs), "n": env["H"],
+            "a": [env["CQ"] * f for f in shares], "b": env["CK"]}
 
 
 def _mta_out(env, grid):
-    """MTA out pass: windows of AR x AC with outputs AR - CQ2 + 1 rows from `pid * that`,
-    keys stepping by AC - CK2 + 1 (`n0`); per window the lse pass's taps on every head (`n`,
-    `a` direct / factored, `b`), then AR / PR row chunks (`r0`), each with the post-softmax
-    row taps (`a`: CQ2, one Toeplitz dot each) and the d_head chunks `d0` of z."""
+    """MTA out pass: windows of AR x AC with outputs AR - CQ2 + 1 rows, keys stepping by
+    AC - CK2 + 1 (`n0`, a split's share); per window the lse pass's taps on every head (`n`,
+    `a` direct / inside / masked, `b`), then AR / PR row chunks (`r0`), each with the post-
+    softmax row taps (`a`: CQ2, one Toeplitz dot each) and the d_head chunks `d0` of z."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
-    windows, per_prog = [], []
-    for pid in range(grid[0]):
-        m0 = pid * bme
-        steps = range(0, min(env["T_K"], env["Q_OFFSET"] + m0 + bme), bne)
-        per_prog.append(len(steps))
-        windows += [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac) for n0 in steps]
-    f = _mta_direct_share(env, windows)
-    return {"n0": _avg(per_prog), "n": env["H"], "r0": ar // env["PR"],
-            "a": [env["CQ"] * f, env["CQ"] * (1 - f), env["CQ2"]], "b": env["CK"],
-            "d0": math.ceil(env["D"] / env["DCH"])}
+    progs = _mta_split_windows(env, grid, bme, bne)
+    windows = [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac)
+               for m0, steps in progs for n0 in steps]
+    shares = _mta_tap_shares(env, windows)
+    return {"n0": _avg(len(steps) for _, steps in progs), "n": env["H"],
+            "r0": ar // env["PR"], "a": [env["CQ"] * f for f in shares] + [env["CQ2"]],
+            "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
 
 
 # MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `(N_W - 1 - pid % N_W) *

@@ -66,6 +66,7 @@ from attnlens.kernels.mta.triton_fwd import (
     _allowed,
     _logits_tc,
     fold_keys,
+    key_splits,
     logits_staging_scores,
     out_windows,
 )
@@ -416,16 +417,6 @@ def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int
     hq, hk = max(cq, cq2), max(ck, ck2)
     ar, ac = out_windows(hb, hq, hk)
     return ar, ac, ar - hq + 1, ac - hk + 1
-
-
-def key_splits(row_programs: int, key_windows: int, device) -> int:
-    """How many programs share a row window's key windows (NS): enough for two programs per
-    SM (132 on an H100 / H200; the device's count on a GPU), at most one per key window.
-    Split s takes key windows s, s + NS, ...: causal rows near the end hold twice the mean
-    windows, and one program per row window left the last ones as the critical path."""
-    n_sm = (torch.cuda.get_device_properties(device).multi_processor_count
-            if torch.device(device).type == "cuda" else 132)
-    return max(1, min(math.ceil(2 * n_sm / max(row_programs, 1)), key_windows))
 
 
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,

@@ -32,12 +32,15 @@ over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empt
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
+from typing import NamedTuple
 
 import torch
 
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_tile, heads_window
+from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -85,6 +88,15 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
                 s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
                              (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
                 acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
+    elif _interior(first_row, row0 + R, col0, col0 + C, T_Q, T_K, D, BLOCK_D, SCH):
+        # factored, every row tap and key inside the sequence and one chunk of d_head: the
+        # same CQ dots without masks
+        offs_d = tl.arange(0, BLOCK_D)
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, R)
+            x = tl.load(Q + q_base + rows[:, None] * sq_t + offs_d[None, :] * sq_d)
+            yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D + offs_d[:, None])
+            acc += _dot(x, yt, IEEE)
     else:                                            # factored through q and kt: CQ dots
         c_in = (cols >= 0) & (cols < T_K)
         for a in range(0, CQ):
@@ -93,6 +105,18 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
                             KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
                             SCH)
     return acc * scale
+
+
+@triton.jit
+def _interior(first_row, rows_end, col0, cols_end, T_Q, T_K, D, BLOCK_D: tl.constexpr,
+              SCH: tl.constexpr):
+    """A factored window reads rows `[first_row, rows_end)` of q and keys `[col0, cols_end)`
+    of kt all inside the sequence, and d_head is one unpadded chunk (bf16 / fp16)."""
+    if SCH == BLOCK_D:
+        return ((first_row >= 0) & (rows_end <= T_Q) & (col0 >= 0) & (cols_end <= T_K)
+                & (D == BLOCK_D))
+    else:
+        return False
 
 
 @triton.jit
@@ -143,18 +167,25 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
 @triton.jit
 def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
+                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SCH: tl.constexpr):
-    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), batch)`: row lse of L for every head."""
-    b, prog, m0, offs_m, m_in, offs_h, h_valid, offs_d, d_valid, hr_mask = heads_tile(
-        T_Q, H, D, BLOCK_M, HB, BLOCK_D)
+    """Pass 1, grid `(N_T * NS, batch)` (`N_T = cdiv(T_Q, BLOCK_M)` row tiles, NS key splits,
+    `key_splits`): the row lse of L for every head over split s's key tiles s, s + NS, ...,
+    the last rows (most key tiles) first; `LSE [batch NS H T_Q]` holds each split's lse (the
+    caller sums the splits, `logsumexp`)."""
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    m0 = (N_T - 1 - pid % N_T) * BLOCK_M      # row tile, the longest (last) rows first,
+    split = pid // N_T                        # and which NS-th of its key tiles
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(0, n_end, BLOCK_N):
+    for n0 in range(split * BLOCK_N, n_end, NS * BLOCK_N):
         x = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
                        sk_d, KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
                        T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
@@ -166,32 +197,38 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
     empty = l_i == 0.0
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(LSE + (b * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse, mask=hr_mask)
+    tl.store(LSE + ((b * NS + split) * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse,
+             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
 
 
 @triton.jit
 def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
-                   HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                   N_W, NS, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    PR: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, AR - CQ2 + 1), batch)`: z = Mix_post(Mask_0(Conv_post(A))) v.
+    """Pass 2, grid `(N_W * NS, batch)` (`N_W = cdiv(T_Q, AR - CQ2 + 1)` row windows, NS key
+    splits, `key_splits`): z = Mix_post(Mask_0(Conv_post(A))) v.
 
     A program works on windows of AR rows x AC keys (powers of two): the probabilities of all
     heads on a window (logits from `_logits_tc`, tensor cores) are staged in STAGE2, and the
     post-softmax convolution reads them back for the window's outputs that have their whole
     halo inside it: the first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys (no power-of-two
-    padding of the halo). The program's query rows start at `pid * (AR - CQ2 + 1)`; its key
-    loop steps by `AC - CK2 + 1`. The convolution is CQ2 dots per window, all heads at once:
-    row tap a reads the stage a rows down, and its key taps are a dot with the banded
-    Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`); the head mixing is one dot of
-    `W2T [HB, HB]` (`W2T[m, n] = W2[n, m]`, zero-padded; HB >= 16) with the stacked maps
-    `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is summed in the
-    fp32 `Z [batch T_Q H D]` (zeroed; rows owned by this program) d_head chunk by chunk: no
-    `[H, rows, d_head]` accumulator."""
-    b, prog, m0 = heads_window(AR - CQ2 + 1)
+    padding of the halo). Row window w's query rows start at `w * (AR - CQ2 + 1)`, the last
+    windows (most keys) first; split s of a row window takes its key windows s, s + NS, ...
+    (the key loop steps by `NS * (AC - CK2 + 1)`). The convolution is CQ2 dots per window,
+    all heads at once: row tap a reads the stage a rows down, and its key taps are a dot with
+    the banded Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`); the head mixing is
+    one dot of `W2T [HB, HB]` (`W2T[m, n] = W2[n, m]`, zero-padded; HB >= 16) with the
+    stacked maps `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is
+    summed in the fp32 `Z [batch NS T_Q H D]` (zeroed; each split its own slice, the caller
+    sums them: no atomics, a deterministic sum) d_head chunk by chunk: no `[H, rows,
+    d_head]` accumulator."""
+    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
     BMe = AR - CQ2 + 1
+    m0 = (N_W - 1 - pid % N_W) * BMe          # row window, the longest (last) rows first,
+    split = pid // N_W                        # and which NS-th of its key windows
     BNe = AC - CK2 + 1
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
@@ -208,7 +245,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
-    for n0 in range(0, n_end, BNe):
+    for n0 in range(split * BNe, n_end, NS * BNe):
         logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
                             sk_h, sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
                             n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
@@ -234,7 +271,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
             conv = tl.where(ok[None, :, :], conv, 0.0)       # Mask_0, outputs with halo in
             pattern = tl.reshape(_dot(w2t, tl.reshape(conv.to(w2t.dtype), [HB, PR * AC]),
                                       IEEE), [HB, PR, AC]).to(w2t.dtype)   # Mix_post: a dot
-            z_rows = Z + ((b.to(tl.int64) * T_Q + m0 + offs_r[None, :, None]) * H
+            z_rows = Z + (((b * NS + split).to(tl.int64) * T_Q + m0 + offs_r[None, :, None]) * H
                           + offs_h[:, None, None]) * D
             m_own = (offs_r < BMe) & (m0 + offs_r < T_Q)
             for d0 in range(0, D, DCH):                      # z += pattern v, chunk by chunk
@@ -287,6 +324,92 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
     return ar, ac
 
 
+def key_splits(row_programs: int, key_windows: int, device) -> int:
+    """How many programs share a row window's (or row tile's) key windows (NS): enough for two
+    programs per SM (132 on an H100 / H200; the device's count on a GPU), at most one per key
+    window. Split s takes key windows s, s + NS, ...: causal rows near the end hold twice the
+    mean windows, and one program per row window left the last ones as the critical path
+    (the backward's passes and both forward passes)."""
+    return max(1, min(math.ceil(2 * _sm_count(device) / max(row_programs, 1)), key_windows))
+
+
+def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
+                  ns: int) -> list[int]:
+    """Key windows of each program of a forward pass's grid axis 0 (launch order): program
+    `pid` takes row window `n_rows - 1 - pid % n_rows` (rows from that times `rows`, the last
+    rows first) and its key windows from `(pid // n_rows) * step` in steps of `ns * step`,
+    causal (keys up to `q_offset` past its last row)."""
+    out = []
+    for pid in range(n_rows * ns):
+        m0, split = (n_rows - 1 - pid % n_rows) * rows, pid // n_rows
+        out.append(len(range(split * step, min(T_K, q_offset + m0 + rows), ns * step)))
+    return out
+
+
+def makespan(work: list[int], n_sm: int) -> int:
+    """Finish time of programs with `work` (in launch order) on `n_sm` SMs, one program per
+    SM at a time (the forward's 8-warp, 255-register programs fill an SM's registers), each
+    SM taking the next program when it is free."""
+    free = [0] * n_sm
+    for w in work:
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return max(free)
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, batch: int,
+                    n_sm: int) -> int:
+    """The forward's key splits (NS) of a pass: the fewest whose modeled finish time
+    (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
+    1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
+    (`key_splits`, the backward's rule) can leave a last wave nearly empty (T 4096, lse pass:
+    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x)."""
+    most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
+               max(1, math.ceil(T_K / step)))
+    times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
+             for ns in range(1, most + 1)]
+    return next(ns for ns, t in enumerate(times, 1) if t <= 1.05 * min(times))
+
+
+def _sm_count(device) -> int:
+    return (torch.cuda.get_device_properties(device).multi_processor_count
+            if torch.device(device).type == "cuda" else 132)
+
+
+class ForwardGrids(NamedTuple):
+    """The forward's launch plan: the lse pass's tiles (BLOCK_M x BLOCK_N), row tiles `n_t` and
+    key splits `ns_lse`; the out pass's windows (AR x AC at HB heads), row windows `n_w` and
+    key splits `ns_out`. Programs per launch: `n_t * ns_lse` and `n_w * ns_out` per batch."""
+
+    block_m: int
+    block_n: int
+    n_t: int
+    ns_lse: int
+    hb_out: int
+    ar: int
+    ac: int
+    n_w: int
+    ns_out: int
+
+
+def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device,
+                  block_m: int | None = None, block_n: int | None = None,
+                  splits: tuple[int, int] | None = None) -> ForwardGrids:
+    """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `out_windows` (at least 16
+    heads: the mixing dot), key splits `balanced_splits` unless `splits` (lse, out) is
+    given."""
+    hb = next_pow2(H, minimum=1)
+    lm, ln = lse_blocks(hb, block_m, block_n)
+    n_t = math.ceil(T_Q / lm)
+    hb2 = max(hb, 16)
+    ar, ac = out_windows(hb2, cq2, ck2)
+    n_w = math.ceil(T_Q / (ar - cq2 + 1))
+    n_sm, off = _sm_count(device), T_K - T_Q
+    ns1, ns2 = splits or (balanced_splits(n_t, lm, ln, T_K, off, B, n_sm),
+                          balanced_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm))
+    return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
+
+
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
     """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
     pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
@@ -324,13 +447,15 @@ def post_toeplitz(post_kernel, left2: int, ac: int, hb: int, dtype):
 
 def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
             scale: float, key_valid=None, block_m: int | None = None,
-            block_n: int | None = None):
+            block_n: int | None = None, splits: tuple[int, int] | None = None):
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
 
     Kernels: fp32 `[H, c_q, c_k]` contiguous; mixings fp32 `[H, H]` contiguous (identities for
     steps that are off); `left`, `left2`: key padding on the left of each convolution;
     `block_m` / `block_n` set the lse pass's tiles (the out pass sizes its windows itself,
-    `out_windows`)."""
+    `out_windows`); `splits` the key splits (NS) of the (lse, out) passes (default
+    `key_splits`: the grids fill the SMs at batch 1). Each split's partial lse and z are
+    combined in fp32 here (logsumexp; a sum)."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     out = torch.empty_like(q)
@@ -346,28 +471,31 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
+                                                            block_m, block_n, splits)
     # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
-    lm, ln = lse_blocks(HB, block_m, block_n)
-    mta_lse_kernel[(math.ceil(T_Q / lm), B)](
-        q, k, kt, lse, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, BLOCK_M=lm, BLOCK_N=ln, **common)
+    lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
+    mta_lse_kernel[(n_t * ns1, B)](
+        q, k, kt, lse_s, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, n_t, ns1, BLOCK_M=lm, BLOCK_N=ln,
+        **common)
+    if ns1 > 1:                                        # -inf where every split is empty
+        torch.logsumexp(lse_s, 1, out=lse)
     # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
-    hb2 = max(HB, 16)                                  # the mixing dot needs >= 16 heads
-    ar, ac = out_windows(hb2, cq2, ck2)
-    n_w = math.ceil(T_Q / (ar - cq2 + 1))
-    stage2 = torch.empty(B * n_w * hb2 * ar * ac, device=q.device, dtype=q.dtype)
-    z = torch.zeros(B, T_Q, H, D, **f32)
+    stage2 = torch.empty(B * n_w * ns2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
+    z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
-    mta_out_kernel[(n_w, B)](
+    mta_out_kernel[(n_w * ns2, B)](
         q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, AR=ar, AC=ac,
-        PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
-    out.copy_(z)
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
+        AC=ac, PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
+    out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
-__all__ = ["LAUNCH", "default_blocks", "fold_keys", "lse_blocks", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_windows", "post_toeplitz"]
+__all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
+           "forward_grids", "key_splits", "lse_blocks", "makespan", "mta_fwd", "mta_lse_kernel",
+           "mta_out_kernel", "out_windows", "post_toeplitz", "split_windows"]

@@ -14,7 +14,7 @@ interpreter.
 import pytest
 import torch
 
-from kernel_common import KERNEL_MARKS  # noqa: F401
+from kernel_common import KERNEL_MARKS, nan_empty  # noqa: F401  (nan_empty: autouse, NaN scratch)
 
 pytestmark = KERNEL_MARKS
 

@@ -78,6 +78,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
         tests/test_kernel_flash_attention.py tests/test_kernel_flash_schedule.py \
         tests/test_kernel_flash_host.py tests/test_kernel_infini.py tests/test_kernel_cope.py \
         tests/test_triton_prologue.py tests/test_kernel_dcmha_bwd_tc.py \
+        tests/test_autotune_dispatch.py tests/test_kernel_autotune_tiles.py tests/test_dispatch.py \
         "tests/test_kernel_mta_bwd.py::test_gradients_at_sixteen_heads_full_mixing" \
         "tests/test_kernel_mta.py::test_sixteen_heads_full_mixing" \
         2>&1 | tee "$OUT/tests.log"

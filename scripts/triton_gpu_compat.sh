@@ -4,7 +4,10 @@
 # kernel is designed here with the real compiler of triton 3.9.0. A kernel that does not
 # import, compile, or stay spill-free under 3.6.0 would waste the window.
 #
-#   bash scripts/triton_gpu_compat.sh [compile] [tests]      (default: both; ~10 min, 2 cores)
+#   bash scripts/triton_gpu_compat.sh [compile] [tests]      (default: both)
+#
+# Time on 2 shared cores: compile ~15 min cold (196 kernels, twice), much less for kernels the
+# results cache holds; tests ~4 min; the first run also installs ~1.6 GB (a few minutes).
 #
 # 1. A side environment, $VENV (default .venv-triton36/, git-ignored), with the same CPU torch as
 #    .venv (torch==2.13.0, setup.sh's pin), triton==$TRITON_GPU (3.6.0), and the three small

@@ -39,6 +39,17 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     $PY -c "import transformer_lens; print('transformer_lens ok')" 2>&1 | tail -1
     nproc
 } >"$OUT/env.txt" 2>&1
+# The kernels are designed with the CPU's triton (3.9) and compile-checked, without a GPU, under
+# the image's (scripts/triton_gpu_compat.sh, docs/benchmarks.md "The kernels under the GPU
+# image's triton 3.6.0"). On a triton neither check covered, a kernel may fail to compile here:
+# say so at the top, where a failing stage below would otherwise be the first sign.
+TRITON_CHECKED="3.9.0 3.6.0"
+TRITON_HERE=$($PY -c "import triton; print(triton.__version__)" 2>/dev/null || echo none)
+if [[ " $TRITON_CHECKED " != *" $TRITON_HERE "* ]]; then
+    echo "WARNING: triton $TRITON_HERE: the kernels were compile-checked under triton" \
+        "$TRITON_CHECKED only; compile errors below may be version differences (next time," \
+        "first: TRITON_GPU=$TRITON_HERE bash scripts/triton_gpu_compat.sh)" >>"$OUT/env.txt"
+fi
 cat "$OUT/env.txt"
 
 stage() {  # stage SECONDS FILE CMD...: run CMD with a time limit, output to the screen and FILE

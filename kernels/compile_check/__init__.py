@@ -13,4 +13,7 @@ and per launch (`sass_mix`: classes and loops; `trips`: trip counts from the lau
 `mix_report`: the report), and `--roofline FILE` estimates the benchmark's forward launches
 (`roofline`: peaks and the time formula; `calibrate`: against the H200 times measured
 2026-12-04). Tests: tests/test_compile_check_instruments.py.
+
+Two Triton versions (`versions`): the same cases compiled under the CPU's triton and the GPU
+image's, kernel by kernel (scripts/triton_gpu_compat.sh; tests/test_compile_check_versions.py).
 """

@@ -255,6 +255,20 @@ def test_forward_grids_fill_the_sms_at_batch_1():
     assert makespan(unsplit, 132) == 32 and sum(unsplit) == 528
 
 
+def test_lse_tiles_narrow_at_few_heads_and_wide_heads():
+    """`lse_blocks`: 64 x 64 at <= 4 heads and d_head <= 64, 64 x 32 at d_head > 64 (64 x 64
+    there sat at 255 registers and spilled 32 B under the GPU image's triton 3.6.0, sm_90),
+    32 x 32 at 16 heads whatever d_head; explicit blocks win; `forward_grids` passes d_head."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids, lse_blocks
+
+    assert lse_blocks(4, None, None, 64) == (64, 64)
+    assert lse_blocks(4, None, None, 128) == (64, 32)
+    assert lse_blocks(16, None, None, 128) == lse_blocks(16, None, None, 64) == (32, 32)
+    assert lse_blocks(4, 16, 16, 128) == (16, 16)
+    g = forward_grids(1, 256, 256, 4, 6, 11, "cpu", splits=(1, 1), block_d=128)
+    assert (g.block_m, g.block_n) == (64, 32)
+
+
 def test_trip_models_count_the_forward_key_splits():
     """`compile_check.trips` counts a split pass's key windows per program as the kernels run
     them: T 61, lse tiles of 32 x 32 (2 row tiles; 1 and 2 key tiles) and out windows of 27

@@ -301,12 +301,15 @@ def default_blocks() -> tuple[int, int]:
     return 16, 16
 
 
-def lse_blocks(hb: int, block_m: int | None, block_n: int | None) -> tuple[int, int]:
+def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
+               block_d: int = 64) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) of the lse pass: its only `[HB, rows, keys]` tensor is the logits
     (no staging), so 32 x 32 tiles at up to 16 heads (16K fp32 per program), larger for fewer
-    heads; explicit blocks (tests) win."""
+    heads; explicit blocks (tests) win. At <= 4 heads and d_head > 64, 64 x 32: 64 x 64 sits at
+    255 registers there and the GPU image's triton 3.6.0 spills 32 B on sm_90 (3.9.0: none)."""
     bm = block_m or (64 if hb <= 4 else 32)
-    bn = block_n or max(16, min(64, 16384 // (hb * bm)))
+    widest = 32 if block_d > 64 and hb <= 4 else 64
+    bn = block_n or max(16, min(widest, 16384 // (hb * bm)))
     return bm, bn
 
 
@@ -394,12 +397,12 @@ class ForwardGrids(NamedTuple):
 
 def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device,
                   block_m: int | None = None, block_n: int | None = None,
-                  splits: tuple[int, int] | None = None) -> ForwardGrids:
+                  splits: tuple[int, int] | None = None, block_d: int = 64) -> ForwardGrids:
     """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `out_windows` (at least 16
     heads: the mixing dot), key splits `balanced_splits` unless `splits` (lse, out) is
     given."""
     hb = next_pow2(H, minimum=1)
-    lm, ln = lse_blocks(hb, block_m, block_n)
+    lm, ln = lse_blocks(hb, block_m, block_n, block_d)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
     ar, ac = out_windows(hb2, cq2, ck2)
@@ -472,7 +475,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
-                                                            block_m, block_n, splits)
+                                                            block_m, block_n, splits, BD)
     # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
     mta_lse_kernel[(n_t * ns1, B)](

@@ -8,6 +8,7 @@ the tensor-core one whenever each phase has <= MAX_CHANNELS query-wise channels 
 static B counting H more), the all-heads one otherwise.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ pytestmark = KERNEL_MARKS
 
 from test_kernel_dcmha import _qkv, _to, _weights, check_fused_gradients  # noqa: E402
 
+from attnlens.kernels._triton import interpreting  # noqa: E402
 from attnlens.kernels.dcmha import (  # noqa: E402
     ComposeWeights,
     dcmha_attention,
@@ -99,3 +101,46 @@ def test_fp16_gradients_close_to_spec(monkeypatch):
                             lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
                             q, k, v)
     assert log == ["tc"]
+
+
+def _atomic_targets(monkeypatch) -> list:
+    """`(addresses, semantic)` of every atomic add the interpreter executes (masked-on lanes)."""
+    from triton.runtime import interpreter
+    log: list = []
+    original = interpreter.InterpreterBuilder.create_atomic_rmw
+
+    def record(self, op, ptr, val, mask, sem, scope):
+        log.append((ptr.data[mask.data.astype(bool)], sem))
+        return original(self, op, ptr, val, mask, sem, scope)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_atomic_rmw", record)
+    return log
+
+
+@pytest.mark.skipif(not interpreting(), reason="reads the interpreter's atomics")
+def test_only_key_side_gradients_are_added_atomically(monkeypatch):
+    """dq and the query-wise weight gradients: each program adds its own rows of its key
+    split's partial with plain loads and stores (summed over splits in torch), so the only
+    atomic adds left (3 query tiles, 3 key splits) land in dk, dv and the key-wise weight
+    gradients."""
+    from attnlens.kernels.dcmha import function
+    atomics = _atomic_targets(monkeypatch)
+    results: list = []
+    backward = function.dcmha_tc_bwd
+
+    def run_backward(*args, **kwargs):
+        atomics.clear()                # the forward's output adds are not counted
+        results.append(backward(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(function, "dcmha_tc_bwd", run_backward)
+    _check_grads(37, 37, 2, block_m=16, block_n=16)
+    _, dk, dv, g_pre, g_post = results[0]
+    key_side = [dk, dv, *g_pre[3:], *g_post[3:]]
+    spans = [(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in key_side]
+    addresses = np.concatenate([a for a, _ in atomics])
+    assert addresses.size > 0
+    inside = np.zeros(addresses.shape, dtype=bool)
+    for lo, hi in spans:
+        inside |= (addresses >= lo) & (addresses < hi)
+    assert inside.all(), f"{(~inside).sum()} of {addresses.size} atomic adds outside"

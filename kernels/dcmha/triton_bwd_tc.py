@@ -37,12 +37,17 @@ and dv = P^T dz (post hidden maps), pre w1 and dq = ds k (pre back hidden maps),
 dk = ds^T q. (Holding the four maps of the textbook order, eight at the official rank 2,
 spilled 8-280 B per thread on sm_80 / sm_90; this order compiles spill-free.)
 
-Everything is added with fp32 atomics: dq `[64, d_head]` per head and key tile (an
-`[H, 64, d_head]` accumulator does not fit in registers, as for the forward's output), dk,
-dv `[16, d_head]`, the weight gradients one row or column sum per channel. A separate
-key-tile pass for dk, dv and the key-wise (column) sums would recompute the whole chain (the
-4 H dots per tile of pass 1 and more) and still add a `[64, d_head]` per head and query tile
-with atomics (dk, dv), so one pass is cheaper (docs/benchmarks.md).
+dq and the query-wise weight gradients are per query row, and a program owns its 64 rows
+over its key split: it adds them tile after tile with plain loads and stores into its rows
+of its split's partial (`[splits, batch, T_Q, ...]` fp32, L2-resident while the program
+runs; the tile loop's barrier orders one tile's stores before the next tile's loads), and
+torch sums the splits' partials afterwards: no atomics, deterministic, O(splits * T) memory
+(an `[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's
+output). dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients
+(column sums) are added with fp32 atomics: every query tile adds to the same keys. A
+separate key-tile pass for them would recompute the whole chain (the 4 H dots per tile of
+pass 1 and more) and still add a `[64, d_head]` per head and query tile with atomics, so one
+pass is cheaper (docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
 power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
@@ -125,24 +130,40 @@ def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
 
 
 @triton.jit
-def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, rows,
+def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
+    """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos with a plain
+    load and store: the program owns these rows of its split's partial (`_add_weight_grads`)."""
+    offs_c = tl.arange(0, CB)
+    at = DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n)
+    ok = (offs_c[:, None] < C) & p_ok[None, :]
+    tl.store(at, tl.load(at, mask=ok, other=0.0, cache_modifier=".cg") + vals, mask=ok)
+
+
+@triton.jit
+def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, ppos,
                       r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr,
                       CKB: tl.constexpr, GATES: tl.constexpr, W2: tl.constexpr,
                       W1: tl.constexpr):
     """Head n's share of one Compose's weight gradients on this tile (input x, output
     gradient g, hidden maps h, back hidden maps b): the gates (GATES), w2 (W2: sum h_c g)
-    and w1 (W1: sum x b_c), row sums for the query-wise weights, column sums key-wise."""
+    and w1 (W1: sum x b_c). The query-wise ones are row sums added without atomics into the
+    program's rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed
+    over splits in torch): no other program writes them, and each (row, channel, head) is
+    added once per key tile, ordered by the tile loop's barrier. The key-wise ones, column
+    sums, are added with atomics (every query tile adds to the same keys)."""
     if GATES:
         xg = x * g
-        tl.atomic_add(DGQ + (rows * H + n), tl.sum(xg, 1), mask=r_ok)
+        at = DGQ + (ppos * H + n)
+        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(xg, 1),
+                 mask=r_ok)
         if HAS_K:
             tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok)
     if W2:
-        _add_chan(DW2Q, rows, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
+        _acc_chan(DW2Q, ppos, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
         if HAS_K:
             _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_k * g[None, :, :], 1), CKB)
     if W1:
-        _add_chan(DW1Q, rows, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
+        _acc_chan(DW1Q, ppos, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
         if HAS_K:
             _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_k * x[None, :, :], 1), CKB)
 
@@ -158,6 +179,25 @@ def _add_dot(OUT, pos, p_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
                           + offs_d[None, :] * sb_d))
         tl.atomic_add(OUT + ((pos[:, None] * H + n) * D + offs_d[None, :]), _dot(a, bt, IEEE),
                       mask=p_ok[:, None])
+
+
+@triton.jit
+def _acc_dot(OUT, ppos, r_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
+             IEEE: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """OUT[ppos, n, :] += a @ B[b_pos, n, :] with a plain load and store, the loaded rows as
+    the dot's accumulator: OUT is the program's own rows of its split's dq partial (fp32
+    `[splits * batch * T_Q, H, D]`), so no atomics (`dcmha_tc_grads_kernel`)."""
+    for d0 in range(0, BLOCK_D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        bt = tl.load(B + (tl.minimum(b_pos, T_B - 1)[:, None] * sb_t + n * sb_h
+                          + offs_d[None, :] * sb_d))
+        at = OUT + ((ppos[:, None] * H + n) * D + offs_d[None, :])
+        acc = tl.load(at, mask=r_ok[:, None], other=0.0, cache_modifier=".cg")
+        if IEEE:
+            acc = tl.dot(a, bt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, bt, acc)
+        tl.store(at, acc, mask=r_ok[:, None])
 
 
 @triton.jit
@@ -241,8 +281,10 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dq, dk,
-    dv (fp32 `[batch pos H D]`) and of every weight gradient (the weights' layout).
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dk, dv
+    (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
+    atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
+    DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
     DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
     the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
     four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128)."""
@@ -254,6 +296,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
     # spilled (sm_90, d 128).
     qpos = b * T_Q + rows
+    ppos = (split * n_batch + b) * T_Q + rows   # the split's partials of dq, query-wise grads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
@@ -289,7 +332,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=True, W2=False, W1=True)
         # pre (x = s, g = dL): gates and w2, with the pre hidden maps rebuilt from the scratch
         hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -301,7 +344,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=True, W2=True, W1=False)
         # Post, then pre: each builds its two hidden maps from the scratch, then adds the
         # gradients needing them (two maps live at a time: four spilled on sm_80 or sm_90).
@@ -314,7 +357,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=False, W2=True, W1=False)
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
                           H, HAS_K, CQB2, CKB)
@@ -329,11 +372,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=False, W2=False, W1=True)
             ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
                      Q.dtype.element_ty, HAS_K, CQB, CKB)
-            _add_dot(DQ, qpos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
+            _acc_dot(DQ, ppos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
                      BLOCK_D, ACH)
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
             ds = _ds(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W1Q, GQ, W1K, GK, n,
@@ -425,10 +468,16 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
     bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
     scratch = torch.empty(n_m * ns * B, H, 4, bm, bn, **f32)
+    # Per key split: dq and the query-wise weight gradients (each program adds its rows of
+    # its split's partial without atomics), summed here in a fixed order.
+    dq_parts = torch.zeros(ns, B, T_Q, H, D, **f32)
+    parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq, dk, dv, scratch, *pre_, *post_, *g_pre, *g_post,
-        *strides, *sizes, cq, cq2, ck, ns, scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
-        **common, **blocks)
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, *pre_, *post_,
+        *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
+        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D), **common, **blocks)
+    dq = dq_parts.sum(0)
+    grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 

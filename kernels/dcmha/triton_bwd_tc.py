@@ -44,7 +44,10 @@ runs; the tile loop's barrier orders one tile's stores before the next tile's lo
 torch sums the splits' partials afterwards: no atomics, deterministic, O(splits * T) memory
 (an `[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's
 output). dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients
-(column sums) are added with fp32 atomics: every query tile adds to the same keys. A
+(column sums) are added with fp32 atomics: every query tile adds to the same keys. They are
+relaxed: nothing reads them before the kernel ends, and the default acq_rel put two fences
+around each add (sm_90: ATOMG between MEMBARs, each waiting for the thread's outstanding
+memory operations) where relaxed is a fire-and-forget REDG. A
 separate key-tile pass for them would recompute the whole chain (the 4 H dots per tile of
 pass 1 and more) and still add a `[64, d_head]` per head and query tile with atomics, so one
 pass is cheaper (docs/benchmarks.md).
@@ -126,7 +129,7 @@ def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
     """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos."""
     offs_c = tl.arange(0, CB)
     tl.atomic_add(DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n), vals,
-                  mask=(offs_c[:, None] < C) & p_ok[None, :])
+                  mask=(offs_c[:, None] < C) & p_ok[None, :], sem="relaxed")
 
 
 @triton.jit
@@ -157,7 +160,7 @@ def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK
         tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(xg, 1),
                  mask=r_ok)
         if HAS_K:
-            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok)
+            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok, sem="relaxed")
     if W2:
         _acc_chan(DW2Q, ppos, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
         if HAS_K:
@@ -178,7 +181,7 @@ def _add_dot(OUT, pos, p_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
         bt = tl.load(B + (tl.minimum(b_pos, T_B - 1)[:, None] * sb_t + n * sb_h
                           + offs_d[None, :] * sb_d))
         tl.atomic_add(OUT + ((pos[:, None] * H + n) * D + offs_d[None, :]), _dot(a, bt, IEEE),
-                      mask=p_ok[:, None])
+                      mask=p_ok[:, None], sem="relaxed")
 
 
 @triton.jit

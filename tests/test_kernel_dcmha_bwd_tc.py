@@ -74,6 +74,15 @@ def test_gradients_equal_the_specs(monkeypatch, T_q, T_k, H, opts):
     assert log == ["tc"]
 
 
+def test_head_dim_over_several_key_side_chunks(monkeypatch):
+    """d_head 80 (padded to 128): dk and dv in two KEY_DCH (64) chunks, dq in GRAD_DCH ones."""
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    assert triton_bwd_tc.KEY_DCH < 128
+    log = _backwards(monkeypatch)
+    _check_grads(12, 12, 2, d=80, block_m=16)
+    assert log == ["tc"]
+
+
 def test_static_b_equal_to_identity_still_gets_its_gradient(monkeypatch):
     """A given static B equal to I: the forward takes no extra channels, the backward does
     (H more), so dB is the spec's."""

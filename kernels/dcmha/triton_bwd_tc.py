@@ -84,10 +84,15 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 # official"`): at 64x32 the delta pass spilled 8-72 B, the gradient pass 56-120 B.
 DELTA_BLOCKS = (64, 16)
 GRAD_BLOCKS = (64, 16)
-# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled) and its dq, dk, dv
-# dots (GRAD_DCH, a runtime loop); other choices spilled 16-64 B at d_head 128 on one arch.
+# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled), its dq dots
+# (GRAD_DCH, a runtime loop; other choices spilled 16-64 B at d_head 128 on one arch, or sat
+# at 255 registers on sm_90) and its dk, dv dots (KEY_DCH). These are 16-row dots of the
+# transposed tile: 16-wide chunks gave 8 warps two 16 x 8 MMA tiles, so every MMA ran on 4
+# warps at once (4x the tensor work) and each lane added one scalar; 64-wide chunks give each
+# warp its own tile and one 4-wide atomic (REDG.F32x4) per lane.
 SCORE_DCH = 32
 GRAD_DCH = 16
+KEY_DCH = 64
 
 
 @triton.jit
@@ -283,7 +288,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr):
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
+                          KCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dk, dv
     (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
     atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
@@ -365,7 +371,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
                           H, HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
-                     sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, ACH)
+                     sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, KCH)
         eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
         ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
@@ -386,7 +392,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                      qpos, r_ok, kpos, c_ok, CQ, CK, H, scale, Q.dtype.element_ty, HAS_K, CQB,
                      CKB)
             _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,
-                     IEEE, BLOCK_D, ACH)
+                     IEEE, BLOCK_D, KCH)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
@@ -478,7 +484,8 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     dcmha_tc_grads_kernel[(n_m, ns, B)](
         q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, *pre_, *post_,
         *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
-        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D), **common, **blocks)
+        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
+        KCH=min(KEY_DCH, D), **common, **blocks)
     dq = dq_parts.sum(0)
     grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads

@@ -24,18 +24,21 @@ and the key-wise ones summed over t instead. Every product over d_head is a 2-D 
 BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
 
 Pass 1 (`dcmha_tc_delta_kernel`), grid (query tile, key split, batch): per key tile the pre
-hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), then per head A_n,
-dA_n and the split's share of sum_s A_n dA_n; the splits' partials are summed in torch.
+hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), each head's s and
+dP kept in the per-program scratch below (not recomputed: one load against d_head MACs per
+entry), then per head A_n, dA_n and the split's share of sum_s A_n dA_n; the splits'
+partials are summed in torch.
 
 Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
-hidden maps), dP and dL (from the post back hidden maps) are formed once, by the same dots,
-and kept in a per-program scratch `[H, 4, 64, 16]` fp32 (256 KB at 16 heads: L2-resident,
-O(programs * H) memory, never a `[T, T]` map). The rest runs from it in head loops that each
-hold at most two Compose hidden maps `[C, 64, 16]`, rebuilt from the scratch with FMAs where
-needed: post gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2
-and dv = P^T dz (post hidden maps), pre w1 and dq = ds k (pre back hidden maps), then
-dk = ds^T q. (Holding the four maps of the textbook order, eight at the official rank 2,
-spilled 8-280 B per thread on sm_80 / sm_90; this order compiles spill-free.)
+hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
+dots that form the hidden maps) and kept in a per-program scratch `[H, 4, 64, 16]` fp32
+(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map). The rest
+runs from it in head loops that each hold at most two Compose hidden maps `[C, 64, 16]`,
+rebuilt from the scratch with FMAs where needed: post gates and w1 (back hidden maps), pre
+gates and w2 (pre hidden maps), post w2 and dv = P^T dz (post hidden maps), pre w1 and
+dq = ds k (pre back hidden maps), then dk = ds^T q. (Holding the four maps of the textbook
+order, eight at the official rank 2, spilled 8-280 B per thread on sm_80 / sm_90; this
+order compiles spill-free.)
 
 dq and the query-wise weight gradients are per query row, and a program owns its 64 rows
 over its key split: it adds them tile after tile with plain loads and stores into its rows
@@ -71,7 +74,6 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     TC_LAUNCH,
     _composed,
     _hidden,
-    _pre_hidden,
     _score,
     _split_range,
     split_count,
@@ -96,37 +98,38 @@ KEY_DCH = 64
 
 
 @triton.jit
-def _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, rows, r_ok, cols,
-                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K, D, CQ, CK, H, scale,
-                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                DCH: tl.constexpr):
-    """Head n's scores s and probabilities A `[rows, keys]` (A 0 where masked or on rows
+def _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, rows, r_ok, cols, c_ok, T_Q, CQ,
+              CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+              BLOCK_M: tl.constexpr):
+    """Head n's probabilities A `[rows, keys]` from its scores s (A 0 where masked or on rows
     without keys). The weights are at the batch-folded positions `rows`, `cols`
     (`dcmha_tc_grads_kernel`), the lse at the tile's rows from m0."""
-    s = _score(Qb, Kb, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
-               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
     x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
                   CQB, CKB)
     lse = tl.load(LSE + ((b * H + n) * T_Q + m0 + tl.arange(0, BLOCK_M)), mask=r_ok,
                   other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return s, tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
 
 
 @triton.jit
-def _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, rows, r_ok, cols, c_ok,
-                sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D, CQ2, CK, H,
-                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                DCH: tl.constexpr):
-    """Head n's dP = dz v^T and dA = Compose_post^T(dP) `[rows, keys]` (back hidden maps bq,
-    bk; positions as `_head_probs`)."""
-    dp = _score(DOb, Vb, n, m0, n0, T_Q, T_K, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, 1.0,
-                IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-    da = _composed(dp, bq, bk, W1Q2, GQ2, W1K2, GK2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
-                   HAS_K, CQB2, CKB)
-    return dp, da
+def _stored_hidden(Q, K, W1Q, W1K, SCR, j, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
+                   sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
+                   IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   DCH: tl.constexpr):
+    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T) that also
+    keeps each head's map in slot j of the program's scratch: the head loops after it read
+    the map back instead of recomputing the dot (d_head MACs per entry against one load)."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
+        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                         CQB, CKB)
+    return hq, hk
 
 
 @triton.jit
@@ -209,7 +212,7 @@ def _acc_dot(OUT, ppos, r_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
 
 
 @triton.jit
-def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
                           W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
                           sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -219,8 +222,11 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, 
                           CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
-    row and head, DP `[NS, batch, H, T_Q]`."""
+    row and head, DP `[NS, batch, H, T_Q]`. SCRATCH: as the gradient pass's (slots 0 and 2:
+    each head's s and dP of the current key tile)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     qpos = b * T_Q + rows              # batch-folded positions of the weights
@@ -232,22 +238,21 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, 
         c_ok = cols < T_K
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
-                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
-                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
+                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
+                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
+                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):
-            _, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
-                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
-                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-                               BLOCK_D, DCH)
-            _, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D,
-                                CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D,
-                                DCH)
+            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
+                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
+                          CQB, CKB, BLOCK_M)
+            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
+                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
             acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
 
@@ -313,28 +318,25 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         c_ok = cols < T_K
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        for n in range(0, H):          # every head's s and A
-            s, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
-                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
-                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-                               BLOCK_D, DCH)
-            tl.store(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N), s)
-            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
-        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
-                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
-                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        # every head's s, then A; every head's dP, then dL (the dots once, kept in scratch)
+        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
+                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):          # every head's dP and dL
-            dp, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
-                                 kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K,
-                                 D, CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N,
-                                 BLOCK_D, DCH)
+        for n in range(0, H):
+            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
+                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
+                          CQB, CKB, BLOCK_M)
+            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
+        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
+                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
+                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
+        for n in range(0, H):
+            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
+                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
-            tl.store(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N), dp)
             tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), a * (da - delta[:, None]))
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
@@ -465,18 +467,23 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
         n_m = math.ceil(T_Q / bm)
         return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
 
+    def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
+        return (n_m * ns * B, H, 4, blocks["BLOCK_M"], blocks["BLOCK_N"])
+
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
     partial = torch.empty(ns, B, H, T_Q, **f32)
+    scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     dcmha_tc_delta_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, partial, kv, *pre_, *post_, *strides, *sizes, cq, cq2, ck, ns,
+        q, k, v, dout, lse, partial, kv, scratch, *pre_, *post_, *strides, *sizes, cq, cq2, ck,
+        ns,
         scale, HB=next_pow2(H, minimum=1), DCH=min(32, D), **common, **blocks)
     delta = partial.sum(0)
     if dlse is not None:
         delta -= dlse.float()
     delta = delta.contiguous()
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
-    bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
-    scratch = torch.empty(n_m * ns * B, H, 4, bm, bn, **f32)
+    if scratch.shape != scratch_shape(n_m, ns, blocks):     # other blocks than pass 1's
+        scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     # Per key split: dq and the query-wise weight gradients (each program adds its rows of
     # its split's partial without atomics), summed here in a fixed order.
     dq_parts = torch.zeros(ns, B, T_Q, H, D, **f32)

@@ -83,6 +83,20 @@ def test_head_dim_over_several_key_side_chunks(monkeypatch):
     assert log == ["tc"]
 
 
+@pytest.mark.parametrize("window", [None, 37])
+def test_dq_over_groups_of_key_tiles(monkeypatch, window):
+    """One key split per query tile (the backward's split count patched to 1): 6 key tiles
+    of 16 per query tile, so dq = ds k runs over a full group of DQ_GROUP (4) tiles and a
+    partial one (stale ds columns of the scratch taken as 0); with a window the sweep starts
+    past key 0."""
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    assert triton_bwd_tc.DQ_GROUP == 4
+    monkeypatch.setattr(triton_bwd_tc, "split_count", lambda *args: 1)
+    log = _backwards(monkeypatch)
+    _check_grads(20, 90, 2, window=window, block_m=16, block_n=16)
+    assert log == ["tc"]
+
+
 def test_static_b_equal_to_identity_still_gets_its_gradient(monkeypatch):
     """A given static B equal to I: the forward takes no extra channels, the backward does
     (H more), so dB is the spec's."""

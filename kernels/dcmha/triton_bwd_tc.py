@@ -95,6 +95,10 @@ GRAD_BLOCKS = (64, 16)
 SCORE_DCH = 32
 GRAD_DCH = 16
 KEY_DCH = 64
+# Key tiles whose ds (kept in a per-program scratch `[H, 64, DQ_GROUP * 16]` in q's dtype)
+# one dq = ds k dot covers: the dq partial's load, layout conversion and store once per
+# DQ_GROUP tiles, and dots over 64 keys.
+DQ_GROUP = 4
 
 
 @triton.jit
@@ -193,21 +197,39 @@ def _add_dot(OUT, pos, p_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
 
 
 @triton.jit
-def _acc_dot(OUT, ppos, r_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
-             IEEE: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """OUT[ppos, n, :] += a @ B[b_pos, n, :] with a plain load and store, the loaded rows as
-    the dot's accumulator: OUT is the program's own rows of its split's dq partial (fp32
-    `[splits * batch * T_Q, H, D]`), so no atomics (`dcmha_tc_grads_kernel`)."""
+def _ds_slot(DSC, n, sub, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             DQ_GROUP: tl.constexpr):
+    """Pointers `[rows, keys]` to key tile `sub` of head n in a program's ds scratch
+    `[H, rows, DQ_GROUP * keys]`."""
+    width: tl.constexpr = DQ_GROUP * BLOCK_N
+    offs = tl.arange(0, BLOCK_M)[:, None] * width + sub * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return DSC + (n * (BLOCK_M * width) + offs)
+
+
+@triton.jit
+def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
+            IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            DQ_GROUP: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """DQ[ppos, n, :] += ds_n k_n over the keys [g0, g1) of the ds scratch (up to DQ_GROUP
+    key tiles: one dot of DQ_GROUP * BLOCK_N keys instead of one per tile), with a plain load
+    and store, the loaded rows as the dot's accumulator: DQ is the program's own rows of its
+    split's dq partial (fp32 `[splits * batch * T_Q, H, D]`), so no atomics. Columns of the
+    scratch past g1 (tiles this group did not reach) are stale and taken as 0."""
+    width: tl.constexpr = DQ_GROUP * BLOCK_N
+    keys = g0 + tl.arange(0, width)
+    offs = tl.arange(0, BLOCK_M)[:, None] * width + tl.arange(0, width)[None, :]
+    ds = tl.load(DSC + (n * (BLOCK_M * width) + offs), cache_modifier=".cg")
+    ds = tl.where((keys < g1)[None, :], ds, 0.0)
     for d0 in range(0, BLOCK_D, DCH):
         offs_d = d0 + tl.arange(0, DCH)
-        bt = tl.load(B + (tl.minimum(b_pos, T_B - 1)[:, None] * sb_t + n * sb_h
-                          + offs_d[None, :] * sb_d))
-        at = OUT + ((ppos[:, None] * H + n) * D + offs_d[None, :])
+        kt = tl.load(Kb + (tl.minimum(keys, T_K - 1)[:, None] * sk_t + n * sk_h
+                           + offs_d[None, :] * sk_d))
+        at = DQ + ((ppos[:, None] * H + n) * D + offs_d[None, :])
         acc = tl.load(at, mask=r_ok[:, None], other=0.0, cache_modifier=".cg")
         if IEEE:
-            acc = tl.dot(a, bt, acc, input_precision="ieee")
+            acc = tl.dot(ds, kt, acc, input_precision="ieee")
         else:
-            acc = tl.dot(a, bt, acc)
+            acc = tl.dot(ds, kt, acc)
         tl.store(at, acc, mask=r_ok[:, None])
 
 
@@ -283,7 +305,7 @@ def _scratch_load(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
+def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
                           W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
                           DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
@@ -294,7 +316,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
-                          KCH: tl.constexpr):
+                          KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dk, dv
     (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
     atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
@@ -305,6 +327,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
@@ -379,7 +402,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         for n in range(0, H):
             eq, ek = _hidden(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W2Q, W2K,
                              n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
-        for n in range(0, H):          # pre w1, dq = ds k
+        sub = ((n0 - start) // BLOCK_N) % DQ_GROUP   # this tile's keys in the ds scratch
+        for n in range(0, H):          # pre w1, ds
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
@@ -387,14 +411,16 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                               GATES=False, W2=False, W1=True)
             ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
                      Q.dtype.element_ty, HAS_K, CQB, CKB)
-            _acc_dot(DQ, ppos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
-                     BLOCK_D, ACH)
+            tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
+        tl.debug_barrier()             # the ds scratch is read by other threads
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
-            ds = _ds(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W1Q, GQ, W1K, GK, n,
-                     qpos, r_ok, kpos, c_ok, CQ, CK, H, scale, Q.dtype.element_ty, HAS_K, CQB,
-                     CKB)
+            ds = tl.load(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), cache_modifier=".cg")
             _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,
                      IEEE, BLOCK_D, KCH)
+        if (sub == DQ_GROUP - 1) | (n0 + BLOCK_N >= end):   # dq = ds k over the group's keys
+            for n in range(0, H):
+                _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, n0 - sub * BLOCK_N, n0 + BLOCK_N, Kb,
+                        sk_t, sk_h, sk_d, T_K, IEEE, BLOCK_M, BLOCK_N, DQ_GROUP, BLOCK_D, ACH)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
@@ -488,11 +514,13 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     # its split's partial without atomics), summed here in a fixed order.
     dq_parts = torch.zeros(ns, B, T_Q, H, D, **f32)
     parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
+    ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
+                             device=q.device, dtype=q.dtype)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, *pre_, *post_,
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, *pre_, *post_,
         *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
         scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
-        KCH=min(KEY_DCH, D), **common, **blocks)
+        KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
     dq = dq_parts.sum(0)
     grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads

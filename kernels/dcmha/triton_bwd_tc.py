@@ -305,7 +305,18 @@ def _scratch_load(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _maps(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """Pointers `[CB, rows, keys]` to the hidden maps from channel c0 of a program's map
+    scratch `[channels, rows, keys]`."""
+    offs = ((tl.arange(0, CB)[:, None, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None])
+            * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :])
+    return MAPS + (c0 * BLOCK_M * BLOCK_N + offs)
+
+
+@triton.jit
 def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
+                          MAP_SCRATCH,
                           W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
                           DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
@@ -328,6 +339,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
+    MP = MAP_SCRATCH + slot.to(tl.int64) * ((CQB + CKB) * BLOCK_M * BLOCK_N)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
@@ -345,6 +357,9 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
                                 c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
                                 HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
+        if HAS_K:
+            tl.store(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), hk)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):
             a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
@@ -368,12 +383,12 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
                               ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=True, W2=False, W1=True)
-        # pre (x = s, g = dL): gates and w2, with the pre hidden maps rebuilt from the scratch
-        hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            hq, hk = _hidden(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), hq, hk, W1Q, W1K,
-                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
+        # pre (x = s, g = dL): gates and w2, with the pre hidden maps read back
+        hq = tl.load(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        if HAS_K:
+            hk = tl.load(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        else:
+            hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
@@ -516,9 +531,11 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
     ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
                              device=q.device, dtype=q.dtype)
+    maps = torch.empty(n_m * ns * B, common["CQB"] + common["CKB"], blocks["BLOCK_M"],
+                       blocks["BLOCK_N"], **f32)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, *pre_, *post_,
-        *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
+        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
         scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
         KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
     dq = dq_parts.sum(0)

@@ -304,7 +304,7 @@ def _dcmha_tc(env, grid):
 
 def _dcmha_tc_bwd(env, grid):
     """`triton_bwd_tc`: the forward's key splits (`_dcmha_tc`); every head loop (`n`) runs H
-    times per key tile, listed once per SASS loop (3 in the delta kernel, 12 in the gradient
+    times per key tile, listed once per SASS loop (3 in the delta kernel, 10 in the gradient
     kernel: two adjacent `_stored_hidden` loops share a source line and would otherwise read
     as an unrolled loop and its remainder). The gradient kernel's last head loop (dq over a
     group of DQ_GROUP key tiles) runs once per group: H x (groups / key tiles) per key tile,
@@ -315,7 +315,7 @@ def _dcmha_tc_bwd(env, grid):
     if "ACH" not in env:
         return {"n0": n0, "n": [H] * 3, "d0": 1}
     groups = _avg(math.ceil(t / env["DQ_GROUP"]) for t in tiles)
-    return {"n0": n0, "n": [H] * 11 + [H * groups / n0 if n0 else 0.0],
+    return {"n0": n0, "n": [H] * 9 + [H * groups / n0 if n0 else 0.0],
             "d0": env["BLOCK_D"] // env["ACH"]}
 
 

@@ -339,7 +339,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
-    MP = MAP_SCRATCH + slot.to(tl.int64) * ((CQB + CKB) * BLOCK_M * BLOCK_N)
+    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + CQB2 + 3 * CKB) * BLOCK_M * BLOCK_N)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
@@ -361,21 +361,36 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         if HAS_K:
             tl.store(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), hk)
         tl.debug_barrier()             # the scratch is read by other threads
+        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
+        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
             a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
                           W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
                           CQB, CKB, BLOCK_M)
             tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
+            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K,
+                             CQB2, CKB)
+        tl.store(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), aq)
+        if HAS_K:
+            tl.store(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ak)
         bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
                                 kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
                                 H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
+        eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
+        ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
             da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
                            W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
-            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), a * (da - delta[:, None]))
+            dl = a * (da - delta[:, None])
+            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), dl)
+            eq, ek = _hidden(dl, eq, ek, W2Q, W2K, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K,
+                             CQB, CKB)
+        tl.store(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N), eq)
+        if HAS_K:
+            tl.store(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ek)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
@@ -395,13 +410,13 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
                               ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=True, W2=True, W1=False)
-        # Post, then pre: each builds its two hidden maps from the scratch, then adds the
-        # gradients needing them (two maps live at a time: four spilled on sm_80 or sm_90).
-        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
-        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            aq, ak = _hidden(_scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N), aq, ak, W1Q2,
-                             W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+        # Post, then pre: each reads its two hidden maps back, then adds the gradients
+        # needing them.
+        aq = tl.load(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        if HAS_K:
+            ak = tl.load(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        else:
+            ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):          # post w2, dv = P^T dz
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
@@ -412,11 +427,13 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                           H, HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
                      sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, KCH)
-        eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
-        ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            eq, ek = _hidden(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W2Q, W2K,
-                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
+        eq = tl.load(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N),
+                     cache_modifier=".cg")
+        if HAS_K:
+            ek = tl.load(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N),
+                         cache_modifier=".cg")
+        else:
+            ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         sub = ((n0 - start) // BLOCK_N) % DQ_GROUP   # this tile's keys in the ds scratch
         for n in range(0, H):          # pre w1, ds
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
@@ -531,8 +548,8 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
     ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
                              device=q.device, dtype=q.dtype)
-    maps = torch.empty(n_m * ns * B, common["CQB"] + common["CKB"], blocks["BLOCK_M"],
-                       blocks["BLOCK_N"], **f32)
+    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + common["CQB2"] + 3 * common["CKB"],
+                       blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
         q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
         *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,

@@ -32,28 +32,30 @@ partials are summed in torch.
 Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
 hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
 dots that form the hidden maps) and kept in a per-program scratch `[H, 4, 64, 16]` fp32
-(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map). The rest
-runs from it in head loops that each hold at most two Compose hidden maps `[C, 64, 16]`,
-rebuilt from the scratch with FMAs where needed: post gates and w1 (back hidden maps), pre
-gates and w2 (pre hidden maps), post w2 and dv = P^T dz (post hidden maps), pre w1 and
-dq = ds k (pre back hidden maps), then dk = ds^T q. (Holding the four maps of the textbook
-order, eight at the official rank 2, spilled 8-280 B per thread on sm_80 / sm_90; this
-order compiles spill-free.)
+(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map); the loops
+producing A and dL also form the post hidden maps (of A) and the pre back hidden maps (of
+dL), and all six Compose hidden maps `[C, 64, 16]` go into a per-program map scratch. The
+rest runs from the scratch in head loops that each hold at most two maps, read back: post
+gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2 and dv = P^T dz
+(post hidden maps), pre w1 and ds (pre back hidden maps), dk = ds^T q. (Holding the eight
+maps of the textbook order spilled 8-280 B per thread on sm_80 / sm_90.) Each head's ds goes
+into a third scratch `[H, 64, DQ_GROUP * 16]` (q's dtype) that the dk loop reads, and once
+per DQ_GROUP key tiles one dot over their keys adds ds k to dq.
 
 dq and the query-wise weight gradients are per query row, and a program owns its 64 rows
-over its key split: it adds them tile after tile with plain loads and stores into its rows
-of its split's partial (`[splits, batch, T_Q, ...]` fp32, L2-resident while the program
-runs; the tile loop's barrier orders one tile's stores before the next tile's loads), and
-torch sums the splits' partials afterwards: no atomics, deterministic, O(splits * T) memory
-(an `[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's
-output). dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients
-(column sums) are added with fp32 atomics: every query tile adds to the same keys. They are
-relaxed: nothing reads them before the kernel ends, and the default acq_rel put two fences
-around each add (sm_90: ATOMG between MEMBARs, each waiting for the thread's outstanding
-memory operations) where relaxed is a fire-and-forget REDG. A
-separate key-tile pass for them would recompute the whole chain (the 4 H dots per tile of
-pass 1 and more) and still add a `[64, d_head]` per head and query tile with atomics, so one
-pass is cheaper (docs/benchmarks.md).
+over its key split: it adds them with plain loads and stores into its rows of its split's
+partial (`[splits, batch, T_Q, ...]` fp32, L2-resident while the program runs; the tile
+loop's barrier orders one tile's stores before the next tile's loads), and torch sums the
+splits' partials afterwards: no atomics, deterministic, O(splits * T) memory (an
+`[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's output).
+dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients (column sums)
+are added with fp32 atomics: every query tile adds to the same keys. They are relaxed:
+nothing reads them before the kernel ends, and the default acq_rel put two fences around
+each add (sm_90: ATOMG between MEMBARs, each waiting for the thread's outstanding memory
+operations) where relaxed is a fire-and-forget REDG. A separate key-tile pass for them
+would recompute the whole chain (the 4 H dots per tile of pass 1 and more) and still add a
+`[64, d_head]` per head and query tile with atomics, so one pass is cheaper
+(docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
 power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
@@ -334,7 +336,10 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
     DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
     the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
-    four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128)."""
+    four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128). DS_SCRATCH (q's
+    dtype) `[programs, H, rows, DQ_GROUP * keys]`: ds of the current group of key tiles.
+    MAP_SCRATCH fp32 `[programs, 2 CQB + CQB2 + 3 CKB, rows, keys]`: the tile's pre, post
+    and pre back hidden maps."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)

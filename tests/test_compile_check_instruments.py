@@ -17,6 +17,7 @@ import pytest
 from attnlens.kernels import _triton
 from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate, resident_warps
 from attnlens.kernels.compile_check.sass_mix import (
+    Instr,
     access_bytes,
     innermost,
     loops,
@@ -92,6 +93,13 @@ def test_nvdisasm_labels_and_source_lines():
     (lo,) = loops(instrs)
     assert (lo.start, lo.end, lo.source) == (0x10, 0x30, ("/src/k.py", 11))
     assert mix(instrs, lo.start, lo.end)["mma_flops"] == 2 * 64 * 64 * 16 // 4   # per warp
+
+
+def test_relaxed_and_ordered_atomics_are_both_atomics():
+    """sm_90 emits REDG for a relaxed `tl.atomic_add` and ATOMG for the default acq_rel one."""
+    assert [Instr(0, op).kind for op in ("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU",
+                                         "ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU", "RED.E.ADD")] \
+        == ["atom"] * 3
 
 
 def test_opcode_shapes_and_widths():

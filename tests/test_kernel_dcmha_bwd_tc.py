@@ -8,6 +8,7 @@ the tensor-core one whenever each phase has <= MAX_CHANNELS query-wise channels 
 static B counting H more), the all-heads one otherwise.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ pytestmark = KERNEL_MARKS
 
 from test_kernel_dcmha import _qkv, _to, _weights, check_fused_gradients  # noqa: E402
 
+from attnlens.kernels._triton import interpreting  # noqa: E402
 from attnlens.kernels.dcmha import (  # noqa: E402
     ComposeWeights,
     dcmha_attention,
@@ -72,6 +74,29 @@ def test_gradients_equal_the_specs(monkeypatch, T_q, T_k, H, opts):
     assert log == ["tc"]
 
 
+def test_head_dim_over_several_key_side_chunks(monkeypatch):
+    """d_head 80 (padded to 128): dk and dv in two KEY_DCH (64) chunks, dq in GRAD_DCH ones."""
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    assert triton_bwd_tc.KEY_DCH < 128
+    log = _backwards(monkeypatch)
+    _check_grads(12, 12, 2, d=80, block_m=16)
+    assert log == ["tc"]
+
+
+@pytest.mark.parametrize("window", [None, 37])
+def test_dq_over_groups_of_key_tiles(monkeypatch, window):
+    """One key split per query tile (the backward's split count patched to 1): 6 key tiles
+    of 16 per query tile, so dq = ds k runs over a full group of DQ_GROUP (4) tiles and a
+    partial one (stale ds columns of the scratch taken as 0); with a window the sweep starts
+    past key 0."""
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    assert triton_bwd_tc.DQ_GROUP == 4
+    monkeypatch.setattr(triton_bwd_tc, "split_count", lambda *args: 1)
+    log = _backwards(monkeypatch)
+    _check_grads(20, 90, 2, window=window, block_m=16, block_n=16)
+    assert log == ["tc"]
+
+
 def test_static_b_equal_to_identity_still_gets_its_gradient(monkeypatch):
     """A given static B equal to I: the forward takes no extra channels, the backward does
     (H more), so dB is the spec's."""
@@ -99,3 +124,49 @@ def test_fp16_gradients_close_to_spec(monkeypatch):
                             lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
                             q, k, v)
     assert log == ["tc"]
+
+
+def _atomic_targets(monkeypatch) -> list:
+    """`(addresses, semantic)` of every atomic add the interpreter executes (masked-on lanes)."""
+    from triton.runtime import interpreter
+    log: list = []
+    original = interpreter.InterpreterBuilder.create_atomic_rmw
+
+    def record(self, op, ptr, val, mask, sem, scope):
+        log.append((ptr.data[mask.data.astype(bool)], sem))
+        return original(self, op, ptr, val, mask, sem, scope)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_atomic_rmw", record)
+    return log
+
+
+@pytest.mark.skipif(not interpreting(), reason="reads the interpreter's atomics")
+def test_only_key_side_gradients_are_added_atomically(monkeypatch):
+    """dq and the query-wise weight gradients: each program adds its own rows of its key
+    split's partial with plain loads and stores (summed over splits in torch), so the only
+    atomic adds left (3 query tiles, 3 key splits) land in dk, dv and the key-wise weight
+    gradients; all relaxed (read only after the kernel: no fence around each add)."""
+    from triton.runtime.interpreter import _ir
+
+    from attnlens.kernels.dcmha import function
+    atomics = _atomic_targets(monkeypatch)
+    results: list = []
+    backward = function.dcmha_tc_bwd
+
+    def run_backward(*args, **kwargs):
+        atomics.clear()                # the forward's output adds are not counted
+        results.append(backward(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(function, "dcmha_tc_bwd", run_backward)
+    _check_grads(37, 37, 2, block_m=16, block_n=16)
+    _, dk, dv, g_pre, g_post = results[0]
+    key_side = [dk, dv, *g_pre[3:], *g_post[3:]]
+    spans = [(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in key_side]
+    addresses = np.concatenate([a for a, _ in atomics])
+    assert addresses.size > 0
+    inside = np.zeros(addresses.shape, dtype=bool)
+    for lo, hi in spans:
+        inside |= (addresses >= lo) & (addresses < hi)
+    assert inside.all(), f"{(~inside).sum()} of {addresses.size} atomic adds outside"
+    assert {sem for _, sem in atomics} == {_ir.MEM_SEMANTIC.RELAXED}

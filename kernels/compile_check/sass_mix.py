@@ -12,7 +12,9 @@ Classes (opcode before the first dot): `mma` tensor-core MMA (HMMA on sm_80, HGM
 wgmma, on sm_90; IMMA/QGMMA...), `ffma` `fmul` `fadd` (CUDA-core fp32), `mufu` (exp2, log2,
 rcp on the special-function unit), `ldg` / `stg` (global loads and stores; LDGSTS, the
 cp.async copy global -> shared, counts as a global load), `tma` (UTMALDG/UTMASTG/UBLKCP),
-`atom` (global atomics RED/ATOM), `lds` (LDS, LDSM) / `sts` (shared), `shfl`, `bar`, `other`.
+`atom` (global atomics: RED/REDG, the fire-and-forget
+reductions of relaxed `tl.atomic_add`s, and ATOM/ATOMG, those returning the old value or
+ordered by fences), `lds` (LDS, LDSM) / `sts` (shared), `shfl`, `bar`, `other`.
 
 Per-warp amounts of one executed instruction: FLOPs of an MMA from the shape in its opcode
 (HMMA.16816 = 2*16*8*16 per warp; HGMMA.64x64x16 = 2*64*64*16 per warpgroup of 4 warps, so a
@@ -40,9 +42,9 @@ CLASSES = ("mma", "ffma", "fmul", "fadd", "mufu", "ldg", "stg", "tma", "atom", "
 _CLASS = {"HMMA": "mma", "HGMMA": "mma", "IMMA": "mma", "IGMMA": "mma", "QGMMA": "mma",
           "BGMMA": "mma", "DMMA": "mma", "FFMA": "ffma", "FMUL": "fmul", "FADD": "fadd",
           "MUFU": "mufu", "LDG": "ldg", "LDGSTS": "ldg", "STG": "stg", "UTMALDG": "tma",
-          "UTMASTG": "tma", "UBLKCP": "tma", "UTMAREDG": "tma", "RED": "atom", "ATOM": "atom",
-          "ATOMG": "atom", "LDS": "lds", "LDSM": "lds", "STS": "sts", "SHFL": "shfl",
-          "BAR": "bar"}
+          "UTMASTG": "tma", "UBLKCP": "tma", "UTMAREDG": "tma", "RED": "atom", "REDG": "atom",
+          "ATOM": "atom", "ATOMG": "atom", "LDS": "lds", "LDSM": "lds", "STS": "sts",
+          "SHFL": "shfl", "BAR": "bar"}
 TOTALS = ("instructions", "mma_flops", "cuda_flops", "global_bytes")
 WARP = 32
 WARPGROUP = 4                       # warps that issue one HGMMA together (sm_90 wgmma)

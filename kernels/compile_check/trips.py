@@ -308,11 +308,9 @@ def _dcmha(env, grid):
             "d0": env["BLOCK_D"] // env["DCH"]}
 
 
-def _dcmha_tc(env, grid):
-    """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
-    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); every head loop
-    (`n`: pre hidden maps, and in the out kernel the post ones; `m`: per output head) runs H
-    times per key tile; d_head chunks are unrolled (`static_range`)."""
+def _dcmha_tc_splits(env, grid) -> list[int]:
+    """Key tiles of every program (pid, split) of a `triton_fwd_tc`-style grid
+    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer)."""
     bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
     trips = []
     for pid in range(grid[0]):
@@ -321,18 +319,32 @@ def _dcmha_tc(env, grid):
         hi = min(env["T_K"], first + bm)
         chunk = math.ceil(_steps(lo, hi, bn) / ns) * bn
         trips += [_steps(lo + s * chunk, min(hi, lo + (s + 1) * chunk), bn) for s in range(ns)]
-    return {"n0": _avg(trips), "n": env["H"], "m": env["H"]}
+    return trips
+
+
+def _dcmha_tc(env, grid):
+    """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
+    (`_dcmha_tc_splits`); every head loop (`n`: pre hidden maps, and in the out kernel the
+    post ones; `m`: per output head) runs H times per key tile; d_head chunks are unrolled
+    (`static_range`)."""
+    return {"n0": _avg(_dcmha_tc_splits(env, grid)), "n": env["H"], "m": env["H"]}
 
 
 def _dcmha_tc_bwd(env, grid):
     """`triton_bwd_tc`: the forward's key splits (`_dcmha_tc`); every head loop (`n`) runs H
-    times per key tile, listed once per SASS loop (3 in the delta kernel, 12 in the gradient
-    kernel: two adjacent `_pre_hidden` loops share a source line and would otherwise read as
-    an unrolled loop and its remainder); the gradient kernel's d_head chunks (`d0`: BLOCK_D
-    / ACH, a runtime loop ptxas unrolls) and the score dots' chunks have no loop."""
-    loops = 12 if "ACH" in env else 3
-    return {"n0": _dcmha_tc(env, grid)["n0"], "n": [env["H"]] * loops,
-            "d0": env["BLOCK_D"] // env.get("ACH", env["BLOCK_D"])}
+    times per key tile, listed once per SASS loop (3 in the delta kernel, 10 in the gradient
+    kernel: two adjacent `_stored_hidden` loops share a source line and would otherwise read
+    as an unrolled loop and its remainder). The gradient kernel's last head loop (dq over a
+    group of DQ_GROUP key tiles) runs once per group: H x (groups / key tiles) per key tile,
+    over the launch's programs. d_head chunks (`d0`: BLOCK_D / ACH, a runtime loop ptxas
+    unrolls) and the score dots' chunks have no loop."""
+    tiles = _dcmha_tc_splits(env, grid)
+    n0, H = _avg(tiles), env["H"]
+    if "ACH" not in env:
+        return {"n0": n0, "n": [H] * 3, "d0": 1}
+    groups = _avg(math.ceil(t / env["DQ_GROUP"]) for t in tiles)
+    return {"n0": n0, "n": [H] * 9 + [H * groups / n0 if n0 else 0.0],
+            "d0": env["BLOCK_D"] // env["ACH"]}
 
 
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,

@@ -24,25 +24,38 @@ and the key-wise ones summed over t instead. Every product over d_head is a 2-D 
 BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
 
 Pass 1 (`dcmha_tc_delta_kernel`), grid (query tile, key split, batch): per key tile the pre
-hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), then per head A_n,
-dA_n and the split's share of sum_s A_n dA_n; the splits' partials are summed in torch.
+hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), each head's s and
+dP kept in the per-program scratch below (not recomputed: one load against d_head MACs per
+entry), then per head A_n, dA_n and the split's share of sum_s A_n dA_n; the splits'
+partials are summed in torch.
 
 Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
-hidden maps), dP and dL (from the post back hidden maps) are formed once, by the same dots,
-and kept in a per-program scratch `[H, 4, 64, 16]` fp32 (256 KB at 16 heads: L2-resident,
-O(programs * H) memory, never a `[T, T]` map). The rest runs from it in head loops that each
-hold at most two Compose hidden maps `[C, 64, 16]`, rebuilt from the scratch with FMAs where
-needed: post gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2
-and dv = P^T dz (post hidden maps), pre w1 and dq = ds k (pre back hidden maps), then
-dk = ds^T q. (Holding the four maps of the textbook order, eight at the official rank 2,
-spilled 8-280 B per thread on sm_80 / sm_90; this order compiles spill-free.)
+hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
+dots that form the hidden maps) and kept in a per-program scratch `[H, 4, 64, 16]` fp32
+(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map); the loops
+producing A and dL also form the post hidden maps (of A) and the pre back hidden maps (of
+dL), and all six Compose hidden maps `[C, 64, 16]` go into a per-program map scratch. The
+rest runs from the scratch in head loops that each hold at most two maps, read back: post
+gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2 and dv = P^T dz
+(post hidden maps), pre w1 and ds (pre back hidden maps), dk = ds^T q. (Holding the eight
+maps of the textbook order spilled 8-280 B per thread on sm_80 / sm_90.) Each head's ds goes
+into a third scratch `[H, 64, DQ_GROUP * 16]` (q's dtype) that the dk loop reads, and once
+per DQ_GROUP key tiles one dot over their keys adds ds k to dq.
 
-Everything is added with fp32 atomics: dq `[64, d_head]` per head and key tile (an
-`[H, 64, d_head]` accumulator does not fit in registers, as for the forward's output), dk,
-dv `[16, d_head]`, the weight gradients one row or column sum per channel. A separate
-key-tile pass for dk, dv and the key-wise (column) sums would recompute the whole chain (the
-4 H dots per tile of pass 1 and more) and still add a `[64, d_head]` per head and query tile
-with atomics (dk, dv), so one pass is cheaper (docs/benchmarks.md).
+dq and the query-wise weight gradients are per query row, and a program owns its 64 rows
+over its key split: it adds them with plain loads and stores into its rows of its split's
+partial (`[splits, batch, T_Q, ...]` fp32, L2-resident while the program runs; the tile
+loop's barrier orders one tile's stores before the next tile's loads), and torch sums the
+splits' partials afterwards: no atomics, deterministic, O(splits * T) memory (an
+`[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's output).
+dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients (column sums)
+are added with fp32 atomics: every query tile adds to the same keys. They are relaxed:
+nothing reads them before the kernel ends, and the default acq_rel put two fences around
+each add (sm_90: ATOMG between MEMBARs, each waiting for the thread's outstanding memory
+operations) where relaxed is a fire-and-forget REDG. A separate key-tile pass for them
+would recompute the whole chain (the 4 H dots per tile of pass 1 and more) and still add a
+`[64, d_head]` per head and query tile with atomics, so one pass is cheaper
+(docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
 power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
@@ -63,7 +76,6 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     TC_LAUNCH,
     _composed,
     _hidden,
-    _pre_hidden,
     _score,
     _split_range,
     split_count,
@@ -76,44 +88,54 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 # official"`): at 64x32 the delta pass spilled 8-72 B, the gradient pass 56-120 B.
 DELTA_BLOCKS = (64, 16)
 GRAD_BLOCKS = (64, 16)
-# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled) and its dq, dk, dv
-# dots (GRAD_DCH, a runtime loop); other choices spilled 16-64 B at d_head 128 on one arch.
+# d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled), its dq dots
+# (GRAD_DCH, a runtime loop; other choices spilled 16-64 B at d_head 128 on one arch, or sat
+# at 255 registers on sm_90) and its dk, dv dots (KEY_DCH). These are 16-row dots of the
+# transposed tile: 16-wide chunks gave 8 warps two 16 x 8 MMA tiles, so every MMA ran on 4
+# warps at once (4x the tensor work) and each lane added one scalar; 64-wide chunks give each
+# warp its own tile and one 4-wide atomic (REDG.F32x4) per lane.
 SCORE_DCH = 32
 GRAD_DCH = 16
+KEY_DCH = 64
+# Key tiles whose ds (kept in a per-program scratch `[H, 64, DQ_GROUP * 16]` in q's dtype)
+# one dq = ds k dot covers: the dq partial's load, layout conversion and store once per
+# DQ_GROUP tiles, and dots over 64 keys.
+DQ_GROUP = 4
 
 
 @triton.jit
-def _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, rows, r_ok, cols,
-                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K, D, CQ, CK, H, scale,
-                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                DCH: tl.constexpr):
-    """Head n's scores s and probabilities A `[rows, keys]` (A 0 where masked or on rows
+def _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, rows, r_ok, cols, c_ok, T_Q, CQ,
+              CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+              BLOCK_M: tl.constexpr):
+    """Head n's probabilities A `[rows, keys]` from its scores s (A 0 where masked or on rows
     without keys). The weights are at the batch-folded positions `rows`, `cols`
     (`dcmha_tc_grads_kernel`), the lse at the tile's rows from m0."""
-    s = _score(Qb, Kb, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
-               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
     x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
                   CQB, CKB)
     lse = tl.load(LSE + ((b * H + n) * T_Q + m0 + tl.arange(0, BLOCK_M)), mask=r_ok,
                   other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return s, tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
 
 
 @triton.jit
-def _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, rows, r_ok, cols, c_ok,
-                sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D, CQ2, CK, H,
-                HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                DCH: tl.constexpr):
-    """Head n's dP = dz v^T and dA = Compose_post^T(dP) `[rows, keys]` (back hidden maps bq,
-    bk; positions as `_head_probs`)."""
-    dp = _score(DOb, Vb, n, m0, n0, T_Q, T_K, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, 1.0,
-                IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-    da = _composed(dp, bq, bk, W1Q2, GQ2, W1K2, GK2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
-                   HAS_K, CQB2, CKB)
-    return dp, da
+def _stored_hidden(Q, K, W1Q, W1K, SCR, j, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
+                   sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
+                   IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   DCH: tl.constexpr):
+    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T) that also
+    keeps each head's map in slot j of the program's scratch: the head loops after it read
+    the map back instead of recomputing the dot (d_head MACs per entry against one load)."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
+        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                         CQB, CKB)
+    return hq, hk
 
 
 @triton.jit
@@ -121,28 +143,44 @@ def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
     """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos."""
     offs_c = tl.arange(0, CB)
     tl.atomic_add(DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n), vals,
-                  mask=(offs_c[:, None] < C) & p_ok[None, :])
+                  mask=(offs_c[:, None] < C) & p_ok[None, :], sem="relaxed")
 
 
 @triton.jit
-def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, rows,
+def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
+    """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos with a plain
+    load and store: the program owns these rows of its split's partial (`_add_weight_grads`)."""
+    offs_c = tl.arange(0, CB)
+    at = DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n)
+    ok = (offs_c[:, None] < C) & p_ok[None, :]
+    tl.store(at, tl.load(at, mask=ok, other=0.0, cache_modifier=".cg") + vals, mask=ok)
+
+
+@triton.jit
+def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, ppos,
                       r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr,
                       CKB: tl.constexpr, GATES: tl.constexpr, W2: tl.constexpr,
                       W1: tl.constexpr):
     """Head n's share of one Compose's weight gradients on this tile (input x, output
     gradient g, hidden maps h, back hidden maps b): the gates (GATES), w2 (W2: sum h_c g)
-    and w1 (W1: sum x b_c), row sums for the query-wise weights, column sums key-wise."""
+    and w1 (W1: sum x b_c). The query-wise ones are row sums added without atomics into the
+    program's rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed
+    over splits in torch): no other program writes them, and each (row, channel, head) is
+    added once per key tile, ordered by the tile loop's barrier. The key-wise ones, column
+    sums, are added with atomics (every query tile adds to the same keys)."""
     if GATES:
         xg = x * g
-        tl.atomic_add(DGQ + (rows * H + n), tl.sum(xg, 1), mask=r_ok)
+        at = DGQ + (ppos * H + n)
+        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(xg, 1),
+                 mask=r_ok)
         if HAS_K:
-            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok)
+            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok, sem="relaxed")
     if W2:
-        _add_chan(DW2Q, rows, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
+        _acc_chan(DW2Q, ppos, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
         if HAS_K:
             _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_k * g[None, :, :], 1), CKB)
     if W1:
-        _add_chan(DW1Q, rows, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
+        _acc_chan(DW1Q, ppos, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
         if HAS_K:
             _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_k * x[None, :, :], 1), CKB)
 
@@ -157,11 +195,48 @@ def _add_dot(OUT, pos, p_ok, n, H, D, a, B, b_pos, sb_t, sb_h, sb_d, T_B,
         bt = tl.load(B + (tl.minimum(b_pos, T_B - 1)[:, None] * sb_t + n * sb_h
                           + offs_d[None, :] * sb_d))
         tl.atomic_add(OUT + ((pos[:, None] * H + n) * D + offs_d[None, :]), _dot(a, bt, IEEE),
-                      mask=p_ok[:, None])
+                      mask=p_ok[:, None], sem="relaxed")
 
 
 @triton.jit
-def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+def _ds_slot(DSC, n, sub, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             DQ_GROUP: tl.constexpr):
+    """Pointers `[rows, keys]` to key tile `sub` of head n in a program's ds scratch
+    `[H, rows, DQ_GROUP * keys]`."""
+    width: tl.constexpr = DQ_GROUP * BLOCK_N
+    offs = tl.arange(0, BLOCK_M)[:, None] * width + sub * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return DSC + (n * (BLOCK_M * width) + offs)
+
+
+@triton.jit
+def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
+            IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            DQ_GROUP: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """DQ[ppos, n, :] += ds_n k_n over the keys [g0, g1) of the ds scratch (up to DQ_GROUP
+    key tiles: one dot of DQ_GROUP * BLOCK_N keys instead of one per tile), with a plain load
+    and store, the loaded rows as the dot's accumulator: DQ is the program's own rows of its
+    split's dq partial (fp32 `[splits * batch * T_Q, H, D]`), so no atomics. Columns of the
+    scratch past g1 (tiles this group did not reach) are stale and taken as 0."""
+    width: tl.constexpr = DQ_GROUP * BLOCK_N
+    keys = g0 + tl.arange(0, width)
+    offs = tl.arange(0, BLOCK_M)[:, None] * width + tl.arange(0, width)[None, :]
+    ds = tl.load(DSC + (n * (BLOCK_M * width) + offs), cache_modifier=".cg")
+    ds = tl.where((keys < g1)[None, :], ds, 0.0)
+    for d0 in range(0, BLOCK_D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        kt = tl.load(Kb + (tl.minimum(keys, T_K - 1)[:, None] * sk_t + n * sk_h
+                           + offs_d[None, :] * sk_d))
+        at = DQ + ((ppos[:, None] * H + n) * D + offs_d[None, :])
+        acc = tl.load(at, mask=r_ok[:, None], other=0.0, cache_modifier=".cg")
+        if IEEE:
+            acc = tl.dot(ds, kt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(ds, kt, acc)
+        tl.store(at, acc, mask=r_ok[:, None])
+
+
+@triton.jit
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
                           W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
                           sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -171,8 +246,11 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, 
                           CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
-    row and head, DP `[NS, batch, H, T_Q]`."""
+    row and head, DP `[NS, batch, H, T_Q]`. SCRATCH: as the gradient pass's (slots 0 and 2:
+    each head's s and dP of the current key tile)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     qpos = b * T_Q + rows              # batch-folded positions of the weights
@@ -184,22 +262,21 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, W1Q, W2Q, GQ, W1K, W2K, 
         c_ok = cols < T_K
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
-                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
-                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
+                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
+                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
+                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):
-            _, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
-                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
-                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-                               BLOCK_D, DCH)
-            _, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K, D,
-                                CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D,
-                                DCH)
+            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
+                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
+                          CQB, CKB, BLOCK_M)
+            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
+                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
             acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
 
@@ -230,7 +307,18 @@ def _scratch_load(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
+def _maps(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """Pointers `[CB, rows, keys]` to the hidden maps from channel c0 of a program's map
+    scratch `[channels, rows, keys]`."""
+    offs = ((tl.arange(0, CB)[:, None, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None])
+            * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :])
+    return MAPS + (c0 * BLOCK_M * BLOCK_N + offs)
+
+
+@triton.jit
+def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
+                          MAP_SCRATCH,
                           W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
                           DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
@@ -240,20 +328,29 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dq, dk,
-    dv (fp32 `[batch pos H D]`) and of every weight gradient (the weights' layout).
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
+                          KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
+    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dk, dv
+    (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
+    atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
+    DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
     DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
     the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
-    four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128)."""
+    four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128). DS_SCRATCH (q's
+    dtype) `[programs, H, rows, DQ_GROUP * keys]`: ds of the current group of key tiles.
+    MAP_SCRATCH fp32 `[programs, 2 CQB + CQB2 + 3 CKB, rows, keys]`: the tile's pre, post
+    and pre back hidden maps."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
+    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + CQB2 + 3 * CKB) * BLOCK_M * BLOCK_N)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
     # spilled (sm_90, d 128).
     qpos = b * T_Q + rows
+    ppos = (split * n_batch + b) * T_Q + rows   # the split's partials of dq, query-wise grads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
@@ -261,86 +358,106 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH,
         c_ok = cols < T_K
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        for n in range(0, H):          # every head's s and A
-            s, a = _head_probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, qpos,
-                               r_ok, kpos, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, T_Q, T_K,
-                               D, CQ, CK, H, scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-                               BLOCK_D, DCH)
-            tl.store(_scratch(SCR, n, 0, BLOCK_M, BLOCK_N), s)
-            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
-        bq, bk = _pre_hidden(DOb, Vb, W2Q2, W2K2, m0, n0, T_Q, T_K, qpos, r_ok, kpos, c_ok,
-                             sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK, H, 1.0, HAS_K,
-                             IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        # every head's s, then A; every head's dP, then dL (the dots once, kept in scratch)
+        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
+                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
+        if HAS_K:
+            tl.store(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), hk)
         tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):          # every head's dP and dL
-            dp, da = _head_dgrad(DOb, Vb, bq, bk, W1Q2, GQ2, W1K2, GK2, n, m0, n0, qpos, r_ok,
-                                 kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, T_Q, T_K,
-                                 D, CQ2, CK, H, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N,
-                                 BLOCK_D, DCH)
+        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
+        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
+                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
+                          CQB, CKB, BLOCK_M)
+            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
+            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K,
+                             CQB2, CKB)
+        tl.store(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), aq)
+        if HAS_K:
+            tl.store(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ak)
+        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
+                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
+                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
+        eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
+        ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
+                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
-            tl.store(_scratch(SCR, n, 2, BLOCK_M, BLOCK_N), dp)
-            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), a * (da - delta[:, None]))
+            dl = a * (da - delta[:, None])
+            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), dl)
+            eq, ek = _hidden(dl, eq, ek, W2Q, W2K, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K,
+                             CQB, CKB)
+        tl.store(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N), eq)
+        if HAS_K:
+            tl.store(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ek)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=True, W2=False, W1=True)
-        # pre (x = s, g = dL): gates and w2, with the pre hidden maps rebuilt from the scratch
-        hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            hq, hk = _hidden(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), hq, hk, W1Q, W1K,
-                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
+        # pre (x = s, g = dL): gates and w2, with the pre hidden maps read back
+        hq = tl.load(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        if HAS_K:
+            hk = tl.load(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        else:
+            hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=True, W2=True, W1=False)
-        # Post, then pre: each builds its two hidden maps from the scratch, then adds the
-        # gradients needing them (two maps live at a time: four spilled on sm_80 or sm_90).
-        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
-        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            aq, ak = _hidden(_scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N), aq, ak, W1Q2,
-                             W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+        # Post, then pre: each reads its two hidden maps back, then adds the gradients
+        # needing them.
+        aq = tl.load(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        if HAS_K:
+            ak = tl.load(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        else:
+            ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):          # post w2, dv = P^T dz
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
                               GATES=False, W2=True, W1=False)
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
                           H, HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
-                     sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, ACH)
-        eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
-        ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            eq, ek = _hidden(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W2Q, W2K,
-                             n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB)
-        for n in range(0, H):          # pre w1, dq = ds k
+                     sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, KCH)
+        eq = tl.load(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N),
+                     cache_modifier=".cg")
+        if HAS_K:
+            ek = tl.load(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N),
+                         cache_modifier=".cg")
+        else:
+            ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        sub = ((n0 - start) // BLOCK_N) % DQ_GROUP   # this tile's keys in the ds scratch
+        for n in range(0, H):          # pre w1, ds
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
+                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
                               GATES=False, W2=False, W1=True)
             ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
                      Q.dtype.element_ty, HAS_K, CQB, CKB)
-            _add_dot(DQ, qpos, r_ok, n, H, D, ds, Kb, cols, sk_t, sk_h, sk_d, T_K, IEEE,
-                     BLOCK_D, ACH)
+            tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
+        tl.debug_barrier()             # the ds scratch is read by other threads
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
-            ds = _ds(_scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N), eq, ek, W1Q, GQ, W1K, GK, n,
-                     qpos, r_ok, kpos, c_ok, CQ, CK, H, scale, Q.dtype.element_ty, HAS_K, CQB,
-                     CKB)
+            ds = tl.load(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), cache_modifier=".cg")
             _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,
-                     IEEE, BLOCK_D, ACH)
+                     IEEE, BLOCK_D, KCH)
+        if (sub == DQ_GROUP - 1) | (n0 + BLOCK_N >= end):   # dq = ds k over the group's keys
+            for n in range(0, H):
+                _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, n0 - sub * BLOCK_N, n0 + BLOCK_N, Kb,
+                        sk_t, sk_h, sk_d, T_K, IEEE, BLOCK_M, BLOCK_N, DQ_GROUP, BLOCK_D, ACH)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
@@ -413,22 +530,38 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
         n_m = math.ceil(T_Q / bm)
         return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
 
+    def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
+        return (n_m * ns * B, H, 4, blocks["BLOCK_M"], blocks["BLOCK_N"])
+
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
     partial = torch.empty(ns, B, H, T_Q, **f32)
+    scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     dcmha_tc_delta_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, partial, kv, *pre_, *post_, *strides, *sizes, cq, cq2, ck, ns,
+        q, k, v, dout, lse, partial, kv, scratch, *pre_, *post_, *strides, *sizes, cq, cq2, ck,
+        ns,
         scale, HB=next_pow2(H, minimum=1), DCH=min(32, D), **common, **blocks)
     delta = partial.sum(0)
     if dlse is not None:
         delta -= dlse.float()
     delta = delta.contiguous()
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
-    bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
-    scratch = torch.empty(n_m * ns * B, H, 4, bm, bn, **f32)
+    if scratch.shape != scratch_shape(n_m, ns, blocks):     # other blocks than pass 1's
+        scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
+    # Per key split: dq and the query-wise weight gradients (each program adds its rows of
+    # its split's partial without atomics), summed here in a fixed order.
+    dq_parts = torch.zeros(ns, B, T_Q, H, D, **f32)
+    parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
+    ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
+                             device=q.device, dtype=q.dtype)
+    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + common["CQB2"] + 3 * common["CKB"],
+                       blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq, dk, dv, scratch, *pre_, *post_, *g_pre, *g_post,
-        *strides, *sizes, cq, cq2, ck, ns, scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
-        **common, **blocks)
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
+        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
+        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
+        KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
+    dq = dq_parts.sum(0)
+    grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 

@@ -137,19 +137,59 @@ def _pre_hidden(Q, K, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t, 
 
 
 @triton.jit
-def _probs(Q, K, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows, r_ok, cols,
-           c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q, scale,
-           HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-           DCH: tl.constexpr):
-    """A_m = exp(L_m - lse_m) `[rows, keys]`, 0 where masked and on empty or absent rows."""
-    s = _score(Q, K, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
-               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+def _probs(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, rows, r_ok, cols, c_ok, CQ, CK, H, T_Q,
+           HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
+    empty or absent rows."""
     x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
                   CQB, CKB)
     lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+
+
+@triton.jit
+def _scratch(SCR, n, j, MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, MAPS, rows,
+    keys]` (the lse pass keeps one map per head, the out pass two)."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return SCR + ((n * MAPS + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _scratch_load(SCR, n, j, MAPS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Map j of head n from the scratch, read through L2 (`.cg`): other threads of the program
+    wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
+    return tl.load(_scratch(SCR, n, j, MAPS, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+
+
+@triton.jit
+def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, MAPS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's scratch `[H, MAPS, rows, keys]` fp32 in SCRATCH `[programs, ...]`."""
+    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
+    return SCRATCH + slot.to(tl.int64) * (H * MAPS * BLOCK_M * BLOCK_N)
+
+
+@triton.jit
+def _pre_hidden_kept(Q, K, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
+                     sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
+                     IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                     MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`_pre_hidden` that also keeps every head's scores in the scratch (map 0), so that the
+    later head loops read them instead of recomputing the dot (each recomputation reloads the
+    head's `[rows, d_head]` query tile and converts both operands' layouts)."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_scratch(SCR, n, 0, MAPS, BLOCK_M, BLOCK_N), s)
+        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
+                         CQB, CKB)
+    return hq, hk
 
 
 @triton.jit
@@ -160,7 +200,7 @@ def _batch_weights(W1, W2, G, b, T, C, H):
 
 
 @triton.jit
-def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CK, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
@@ -168,8 +208,10 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
-    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`."""
+    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
+    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 1, BLOCK_M, BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb = Q + b * sq_b, K + b * sk_b
     W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
@@ -182,12 +224,12 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols,
+                                  c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                  HAS_K, IEEE, CQB, CKB, 1, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):
-            s = _score(Qb, Kb, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D,
-                       scale, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            s = _scratch_load(SCR, m, 0, 1, BLOCK_M, BLOCK_N)
             x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H,
                           HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
@@ -200,6 +242,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                 tl.math.exp2(x - m_use[:, None]), 1)
             m_i = tl.where(sel, m_new[None, :], m_i)
             l_i = tl.where(sel, l_new[None, :], l_i)
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
@@ -207,7 +250,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
                         W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         skv_b, H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
@@ -216,8 +259,11 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
-    z = Compose_post(exp(L - lse)) v to O."""
+    z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, 2, rows, keys]`: the
+    key tile's scores (map 0) and probabilities A (map 1) of every head, each head's score dot
+    formed once per key tile."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 2, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
     W1Q2, W2Q2, GQ2 = _batch_weights(W1Q2, W2Q2, GQ2, b, T_Q, CQ2, H)
@@ -229,21 +275,21 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols,
+                                  c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
+                                  HAS_K, IEEE, CQB, CKB, 2, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):                          # post hidden maps from every head's A
-            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, T_K, rows,
-                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
-                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            a = _probs(_scratch_load(SCR, n, 0, 2, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ, W2K,
+                       GK, ok, b, n, rows, r_ok, cols, c_ok, CQ, CK, H, T_Q, HAS_K, CQB, CKB)
+            tl.store(_scratch(SCR, n, 1, 2, BLOCK_M, BLOCK_N), a)
             aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
                              HAS_K, CQB2, CKB)
+        tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):                          # each head's pattern times its values
-            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows,
-                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
-                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            a = _scratch_load(SCR, m, 1, 2, BLOCK_M, BLOCK_N)
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, m, rows, r_ok, cols, c_ok, CQ2, CK,
                           H, HAS_K, CQB2, CKB)
             p = p.to(V.dtype.element_ty)
@@ -253,6 +299,7 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
                                   + offs_d[None, :] * sv_d))
                 tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
                               _dot(p, v, IEEE), mask=r_ok[:, None])
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -266,6 +313,14 @@ def channel_weights(w: tuple, n_heads: int) -> tuple:
         w1q = torch.cat([w1q, eye.expand(shape)], 2).contiguous()
         w2q = torch.cat([w2q, (static - eye).expand(shape)], 2).contiguous()
     return w1q, w2q, gq, w1k, w2k, gk
+
+
+def _scratch_numel(grid: tuple, blocks: dict, n_heads: int, maps: int) -> int:
+    """Elements of a pass's per-program scratch `[programs, H, maps, BLOCK_M, BLOCK_N]` fp32:
+    128 KB per program at 16 heads in either pass (64 x 32 keys, one map; 64 x 16, two), 40
+    MB over the 320 programs at T = 4096; it grows with the programs (query tiles x key
+    splits), so O(T)."""
+    return math.prod(grid) * n_heads * maps * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
 def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
@@ -308,11 +363,16 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     fp32 = q.dtype == torch.float32
-    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
+    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
+    out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    # One scratch for both passes.
+    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H, 1),
+                              _scratch_numel(out_grid, out_blocks, H, 2)), **f32)
+    (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, *pre, *q.stride(), *k.stride(), kv.stride(0),
+        q, k, mp, lp, kv, scratch, *pre, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, w, D, cq, ck, ns, scale, HB=next_pow2(H, minimum=1), **common,
         **blocks)
     m_max = mp.amax(0)
@@ -321,9 +381,10 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
     o = torch.zeros(B, T_Q, H, D, **f32)
-    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    (n_m, ns, _), blocks = out_grid, out_blocks
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
+        q, k, v, o, lse, kv, scratch, *pre, *post, *q.stride(), *k.stride(), *v.stride(),
+        kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, w, D, cq, cq2, ck, ns, scale, CQB2=next_pow2(cq2, minimum=1),
         **common, **blocks)
     out.copy_(o[..., :D_in])

@@ -22,10 +22,17 @@ Pass 1 (`dcmha_tc_lse_kernel`), per (query tile, key split): for each key tile, 
 maps from every head's scores, then each head's logits L_m and its online row max / sum;
 the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
 (`dcmha_tc_out_kernel`), same grid: per key tile the pre hidden maps, then every head's
-probabilities A_n = exp(L_n - lse_n) into the post hidden maps, then per head
+probabilities A_n = exp(L_n - lse_n), then the post hidden maps from them, then per head
 P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an `[H, rows, d_head]`
 accumulator would not fit in registers at 16-32 heads). Key splits make the grid fill the
 GPU at batch 1 (`split_count`).
+
+Each head's score dot is formed once per key tile: the head loops after the first read the
+scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
+`[H, maps, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
+which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
+(2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
+instructions at d_head 64, docs/benchmarks.md).
 
 Layout: q, k, v `[batch pos head_index d_head]` (any strides); per phase W1Q, W2Q fp32
 `[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch key_pos CK H]`,
@@ -48,12 +55,13 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 MAX_CHANNELS = 4
 # 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
 # key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`); the out
-# pass holds four hidden maps (pre and post), the lse pass two.
+# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). No head
+# loop holds more than one phase's hidden maps (pre and post together, 8 maps of 64 x 32,
+# spilled 8 B on sm_80 at d_head 64); wider out tiles halve the P v atomics per key.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
-OUT_BLOCKS = (64, 16)
+OUT_BLOCKS = (64, 32)
 FP32_BLOCKS = (32, 16)
 TARGET_PROGRAMS = 264              # two programs per SM of an H100 / H200 (132 SMs)
 
@@ -279,15 +287,18 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K
                                   c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
                                   HAS_K, IEEE, CQB, CKB, 2, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
-        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):                          # post hidden maps from every head's A
+        for n in range(0, H):                          # every head's A, from the pre maps
             a = _probs(_scratch_load(SCR, n, 0, 2, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ, W2K,
                        GK, ok, b, n, rows, r_ok, cols, c_ok, CQ, CK, H, T_Q, HAS_K, CQB, CKB)
             tl.store(_scratch(SCR, n, 1, 2, BLOCK_M, BLOCK_N), a)
-            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
-                             HAS_K, CQB2, CKB)
         tl.debug_barrier()             # the scratch is read by other threads
+        # The post hidden maps in a loop of their own: the pre and post maps never live
+        # together (8 maps of 64 x 32 spilled on sm_80).
+        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n in range(0, H):
+            aq, ak = _hidden(_scratch_load(SCR, n, 1, 2, BLOCK_M, BLOCK_N), aq, ak, W1Q2, W1K2,
+                             n, rows, r_ok, cols, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, 1, 2, BLOCK_M, BLOCK_N)
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, m, rows, r_ok, cols, c_ok, CQ2, CK,

@@ -282,9 +282,11 @@ def _dcmha(env, grid):
 
 def _dcmha_tc(env, grid):
     """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
-    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); every head loop
-    (`n`: pre hidden maps, and in the out kernel the post ones; `m`: per output head) runs H
-    times per key tile; d_head chunks are unrolled (`static_range`)."""
+    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); every head loop runs
+    H times per key tile, listed one per SASS loop: `n` once in the lse kernel (the pre hidden
+    maps, scores kept in the scratch) and three times in the out kernel (the same, then each
+    head's probabilities, then the post hidden maps), `m` (per output head) once in each;
+    d_head chunks are unrolled (`static_range`). The lse kernel is the one with HB."""
     bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
     trips = []
     for pid in range(grid[0]):
@@ -293,7 +295,8 @@ def _dcmha_tc(env, grid):
         hi = min(env["T_K"], first + bm)
         chunk = math.ceil(_steps(lo, hi, bn) / ns) * bn
         trips += [_steps(lo + s * chunk, min(hi, lo + (s + 1) * chunk), bn) for s in range(ns)]
-    return {"n0": _avg(trips), "n": env["H"], "m": env["H"]}
+    loops = 1 if "HB" in env else 3
+    return {"n0": _avg(trips), "n": [env["H"]] * loops, "m": env["H"]}
 
 
 def _dcmha_tc_bwd(env, grid):

@@ -34,9 +34,12 @@ which reloaded the head's `[rows, d_head]` query tile and converted both operand
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
 
-Layout: q, k, v `[batch pos head_index d_head]` (any strides); per phase W1Q, W2Q fp32
-`[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch key_pos CK H]`,
-GK `[batch key_pos H]`, contiguous; O fp32 `[batch query_pos H D]` zeroed, contiguous.
+Layout: q, k, v `[batch pos head_index d_head]` (any strides); the wrapper takes per phase
+W1Q, W2Q fp32 `[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch
+key_pos CK H]`, GK `[batch key_pos H]` (`channel_weights`) and hands the kernels each side's
+weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`); O
+fp32 `[batch query_pos H D]` zeroed, contiguous. The helpers over the unpacked layout
+(`_chan`, `_hidden`, `_composed`, `_pre_hidden`) serve the backward (`triton_bwd_tc`).
 """
 
 from __future__ import annotations
@@ -145,12 +148,48 @@ def _pre_hidden(Q, K, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t, 
 
 
 @triton.jit
-def _probs(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, rows, r_ok, cols, c_ok, CQ, CK, H, T_Q,
-           HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+def _packed_rows(W, r0, pos, NR: tl.constexpr, CB: tl.constexpr):
+    """`[CB, len(pos)]`: rows r0 .. r0 + CB of one head's packed weights W `[positions, NR]`
+    (`_pack`) at positions pos. The pack is zero-padded (channels to CB, positions to whole
+    tiles) and its row count a constexpr, so there are no masks and all of a thread's weights
+    sit at constant offsets from one address (the `[batch pos C H]` layout cost 4-5 address
+    and mask instructions per element, the largest share of the head loops; a runtime row
+    stride spilled 40 B on sm_80)."""
+    offs_r = r0 + tl.arange(0, CB)
+    return tl.load(W + (pos[None, :] * NR + offs_r[:, None]))
+
+
+@triton.jit
+def _hidden_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows, cols,
+                   NQ: tl.constexpr, NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr,
+                   CKB: tl.constexpr):
+    """`_hidden` with head n's packed weights WQ, WK (`_pack`; w1 at rows rq, rk)."""
+    hq += _packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * x[None, :, :]
+    if HAS_K:
+        hk += _packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * x[None, :, :]
+    return hq, hk
+
+
+@triton.jit
+def _composed_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows, cols,
+                     NQ: tl.constexpr, NK: tl.constexpr, HAS_K: tl.constexpr,
+                     CQB: tl.constexpr, CKB: tl.constexpr):
+    """`_composed` with head m's packed weights WQ, WK (`_pack`; w2 at rows rq, rk, the gate
+    in the row after); the same operations in the same order, so the same values."""
+    gate = 1.0 + tl.load(WQ + (rows * NQ + (rq + CQB)))[:, None]
+    out = tl.sum(_packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * hq, 0)
+    if HAS_K:
+        gate = gate + tl.load(WK + (cols * NK + (rk + CKB)))[None, :]
+        out += tl.sum(_packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * hk, 0)
+    return out + x * gate
+
+
+@triton.jit
+def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
+           NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
     """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
-    empty or absent rows."""
-    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                  CQB, CKB)
+    empty or absent rows (WQ, WK: head m's packed weights)."""
+    x = _composed_packed(s, hq, hk, WQ, WK, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
     lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
@@ -181,9 +220,10 @@ def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, MAPS: tl.constexpr,
 
 
 @triton.jit
-def _pre_hidden_kept(Q, K, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                     sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
-                     IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
+                     sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
+                     NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                     CQB: tl.constexpr, CKB: tl.constexpr,
                      MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """`_pre_hidden` that also keeps every head's scores in the scratch (map 0), so that the
@@ -195,51 +235,43 @@ def _pre_hidden_kept(Q, K, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, 0, MAPS, BLOCK_M, BLOCK_N), s)
-        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                         CQB, CKB)
+        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, 0, 0, rows, cols,
+                                NQ, NK, HAS_K, CQB, CKB)
     return hq, hk
 
 
 @triton.jit
-def _batch_weights(W1, W2, G, b, T, C, H):
-    """Batch element `b`'s slices of one side's Compose weights: W1 and W2 hold `T * C * H`
-    values per batch element, G `T * H` (contiguous)."""
-    return W1 + b * T * C * H, W2 + b * T * C * H, G + b * T * H
-
-
-@triton.jit
-def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                        H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CK, NS, scale,
+                        swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                        NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
-    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`)."""
+    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). WQ, WK: the
+    packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 1, BLOCK_M, BLOCK_N)
     offs_h = tl.arange(0, HB)
-    Qb, Kb = Q + b * sq_b, K + b * sk_b
-    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
-    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
+    Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols,
-                                  c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                  HAS_K, IEEE, CQB, CKB, 1, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
+                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
+                                  NK, HAS_K, IEEE, CQB, CKB, 1, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):
             s = _scratch_load(SCR, m, 0, 1, BLOCK_M, BLOCK_N)
-            x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H,
-                          HAS_K, CQB, CKB)
+            x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
+                                 cols, NQ, NK, HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
             sel = offs_h[:, None] == m
             m_old = tl.max(tl.where(sel, m_i, float("-inf")), 0)
@@ -258,38 +290,38 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, G
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
-                        W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                        skv_b, H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                        skv_b, swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
+                        scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                        NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, 2, rows, keys]`: the
     key tile's scores (map 0) and probabilities A (map 1) of every head, each head's score dot
-    formed once per key tile."""
+    formed once per key tile. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 2, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
-    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
-    W1Q2, W2Q2, GQ2 = _batch_weights(W1Q2, W2Q2, GQ2, b, T_Q, CQ2, H)
-    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
-    W1K2, W2K2, GK2 = _batch_weights(W1K2, W2K2, GK2, b, T_K, CK, H)
+    WQ, WK = WQ + b * swq_b, WK + b * swk_b
+    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
+    RK2: tl.constexpr = 2 * CKB + 1
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols,
-                                  c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                  HAS_K, IEEE, CQB, CKB, 2, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
+                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
+                                  NK, HAS_K, IEEE, CQB, CKB, 2, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):                          # every head's A, from the pre maps
-            a = _probs(_scratch_load(SCR, n, 0, 2, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ, W2K,
-                       GK, ok, b, n, rows, r_ok, cols, c_ok, CQ, CK, H, T_Q, HAS_K, CQB, CKB)
+            a = _probs(_scratch_load(SCR, n, 0, 2, BLOCK_M, BLOCK_N), LSE, hq, hk,
+                       WQ + n * swq_h, WK + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q,
+                       NQ, NK, HAS_K, CQB, CKB)
             tl.store(_scratch(SCR, n, 1, 2, BLOCK_M, BLOCK_N), a)
         tl.debug_barrier()             # the scratch is read by other threads
         # The post hidden maps in a loop of their own: the pre and post maps never live
@@ -297,12 +329,13 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
-            aq, ak = _hidden(_scratch_load(SCR, n, 1, 2, BLOCK_M, BLOCK_N), aq, ak, W1Q2, W1K2,
-                             n, rows, r_ok, cols, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+            aq, ak = _hidden_packed(_scratch_load(SCR, n, 1, 2, BLOCK_M, BLOCK_N), aq, ak,
+                                    WQ + n * swq_h, WK + n * swk_h, RQ2, RK2, rows, cols,
+                                    NQ, NK, HAS_K, CQB2, CKB)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, 1, 2, BLOCK_M, BLOCK_N)
-            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, m, rows, r_ok, cols, c_ok, CQ2, CK,
-                          H, HAS_K, CQB2, CKB)
+            p = _composed_packed(a, aq, ak, WQ + m * swq_h, WK + m * swk_h, RQ2 + CQB2,
+                                 RK2 + CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             p = p.to(V.dtype.element_ty)
             for d0 in tl.static_range(0, BLOCK_D, DCH):        # d_head in chunks: registers
                 offs_d = d0 + tl.arange(0, DCH)
@@ -324,6 +357,26 @@ def channel_weights(w: tuple, n_heads: int) -> tuple:
         w1q = torch.cat([w1q, eye.expand(shape)], 2).contiguous()
         w2q = torch.cat([w2q, (static - eye).expand(shape)], 2).contiguous()
     return w1q, w2q, gq, w1k, w2k, gk
+
+
+def _pack(parts: list, t_pad: int) -> torch.Tensor:
+    """One side's Compose weights of both phases as the kernels read them: fp32 `[batch H
+    t_pad rows]` (a position's rows contiguous), each part's channels padded with zero rows
+    to its count and positions with zeros to t_pad. parts: `(tensor, rows)` in pack order, a weight
+    `[batch pos C H]` or a gate `[batch pos H]` (one row), None for zeros (a phase without
+    key-wise weights beside one with). Query side: w1q, w2q, gq, then the post phase's; key
+    side likewise (two torch kernels: the concatenation, the padding)."""
+    like = next(t for t, _ in parts if t is not None)
+    cols = []
+    for t, n_rows in parts:
+        if t is None:
+            t = like.new_zeros(like.shape[0], like.shape[1], n_rows, like.shape[-1])
+        t = t[:, :, None, :] if t.dim() == 3 else t
+        if t.shape[2] < n_rows:
+            t = torch.nn.functional.pad(t, (0, 0, 0, n_rows - t.shape[2]))
+        cols.append(t)
+    packed = torch.cat(cols, 2).permute(0, 3, 1, 2)            # [batch H pos rows]
+    return torch.nn.functional.pad(packed, (0, 0, 0, t_pad - packed.shape[2])).contiguous()
 
 
 def _scratch_numel(grid: tuple, blocks: dict, n_heads: int, maps: int) -> int:
@@ -355,16 +408,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     if T_Q == 0:
         return out, lse
     has_k = pre[3] is not None
-    dummy = torch.zeros(1, **f32)
-    pre = tuple(dummy if t is None else t for t in pre)
-    post = tuple(dummy if t is None else t for t in post)
     cq, cq2 = pre[0].shape[2], post[0].shape[2]
     ck = pre[3].shape[2] if has_k else 1
+    cqb, cqb2, ckb = (next_pow2(c, minimum=1) for c in (cq, cq2, ck))
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
     w = -1 if window is None else int(window)
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
-                  CQB=next_pow2(cq, minimum=1), CKB=next_pow2(ck, minimum=1), BLOCK_D=D,
+                  CQB=cqb, CKB=ckb, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, BLOCK_D=D,
                   DCH=min(32, D), **TC_LAUNCH)
 
     def grid(blocks):
@@ -379,13 +430,20 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     # One scratch for both passes.
     scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H, 1),
                               _scratch_numel(out_grid, out_blocks, H, 2)), **f32)
+    # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
+    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
+    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
+    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
+                (post[2], 1)], t_q)
+    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
+                 (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, scratch, *pre, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, w, D, cq, ck, ns, scale, HB=next_pow2(H, minimum=1), **common,
-        **blocks)
+        q, k, mp, lp, kv, scratch, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
+        *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
+        HB=next_pow2(H, minimum=1), **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)
@@ -394,10 +452,9 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     o = torch.zeros(B, T_Q, H, D, **f32)
     (n_m, ns, _), blocks = out_grid, out_blocks
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, scratch, *pre, *post, *q.stride(), *k.stride(), *v.stride(),
-        kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, w, D, cq, cq2, ck, ns, scale, CQB2=next_pow2(cq2, minimum=1),
-        **common, **blocks)
+        q, k, v, o, lse, kv, scratch, wq, wk, *q.stride(), *k.stride(), *v.stride(),
+        kv.stride(0), *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns,
+        scale, CQB2=cqb2, **common, **blocks)
     out.copy_(o[..., :D_in])
     return out, lse
 

@@ -363,14 +363,10 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
     """One side's Compose weights of both phases as the kernels read them: fp32 `[batch H
     t_pad rows]` (a position's rows contiguous), each part's channels padded with zero rows
     to its count and positions with zeros to t_pad. parts: `(tensor, rows)` in pack order, a weight
-    `[batch pos C H]` or a gate `[batch pos H]` (one row), None for zeros (a phase without
-    key-wise weights beside one with). Query side: w1q, w2q, gq, then the post phase's; key
-    side likewise (two torch kernels: the concatenation, the padding)."""
-    like = next(t for t, _ in parts if t is not None)
+    `[batch pos C H]` or a gate `[batch pos H]` (one row). Query side: w1q, w2q, gq, then the
+    post phase's; key side likewise (two torch kernels: the concatenation, the padding)."""
     cols = []
     for t, n_rows in parts:
-        if t is None:
-            t = like.new_zeros(like.shape[0], like.shape[1], n_rows, like.shape[-1])
         t = t[:, :, None, :] if t.dim() == 3 else t
         if t.shape[2] < n_rows:
             t = torch.nn.functional.pad(t, (0, 0, 0, n_rows - t.shape[2]))

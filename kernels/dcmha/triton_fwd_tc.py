@@ -241,7 +241,7 @@ def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h
 
 
 @triton.jit
-def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, WQ, WK,
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
@@ -251,17 +251,26 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, WQ, WK,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
-    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). WQ, WK: the
-    packed weights (`_pack`)."""
+    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). STATE fp32
+    `[programs, 2, 2, H, rows]`: every head's running row max and sum, double-buffered (key
+    tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
+    thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 1, BLOCK_M, BLOCK_N)
+    ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
+    offs_r = tl.arange(0, BLOCK_M)
     Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
-    m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
+    at_h = offs_h[:, None] * BLOCK_M + offs_r[None, :]          # `[HB, rows]` in one buffer
+    h_ok = (offs_h < H)[:, None]
+    tl.store(ST + at_h, tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32), mask=h_ok)
+    tl.store(ST + H * BLOCK_M + at_h, tl.zeros([HB, BLOCK_M], dtype=tl.float32), mask=h_ok)
+    tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
+        old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
+        new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
@@ -273,16 +282,20 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, WQ, WK,
             x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
                                  cols, NQ, NK, HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
-            sel = offs_h[:, None] == m
-            m_old = tl.max(tl.where(sel, m_i, float("-inf")), 0)
-            l_old = tl.sum(tl.where(sel, l_i, 0.0), 0)
+            at = m * BLOCK_M + offs_r
+            m_old = tl.load(old + at, cache_modifier=".cg")
+            l_old = tl.load(old + H * BLOCK_M + at, cache_modifier=".cg")
             m_new = tl.maximum(m_old, tl.max(x, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
                 tl.math.exp2(x - m_use[:, None]), 1)
-            m_i = tl.where(sel, m_new[None, :], m_i)
-            l_i = tl.where(sel, l_new[None, :], l_i)
-        tl.debug_barrier()             # before the next key tile overwrites the scratch
+            tl.store(new + at, m_new)
+            tl.store(new + H * BLOCK_M + at, l_new)
+        # Before the next key tile overwrites the scratch (and reads this tile's state).
+        tl.debug_barrier()
+    last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
+    m_i = tl.load(last + at_h, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+    l_i = tl.load(last + H * BLOCK_M + at_h, mask=h_ok, other=0.0, cache_modifier=".cg")
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
@@ -436,8 +449,9 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
+    state = torch.empty(n_m * ns * B * 4 * H * blocks["BLOCK_M"], **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, scratch, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
+        q, k, mp, lp, kv, scratch, state, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
         *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
         HB=next_pow2(H, minimum=1), **common, **blocks)
     m_max = mp.amax(0)

@@ -40,9 +40,9 @@ CLASSES = ("mma", "ffma", "fmul", "fadd", "mufu", "ldg", "stg", "tma", "atom", "
 _CLASS = {"HMMA": "mma", "HGMMA": "mma", "IMMA": "mma", "IGMMA": "mma", "QGMMA": "mma",
           "BGMMA": "mma", "DMMA": "mma", "FFMA": "ffma", "FMUL": "fmul", "FADD": "fadd",
           "MUFU": "mufu", "LDG": "ldg", "LDGSTS": "ldg", "STG": "stg", "UTMALDG": "tma",
-          "UTMASTG": "tma", "UBLKCP": "tma", "UTMAREDG": "tma", "RED": "atom", "ATOM": "atom",
-          "ATOMG": "atom", "LDS": "lds", "LDSM": "lds", "STS": "sts", "SHFL": "shfl",
-          "BAR": "bar"}
+          "UTMASTG": "tma", "UBLKCP": "tma", "UTMAREDG": "tma", "RED": "atom", "REDG": "atom",
+          "ATOM": "atom", "ATOMG": "atom", "LDS": "lds", "LDSM": "lds", "STS": "sts",
+          "SHFL": "shfl", "BAR": "bar"}
 TOTALS = ("instructions", "mma_flops", "cuda_flops", "global_bytes")
 WARP = 32
 WARPGROUP = 4                       # warps that issue one HGMMA together (sm_90 wgmma)

@@ -357,7 +357,7 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                 v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
                                   + offs_d[None, :] * sv_d))
                 tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
-                              _dot(p, v, IEEE), mask=r_ok[:, None])
+                              _dot(p, v, IEEE), mask=r_ok[:, None], sem="relaxed")
         tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 

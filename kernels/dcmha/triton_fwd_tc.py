@@ -29,7 +29,7 @@ GPU at batch 1 (`split_count`).
 
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
-`[H, maps, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
+`[H, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -198,27 +198,25 @@ def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.co
 
 
 @triton.jit
-def _scratch(SCR, n, j, MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, MAPS, rows,
-    keys]` (the lse pass keeps one map per head, the out pass two)."""
+def _scratch(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[rows, keys]` to head n's map in a program's scratch `[H, rows, keys]`."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    return SCR + ((n * MAPS + j) * (BLOCK_M * BLOCK_N) + offs)
+    return SCR + (n * (BLOCK_M * BLOCK_N) + offs)
 
 
 @triton.jit
-def _scratch_load(SCR, n, j, MAPS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+def _scratch_load(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Map j of head n from the scratch, read through L2 (`.cg`): other threads of the program
     wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
-    return tl.load(_scratch(SCR, n, j, MAPS, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+    return tl.load(_scratch(SCR, n, BLOCK_M, BLOCK_N), cache_modifier=".cg")
 
 
 @triton.jit
-def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, MAPS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's scratch `[H, MAPS, rows, keys]` fp32 in SCRATCH `[programs, ...]`."""
+def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """This program's scratch `[H, rows, keys]` fp32 in SCRATCH `[programs, ...]`."""
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    return SCRATCH + slot.to(tl.int64) * (H * MAPS * BLOCK_M * BLOCK_N)
+    return SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * BLOCK_N)
 
 
 @triton.jit
@@ -226,7 +224,7 @@ def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h
                      sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
                      NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                      CQB: tl.constexpr, CKB: tl.constexpr,
-                     MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """`_pre_hidden` that also keeps every head's scores in the scratch (map 0), so that the
     later head loops read them instead of recomputing the dot (each recomputation reloads the
@@ -236,7 +234,7 @@ def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h
     for n in range(0, H):
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        tl.store(_scratch(SCR, n, 0, MAPS, BLOCK_M, BLOCK_N), s)
+        tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
         hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, 0, 0, rows, cols,
                                 NQ, NK, HAS_K, CQB, CKB)
     return hq, hk
@@ -258,7 +256,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
     thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 1, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
     ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
@@ -277,10 +275,10 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
                                   sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, 1, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):
-            s = _scratch_load(SCR, m, 0, 1, BLOCK_M, BLOCK_N)
+            s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
                                  cols, NQ, NK, HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
@@ -315,11 +313,11 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
-    z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, 2, rows, keys]`: the
-    key tile's scores (map 0) and probabilities A (map 1) of every head, each head's score dot
-    formed once per key tile. WQ, WK: both phases' packed weights (`_pack`)."""
+    z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
+    tile's scores of every head, each head's score dot formed once per key tile, then in
+    their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, 2, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
@@ -331,24 +329,28 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
                                   sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, 2, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):                          # every head's A, from the pre maps
-            a = _probs(_scratch_load(SCR, n, 0, 2, BLOCK_M, BLOCK_N), LSE, hq, hk,
+            a = _probs(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), LSE, hq, hk,
                        WQ + n * swq_h, WK + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q,
                        NQ, NK, HAS_K, CQB, CKB)
-            tl.store(_scratch(SCR, n, 1, 2, BLOCK_M, BLOCK_N), a)
+            # A_n replaces head n's scores once every thread has read them (one map per
+            # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
+            # stays in L2).
+            tl.debug_barrier()
+            tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
         tl.debug_barrier()             # the scratch is read by other threads
         # The post hidden maps in a loop of their own: the pre and post maps never live
         # together (8 maps of 64 x 32 spilled on sm_80).
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n in range(0, H):
-            aq, ak = _hidden_packed(_scratch_load(SCR, n, 1, 2, BLOCK_M, BLOCK_N), aq, ak,
+            aq, ak = _hidden_packed(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), aq, ak,
                                     WQ + n * swq_h, WK + n * swk_h, RQ2, RK2, rows, cols,
                                     NQ, NK, HAS_K, CQB2, CKB)
         for m in range(0, H):                          # each head's pattern times its values
-            a = _scratch_load(SCR, m, 1, 2, BLOCK_M, BLOCK_N)
+            a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             p = _composed_packed(a, aq, ak, WQ + m * swq_h, WK + m * swk_h, RQ2 + CQB2,
                                  RK2 + CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             p = p.to(V.dtype.element_ty)
@@ -390,12 +392,12 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
     return torch.nn.functional.pad(packed, (0, 0, 0, t_pad - packed.shape[2])).contiguous()
 
 
-def _scratch_numel(grid: tuple, blocks: dict, n_heads: int, maps: int) -> int:
-    """Elements of a pass's per-program scratch `[programs, H, maps, BLOCK_M, BLOCK_N]` fp32:
-    128 KB per program at 16 heads in either pass (64 x 32 keys, one map; 64 x 16, two), 40
-    MB over the 320 programs at T = 4096; it grows with the programs (query tiles x key
+def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
+    """Elements of a pass's per-program scratch `[programs, H, BLOCK_M, BLOCK_N]` fp32: 128 KB
+    per program at 16 heads (64 x 32), 42 MB over the 320 programs at T = 4096, 17 MB over
+    132 resident ones (L2 holds 50 MB); it grows with the programs (query tiles x key
     splits), so O(T)."""
-    return math.prod(grid) * n_heads * maps * blocks["BLOCK_M"] * blocks["BLOCK_N"]
+    return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
 def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
@@ -439,8 +441,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
     out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
     # One scratch for both passes.
-    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H, 1),
-                              _scratch_numel(out_grid, out_blocks, H, 2)), **f32)
+    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H),
+                              _scratch_numel(out_grid, out_blocks, H)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))

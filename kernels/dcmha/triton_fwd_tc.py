@@ -206,7 +206,7 @@ def _scratch(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _scratch_load(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Map j of head n from the scratch, read through L2 (`.cg`): other threads of the program
+    """Head n's map from the scratch, read through L2 (`.cg`): other threads of the program
     wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
     return tl.load(_scratch(SCR, n, BLOCK_M, BLOCK_N), cache_modifier=".cg")
 
@@ -226,7 +226,7 @@ def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h
                      CQB: tl.constexpr, CKB: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """`_pre_hidden` that also keeps every head's scores in the scratch (map 0), so that the
+    """`_pre_hidden` that also keeps every head's scores in the scratch, so that the
     later head loops read them instead of recomputing the dot (each recomputation reloads the
     head's `[rows, d_head]` query tile and converts both operands' layouts)."""
     hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -379,9 +379,10 @@ def channel_weights(w: tuple, n_heads: int) -> tuple:
 def _pack(parts: list, t_pad: int) -> torch.Tensor:
     """One side's Compose weights of both phases as the kernels read them: fp32 `[batch H
     t_pad rows]` (a position's rows contiguous), each part's channels padded with zero rows
-    to its count and positions with zeros to t_pad. parts: `(tensor, rows)` in pack order, a weight
-    `[batch pos C H]` or a gate `[batch pos H]` (one row). Query side: w1q, w2q, gq, then the
-    post phase's; key side likewise (two torch kernels: the concatenation, the padding)."""
+    to its count and positions with zeros to t_pad. parts: `(tensor, rows)` in pack order,
+    a weight `[batch pos C H]` or a gate `[batch pos H]` (one row). Query side: w1q, w2q, gq,
+    then the post phase's; key side likewise (two torch kernels: the concatenation, the
+    padding)."""
     cols = []
     for t, n_rows in parts:
         t = t[:, :, None, :] if t.dim() == 3 else t

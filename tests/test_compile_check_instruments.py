@@ -110,6 +110,18 @@ def test_opcode_shapes_and_widths():
                                       "LDG.E", "LDGSTS.E.BYPASS.128")] == [16, 8, 2, 1, 4, 16]
 
 
+def test_relaxed_atomics_count_as_atomics():
+    """sm_90 writes a relaxed fp32 atomic add whose result is unused as REDG (acq_rel ones as
+    ATOMG with fences); both are global atomics with their bytes."""
+    text = """
+        /*0000*/                   REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R5 ;
+        /*0010*/                   ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, RZ, [R2.64], R5 ;
+        /*0020*/                   EXIT ;
+"""
+    c = mix(parse(text))
+    assert c["atom"] == 2 and c["other"] == 1 and c["global_bytes"] == 2 * 4 * 32
+
+
 def _row(line, var, depth, inner, n, start):
     return dict(line=line, var=var, depth=depth, inner=inner, start=start, end=start + 8,
                 mix=dict(instructions=n, ldg=n // 10))

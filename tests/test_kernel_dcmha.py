@@ -198,6 +198,22 @@ def test_tensor_core_forward_over_query_tiles_and_key_splits(monkeypatch):
     torch.testing.assert_close(lse.double(), ref_lse, **FP32)
 
 
+def test_tensor_core_forward_packs_each_sides_weights_per_head():
+    """`_pack`: `[batch H pos rows]`, each part's channels padded with zero rows to its count
+    and positions with zeros to whole tiles, so that the kernels read them unmasked."""
+    from attnlens.kernels.dcmha.triton_fwd_tc import _pack
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(2, 5, 3, 4, generator=g), torch.randn(2, 5, 3, 4, generator=g)
+    gate = torch.randn(2, 5, 4, generator=g)
+    packed = _pack([(w1, 4), (w2, 4), (gate, 1)], 8)
+    assert packed.shape == (2, 4, 8, 9) and packed.is_contiguous()
+    torch.testing.assert_close(packed[:, :, :5, 0:3], w1.permute(0, 3, 1, 2), **EXACT)
+    torch.testing.assert_close(packed[:, :, :5, 4:7], w2.permute(0, 3, 1, 2), **EXACT)
+    torch.testing.assert_close(packed[:, :, :5, 8], gate.permute(0, 2, 1), **EXACT)
+    assert not packed[:, :, :, 3].any() and not packed[:, :, :, 7].any()
+    assert not packed[:, :, 5:].any()
+
+
 def test_fp16():
     """fp16 with a static B: 2 channels + 2 static ones, the tensor-core forward."""
     _check(20, 20, 2, dtype=torch.float16, static=True)

@@ -22,14 +22,24 @@ Pass 1 (`dcmha_tc_lse_kernel`), per (query tile, key split): for each key tile, 
 maps from every head's scores, then each head's logits L_m and its online row max / sum;
 the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
 (`dcmha_tc_out_kernel`), same grid: per key tile the pre hidden maps, then every head's
-probabilities A_n = exp(L_n - lse_n) into the post hidden maps, then per head
+probabilities A_n = exp(L_n - lse_n), then the post hidden maps from them, then per head
 P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an `[H, rows, d_head]`
 accumulator would not fit in registers at 16-32 heads). Key splits make the grid fill the
 GPU at batch 1 (`split_count`).
 
-Layout: q, k, v `[batch pos head_index d_head]` (any strides); per phase W1Q, W2Q fp32
-`[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch key_pos CK H]`,
-GK `[batch key_pos H]`, contiguous; O fp32 `[batch query_pos H D]` zeroed, contiguous.
+Each head's score dot is formed once per key tile: the head loops after the first read the
+scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
+`[H, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
+which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
+(2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
+instructions at d_head 64, docs/benchmarks.md).
+
+Layout: q, k, v `[batch pos head_index d_head]` (any strides); the wrapper takes per phase
+W1Q, W2Q fp32 `[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch
+key_pos CK H]`, GK `[batch key_pos H]` (`channel_weights`) and hands the kernels each side's
+weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`); O
+fp32 `[batch query_pos H D]` zeroed, contiguous. The helpers over the unpacked layout
+(`_chan`, `_hidden`, `_composed`, `_pre_hidden`) serve the backward (`triton_bwd_tc`).
 """
 
 from __future__ import annotations
@@ -48,12 +58,13 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 MAX_CHANNELS = 4
 # 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
 # key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`); the out
-# pass holds four hidden maps (pre and post), the lse pass two.
+# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). No head
+# loop holds more than one phase's hidden maps (pre and post together, 8 maps of 64 x 32,
+# spilled 8 B on sm_80 at d_head 64); wider out tiles halve the P v atomics per key.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
-OUT_BLOCKS = (64, 16)
+OUT_BLOCKS = (64, 32)
 FP32_BLOCKS = (32, 16)
 TARGET_PROGRAMS = 264              # two programs per SM of an H100 / H200 (132 SMs)
 
@@ -137,69 +148,154 @@ def _pre_hidden(Q, K, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t, 
 
 
 @triton.jit
-def _probs(Q, K, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows, r_ok, cols,
-           c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q, scale,
-           HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-           DCH: tl.constexpr):
-    """A_m = exp(L_m - lse_m) `[rows, keys]`, 0 where masked and on empty or absent rows."""
-    s = _score(Q, K, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale, IEEE,
-               BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                  CQB, CKB)
+def _packed_rows(W, r0, pos, NR: tl.constexpr, CB: tl.constexpr):
+    """`[CB, len(pos)]`: rows r0 .. r0 + CB of one head's packed weights W `[positions, NR]`
+    (`_pack`) at positions pos. The pack is zero-padded (channels to CB, positions to whole
+    tiles) and its row count a constexpr, so there are no masks and all of a thread's weights
+    sit at constant offsets from one address (the `[batch pos C H]` layout cost 4-5 address
+    and mask instructions per element, the largest share of the head loops; a runtime row
+    stride spilled 40 B on sm_80). The offsets are 64-bit: from i32 ones (sign-extended,
+    may wrap) the compiler cannot split off the constants and formed every address apart
+    (17% more warp instructions and 70 more registers on sm_90)."""
+    offs_r = r0 + tl.arange(0, CB)
+    return tl.load(W + (pos.to(tl.int64)[None, :] * NR + offs_r[:, None]))
+
+
+@triton.jit
+def _hidden_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows, cols,
+                   NQ: tl.constexpr, NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr,
+                   CKB: tl.constexpr):
+    """`_hidden` with head n's packed weights WQ, WK (`_pack`; w1 at rows rq, rk)."""
+    hq += _packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * x[None, :, :]
+    if HAS_K:
+        hk += _packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * x[None, :, :]
+    return hq, hk
+
+
+@triton.jit
+def _composed_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows, cols,
+                     NQ: tl.constexpr, NK: tl.constexpr, HAS_K: tl.constexpr,
+                     CQB: tl.constexpr, CKB: tl.constexpr):
+    """`_composed` with head m's packed weights WQ, WK (`_pack`; w2 at rows rq, rk, the gate
+    in the row after); the same operations in the same order, so the same values."""
+    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
+    out = tl.sum(_packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * hq, 0)
+    if HAS_K:
+        gate = gate + tl.load(WK + (cols.to(tl.int64) * NK + (rk + CKB)))[None, :]
+        out += tl.sum(_packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * hk, 0)
+    return out + x * gate
+
+
+@triton.jit
+def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
+           NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
+    empty or absent rows (WQ, WK: head m's packed weights)."""
+    x = _composed_packed(s, hq, hk, WQ, WK, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
     lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
     return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
 
 
 @triton.jit
-def _batch_weights(W1, W2, G, b, T, C, H):
-    """Batch element `b`'s slices of one side's Compose weights: W1 and W2 hold `T * C * H`
-    values per batch element, G `T * H` (contiguous)."""
-    return W1 + b * T * C * H, W2 + b * T * C * H, G + b * T * H
+def _scratch(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[rows, keys]` to head n's map in a program's scratch `[H, rows, keys]`."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return SCR + (n * (BLOCK_M * BLOCK_N) + offs)
 
 
 @triton.jit
-def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
+def _scratch_load(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Head n's map from the scratch, read through L2 (`.cg`): other threads of the program
+    wrote it (before a barrier), and the next key tile overwrites it, so no L1 copy is kept."""
+    return tl.load(_scratch(SCR, n, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+
+
+@triton.jit
+def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """This program's scratch `[H, rows, keys]` fp32 in SCRATCH `[programs, ...]`."""
+    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
+    return SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * BLOCK_N)
+
+
+@triton.jit
+def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
+                     sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
+                     NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                     CQB: tl.constexpr, CKB: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`_pre_hidden` that also keeps every head's scores in the scratch, so that the
+    later head loops read them instead of recomputing the dot (each recomputation reloads the
+    head's `[rows, d_head]` query tile and converts both operands' layouts)."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
+        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, 0, 0, rows, cols,
+                                NQ, NK, HAS_K, CQB, CKB)
+    return hq, hk
+
+
+@triton.jit
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                        H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CK, NS, scale,
+                        swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
+                        NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
-    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`."""
+    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
+    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). STATE fp32
+    `[programs, 2, 2, H, rows]`: every head's running row max and sum, double-buffered (key
+    tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
+    thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
+    ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
-    Qb, Kb = Q + b * sq_b, K + b * sk_b
-    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
-    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
-    m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
+    offs_r = tl.arange(0, BLOCK_M)
+    Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
+    at_h = offs_h[:, None] * BLOCK_M + offs_r[None, :]          # `[HB, rows]` in one buffer
+    h_ok = (offs_h < H)[:, None]
+    tl.store(ST + at_h, tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32), mask=h_ok)
+    tl.store(ST + H * BLOCK_M + at_h, tl.zeros([HB, BLOCK_M], dtype=tl.float32), mask=h_ok)
+    tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
+        old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
+        new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
+                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
+                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):
-            s = _score(Qb, Kb, m, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D,
-                       scale, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-            x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, m, rows, r_ok, cols, c_ok, CQ, CK, H,
-                          HAS_K, CQB, CKB)
+            s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+            x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
+                                 cols, NQ, NK, HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
-            sel = offs_h[:, None] == m
-            m_old = tl.max(tl.where(sel, m_i, float("-inf")), 0)
-            l_old = tl.sum(tl.where(sel, l_i, 0.0), 0)
+            at = m * BLOCK_M + offs_r
+            m_old = tl.load(old + at, cache_modifier=".cg")
+            l_old = tl.load(old + H * BLOCK_M + at, cache_modifier=".cg")
             m_new = tl.maximum(m_old, tl.max(x, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
                 tl.math.exp2(x - m_use[:, None]), 1)
-            m_i = tl.where(sel, m_new[None, :], m_i)
-            l_i = tl.where(sel, l_new[None, :], l_i)
+            tl.store(new + at, m_new)
+            tl.store(new + H * BLOCK_M + at, l_new)
+        # Before the next key tile overwrites the scratch (and reads this tile's state).
+        tl.debug_barrier()
+    last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
+    m_i = tl.load(last + at_h, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+    l_i = tl.load(last + H * BLOCK_M + at_h, mask=h_ok, other=0.0, cache_modifier=".cg")
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
@@ -207,52 +303,64 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, W1Q, W2Q, GQ, W1K, W2K, GK,
-                        W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                        skv_b, H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                        skv_b, swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
+                        scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                        NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
-    z = Compose_post(exp(L - lse)) v to O."""
+    z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
+    tile's scores of every head, each head's score dot formed once per key tile, then in
+    their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
-    W1Q, W2Q, GQ = _batch_weights(W1Q, W2Q, GQ, b, T_Q, CQ, H)
-    W1Q2, W2Q2, GQ2 = _batch_weights(W1Q2, W2Q2, GQ2, b, T_Q, CQ2, H)
-    W1K, W2K, GK = _batch_weights(W1K, W2K, GK, b, T_K, CK, H)
-    W1K2, W2K2, GK2 = _batch_weights(W1K2, W2K2, GK2, b, T_K, CK, H)
+    WQ, WK = WQ + b * swq_b, WK + b * swk_b
+    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
+    RK2: tl.constexpr = 2 * CKB + 1
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden(Qb, Kb, W1Q, W1K, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                             sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K, IEEE,
-                             CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
+                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
+                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.debug_barrier()             # the scratch is read by other threads
+        for n in range(0, H):                          # every head's A, from the pre maps
+            a = _probs(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), LSE, hq, hk,
+                       WQ + n * swq_h, WK + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q,
+                       NQ, NK, HAS_K, CQB, CKB)
+            # A_n replaces head n's scores once every thread has read them (one map per
+            # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
+            # stays in L2).
+            tl.debug_barrier()
+            tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
+        tl.debug_barrier()             # the scratch is read by other threads
+        # The post hidden maps in a loop of their own: the pre and post maps never live
+        # together (8 maps of 64 x 32 spilled on sm_80).
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):                          # post hidden maps from every head's A
-            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, n0, T_K, rows,
-                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
-                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, rows, r_ok, cols, c_ok, CQ2, CK, H,
-                             HAS_K, CQB2, CKB)
+        for n in range(0, H):
+            aq, ak = _hidden_packed(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), aq, ak,
+                                    WQ + n * swq_h, WK + n * swk_h, RQ2, RK2, rows, cols,
+                                    NQ, NK, HAS_K, CQB2, CKB)
         for m in range(0, H):                          # each head's pattern times its values
-            a = _probs(Qb, Kb, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, m, m0, n0, T_K, rows,
-                       r_ok, cols, c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, T_Q,
-                       scale, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, m, rows, r_ok, cols, c_ok, CQ2, CK,
-                          H, HAS_K, CQB2, CKB)
+            a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+            p = _composed_packed(a, aq, ak, WQ + m * swq_h, WK + m * swk_h, RQ2 + CQB2,
+                                 RK2 + CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             p = p.to(V.dtype.element_ty)
             for d0 in tl.static_range(0, BLOCK_D, DCH):        # d_head in chunks: registers
                 offs_d = d0 + tl.arange(0, DCH)
                 v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
                                   + offs_d[None, :] * sv_d))
                 tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
-                              _dot(p, v, IEEE), mask=r_ok[:, None])
+                              _dot(p, v, IEEE), mask=r_ok[:, None], sem="relaxed")
+        tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -266,6 +374,31 @@ def channel_weights(w: tuple, n_heads: int) -> tuple:
         w1q = torch.cat([w1q, eye.expand(shape)], 2).contiguous()
         w2q = torch.cat([w2q, (static - eye).expand(shape)], 2).contiguous()
     return w1q, w2q, gq, w1k, w2k, gk
+
+
+def _pack(parts: list, t_pad: int) -> torch.Tensor:
+    """One side's Compose weights of both phases as the kernels read them: fp32 `[batch H
+    t_pad rows]` (a position's rows contiguous), each part's channels padded with zero rows
+    to its count and positions with zeros to t_pad. parts: `(tensor, rows)` in pack order,
+    a weight `[batch pos C H]` or a gate `[batch pos H]` (one row). Query side: w1q, w2q, gq,
+    then the post phase's; key side likewise (two torch kernels: the concatenation, the
+    padding)."""
+    cols = []
+    for t, n_rows in parts:
+        t = t[:, :, None, :] if t.dim() == 3 else t
+        if t.shape[2] < n_rows:
+            t = torch.nn.functional.pad(t, (0, 0, 0, n_rows - t.shape[2]))
+        cols.append(t)
+    packed = torch.cat(cols, 2).permute(0, 3, 1, 2)            # [batch H pos rows]
+    return torch.nn.functional.pad(packed, (0, 0, 0, t_pad - packed.shape[2])).contiguous()
+
+
+def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
+    """Elements of a pass's per-program scratch `[programs, H, BLOCK_M, BLOCK_N]` fp32: 128 KB
+    per program at 16 heads (64 x 32), 42 MB over the 320 programs at T = 4096, 17 MB over
+    132 resident ones (L2 holds 50 MB); it grows with the programs (query tiles x key
+    splits), so O(T)."""
+    return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
 def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
@@ -289,16 +422,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     if T_Q == 0:
         return out, lse
     has_k = pre[3] is not None
-    dummy = torch.zeros(1, **f32)
-    pre = tuple(dummy if t is None else t for t in pre)
-    post = tuple(dummy if t is None else t for t in post)
     cq, cq2 = pre[0].shape[2], post[0].shape[2]
     ck = pre[3].shape[2] if has_k else 1
+    cqb, cqb2, ckb = (next_pow2(c, minimum=1) for c in (cq, cq2, ck))
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
     w = -1 if window is None else int(window)
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
-                  CQB=next_pow2(cq, minimum=1), CKB=next_pow2(ck, minimum=1), BLOCK_D=D,
+                  CQB=cqb, CKB=ckb, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, BLOCK_D=D,
                   DCH=min(32, D), **TC_LAUNCH)
 
     def grid(blocks):
@@ -308,24 +439,37 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     fp32 = q.dtype == torch.float32
-    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
+    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
+    out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    # One scratch for both passes.
+    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H),
+                              _scratch_numel(out_grid, out_blocks, H)), **f32)
+    # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
+    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
+    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
+    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
+                (post[2], 1)], t_q)
+    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
+                 (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
+    (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
+    state = torch.empty(n_m * ns * B * 4 * H * blocks["BLOCK_M"], **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, *pre, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, w, D, cq, ck, ns, scale, HB=next_pow2(H, minimum=1), **common,
-        **blocks)
+        q, k, mp, lp, kv, scratch, state, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
+        *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
+        HB=next_pow2(H, minimum=1), **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
     o = torch.zeros(B, T_Q, H, D, **f32)
-    (n_m, ns, _), blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    (n_m, ns, _), blocks = out_grid, out_blocks
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, *pre, *post, *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, w, D, cq, cq2, ck, ns, scale, CQB2=next_pow2(cq2, minimum=1),
-        **common, **blocks)
+        q, k, v, o, lse, kv, scratch, wq, wk, *q.stride(), *k.stride(), *v.stride(),
+        kv.stride(0), *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns,
+        scale, CQB2=cqb2, **common, **blocks)
     out.copy_(o[..., :D_in])
     return out, lse
 

@@ -1,0 +1,26 @@
+"""Trip models of the DCMHA tensor-core forward's loops (`compile_check.trips`), which the
+roofline multiplies the SASS loop bodies by (docs/benchmarks.md)."""
+
+from attnlens.kernels.compile_check.trips import MODELS
+
+
+def _env(**kw):
+    env = dict(BLOCK_M=64, BLOCK_N=32, NS=2, WINDOW=-1, Q_OFFSET=0, T_K=128, H=16,
+               BLOCK_D=128)
+    env.update(kw)
+    return env
+
+
+def test_out_kernel_lists_its_three_head_loops_over_heads_n():
+    """Query tile 0 sees 2 key tiles of 32 (1 per split), tile 1 sees 4 (2 per split): 1.5 on
+    average; the scores-and-pre-maps, probabilities and post-maps loops (`n`) one per SASS
+    loop, then the output heads (`m`)."""
+    trips = MODELS["dcmha_tc_out_kernel"](_env(), (2, 2, 1))
+    assert trips == {"n0": 1.5, "n": [16] * 3, "m": 16}
+
+
+def test_lse_kernel_has_one_loop_over_heads_n():
+    """The lse kernel (the one with HB) reads every head's scores from the scratch in its `m`
+    loop: one `n` loop."""
+    trips = MODELS["dcmha_tc_lse_kernel"](_env(HB=16), (2, 2, 1))
+    assert trips == {"n0": 1.5, "n": [16], "m": 16}

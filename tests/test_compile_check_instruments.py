@@ -95,13 +95,6 @@ def test_nvdisasm_labels_and_source_lines():
     assert mix(instrs, lo.start, lo.end)["mma_flops"] == 2 * 64 * 64 * 16 // 4   # per warp
 
 
-def test_relaxed_and_ordered_atomics_are_both_atomics():
-    """sm_90 emits REDG for a relaxed `tl.atomic_add` and ATOMG for the default acq_rel one."""
-    assert [Instr(0, op).kind for op in ("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU",
-                                         "ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU", "RED.E.ADD")] \
-        == ["atom"] * 3
-
-
 def test_opcode_shapes_and_widths():
     assert mma_flops("HMMA.16816.F32.BF16") == 4096
     assert mma_flops("HMMA.1688.F32.TF32") == 2 * 16 * 8 * 8
@@ -111,15 +104,16 @@ def test_opcode_shapes_and_widths():
 
 
 def test_relaxed_atomics_count_as_atomics():
-    """sm_90 writes a relaxed fp32 atomic add whose result is unused as REDG (acq_rel ones as
+    """RED / REDG / ATOMG are all atomics. sm_90 writes a relaxed fp32 atomic add whose result is unused as REDG (acq_rel ones as
     ATOMG with fences); both are global atomics with their bytes."""
     text = """
         /*0000*/                   REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R5 ;
         /*0010*/                   ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, RZ, [R2.64], R5 ;
-        /*0020*/                   EXIT ;
+        /*0020*/                   RED.E.ADD [R2.64], R5 ;
+        /*0030*/                   EXIT ;
 """
     c = mix(parse(text))
-    assert c["atom"] == 2 and c["other"] == 1 and c["global_bytes"] == 2 * 4 * 32
+    assert c["atom"] == 3 and c["other"] == 1 and c["global_bytes"] == 3 * 4 * 32
 
 
 def _row(line, var, depth, inner, n, start):

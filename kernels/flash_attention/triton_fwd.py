@@ -208,6 +208,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         u_lo = start
         u_hi = (T_K // BLOCK_N) * BLOCK_N
         hi = T_K
+    # (the tiles of `ahead_fits`)
     if AHEAD and CAUSAL and not SEGMENTED and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE and not (
             BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64):
         # Scores one tile ahead through the unmasked tiles (`_fwd_tiles_ahead`); the first
@@ -350,6 +351,15 @@ def hopper_paths() -> bool:
         return False
 
 
+def ahead_fits(block_m: int, block_n: int, block_d: int) -> bool:
+    """The tiles whose AHEAD launches take the scores-ahead loop (the kernel's test, spelled
+    out there too): the second score tile spills 304 B at 128x128 w8 s2 (d 128, sm_90) and
+    needs 230 KB of shared memory, and 64x64 w4 s3 at d 128 takes 246 registers (168 without):
+    one program per SM instead of two."""
+    return block_m * block_n < MAX_HEAVY_TILE.value and not (
+        block_m * block_n == 64 * 64 and block_d > 64)
+
+
 # Key tiles are at most 128 wide, a power of two: a key length that 128 divides splits into
 # whole tiles of every config.
 EVEN_KEYS = 128
@@ -403,10 +413,10 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     # and Infini's segments and gate epilogue 16-24 B at d 64 on sm_80 (compile_check); there
     # it keeps the former order. Heaviest tiles first across heads: plain causal attention
     # (Infini's segments are of equal weight), at d 128 without padding (`MAX_HEAVY_TILE`).
-    plain = not segment_len and mix is None and next_pow2(D) <= 64
+    hopper = hopper_paths()
+    plain = not segment_len and mix is None and (next_pow2(D) <= 64 or hopper)
     heavy = bool(causal) and not segment_len and mix is None and (
         next_pow2(D) <= 64 or key_valid is None) and fits_heads_inner(T_Q)
-    hopper = hopper_paths()
     meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy,
                 AHEAD=hopper and bool(causal) and not segment_len,
                 EVEN=hopper and even_keys(T_K, D))
@@ -422,5 +432,5 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel", "even_keys", "fits_heads_inner",
+__all__ = ["LOG2E", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys", "fits_heads_inner",
            "hopper_paths", "no_key_mask", "tile_grid"]

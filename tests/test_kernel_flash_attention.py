@@ -162,10 +162,13 @@ def test_hopper_paths_keep_the_plain_loops_bits(monkeypatch, T_q, T_k, block_m, 
     the mask-free K/V loads of the forward and backward loops (EVEN: the swept length a
     multiple of 128, D a power of two), taken on sm_90 and under the interpreter
     (`hopper_paths`), add the same fp32 terms in the same order as the plain loops: the same
-    bits in out, lse, dq, dk and dv, and the reference within the usual tolerance."""
+    bits in out, lse, dq, dk and dv under the interpreter (within the usual tolerance on a
+    GPU, whose two compiled kernels may contract differently), and the reference within the
+    usual tolerance."""
+    from attnlens.kernels._triton import interpreting
     from attnlens.kernels.flash_attention import triton_fwd
 
-    assert triton_fwd.hopper_paths()                     # the interpreter takes the new loops
+    assert triton_fwd.hopper_paths() or not interpreting()   # the interpreter takes them
     assert triton_fwd.even_keys(T_k, 16) == (T_k % 128 == 0)
     q, k, v = _inputs(T_q, T_k, heads=1)
     key_valid = None
@@ -180,12 +183,16 @@ def test_hopper_paths_keep_the_plain_loops_bits(monkeypatch, T_q, T_k, block_m, 
         loss = (out * d_out.to(DEVICE)).sum() + _finite(lse).sum()
         return (out, lse, *torch.autograd.grad(loss, (q, k, v)))
 
-    _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)   # new paths
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)
     new = run()
     monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: False)
     plain = run()
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), new, plain, strict=True):
-        assert torch.equal(a, b), name
+        if interpreting():
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, **TOL[torch.float32], msg=name)
 
 
 def test_even_keys_needs_whole_tiles_and_a_power_of_two_head_dim():

@@ -191,6 +191,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
     m_i, l_i, acc = softmax_state(BLOCK_M, BLOCK_D)
+    # The fold at d 128 spills 16 B in 128x128 tiles with triton 3.6.0 (sm_90): they scale first.
+    scale_first: tl.constexpr = SCALE_FIRST or (BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and
+                                                BLOCK_D > 64)
     # Key tiles in [start, u_lo) and [u_hi, hi) are masked; [u_lo, u_hi) is visible to every
     # row of the tile (in the sequence, causal, same segment) and runs unmasked.
     start = 0
@@ -219,26 +222,26 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         acc, m_i, l_i, s = _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
                                             sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
                                             u_lo, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
-                                            CAUSAL, HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST,
+                                            CAUSAL, HAS_KVALID, BLOCK_N, IEEE, scale_first,
                                             EVEN)
         acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
                                     offs_d, d_valid, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                                     True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N, IEEE,
-                                    SCALE_FIRST, EVEN)
+                                    scale_first, EVEN)
         u_hi += BLOCK_N
     else:
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                    sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K,
                                    Q_OFFSET, SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED,
-                                   HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST, EVEN)
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                    sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K,
                                    Q_OFFSET, SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED,
-                                   HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST, EVEN)
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE, SCALE_FIRST, EVEN)
+                               IEEE, scale_first, EVEN)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d

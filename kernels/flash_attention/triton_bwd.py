@@ -92,18 +92,18 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
         hi = tl.minimum(T_Q, seg_end - Q_OFFSET)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qt_ptr = Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d        # [D, M]
-        do_ptr = DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d    # [M, D]
-        if EVEN:
-            qt = tl.load(qt_ptr)
-            do = tl.load(do_ptr)
+        if EVEN:    # every query row is in T_Q
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d)
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d)
             lse = tl.load(LSE + pid_bh * T_Q + offs_m) * 1.4426950408889634
             delta = tl.load(DELTA + pid_bh * T_Q + offs_m)
-            keep = keep_n[:, None]                  # every query row is in T_Q
-        else:
+            keep = keep_n[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
             m_valid = offs_m < T_Q
-            qt = tl.load(qt_ptr, mask=m_valid[None, :] & d_valid[:, None], other=0.0)
-            do = tl.load(do_ptr, mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
+                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                         mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
             lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid,
                           other=0.0) * 1.4426950408889634
             delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
@@ -156,15 +156,15 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T_K
-        kt_ptr = K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d        # [D, N]
-        vt_ptr = V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d        # [D, N]
-        if EVEN:
-            kt = tl.load(kt_ptr)
-            vt = tl.load(vt_ptr)
-            keep = m_valid[:, None]                 # every key column is in T_K
-        else:
-            kt = tl.load(kt_ptr, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-            vt = tl.load(vt_ptr, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        if EVEN:    # every key column is in T_K
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d)
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d)
+            keep = m_valid[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
             keep = n_valid[None, :] & m_valid[:, None]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)

@@ -341,17 +341,27 @@ def tile_grid(T: int, block: int, n_heads: int, heads_inner: bool) -> tuple[int,
 HOPPER_PATH_ARCHS = ("sm_90",)
 
 
+_HOPPER: dict = {}
+
+
 def hopper_paths() -> bool:
     """Whether launches take AHEAD and EVEN (where the launch allows them): on
     HOPPER_PATH_ARCHS, and under the interpreter so that the tests run them. `_triton.gpu_arch`
     is read through its module: `compile_check`'s capture replaces it there, recording each
-    architecture's launches."""
+    architecture's launches. The answer is kept per `gpu_arch` function (the current device's
+    capability is a driver query on every launch otherwise); a process that mixes GPU
+    architectures gets the first one's paths, which are exact on every architecture."""
     if interpreting():
         return True
-    try:
-        return _triton.gpu_arch() in HOPPER_PATH_ARCHS
-    except (AssertionError, RuntimeError):   # no CUDA device (host-side timing on CPU)
-        return False
+    arch_of = _triton.gpu_arch
+    known = _HOPPER.get(arch_of)
+    if known is None:
+        try:
+            known = arch_of() in HOPPER_PATH_ARCHS
+        except (AssertionError, RuntimeError):   # no CUDA device (host-side timing on CPU)
+            known = False
+        _HOPPER[arch_of] = known
+    return known
 
 
 def ahead_fits(block_m: int, block_n: int, block_d: int) -> bool:

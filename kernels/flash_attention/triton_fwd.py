@@ -173,7 +173,10 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     `(bh, x)` owning tile `cdiv(T_Q, BLOCK_M) - 1 - x` (`head_tile`'s HEADS_INNER, REVERSED):
     the last tiles, which see the most keys, start first for every head, and the lightest fill
     the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
-    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_fwd_tiles`.
+    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
+    AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
+    next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
+    without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter).
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).

@@ -147,3 +147,56 @@ def test_bad_inputs_raise_value_error(bad, match):
     q, k, v = (t.detach() for t in _inputs(5, 5))
     with pytest.raises(ValueError, match=match):
         flash_attention(*bad(q, k, v))
+
+
+# (T_Q, T_K, block_m, block_n, padding): whole key tiles (T_K 128: EVEN) with one and two
+# diagonal tiles per query tile, a KV-cache offset, padding keys, and a ragged length (no EVEN).
+AHEAD_CASES = [(128, 128, 16, 16, False), (128, 128, 32, 16, False), (7, 128, 16, 16, True),
+               (50, 50, 16, 16, False), (40, 45, 16, 32, True)]
+
+
+@pytest.mark.parametrize("T_q, T_k, block_m, block_n, padding", AHEAD_CASES)
+def test_hopper_paths_keep_the_plain_loops_bits(monkeypatch, T_q, T_k, block_m, block_n,
+                                                padding):
+    """The forward's scores-ahead loop (AHEAD: tile j + 1's QK^T before tile j's softmax) and
+    the mask-free K/V loads of the forward and backward loops (EVEN: the swept length a
+    multiple of 128, D a power of two), taken on sm_90 and under the interpreter
+    (`hopper_paths`), add the same fp32 terms in the same order as the plain loops: the same
+    bits in out, lse, dq, dk and dv under the interpreter (within the usual tolerance on a
+    GPU, whose two compiled kernels may contract differently), and the reference within the
+    usual tolerance."""
+    from attnlens.kernels._triton import interpreting
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    assert triton_fwd.hopper_paths() or not interpreting()   # the interpreter takes them
+    assert triton_fwd.even_keys(T_k, 16) == (T_k % 128 == 0)
+    q, k, v = _inputs(T_q, T_k, heads=1)
+    key_valid = None
+    if padding:
+        key_valid = (torch.rand(1, T_k, generator=torch.Generator().manual_seed(5)) > 0.3)
+        key_valid[0, :3] = False                         # rows that see only padding keys
+        key_valid = key_valid.to(DEVICE)
+
+    def run():
+        out, lse = flash_attention(q, k, v, 0.3, key_valid, True, block_m, block_n)
+        d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        loss = (out * d_out.to(DEVICE)).sum() + _finite(lse).sum()
+        return (out, lse, *torch.autograd.grad(loss, (q, k, v)))
+
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)
+    new = run()
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: False)
+    plain = run()
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), new, plain, strict=True):
+        if interpreting():
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, **TOL[torch.float32], msg=name)
+
+
+def test_even_keys_needs_whole_tiles_and_a_power_of_two_head_dim():
+    from attnlens.kernels.flash_attention.triton_fwd import even_keys
+
+    assert even_keys(4096, 64) and even_keys(128, 128)
+    assert not even_keys(0, 64) and not even_keys(4000, 64) and not even_keys(4096, 96)

@@ -67,7 +67,7 @@ def record(op: str, T: int, d_head: int, heads: int = HEADS):
     from attnlens.kernels.compile_check.capture import capturing
 
     forward = _inputs(op, T, d_head, heads)
-    with capturing() as cap:
+    with capturing(ARCH) as cap:
         with cap.phase("fwd"):
             forward()
     return cap.launches

@@ -113,8 +113,10 @@ def _kernel_modules():
 
 
 @contextlib.contextmanager
-def capturing():
-    """Context manager yielding a `Capture`; inside it kernels are recorded, not launched."""
+def capturing(arch: int = 90):
+    """Context manager yielding a `Capture`; inside it kernels are recorded, not launched, and
+    `gpu_arch()` reads `sm_{arch}` in every kernels module (so a wrapper that picks a path by
+    architecture, e.g. the flash forward's AHEAD on sm_90, records that architecture's launch)."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     if _triton.INTERPRET:
@@ -138,12 +140,14 @@ def capturing():
     try:
         jit_cls.run = run
         LazyAutotune.__getitem__ = tuned
-        originals = {attr: getattr(_triton, attr) for attr in ("on_gpu", "can_run")}
+        originals = {attr: getattr(_triton, attr) for attr in ("on_gpu", "can_run", "gpu_arch")}
+        stand_ins = {"on_gpu": lambda *a: True, "can_run": lambda *a: True,
+                     "gpu_arch": lambda: f"sm_{arch}"}
         for module in _kernel_modules():
             for attr, original in originals.items():
                 if getattr(module, attr, None) is original:
                     patched.append((module, attr, getattr(module, attr)))
-                    setattr(module, attr, lambda *a: True)
+                    setattr(module, attr, stand_ins[attr])
         yield cap
     finally:
         jit_cls.run = saved_run

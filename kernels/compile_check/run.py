@@ -39,8 +39,8 @@ class Job:
     key: str = ""      # `launch_key(launch, arch)`: what decides the compiled kernel
 
 
-def _record(case: Case, dtype: str, d_head: int) -> list[Launch]:
-    with capturing() as cap:
+def _record(case: Case, dtype: str, d_head: int, arch: int = 90) -> list[Launch]:
+    with capturing(arch) as cap:
         case.run(cap, DTYPES[dtype], d_head)
     return cap.launches
 
@@ -77,11 +77,11 @@ def jobs(quick: bool = False, ops=None, dtypes=None, archs=None, d_heads=None,
     for case in cases:
         for dtype in dtypes:
             for d_head in d_heads:
-                launches = _record(case, dtype, d_head)
-                if quick:
-                    launches = _first_configs(launches)
-                for launch in launches:
-                    for arch in archs:
+                for arch in archs:      # recorded per arch: a wrapper may pick by `gpu_arch`
+                    launches = _record(case, dtype, d_head, arch)
+                    if quick:
+                        launches = _first_configs(launches)
+                    for launch in launches:
                         key = launch_key(launch, arch)
                         if key not in seen:
                             seen.add(key)

@@ -72,7 +72,9 @@ def _tiles(T, block) -> int:
 def _flash_fwd(env, grid):
     """`attn_fwd_kernel`'s three key ranges (its `_fwd_tiles` calls): masked [start, u_lo),
     unmasked [u_lo, u_hi), masked [u_hi, hi). Causal without segments has start = u_lo = 0,
-    a constant empty first loop the compiler drops: two loops."""
+    a constant empty first loop the compiler drops: two loops. With AHEAD (sm_90, plain
+    causal, `ahead_fits` tiles) the first masked tile runs outside the loops: the second loop
+    sweeps [u_hi + BLOCK_N, hi)."""
     bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
     if not env.get("CAUSAL"):
         return {"start_n": [t_k // bn, _steps(t_k // bn * bn, t_k, bn)]}
@@ -90,6 +92,11 @@ def _flash_fwd(env, grid):
     masked_lo, unmasked, masked_hi = (_avg(p[i] for p in parts) for i in range(3))
     if env.get("SEGMENTED"):
         return {"start_n": [masked_lo, unmasked, masked_hi]}
+    from attnlens.kernels.flash_attention.triton_fwd import ahead_fits
+
+    if env.get("AHEAD") and ahead_fits(bm, bn, env["BLOCK_D"]):
+        # the scores-ahead loop, then the first masked tile outside any loop, then the rest
+        return {"start_n": [unmasked, _avg(max(0, p[2] - 1) for p in parts)]}
     return {"start_n": [unmasked, masked_hi]}
 
 

@@ -30,6 +30,7 @@ from attnlens.kernels._triton import (
     triton,
     with_flag_tiles,
 )
+from attnlens.kernels.flash_attention import triton_fwd
 from attnlens.kernels.flash_attention.triton_fwd import (
     LOG2E,
     _dot,
@@ -63,10 +64,13 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
               CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+              BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
+              EVEN: tl.constexpr = False):
     """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles).
     HEAVY_FIRST (causal): grid `(batch * H, cdiv(T_K, BLOCK_N))`, the first key tiles (seen
-    by the most queries) started first for every head (`head_tile`'s HEADS_INNER)."""
+    by the most queries) started first for every head (`head_tile`'s HEADS_INNER).
+    EVEN: every query tile lies inside T_Q and D == BLOCK_D (`triton_fwd.even_keys(T_Q, D)`):
+    the loop's loads need no mask."""
     pid_n, pid_bh, b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = head_tile(
         T_K, H, D, BLOCK_N, BLOCK_D, HEAVY_FIRST)
     start_n = pid_n * BLOCK_N
@@ -88,14 +92,22 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
         hi = tl.minimum(T_Q, seg_end - Q_OFFSET)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        m_valid = offs_m < T_Q
-        qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
-                     mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
-        do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                     mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
-        lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
-        delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
-        keep = keep_n[:, None] & m_valid[None, :]
+        if EVEN:    # every query row is in T_Q
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d)
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d)
+            lse = tl.load(LSE + pid_bh * T_Q + offs_m) * 1.4426950408889634
+            delta = tl.load(DELTA + pid_bh * T_Q + offs_m)
+            keep = keep_n[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
+            m_valid = offs_m < T_Q
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
+                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                         mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
+            lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid,
+                          other=0.0) * 1.4426950408889634
+            delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
+            keep = keep_n[:, None] & m_valid[None, :]
         if CAUSAL:
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
         if SEGMENTED:
@@ -120,10 +132,12 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             H, T_Q, T_K, Q_OFFSET, D, SEG_LEN, sm_scale, qk_scale, T_BUCKET,
             CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+            BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
+            EVEN: tl.constexpr = False):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile. HEAVY_FIRST (causal): as
     the forward's, the last query tiles (which see the most keys) started first for every
-    head."""
+    head. EVEN: as the forward's (`triton_fwd.even_keys(T_K, D)`), the key loads need no
+    mask."""
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
         T_Q, H, D, BLOCK_M, BLOCK_D, HEAVY_FIRST, HEAVY_FIRST)
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
@@ -142,17 +156,25 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T_K
-        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-        vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
-                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-        keep = n_valid[None, :] & m_valid[:, None]
+        if EVEN:    # every key column is in T_K
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d)
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d)
+            keep = m_valid[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+            keep = n_valid[None, :] & m_valid[:, None]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
         if SEGMENTED:
             keep = keep & (offs_n[None, :] // SEG_LEN == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
         if HAS_KVALID:
-            kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
+            if EVEN:
+                kv = tl.load(KVALID + b * skv_b + offs_n)
+            else:
+                kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
             keep = keep & (kv[None, :] != 0)
         s = _dot(q, kt, IEEE) * qk_scale
         p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
@@ -241,13 +263,22 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     heavy = bool(causal) and not segment_len and fits_heads_inner(T_Q, T_K)
     meta.update(HEAVY_FIRST=heavy)
     BH = B * H
+    # mask-free loads in the loops (sm_90, `triton_fwd.hopper_paths`): dK/dV sweeps query
+    # tiles, dQ key tiles
+    hopper = triton_fwd.hopper_paths()
+    even_q = hopper and triton_fwd.even_keys(T_Q, D)
+    even_k = hopper and triton_fwd.even_keys(T_K, D)
     if block_m is None and on_gpu():
-        _dkdv_tuned[lambda M: tile_grid(T_K, M["BLOCK_N"], BH, heavy)](*dkdv_args, **meta)
-        _dq_tuned[lambda M: tile_grid(T_Q, M["BLOCK_M"], BH, heavy)](*dq_args, **meta)
+        _dkdv_tuned[lambda M: tile_grid(T_K, M["BLOCK_N"], BH, heavy)](*dkdv_args, **meta,
+                                                                      EVEN=even_q)
+        _dq_tuned[lambda M: tile_grid(T_Q, M["BLOCK_M"], BH, heavy)](*dq_args, **meta,
+                                                                    EVEN=even_k)
     else:
         bm, bn = block_m or 16, block_n or 16
-        _bwd_dkdv[tile_grid(T_K, bn, BH, heavy)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
-        _bwd_dq[tile_grid(T_Q, bm, BH, heavy)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        _bwd_dkdv[tile_grid(T_K, bn, BH, heavy)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **meta,
+                                                 EVEN=even_q)
+        _bwd_dq[tile_grid(T_Q, bm, BH, heavy)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **meta,
+                                               EVEN=even_k)
     return dq, dk, dv
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from attnlens.kernels import _triton
 from attnlens.kernels._prologue import head_tile, load_tile, softmax_state
 from attnlens.kernels._triton import (
     LazyAutotune,
     head_dim_configs,
+    interpreting,
     next_pow2,
     on_gpu,
     tl,
@@ -49,54 +51,110 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n, T_K,
+                BLOCK_N: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr):
+    """Unscaled scores `q @ K[start_n : start_n + BLOCK_N]^T`, fp32 `[BLOCK_M, BLOCK_N]` (keys
+    past T_K read as 0). EVEN: every key tile lies inside T_K and D == BLOCK_D, so the load
+    needs no mask."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kt_ptr = K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d
+    if EVEN:
+        kt = tl.load(kt_ptr)
+    else:
+        kt = tl.load(kt_ptr, mask=(offs_n < T_K)[None, :] & d_valid[:, None], other=0.0)
+    return _dot(q, kt, IEEE)
+
+
+@triton.jit
+def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d, d_valid,
+                start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale, MASKED: tl.constexpr,
+                CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
+                BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr,
+                EVEN: tl.constexpr):
+    """One key tile's online-softmax step from its unscaled scores `s`: (acc, m_i, l_i) after
+    the keys `[start_n, start_n + BLOCK_N)`; MASKED adds the bound/causal (and same-segment)
+    mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a scale <= 0, where
+    the fold is wrong, and where it costs registers)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < T_K
+    if SCALE_FIRST:                     # scaled before masking (0 * -inf would be NaN)
+        s = s * qk_scale
+    if MASKED:
+        keep = n_valid[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+        if SEGMENTED:
+            seg_q = (offs_m[:, None] + Q_OFFSET) // SEG_LEN
+            keep = keep & (offs_n[None, :] // SEG_LEN == seg_q)
+        s = tl.where(keep, s, float("-inf"))
+    if HAS_KVALID:
+        if EVEN:
+            kv = tl.load(kv_ptr + offs_n)
+        else:
+            kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
+        s = tl.where(kv[None, :] != 0, s, float("-inf"))
+    # The scale (log2 units) is folded into the exponent's FFMA, as the Triton tutorial
+    # and FlashAttention-3 do: max(s) * c == max(s * c) exactly for c > 0 (rounding is
+    # monotone), and exp2(s * c - m) costs one FFMA per score instead of FMUL + FADD.
+    # Only where it does not spill (`attn_fwd`).
+    if SCALE_FIRST:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    # A row that has seen only masked keys keeps m = -inf; shift by 0 there, not by -inf.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if SCALE_FIRST:
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        p = tl.math.exp2(s * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_ptr = V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
+    if EVEN:
+        v = tl.load(v_ptr)
+    else:
+        v = tl.load(v_ptr, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
                offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
                HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-               SCALE_FIRST: tl.constexpr):
-    """Accumulate key tiles [lo, hi) into (acc, m_i, l_i); MASKED adds the bound/causal (and
-    same-segment) mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a
-    scale <= 0, where the fold is wrong, and where it costs registers)."""
+               SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into (acc, m_i, l_i), each tile's scores then its
+    softmax step (`_softmax_pv`)."""
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < T_K
-        kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        s = _dot(q, kt, IEEE)                                  # [BLOCK_M, BLOCK_N], unscaled
-        if SCALE_FIRST:                 # scaled before masking (0 * -inf would be NaN)
-            s = s * qk_scale
-        if MASKED:
-            keep = n_valid[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
-            if SEGMENTED:
-                seg_q = (offs_m[:, None] + Q_OFFSET) // SEG_LEN
-                keep = keep & (offs_n[None, :] // SEG_LEN == seg_q)
-            s = tl.where(keep, s, float("-inf"))
-        if HAS_KVALID:
-            kv = tl.load(kv_ptr + offs_n, mask=n_valid, other=0)
-            s = tl.where(kv[None, :] != 0, s, float("-inf"))
-        # The scale (log2 units) is folded into the exponent's FFMA, as the Triton tutorial
-        # and FlashAttention-3 do: max(s) * c == max(s * c) exactly for c > 0 (rounding is
-        # monotone), and exp2(s * c - m) costs one FFMA per score instead of FMUL + FADD.
-        # Only where it does not spill (`attn_fwd`).
-        if SCALE_FIRST:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        # A row that has seen only masked keys keeps m = -inf; shift by 0 there, not by -inf.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if SCALE_FIRST:
-            p = tl.math.exp2(s - m_use[:, None])
-        else:
-            p = tl.math.exp2(s * qk_scale - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+        s = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n, T_K, BLOCK_N, IEEE,
+                        EVEN)
+        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
+                                    offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN,
+                                    qk_scale, MASKED, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
+                                    IEEE, SCALE_FIRST, EVEN)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
+                     sv_d, offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                     CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
+                     IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr):
+    """Unmasked key tiles [lo, hi) with the next tile's scores issued before this tile's
+    softmax (FlashAttention-3's intra-warpgroup overlap): `s` holds tile lo's scores on entry
+    and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the QK^T of tile j + 1
+    runs on the tensor cores (an async wgmma) while tile j's exponentials run on the MUFU and
+    FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order."""
+    for start_n in range(lo, hi, BLOCK_N):
+        s_next = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n + BLOCK_N, T_K,
+                             BLOCK_N, IEEE, EVEN)
+        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
+                                    offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN,
+                                    qk_scale, False, CAUSAL, False, HAS_KVALID, BLOCK_N,
+                                    IEEE, SCALE_FIRST, EVEN)
+        s = s_next
+    return acc, m_i, l_i, s
 
 
 @triton.jit
@@ -107,14 +165,18 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                     CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
                     HAS_MIX: tl.constexpr, STORE_DOT: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    SCALE_FIRST: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False):
+                    SCALE_FIRST: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
+                    AHEAD: tl.constexpr = False, EVEN: tl.constexpr = False):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
 
     HEAVY_FIRST (causal, `attn_fwd`): grid `(batch * H, cdiv(T_Q, BLOCK_M))` instead, program
     `(bh, x)` owning tile `cdiv(T_Q, BLOCK_M) - 1 - x` (`head_tile`'s HEADS_INNER, REVERSED):
     the last tiles, which see the most keys, start first for every head, and the lightest fill
     the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
-    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_fwd_tiles`.
+    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
+    AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
+    next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
+    without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter).
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
@@ -132,6 +194,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
     m_i, l_i, acc = softmax_state(BLOCK_M, BLOCK_D)
+    # The fold at d 128 spills 16 B in 128x128 tiles with triton 3.6.0 (sm_90): they scale first.
+    scale_first: tl.constexpr = SCALE_FIRST or (BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and
+                                                BLOCK_D > 64)
     # Key tiles in [start, u_lo) and [u_hi, hi) are masked; [u_lo, u_hi) is visible to every
     # row of the tile (in the sequence, causal, same segment) and runs unmasked.
     start = 0
@@ -149,18 +214,37 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         u_lo = start
         u_hi = (T_K // BLOCK_N) * BLOCK_N
         hi = T_K
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
-                               sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K, Q_OFFSET,
-                               SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE, SCALE_FIRST)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
-                               sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K, Q_OFFSET,
-                               SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED, HAS_KVALID,
-                               BLOCK_N, IEEE, SCALE_FIRST)
+    # (the tiles of `ahead_fits`)
+    if AHEAD and CAUSAL and not SEGMENTED and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE and not (
+            BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64):
+        # Scores one tile ahead through the unmasked tiles (`_fwd_tiles_ahead`); the first
+        # masked tile, u_hi, always exists (u_hi <= first < T_K; where T_K is 0 or every key
+        # is masked, its step leaves the state as it was), and takes the scores carried out.
+        s = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, u_lo, T_K, BLOCK_N, IEEE,
+                        EVEN)
+        acc, m_i, l_i, s = _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
+                                            sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
+                                            u_lo, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                                            CAUSAL, HAS_KVALID, BLOCK_N, IEEE, scale_first,
+                                            EVEN)
+        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
+                                    offs_d, d_valid, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                                    True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N, IEEE,
+                                    scale_first, EVEN)
+        u_hi += BLOCK_N
+    else:
+        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
+                                   sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K,
+                                   Q_OFFSET, SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED,
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
+        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
+                                   sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K,
+                                   Q_OFFSET, SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED,
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE, SCALE_FIRST)
+                               IEEE, scale_first, EVEN)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d
@@ -251,6 +335,59 @@ def tile_grid(T: int, block: int, n_heads: int, heads_inner: bool) -> tuple[int,
     return (n_heads, tiles) if heads_inner else (tiles, n_heads)
 
 
+# Architectures that take the forward's scores-ahead loop (AHEAD) and the mask-free key loads
+# (EVEN, forward and backward). sm_90: its wgmma runs asynchronously, so with AHEAD the
+# previous tile's P @ V stays on the tensor cores across this tile's exponentials, and without
+# the masks each cp.async copy loses its select chain. On sm_80 (synchronous mma.sync) the
+# second score tile only costs registers, and so, oddly, do the mask-free loads: 8-360 B of
+# spills at d 128 (compile_check, 2026-12-05), so sm_80 keeps its kernels as they were.
+HOPPER_PATH_ARCHS = ("sm_90",)
+
+
+_HOPPER: dict = {}
+
+
+def hopper_paths() -> bool:
+    """Whether launches take AHEAD and EVEN (where the launch allows them): on
+    HOPPER_PATH_ARCHS, and under the interpreter so that the tests run them. `_triton.gpu_arch`
+    is read through its module: `compile_check`'s capture replaces it there, recording each
+    architecture's launches. The answer is kept per `gpu_arch` function (the current device's
+    capability is a driver query on every launch otherwise); a process that mixes GPU
+    architectures gets the first one's paths, which are exact on every architecture."""
+    if interpreting():
+        return True
+    arch_of = _triton.gpu_arch
+    known = _HOPPER.get(arch_of)
+    if known is None:
+        try:
+            known = arch_of() in HOPPER_PATH_ARCHS
+        except (AssertionError, RuntimeError):   # no CUDA device (host-side timing on CPU)
+            known = False
+        _HOPPER[arch_of] = known
+    return known
+
+
+def ahead_fits(block_m: int, block_n: int, block_d: int) -> bool:
+    """The tiles whose AHEAD launches take the scores-ahead loop (the kernel's test, spelled
+    out there too): the second score tile spills 304 B at 128x128 w8 s2 (d 128, sm_90) and
+    needs 230 KB of shared memory, and 64x64 w4 s3 at d 128 takes 246 registers (168 without):
+    one program per SM instead of two."""
+    return block_m * block_n < MAX_HEAVY_TILE.value and not (
+        block_m * block_n == 64 * 64 and block_d > 64)
+
+
+# Key tiles are at most 128 wide, a power of two: a key length that 128 divides splits into
+# whole tiles of every config.
+EVEN_KEYS = 128
+
+
+def even_keys(T_K: int, D: int) -> bool:
+    """EVEN: every key tile lies inside the keys (T_K a nonzero multiple of EVEN_KEYS) and the
+    head dim is a power of two (>= 16, so BLOCK_D == D): K, V and padding-mask loads need no
+    mask, which saves the per-load select chains of the masked cp.async copies."""
+    return T_K > 0 and T_K % EVEN_KEYS == 0 and D == next_pow2(D)
+
+
 def _launch_key(T_Q: int) -> int:
     return next_pow2(T_Q, 64)
 
@@ -292,10 +429,13 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     # and Infini's segments and gate epilogue 16-24 B at d 64 on sm_80 (compile_check); there
     # it keeps the former order. Heaviest tiles first across heads: plain causal attention
     # (Infini's segments are of equal weight), at d 128 without padding (`MAX_HEAVY_TILE`).
-    plain = not segment_len and mix is None and next_pow2(D) <= 64
+    hopper = hopper_paths()
+    plain = not segment_len and mix is None and (next_pow2(D) <= 64 or hopper)
     heavy = bool(causal) and not segment_len and mix is None and (
         next_pow2(D) <= 64 or key_valid is None) and fits_heads_inner(T_Q)
-    meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy)
+    meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy,
+                AHEAD=hopper and bool(causal) and not segment_len,
+                EVEN=hopper and even_keys(T_K, D))
     if T_Q == 0:
         return out, lse
     if block_m is None and on_gpu():
@@ -308,5 +448,5 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "attn_fwd", "attn_fwd_kernel", "fits_heads_inner", "no_key_mask",
-           "tile_grid"]
+__all__ = ["LOG2E", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys", "fits_heads_inner",
+           "hopper_paths", "no_key_mask", "tile_grid"]

@@ -149,7 +149,7 @@ def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
 @triton.jit
 def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
     """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos with a plain
-    load and store: the program owns these rows of its split's partial (`_add_weight_grads`)."""
+    load and store: the program owns these rows of its split's partial (`_row_grads`)."""
     offs_c = tl.arange(0, CB)
     at = DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n)
     ok = (offs_c[:, None] < C) & p_ok[None, :]
@@ -157,32 +157,39 @@ def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
 
 
 @triton.jit
-def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, ppos,
-                      r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr,
-                      CKB: tl.constexpr, GATES: tl.constexpr, W2: tl.constexpr,
-                      W1: tl.constexpr):
-    """Head n's share of one Compose's weight gradients on this tile (input x, output
-    gradient g, hidden maps h, back hidden maps b): the gates (GATES), w2 (W2: sum h_c g)
-    and w1 (W1: sum x b_c). The query-wise ones are row sums added without atomics into the
-    program's rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed
-    over splits in torch): no other program writes them, and each (row, channel, head) is
-    added once per key tile, ordered by the tile loop's barrier. The key-wise ones, column
-    sums, are added with atomics (every query tile adds to the same keys)."""
+def _row_grads(x, g, h_q, b_q, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB: tl.constexpr,
+               GATES: tl.constexpr, W2: tl.constexpr, W1: tl.constexpr):
+    """Head n's share of one Compose's query-wise weight gradients on this tile (input x,
+    output gradient g, hidden maps h_q, back hidden maps b_q): the gates (GATES), w2 (W2:
+    sum_s h_c g) and w1 (W1: sum_s x b_c), row sums added without atomics into the program's
+    rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed over
+    splits in torch): no other program writes them, and each (row, channel, head) is added
+    once per key tile, ordered by the tile loop's barrier."""
     if GATES:
-        xg = x * g
         at = DGQ + (ppos * H + n)
-        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(xg, 1),
+        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(x * g, 1),
                  mask=r_ok)
-        if HAS_K:
-            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok, sem="relaxed")
     if W2:
         _acc_chan(DW2Q, ppos, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
-        if HAS_K:
-            _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_k * g[None, :, :], 1), CKB)
     if W1:
         _acc_chan(DW1Q, ppos, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
-        if HAS_K:
-            _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_k * x[None, :, :], 1), CKB)
+
+
+@triton.jit
+def _col_grads(xt, gt, h_kt, b_kt, DW1K, DW2K, DGK, n, cols, c_ok, CK, H, CKB: tl.constexpr,
+               GATES: tl.constexpr, W2: tl.constexpr, W1: tl.constexpr):
+    """The key-wise counterpart of `_row_grads`: column sums (over the tile's rows) added
+    with atomics (every query tile adds to the same keys), taken of the transposed maps xt,
+    gt `[keys, rows]` and key-wise hidden maps h_kt, b_kt `[CKB, keys, rows]`
+    (`_scratch_t`, `_maps_t`). Their layout keeps a key's rows in one warp (4 per thread),
+    so a sum is 3 adds and 4 shuffles in the warp; of the `[rows, keys]` maps (8 warps down
+    the rows) it took 24 shuffles, 24 adds and 4 barriers (sm_90 SASS)."""
+    if GATES:
+        tl.atomic_add(DGK + (cols * H + n), tl.sum(xt * gt, 1), mask=c_ok, sem="relaxed")
+    if W2:
+        _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_kt * gt[None, :, :], 2), CKB)
+    if W1:
+        _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_kt * xt[None, :, :], 2), CKB)
 
 
 @triton.jit
@@ -250,7 +257,7 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W
     each head's s and dP of the current key tile)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     qpos = b * T_Q + rows              # batch-folded positions of the weights
@@ -292,11 +299,37 @@ def _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, scal
     return (ds * scale).to(dtype)
 
 
+# Maps per head in the per-program scratch: s, A, dP, dL (slots 0-3), then the same four
+# transposed (slots 4-7, `_scratch_t`) for the key-wise column sums.
+SCRATCH_SLOTS = 8
+
+
 @triton.jit
 def _scratch(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, 4, rows, keys]`."""
+    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, 8, rows, keys]`."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    return SCR + ((n * 4 + j) * (BLOCK_M * BLOCK_N) + offs)
+    return SCR + ((n * 8 + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _scratch_t(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[keys, rows]` to the transposed copy of map j of head n (slot 4 + j, stored
+    keys-major, so a load gives each thread 4 consecutive rows of one key)."""
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    return SCR + ((n * 8 + 4 + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _store_both(SCR, n, j, x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store head n's map x `[rows, keys]` in slot j and transposed in slot 4 + j."""
+    tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), x)
+    tl.store(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), tl.trans(x))
+
+
+@triton.jit
+def _scratch_load_t(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The transposed copy of map j of head n, `[keys, rows]`, through L2 (`_scratch_load`)."""
+    return tl.load(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")
 
 
 @triton.jit
@@ -313,6 +346,15 @@ def _maps(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
     scratch `[channels, rows, keys]`."""
     offs = ((tl.arange(0, CB)[:, None, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None])
             * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :])
+    return MAPS + (c0 * BLOCK_M * BLOCK_N + offs)
+
+
+@triton.jit
+def _maps_t(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """`_maps` for maps kept transposed, `[CB, keys, rows]`."""
+    offs = ((tl.arange(0, CB)[:, None, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None])
+            * BLOCK_M + tl.arange(0, BLOCK_M)[None, None, :])
     return MAPS + (c0 * BLOCK_M * BLOCK_N + offs)
 
 
@@ -342,9 +384,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     and pre back hidden maps."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
-    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + CQB2 + 3 * CKB) * BLOCK_M * BLOCK_N)
+    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + 2 * CQB2 + 7 * CKB) * BLOCK_M * BLOCK_N)
+    KT: tl.constexpr = 2 * CQB + CQB2 + 3 * CKB   # the key-wise maps transposed from here
+    BQ: tl.constexpr = KT + 4 * CKB               # the post back hidden maps (query-wise)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
     # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
@@ -364,57 +408,77 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                                 HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
         if HAS_K:
-            tl.store(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), hk)
+            tl.store(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), tl.permute(hk, (0, 2, 1)))
         tl.debug_barrier()             # the scratch is read by other threads
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
-                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
-                          CQB, CKB, BLOCK_M)
-            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
+        for n in range(0, H):          # (s transposed from its load: no dot layout to move)
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))
+            a = _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok,
+                          T_Q, CQ, CK, H, HAS_K, CQB, CKB, BLOCK_M)
+            _store_both(SCR, n, 1, a, BLOCK_M, BLOCK_N)
             aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K,
                              CQB2, CKB)
         tl.store(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), aq)
         if HAS_K:
             tl.store(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ak)
+            tl.store(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(ak, (0, 2, 1)))
         bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
                                 kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
                                 H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        if HAS_K:
+            tl.store(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(bk, (0, 2, 1)))
+        # read back for post w1: a loaded map has 4 keys per thread, the layout the dots
+        # left it in 1 (16 lanes along the keys: 4 shuffles per value in its row sums)
+        tl.store(_maps(MP, BQ, CQB2, BLOCK_M, BLOCK_N), bq)
         tl.debug_barrier()             # the scratch is read by other threads
         eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
         ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
-                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+        for n in range(0, H):          # (dP transposed from its load, as s above)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
+            tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))
+            da = _composed(dp, bq, bk, W1Q2, GQ2, W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
+                           H, HAS_K, CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
             dl = a * (da - delta[:, None])
-            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), dl)
+            _store_both(SCR, n, 3, dl, BLOCK_M, BLOCK_N)
             eq, ek = _hidden(dl, eq, ek, W2Q, W2K, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K,
                              CQB, CKB)
         tl.store(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N), eq)
         if HAS_K:
             tl.store(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ek)
+            tl.store(_maps_t(MP, KT + 2 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(ek, (0, 2, 1)))
         tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
+        if HAS_K:                      # post key-wise maps, transposed: hidden (A), back
+            akt = tl.load(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            bkt = tl.load(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        bq = tl.load(_maps(MP, BQ, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        for n in range(0, H):          # post (x = A, g = dP): gates, w1 (bq), key-wise w2
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
-            _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
-                              GATES=True, W2=False, W1=True)
-        # pre (x = s, g = dL): gates and w2, with the pre hidden maps read back
+            _row_grads(a, dp, bq, bq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
+                       GATES=True, W2=False, W1=True)
+            if HAS_K:
+                _col_grads(_scratch_load_t(SCR, n, 1, BLOCK_M, BLOCK_N),
+                           _scratch_load_t(SCR, n, 2, BLOCK_M, BLOCK_N), akt, bkt, DW1K2,
+                           DW2K2, DGK2, n, kpos, c_ok, CK, H, CKB, GATES=True, W2=True,
+                           W1=True)
+        # pre (x = s, g = dL): gates, w2 (hq, read back), key-wise w1
         hq = tl.load(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-        if HAS_K:
-            hk = tl.load(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-        else:
-            hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if HAS_K:                      # pre key-wise maps, transposed: hidden (s), back (dL)
+            hkt = tl.load(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            ekt = tl.load(_maps_t(MP, KT + 2 * CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         for n in range(0, H):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
-            _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
-                              GATES=True, W2=True, W1=False)
+            _row_grads(s, dl, hq, hq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
+                       GATES=True, W2=True, W1=False)
+            if HAS_K:
+                _col_grads(_scratch_load_t(SCR, n, 0, BLOCK_M, BLOCK_N),
+                           _scratch_load_t(SCR, n, 3, BLOCK_M, BLOCK_N), hkt, ekt, DW1K, DW2K,
+                           DGK, n, kpos, c_ok, CK, H, CKB, GATES=True, W2=True, W1=True)
         # Post, then pre: each reads its two hidden maps back, then adds the gradients
         # needing them.
         aq = tl.load(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
@@ -425,9 +489,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # post w2, dv = P^T dz
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
-            _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
-                              GATES=False, W2=True, W1=False)
+            _row_grads(a, dp, aq, aq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
+                       GATES=False, W2=True, W1=False)
             p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
                           H, HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
@@ -443,9 +506,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # pre w1, ds
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
-            _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
-                              GATES=False, W2=False, W1=True)
+            _row_grads(s, dl, eq, eq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
+                       GATES=False, W2=False, W1=True)
             ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
                      Q.dtype.element_ty, HAS_K, CQB, CKB)
             tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
@@ -531,7 +593,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
         return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
-        return (n_m * ns * B, H, 4, blocks["BLOCK_M"], blocks["BLOCK_N"])
+        return (n_m * ns * B, H, SCRATCH_SLOTS, blocks["BLOCK_M"], blocks["BLOCK_N"])
 
     n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
     partial = torch.empty(ns, B, H, T_Q, **f32)
@@ -553,7 +615,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
     ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
                              device=q.device, dtype=q.dtype)
-    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + common["CQB2"] + 3 * common["CKB"],
+    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + 2 * common["CQB2"] + 7 * common["CKB"],
                        blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
         q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,

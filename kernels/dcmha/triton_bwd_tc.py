@@ -31,13 +31,21 @@ partials are summed in torch.
 
 Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
 hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
-dots that form the hidden maps) and kept in a per-program scratch `[H, 4, 64, 16]` fp32
-(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map); the loops
-producing A and dL also form the post hidden maps (of A) and the pre back hidden maps (of
-dL), and all six Compose hidden maps `[C, 64, 16]` go into a per-program map scratch. The
-rest runs from the scratch in head loops that each hold at most two maps, read back: post
-gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2 and dv = P^T dz
-(post hidden maps), pre w1 and ds (pre back hidden maps), dk = ds^T q. (Holding the eight
+dots that form the hidden maps) and kept in a per-program scratch `[H, 8, 64, 16]` fp32
+(512 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map): slots 0-3
+as `[64 rows, 16 keys]`, slots 4-7 the same maps transposed (`[16 keys, 64 rows]`, written
+by the loops that load s and dP and form A and dL). The loops producing A and dL also form
+the post hidden maps (of A) and the pre back hidden maps (of dL), and all six Compose
+hidden maps `[C, 64, 16]` go into a per-program map scratch (the key-wise ones transposed,
+the post back hidden maps too). The rest runs from the scratch in head loops that each hold
+few maps, read back: post gates, w1 and key-wise w2 (back hidden maps, key-wise hidden
+maps), pre gates, w2 and key-wise w1, post w2 and dv = P^T dz (post hidden maps), pre w1
+and ds (pre back hidden maps), dk = ds^T q. The weight gradients' row sums (query-wise,
+over a tile's 16 keys) are taken of the `[rows, keys]` maps, whose layout has a row's keys
+in 4 lanes of one warp; the column sums (key-wise, over 64 rows) of the transposed maps,
+whose loaded layout has a key's rows in one warp: summed of the `[rows, keys]` maps (8 warps
+down the rows) each column sum took 24 shuffles, 24 adds and 4 barriers (sm_90 SASS), of
+the transposed ones 4 shuffles and 7 adds. (Holding the eight
 maps of the textbook order spilled 8-280 B per thread on sm_80 / sm_90.) Each head's ds goes
 into a third scratch `[H, 64, DQ_GROUP * 16]` (q's dtype) that the dk loop reads, and once
 per DQ_GROUP key tiles one dot over their keys adds ds k to dq.
@@ -376,12 +384,15 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
     atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
     DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
-    DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
-    the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
+    DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 8, rows, keys]`:
+    the program's s, A, dP, dL of the current key tile (slots 0-3; 4-7 the same
+    transposed, `_scratch_t`), so that no head loop holds more than
     four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128). DS_SCRATCH (q's
     dtype) `[programs, H, rows, DQ_GROUP * keys]`: ds of the current group of key tiles.
-    MAP_SCRATCH fp32 `[programs, 2 CQB + CQB2 + 3 CKB, rows, keys]`: the tile's pre, post
-    and pre back hidden maps."""
+    MAP_SCRATCH fp32 `[programs, 2 CQB + 2 CQB2 + 7 CKB, rows, keys]`: the tile's pre,
+    post and pre back hidden maps, from channel KT the key-wise ones transposed (`_maps_t`:
+    pre, post, pre back, post back) and from BQ the query-wise post back hidden maps (channel
+    CQB to CQB + CKB is unused)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)

@@ -84,6 +84,10 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     TC_LAUNCH,
     _composed,
     _hidden,
+    _hidden_packed,
+    _pack,
+    _packed_rows,
+    _probs,
     _score,
     _split_range,
     split_count,
@@ -144,6 +148,41 @@ def _stored_hidden(Q, K, W1Q, W1K, SCR, j, m0, n0, T_Q, T_K, rows, r_ok, cols, c
         hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
                          CQB, CKB)
     return hq, hk
+
+
+@triton.jit
+def _stored_hidden_packed(Q, K, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, SCR, j, m0, n0,
+                          T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                          swk_h, H, scale, NQ: tl.constexpr, NK: tl.constexpr,
+                          HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr,
+                          CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`_stored_hidden` with the packed weights (`triton_fwd_tc._pack`; w1 at rows rq, rk of
+    each head's pack at the batch, WQ, WK): the same values, fewer address instructions."""
+    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n in range(0, H):
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
+        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, rq, rk, rows, cols,
+                                NQ, NK, HAS_K, CQB, CKB)
+    return hq, hk
+
+
+@triton.jit
+def _composed_gated(x, hq, hk, WQ, WK, rq: tl.constexpr, gq: tl.constexpr, rk: tl.constexpr,
+                    gk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
+                    HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """`_composed` with one head's packed weights: output weights at rows rq, rk and the
+    gates at rows gq, gk (any rows: the transposed Composes take w1 with the gate after w2);
+    the same operations in the same order, so the same values."""
+    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + gq))[:, None]
+    out = tl.sum(_packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * hq, 0)
+    if HAS_K:
+        gate = gate + tl.load(WK + (cols.to(tl.int64) * NK + gk))[None, :]
+        out += tl.sum(_packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * hk, 0)
+    return out + x * gate
 
 
 @triton.jit
@@ -296,17 +335,6 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W
     tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
 
 
-@triton.jit
-def _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, scale, dtype,
-        HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
-    """Head n's ds = scale * Compose_pre^T(dL)_n in `dtype`, from its dL and the pre back
-    hidden maps eq, ek. It is 0 where masked without a mask: there every head's dL, so eq and
-    ek, are 0."""
-    ds = _composed(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                   CQB, CKB)
-    return (ds * scale).to(dtype)
-
-
 # Maps per head in the per-program scratch: s, A, dP, dL (slots 0-3), then the same four
 # transposed (slots 4-7, `_scratch_t`) for the key-wise column sums.
 SCRATCH_SLOTS = 8
@@ -371,12 +399,13 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                           MAP_SCRATCH,
                           W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
-                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
+                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, WQP, WKP,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
-                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
                           H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                          NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
                           KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
@@ -400,11 +429,15 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + 2 * CQB2 + 7 * CKB) * BLOCK_M * BLOCK_N)
     KT: tl.constexpr = 2 * CQB + CQB2 + 3 * CKB   # the key-wise maps transposed from here
     BQ: tl.constexpr = KT + 4 * CKB               # the post back hidden maps (query-wise)
+    # Rows of a position's packed weights (`triton_fwd_tc._pack`): w1, w2, gate of the pre
+    # phase, then of the post phase; the key side likewise with CKB.
+    RQ2: tl.constexpr = 2 * CQB + 1
+    RK2: tl.constexpr = 2 * CKB + 1
+    WQP = WQP + b * swq_b
+    WKP = WKP + b * swk_b
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
-    # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
-    # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
-    # spilled (sm_90, d 128).
-    qpos = b * T_Q + rows
+    # The weight gradients and dk, dv are addressed by batch-folded positions (kpos), not by
+    # per-batch pointers: 30 64-bit pointers held across the loops spilled (sm_90, d 128).
     ppos = (split * n_batch + b) * T_Q + rows   # the split's partials of dq, query-wise grads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
@@ -414,9 +447,10 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         # every head's s, then A; every head's dP, then dL (the dots once, kept in scratch)
-        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
-                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
+                                       cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                                       swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+                                       BLOCK_N, BLOCK_D, DCH)
         tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
         if HAS_K:
             tl.store(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), tl.permute(hk, (0, 2, 1)))
@@ -426,18 +460,19 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # (s transposed from its load: no dot layout to move)
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))
-            a = _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok,
-                          T_Q, CQ, CK, H, HAS_K, CQB, CKB, BLOCK_M)
+            a = _probs(s, LSE, hq, hk, WQP + n * swq_h, WKP + n * swk_h, ok, b, n, rows, r_ok,
+                       cols, H, T_Q, NQ, NK, HAS_K, CQB, CKB)
             _store_both(SCR, n, 1, a, BLOCK_M, BLOCK_N)
-            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K,
-                             CQB2, CKB)
+            aq, ak = _hidden_packed(a, aq, ak, WQP + n * swq_h, WKP + n * swk_h, RQ2, RK2, rows,
+                                    cols, NQ, NK, HAS_K, CQB2, CKB)
         tl.store(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), aq)
         if HAS_K:
             tl.store(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ak)
             tl.store(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(ak, (0, 2, 1)))
-        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
-                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
+                                       n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
+                                       sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         if HAS_K:
             tl.store(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(bk, (0, 2, 1)))
         # read back for post w1: a loaded map has 4 keys per thread, the layout the dots
@@ -449,14 +484,15 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # (dP transposed from its load, as s above)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))
-            da = _composed(dp, bq, bk, W1Q2, GQ2, W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
-                           H, HAS_K, CQB2, CKB)
+            da = _composed_gated(dp, bq, bk, WQP + n * swq_h, WKP + n * swk_h, RQ2,
+                                 RQ2 + 2 * CQB2, RK2, RK2 + 2 * CKB, rows, cols, NQ, NK, HAS_K,
+                                 CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
             dl = a * (da - delta[:, None])
             _store_both(SCR, n, 3, dl, BLOCK_M, BLOCK_N)
-            eq, ek = _hidden(dl, eq, ek, W2Q, W2K, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K,
-                             CQB, CKB)
+            eq, ek = _hidden_packed(dl, eq, ek, WQP + n * swq_h, WKP + n * swk_h, CQB, CKB,
+                                    rows, cols, NQ, NK, HAS_K, CQB, CKB)
         tl.store(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N), eq)
         if HAS_K:
             tl.store(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ek)
@@ -502,8 +538,9 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _row_grads(a, dp, aq, aq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
                        GATES=False, W2=True, W1=False)
-            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
-                          H, HAS_K, CQB2, CKB)
+            p = _composed_gated(a, aq, ak, WQP + n * swq_h, WKP + n * swk_h, RQ2 + CQB2,
+                                RQ2 + 2 * CQB2, RK2 + CKB, RK2 + 2 * CKB, rows, cols, NQ, NK,
+                                HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
                      sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, KCH)
         eq = tl.load(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N),
@@ -519,8 +556,9 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _row_grads(s, dl, eq, eq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
                        GATES=False, W2=False, W1=True)
-            ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
-                     Q.dtype.element_ty, HAS_K, CQB, CKB)
+            ds = (_composed_gated(dl, eq, ek, WQP + n * swq_h, WKP + n * swk_h, 0, 2 * CQB, 0,
+                                  2 * CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
+                  * scale).to(Q.dtype.element_ty)    # 0 where masked: dL, eq, ek are
             tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
         tl.debug_barrier()             # the ds scratch is read by other threads
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
@@ -628,11 +666,19 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
                              device=q.device, dtype=q.dtype)
     maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + 2 * common["CQB2"] + 7 * common["CKB"],
                        blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
+    # The weights packed as the forward reads them (positions padded to whole tiles).
+    cqb, cqb2, ckb = common["CQB"], common["CQB2"], common["CKB"]
+    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
+                (post[2], 1)], n_m * blocks["BLOCK_M"])
+    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
+                 (post[5], 1)], math.ceil(T_K / blocks["BLOCK_N"]) * blocks["BLOCK_N"])
+          if has_k else torch.zeros(1, 1, 1, 1, **f32))
     dcmha_tc_grads_kernel[(n_m, ns, B)](
         q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
-        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
-        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
-        KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
+        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], wq, wk, *strides,
+        *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck, ns,
+        scale, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, DCH=min(SCORE_DCH, D),
+        ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
     dq = dq_parts.sum(0)
     grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads

@@ -66,8 +66,10 @@ would recompute the whole chain (the 4 H dots per tile of pass 1 and more) and s
 (docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
-power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
-same layout as the tensors they belong to.
+power of two; channel weights fp32 contiguous, which the delta pass reads; the gradient pass
+reads them packed as the forward does, `triton_fwd_tc._pack`: a position's rows contiguous,
+zero-padded, so its head loops form one address per position, not one per weight and mask);
+gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong to.
 """
 
 from __future__ import annotations

@@ -66,9 +66,9 @@ would recompute the whole chain (the 4 H dots per tile of pass 1 and more) and s
 (docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
-power of two; channel weights fp32 contiguous, which the delta pass reads; the gradient pass
-reads them packed as the forward does, `triton_fwd_tc._pack`: a position's rows contiguous,
-zero-padded, so its head loops form one address per position, not one per weight and mask);
+power of two); both passes read the Compose weights packed as the forward does
+(`triton_fwd_tc._pack`: a position's rows contiguous, zero-padded, so the head loops form one
+address per position, not one per weight and mask);
 gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong to.
 """
 
@@ -80,12 +80,10 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
+from attnlens.kernels.dcmha.triton_fwd import _allowed, _key_range
 from attnlens.kernels.dcmha.triton_fwd_tc import (
     FP32_BLOCKS,
     TC_LAUNCH,
-    _composed,
-    _hidden,
     _hidden_packed,
     _pack,
     _packed_rows,
@@ -118,49 +116,16 @@ DQ_GROUP = 4
 
 
 @triton.jit
-def _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, rows, r_ok, cols, c_ok, T_Q, CQ,
-              CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-              BLOCK_M: tl.constexpr):
-    """Head n's probabilities A `[rows, keys]` from its scores s (A 0 where masked or on rows
-    without keys). The weights are at the batch-folded positions `rows`, `cols`
-    (`dcmha_tc_grads_kernel`), the lse at the tile's rows from m0."""
-    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                  CQB, CKB)
-    lse = tl.load(LSE + ((b * H + n) * T_Q + m0 + tl.arange(0, BLOCK_M)), mask=r_ok,
-                  other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
-
-
-@triton.jit
-def _stored_hidden(Q, K, W1Q, W1K, SCR, j, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                   sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
-                   IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DCH: tl.constexpr):
-    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T) that also
-    keeps each head's map in slot j of the program's scratch: the head loops after it read
-    the map back instead of recomputing the dot (d_head MACs per entry against one load)."""
-    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for n in range(0, H):
-        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
-                   IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
-        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                         CQB, CKB)
-    return hq, hk
-
-
-@triton.jit
 def _stored_hidden_packed(Q, K, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, SCR, j, m0, n0,
                           T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                           swk_h, H, scale, NQ: tl.constexpr, NK: tl.constexpr,
                           HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr,
                           CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """`_stored_hidden` with the packed weights (`triton_fwd_tc._pack`; w1 at rows rq, rk of
-    each head's pack at the batch, WQ, WK): the same values, fewer address instructions."""
+    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T; packed
+    weights, w1 at rows rq, rk of each head's pack at the batch, WQ, WK) that also keeps each
+    head's map in slot j of the program's scratch: the head loops after it read the map back
+    instead of recomputing the dot (d_head MACs per entry against one load)."""
     hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
     hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
     for n in range(0, H):
@@ -292,45 +257,50 @@ def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
 
 
 @triton.jit
-def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
-                          W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
-                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           HB: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
-                          CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
     row and head, DP `[NS, batch, H, T_Q]`. SCRATCH: as the gradient pass's (slots 0 and 2:
-    each head's s and dP of the current key tile)."""
+    each head's s and dP of the current key tile); WQP, WKP: the packed weights, as the
+    gradient pass's."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
-    qpos = b * T_Q + rows              # batch-folded positions of the weights
+    RQ2: tl.constexpr = 2 * CQB + 1   # the post phase's rows of the packs
+    RK2: tl.constexpr = 2 * CKB + 1
+    WQP = WQP + b * swq_b
+    WKP = WKP + b * swk_b
     acc = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
-        kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
-                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
-                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
+                                       cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                                       swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+                                       BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
+                                       n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
+                                       sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):
-            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
-                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
-                          CQB, CKB, BLOCK_M)
-            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
-                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+            a = _probs(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, WQP + n * swq_h,
+                       WKP + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q, NQ, NK, HAS_K, CQB,
+                       CKB)
+            da = _composed_gated(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk,
+                                 WQP + n * swq_h, WKP + n * swk_h, RQ2, RQ2 + 2 * CQB2, RK2,
+                                 RK2 + 2 * CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
@@ -399,7 +369,6 @@ def _maps_t(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
 @triton.jit
 def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
                           MAP_SCRATCH,
-                          W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
                           DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, WQP, WKP,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
@@ -625,7 +594,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     def fill(ts):
         return tuple(dummy if t is None else t for t in ts)
 
-    pre_, post_, g_pre, g_post = fill(pre), fill(post), fill(grads[0]), fill(grads[1])
+    g_pre, g_post = fill(grads[0]), fill(grads[1])
     cq, cq2 = pre[0].shape[2], post[0].shape[2]
     ck = pre[3].shape[2] if has_k else 1
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
@@ -646,18 +615,29 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
         return (n_m * ns * B, H, SCRATCH_SLOTS, blocks["BLOCK_M"], blocks["BLOCK_N"])
 
-    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
+    # The weights packed as the forward reads them (`triton_fwd_tc._pack`), positions padded
+    # to whole tiles of either pass.
+    passes = [grid(FP32_BLOCKS if fp32 else b) for b in (DELTA_BLOCKS, GRAD_BLOCKS)]
+    cqb, cqb2, ckb = common["CQB"], common["CQB2"], common["CKB"]
+    t_q = max(g[0] * g[2]["BLOCK_M"] for g in passes)
+    t_k = max(math.ceil(T_K / g[2]["BLOCK_N"]) * g[2]["BLOCK_N"] for g in passes)
+    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
+                (post[2], 1)], t_q)
+    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
+                 (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
+    packs = dict(NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2)
+    n_m, ns, blocks = passes[0]
     partial = torch.empty(ns, B, H, T_Q, **f32)
     scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     dcmha_tc_delta_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, partial, kv, scratch, *pre_, *post_, *strides, *sizes, cq, cq2, ck,
-        ns,
-        scale, HB=next_pow2(H, minimum=1), DCH=min(32, D), **common, **blocks)
+        q, k, v, dout, lse, partial, kv, scratch, wq, wk, *strides, *wq.stride()[:2],
+        *wk.stride()[:2], *sizes, ns, scale, HB=next_pow2(H, minimum=1), DCH=min(32, D),
+        **packs, **common, **blocks)
     delta = partial.sum(0)
     if dlse is not None:
         delta -= dlse.float()
     delta = delta.contiguous()
-    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
+    n_m, ns, blocks = passes[1]
     if scratch.shape != scratch_shape(n_m, ns, blocks):     # other blocks than pass 1's
         scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     # Per key split: dq and the query-wise weight gradients (each program adds its rows of
@@ -668,18 +648,11 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
                              device=q.device, dtype=q.dtype)
     maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + 2 * common["CQB2"] + 7 * common["CKB"],
                        blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
-    # The weights packed as the forward reads them (positions padded to whole tiles).
-    cqb, cqb2, ckb = common["CQB"], common["CQB2"], common["CKB"]
-    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
-                (post[2], 1)], n_m * blocks["BLOCK_M"])
-    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
-                 (post[5], 1)], math.ceil(T_K / blocks["BLOCK_N"]) * blocks["BLOCK_N"])
-          if has_k else torch.zeros(1, 1, 1, 1, **f32))
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
-        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], wq, wk, *strides,
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps,
+        *parts[0], *g_pre[3:], *parts[1], *g_post[3:], wq, wk, *strides,
         *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck, ns,
-        scale, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, DCH=min(SCORE_DCH, D),
+        scale, **packs, DCH=min(SCORE_DCH, D),
         ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
     dq = dq_parts.sum(0)
     grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]

@@ -31,13 +31,21 @@ partials are summed in torch.
 
 Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
 hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
-dots that form the hidden maps) and kept in a per-program scratch `[H, 4, 64, 16]` fp32
-(256 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map); the loops
-producing A and dL also form the post hidden maps (of A) and the pre back hidden maps (of
-dL), and all six Compose hidden maps `[C, 64, 16]` go into a per-program map scratch. The
-rest runs from the scratch in head loops that each hold at most two maps, read back: post
-gates and w1 (back hidden maps), pre gates and w2 (pre hidden maps), post w2 and dv = P^T dz
-(post hidden maps), pre w1 and ds (pre back hidden maps), dk = ds^T q. (Holding the eight
+dots that form the hidden maps) and kept in a per-program scratch `[H, 8, 64, 16]` fp32
+(512 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map): slots 0-3
+as `[64 rows, 16 keys]`, slots 4-7 the same maps transposed (`[16 keys, 64 rows]`, written
+by the loops that load s and dP and form A and dL). The loops producing A and dL also form
+the post hidden maps (of A) and the pre back hidden maps (of dL), and all six Compose
+hidden maps `[C, 64, 16]` go into a per-program map scratch (the key-wise ones transposed,
+the post back hidden maps too). The rest runs from the scratch in head loops that each hold
+few maps, read back: post gates, w1 and key-wise w2 (back hidden maps, key-wise hidden
+maps), pre gates, w2 and key-wise w1, post w2 and dv = P^T dz (post hidden maps), pre w1
+and ds (pre back hidden maps), dk = ds^T q. The weight gradients' row sums (query-wise,
+over a tile's 16 keys) are taken of the `[rows, keys]` maps, whose layout has a row's keys
+in 4 lanes of one warp; the column sums (key-wise, over 64 rows) of the transposed maps,
+whose loaded layout has a key's rows in one warp: summed of the `[rows, keys]` maps (8 warps
+down the rows) each column sum took 24 shuffles, 24 adds and 4 barriers (sm_90 SASS), of
+the transposed ones 4 shuffles and 7 adds. (Holding the eight
 maps of the textbook order spilled 8-280 B per thread on sm_80 / sm_90.) Each head's ds goes
 into a third scratch `[H, 64, DQ_GROUP * 16]` (q's dtype) that the dk loop reads, and once
 per DQ_GROUP key tiles one dot over their keys adds ds k to dq.
@@ -58,8 +66,10 @@ would recompute the whole chain (the 4 H dots per tile of pass 1 and more) and s
 (docs/benchmarks.md).
 
 Layout: as `triton_fwd_tc` (q, k, v, dz `[batch pos head_index d_head]`, d_head padded to a
-power of two; channel weights fp32 contiguous); gradients fp32 contiguous, zeroed, in the
-same layout as the tensors they belong to.
+power of two); both passes read the Compose weights packed as the forward does
+(`triton_fwd_tc._pack`: a position's rows contiguous, zero-padded, so the head loops form one
+address per position, not one per weight and mask);
+gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong to.
 """
 
 from __future__ import annotations
@@ -70,12 +80,14 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
+from attnlens.kernels.dcmha.triton_fwd import _allowed, _key_range
 from attnlens.kernels.dcmha.triton_fwd_tc import (
     FP32_BLOCKS,
     TC_LAUNCH,
-    _composed,
-    _hidden,
+    _hidden_packed,
+    _pack,
+    _packed_rows,
+    _probs,
     _score,
     _split_range,
     split_count,
@@ -104,38 +116,40 @@ DQ_GROUP = 4
 
 
 @triton.jit
-def _probs_of(s, LSE, hq, hk, W2Q, GQ, W2K, GK, ok, b, n, m0, rows, r_ok, cols, c_ok, T_Q, CQ,
-              CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-              BLOCK_M: tl.constexpr):
-    """Head n's probabilities A `[rows, keys]` from its scores s (A 0 where masked or on rows
-    without keys). The weights are at the batch-folded positions `rows`, `cols`
-    (`dcmha_tc_grads_kernel`), the lse at the tile's rows from m0."""
-    x = _composed(s, hq, hk, W2Q, GQ, W2K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                  CQB, CKB)
-    lse = tl.load(LSE + ((b * H + n) * T_Q + m0 + tl.arange(0, BLOCK_M)), mask=r_ok,
-                  other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
-
-
-@triton.jit
-def _stored_hidden(Q, K, W1Q, W1K, SCR, j, m0, n0, T_Q, T_K, rows, r_ok, cols, c_ok, sq_t,
-                   sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale, HAS_K: tl.constexpr,
-                   IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DCH: tl.constexpr):
-    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T) that also
-    keeps each head's map in slot j of the program's scratch: the head loops after it read
-    the map back instead of recomputing the dot (d_head MACs per entry against one load)."""
+def _stored_hidden_packed(Q, K, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, SCR, j, m0, n0,
+                          T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                          swk_h, H, scale, NQ: tl.constexpr, NK: tl.constexpr,
+                          HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr,
+                          CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T; packed
+    weights, w1 at rows rq, rk of each head's pack at the batch, WQ, WK) that also keeps each
+    head's map in slot j of the program's scratch: the head loops after it read the map back
+    instead of recomputing the dot (d_head MACs per entry against one load)."""
     hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
     hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
     for n in range(0, H):
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
-        hq, hk = _hidden(s, hq, hk, W1Q, W1K, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                         CQB, CKB)
+        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, rq, rk, rows, cols,
+                                NQ, NK, HAS_K, CQB, CKB)
     return hq, hk
+
+
+@triton.jit
+def _composed_gated(x, hq, hk, WQ, WK, rq: tl.constexpr, gq: tl.constexpr, rk: tl.constexpr,
+                    gk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
+                    HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """`_composed` with one head's packed weights: output weights at rows rq, rk and the
+    gates at rows gq, gk (any rows: the transposed Composes take w1 with the gate after w2);
+    the same operations in the same order, so the same values."""
+    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + gq))[:, None]
+    out = tl.sum(_packed_rows(WQ, rq, rows, NQ, CQB)[:, :, None] * hq, 0)
+    if HAS_K:
+        gate = gate + tl.load(WK + (cols.to(tl.int64) * NK + gk))[None, :]
+        out += tl.sum(_packed_rows(WK, rk, cols, NK, CKB)[:, None, :] * hk, 0)
+    return out + x * gate
 
 
 @triton.jit
@@ -149,7 +163,7 @@ def _add_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
 @triton.jit
 def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
     """Add `vals [CB, len(pos)]` to head n's channel gradients at positions pos with a plain
-    load and store: the program owns these rows of its split's partial (`_add_weight_grads`)."""
+    load and store: the program owns these rows of its split's partial (`_row_grads`)."""
     offs_c = tl.arange(0, CB)
     at = DW + (pos[None, :] * (C * H) + offs_c[:, None] * H + n)
     ok = (offs_c[:, None] < C) & p_ok[None, :]
@@ -157,32 +171,39 @@ def _acc_chan(DW, pos, p_ok, C, H, n, vals, CB: tl.constexpr):
 
 
 @triton.jit
-def _add_weight_grads(x, g, h_q, h_k, b_q, b_k, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n, ppos,
-                      r_ok, cols, c_ok, CQ, CK, H, HAS_K: tl.constexpr, CQB: tl.constexpr,
-                      CKB: tl.constexpr, GATES: tl.constexpr, W2: tl.constexpr,
-                      W1: tl.constexpr):
-    """Head n's share of one Compose's weight gradients on this tile (input x, output
-    gradient g, hidden maps h, back hidden maps b): the gates (GATES), w2 (W2: sum h_c g)
-    and w1 (W1: sum x b_c). The query-wise ones are row sums added without atomics into the
-    program's rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed
-    over splits in torch): no other program writes them, and each (row, channel, head) is
-    added once per key tile, ordered by the tile loop's barrier. The key-wise ones, column
-    sums, are added with atomics (every query tile adds to the same keys)."""
+def _row_grads(x, g, h_q, b_q, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB: tl.constexpr,
+               GATES: tl.constexpr, W2: tl.constexpr, W1: tl.constexpr):
+    """Head n's share of one Compose's query-wise weight gradients on this tile (input x,
+    output gradient g, hidden maps h_q, back hidden maps b_q): the gates (GATES), w2 (W2:
+    sum_s h_c g) and w1 (W1: sum_s x b_c), row sums added without atomics into the program's
+    rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed over
+    splits in torch): no other program writes them, and each (row, channel, head) is added
+    once per key tile, ordered by the tile loop's barrier."""
     if GATES:
-        xg = x * g
         at = DGQ + (ppos * H + n)
-        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(xg, 1),
+        tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(x * g, 1),
                  mask=r_ok)
-        if HAS_K:
-            tl.atomic_add(DGK + (cols * H + n), tl.sum(xg, 0), mask=c_ok, sem="relaxed")
     if W2:
         _acc_chan(DW2Q, ppos, r_ok, CQ, H, n, tl.sum(h_q * g[None, :, :], 2), CQB)
-        if HAS_K:
-            _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_k * g[None, :, :], 1), CKB)
     if W1:
         _acc_chan(DW1Q, ppos, r_ok, CQ, H, n, tl.sum(b_q * x[None, :, :], 2), CQB)
-        if HAS_K:
-            _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_k * x[None, :, :], 1), CKB)
+
+
+@triton.jit
+def _col_grads(xt, gt, h_kt, b_kt, DW1K, DW2K, DGK, n, cols, c_ok, CK, H, CKB: tl.constexpr,
+               GATES: tl.constexpr, W2: tl.constexpr, W1: tl.constexpr):
+    """The key-wise counterpart of `_row_grads`: column sums (over the tile's rows) added
+    with atomics (every query tile adds to the same keys), taken of the transposed maps xt,
+    gt `[keys, rows]` and key-wise hidden maps h_kt, b_kt `[CKB, keys, rows]`
+    (`_scratch_t`, `_maps_t`). Their layout keeps a key's rows in one warp (4 per thread),
+    so a sum is 3 adds and 4 shuffles in the warp; of the `[rows, keys]` maps (8 warps down
+    the rows) it took 24 shuffles, 24 adds and 4 barriers (sm_90 SASS)."""
+    if GATES:
+        tl.atomic_add(DGK + (cols * H + n), tl.sum(xt * gt, 1), mask=c_ok, sem="relaxed")
+    if W2:
+        _add_chan(DW2K, cols, c_ok, CK, H, n, tl.sum(h_kt * gt[None, :, :], 2), CKB)
+    if W1:
+        _add_chan(DW1K, cols, c_ok, CK, H, n, tl.sum(b_kt * xt[None, :, :], 2), CKB)
 
 
 @triton.jit
@@ -236,67 +257,87 @@ def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
 
 
 @triton.jit
-def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, W1Q, W2Q, GQ, W1K, W2K, GK,
-                          W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
-                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           HB: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
-                          CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
     row and head, DP `[NS, batch, H, T_Q]`. SCRATCH: as the gradient pass's (slots 0 and 2:
-    each head's s and dP of the current key tile)."""
+    each head's s and dP of the current key tile); WQP, WKP: the packed weights, as the
+    gradient pass's."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
-    qpos = b * T_Q + rows              # batch-folded positions of the weights
+    RQ2: tl.constexpr = 2 * CQB + 1   # the post phase's rows of the packs
+    RK2: tl.constexpr = 2 * CKB + 1
+    WQP = WQP + b * swq_b
+    WKP = WKP + b * swk_b
     acc = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < T_K
-        kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
-                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
-                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
+                                       cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                                       swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+                                       BLOCK_N, BLOCK_D, DCH)
+        bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
+                                       n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
+                                       sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):
-            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
-                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
-                          CQB, CKB, BLOCK_M)
-            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
-                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+            a = _probs(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, WQP + n * swq_h,
+                       WKP + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q, NQ, NK, HAS_K, CQB,
+                       CKB)
+            da = _composed_gated(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk,
+                                 WQP + n * swq_h, WKP + n * swk_h, RQ2, RQ2 + 2 * CQB2, RK2,
+                                 RK2 + 2 * CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
 
 
-@triton.jit
-def _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, scale, dtype,
-        HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
-    """Head n's ds = scale * Compose_pre^T(dL)_n in `dtype`, from its dL and the pre back
-    hidden maps eq, ek. It is 0 where masked without a mask: there every head's dL, so eq and
-    ek, are 0."""
-    ds = _composed(dl, eq, ek, W1Q, GQ, W1K, GK, n, rows, r_ok, cols, c_ok, CQ, CK, H, HAS_K,
-                   CQB, CKB)
-    return (ds * scale).to(dtype)
+# Maps per head in the per-program scratch: s, A, dP, dL (slots 0-3), then the same four
+# transposed (slots 4-7, `_scratch_t`) for the key-wise column sums.
+SCRATCH_SLOTS = 8
 
 
 @triton.jit
 def _scratch(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, 4, rows, keys]`."""
+    """Pointers `[rows, keys]` to map j of head n in a program's scratch `[H, 8, rows, keys]`."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    return SCR + ((n * 4 + j) * (BLOCK_M * BLOCK_N) + offs)
+    return SCR + ((n * 8 + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _scratch_t(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers `[keys, rows]` to the transposed copy of map j of head n (slot 4 + j, stored
+    keys-major, so a load gives each thread 4 consecutive rows of one key)."""
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    return SCR + ((n * 8 + 4 + j) * (BLOCK_M * BLOCK_N) + offs)
+
+
+@triton.jit
+def _store_both(SCR, n, j, x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store head n's map x `[rows, keys]` in slot j and transposed in slot 4 + j."""
+    tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), x)
+    tl.store(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), tl.trans(x))
+
+
+@triton.jit
+def _scratch_load_t(SCR, n, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The transposed copy of map j of head n, `[keys, rows]`, through L2 (`_scratch_load`)."""
+    return tl.load(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")
 
 
 @triton.jit
@@ -317,16 +358,25 @@ def _maps(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _maps_t(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """`_maps` for maps kept transposed, `[CB, keys, rows]`."""
+    offs = ((tl.arange(0, CB)[:, None, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None])
+            * BLOCK_M + tl.arange(0, BLOCK_M)[None, None, :])
+    return MAPS + (c0 * BLOCK_M * BLOCK_N + offs)
+
+
+@triton.jit
 def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
                           MAP_SCRATCH,
-                          W1Q, W2Q, GQ, W1K, W2K, GK, W1Q2, W2Q2, GQ2, W1K2, W2K2, GK2,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
-                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2,
+                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, WQP, WKP,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
-                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
                           H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
+                          NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
                           KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
@@ -334,22 +384,31 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
     atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
     DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
-    DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 4, rows, keys]`:
-    the program's s, A, dP, dL of the current key tile, so that no head loop holds more than
+    DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 8, rows, keys]`:
+    the program's s, A, dP, dL of the current key tile (slots 0-3; 4-7 the same
+    transposed, `_scratch_t`), so that no head loop holds more than
     four hidden maps (eight spilled 144-280 B per thread, sm_90 d 128). DS_SCRATCH (q's
     dtype) `[programs, H, rows, DQ_GROUP * keys]`: ds of the current group of key tiles.
-    MAP_SCRATCH fp32 `[programs, 2 CQB + CQB2 + 3 CKB, rows, keys]`: the tile's pre, post
-    and pre back hidden maps."""
+    MAP_SCRATCH fp32 `[programs, 2 CQB + 2 CQB2 + 7 CKB, rows, keys]`: the tile's pre,
+    post and pre back hidden maps, from channel KT the key-wise ones transposed (`_maps_t`:
+    pre, post, pre back, post back) and from BQ the query-wise post back hidden maps (channel
+    CQB to CQB + CKB is unused)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 4 * BLOCK_M * BLOCK_N)
+    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
-    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + CQB2 + 3 * CKB) * BLOCK_M * BLOCK_N)
+    MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + 2 * CQB2 + 7 * CKB) * BLOCK_M * BLOCK_N)
+    KT: tl.constexpr = 2 * CQB + CQB2 + 3 * CKB   # the key-wise maps transposed from here
+    BQ: tl.constexpr = KT + 4 * CKB               # the post back hidden maps (query-wise)
+    # Rows of a position's packed weights (`triton_fwd_tc._pack`): w1, w2, gate of the pre
+    # phase, then of the post phase; the key side likewise with CKB.
+    RQ2: tl.constexpr = 2 * CQB + 1
+    RK2: tl.constexpr = 2 * CKB + 1
+    WQP = WQP + b * swq_b
+    WKP = WKP + b * swk_b
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
-    # The weights, their gradients and dq, dk, dv are addressed by batch-folded positions
-    # (qpos, kpos), not by per-batch pointers: 30 64-bit pointers held across the loops
-    # spilled (sm_90, d 128).
-    qpos = b * T_Q + rows
+    # The weight gradients and dk, dv are addressed by batch-folded positions (kpos), not by
+    # per-batch pointers: 30 64-bit pointers held across the loops spilled (sm_90, d 128).
     ppos = (split * n_batch + b) * T_Q + rows   # the split's partials of dq, query-wise grads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
@@ -359,62 +418,85 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         kpos = b * T_K + cols
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         # every head's s, then A; every head's dP, then dL (the dots once, kept in scratch)
-        hq, hk = _stored_hidden(Qb, Kb, W1Q, W1K, SCR, 0, m0, n0, T_Q, T_K, qpos, r_ok, kpos,
-                                c_ok, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, CQ, CK, H, scale,
-                                HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
+                                       cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                                       swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+                                       BLOCK_N, BLOCK_D, DCH)
         tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
         if HAS_K:
-            tl.store(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), hk)
+            tl.store(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), tl.permute(hk, (0, 2, 1)))
         tl.debug_barrier()             # the scratch is read by other threads
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            a = _probs_of(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, W2Q, GQ,
-                          W2K, GK, ok, b, n, m0, qpos, r_ok, kpos, c_ok, T_Q, CQ, CK, H, HAS_K,
-                          CQB, CKB, BLOCK_M)
-            tl.store(_scratch(SCR, n, 1, BLOCK_M, BLOCK_N), a)
-            aq, ak = _hidden(a, aq, ak, W1Q2, W1K2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K,
-                             CQB2, CKB)
+        for n in range(0, H):          # (s transposed from its load: no dot layout to move)
+            s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
+            tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))
+            a = _probs(s, LSE, hq, hk, WQP + n * swq_h, WKP + n * swk_h, ok, b, n, rows, r_ok,
+                       cols, H, T_Q, NQ, NK, HAS_K, CQB, CKB)
+            _store_both(SCR, n, 1, a, BLOCK_M, BLOCK_N)
+            aq, ak = _hidden_packed(a, aq, ak, WQP + n * swq_h, WKP + n * swk_h, RQ2, RK2, rows,
+                                    cols, NQ, NK, HAS_K, CQB2, CKB)
         tl.store(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), aq)
         if HAS_K:
             tl.store(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ak)
-        bq, bk = _stored_hidden(DOb, Vb, W2Q2, W2K2, SCR, 2, m0, n0, T_Q, T_K, qpos, r_ok,
-                                kpos, c_ok, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d, D, CQ2, CK,
-                                H, 1.0, HAS_K, IEEE, CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+            tl.store(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(ak, (0, 2, 1)))
+        bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
+                                       n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
+                                       sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        if HAS_K:
+            tl.store(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(bk, (0, 2, 1)))
+        # read back for post w1: a loaded map has 4 keys per thread, the layout the dots
+        # left it in 1 (16 lanes along the keys: 4 shuffles per value in its row sums)
+        tl.store(_maps(MP, BQ, CQB2, BLOCK_M, BLOCK_N), bq)
         tl.debug_barrier()             # the scratch is read by other threads
         eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
         ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            da = _composed(_scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N), bq, bk, W1Q2, GQ2,
-                           W1K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB)
+        for n in range(0, H):          # (dP transposed from its load, as s above)
+            dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
+            tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))
+            da = _composed_gated(dp, bq, bk, WQP + n * swq_h, WKP + n * swk_h, RQ2,
+                                 RQ2 + 2 * CQB2, RK2, RK2 + 2 * CKB, rows, cols, NQ, NK, HAS_K,
+                                 CQB2, CKB)
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             delta = tl.load(DELTA + ((b * H + n) * T_Q + rows), mask=r_ok, other=0.0)
             dl = a * (da - delta[:, None])
-            tl.store(_scratch(SCR, n, 3, BLOCK_M, BLOCK_N), dl)
-            eq, ek = _hidden(dl, eq, ek, W2Q, W2K, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K,
-                             CQB, CKB)
+            _store_both(SCR, n, 3, dl, BLOCK_M, BLOCK_N)
+            eq, ek = _hidden_packed(dl, eq, ek, WQP + n * swq_h, WKP + n * swk_h, CQB, CKB,
+                                    rows, cols, NQ, NK, HAS_K, CQB, CKB)
         tl.store(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N), eq)
         if HAS_K:
             tl.store(_maps(MP, 2 * CQB + 2 * CKB + CQB2, CKB, BLOCK_M, BLOCK_N), ek)
+            tl.store(_maps_t(MP, KT + 2 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(ek, (0, 2, 1)))
         tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):          # post (x = A, g = dP): gates and w1 (needs bq, bk)
+        if HAS_K:                      # post key-wise maps, transposed: hidden (A), back
+            akt = tl.load(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            bkt = tl.load(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        bq = tl.load(_maps(MP, BQ, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+        for n in range(0, H):          # post (x = A, g = dP): gates, w1 (bq), key-wise w2
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
-            _add_weight_grads(a, dp, bq, bk, bq, bk, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
-                              GATES=True, W2=False, W1=True)
-        # pre (x = s, g = dL): gates and w2, with the pre hidden maps read back
+            _row_grads(a, dp, bq, bq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
+                       GATES=True, W2=False, W1=True)
+            if HAS_K:
+                _col_grads(_scratch_load_t(SCR, n, 1, BLOCK_M, BLOCK_N),
+                           _scratch_load_t(SCR, n, 2, BLOCK_M, BLOCK_N), akt, bkt, DW1K2,
+                           DW2K2, DGK2, n, kpos, c_ok, CK, H, CKB, GATES=True, W2=True,
+                           W1=True)
+        # pre (x = s, g = dL): gates, w2 (hq, read back), key-wise w1
         hq = tl.load(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-        if HAS_K:
-            hk = tl.load(_maps(MP, CQB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-        else:
-            hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if HAS_K:                      # pre key-wise maps, transposed: hidden (s), back (dL)
+            hkt = tl.load(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            ekt = tl.load(_maps_t(MP, KT + 2 * CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         for n in range(0, H):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
-            _add_weight_grads(s, dl, hq, hk, hq, hk, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
-                              GATES=True, W2=True, W1=False)
+            _row_grads(s, dl, hq, hq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
+                       GATES=True, W2=True, W1=False)
+            if HAS_K:
+                _col_grads(_scratch_load_t(SCR, n, 0, BLOCK_M, BLOCK_N),
+                           _scratch_load_t(SCR, n, 3, BLOCK_M, BLOCK_N), hkt, ekt, DW1K, DW2K,
+                           DGK, n, kpos, c_ok, CK, H, CKB, GATES=True, W2=True, W1=True)
         # Post, then pre: each reads its two hidden maps back, then adds the gradients
         # needing them.
         aq = tl.load(_maps(MP, CQB + CKB, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
@@ -425,11 +507,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # post w2, dv = P^T dz
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
-            _add_weight_grads(a, dp, aq, ak, aq, ak, DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, n,
-                              ppos, r_ok, kpos, c_ok, CQ2, CK, H, HAS_K, CQB2, CKB,
-                              GATES=False, W2=True, W1=False)
-            p = _composed(a, aq, ak, W2Q2, GQ2, W2K2, GK2, n, qpos, r_ok, kpos, c_ok, CQ2, CK,
-                          H, HAS_K, CQB2, CKB)
+            _row_grads(a, dp, aq, aq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
+                       GATES=False, W2=True, W1=False)
+            p = _composed_gated(a, aq, ak, WQP + n * swq_h, WKP + n * swk_h, RQ2 + CQB2,
+                                RQ2 + 2 * CQB2, RK2 + CKB, RK2 + 2 * CKB, rows, cols, NQ, NK,
+                                HAS_K, CQB2, CKB)
             _add_dot(DV, kpos, c_ok, n, H, D, tl.trans(p.to(V.dtype.element_ty)), DOb, rows,
                      sdo_t, sdo_h, sdo_d, T_Q, IEEE, BLOCK_D, KCH)
         eq = tl.load(_maps(MP, CQB + CKB + CQB2 + CKB, CQB, BLOCK_M, BLOCK_N),
@@ -443,11 +525,11 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         for n in range(0, H):          # pre w1, ds
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
-            _add_weight_grads(s, dl, eq, ek, eq, ek, DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK, n,
-                              ppos, r_ok, kpos, c_ok, CQ, CK, H, HAS_K, CQB, CKB,
-                              GATES=False, W2=False, W1=True)
-            ds = _ds(dl, eq, ek, W1Q, GQ, W1K, GK, n, qpos, r_ok, kpos, c_ok, CQ, CK, H, scale,
-                     Q.dtype.element_ty, HAS_K, CQB, CKB)
+            _row_grads(s, dl, eq, eq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
+                       GATES=False, W2=False, W1=True)
+            ds = (_composed_gated(dl, eq, ek, WQP + n * swq_h, WKP + n * swk_h, 0, 2 * CQB, 0,
+                                  2 * CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
+                  * scale).to(Q.dtype.element_ty)    # 0 where masked: dL, eq, ek are
             tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
         tl.debug_barrier()             # the ds scratch is read by other threads
         for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
@@ -512,7 +594,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     def fill(ts):
         return tuple(dummy if t is None else t for t in ts)
 
-    pre_, post_, g_pre, g_post = fill(pre), fill(post), fill(grads[0]), fill(grads[1])
+    g_pre, g_post = fill(grads[0]), fill(grads[1])
     cq, cq2 = pre[0].shape[2], post[0].shape[2]
     ck = pre[3].shape[2] if has_k else 1
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
@@ -531,20 +613,31 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
         return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
-        return (n_m * ns * B, H, 4, blocks["BLOCK_M"], blocks["BLOCK_N"])
+        return (n_m * ns * B, H, SCRATCH_SLOTS, blocks["BLOCK_M"], blocks["BLOCK_N"])
 
-    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else DELTA_BLOCKS)
+    # The weights packed as the forward reads them (`triton_fwd_tc._pack`), positions padded
+    # to whole tiles of either pass.
+    passes = [grid(FP32_BLOCKS if fp32 else b) for b in (DELTA_BLOCKS, GRAD_BLOCKS)]
+    cqb, cqb2, ckb = common["CQB"], common["CQB2"], common["CKB"]
+    t_q = max(g[0] * g[2]["BLOCK_M"] for g in passes)
+    t_k = max(math.ceil(T_K / g[2]["BLOCK_N"]) * g[2]["BLOCK_N"] for g in passes)
+    wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
+                (post[2], 1)], t_q)
+    wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
+                 (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
+    packs = dict(NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2)
+    n_m, ns, blocks = passes[0]
     partial = torch.empty(ns, B, H, T_Q, **f32)
     scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     dcmha_tc_delta_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, partial, kv, scratch, *pre_, *post_, *strides, *sizes, cq, cq2, ck,
-        ns,
-        scale, HB=next_pow2(H, minimum=1), DCH=min(32, D), **common, **blocks)
+        q, k, v, dout, lse, partial, kv, scratch, wq, wk, *strides, *wq.stride()[:2],
+        *wk.stride()[:2], *sizes, ns, scale, HB=next_pow2(H, minimum=1), DCH=min(32, D),
+        **packs, **common, **blocks)
     delta = partial.sum(0)
     if dlse is not None:
         delta -= dlse.float()
     delta = delta.contiguous()
-    n_m, ns, blocks = grid(FP32_BLOCKS if fp32 else GRAD_BLOCKS)
+    n_m, ns, blocks = passes[1]
     if scratch.shape != scratch_shape(n_m, ns, blocks):     # other blocks than pass 1's
         scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
     # Per key split: dq and the query-wise weight gradients (each program adds its rows of
@@ -553,13 +646,14 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
     ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
                              device=q.device, dtype=q.dtype)
-    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + common["CQB2"] + 3 * common["CKB"],
+    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + 2 * common["CQB2"] + 7 * common["CKB"],
                        blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
     dcmha_tc_grads_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps, *pre_,
-        *post_, *parts[0], *g_pre[3:], *parts[1], *g_post[3:], *strides, *sizes, cq, cq2, ck, ns,
-        scale, DCH=min(SCORE_DCH, D), ACH=min(GRAD_DCH, D),
-        KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
+        q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps,
+        *parts[0], *g_pre[3:], *parts[1], *g_post[3:], wq, wk, *strides,
+        *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck, ns,
+        scale, **packs, DCH=min(SCORE_DCH, D),
+        ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
     dq = dq_parts.sum(0)
     grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads

@@ -159,3 +159,29 @@ def test_doc_table_groups_precisions_and_many_head_cases():
         "| mta | fwd | k | 16x16 w8 s1 | fp16/bf16 | 2 | 100-120 | 0 | 4 |",
         "| mta | fwd | k | 16x16 w8 s1 | fp32 | 1 | 200 | 16 | 2 |",
         "| mta | fwd | k | 16x16 w8 s1 (H16) | bf16 | 1 | 255 | 464 | 2 |"]
+
+
+def test_cached_cubins_are_keyed_by_the_checkout_and_its_kernel_files(tmp_path):
+    """A cubin's line info holds absolute source paths and line numbers, which the SASS mix
+    reads back to name loops (`sass_mix.loop_var`); so `launch_key` (the results cache's key)
+    carries `source_fingerprint`: the module's absolute path, and a hash of its sibling files
+    and the kernels package's top level. The same kernel file in another checkout (a git
+    worktree) or beside a changed helper file gets another key; an unchanged one the same."""
+    import inspect
+    import shutil
+
+    from attnlens.kernels.compile_check import compiler
+
+    a = tmp_path / "a" / "op"
+    a.mkdir(parents=True)
+    (a / "kern.py").write_text("def k():\n    for i in range(3):\n        pass\n")
+    (a / "helper.py").write_text("X = 1\n")
+    first = compiler.source_fingerprint(str(a / "kern.py"))
+    assert first.startswith(str(a / "kern.py") + ":")
+    assert compiler.source_fingerprint(str(a / "kern.py")) == first
+    b = tmp_path / "b" / "op"
+    shutil.copytree(a, b)
+    assert compiler.source_fingerprint(str(b / "kern.py")) != first        # another checkout
+    (a / "helper.py").write_text("\nX = 1\n")                              # lines shift
+    assert compiler.source_fingerprint(str(a / "kern.py")) != first
+    assert "source_fingerprint(" in inspect.getsource(compiler.launch_key)

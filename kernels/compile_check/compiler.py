@@ -68,11 +68,49 @@ def _specialise(launch, arch: int):
 
 
 def launch_key(launch, arch: int) -> str:
-    """What makes two launches the same compiled kernel (for de-duplication)."""
+    """What makes two launches the same compiled kernel (for de-duplication), and where its
+    line info points (`source_fingerprint`): a cubin records absolute source paths and line
+    numbers, which the SASS mix reads back (`sass_mix.loop_var`) to name each loop, so a cached
+    cubin is reused only by the same checkout with the same kernel files."""
     _, signature, constexprs, attrs, options = _specialise(launch, arch)
     return repr((launch.kernel.cache_key, sorted(signature.items()), sorted(constexprs.items()),
                  sorted((k, str(v)) for k, v in attrs.items()), sorted(options.__dict__.items(),
-                                                                     key=lambda kv: kv[0])))
+                                                                     key=lambda kv: kv[0]),
+                 source_fingerprint(launch.kernel.fn.__code__.co_filename)))
+
+
+def source_fingerprint(path: str) -> str:
+    """The absolute path of the kernel's module, and a hash of the Python files beside it and
+    of the kernels package's top level (shared `@triton.jit` helpers), whose line numbers a
+    cubin's line info may cite. Without it a cubin cached by another checkout (a git worktree,
+    same kernel source hash) named loops by reading that checkout's files: gone, or at other
+    lines (the roofline then reported "trip model does not cover its loops (None)")."""
+    here = os.path.dirname(os.path.abspath(path))
+    top = _kernels_root()
+    files = sorted({os.path.join(d, f) for d in (here, top) for f in os.listdir(d)
+                    if f.endswith(".py")})
+    return f"{os.path.abspath(path)}:{_files_hash(tuple(files), _mtimes(files))}"
+
+
+def _kernels_root() -> str:
+    import attnlens.kernels
+
+    return os.path.dirname(os.path.abspath(attnlens.kernels.__file__))
+
+
+def _mtimes(files) -> tuple:
+    return tuple(os.stat(f).st_mtime_ns for f in files)
+
+
+@cache
+def _files_hash(files: tuple[str, ...], mtimes: tuple) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def resource_usage(cubin: bytes, name: str) -> dict[str, int]:

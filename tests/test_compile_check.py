@@ -185,3 +185,21 @@ def test_cached_cubins_are_keyed_by_the_checkout_and_its_kernel_files(tmp_path):
     (a / "helper.py").write_text("\nX = 1\n")                              # lines shift
     assert compiler.source_fingerprint(str(a / "kern.py")) != first
     assert "source_fingerprint(" in inspect.getsource(compiler.launch_key)
+
+
+def test_triton_cache_is_private_to_the_check(monkeypatch, tmp_path):
+    """Triton's own cache is keyed by kernel source, not file: shared with another checkout it
+    returns cubins whose line info names that checkout's files. The check compiles into a
+    directory of its own (one per process, inherited by its workers; or the one asked for)."""
+    import inspect
+
+    from attnlens.kernels.compile_check import compiler, run
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "shared"))
+    monkeypatch.delenv(compiler.PRIVATE_CACHE_ENV, raising=False)
+    mine = compiler.private_triton_cache()
+    assert mine != str(tmp_path / "shared") and os.path.isdir(mine)
+    assert os.environ["TRITON_CACHE_DIR"] == mine == compiler.private_triton_cache()
+    assert compiler.private_triton_cache(str(tmp_path / "asked")) == str(tmp_path / "asked")
+    assert "private_triton_cache()" in inspect.getsource(compiler.compile_launch)
+    assert "private_triton_cache()" in inspect.getsource(run.compile_all)

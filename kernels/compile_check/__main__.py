@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 
@@ -191,7 +190,9 @@ def main(argv=None) -> int:
         print("TRITON_INTERPRET is set: the interpreter replaces Triton's compiler; unset it "
               "(env -u TRITON_INTERPRET python -m attnlens.kernels.compile_check)", file=sys.stderr)
         return 2
-    os.environ["TRITON_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="compile_check_")
+    from attnlens.kernels.compile_check.compiler import private_triton_cache
+
+    private_triton_cache(args.cache_dir)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, quietly
     import triton
 

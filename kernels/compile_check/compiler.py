@@ -161,6 +161,23 @@ def problems(row: dict) -> list[str]:
     return out
 
 
+PRIVATE_CACHE_ENV = "ATTNLENS_COMPILE_CHECK_TRITON_CACHE"
+
+
+def private_triton_cache(path: str | None = None) -> str:
+    """Point Triton's own kernel cache (`TRITON_CACHE_DIR`) at a directory of this process (or
+    `path`), once; forked or spawned workers inherit it. Triton keys that cache by the kernel's
+    source hash, not its file, so a cubin compiled in another checkout (a git worktree) came
+    back with that checkout's absolute paths in its line info, and `sass_mix.loop_var` named no
+    loop (the roofline: "trip model does not cover its loops (None)"). Reuse across runs is the
+    results cache's job (`launch_key` carries `source_fingerprint`)."""
+    if os.environ.get(PRIVATE_CACHE_ENV) and path is None:
+        return os.environ["TRITON_CACHE_DIR"]
+    os.environ["TRITON_CACHE_DIR"] = path or tempfile.mkdtemp(prefix="compile_check_")
+    os.environ[PRIVATE_CACHE_ENV] = "1"
+    return os.environ["TRITON_CACHE_DIR"]
+
+
 def compile_launch(launch, arch: int, cache=None, key: str | None = None,
                    keep_cubin: bool = False) -> dict:
     """Compile `launch` for sm_`arch`; returns a row (registers, spills, shared, seconds) or a
@@ -172,6 +189,8 @@ def compile_launch(launch, arch: int, cache=None, key: str | None = None,
     not JSON-able: the caller pops it)."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
+
+    private_triton_cache()
 
     row = dict(kernel=launch.name, pass_=launch.pass_, config=launch.config,
                arch=ARCH_NAMES[arch], arch_cc=arch, num_warps=launch.num_warps,

@@ -123,6 +123,9 @@ def compile_all(job_list: list[Job], workers: int = 1, progress=None,
     `cache` (a `results_cache.ResultCache`): rows of kernels compiled before are read from it
     (`cached` True), new ones are added to it. `with_mix`: each row also gets `mix`, the
     kernel's instruction mix per loop and per launch (`mix_report.launch_mix`)."""
+    from attnlens.kernels.compile_check.compiler import private_triton_cache
+
+    private_triton_cache()                 # before the pool forks: one directory for all
     _CACHE[0] = cache
     _MIX[0] = with_mix
     rows = []

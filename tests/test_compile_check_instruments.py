@@ -17,7 +17,6 @@ import pytest
 from attnlens.kernels import _triton
 from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate, resident_warps
 from attnlens.kernels.compile_check.sass_mix import (
-    Instr,
     access_bytes,
     innermost,
     loops,
@@ -104,8 +103,8 @@ def test_opcode_shapes_and_widths():
 
 
 def test_relaxed_atomics_count_as_atomics():
-    """RED / REDG / ATOMG are all atomics. sm_90 writes a relaxed fp32 atomic add whose result is unused as REDG (acq_rel ones as
-    ATOMG with fences); both are global atomics with their bytes."""
+    """RED / REDG / ATOMG are all atomics: sm_90 writes a relaxed fp32 atomic add whose
+    result is unused as REDG (acq_rel ones as ATOMG with fences); each counts its bytes."""
     text = """
         /*0000*/                   REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R5 ;
         /*0010*/                   ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, RZ, [R2.64], R5 ;
@@ -209,6 +208,27 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     assert fwd["per_launch"]["mma_flops"] == heads * tiles * dots * 2 * 128 * 64 * 64
     assert rows["_bwd_preprocess"]["mix"]["once"]["mma"] == 0
     assert rows["_bwd_dq"]["mix"]["per_launch"]["mma"] > 0
+
+
+@pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
+def test_trip_models_cover_every_mta_and_dcmha_kernel(tmp_path):
+    """`--quick --ops mta dcmha --mix`: every kernel's loops have trip counts (`per_launch`
+    set), so the roofline can weigh them. The MTA backward forms its logits with the
+    forward's `logits_staging_scores`, whose third tap branch (factored taps inside the
+    sequence) its models lacked: "trip model does not cover its loops"."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--quick",
+                           "--ops", "mta", "dcmha", "--mix", "--json", str(out),
+                           "--no-progress", "--results-cache", str(tmp_path / "cache")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    assert {r["kernel"] for r in rows} >= {"mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+                                          "mta_bwd_pre_kernel", "dcmha_tc_lse_kernel",
+                                          "dcmha_tc_grads_kernel"}
+    uncovered = {r["kernel"]: r["mix"]["why"] for r in rows if r["mix"]["per_launch"] is None}
+    assert not uncovered, uncovered
 
 
 _SAME_LAUNCHES = """

@@ -89,14 +89,18 @@ def test_trip_models_count_the_backward_windows():
     sweep 2, 3 and 3 windows."""
     from attnlens.kernels.compile_check.trips import MODELS
 
-    env = dict(OR=27, ORC=22, AR=32, AC=32, PR=16, T_K=61, Q_OFFSET=0, H=2, D=64, DCH=16,
+    env = dict(OR=27, ORC=22, AR=32, AC=32, PR=16, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=64, DCH=16,
                CQ=6, CK=11, LEFT=5, CQ2=6, CK2=11, LEFT2=5, GK=256)
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
     assert delta["n0"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
     assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
-    assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 5
+    assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
+    # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
+    # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
+    assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]
+    assert len(delta["a"]) == 4 and sum(delta["a"][1:]) == pytest.approx(6)
     # two programs per row window (`key_splits`): split 0 takes key windows 0, 2; split 1
     # takes window 1: 1 + 2 + 2 and 1 + 1 + 1 windows, the same 8 in all
     split = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, NS=2), (6, 1))

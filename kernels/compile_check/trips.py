@@ -210,8 +210,10 @@ def _mta_out(env, grid):
 # addresses, so their trips carry the windows per program (`w`); the functions' straight-line
 # code is counted once per program (an undercount).
 def _mta_bwd_windows(env, grid, row_shift, col_shift):
-    """(windows per program, direct-tap share of the logit windows at `(m0 + row_shift + r0,
-    PR, n0 + col_shift, AC)`)."""
+    """(windows per program, the tap-branch shares (`_mta_tap_shares`: direct, factored
+    inside the sequence, masked factored) of the logit windows at `(m0 + row_shift + r0, PR,
+    n0 + col_shift, AC)`: the backward forms its logits with the forward's
+    `logits_staging_scores`)."""
     own_r, own_c, ar, pr = env["OR"], env["ORC"], env["AR"], env["PR"]
     n_w, ns = env.get("N_W", grid[0]), env.get("NS", 1)
     per_prog, windows = [], []
@@ -221,36 +223,36 @@ def _mta_bwd_windows(env, grid, row_shift, col_shift):
         per_prog.append(len(steps))
         windows += [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
                     for n0 in steps for r0 in range(0, ar, pr)]
-    return _avg(per_prog), _mta_direct_share(env, windows)
+    return _avg(per_prog), _mta_tap_shares(env, windows)
 
 
 def _mta_bwd_delta(env, grid):
     """`mta_bwd_delta_kernel`: per window G staged (`r0`, d_head chunks `d0`), then per row
     chunk the transposed post taps (`a`: CQ2) and the logits (heads `n`, direct / factored
     `a`, `b`)."""
-    w, f = _mta_bwd_windows(env, grid, 0, 0)
+    w, shares = _mta_bwd_windows(env, grid, 0, 0)
     r, cq = env["AR"] // env["PR"], env["CQ"]
     return {"n0": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
-            "a": [env["CQ2"], cq * f, cq * (1 - f)], "n": env["H"], "b": env["CK"]}
+            "a": [env["CQ2"]] + [cq * f for f in shares], "n": env["H"], "b": env["CK"]}
 
 
 def _mta_bwd_post(env, grid):
     """`mta_bwd_post_kernel` (`_post_window`): five sweeps per window (A with the logits; P2
     and P, `a` CQ2; dP, `d0`; dv, `d0`; dth', `a` CQ2)."""
-    w, f = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
+    w, shares = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
     rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
     return {"n0": w, "r0": [rw] * 5, "n": env["H"], "b": env["CK"], "d0": [d0, d0],
-            "a": [cq * f, cq * (1 - f), env["CQ2"], env["CQ2"]]}
+            "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"]]}
 
 
 def _mta_bwd_pre(env, grid):
     """`mta_bwd_pre_kernel`, its functions in address order: `_pre_dc` (logits: `n`, `a`,
     `b`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq, dk `d0`; dth `a` CQ), `_pre_stage`
     (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
-    w, f = _mta_bwd_windows(env, grid, 0, 0)
+    w, shares = _mta_bwd_windows(env, grid, 0, 0)
     rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
     return {"n0": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "b": env["CK"],
-            "a": [cq * f, cq * (1 - f), cq, cq, env["CQ2"]], "d0": [d0, d0, d0],
+            "a": [cq * f for f in shares] + [cq, cq, env["CQ2"]], "d0": [d0, d0, d0],
             "k0": env["AR"] * env["AC"] // env["GK"] * w}
 
 

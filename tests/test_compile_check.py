@@ -195,11 +195,15 @@ def test_triton_cache_is_private_to_the_check(monkeypatch, tmp_path):
 
     from attnlens.kernels.compile_check import compiler, run
 
+    # setenv first: monkeypatch then restores both variables (absent ones are deleted again),
+    # so the marker does not leak into later tests' subprocesses
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "shared"))
-    monkeypatch.delenv(compiler.PRIVATE_CACHE_ENV, raising=False)
+    monkeypatch.setenv(compiler.PRIVATE_CACHE_ENV, "")
     mine = compiler.private_triton_cache()
     assert mine != str(tmp_path / "shared") and os.path.isdir(mine)
     assert os.environ["TRITON_CACHE_DIR"] == mine == compiler.private_triton_cache()
     assert compiler.private_triton_cache(str(tmp_path / "asked")) == str(tmp_path / "asked")
     assert "private_triton_cache()" in inspect.getsource(compiler.compile_launch)
     assert "private_triton_cache()" in inspect.getsource(run.compile_all)
+    monkeypatch.delenv("TRITON_CACHE_DIR")            # marker set, directory gone: a new one
+    assert os.path.isdir(compiler.private_triton_cache())

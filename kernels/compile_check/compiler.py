@@ -171,7 +171,7 @@ def private_triton_cache(path: str | None = None) -> str:
     back with that checkout's absolute paths in its line info, and `sass_mix.loop_var` named no
     loop (the roofline: "trip model does not cover its loops (None)"). Reuse across runs is the
     results cache's job (`launch_key` carries `source_fingerprint`)."""
-    if os.environ.get(PRIVATE_CACHE_ENV) and path is None:
+    if os.environ.get(PRIVATE_CACHE_ENV) and path is None and os.environ.get("TRITON_CACHE_DIR"):
         return os.environ["TRITON_CACHE_DIR"]
     os.environ["TRITON_CACHE_DIR"] = path or tempfile.mkdtemp(prefix="compile_check_")
     os.environ[PRIVATE_CACHE_ENV] = "1"

@@ -163,8 +163,8 @@ def _forward_saved_bytes(B, T, H, D, C, elem):
 def test_fwd_bwd_extra_memory_at_4k_is_under_a_tenth_of_torch(monkeypatch, d_head):
     """Official Compose (rank 2, query- and key-wise), 4k, 16 heads, bf16, batch 1: the
     backward's buffers at the gradient pass (its peak) plus the forward's saved tensors stay
-    under 1/10 of torch's measured 3,854 MiB (before this plan: 528 / 528 MiB... see
-    docs/benchmarks.md; now about 243 / 330 MiB at d_head 64 / 128)."""
+    under 1/10 of torch's measured 3,854 MiB (main's layout, counted the same way: 392.8 /
+    528.8 MiB at d_head 64 / 128; now 243.0 / 330.5 MiB: docs/benchmarks.md)."""
     B, T, H, C = 1, 4096, 16, 2
     pre, post = _channels(B, T, T, H, C), _channels(B, T, T, H, C)
     held = _held_at_gradient_pass(monkeypatch, (B, T, H, d_head), T, torch.bfloat16, pre, post)
@@ -185,3 +185,16 @@ def test_trip_model_reads_the_program_table():
     trips = MODELS["dcmha_tc_grads_kernel"](env, (190, 1))
     assert trips["n0"] * 190 == pytest.approx(8320)
     assert MODELS["dcmha_tc_delta_kernel"](dict(env, HB=16), (190, 1))["n0"] == trips["n0"]
+
+
+def test_no_query_rows_plan_no_programs():
+    """T_Q = 0: no programs, no partial rows, and the backward returns zero gradients of the
+    inputs' shapes without launching (the plan is made before that early return)."""
+    plan = bwd.backward_plan(1, 0, 5, None, 64, 16)
+    assert plan.programs == () and plan.rows == 0
+    pre = _channels(1, 0, 5, 2, device="cpu")
+    q, k = torch.zeros(1, 0, 2, 24), torch.zeros(1, 5, 2, 24)
+    dq, dk, dv, g_pre, _ = bwd.dcmha_tc_bwd(q, q, k, k, torch.zeros(1, 2, 0), None, pre, pre,
+                                            0.1, None)
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and not dk.any()
+    assert [tuple(g.shape) for g in g_pre] == [tuple(t.shape) for t in pre]

@@ -419,9 +419,9 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                           KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
     """Pass 2, grid `(programs, batch)` of the table PROGS (`_program`): adds the program's
     keys' share of dk, dv (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the
-    weights' layout) with atomics, and of dq (DQ: `[partial rows, H, D]`) and the query-wise weight gradients
-    (DW1Q, DW2Q, DGQ and the post ones: `[partial rows, *weight shape[2:]]`) into its rows of
-    the split-compact partials (`BackwardPlan`).
+    weights' layout) with atomics, and of dq (DQ: `[partial rows, H, D]`) and the query-wise
+    weight gradients (DW1Q, DW2Q, DGQ and the post ones: `[partial rows, *weight
+    shape[2:]]`) into its rows of the split-compact partials (`BackwardPlan`).
     DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 8, rows, keys]`:
     the program's s, A, dP, dL of the current key tile (slots 0-3; 4-7 the same
     transposed, `_scratch_t`), so that no head loop holds more than
@@ -639,7 +639,7 @@ def backward_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: i
         hi = min(T_K, first + block_m)
         spans.append((m0, lo, hi, max(0, math.ceil((hi - lo) / block_n))))
     ns = split_count(len(spans), batch, math.ceil(T_K / block_n))
-    budget = max(1, math.ceil(max(t for *_, t in spans) / ns))     # key tiles per program
+    budget = max(1, math.ceil(max((t for *_, t in spans), default=0) / ns))  # tiles per program
     items = []
     for m0, lo, hi, tiles in spans:
         n_split = max(1, math.ceil(tiles / budget))

@@ -343,14 +343,21 @@ def _dcmha_tc(env, grid):
 
 
 def _dcmha_tc_bwd(env, grid):
-    """`triton_bwd_tc`: the forward's key splits (`_dcmha_tc`); every head loop (`n`) runs H
-    times per key tile, listed once per SASS loop (3 in the delta kernel, 10 in the gradient
-    kernel: two adjacent `_stored_hidden` loops share a source line and would otherwise read
-    as an unrolled loop and its remainder). The gradient kernel's last head loop (dq over a
-    group of DQ_GROUP key tiles) runs once per group: H x (groups / key tiles) per key tile,
-    over the launch's programs. d_head chunks (`d0`: BLOCK_D / ACH, a runtime loop ptxas
-    unrolls) and the score dots' chunks have no loop."""
-    tiles = _dcmha_tc_splits(env, grid)
+    """`triton_bwd_tc`: program p sweeps the keys `[start, end)` of row p of its program table
+    PROGS (`backward_plan`: columns m0, start, end, base, stride; the same for every batch
+    element, grid axis 1), or, without a table (a grid
+    `(query tiles, splits, batch)`), the forward's key splits (`_dcmha_tc`); every head loop
+    (`n`) runs H times per key tile, listed once per SASS loop (3 in the delta kernel, 10 in
+    the gradient kernel: two adjacent `_stored_hidden` loops share a source line and would
+    otherwise read as an unrolled loop and its remainder). The gradient kernel's last head
+    loop (dq over a group of DQ_GROUP key tiles) runs once per group: H x (groups / key
+    tiles) per key tile, over the launch's programs. d_head chunks (`d0`: BLOCK_D / ACH, a
+    runtime loop ptxas unrolls) and the score dots' chunks have no loop."""
+    if env.get("PROGS") is not None:
+        bn = env["BLOCK_N"]
+        tiles = [_steps(start, end, bn) for _, start, end, _, _ in env["PROGS"].tolist()]
+    else:
+        tiles = _dcmha_tc_splits(env, grid)
     n0, H = _avg(tiles), env["H"]
     if "ACH" not in env:
         return {"n0": n0, "n": [H] * 3, "d0": 1}

@@ -23,13 +23,18 @@ back hidden maps b_c (x = A, g = dP, post; x = s, g = dL, pre; g = 0 where maske
 and the key-wise ones summed over t instead. Every product over d_head is a 2-D `tl.dot` of
 BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
 
-Pass 1 (`dcmha_tc_delta_kernel`), grid (query tile, key split, batch): per key tile the pre
+Programs (both passes, grid `(programs, batch)`, `backward_plan`): a table row per program
+gives its query tile and its key range, a split of the tile's causal keys; a query tile gets
+as many splits as its keys need at the length of the longest program (the forward's split
+count of the longest tile), so short causal tiles get fewer, longest programs run first.
+
+Pass 1 (`dcmha_tc_delta_kernel`): per key tile the pre
 hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), each head's s and
 dP kept in the per-program scratch below (not recomputed: one load against d_head MACs per
 entry), then per head A_n, dA_n and the split's share of sum_s A_n dA_n; the splits'
 partials are summed in torch.
 
-Pass 2 (`dcmha_tc_grads_kernel`), same grid. Per key tile, each head's s, A (from the pre
+Pass 2 (`dcmha_tc_grads_kernel`), same programs. Per key tile, each head's s, A (from the pre
 hidden maps), dP and dL (from the post back hidden maps) are formed once (s and dP by the
 dots that form the hidden maps) and kept in a per-program scratch `[H, 8, 64, 16]` fp32
 (512 KB at 16 heads: L2-resident, O(programs * H) memory, never a `[T, T]` map): slots 0-3
@@ -52,10 +57,14 @@ per DQ_GROUP key tiles one dot over their keys adds ds k to dq.
 
 dq and the query-wise weight gradients are per query row, and a program owns its 64 rows
 over its key split: it adds them with plain loads and stores into its rows of its split's
-partial (`[splits, batch, T_Q, ...]` fp32, L2-resident while the program runs; the tile
-loop's barrier orders one tile's stores before the next tile's loads), and torch sums the
-splits' partials afterwards: no atomics, deterministic, O(splits * T) memory (an
-`[H, 64, d_head]` dq accumulator does not fit in registers, as for the forward's output).
+partial (fp32, L2-resident while the program runs; the tile loop's barrier orders one
+tile's stores before the next tile's loads), and torch sums the splits' partials afterwards
+(`combine_partials`): no atomics, deterministic. Split s exists only for the query tiles
+with more than s programs' worth of keys, so its partial is kept from its first query row
+on (split-compact: 2.97 T rows at T = 4096 against 5 T for full partials of 5 splits); the
+per-program buffers scale with the programs (190 at 4k, was 320 with 5 splits of every
+tile). `backward_buffers` lists every buffer (the backward's peak memory; an `[H, 64,
+d_head]` dq accumulator does not fit in registers, as for the forward's output).
 dk, dv `[16, d_head]` per head and key tile and the key-wise weight gradients (column sums)
 are added with fp32 atomics: every query tile adds to the same keys. They are relaxed:
 nothing reads them before the kernel ends, and the default acq_rel put two fences around
@@ -75,12 +84,12 @@ gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.triton_fwd import _allowed, _key_range
+from attnlens.kernels.dcmha.triton_fwd import _allowed
 from attnlens.kernels.dcmha.triton_fwd_tc import (
     FP32_BLOCKS,
     TC_LAUNCH,
@@ -89,7 +98,6 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     _packed_rows,
     _probs,
     _score,
-    _split_range,
     split_count,
 )
 from attnlens.kernels.flash_attention.triton_fwd import _dot
@@ -100,6 +108,7 @@ from attnlens.kernels.flash_attention.triton_fwd import _dot
 # official"`): at 64x32 the delta pass spilled 8-72 B, the gradient pass 56-120 B.
 DELTA_BLOCKS = (64, 16)
 GRAD_BLOCKS = (64, 16)
+assert DELTA_BLOCKS == GRAD_BLOCKS, "both passes share one program table and scratch"
 # d_head chunks of the gradient pass: its score dots (SCORE_DCH, unrolled), its dq dots
 # (GRAD_DCH, a runtime loop; other choices spilled 16-64 B at d_head 128 on one arch, or sat
 # at 255 registers on sm_90) and its dk, dv dots (KEY_DCH). These are 16-row dots of the
@@ -176,7 +185,7 @@ def _row_grads(x, g, h_q, b_q, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB: tl.co
     """Head n's share of one Compose's query-wise weight gradients on this tile (input x,
     output gradient g, hidden maps h_q, back hidden maps b_q): the gates (GATES), w2 (W2:
     sum_s h_c g) and w1 (W1: sum_s x b_c), row sums added without atomics into the program's
-    rows `ppos` of its key split's partial (`[splits * batch * T_Q, ...]`, summed over
+    rows `ppos` of its key split's partial (split-compact `[partial rows, ...]`, summed over
     splits in torch): no other program writes them, and each (row, channel, head) is added
     once per key tile, ordered by the tile loop's barrier."""
     if GATES:
@@ -236,7 +245,7 @@ def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
     """DQ[ppos, n, :] += ds_n k_n over the keys [g0, g1) of the ds scratch (up to DQ_GROUP
     key tiles: one dot of DQ_GROUP * BLOCK_N keys instead of one per tile), with a plain load
     and store, the loaded rows as the dot's accumulator: DQ is the program's own rows of its
-    split's dq partial (fp32 `[splits * batch * T_Q, H, D]`), so no atomics. Columns of the
+    split's dq partial (fp32 split-compact `[partial rows, H, D]`), so no atomics. Columns of the
     scratch past g1 (tiles this group did not reach) are stale and taken as 0."""
     width: tl.constexpr = DQ_GROUP * BLOCK_N
     keys = g0 + tl.arange(0, width)
@@ -256,23 +265,53 @@ def _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, g0, g1, Kb, sk_t, sk_h, sk_d, T_K,
         tl.store(at, acc, mask=r_ok[:, None])
 
 
+# Columns of a row of the program table (`backward_plan`): first query row, first and end
+# key of the program's key range, base and batch stride of its rows in the split-compact
+# partials.
+PROG_COLS = 5
+_PROG_COLS = tl.constexpr(PROG_COLS)      # the same, readable inside the kernels
+
+
 @triton.jit
-def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP,
+def _program(PROGS, SCRATCH, scratch_size, T_Q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Prologue of both passes, grid `(programs, batch)`: program (pid, b) reads row pid of
+    the table PROGS int32 `[programs, PROG_COLS]` (`backward_plan`). Returns `(b, slot, m0,
+    rows, r_ok, start, end, ppos, SCR)`: batch b (a program id, not a loaded value: cheap to
+    re-read where registers are short), the program's slot in the per-program buffers, query
+    rows m0 + arange(BLOCK_M) (r_ok: < T_Q), keys `[start, end)` in whole BLOCK_N tiles
+    from start, the rows' positions ppos in the split-compact partials (dq, query-wise
+    weight gradients, delta) and SCR, the program's slice (scratch_size elements) of the
+    per-program scratch."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    slot = pid * tl.num_programs(1) + b
+    row = PROGS + pid * _PROG_COLS
+    m0 = tl.multiple_of(tl.load(row), BLOCK_M)
+    start = tl.multiple_of(tl.load(row + 1), BLOCK_N)
+    end = tl.load(row + 2)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    ppos = tl.load(row + 3) + b * tl.load(row + 4) + rows
+    return (b, slot, m0, rows, rows < T_Q, start, end, ppos,
+            SCRATCH + slot.to(tl.int64) * scratch_size)
+
+
+@triton.jit
+def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP, PROGS,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
                           sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
-                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           HB: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
                           CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's share of sum_s A dA per
-    row and head, DP `[NS, batch, H, T_Q]`. SCRATCH: as the gradient pass's (slots 0 and 2:
-    each head's s and dP of the current key tile); WQP, WKP: the packed weights, as the
-    gradient pass's."""
-    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
+    """Pass 1, grid `(programs,)` of the table PROGS (`backward_plan`): the program's share
+    of sum_s A dA per row and head, into its rows of the split-compact partial DP fp32
+    `[partial rows, H]` (`_program`). SCRATCH: as the gradient pass's (slots 0 and 2: each
+    head's s and dP of the current key tile); WQP, WKP: the packed weights, as the gradient
+    pass's."""
+    b, _, m0, rows, r_ok, start, end, ppos, SCR = _program(
+        PROGS, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     RQ2: tl.constexpr = 2 * CQB + 1   # the post phase's rows of the packs
@@ -280,8 +319,6 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP,
     WQP = WQP + b * swq_b
     WKP = WKP + b * swk_b
     acc = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
-    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
-    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
@@ -303,8 +340,8 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP,
                                  RK2 + 2 * CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
             acc = tl.where(offs_h[:, None] == n, acc + tl.sum(a * da, 1)[None, :], acc)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
-    at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
-    tl.store(DP + at, acc, mask=(offs_h[:, None] < H) & r_ok[None, :])
+    tl.store(DP + (ppos[None, :] * H + offs_h[:, None]), acc,
+             mask=(offs_h[:, None] < H) & r_ok[None, :])
 
 
 # Maps per head in the per-program scratch: s, A, dP, dL (slots 0-3), then the same four
@@ -370,20 +407,21 @@ def _maps_t(MAPS, c0: tl.constexpr, CB: tl.constexpr, BLOCK_M: tl.constexpr,
 def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, DS_SCRATCH,
                           MAP_SCRATCH,
                           DW1Q, DW2Q, DGQ, DW1K, DW2K, DGK,
-                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, WQP, WKP,
+                          DW1Q2, DW2Q2, DGQ2, DW1K2, DW2K2, DGK2, WQP, WKP, PROGS,
                           sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
                           sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, swq_b, swq_h, swk_b, swk_h,
-                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, NS, scale,
+                          H, T_Q, T_K, Q_OFFSET, WINDOW, D, CQ, CQ2, CK, scale,
                           HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                           CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                           NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
                           KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of dk, dv
-    (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the weights' layout) with
-    atomics, and of dq (DQ: `[NS batch T_Q H D]`) and the query-wise weight gradients (DW1Q,
-    DW2Q, DGQ and the post ones: `[NS, *weight shape]`) into the split's partial.
+    """Pass 2, grid `(programs, batch)` of the table PROGS (`_program`): adds the program's
+    keys' share of dk, dv (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the
+    weights' layout) with atomics, and of dq (DQ: `[partial rows, H, D]`) and the query-wise
+    weight gradients (DW1Q, DW2Q, DGQ and the post ones: `[partial rows, *weight
+    shape[2:]]`) into its rows of the split-compact partials (`BackwardPlan`).
     DELTA `[batch H T_Q]`: sum_s A dA - dlse. SCRATCH fp32 `[programs, H, 8, rows, keys]`:
     the program's s, A, dP, dL of the current key tile (slots 0-3; 4-7 the same
     transposed, `_scratch_t`), so that no head loop holds more than
@@ -393,9 +431,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     post and pre back hidden maps, from channel KT the key-wise ones transposed (`_maps_t`:
     pre, post, pre back, post back) and from BQ the query-wise post back hidden maps (channel
     CQB to CQB + CKB is unused)."""
-    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
-    SCR = SCRATCH + slot.to(tl.int64) * (H * 8 * BLOCK_M * BLOCK_N)
+    b, slot, m0, rows, r_ok, start, end, ppos, SCR = _program(
+        PROGS, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
     MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + 2 * CQB2 + 7 * CKB) * BLOCK_M * BLOCK_N)
     KT: tl.constexpr = 2 * CQB + CQB2 + 3 * CKB   # the key-wise maps transposed from here
@@ -409,9 +446,6 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     # The weight gradients and dk, dv are addressed by batch-folded positions (kpos), not by
     # per-batch pointers: 30 64-bit pointers held across the loops spilled (sm_90, d 128).
-    ppos = (split * n_batch + b) * T_Q + rows   # the split's partials of dq, query-wise grads
-    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
-    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < T_K
@@ -568,96 +602,209 @@ def kernel_layout_grads(g: tuple, channels: int, n_heads: int, with_static: bool
     return (d_b, dw1q[:, :, :channels], dw2q[:, :, :channels], dgq, dw1k, dw2k, dgk)
 
 
+@dataclass(frozen=True)
+class BackwardPlan:
+    """Programs of both passes (the same tiles: DELTA_BLOCKS == GRAD_BLOCKS) and the layout of
+    their split-compact partials.
+
+    programs: one `(m0, start, end, base, stride)` per program of one batch element, the
+    rows of PROGS (`_program`; grid `(programs, batch)`), longest key range first: the GPU
+    starts programs in grid order, so the long ones start first and the short ones fill in
+    after them. row0[s]: the first query row of split s's partial block (split 0: every
+    row); rows: partial rows in all, `sum_s batch * (T_Q - row0[s])`; block s holds batch
+    b's row t at `sum_{j < s} batch * (T_Q - row0[j]) + b * (T_Q - row0[s]) + t - row0[s]`
+    (= base + b * stride + t)."""
+
+    programs: tuple
+    row0: tuple
+    rows: int
+    block_m: int
+    block_n: int
+
+
+def backward_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: int,
+                  block_n: int) -> BackwardPlan:
+    """Key splits per query tile: as many as its keys need at the forward's longest program
+    (`split_count` splits of the longest query tile: about TARGET_PROGRAMS programs at batch
+    1), so a causal query tile with few keys gets fewer splits, and split s only exists for
+    the query tiles with more than s budgets of keys. A partial then holds split s's rows
+    only from its first query tile (`BackwardPlan.row0`): at T = 4096 (64 query tiles of 64
+    rows, 5 splits of the longest) 190 programs and 2.97 T partial rows instead of 320
+    programs and 5 T rows (per-program scratch and partials are the backward's memory)."""
+    off = T_K - T_Q
+    spans = []
+    for m0 in range(0, T_Q, block_m):               # `triton_fwd._key_range`, on the host
+        first = off + m0
+        lo = 0 if window is None else max(first - window, 0) // block_n * block_n
+        hi = min(T_K, first + block_m)
+        spans.append((m0, lo, hi, max(0, math.ceil((hi - lo) / block_n))))
+    ns = split_count(len(spans), batch, math.ceil(T_K / block_n))
+    budget = max(1, math.ceil(max((t for *_, t in spans), default=0) / ns))  # tiles per program
+    items = []
+    for m0, lo, hi, tiles in spans:
+        n_split = max(1, math.ceil(tiles / budget))
+        chunk = math.ceil(tiles / n_split) * block_n
+        items += [(m0, s, lo + s * chunk, min(hi, lo + (s + 1) * chunk))
+                  for s in range(n_split) if lo + s * chunk < hi]
+    n_split = max((s for _, s, _, _ in items), default=0) + 1
+    row0 = [0] + [min(m0 for m0, s, _, _ in items if s == j) for j in range(1, n_split)]
+    offs = [batch * sum(T_Q - r for r in row0[:j]) for j in range(n_split)]
+    programs = [(m0, start, end, offs[s] - row0[s], T_Q - row0[s])
+                for m0, s, start, end in items]
+    programs.sort(key=lambda p: p[1] - p[2])       # stable: longest first, then query order
+    return BackwardPlan(tuple(programs), tuple(row0), offs[-1] + batch * (T_Q - row0[-1]),
+                        block_m, block_n)
+
+
+def combine_partials(flat: torch.Tensor, plan: BackwardPlan, batch: int, T_Q: int
+                     ) -> torch.Tensor:
+    """`[batch, T_Q, ...]` sum of the split-compact partials `flat [plan.rows, ...]`, in place
+    in split 0's block (no new memory), splits added in order: deterministic."""
+    out = flat[:batch * T_Q].view(batch, T_Q, *flat.shape[1:])
+    at = batch * T_Q
+    for r0 in plan.row0[1:]:
+        n = batch * (T_Q - r0)
+        out[:, r0:] += flat[at:at + n].view(batch, T_Q - r0, *flat.shape[1:])
+        at += n
+    return out
+
+
+def backward_buffers(q_shape: tuple, T_K: int, q_dtype: torch.dtype, pre: tuple,
+                     post: tuple, window: int | None, block_m: int | None = None,
+                     block_n: int | None = None) -> dict:
+    """Every tensor `dcmha_tc_bwd` allocates and holds when the gradient pass starts (its
+    peak: they are all live then, nothing else of its own is), `name: (shape, dtype)`; the
+    launch allocates from this dict, so `buffer_bytes` of it is the backward's extra peak
+    memory beside its inputs (q, k, v, dout, lse, the channel weights). pre, post:
+    `grad_channels` tuples (shapes are read, values not)."""
+    B, T_Q, H, D_in = q_shape
+    D = next_pow2(D_in)
+    f32, i32 = torch.float32, torch.int32
+    fp32 = q_dtype == torch.float32
+    bm = block_m or (FP32_BLOCKS if fp32 else GRAD_BLOCKS)[0]
+    bn = block_n or (FP32_BLOCKS if fp32 else GRAD_BLOCKS)[1]
+    plan = backward_plan(B, T_Q, T_K, window, bm, bn)
+    has_k = pre[3] is not None
+    cqb, cqb2 = next_pow2(pre[0].shape[2], minimum=1), next_pow2(post[0].shape[2], minimum=1)
+    ckb = next_pow2(pre[3].shape[2], minimum=1) if has_k else 1
+    t_q, t_k = math.ceil(T_Q / bm) * bm, math.ceil(T_K / bn) * bn
+    P, R = len(plan.programs) * B, plan.rows
+    bufs = {"dk": ((B, T_K, H, D), f32), "dv": ((B, T_K, H, D), f32),
+            "dq_parts": ((R, H, D), f32), "delta": ((B, H, T_Q), f32),
+            "progs": ((len(plan.programs), PROG_COLS), i32), "dummy": ((1,), f32),
+            "kv_dummy": ((1, 1), torch.int8),
+            "wq": ((B, H, t_q, 2 * cqb + 2 * cqb2 + 2), f32),
+            "wk": ((B, H, t_k, 4 * ckb + 2) if has_k else (1, 1, 1, 1), f32),
+            "scratch": ((P, H, SCRATCH_SLOTS, bm, bn), f32),
+            "ds_scratch": ((P, H, bm, DQ_GROUP * bn), q_dtype),
+            "maps": ((P, 2 * cqb + 2 * cqb2 + 7 * ckb, bm, bn), f32)}
+    for name, w in (("pre", pre), ("post", post)):
+        for i, t in enumerate(w):
+            if t is not None:           # query-wise: split-compact partials; key-wise: atomics
+                shape = (R, *t.shape[2:]) if i < 3 else tuple(t.shape)
+                bufs[f"{name}_{GRAD_NAMES[i]}"] = (shape, f32)
+    if D != D_in:                       # q, k, v, dout padded to D
+        for name, t in (("q", T_Q), ("k", T_K), ("v", T_K), ("dout", T_Q)):
+            bufs[f"{name}_padded"] = ((B, t, H, D), q_dtype)
+    return bufs
+
+
+GRAD_NAMES = ("dw1q", "dw2q", "dgq", "dw1k", "dw2k", "dgk")
+
+
+def buffer_bytes(bufs: dict) -> int:
+    """Bytes of `backward_buffers`' tensors."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
+               for shape, dt in bufs.values())
+
+
 def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float,
                  window: int | None, key_valid=None, block_m: int | None = None,
                  block_n: int | None = None):
     """Launch both passes; returns `(dq, dk, dv, pre_grads, post_grads)` fp32, the weight
     gradients in the channel layout `(dw1q, dw2q, dgq, dw1k, dw2k, dgk)` of `pre` / `post`
     (`grad_channels` tuples; key-wise three None when query-wise). dlse may be None;
-    block_m / block_n override both passes' DELTA_BLOCKS / GRAD_BLOCKS."""
+    block_m / block_n override both passes' DELTA_BLOCKS / GRAD_BLOCKS. Allocates exactly
+    `backward_buffers` (and the delta partials, freed before the gradient pass)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
-    f32 = dict(device=q.device, dtype=torch.float32)
-    grads = [tuple(None if t is None else torch.zeros(t.shape, **f32) for t in w)
-             for w in (pre, post)]
     D = next_pow2(D_in)
-    dq = torch.zeros(B, T_Q, H, D, **f32)
-    dk = torch.zeros(B, T_K, H, D, **f32)
-    dv = torch.zeros(B, T_K, H, D, **f32)
+    bufs = backward_buffers(q.shape, T_K, q.dtype, pre, post, window, block_m, block_n)
+
+    def new(name, zero=False):
+        shape, dtype = bufs[name]
+        return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=q.device)
+
+    dk, dv = new("dk", True), new("dv", True)
+    key_grads = [tuple(new(f"{ph}_{GRAD_NAMES[i]}", True) if w[i] is not None else None
+                       for i in range(3, 6)) for ph, w in (("pre", pre), ("post", post))]
     if T_Q == 0:
-        return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
+        dq = torch.zeros(B, 0, H, D_in, dtype=torch.float32, device=q.device)
+        empty = [tuple(torch.zeros(w[i].shape, dtype=torch.float32, device=q.device)
+                       for i in range(3)) for w in (pre, post)]
+        return dq, dk[..., :D_in], dv[..., :D_in], *(e + g for e, g in zip(empty, key_grads,
+                                                                            strict=True))
     if D != D_in:                          # zero d_head columns: the kernels never mask d
-        q, k, v, dout = (torch.nn.functional.pad(t, (0, D - D_in)) for t in (q, k, v, dout))
+        padded = [new(f"{n}_padded", True) for n in ("q", "k", "v", "dout")]
+        for dst, src in zip(padded, (q, k, v, dout), strict=True):
+            dst[..., :D_in] = src
+        q, k, v, dout = padded
     has_k = pre[3] is not None
-    dummy = torch.zeros(1, **f32)
-
-    def fill(ts):
-        return tuple(dummy if t is None else t for t in ts)
-
-    g_pre, g_post = fill(grads[0]), fill(grads[1])
+    dummy = new("dummy", True)
     cq, cq2 = pre[0].shape[2], post[0].shape[2]
     ck = pre[3].shape[2] if has_k else 1
-    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
-                                                             device=q.device)
+    kv = key_valid if key_valid is not None else new("kv_dummy")
     w = -1 if window is None else int(window)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), kv.stride(0))
     sizes = (H, T_Q, T_K, T_K - T_Q, w, D)
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
                   CQB=next_pow2(cq, minimum=1), CQB2=next_pow2(cq2, minimum=1),
                   CKB=next_pow2(ck, minimum=1), BLOCK_D=D, **TC_LAUNCH)
-    fp32 = q.dtype == torch.float32
-
-    def grid(blocks):
-        bm, bn = block_m or blocks[0], block_n or blocks[1]
-        n_m = math.ceil(T_Q / bm)
-        return n_m, split_count(n_m, B, math.ceil(T_K / bn)), dict(BLOCK_M=bm, BLOCK_N=bn)
-
-    def scratch_shape(n_m, ns, blocks):     # both passes' per-program scratch
-        return (n_m * ns * B, H, SCRATCH_SLOTS, blocks["BLOCK_M"], blocks["BLOCK_N"])
-
+    scratch = new("scratch")
+    _, _, _, bm, bn = scratch.shape
+    plan = backward_plan(B, T_Q, T_K, window, bm, bn)
+    blocks = dict(BLOCK_M=bm, BLOCK_N=bn)
+    progs = torch.tensor(plan.programs, dtype=torch.int32, device=q.device).view(-1, PROG_COLS)
+    grid = (len(plan.programs), B)
     # The weights packed as the forward reads them (`triton_fwd_tc._pack`), positions padded
-    # to whole tiles of either pass.
-    passes = [grid(FP32_BLOCKS if fp32 else b) for b in (DELTA_BLOCKS, GRAD_BLOCKS)]
+    # to whole tiles.
     cqb, cqb2, ckb = common["CQB"], common["CQB2"], common["CKB"]
-    t_q = max(g[0] * g[2]["BLOCK_M"] for g in passes)
-    t_k = max(math.ceil(T_K / g[2]["BLOCK_N"]) * g[2]["BLOCK_N"] for g in passes)
+    t_q, t_k = bufs["wq"][0][2], bufs["wk"][0][2]
     wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
                 (post[2], 1)], t_q)
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
-                 (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
-    packs = dict(NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2)
-    n_m, ns, blocks = passes[0]
-    partial = torch.empty(ns, B, H, T_Q, **f32)
-    scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
-    dcmha_tc_delta_kernel[(n_m, ns, B)](
-        q, k, v, dout, lse, partial, kv, scratch, wq, wk, *strides, *wq.stride()[:2],
-        *wk.stride()[:2], *sizes, ns, scale, HB=next_pow2(H, minimum=1), DCH=min(32, D),
+                 (post[5], 1)], t_k) if has_k else new("wk", True))
+    packs = dict(NQ=wq.shape[3], NK=wk.shape[3])
+    partial = torch.zeros(plan.rows, H, device=q.device, dtype=torch.float32)  # delta shares
+    dcmha_tc_delta_kernel[grid](
+        q, k, v, dout, lse, partial, kv, scratch, wq, wk, progs, *strides, *wq.stride()[:2],
+        *wk.stride()[:2], *sizes, scale, HB=next_pow2(H, minimum=1), DCH=min(32, D),
         **packs, **common, **blocks)
-    delta = partial.sum(0)
+    delta = combine_partials(partial, plan, B, T_Q).transpose(1, 2).contiguous()
+    del partial
     if dlse is not None:
         delta -= dlse.float()
-    delta = delta.contiguous()
-    n_m, ns, blocks = passes[1]
-    if scratch.shape != scratch_shape(n_m, ns, blocks):     # other blocks than pass 1's
-        scratch = torch.empty(scratch_shape(n_m, ns, blocks), **f32)
-    # Per key split: dq and the query-wise weight gradients (each program adds its rows of
-    # its split's partial without atomics), summed here in a fixed order.
-    dq_parts = torch.zeros(ns, B, T_Q, H, D, **f32)
-    parts = [tuple(torch.zeros(ns, *t.shape, **f32) for t in g[:3]) for g in grads]
-    ds_scratch = torch.empty(n_m * ns * B, H, blocks["BLOCK_M"], DQ_GROUP * blocks["BLOCK_N"],
-                             device=q.device, dtype=q.dtype)
-    maps = torch.empty(n_m * ns * B, 2 * common["CQB"] + 2 * common["CQB2"] + 7 * common["CKB"],
-                       blocks["BLOCK_M"], blocks["BLOCK_N"], **f32)
-    dcmha_tc_grads_kernel[(n_m, ns, B)](
+    # dq and the query-wise weight gradients: each program adds its rows of its split's
+    # partial without atomics; summed here in a fixed order (`combine_partials`).
+    dq_parts = new("dq_parts", True)
+    parts = [tuple(new(f"{ph}_{GRAD_NAMES[i]}", True) for i in range(3))
+             for ph in ("pre", "post")]
+    ds_scratch, maps = new("ds_scratch"), new("maps")
+    g_pre = (*parts[0], *(dummy if t is None else t for t in key_grads[0]))
+    g_post = (*parts[1], *(dummy if t is None else t for t in key_grads[1]))
+    dcmha_tc_grads_kernel[grid](
         q, k, v, dout, lse, delta, kv, dq_parts, dk, dv, scratch, ds_scratch, maps,
-        *parts[0], *g_pre[3:], *parts[1], *g_post[3:], wq, wk, *strides,
-        *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck, ns,
+        *g_pre, *g_post, wq, wk, progs, *strides,
+        *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck,
         scale, **packs, DCH=min(SCORE_DCH, D),
         ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
-    dq = dq_parts.sum(0)
-    grads = [tuple(t.sum(0) for t in p) + g[3:] for p, g in zip(parts, grads, strict=True)]
+    del scratch, ds_scratch, maps
+    dq = combine_partials(dq_parts, plan, B, T_Q)
+    grads = [tuple(combine_partials(t, plan, B, T_Q) for t in p) + g
+             for p, g in zip(parts, key_grads, strict=True)]
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 
-__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "dcmha_tc_bwd", "dcmha_tc_delta_kernel",
+__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers", "backward_plan",
+           "buffer_bytes", "combine_partials", "dcmha_tc_bwd", "dcmha_tc_delta_kernel",
            "dcmha_tc_grads_kernel", "grad_channels", "kernel_layout_grads"]

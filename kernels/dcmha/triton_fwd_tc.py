@@ -193,14 +193,21 @@ def _composed_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows
 
 
 @triton.jit
+def _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q):
+    """exp(x - lse_m) of head m's composed logits x `[rows, keys]`, 0 where masked and on
+    empty or absent rows."""
+    lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+
+
+@triton.jit
 def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
            NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
     """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
     empty or absent rows (WQ, WK: head m's packed weights)."""
     x = _composed_packed(s, hq, hk, WQ, WK, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
-    lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+    return _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q)
 
 
 @triton.jit
@@ -226,24 +233,85 @@ def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
-                     sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
-                     NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
-                     CQB: tl.constexpr, CKB: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """`_pre_hidden` that also keeps every head's scores in the scratch, so that the
-    later head loops read them instead of recomputing the dot (each recomputation reloads the
-    head's `[rows, d_head]` query tile and converts both operands' layouts)."""
-    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+def _wfac(W, r: tl.constexpr, pos, NR: tl.constexpr, QUERY: tl.constexpr):
+    """Row r of one head's packed weights W (`_pack`) at positions pos, as a `[rows, 1]`
+    factor (QUERY: query-wise weights) or a `[1, keys]` one (key-wise)."""
+    w = tl.load(W + (pos.to(tl.int64) * NR + r))
+    if QUERY:
+        f = w[:, None]
+    else:
+        f = w[None, :]
+    return f
+
+
+@triton.jit
+def _add_maps(x, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
+              CB: tl.constexpr, QUERY: tl.constexpr):
+    """h_c += w[r + c](pos) * x for the CB (1, 2 or 4) hidden maps in use: `_hidden_packed`
+    with one 2-D `[rows, keys]` tensor per channel. Each map then keeps the layout of the
+    score dot's accumulator; a `[CB, rows, keys]` tensor took a 3-D layout of its own, and
+    every use converted a head's map to it and the channel sum back through shared memory
+    (about half the barriers of the head loops, docs/benchmarks.md)."""
+    h0 += _wfac(W, r, pos, NR, QUERY) * x
+    if CB > 1:
+        h1 += _wfac(W, r + 1, pos, NR, QUERY) * x
+    if CB > 2:
+        h2 += _wfac(W, r + 2, pos, NR, QUERY) * x
+        h3 += _wfac(W, r + 3, pos, NR, QUERY) * x
+    return h0, h1, h2, h3
+
+
+@triton.jit
+def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.constexpr,
+              QUERY: tl.constexpr):
+    """sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`)."""
+    out = _wfac(W, r, pos, NR, QUERY) * h0
+    if CB > 1:
+        out += _wfac(W, r + 1, pos, NR, QUERY) * h1
+    if CB > 2:
+        out += _wfac(W, r + 2, pos, NR, QUERY) * h2
+        out += _wfac(W, r + 3, pos, NR, QUERY) * h3
+    return out
+
+
+@triton.jit
+def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
+                   rk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
+                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+    """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
+    map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
+    rows rq, rk, the gate in the row after them)."""
+    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
+    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True)
+    if HAS_K:
+        gate = gate + tl.load(WK + (cols.to(tl.int64) * NK + (rk + CKB)))[None, :]
+        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False)
+    return out + x * gate
+
+
+@triton.jit
+def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
+                   sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
+                   NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                   CQB: tl.constexpr, CKB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """The pre-softmax hidden maps of one tile (`_pre_hidden`) as per-channel maps
+    (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
+    unused), keeping every head's scores in the scratch, so that the later head loops read
+    them instead of recomputing the dot (each recomputation reloads the head's `[rows,
+    d_head]` query tile and converts both operands' layouts)."""
+    q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
-        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, 0, 0, rows, cols,
-                                NQ, NK, HAS_K, CQB, CKB)
-    return hq, hk
+        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True)
+        if HAS_K:
+            k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
+                                       False)
+    return q0, q1, q2, q3, k0, k1, k2, k3
 
 
 @triton.jit
@@ -257,7 +325,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
-    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). STATE fp32
+    rows, keys]`: the key tile's scores of every head (`_pre_maps_kept`). STATE fp32
     `[programs, 2, 2, H, rows]`: every head's running row max and sum, double-buffered (key
     tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
     thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
@@ -279,14 +347,15 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
-                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+            sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for m in range(0, H):
             s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
-                                 cols, NQ, NK, HAS_K, CQB, CKB)
+            x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
+                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
             x = tl.where(ok, x, float("-inf")) * LOG2E
             at = m * BLOCK_M + offs_r
             m_old = tl.load(old + at, cache_modifier=".cg")
@@ -333,14 +402,16 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
-                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+            sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            BLOCK_D, DCH)
         tl.debug_barrier()             # the scratch is read by other threads
         for n in range(0, H):                          # every head's A, from the pre maps
-            a = _probs(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), LSE, hq, hk,
-                       WQ + n * swq_h, WK + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q,
-                       NQ, NK, HAS_K, CQB, CKB)
+            x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
+                               k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
+                               cols, NQ, NK, HAS_K, CQB, CKB)
+            a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
             # A_n replaces head n's scores once every thread has read them (one map per
             # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
             # stays in L2).
@@ -349,16 +420,20 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
         tl.debug_barrier()             # the scratch is read by other threads
         # The post hidden maps in a loop of their own: the pre and post maps never live
         # together (8 maps of 64 x 32 spilled on sm_80).
-        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
         for n in range(0, H):
-            aq, ak = _hidden_packed(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), aq, ak,
-                                    WQ + n * swq_h, WK + n * swk_h, RQ2, RK2, rows, cols,
-                                    NQ, NK, HAS_K, CQB2, CKB)
+            a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
+                                       True)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            p = _composed_packed(a, aq, ak, WQ + m * swq_h, WK + m * swk_h, RQ2 + CQB2,
-                                 RK2 + CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
+            p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
+                               WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
+                               HAS_K, CQB2, CKB)
             p = p.to(V.dtype.element_ty)
             for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
                 offs_d = d0 + tl.arange(0, VCH)

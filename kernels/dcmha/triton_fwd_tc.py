@@ -315,6 +315,47 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
 
 
 @triton.jit
+def _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K: tl.constexpr,
+                 CQB: tl.constexpr, CKB: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Store the pre hidden maps in the scratch after the H heads' maps, barrier, and read
+    them back. Exact (fp32 both ways); it is for the layouts: the maps come out of the
+    head loop in the score dot's accumulator layout, while the following head loops read
+    each head's map from the scratch in a plain blocked layout, and the compiler converted
+    every head's map to the dot layout and back through shared memory (two conversions
+    per head and key tile). Re-read, the maps share the blocked layout: one store and load
+    of CQB + CKB maps per key tile instead."""
+    tl.store(_scratch(SCR, H, BLOCK_M, BLOCK_N), q0)
+    if CQB > 1:
+        tl.store(_scratch(SCR, H + 1, BLOCK_M, BLOCK_N), q1)
+    if CQB > 2:
+        tl.store(_scratch(SCR, H + 2, BLOCK_M, BLOCK_N), q2)
+        tl.store(_scratch(SCR, H + 3, BLOCK_M, BLOCK_N), q3)
+    if HAS_K:
+        tl.store(_scratch(SCR, H + CQB, BLOCK_M, BLOCK_N), k0)
+        if CKB > 1:
+            tl.store(_scratch(SCR, H + CQB + 1, BLOCK_M, BLOCK_N), k1)
+        if CKB > 2:
+            tl.store(_scratch(SCR, H + CQB + 2, BLOCK_M, BLOCK_N), k2)
+            tl.store(_scratch(SCR, H + CQB + 3, BLOCK_M, BLOCK_N), k3)
+    tl.debug_barrier()             # the scratch is read by other threads
+    q0 = _scratch_load(SCR, H, BLOCK_M, BLOCK_N)
+    if CQB > 1:
+        q1 = _scratch_load(SCR, H + 1, BLOCK_M, BLOCK_N)
+    if CQB > 2:
+        q2 = _scratch_load(SCR, H + 2, BLOCK_M, BLOCK_N)
+        q3 = _scratch_load(SCR, H + 3, BLOCK_M, BLOCK_N)
+    if HAS_K:
+        k0 = _scratch_load(SCR, H + CQB, BLOCK_M, BLOCK_N)
+        if CKB > 1:
+            k1 = _scratch_load(SCR, H + CQB + 1, BLOCK_M, BLOCK_N)
+        if CKB > 2:
+            k2 = _scratch_load(SCR, H + CQB + 2, BLOCK_M, BLOCK_N)
+            k3 = _scratch_load(SCR, H + CQB + 3, BLOCK_M, BLOCK_N)
+    return q0, q1, q2, q3, k0, k1, k2, k3
+
+
+@triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
@@ -330,7 +371,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
     thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
+                        BLOCK_N)
     ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
@@ -351,7 +393,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
             sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
-        tl.debug_barrier()             # the scratch is read by other threads
+        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
+                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for m in range(0, H):
             s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
@@ -392,7 +435,8 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
     tile's scores of every head, each head's score dot formed once per key tile, then in
     their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
+                        BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
@@ -406,7 +450,8 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
             sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
-        tl.debug_barrier()             # the scratch is read by other threads
+        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
+                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for n in range(0, H):                          # every head's A, from the pre maps
             x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
                                k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
@@ -523,8 +568,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
     out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
     # One scratch for both passes.
-    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H),
-                              _scratch_numel(out_grid, out_blocks, H)), **f32)
+    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
+                              _scratch_numel(out_grid, out_blocks, H + cqb + ckb)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))

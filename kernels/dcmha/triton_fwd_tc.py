@@ -233,65 +233,67 @@ def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _wfac(W, r: tl.constexpr, pos, NR: tl.constexpr, QUERY: tl.constexpr):
-    """Row r of one head's packed weights W (`_pack`) at positions pos, as a `[rows, 1]`
-    factor (QUERY: query-wise weights) or a `[1, keys]` one (key-wise)."""
-    w = tl.load(W + (pos.to(tl.int64) * NR + r))
+def _wfac(W, r: tl.constexpr, pos, NR: tl.constexpr, QUERY: tl.constexpr, SR):
+    """Row r of one head's packed weights W at positions pos, as a `[rows, 1]` factor
+    (QUERY: the query pack `[positions, NR]`, `_pack`) or a `[1, keys]` one (the key pack
+    transposed, `[NR, positions]` with row stride SR: a thread's consecutive keys are
+    contiguous, so their weights load as vectors, where `[positions, NR]` took one load per
+    key and weight)."""
     if QUERY:
-        f = w[:, None]
+        f = tl.load(W + (pos.to(tl.int64) * NR + r))[:, None]
     else:
-        f = w[None, :]
+        f = tl.load(W + (r * SR + pos))[None, :]
     return f
 
 
 @triton.jit
 def _add_maps(x, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
-              CB: tl.constexpr, QUERY: tl.constexpr):
+              CB: tl.constexpr, QUERY: tl.constexpr, SR):
     """h_c += w[r + c](pos) * x for the CB (1, 2 or 4) hidden maps in use: `_hidden_packed`
     with one 2-D `[rows, keys]` tensor per channel. Each map then keeps the layout of the
     score dot's accumulator; a `[CB, rows, keys]` tensor took a 3-D layout of its own, and
     every use converted a head's map to it and the channel sum back through shared memory
     (about half the barriers of the head loops, docs/benchmarks.md)."""
-    h0 += _wfac(W, r, pos, NR, QUERY) * x
+    h0 += _wfac(W, r, pos, NR, QUERY, SR) * x
     if CB > 1:
-        h1 += _wfac(W, r + 1, pos, NR, QUERY) * x
+        h1 += _wfac(W, r + 1, pos, NR, QUERY, SR) * x
     if CB > 2:
-        h2 += _wfac(W, r + 2, pos, NR, QUERY) * x
-        h3 += _wfac(W, r + 3, pos, NR, QUERY) * x
+        h2 += _wfac(W, r + 2, pos, NR, QUERY, SR) * x
+        h3 += _wfac(W, r + 3, pos, NR, QUERY, SR) * x
     return h0, h1, h2, h3
 
 
 @triton.jit
 def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.constexpr,
-              QUERY: tl.constexpr):
+              QUERY: tl.constexpr, SR):
     """sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`)."""
-    out = _wfac(W, r, pos, NR, QUERY) * h0
+    out = _wfac(W, r, pos, NR, QUERY, SR) * h0
     if CB > 1:
-        out += _wfac(W, r + 1, pos, NR, QUERY) * h1
+        out += _wfac(W, r + 1, pos, NR, QUERY, SR) * h1
     if CB > 2:
-        out += _wfac(W, r + 2, pos, NR, QUERY) * h2
-        out += _wfac(W, r + 3, pos, NR, QUERY) * h3
+        out += _wfac(W, r + 2, pos, NR, QUERY, SR) * h2
+        out += _wfac(W, r + 3, pos, NR, QUERY, SR) * h3
     return out
 
 
 @triton.jit
 def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
                    rk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
-                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
+                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r):
     """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
     map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
     rows rq, rk, the gate in the row after them)."""
     gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
-    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True)
+    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
     if HAS_K:
-        gate = gate + tl.load(WK + (cols.to(tl.int64) * NK + (rk + CKB)))[None, :]
-        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False)
+        gate = gate + _wfac(WK, rk + CKB, cols, NK, False, swk_r)
+        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
     return out + x * gate
 
 
 @triton.jit
 def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
-                   sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
+                   sk_t, sk_h, sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ: tl.constexpr,
                    NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                    CQB: tl.constexpr, CKB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -307,10 +309,11 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
-        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True)
+        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
+                                   0)
         if HAS_K:
             k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
-                                       False)
+                                       False, swk_r)
     return q0, q1, q2, q3, k0, k1, k2, k3
 
 
@@ -358,7 +361,8 @@ def _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K: tl.constexpr,
 @triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                        swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
+                        swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
+                        scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
@@ -391,14 +395,15 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
         q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
                                                       HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for m in range(0, H):
             s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
-                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
+                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
+                               swk_r)
             x = tl.where(ok, x, float("-inf")) * LOG2E
             at = m * BLOCK_M + offs_r
             m_old = tl.load(old + at, cache_modifier=".cg")
@@ -423,8 +428,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
 @triton.jit
 def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                        skv_b, swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
-                        scale,
+                        skv_b, swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW,
+                        D, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
@@ -448,14 +453,14 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
         q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
         q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
                                                       HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for n in range(0, H):                          # every head's A, from the pre maps
             x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
                                k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
-                               cols, NQ, NK, HAS_K, CQB, CKB)
+                               cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
             a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
             # A_n replaces head n's scores once every thread has read them (one map per
             # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
@@ -470,15 +475,15 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
         for n in range(0, H):
             a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
             a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                       True)
+                                       True, 0)
             if HAS_K:
                 b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                           CKB, False)
+                                           CKB, False, swk_r)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
                                WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
-                               HAS_K, CQB2, CKB)
+                               HAS_K, CQB2, CKB, swk_r)
             p = p.to(V.dtype.element_ty)
             for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
                 offs_d = d0 + tl.arange(0, VCH)
@@ -577,13 +582,15 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                 (post[2], 1)], t_q)
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
                  (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
+    # The key side transposed, `[batch H rows positions]` (`_wfac`).
+    wkt = wk.permute(0, 1, 3, 2).contiguous()
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
     state = torch.empty(n_m * ns * B * 4 * H * blocks["BLOCK_M"], **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, scratch, state, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
-        *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
+        q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
+        *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
         HB=next_pow2(H, minimum=1), DCH=min(LSE_DCH, D), **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
@@ -593,8 +600,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     o = torch.zeros(B, T_Q, H, D, **f32)
     (n_m, ns, _), blocks = out_grid, out_blocks
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, scratch, wq, wk, *q.stride(), *k.stride(), *v.stride(),
-        kv.stride(0), *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns,
+        q, k, v, o, lse, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
+        kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
         VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
     out.copy_(o[..., :D_in])

@@ -22,14 +22,18 @@ Pass 1 (`dcmha_tc_lse_kernel`), per (query tile, key split): for each key tile, 
 maps from every head's scores, then each head's logits L_m and its online row max / sum;
 the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
 (`dcmha_tc_out_kernel`), same grid: per key tile the pre hidden maps, then every head's
-probabilities A_n = exp(L_n - lse_n), then the post hidden maps from them, then per head
-P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an `[H, rows, d_head]`
-accumulator would not fit in registers at 16-32 heads). Key splits make the grid fill the
-GPU at batch 1 (`split_count`).
+probabilities A_n = exp(L_n - lse_n) and, in the same head loop, the post hidden maps from
+them, then per head P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an
+`[H, rows, d_head]` accumulator would not fit in registers at 16-32 heads). Key splits make
+the grid fill the GPU at batch 1 (`split_count`). Each hidden map is a 2-D `[rows, keys]`
+tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile in the
+scratch's layout (`_maps_reread`): both keep layout conversions through shared memory out of
+the head loops (docs/benchmarks.md).
 
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
-`[H, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
+`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KB at 16
+heads, L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -37,7 +41,8 @@ instructions at d_head 64, docs/benchmarks.md).
 Layout: q, k, v `[batch pos head_index d_head]` (any strides); the wrapper takes per phase
 W1Q, W2Q fp32 `[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch
 key_pos CK H]`, GK `[batch key_pos H]` (`channel_weights`) and hands the kernels each side's
-weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`); O
+weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`;
+the key side transposed to `[batch H rows pos]`, `_wfac`); O
 fp32 `[batch query_pos H D]` zeroed, contiguous. The helpers over the unpacked layout
 (`_chan`, `_hidden`, `_composed`, `_pre_hidden`) serve the backward (`triton_bwd_tc`).
 """
@@ -54,13 +59,14 @@ from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
-# used (`function`): the hidden maps are `[CB, rows, keys]` register tiles per phase.
+# used (`function`): up to 4 hidden maps `[rows, keys]` per side and phase (`_add_maps`).
 MAX_CHANNELS = 4
 # 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
 # key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). No head
-# loop holds more than one phase's hidden maps (pre and post together, 8 maps of 64 x 32,
-# spilled 8 B on sm_80 at d_head 64); wider out tiles halve the P v atomics per key.
+# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). The out
+# pass's probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
+# registers on sm_90, up to 255 on sm_80, 0 B spilled); wider out tiles would halve the P v
+# atomics per key but spill.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
@@ -457,28 +463,25 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
             BLOCK_D, DCH)
         q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
                                                       HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
-        for n in range(0, H):                          # every head's A, from the pre maps
+        # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
+        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+        for n in range(0, H):
             x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
                                k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
                                cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
             a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
+                                       True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
             # A_n replaces head n's scores once every thread has read them (one map per
             # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
             # stays in L2).
             tl.debug_barrier()
             tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
         tl.debug_barrier()             # the scratch is read by other threads
-        # The post hidden maps in a loop of their own: the pre and post maps never live
-        # together (8 maps of 64 x 32 spilled on sm_80).
-        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-        for n in range(0, H):
-            a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
-            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                       True, 0)
-            if HAS_K:
-                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                           CKB, False, swk_r)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
@@ -525,10 +528,10 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
 
 
 def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
-    """Elements of a pass's per-program scratch `[programs, H, BLOCK_M, BLOCK_N]` fp32: 128 KB
-    per program at 16 heads (64 x 32), 42 MB over the 320 programs at T = 4096, 17 MB over
-    132 resident ones (L2 holds 50 MB); it grows with the programs (query tiles x key
-    splits), so O(T)."""
+    """Elements of a pass's per-program scratch `[programs, maps, BLOCK_M, BLOCK_N]` fp32,
+    maps = H + CQB + CKB (n_heads here): 160 KB per program at 16 heads and the official
+    Compose (64 x 32), 52 MB over the 320 programs at T = 4096, 21 MB over 132 resident ones
+    (L2 holds 50 MB); it grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 

@@ -375,11 +375,14 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
-    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
-    rows, keys]`: the key tile's scores of every head (`_pre_maps_kept`). STATE fp32
-    `[programs, 2, 2, H, rows]`: every head's running row max and sum, double-buffered (key
-    tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
-    thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
+    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
+    H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
+    maps (`_pre_maps_kept`, `_maps_reread`). STATE fp32 `[programs, 2, H, rows, 2]`: every
+    head's running row (max, sum), double-buffered (key tile i reads buffer i % 2 and writes
+    the other, so that no thread reads a value another thread of the same row already
+    updated); a row's pair is stored and loaded as one `[rows, 2]` tensor (`tl.join`,
+    `tl.split`): one layout conversion per head and key tile for the store instead of two.
+    WQ, WK: the packed weights (`_pack`; the key side transposed, `_wfac`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
                         BLOCK_N)
@@ -387,10 +390,11 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
     Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
-    at_h = offs_h[:, None] * BLOCK_M + offs_r[None, :]          # `[HB, rows]` in one buffer
-    h_ok = (offs_h < H)[:, None]
-    tl.store(ST + at_h, tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32), mask=h_ok)
-    tl.store(ST + H * BLOCK_M + at_h, tl.zeros([HB, BLOCK_M], dtype=tl.float32), mask=h_ok)
+    # `[HB, rows, 2]` (max, sum) in one buffer
+    at_h = (offs_h[:, None, None] * BLOCK_M + offs_r[None, :, None]) * 2 + tl.arange(0, 2)
+    h_ok = (offs_h < H)[:, None, None]
+    tl.store(ST + at_h, tl.join(tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32),
+                                tl.zeros([HB, BLOCK_M], dtype=tl.float32)), mask=h_ok)
     tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
@@ -410,21 +414,21 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
             x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
                                WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
                                swk_r)
-            x = tl.where(ok, x, float("-inf")) * LOG2E
-            at = m * BLOCK_M + offs_r
-            m_old = tl.load(old + at, cache_modifier=".cg")
-            l_old = tl.load(old + H * BLOCK_M + at, cache_modifier=".cg")
-            m_new = tl.maximum(m_old, tl.max(x, 1))
+            # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
+            # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
+            # per element, as in the out pass's probabilities.
+            x = tl.where(ok, x, float("-inf"))
+            at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
+            m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
+            m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
-                tl.math.exp2(x - m_use[:, None]), 1)
-            tl.store(new + at, m_new)
-            tl.store(new + H * BLOCK_M + at, l_new)
+                tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
+            tl.store(new + at, tl.join(m_new, l_new))
         # Before the next key tile overwrites the scratch (and reads this tile's state).
         tl.debug_barrier()
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
-    m_i = tl.load(last + at_h, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
-    l_i = tl.load(last + H * BLOCK_M + at_h, mask=h_ok, other=0.0, cache_modifier=".cg")
+    m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)

@@ -11,12 +11,12 @@ def _env(**kw):
     return env
 
 
-def test_out_kernel_lists_its_three_head_loops_over_heads_n():
+def test_out_kernel_lists_its_two_head_loops_over_heads_n():
     """Query tile 0 sees 2 key tiles of 32 (1 per split), tile 1 sees 4 (2 per split): 1.5 on
-    average; the scores-and-pre-maps, probabilities and post-maps loops (`n`) one per SASS
-    loop, then the output heads (`m`)."""
+    average; the scores-and-pre-maps loop and the probabilities-and-post-maps loop (`n`) one
+    per SASS loop, then the output heads (`m`)."""
     trips = MODELS["dcmha_tc_out_kernel"](_env(), (2, 2, 1))
-    assert trips == {"n0": 1.5, "n": [16] * 3, "m": 16}
+    assert trips == {"n0": 1.5, "n": [16] * 2, "m": 16}
 
 
 def test_lse_kernel_has_one_loop_over_heads_n():

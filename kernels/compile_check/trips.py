@@ -334,11 +334,11 @@ def _dcmha_tc_splits(env, grid) -> list[int]:
 def _dcmha_tc(env, grid):
     """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
     (`_dcmha_tc_splits`); every head loop runs H times per key tile, listed one per SASS loop:
-    `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch) and three
-    times in the out kernel (the same, then each head's probabilities, then the post hidden
-    maps), `m` (per output head) once in each; d_head chunks are unrolled (`static_range`).
+    `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch) and twice
+    in the out kernel (the same, then each head's probabilities with the post hidden maps),
+    `m` (per output head) once in each; d_head chunks are unrolled (`static_range`).
     The lse kernel is the one with HB."""
-    loops = 1 if "HB" in env else 3
+    loops = 1 if "HB" in env else 2
     return {"n0": _avg(_dcmha_tc_splits(env, grid)), "n": [env["H"]] * loops, "m": env["H"]}
 
 

@@ -22,14 +22,18 @@ Pass 1 (`dcmha_tc_lse_kernel`), per (query tile, key split): for each key tile, 
 maps from every head's scores, then each head's logits L_m and its online row max / sum;
 the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
 (`dcmha_tc_out_kernel`), same grid: per key tile the pre hidden maps, then every head's
-probabilities A_n = exp(L_n - lse_n), then the post hidden maps from them, then per head
-P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an `[H, rows, d_head]`
-accumulator would not fit in registers at 16-32 heads). Key splits make the grid fill the
-GPU at batch 1 (`split_count`).
+probabilities A_n = exp(L_n - lse_n) and, in the same head loop, the post hidden maps from
+them, then per head P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an
+`[H, rows, d_head]` accumulator would not fit in registers at 16-32 heads). Key splits make
+the grid fill the GPU at batch 1 (`split_count`). Each hidden map is a 2-D `[rows, keys]`
+tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile in the
+scratch's layout (`_maps_reread`): both keep layout conversions through shared memory out of
+the head loops (docs/benchmarks.md).
 
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
-`[H, rows, keys]` (128 KB at 16 heads, L2-resident) instead of recomputing the dot,
+`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KB at 16
+heads, L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -37,7 +41,8 @@ instructions at d_head 64, docs/benchmarks.md).
 Layout: q, k, v `[batch pos head_index d_head]` (any strides); the wrapper takes per phase
 W1Q, W2Q fp32 `[batch query_pos CQ H]`, GQ fp32 `[batch query_pos H]`, W1K, W2K `[batch
 key_pos CK H]`, GK `[batch key_pos H]` (`channel_weights`) and hands the kernels each side's
-weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`); O
+weights of both phases packed per head, fp32 `[batch H pos rows]` zero-padded (`_pack`;
+the key side transposed to `[batch H rows pos]`, `_wfac`); O
 fp32 `[batch query_pos H D]` zeroed, contiguous. The helpers over the unpacked layout
 (`_chan`, `_hidden`, `_composed`, `_pre_hidden`) serve the backward (`triton_bwd_tc`).
 """
@@ -54,18 +59,25 @@ from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
-# used (`function`): the hidden maps are `[CB, rows, keys]` register tiles per phase.
+# used (`function`): up to 4 hidden maps `[rows, keys]` per side and phase (`_add_maps`).
 MAX_CHANNELS = 4
 # 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
 # key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). No head
-# loop holds more than one phase's hidden maps (pre and post together, 8 maps of 64 x 32,
-# spilled 8 B on sm_80 at d_head 64); wider out tiles halve the P v atomics per key.
+# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). The out
+# pass's probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
+# registers on sm_90, up to 255 on sm_80, 0 B spilled); wider out tiles would halve the P v
+# atomics per key but spill.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
 OUT_BLOCKS = (64, 32)
 FP32_BLOCKS = (32, 16)
+# d_head chunk of the score dots (DCH) and of the P v dots (VCH), capped at d_head: the out pass
+# forms each dot over all of d_head at once (one operand staging and barrier per dot instead of
+# one per 32 columns: 6% fewer warp instructions in the forward at d_head 128); the lse pass
+# keeps 32 (at 64 its softmax loop took layouts that cost 4% more), and so does fp32 (IEEE
+# dots, twice the operand registers).
+LSE_DCH, OUT_DCH, OUT_VCH = 32, 128, 128
 TARGET_PROGRAMS = 264              # two programs per SM of an H100 / H200 (132 SMs)
 
 
@@ -187,14 +199,21 @@ def _composed_packed(x, hq, hk, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, rows
 
 
 @triton.jit
+def _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q):
+    """exp(x - lse_m) of head m's composed logits x `[rows, keys]`, 0 where masked and on
+    empty or absent rows."""
+    lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+
+
+@triton.jit
 def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
            NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
     """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
     empty or absent rows (WQ, WK: head m's packed weights)."""
     x = _composed_packed(s, hq, hk, WQ, WK, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB)
-    lse = tl.load(LSE + ((b * H + m) * T_Q + rows), mask=r_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - lse2[:, None])
+    return _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q)
 
 
 @triton.jit
@@ -220,51 +239,162 @@ def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _pre_hidden_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
-                     sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ: tl.constexpr,
-                     NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
-                     CQB: tl.constexpr, CKB: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, DCH: tl.constexpr):
-    """`_pre_hidden` that also keeps every head's scores in the scratch, so that the
-    later head loops read them instead of recomputing the dot (each recomputation reloads the
-    head's `[rows, d_head]` query tile and converts both operands' layouts)."""
-    hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-    hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
+def _wfac(W, r: tl.constexpr, pos, NR: tl.constexpr, QUERY: tl.constexpr, SR):
+    """Row r of one head's packed weights W at positions pos, as a `[rows, 1]` factor
+    (QUERY: the query pack `[positions, NR]`, `_pack`) or a `[1, keys]` one (the key pack
+    transposed, `[NR, positions]` with row stride SR: a thread's consecutive keys are
+    contiguous, so their weights load as vectors, where `[positions, NR]` took one load per
+    key and weight)."""
+    if QUERY:
+        f = tl.load(W + (pos.to(tl.int64) * NR + r))[:, None]
+    else:
+        f = tl.load(W + (r * SR + pos))[None, :]
+    return f
+
+
+@triton.jit
+def _add_maps(x, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
+              CB: tl.constexpr, QUERY: tl.constexpr, SR):
+    """h_c += w[r + c](pos) * x for the CB (1, 2 or 4) hidden maps in use: `_hidden_packed`
+    with one 2-D `[rows, keys]` tensor per channel. Each map then keeps the layout of the
+    score dot's accumulator; a `[CB, rows, keys]` tensor took a 3-D layout of its own, and
+    every use converted a head's map to it and the channel sum back through shared memory
+    (about half the barriers of the head loops, docs/benchmarks.md)."""
+    h0 += _wfac(W, r, pos, NR, QUERY, SR) * x
+    if CB > 1:
+        h1 += _wfac(W, r + 1, pos, NR, QUERY, SR) * x
+    if CB > 2:
+        h2 += _wfac(W, r + 2, pos, NR, QUERY, SR) * x
+        h3 += _wfac(W, r + 3, pos, NR, QUERY, SR) * x
+    return h0, h1, h2, h3
+
+
+@triton.jit
+def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.constexpr,
+              QUERY: tl.constexpr, SR):
+    """sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`)."""
+    out = _wfac(W, r, pos, NR, QUERY, SR) * h0
+    if CB > 1:
+        out += _wfac(W, r + 1, pos, NR, QUERY, SR) * h1
+    if CB > 2:
+        out += _wfac(W, r + 2, pos, NR, QUERY, SR) * h2
+        out += _wfac(W, r + 3, pos, NR, QUERY, SR) * h3
+    return out
+
+
+@triton.jit
+def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
+                   rk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
+                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r):
+    """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
+    map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
+    rows rq, rk, the gate in the row after them)."""
+    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
+    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
+    if HAS_K:
+        gate = gate + _wfac(WK, rk + CKB, cols, NK, False, swk_r)
+        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
+    return out + x * gate
+
+
+@triton.jit
+def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d,
+                   sk_t, sk_h, sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ: tl.constexpr,
+                   NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
+                   CQB: tl.constexpr, CKB: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """The pre-softmax hidden maps of one tile (`_pre_hidden`) as per-channel maps
+    (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
+    unused), keeping every head's scores in the scratch, so that the later head loops read
+    them instead of recomputing the dot (each recomputation reloads the head's `[rows,
+    d_head]` query tile and converts both operands' layouts)."""
+    q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
-        hq, hk = _hidden_packed(s, hq, hk, WQ + n * swq_h, WK + n * swk_h, 0, 0, rows, cols,
-                                NQ, NK, HAS_K, CQB, CKB)
-    return hq, hk
+        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
+                                   0)
+        if HAS_K:
+            k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
+                                       False, swk_r)
+    return q0, q1, q2, q3, k0, k1, k2, k3
+
+
+@triton.jit
+def _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K: tl.constexpr,
+                 CQB: tl.constexpr, CKB: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Store the pre hidden maps in the scratch after the H heads' maps, barrier, and read
+    them back. Exact (fp32 both ways); it is for the layouts: the maps come out of the
+    head loop in the score dot's accumulator layout, while the following head loops read
+    each head's map from the scratch in a plain blocked layout, and the compiler converted
+    every head's map to the dot layout and back through shared memory (two conversions
+    per head and key tile). Re-read, the maps share the blocked layout: one store and load
+    of CQB + CKB maps per key tile instead."""
+    tl.store(_scratch(SCR, H, BLOCK_M, BLOCK_N), q0)
+    if CQB > 1:
+        tl.store(_scratch(SCR, H + 1, BLOCK_M, BLOCK_N), q1)
+    if CQB > 2:
+        tl.store(_scratch(SCR, H + 2, BLOCK_M, BLOCK_N), q2)
+        tl.store(_scratch(SCR, H + 3, BLOCK_M, BLOCK_N), q3)
+    if HAS_K:
+        tl.store(_scratch(SCR, H + CQB, BLOCK_M, BLOCK_N), k0)
+        if CKB > 1:
+            tl.store(_scratch(SCR, H + CQB + 1, BLOCK_M, BLOCK_N), k1)
+        if CKB > 2:
+            tl.store(_scratch(SCR, H + CQB + 2, BLOCK_M, BLOCK_N), k2)
+            tl.store(_scratch(SCR, H + CQB + 3, BLOCK_M, BLOCK_N), k3)
+    tl.debug_barrier()             # the scratch is read by other threads
+    q0 = _scratch_load(SCR, H, BLOCK_M, BLOCK_N)
+    if CQB > 1:
+        q1 = _scratch_load(SCR, H + 1, BLOCK_M, BLOCK_N)
+    if CQB > 2:
+        q2 = _scratch_load(SCR, H + 2, BLOCK_M, BLOCK_N)
+        q3 = _scratch_load(SCR, H + 3, BLOCK_M, BLOCK_N)
+    if HAS_K:
+        k0 = _scratch_load(SCR, H + CQB, BLOCK_M, BLOCK_N)
+        if CKB > 1:
+            k1 = _scratch_load(SCR, H + CQB + 1, BLOCK_M, BLOCK_N)
+        if CKB > 2:
+            k2 = _scratch_load(SCR, H + CQB + 2, BLOCK_M, BLOCK_N)
+            k3 = _scratch_load(SCR, H + CQB + 3, BLOCK_M, BLOCK_N)
+    return q0, q1, q2, q3, k0, k1, k2, k3
 
 
 @triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                        swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS, scale,
+                        swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
+                        scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
-    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs, H,
-    rows, keys]`: the key tile's scores of every head (`_pre_hidden_kept`). STATE fp32
-    `[programs, 2, 2, H, rows]`: every head's running row max and sum, double-buffered (key
-    tile i reads buffer i % 2 and writes the other, so that no thread reads a value another
-    thread of the same row already updated). WQ, WK: the packed weights (`_pack`)."""
+    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
+    H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
+    maps (`_pre_maps_kept`, `_maps_reread`). STATE fp32 `[programs, 2, H, rows, 2]`: every
+    head's running row (max, sum), double-buffered (key tile i reads buffer i % 2 and writes
+    the other, so that no thread reads a value another thread of the same row already
+    updated); a row's pair is stored and loaded as one `[rows, 2]` tensor (`tl.join`,
+    `tl.split`): one layout conversion per head and key tile for the store instead of two.
+    WQ, WK: the packed weights (`_pack`; the key side transposed, `_wfac`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
+                        BLOCK_N)
     ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
     Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
-    at_h = offs_h[:, None] * BLOCK_M + offs_r[None, :]          # `[HB, rows]` in one buffer
-    h_ok = (offs_h < H)[:, None]
-    tl.store(ST + at_h, tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32), mask=h_ok)
-    tl.store(ST + H * BLOCK_M + at_h, tl.zeros([HB, BLOCK_M], dtype=tl.float32), mask=h_ok)
+    # `[HB, rows, 2]` (max, sum) in one buffer
+    at_h = (offs_h[:, None, None] * BLOCK_M + offs_r[None, :, None]) * 2 + tl.arange(0, 2)
+    h_ok = (offs_h < H)[:, None, None]
+    tl.store(ST + at_h, tl.join(tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32),
+                                tl.zeros([HB, BLOCK_M], dtype=tl.float32)), mask=h_ok)
     tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
@@ -273,29 +403,32 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
-                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        tl.debug_barrier()             # the scratch is read by other threads
+        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            BLOCK_D, DCH)
+        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
+                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for m in range(0, H):
             s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            x = _composed_packed(s, hq, hk, WQ + m * swq_h, WK + m * swk_h, CQB, CKB, rows,
-                                 cols, NQ, NK, HAS_K, CQB, CKB)
-            x = tl.where(ok, x, float("-inf")) * LOG2E
-            at = m * BLOCK_M + offs_r
-            m_old = tl.load(old + at, cache_modifier=".cg")
-            l_old = tl.load(old + H * BLOCK_M + at, cache_modifier=".cg")
-            m_new = tl.maximum(m_old, tl.max(x, 1))
+            x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
+                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
+                               swk_r)
+            # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
+            # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
+            # per element, as in the out pass's probabilities.
+            x = tl.where(ok, x, float("-inf"))
+            at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
+            m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
+            m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
-                tl.math.exp2(x - m_use[:, None]), 1)
-            tl.store(new + at, m_new)
-            tl.store(new + H * BLOCK_M + at, l_new)
+                tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
+            tl.store(new + at, tl.join(m_new, l_new))
         # Before the next key tile overwrites the scratch (and reads this tile's state).
         tl.debug_barrier()
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
-    m_i = tl.load(last + at_h, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
-    l_i = tl.load(last + H * BLOCK_M + at_h, mask=h_ok, other=0.0, cache_modifier=".cg")
+    m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
@@ -305,19 +438,20 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
 @triton.jit
 def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                        skv_b, swq_b, swq_h, swk_b, swk_h, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
-                        scale,
+                        skv_b, swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW,
+                        D, NS, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr):
+                        DCH: tl.constexpr, VCH: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
     tile's scores of every head, each head's score dot formed once per key tile, then in
     their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
+                        BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
@@ -327,35 +461,39 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        hq, hk = _pre_hidden_kept(Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t,
-                                  sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, H, scale, NQ,
-                                  NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
-        tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):                          # every head's A, from the pre maps
-            a = _probs(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), LSE, hq, hk,
-                       WQ + n * swq_h, WK + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q,
-                       NQ, NK, HAS_K, CQB, CKB)
+        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+            BLOCK_D, DCH)
+        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
+                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
+        # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
+        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+        for n in range(0, H):
+            x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
+                               k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
+                               cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
+            a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
+                                       True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
             # A_n replaces head n's scores once every thread has read them (one map per
             # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
             # stays in L2).
             tl.debug_barrier()
             tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
         tl.debug_barrier()             # the scratch is read by other threads
-        # The post hidden maps in a loop of their own: the pre and post maps never live
-        # together (8 maps of 64 x 32 spilled on sm_80).
-        aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):
-            aq, ak = _hidden_packed(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), aq, ak,
-                                    WQ + n * swq_h, WK + n * swk_h, RQ2, RK2, rows, cols,
-                                    NQ, NK, HAS_K, CQB2, CKB)
         for m in range(0, H):                          # each head's pattern times its values
             a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            p = _composed_packed(a, aq, ak, WQ + m * swq_h, WK + m * swk_h, RQ2 + CQB2,
-                                 RK2 + CKB, rows, cols, NQ, NK, HAS_K, CQB2, CKB)
+            p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
+                               WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
+                               HAS_K, CQB2, CKB, swk_r)
             p = p.to(V.dtype.element_ty)
-            for d0 in tl.static_range(0, BLOCK_D, DCH):        # d_head in chunks: registers
-                offs_d = d0 + tl.arange(0, DCH)
+            for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
+                offs_d = d0 + tl.arange(0, VCH)
                 v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
                                   + offs_d[None, :] * sv_d))
                 tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
@@ -394,10 +532,10 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
 
 
 def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
-    """Elements of a pass's per-program scratch `[programs, H, BLOCK_M, BLOCK_N]` fp32: 128 KB
-    per program at 16 heads (64 x 32), 42 MB over the 320 programs at T = 4096, 17 MB over
-    132 resident ones (L2 holds 50 MB); it grows with the programs (query tiles x key
-    splits), so O(T)."""
+    """Elements of a pass's per-program scratch `[programs, maps, BLOCK_M, BLOCK_N]` fp32,
+    maps = H + CQB + CKB (n_heads here): 160 KB per program at 16 heads and the official
+    Compose (64 x 32), 52 MB over the 320 programs at T = 4096, 21 MB over 132 resident ones
+    (L2 holds 50 MB); it grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
@@ -430,7 +568,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     w = -1 if window is None else int(window)
     common = dict(HAS_KVALID=key_valid is not None, HAS_K=has_k, IEEE=q.dtype == torch.float32,
                   CQB=cqb, CKB=ckb, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, BLOCK_D=D,
-                  DCH=min(32, D), **TC_LAUNCH)
+                  **TC_LAUNCH)
 
     def grid(blocks):
         bm, bn = block_m or blocks[0], block_n or blocks[1]
@@ -442,8 +580,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
     out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
     # One scratch for both passes.
-    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H),
-                              _scratch_numel(out_grid, out_blocks, H)), **f32)
+    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
+                              _scratch_numel(out_grid, out_blocks, H + cqb + ckb)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
@@ -451,14 +589,16 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                 (post[2], 1)], t_q)
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
                  (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
+    # The key side transposed, `[batch H rows positions]` (`_wfac`).
+    wkt = wk.permute(0, 1, 3, 2).contiguous()
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
     state = torch.empty(n_m * ns * B * 4 * H * blocks["BLOCK_M"], **f32)
     dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, scratch, state, wq, wk, *q.stride(), *k.stride(), kv.stride(0),
-        *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), **common, **blocks)
+        q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
+        *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
+        HB=next_pow2(H, minimum=1), DCH=min(LSE_DCH, D), **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)
@@ -467,9 +607,10 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     o = torch.zeros(B, T_Q, H, D, **f32)
     (n_m, ns, _), blocks = out_grid, out_blocks
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, scratch, wq, wk, *q.stride(), *k.stride(), *v.stride(),
-        kv.stride(0), *wq.stride()[:2], *wk.stride()[:2], H, T_Q, T_K, T_K - T_Q, w, D, ns,
-        scale, CQB2=cqb2, **common, **blocks)
+        q, k, v, o, lse, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
+        kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
+        scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
+        VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
     out.copy_(o[..., :D_in])
     return out, lse
 

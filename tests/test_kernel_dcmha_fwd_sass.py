@@ -1,0 +1,45 @@
+"""The DCMHA tensor-core forward's compiled kernels (`kernels/dcmha/triton_fwd_tc.py`): few
+barriers in the head loops.
+
+Each head loop of the two passes runs H times per key tile, and a barrier there is usually a
+layout conversion through shared memory. Kept as `[channels, rows, keys]` tensors, the hidden
+maps took a 3-D layout of their own, and every use converted a head's map into it and the
+channel sum back; read in the scratch's layout while the maps stayed in the score dot's, each
+head's map went to the dot layout and back. Before (sm_90, bf16, d_head 64, barriers per
+iteration of the head loops): lse pass 10 + 6, out pass 10 + 4 + 2 + 16; after: at most 12
+in each pass. Compiles the `H16 official` case in a subprocess (TRITON_INTERPRET unset, as
+tests/test_compile_check_instruments.py) and skips without triton's ptxas / nvdisasm /
+cuobjdump.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from test_compile_check_instruments import _tools_present
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
+def test_forward_head_loops_have_few_barriers(tmp_path):
+    """Both forward kernels compile spill-free, and the barriers of all their head loops
+    (`n`, `m`) together are at most 12 per pass (32 in the out pass before)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--ops",
+                           "dcmha", "--options", "H16 official", "--dtypes", "bf16", "--archs",
+                           "90", "--d-heads", "64", "--mix", "--json", str(out),
+                           "--no-progress", "--results-cache", str(tmp_path / "cache")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())}
+    for name in ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"):
+        row = rows[name]
+        assert row["spill_bytes"] == 0, name
+        heads = [lo for lo in row["mix"]["loops"] if lo["inner"] and lo["var"] in ("n", "m")]
+        assert heads, name
+        barriers = [lo["mix"].get("bar", 0) for lo in heads]
+        assert sum(barriers) <= 12, (name, barriers)

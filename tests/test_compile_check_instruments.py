@@ -143,6 +143,24 @@ def test_flash_forward_trip_model_at_a_small_shape():
     assert trips_for(SimpleNamespace(name="no_model", grid=(1,)), flash) is None
 
 
+
+@pytest.mark.parametrize("T_q, T_k, bm, bn", [(4096, 4096, 64, 64), (4096, 4096, 32, 64),
+                                              (96, 224, 32, 16), (45, 61, 32, 16)])
+def test_flash_backward_trip_models_split_the_diagonal_loops(T_q, T_k, bm, bn):
+    """HOPPER (sm_90) backward launches run two loops per pass (dK/dV: masked diagonal query
+    tiles, then the rest; dQ: unmasked key tiles, then the diagonal ones): the models give one
+    value per loop, in that order, summing to the single loop's trips."""
+    from attnlens.kernels.compile_check.trips import MODELS
+
+    env = dict(BLOCK_M=bm, BLOCK_N=bn, T_Q=T_q, T_K=T_k, Q_OFFSET=T_k - T_q, CAUSAL=True)
+    for name in ("_bwd_dkdv", "_bwd_dq"):
+        (var, one), = MODELS[name](env, None).items()
+        two = MODELS[name](dict(env, HOPPER=True), None)[var]
+        assert len(two) == 2 and sum(two) == pytest.approx(one)
+    square = dict(env, HOPPER=True, T_Q=4096, T_K=4096, Q_OFFSET=0, BLOCK_M=64, BLOCK_N=64)
+    assert MODELS["_bwd_dkdv"](square, None)["start_m"][0] == 1    # one diagonal tile each
+    assert MODELS["_bwd_dq"](square, None)["start_n"][1] == 1
+
 def test_roofline_arithmetic_on_a_made_up_mix():
     peak = Peak(tensor=1e15, fp32=64e12, hbm=4e12, sms=100)
     counts = dict(mma_flops=2e12, cuda_flops=6.4e10, instructions=1e9)

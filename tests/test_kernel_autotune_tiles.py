@@ -54,3 +54,27 @@ def test_padding_and_non_causal_prune_the_tiles_that_spill():
     assert _tiles(triton_bwd._dkdv_tuned, BLOCK_D=128, HAS_KVALID=True, **causal) == [
         (64, 64, 8, 2), (32, 32, 4, 3)]
     assert (64, 64, 8, 2) not in _tiles(triton_bwd._dkdv_tuned, BLOCK_D=64, CAUSAL=False)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("flags", [dict(CAUSAL=True), dict(CAUSAL=True, HAS_KVALID=True),
+                                   dict(CAUSAL=False), dict(CAUSAL=True, SEGMENTED=True)])
+def test_sm90_backward_takes_wgmma_tiles(d, flags):
+    """On sm_90 (HOPPER) every dot of the backward has 64 or more rows, so Triton emits wgmma
+    (HGMMA) rather than mma.sync: dK/dV's dots have BLOCK_N rows, dQ's BLOCK_M. The half
+    lists without HOPPER (sm_80) are unchanged (`test_half_lists_unchanged`)."""
+    dkdv = _tiles(triton_bwd._dkdv_tuned, BLOCK_D=d, HOPPER=True, **flags)
+    dq = _tiles(triton_bwd._dq_tuned, BLOCK_D=d, HOPPER=True, **flags)
+    assert dkdv and all(bn >= 64 for _, bn, _, _ in dkdv), dkdv
+    assert dq and all(bm >= 64 for bm, _, _, _ in dq), dq
+    assert set(dkdv) <= {r[:4] for r in triton_bwd.HOPPER_DKDV_TILES}
+    assert set(dq) <= {r[:4] for r in triton_bwd.HOPPER_DQ_TILES}
+
+
+def test_hopper_tiles_only_for_half_precision_on_hopper_paths():
+    import torch
+
+    assert triton_bwd.hopper_tiles(True, torch.bfloat16)
+    assert triton_bwd.hopper_tiles(True, torch.float16)
+    assert not triton_bwd.hopper_tiles(True, torch.float32)      # IEEE dots: own tiles
+    assert not triton_bwd.hopper_tiles(False, torch.bfloat16)    # sm_80 keeps its kernels

@@ -200,3 +200,48 @@ def test_even_keys_needs_whole_tiles_and_a_power_of_two_head_dim():
 
     assert even_keys(4096, 64) and even_keys(128, 128)
     assert not even_keys(0, 64) and not even_keys(4000, 64) and not even_keys(4096, 96)
+
+
+# (T_Q, T_K, block_m, block_n, padding) for the backward's sm_90 loops (HOPPER): whole tiles
+# (EVEN: the unmasked loops take no select) with query tiles narrower and wider than key
+# tiles, a KV-cache offset (the diagonal moves by T_K - T_Q) with padding keys, and ragged
+# lengths (no EVEN; the last key tile past T_K, the last query tile past T_Q).
+DIAG_CASES = [(128, 128, 16, 32, False), (128, 128, 32, 16, False), (96, 224, 32, 16, False),
+              (7, 128, 16, 16, True), (50, 50, 16, 32, False), (45, 61, 32, 16, True)]
+
+
+@pytest.mark.parametrize("T_q, T_k, block_m, block_n, padding", DIAG_CASES)
+def test_hopper_backward_diagonal_loops_keep_the_plain_loops_bits(monkeypatch, T_q, T_k, block_m,
+                                                                  block_n, padding):
+    """The backward's HOPPER loops (sm_90: dK/dV's query tiles crossing the diagonal first in
+    their own masked loop, the rest without the causal compare; dQ's key tiles left of the
+    diagonal first, unmasked, then the masked diagonal ones) add the same fp32 terms in the
+    same order as the one masked loop: the same bits in dq, dk and dv under the interpreter
+    (the usual tolerance on a GPU), and the reference within the usual tolerance.
+    `hopper_tiles` is forced on: it is off for fp32, the interpreter's working dtype."""
+    from attnlens.kernels._triton import interpreting
+    from attnlens.kernels.flash_attention import triton_bwd
+
+    q, k, v = _inputs(T_q, T_k, heads=2)
+    key_valid = None
+    if padding:
+        key_valid = (torch.rand(1, T_k, generator=torch.Generator().manual_seed(6)) > 0.3)
+        key_valid[0, :2] = False
+        key_valid = key_valid.to(DEVICE)
+
+    def grads():
+        out, lse = flash_attention(q, k, v, 0.3, key_valid, True, block_m, block_n)
+        d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        loss = (out * d_out.to(DEVICE)).sum() + (_finite(lse) * 0.5).sum()
+        return torch.autograd.grad(loss, (q, k, v))
+
+    monkeypatch.setattr(triton_bwd, "hopper_tiles", lambda hopper, dtype: True)
+    _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)
+    new = grads()
+    monkeypatch.setattr(triton_bwd, "hopper_tiles", lambda hopper, dtype: False)
+    plain = grads()
+    for name, a, b in zip(("dq", "dk", "dv"), new, plain, strict=True):
+        if interpreting():
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, **TOL[torch.float32], msg=name)

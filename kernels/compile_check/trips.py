@@ -102,21 +102,32 @@ def _flash_fwd(env, grid):
 
 def _flash_dq(env, grid):
     """dQ of query tile `pid`: keys from its segment's first tile (0 unsegmented) to the
-    causal end."""
+    causal end. HOPPER (sm_90, causal, unsegmented): two loops, the key tiles every row sees
+    whole, `[0, (first + 1) // BLOCK_N * BLOCK_N)`, then the masked ones up to the end."""
     bm, bn, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_K", "Q_OFFSET"))
     if not env.get("CAUSAL"):
         return {"start_n": _steps(0, t_k, bn)}
     seg = env.get("SEG_LEN") if env.get("SEGMENTED") else None
+    pids = range(_tiles(env["T_Q"], bm))
+    if env.get("HOPPER") and not seg:
+        ends = [min(t_k, off + (pid + 1) * bm) for pid in pids]
+        mids = [min((off + pid * bm + 1) // bn * bn, end)
+                for pid, end in zip(pids, ends, strict=True)]
+        return {"start_n": [_avg(_steps(0, m, bn) for m in mids),
+                            _avg(_steps(m, e, bn) for m, e in zip(mids, ends, strict=True))]}
     return {"start_n": _avg(
         _steps((off + pid * bm) // seg * seg // bn * bn if seg else 0,
-               min(t_k, off + (pid + 1) * bm), bn) for pid in range(_tiles(env["T_Q"], bm)))}
+               min(t_k, off + (pid + 1) * bm), bn) for pid in pids)}
 
 
 def _flash_dkdv(env, grid):
     """dK/dV of key tile `pid`: query tiles from the first that sees it to T_Q (segmented: to
-    the end of its last key's segment)."""
+    the end of its last key's segment). HOPPER (sm_90, causal, unsegmented): two loops, the
+    query tiles crossing the diagonal up to the first that sees every key of the tile, then
+    the rest."""
     bm, bn, t_q, t_k, off = (env[k] for k in ("BLOCK_M", "BLOCK_N", "T_Q", "T_K", "Q_OFFSET"))
-    trips = []
+    split = env.get("HOPPER") and env.get("CAUSAL") and not env.get("SEGMENTED")
+    trips, masked = [], []
     for pid in range(_tiles(t_k, bn)):
         start_n = pid * bn
         lo = max(start_n - off, 0) // bm * bm if env.get("CAUSAL") else 0
@@ -124,7 +135,14 @@ def _flash_dkdv(env, grid):
         if env.get("SEGMENTED"):
             seg = env["SEG_LEN"]
             hi = min(t_q, ((min(start_n + bn, t_k) - 1) // seg + 1) * seg - off)
+        if split:
+            full = max(min(start_n + bn, t_k) - 1 - off, 0)
+            mid = min(max(-(-full // bm) * bm, lo), hi)
+            masked.append(_steps(lo, mid, bm))
+            lo = mid
         trips.append(_steps(lo, hi, bm))
+    if split:
+        return {"start_m": [_avg(masked), _avg(trips)]}
     return {"start_m": _avg(trips)}
 
 

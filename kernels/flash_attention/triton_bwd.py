@@ -57,6 +57,50 @@ def _bwd_preprocess(O, DO, DLSE, DELTA, so_b, so_t, so_h, so_d, sdo_b, sdo_t, sd
 
 
 @triton.jit
+def _dkdv_tiles(dk, dv, k, v, keep_n, offs_n, offs_d, d_valid, Q, DO, LSE, DELTA, q_base,
+                do_base, row0, sq_t, sq_d, sdo_t, sdo_d, T_Q, Q_OFFSET, SEG_LEN, qk_scale,
+                lo, hi, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
+                HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                EVEN: tl.constexpr, MASKED: tl.constexpr):
+    """dK, dV of one key tile over the query tiles [lo, hi). MASKED: the tiles may cross the
+    causal diagonal (or the segments' edges), so each score takes the causal / segment
+    masks; unmasked tiles (HOPPER's second loop) are seen whole by every key: no compare,
+    and without padding keys and with whole query tiles (EVEN) no select either (rows of keys
+    past T_K get unmasked values, but their dK / dV rows are not stored)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        if EVEN:    # every query row is in T_Q
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d)
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d)
+            lse = tl.load(LSE + row0 + offs_m) * 1.4426950408889634
+            delta = tl.load(DELTA + row0 + offs_m)
+            keep = keep_n[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
+            m_valid = offs_m < T_Q
+            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
+                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
+            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
+                         mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
+            lse = tl.load(LSE + row0 + offs_m, mask=m_valid, other=0.0) * 1.4426950408889634
+            delta = tl.load(DELTA + row0 + offs_m, mask=m_valid, other=0.0)
+            keep = keep_n[:, None] & m_valid[None, :]
+        if CAUSAL and MASKED:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
+        if SEGMENTED and MASKED:
+            keep = keep & (offs_n[:, None] // SEG_LEN == (offs_m[None, :] + Q_OFFSET) // SEG_LEN)
+        st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
+        if MASKED or HAS_KVALID or not EVEN:
+            pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)
+        else:
+            pt = tl.math.exp2(st - lse[None, :])
+        dv += _dot(pt.to(do.dtype), do, IEEE)
+        dpt = _dot(v, tl.trans(do), IEEE)                                      # [N, M]
+        dst = pt * (dpt - delta[None, :])
+        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
               sdo_b, sdo_t, sdo_h, sdo_d, sdk_b, sdk_t, sdk_h, sdk_d,
@@ -65,12 +109,15 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
               CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
-              EVEN: tl.constexpr = False):
+              EVEN: tl.constexpr = False, HOPPER: tl.constexpr = False):
     """Grid `(cdiv(T_K, BLOCK_N), batch * H)`: dK, dV of one key tile (transposed tiles).
     HEAVY_FIRST (causal): grid `(batch * H, cdiv(T_K, BLOCK_N))`, the first key tiles (seen
     by the most queries) started first for every head (`head_tile`'s HEADS_INNER).
     EVEN: every query tile lies inside T_Q and D == BLOCK_D (`triton_fwd.even_keys(T_Q, D)`):
-    the loop's loads need no mask."""
+    the loop's loads need no mask. HOPPER (sm_90): with causal, unsegmented attention the
+    query tiles crossing the diagonal run first in their own masked loop, the rest without
+    the causal compare (`_dkdv_tiles`); the launch also takes `HOPPER_DKDV_TILES` (64 key
+    rows: wgmma)."""
     pid_n, pid_bh, b, h, offs_n, offs_d, n_valid, d_valid, nd_mask = head_tile(
         T_K, H, D, BLOCK_N, BLOCK_D, HEAVY_FIRST)
     start_n = pid_n * BLOCK_N
@@ -90,39 +137,68 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, KVALID,
     if SEGMENTED:   # the last query that sees this tile is in its last key's segment
         seg_end = ((tl.minimum(start_n + BLOCK_N, T_K) - 1) // SEG_LEN + 1) * SEG_LEN
         hi = tl.minimum(T_Q, seg_end - Q_OFFSET)
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        if EVEN:    # every query row is in T_Q
-            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d)
-            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d)
-            lse = tl.load(LSE + pid_bh * T_Q + offs_m) * 1.4426950408889634
-            delta = tl.load(DELTA + pid_bh * T_Q + offs_m)
-            keep = keep_n[:, None]
-        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
-            m_valid = offs_m < T_Q
-            qt = tl.load(Q + q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
-                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)   # [D, M]
-            do = tl.load(DO + do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-                         mask=m_valid[:, None] & d_valid[None, :], other=0.0)   # [M, D]
-            lse = tl.load(LSE + pid_bh * T_Q + offs_m, mask=m_valid,
-                          other=0.0) * 1.4426950408889634
-            delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=m_valid, other=0.0)
-            keep = keep_n[:, None] & m_valid[None, :]
-        if CAUSAL:
-            keep = keep & (offs_n[:, None] <= offs_m[None, :] + Q_OFFSET)
-        if SEGMENTED:
-            keep = keep & (offs_n[:, None] // SEG_LEN == (offs_m[None, :] + Q_OFFSET) // SEG_LEN)
-        st = _dot(k, qt, IEEE) * qk_scale                                      # [N, M]
-        pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)
-        dv += _dot(pt.to(do.dtype), do, IEEE)
-        dpt = _dot(v, tl.trans(do), IEEE)                                      # [N, M]
-        dst = pt * (dpt - delta[None, :])
-        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
+    row0 = pid_bh * T_Q
+    mid = lo
+    if CAUSAL and HOPPER and not SEGMENTED:   # first query tile that sees every key of this one
+        full = tl.maximum(tl.minimum(start_n + BLOCK_N, T_K) - 1 - Q_OFFSET, 0)
+        mid = tl.minimum(tl.maximum((full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, lo), hi)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, keep_n, offs_n, offs_d, d_valid, Q, DO, LSE, DELTA,
+                             q_base, do_base, row0, sq_t, sq_d, sdo_t, sdo_d, T_Q, Q_OFFSET,
+                             SEG_LEN, qk_scale, lo, mid, CAUSAL, SEGMENTED, HAS_KVALID, IEEE,
+                             BLOCK_M, EVEN, True)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, keep_n, offs_n, offs_d, d_valid, Q, DO, LSE, DELTA,
+                         q_base, do_base, row0, sq_t, sq_d, sdo_t, sdo_d, T_Q, Q_OFFSET,
+                         SEG_LEN, qk_scale, mid, hi, CAUSAL, SEGMENTED, HAS_KVALID, IEEE,
+                         BLOCK_M, EVEN, not (CAUSAL and HOPPER and not SEGMENTED))
     dk *= sm_scale
     tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
              dk.to(DK.dtype.element_ty), mask=nd_mask)
     tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :] * sdv_d,
              dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, offs_m, m_valid, offs_d, d_valid, K, V, KVALID, k_base,
+              v_base, kv_base, sk_t, sk_d, sv_t, sv_d, T_K, Q_OFFSET, SEG_LEN, qk_scale, lo, hi,
+              CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+              MASKED: tl.constexpr):
+    """dQ of one query tile over the key tiles [lo, hi). MASKED as `_dkdv_tiles`': unmasked
+    tiles (HOPPER's first loop) lie left of every row's diagonal, so inside T_K; without
+    padding keys and with whole key tiles (EVEN) they take no select (rows past T_Q get
+    unmasked values, but their dQ rows are not stored)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < T_K
+        if EVEN:    # every key column is in T_K
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d)
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d)
+            keep = m_valid[:, None]
+        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
+            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
+                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
+            keep = n_valid[None, :] & m_valid[:, None]
+        if CAUSAL and MASKED:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
+        if SEGMENTED and MASKED:
+            keep = keep & (offs_n[None, :] // SEG_LEN == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
+        if HAS_KVALID:
+            if EVEN:
+                kv = tl.load(KVALID + kv_base + offs_n)
+            else:
+                kv = tl.load(KVALID + kv_base + offs_n, mask=n_valid, other=0)
+            keep = keep & (kv[None, :] != 0)
+        s = _dot(q, kt, IEEE) * qk_scale
+        if MASKED or HAS_KVALID or not EVEN:
+            p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
+        else:
+            p = tl.math.exp2(s - lse[:, None])
+        dp = _dot(do, vt, IEEE)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    return dq
 
 
 @triton.jit
@@ -133,11 +209,14 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
             CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
-            EVEN: tl.constexpr = False):
+            EVEN: tl.constexpr = False, HOPPER: tl.constexpr = False):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`: dQ of one query tile. HEAVY_FIRST (causal): as
     the forward's, the last query tiles (which see the most keys) started first for every
     head. EVEN: as the forward's (`triton_fwd.even_keys(T_K, D)`), the key loads need no
-    mask."""
+    mask. HOPPER (sm_90): with causal, unsegmented attention the key tiles left of every
+    row's diagonal run first without the causal compare, the diagonal ones after in their
+    own masked loop (`_dq_tiles`); the launch also takes `HOPPER_DQ_TILES` (64 query rows:
+    wgmma)."""
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
         T_Q, H, D, BLOCK_M, BLOCK_D, HEAVY_FIRST, HEAVY_FIRST)
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
@@ -153,34 +232,18 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KVALID,
         hi = tl.minimum(T_K, Q_OFFSET + (pid_m + 1) * BLOCK_M)
     if SEGMENTED:   # keys start at the first row's segment
         lo = ((Q_OFFSET + pid_m * BLOCK_M) // SEG_LEN * SEG_LEN // BLOCK_N) * BLOCK_N
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < T_K
-        if EVEN:    # every key column is in T_K
-            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d)
-            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d)
-            keep = m_valid[:, None]
-        else:       # (the statements of the loop before EVEN: sm_80 compiles the same code)
-            kt = tl.load(K + k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-            vt = tl.load(V + v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
-                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)      # [D, N]
-            keep = n_valid[None, :] & m_valid[:, None]
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + Q_OFFSET)
-        if SEGMENTED:
-            keep = keep & (offs_n[None, :] // SEG_LEN == (offs_m[:, None] + Q_OFFSET) // SEG_LEN)
-        if HAS_KVALID:
-            if EVEN:
-                kv = tl.load(KVALID + b * skv_b + offs_n)
-            else:
-                kv = tl.load(KVALID + b * skv_b + offs_n, mask=n_valid, other=0)
-            keep = keep & (kv[None, :] != 0)
-        s = _dot(q, kt, IEEE) * qk_scale
-        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = _dot(do, vt, IEEE)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    mid = lo
+    if CAUSAL and HOPPER and not SEGMENTED:   # key tiles every row of this one sees whole
+        mid = tl.maximum(tl.minimum((Q_OFFSET + pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N, hi),
+                         lo)
+        dq = _dq_tiles(dq, q, do, lse, delta, offs_m, m_valid, offs_d, d_valid, K, V, KVALID,
+                       k_base, v_base, b * skv_b, sk_t, sk_d, sv_t, sv_d, T_K, Q_OFFSET,
+                       SEG_LEN, qk_scale, lo, mid, CAUSAL, SEGMENTED, HAS_KVALID, IEEE,
+                       BLOCK_N, EVEN, False)
+    dq = _dq_tiles(dq, q, do, lse, delta, offs_m, m_valid, offs_d, d_valid, K, V, KVALID,
+                   k_base, v_base, b * skv_b, sk_t, sk_d, sv_t, sv_d, T_K, Q_OFFSET, SEG_LEN,
+                   qk_scale, mid, hi, CAUSAL, SEGMENTED, HAS_KVALID, IEEE, BLOCK_N, EVEN,
+                   True)
     dq *= sm_scale
     tl.store(DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
              dq.to(DQ.dtype.element_ty), mask=md_mask)
@@ -205,7 +268,20 @@ SEGMENTED_DQ = ((64, 64, 4, 2, 1, 0),)
 KVALID_DKDV = ((64, 64, 8, 2, 128, 1 << 30), (32, 64, 4, 3, 0, 64), (64, 32, 4, 3, 0, 64))
 NON_CAUSAL_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 
-_KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
+# sm_90 (HOPPER launches: fp16 / bf16 on `triton_fwd.hopper_paths`): every dot of a program
+# has 64 or 128 rows, so Triton emits wgmma (HGMMA); the rows above are mostly 32-row tiles,
+# which compile to mma.sync (HMMA) there. dK/dV's dots have BLOCK_N (key) rows, dQ's BLOCK_M
+# (query) rows. Spill-free on sm_90 with triton 3.9.0 and 3.6.0 (the GPU image), causal,
+# padding, non-causal and Infini's segments, bf16 (compile_check, 2026-12-05). Dropped: dK/dV
+# 64x64 w4 from d 128 (8-24 B), 64x128 w8 from d 128 (88 B), 64x64 w8 (1.5x the HGMMA
+# instructions of 64x64 w4 in its SASS); dQ 64x128 w4 from d 128 (80 B with 3.6.0) and with
+# padding (56 B at d 64, 3.6.0), 128x128 w8 (96 B).
+HOPPER_DKDV_TILES = ((64, 64, 4, 2, 0, 64), (32, 64, 4, 2, *_ALL), (64, 128, 8, 2, 0, 64),
+                     (32, 128, 8, 2, *_ALL))
+HOPPER_DQ_TILES = ((64, 64, 4, 2, *_ALL), (64, 128, 4, 2, 0, 64), (128, 64, 8, 2, *_ALL))
+KVALID_DQ = ((64, 128, 4, 2, 1, 0),)
+
+_KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE", "HOPPER"]
 # fp32 (IEEE dots) takes its own tiles: the rows above spill 8 B-16 KB per thread there (and
 # Infini's dQ 32x64 needs 168 KB of shared memory at d 128 on sm_80). dK/dV 16x32 w4 s1 and dQ
 # 32x32 w8 s2 are spill-free at d 64 and 128 on sm_80 and sm_90 (flash and Infini). Tried at
@@ -215,15 +291,26 @@ _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE"]
 # 16x32 w4 s2.
 FP32_DKDV_TILES = ((16, 32, 4, 1, *_ALL),)
 FP32_DQ_TILES = ((32, 32, 8, 2, *_ALL),)
-_dkdv_table, _dkdv_ieee = with_flag_tiles(DKDV_TILES, FP32_DKDV_TILES)
-_dq_table, _dq_ieee = with_flag_tiles(DQ_TILES, FP32_DQ_TILES)
+_dkdv_table, _dkdv_hopper = with_flag_tiles(DKDV_TILES, HOPPER_DKDV_TILES)
+_dq_table, _dq_hopper = with_flag_tiles(DQ_TILES, HOPPER_DQ_TILES)
+_dkdv_table, _dkdv_ieee = with_flag_tiles(_dkdv_table, FP32_DKDV_TILES)
+_dq_table, _dq_ieee = with_flag_tiles(_dq_table, FP32_DQ_TILES)
 _dkdv_configs, _dkdv_prune = head_dim_configs(_dkdv_table, when={
     "SEGMENTED": SEGMENTED_DKDV, "HAS_KVALID": KVALID_DKDV, "not CAUSAL": NON_CAUSAL_DKDV,
-    "IEEE": _dkdv_ieee})
-_dq_configs, _dq_prune = head_dim_configs(_dq_table, when={"SEGMENTED": SEGMENTED_DQ,
-                                                            "IEEE": _dq_ieee})
+    "HOPPER": _dkdv_hopper, "IEEE": _dkdv_ieee})
+_dq_configs, _dq_prune = head_dim_configs(_dq_table, when={
+    "SEGMENTED": SEGMENTED_DQ, "HAS_KVALID": KVALID_DQ, "HOPPER": _dq_hopper,
+    "IEEE": _dq_ieee})
 _dkdv_tuned = LazyAutotune(_bwd_dkdv, _dkdv_configs, _KEY, prune=_dkdv_prune)
 _dq_tuned = LazyAutotune(_bwd_dq, _dq_configs, _KEY, prune=_dq_prune)
+
+
+def hopper_tiles(hopper: bool, dtype: torch.dtype) -> bool:
+    """HOPPER for a backward launch on `triton_fwd.hopper_paths` (sm_90, and the interpreter,
+    so that the tests run its loops): the wgmma tiles and the diagonal tiles in their own
+    loop. Not fp32: its exact (IEEE) dots use no tensor cores, and its small tiles keep one
+    loop."""
+    return bool(hopper) and dtype != torch.float32
 
 
 def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -268,6 +355,7 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     hopper = triton_fwd.hopper_paths()
     even_q = hopper and triton_fwd.even_keys(T_Q, D)
     even_k = hopper and triton_fwd.even_keys(T_K, D)
+    meta.update(HOPPER=hopper_tiles(hopper, q.dtype))
     if block_m is None and on_gpu():
         _dkdv_tuned[lambda M: tile_grid(T_K, M["BLOCK_N"], BH, heavy)](*dkdv_args, **meta,
                                                                       EVEN=even_q)
@@ -282,4 +370,4 @@ def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return dq, dk, dv
 
 
-__all__ = ["attn_bwd"]
+__all__ = ["attn_bwd", "hopper_tiles"]

@@ -102,3 +102,14 @@ def assert_fp16_grads_close(fused, reference, q, k, v):
     for a, b in zip(grads, ref, strict=True):
         assert a.dtype == torch.float16 and not a.isnan().any()
         torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+
+
+def dcmha_trip_env(block_n: int, **kw) -> dict:
+    """Launch constants of a DCMHA tensor-core kernel for its trip model (`compile_check.trips`,
+    grid `(2, 2, 1)` in the trip tests): 64-row query tiles over 128 causal keys, 2 key splits,
+    16 heads, d_head 128; block_n the pass's key tile (forward 32, backward 16); kw overrides
+    or adds constants."""
+    env = dict(BLOCK_M=64, BLOCK_N=block_n, NS=2, WINDOW=-1, Q_OFFSET=0, T_K=128, H=16,
+               BLOCK_D=128)
+    env.update(kw)
+    return env

@@ -3,12 +3,11 @@ backward roofline multiplies the SASS loop bodies by (docs/benchmarks.md)."""
 
 from attnlens.kernels.compile_check.trips import MODELS
 
+from kernel_common import dcmha_trip_env
+
 
 def _env(**kw):
-    env = dict(BLOCK_M=64, BLOCK_N=16, NS=2, WINDOW=-1, Q_OFFSET=0, T_K=128, H=16,
-               BLOCK_D=128)
-    env.update(kw)
-    return env
+    return dcmha_trip_env(16, **kw)
 
 
 def test_grads_kernel_lists_each_head_loop_and_the_d_head_chunks():

@@ -25,8 +25,9 @@ BLOCK_M (64) query rows by BLOCK_N (16) keys (dk, dv: of the transposed tile).
 
 Programs (both passes, grid `(programs, batch)`, `backward_plan`): a table row per program
 gives its query tile and its key range, a split of the tile's causal keys; a query tile gets
-as many splits as its keys need at the length of the longest program (the forward's split
-count of the longest tile), so short causal tiles get fewer, longest programs run first.
+as many splits as its keys need at one per-program length (the forward's split count of the
+longest tile, or another where the grid's modeled finish on the device's SMs is shorter:
+`modeled_finish`), so short causal tiles get fewer, longest programs run first.
 
 Pass 1 (`dcmha_tc_delta_kernel`): per key tile the pre
 hidden maps (H score dots) and the post back hidden maps (H dots dz v^T), each head's s and
@@ -83,6 +84,7 @@ gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -122,6 +124,15 @@ KEY_DCH = 64
 # one dq = ds k dot covers: the dq partial's load, layout conversion and store once per
 # DQ_GROUP tiles, and dots over 64 keys.
 DQ_GROUP = 4
+# The schedule model of the program table (`modeled_finish`, `backward_plan`): SMs when the
+# launch cannot ask the device (H100 / H200 SXM: 132; an A100 has 108, read from the device
+# at launch), a program's prologue and epilogue in key tiles, and the least modeled gain
+# (a fraction of the finish time) for which the plan leaves the forward's split count: the
+# model is coarse (one resident program per SM, time proportional to key tiles), so smaller
+# gains are not worth more programs or a changed table.
+DEFAULT_SMS = 132
+PROGRAM_OVERHEAD = 0.5
+MIN_MODELED_GAIN = 0.05
 
 
 @triton.jit
@@ -622,15 +633,101 @@ class BackwardPlan:
     block_n: int
 
 
+def modeled_finish(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float:
+    """Modeled finish time, in key tiles, of programs of `costs` key tiles each, started in
+    grid order on `sms` SMs that hold one program each (8 warps at ~200 registers fill an
+    SM's register file): list scheduling, each SM takes the next program when its last one
+    ends, a program taking its key tiles plus `overhead`. A model (no memory contention, no
+    tail effects inside a program), used to compare grids of the same kernel, not a time."""
+    ends = [0.0] * min(sms, len(costs))
+    for cost in costs:
+        heapq.heapreplace(ends, ends[0] + cost + overhead)
+    return max(ends, default=0.0)
+
+
+def _finish_bound(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float:
+    """A lower bound of `modeled_finish`: the longest program, or the even share of all."""
+    if not costs:
+        return 0.0
+    return max(max(costs) + overhead, (sum(costs) + overhead * len(costs)) / min(sms, len(costs)))
+
+
+def _split_items(spans, budget: int, block_n: int) -> list:
+    """`(m0, split, start, end)` of every query tile's key splits at `budget` key tiles per
+    program (a tile of t key tiles gets ceil(t / budget) even splits)."""
+    items = []
+    for m0, lo, hi, tiles in spans:
+        n_split = max(1, math.ceil(tiles / budget))
+        chunk = math.ceil(tiles / n_split) * block_n
+        items += [(m0, s, lo + s * chunk, min(hi, lo + (s + 1) * chunk))
+                  for s in range(n_split) if lo + s * chunk < hi]
+    return items
+
+
+def _grid_costs(items, batch: int, block_n: int) -> list:
+    """Key tiles of each program in launch order: longest first (`backward_plan`), batch
+    elements one after another (grid axis 0 runs fastest)."""
+    tiles = sorted((math.ceil((end - start) / block_n) for *_, start, end in items),
+                   reverse=True)
+    return tiles * batch
+
+
+def _program_budget(spans, batch: int, key_tiles: int, block_n: int, sms: int) -> int:
+    """Key tiles per program: the forward's (`split_count` splits of the longest query tile)
+    unless another split count of the longest tile (1 to 4x the forward's) finishes at least
+    MIN_MODELED_GAIN sooner in `modeled_finish` without more programs than the forward's
+    budget gives or than one per SM (so the per-program memory does not grow past either).
+    Heads do not enter: every program loops over all of them, so they scale every program's
+    time alike."""
+    longest = max((t for *_, t in spans), default=0)
+    ns = split_count(len(spans), batch, key_tiles)
+    default = max(1, math.ceil(longest / ns))
+    items = _split_items(spans, default, block_n)
+    cap = max(len(items) * batch, sms)
+    best = (modeled_finish(_grid_costs(items, batch, block_n), sms), default)
+    bar = best[0] * (1 - MIN_MODELED_GAIN)
+    for budget in sorted({max(1, math.ceil(longest / k)) for k in range(1, 4 * ns + 1)},
+                         reverse=True):
+        items = _split_items(spans, budget, block_n)
+        if budget == default or len(items) * batch > cap:
+            continue
+        costs = _grid_costs(items, batch, block_n)
+        if _finish_bound(costs, sms) > bar:    # cannot gain enough: skip the simulation
+            continue
+        finish = modeled_finish(costs, sms)
+        if finish <= bar and finish < best[0]:
+            best = (finish, budget)
+    return best[1]
+
+
 def backward_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: int,
-                  block_n: int) -> BackwardPlan:
-    """Key splits per query tile: as many as its keys need at the forward's longest program
-    (`split_count` splits of the longest query tile: about TARGET_PROGRAMS programs at batch
-    1), so a causal query tile with few keys gets fewer splits, and split s only exists for
-    the query tiles with more than s budgets of keys. A partial then holds split s's rows
-    only from its first query tile (`BackwardPlan.row0`): at T = 4096 (64 query tiles of 64
-    rows, 5 splits of the longest) 190 programs and 2.97 T partial rows instead of 320
-    programs and 5 T rows (per-program scratch and partials are the backward's memory)."""
+                  block_n: int, sms: int = DEFAULT_SMS) -> BackwardPlan:
+    """Key splits per query tile: as many as its keys need at a per-program length
+    (`_program_budget`: the forward's longest program, `split_count` splits of the longest
+    query tile, unless another length finishes sooner on `sms` SMs in `modeled_finish`), so
+    a causal query tile with few keys gets fewer splits, and split s only exists for the
+    query tiles with more than s budgets of keys. A partial then holds split s's rows only
+    from its first query tile (`BackwardPlan.row0`): at T = 4096 (64 query tiles of 64 rows,
+    5 splits of the longest) 190 programs and 2.97 T partial rows instead of 320 programs
+    and 5 T rows (per-program scratch and partials are the backward's memory); at 1k (batch
+    1) 115 programs of 5 key tiles at most instead of 136 of 4: one wave on 132 SMs.
+    Memoised (the model simulates a few grids: milliseconds at 4k-16k, and both
+    `backward_buffers` and the launch ask), keyed by `split_count` too so a patched split
+    count (tests) is not answered from the memo."""
+    key = (batch, T_Q, T_K, window, block_m, block_n, sms, split_count)
+    if key not in _PLANS:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        _PLANS[key] = _make_plan(batch, T_Q, T_K, window, block_m, block_n, sms)
+    return _PLANS[key]
+
+
+_PLANS: dict = {}
+
+
+def _make_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: int,
+               block_n: int, sms: int) -> BackwardPlan:
+    """`backward_plan`, not memoised."""
     off = T_K - T_Q
     spans = []
     for m0 in range(0, T_Q, block_m):               # `triton_fwd._key_range`, on the host
@@ -638,14 +735,8 @@ def backward_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: i
         lo = 0 if window is None else max(first - window, 0) // block_n * block_n
         hi = min(T_K, first + block_m)
         spans.append((m0, lo, hi, max(0, math.ceil((hi - lo) / block_n))))
-    ns = split_count(len(spans), batch, math.ceil(T_K / block_n))
-    budget = max(1, math.ceil(max((t for *_, t in spans), default=0) / ns))  # tiles per program
-    items = []
-    for m0, lo, hi, tiles in spans:
-        n_split = max(1, math.ceil(tiles / budget))
-        chunk = math.ceil(tiles / n_split) * block_n
-        items += [(m0, s, lo + s * chunk, min(hi, lo + (s + 1) * chunk))
-                  for s in range(n_split) if lo + s * chunk < hi]
+    budget = _program_budget(spans, batch, math.ceil(T_K / block_n), block_n, sms)
+    items = _split_items(spans, budget, block_n)
     n_split = max((s for _, s, _, _ in items), default=0) + 1
     row0 = [0] + [min(m0 for m0, s, _, _ in items if s == j) for j in range(1, n_split)]
     offs = [batch * sum(T_Q - r for r in row0[:j]) for j in range(n_split)]
@@ -671,19 +762,20 @@ def combine_partials(flat: torch.Tensor, plan: BackwardPlan, batch: int, T_Q: in
 
 def backward_buffers(q_shape: tuple, T_K: int, q_dtype: torch.dtype, pre: tuple,
                      post: tuple, window: int | None, block_m: int | None = None,
-                     block_n: int | None = None) -> dict:
+                     block_n: int | None = None, sms: int = DEFAULT_SMS) -> dict:
     """Every tensor `dcmha_tc_bwd` allocates and holds when the gradient pass starts (its
     peak: they are all live then, nothing else of its own is), `name: (shape, dtype)`; the
     launch allocates from this dict, so `buffer_bytes` of it is the backward's extra peak
     memory beside its inputs (q, k, v, dout, lse, the channel weights). pre, post:
-    `grad_channels` tuples (shapes are read, values not)."""
+    `grad_channels` tuples (shapes are read, values not); sms: the device's SM count, which
+    the program table depends on (`device_sms`)."""
     B, T_Q, H, D_in = q_shape
     D = next_pow2(D_in)
     f32, i32 = torch.float32, torch.int32
     fp32 = q_dtype == torch.float32
     bm = block_m or (FP32_BLOCKS if fp32 else GRAD_BLOCKS)[0]
     bn = block_n or (FP32_BLOCKS if fp32 else GRAD_BLOCKS)[1]
-    plan = backward_plan(B, T_Q, T_K, window, bm, bn)
+    plan = backward_plan(B, T_Q, T_K, window, bm, bn, sms)
     has_k = pre[3] is not None
     cqb, cqb2 = next_pow2(pre[0].shape[2], minimum=1), next_pow2(post[0].shape[2], minimum=1)
     ckb = next_pow2(pre[3].shape[2], minimum=1) if has_k else 1
@@ -712,6 +804,14 @@ def backward_buffers(q_shape: tuple, T_K: int, q_dtype: torch.dtype, pre: tuple,
 GRAD_NAMES = ("dw1q", "dw2q", "dgq", "dw1k", "dw2k", "dgk")
 
 
+def device_sms(device: torch.device) -> int:
+    """SMs of a CUDA device (the program table's grid fill), DEFAULT_SMS elsewhere (the
+    interpreter, the meta device)."""
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def buffer_bytes(bufs: dict) -> int:
     """Bytes of `backward_buffers`' tensors."""
     return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
@@ -729,7 +829,8 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     D = next_pow2(D_in)
-    bufs = backward_buffers(q.shape, T_K, q.dtype, pre, post, window, block_m, block_n)
+    sms = device_sms(q.device)
+    bufs = backward_buffers(q.shape, T_K, q.dtype, pre, post, window, block_m, block_n, sms)
 
     def new(name, zero=False):
         shape, dtype = bufs[name]
@@ -762,7 +863,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
                   CKB=next_pow2(ck, minimum=1), BLOCK_D=D, **TC_LAUNCH)
     scratch = new("scratch")
     _, _, _, bm, bn = scratch.shape
-    plan = backward_plan(B, T_Q, T_K, window, bm, bn)
+    plan = backward_plan(B, T_Q, T_K, window, bm, bn, sms)
     blocks = dict(BLOCK_M=bm, BLOCK_N=bn)
     progs = torch.tensor(plan.programs, dtype=torch.int32, device=q.device).view(-1, PROG_COLS)
     grid = (len(plan.programs), B)
@@ -805,6 +906,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 
-__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers", "backward_plan",
-           "buffer_bytes", "combine_partials", "dcmha_tc_bwd", "dcmha_tc_delta_kernel",
-           "dcmha_tc_grads_kernel", "grad_channels", "kernel_layout_grads"]
+__all__ = ["DEFAULT_SMS", "DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers",
+           "backward_plan", "buffer_bytes", "combine_partials", "dcmha_tc_bwd",
+           "dcmha_tc_delta_kernel", "dcmha_tc_grads_kernel", "device_sms", "grad_channels",
+           "kernel_layout_grads", "modeled_finish"]

@@ -200,3 +200,53 @@ def test_even_keys_needs_whole_tiles_and_a_power_of_two_head_dim():
 
     assert even_keys(4096, 64) and even_keys(128, 128)
     assert not even_keys(0, 64) and not even_keys(4000, 64) and not even_keys(4096, 96)
+
+
+@pytest.mark.parametrize("T_q, T_k, block_m, block_n, padding", AHEAD_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_sum_on_tensor_cores_matches_the_reference(monkeypatch, T_q, T_k, block_m, block_n,
+                                                       padding, dtype):
+    """ROWSUM (the row sum as `P @ ones` beside `P V`, bf16 launches on sm_90) forced on for
+    the dtypes the interpreter runs: the output and gradients stay within today's tolerances
+    of the reference, and l moves from the plain loops' fp32 sum only by the rounding of the
+    weights to the dtype of `P V` (fp32: none, so within the fp32 tolerance; fp16: 2^-11
+    relative per weight, and under 2^-25 absolute for a subnormal one, against l >= 1)."""
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    q, k, v = _inputs(T_q, T_k, heads=1, dtype=dtype)
+    key_valid = None
+    if padding:
+        key_valid = (torch.rand(1, T_k, generator=torch.Generator().manual_seed(5)) > 0.3)
+        key_valid[0, :3] = False
+        key_valid = key_valid.to(DEVICE)
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    plain_out, plain_lse = flash_attention(q, k, v, 0.3, key_valid, True, block_m, block_n)
+    monkeypatch.setattr(triton_fwd, "rowsum_on_tensor_cores", lambda dt: True)
+    out, lse = _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)
+    finite = torch.isfinite(plain_lse)
+    assert torch.equal(finite, torch.isfinite(lse))      # the same rows without keys
+    bound = 1e-6 if dtype == torch.float32 else 2 ** -11 + T_k * 2 ** -25
+    assert (lse[finite] - plain_lse[finite]).abs().max() <= bound
+    torch.testing.assert_close(out, plain_out, **TOL[dtype])
+
+
+def test_bf16_launches_sum_rows_on_tensor_cores_on_the_hopper_paths(monkeypatch):
+    """The launch passes ROWSUM = ROWSUM_COLS for bf16 on the sm_90 paths only (fp16 and fp32
+    keep the fp32 row sum; sm_80 its kernels). The kernel is replaced by a recorder: the
+    interpreter cannot run bf16."""
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: seen.update(meta)
+
+    monkeypatch.setattr(triton_fwd, "attn_fwd_kernel", Recorder())
+    for hopper, dtype, want in ((True, torch.bfloat16, triton_fwd.ROWSUM_COLS),
+                                (True, torch.float16, 0), (True, torch.float32, 0),
+                                (False, torch.bfloat16, 0)):
+        monkeypatch.setattr(triton_fwd, "hopper_paths", lambda h=hopper: h)
+        x = torch.zeros(1, 128, 2, 64, dtype=dtype)
+        triton_fwd.attn_fwd(x, x, x, 0.125, block_m=64, block_n=64)
+        assert seen["ROWSUM"] == want, (hopper, dtype)

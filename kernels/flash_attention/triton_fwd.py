@@ -158,7 +158,7 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
     register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile) as
     soon as the body changed (the row sum on the tensor cores). Two pipeline stages of the
     unrolled body keep the loads two tiles ahead, as three stages of one tile did."""
-    if HAS_KVALID and BLOCK_N < 64:      # (the unrolled loop spills there: `ahead_unrolled`)
+    if HAS_KVALID:      # (the unrolled loop spills there: `ahead_unrolled`)
         for start_n in range(lo, hi, BLOCK_N):
             acc, m_i, l_i, s = _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
                                            sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
@@ -210,8 +210,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
     next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
     without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
-    (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs, the row
-    sum is taken on the tensor cores, in ROWSUM equal columns (`_softmax_pv`).
+    (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs
+    unrolled (no padding mask, `ahead_unrolled`), the row sum is taken on the tensor cores, in
+    ROWSUM equal columns (`_softmax_pv`).
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
@@ -252,8 +253,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     # (the tiles of `ahead_fits`)
     ahead: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and (
         BLOCK_M * BLOCK_N < MAX_HEAVY_TILE) and not (BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64)
-    # The row sum on the tensor cores goes with the scores-ahead loop (`rowsum_on_tensor_cores`).
-    rowsum: tl.constexpr = ROWSUM if ahead else 0
+    # The row sum on the tensor cores goes with the unrolled scores-ahead loop
+    # (`rowsum_on_tensor_cores`, `ahead_unrolled`).
+    rowsum: tl.constexpr = ROWSUM if ahead and not HAS_KVALID else 0
     if rowsum > 0:
         l_i = tl.zeros([BLOCK_M, rowsum], dtype=tl.float32)
     if ahead:
@@ -409,11 +411,13 @@ def hopper_paths() -> bool:
     return known
 
 
-def ahead_unrolled(block_n: int, padding: bool) -> bool:
-    """Whether the scores-ahead loop is unrolled by two (the kernel's test, spelled out there
-    too): not with a padding mask and key tiles under 64, where 128x32 w4 s4 spills 56 B at
-    d 64 on sm_90 unrolled (8 B with ROWSUM) and none in one body per tile."""
-    return not (padding and block_n < 64)
+def ahead_unrolled(padding: bool) -> bool:
+    """Whether the scores-ahead loop is unrolled by two, and ROWSUM applies (the kernel's
+    test, spelled out there too): not with a padding mask, whose launches keep the kernels
+    they had. Unrolled, the padding mask's loads and selects cost registers on sm_90: with
+    ROWSUM 128x32 w4 s4 spilled 8 B at d 64 (triton 3.9.0) and 128x64 w8 s3 8 B at d 128
+    (triton 3.6.0); without ROWSUM 56 and 128 B (3.9.0)."""
+    return not padding
 
 
 # Columns of the ones matrix the row sum is multiplied with (`tl.dot`'s smallest N).
@@ -421,7 +425,8 @@ ROWSUM_COLS = 16
 
 
 def rowsum_on_tensor_cores(dtype: torch.dtype) -> bool:
-    """ROWSUM: where the scores-ahead loop runs (sm_90, the interpreter), bf16 launches sum
+    """ROWSUM: where the unrolled scores-ahead loop runs (sm_90, the interpreter; no padding
+    mask, `ahead_unrolled`), bf16 launches sum
     each row's weights as a product `P @ ones` beside `P V` (an HGMMA.64x16x16 per 16 keys,
     fp32 accumulate) instead of 32 FADD and 4 SHFL per warp per 64x64 tile, FlashAttention's
     row sum folded into the PV matmul. It sums the weights as rounded to bf16 for `P V`, so

@@ -248,3 +248,6 @@ def test_bf16_launches_sum_rows_on_tensor_cores_on_the_hopper_paths(monkeypatch)
         x = torch.zeros(1, 128, 2, 64, dtype=dtype)
         triton_fwd.attn_fwd(x, x, x, 0.125, block_m=64, block_n=64)
         assert seen["ROWSUM"] == want, (hopper, dtype)
+    # the kernel then takes it where the scores run ahead, at d <= 64 without padding
+    assert triton_fwd.rowsum_fits(64, False) and triton_fwd.rowsum_fits(16, False)
+    assert not triton_fwd.rowsum_fits(128, False) and not triton_fwd.rowsum_fits(64, True)

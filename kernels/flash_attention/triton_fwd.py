@@ -154,11 +154,11 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
     runs on the tensor cores (an async wgmma) while tile j's exponentials run on the MUFU and
     FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order.
 
-    Unrolled by two (`ahead_unrolled`): the carried scores then alternate between two
-    register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile) as
-    soon as the body changed (the row sum on the tensor cores). Two pipeline stages of the
-    unrolled body keep the loads two tiles ahead, as three stages of one tile did."""
-    if HAS_KVALID:      # (the unrolled loop spills there: `ahead_unrolled`)
+    With ROWSUM (`rowsum_fits`) unrolled by two: the carried scores then alternate between two
+    register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile)
+    once the row sum went to the tensor cores. Two pipeline stages of the unrolled body keep
+    the loads two tiles ahead, as three stages of one tile did."""
+    if ROWSUM == 0:     # one body per tile (`rowsum_fits`)
         for start_n in range(lo, hi, BLOCK_N):
             acc, m_i, l_i, s = _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
                                            sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
@@ -211,7 +211,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
     without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
     (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs
-    unrolled (no padding mask, `ahead_unrolled`), the row sum is taken on the tensor cores, in
+    unrolled (d <= 64, no padding mask: `rowsum_fits`), the row sum is taken on the tensor cores, in
     ROWSUM equal columns (`_softmax_pv`).
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
@@ -254,8 +254,8 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     ahead: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and (
         BLOCK_M * BLOCK_N < MAX_HEAVY_TILE) and not (BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64)
     # The row sum on the tensor cores goes with the unrolled scores-ahead loop
-    # (`rowsum_on_tensor_cores`, `ahead_unrolled`).
-    rowsum: tl.constexpr = ROWSUM if ahead and not HAS_KVALID else 0
+    # (`rowsum_on_tensor_cores`, `rowsum_fits`).
+    rowsum: tl.constexpr = ROWSUM if ahead and not HAS_KVALID and BLOCK_D <= 64 else 0
     if rowsum > 0:
         l_i = tl.zeros([BLOCK_M, rowsum], dtype=tl.float32)
     if ahead:
@@ -411,13 +411,16 @@ def hopper_paths() -> bool:
     return known
 
 
-def ahead_unrolled(padding: bool) -> bool:
-    """Whether the scores-ahead loop is unrolled by two, and ROWSUM applies (the kernel's
-    test, spelled out there too): not with a padding mask, whose launches keep the kernels
-    they had. Unrolled, the padding mask's loads and selects cost registers on sm_90: with
-    ROWSUM 128x32 w4 s4 spilled 8 B at d 64 (triton 3.9.0) and 128x64 w8 s3 8 B at d 128
-    (triton 3.6.0); without ROWSUM 56 and 128 B (3.9.0)."""
-    return not padding
+def rowsum_fits(block_d: int, padding: bool) -> bool:
+    """Whether a ROWSUM launch whose scores-ahead loop runs (`ahead_fits`) takes the row sum on
+    the tensor cores and that loop unrolled by two (the kernel's test, spelled out there too):
+    head dims up to 64 without a padding mask; the others keep the kernels they had.
+    - padding: unrolled, its loads and selects cost registers on sm_90: 128x32 w4 s4 spilled
+      8 B at d 64 (triton 3.9.0), 128x64 w8 s3 8 B at d 128 (triton 3.6.0).
+    - d 128: fewer instructions (128x64 w8 s3: 381 -> 309.5 per tile per warp) but a longer
+      serial chain per warpgroup (625 -> 754.5 cycles per tile, docs/benchmarks.md): the
+      unrolled body waits on each tile's `Q K^T` and `P V` with little to overlap them."""
+    return block_d <= 64 and not padding
 
 
 # Columns of the ones matrix the row sum is multiplied with (`tl.dot`'s smallest N).
@@ -425,8 +428,8 @@ ROWSUM_COLS = 16
 
 
 def rowsum_on_tensor_cores(dtype: torch.dtype) -> bool:
-    """ROWSUM: where the unrolled scores-ahead loop runs (sm_90, the interpreter; no padding
-    mask, `ahead_unrolled`), bf16 launches sum
+    """ROWSUM: on the scores-ahead path (sm_90, the interpreter; d <= 64 without a padding
+    mask, `rowsum_fits`), bf16 launches sum
     each row's weights as a product `P @ ones` beside `P V` (an HGMMA.64x16x16 per 16 keys,
     fp32 accumulate) instead of 32 FADD and 4 SHFL per warp per 64x64 tile, FlashAttention's
     row sum folded into the PV matmul. It sums the weights as rounded to bf16 for `P V`, so
@@ -520,6 +523,6 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "ROWSUM_COLS", "ahead_fits", "ahead_unrolled", "attn_fwd", "attn_fwd_kernel",
-           "even_keys", "fits_heads_inner", "hopper_paths", "no_key_mask",
+__all__ = ["LOG2E", "ROWSUM_COLS", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys",
+           "fits_heads_inner", "hopper_paths", "no_key_mask", "rowsum_fits",
            "rowsum_on_tensor_cores", "tile_grid"]

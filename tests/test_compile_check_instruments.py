@@ -209,7 +209,8 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     """`--quick --ops flash_attention --mix` (T 256, 2 heads, d 64): the forward's tl.dot
     shows as HGMMA in its loops, the preprocess kernel (no tl.dot) has none, and the forward's
     tensor FLOPs are the tiles it visits: 6 key tiles of 128 x 64 per head (2 query tiles:
-    2 and 4 tiles), two dots of d 64 each (2 FLOPs a multiply-add)."""
+    2 and 4 tiles), two dots of d 64 each (2 FLOPs a multiply-add), and the bf16 row sum on
+    the tensor cores (`triton_fwd.rowsum_on_tensor_cores`: P @ ones, 16 columns) in each."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--quick",
@@ -222,8 +223,10 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     fwd = rows["attn_fwd_kernel"]["mix"]
     hot = [lo for lo in fwd["loops"] if lo["inner"]]
     assert hot and all(lo["var"] == "start_n" and lo["mix"]["mma"] > 0 for lo in hot)
-    heads, tiles, dots = 2, 6, 2
-    assert fwd["per_launch"]["mma_flops"] == heads * tiles * dots * 2 * 128 * 64 * 64
+    from attnlens.kernels.flash_attention.triton_fwd import ROWSUM_COLS
+
+    heads, tiles, dots, rowsum = 2, 6, 2, ROWSUM_COLS
+    assert fwd["per_launch"]["mma_flops"] == heads * tiles * 2 * 128 * 64 * (dots * 64 + rowsum)
     assert rows["_bwd_preprocess"]["mix"]["once"]["mma"] == 0
     assert rows["_bwd_dq"]["mix"]["per_launch"]["mma"] > 0
 

@@ -245,3 +245,53 @@ def test_hopper_backward_diagonal_loops_keep_the_plain_loops_bits(monkeypatch, T
             assert torch.equal(a, b), name
         else:
             torch.testing.assert_close(a, b, **TOL[torch.float32], msg=name)
+
+@pytest.mark.parametrize("T_q, T_k, block_m, block_n", [c[:4] for c in AHEAD_CASES
+                                                         if not c[4]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_sum_on_tensor_cores_matches_the_reference(monkeypatch, T_q, T_k, block_m, block_n,
+                                                       dtype):
+    """ROWSUM (the row sum as `P @ ones` beside `P V`, bf16 launches on sm_90 without a padding
+    mask) forced on for the dtypes the interpreter runs: the output and gradients stay within
+    today's tolerances of the reference, and l moves from the plain loops' fp32 sum only by
+    the rounding of the weights to the dtype of `P V` (fp32: none, so within the fp32
+    tolerance; fp16: 2^-11 relative per weight, and under 2^-25 absolute for a subnormal one,
+    against l >= 1)."""
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    q, k, v = _inputs(T_q, T_k, heads=1, dtype=dtype)
+    key_valid = None
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    plain_out, plain_lse = flash_attention(q, k, v, 0.3, key_valid, True, block_m, block_n)
+    monkeypatch.setattr(triton_fwd, "rowsum_on_tensor_cores", lambda dt: True)
+    out, lse = _check(q, k, v, key_valid=key_valid, block_m=block_m, block_n=block_n)
+    finite = torch.isfinite(plain_lse)
+    assert torch.equal(finite, torch.isfinite(lse))      # the same rows without keys
+    bound = 1e-6 if dtype == torch.float32 else 2 ** -11 + T_k * 2 ** -25
+    assert (lse[finite] - plain_lse[finite]).abs().max() <= bound
+    torch.testing.assert_close(out, plain_out, **TOL[dtype])
+
+
+def test_bf16_launches_sum_rows_on_tensor_cores_on_the_hopper_paths(monkeypatch):
+    """The launch passes ROWSUM = ROWSUM_COLS for bf16 on the sm_90 paths only (fp16 and fp32
+    keep the fp32 row sum; sm_80 its kernels). The kernel is replaced by a recorder: the
+    interpreter cannot run bf16."""
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: seen.update(meta)
+
+    monkeypatch.setattr(triton_fwd, "attn_fwd_kernel", Recorder())
+    for hopper, dtype, want in ((True, torch.bfloat16, triton_fwd.ROWSUM_COLS),
+                                (True, torch.float16, 0), (True, torch.float32, 0),
+                                (False, torch.bfloat16, 0)):
+        monkeypatch.setattr(triton_fwd, "hopper_paths", lambda h=hopper: h)
+        x = torch.zeros(1, 128, 2, 64, dtype=dtype)
+        triton_fwd.attn_fwd(x, x, x, 0.125, block_m=64, block_n=64)
+        assert seen["ROWSUM"] == want, (hopper, dtype)
+    # the kernel then takes it where the scores run ahead, at d <= 64 without padding
+    assert triton_fwd.rowsum_fits(64, False) and triton_fwd.rowsum_fits(16, False)
+    assert not triton_fwd.rowsum_fits(128, False) and not triton_fwd.rowsum_fits(64, True)

@@ -70,11 +70,13 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
                 start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr, HAS_KVALID: tl.constexpr,
                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr,
-                EVEN: tl.constexpr):
+                EVEN: tl.constexpr, ROWSUM: tl.constexpr = 0):
     """One key tile's online-softmax step from its unscaled scores `s`: (acc, m_i, l_i) after
     the keys `[start_n, start_n + BLOCK_N)`; MASKED adds the bound/causal (and same-segment)
     mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a scale <= 0, where
-    the fold is wrong, and where it costs registers)."""
+    the fold is wrong, and where it costs registers). ROWSUM > 0: `l_i` is `[BLOCK_M,
+    ROWSUM]` and the row sum is a product with a ones matrix on the tensor cores, the sum of
+    the weights as rounded for `P V` (`rowsum_on_tensor_cores`)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < T_K
     if SCALE_FIRST:                     # scaled before masking (0 * -inf would be NaN)
@@ -108,13 +110,17 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
     else:
         p = tl.math.exp2(s * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if ROWSUM == 0:
+        l_i = l_i * alpha + tl.sum(p, 1)
     v_ptr = V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
     if EVEN:
         v = tl.load(v_ptr)
     else:
         v = tl.load(v_ptr, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    p_v = p.to(v.dtype)
+    acc = acc * alpha[:, None] + _dot(p_v, v, IEEE)
+    if ROWSUM > 0:    # every column of l_i gets the row's sum: 32 FADD + 4 SHFL per warp less
+        l_i = l_i * alpha[:, None] + _dot(p_v, tl.full([BLOCK_N, ROWSUM], 1.0, v.dtype), IEEE)
     return acc, m_new, l_i
 
 
@@ -123,7 +129,7 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
                offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
                HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-               SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr):
+               SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr, ROWSUM: tl.constexpr = 0):
     """Accumulate key tiles [lo, hi) into (acc, m_i, l_i), each tile's scores then its
     softmax step (`_softmax_pv`)."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -132,7 +138,7 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
         acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
                                     offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN,
                                     qk_scale, MASKED, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                                    IEEE, SCALE_FIRST, EVEN)
+                                    IEEE, SCALE_FIRST, EVEN, ROWSUM)
     return acc, m_i, l_i
 
 
@@ -140,21 +146,47 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
 def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t,
                      sv_d, offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                      CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr):
+                     IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
+                     ROWSUM: tl.constexpr = 0):
     """Unmasked key tiles [lo, hi) with the next tile's scores issued before this tile's
     softmax (FlashAttention-3's intra-warpgroup overlap): `s` holds tile lo's scores on entry
     and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the QK^T of tile j + 1
     runs on the tensor cores (an async wgmma) while tile j's exponentials run on the MUFU and
-    FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order."""
-    for start_n in range(lo, hi, BLOCK_N):
-        s_next = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n + BLOCK_N, T_K,
-                             BLOCK_N, IEEE, EVEN)
-        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
-                                    offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN,
-                                    qk_scale, False, CAUSAL, False, HAS_KVALID, BLOCK_N,
-                                    IEEE, SCALE_FIRST, EVEN)
-        s = s_next
+    FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order.
+
+    With ROWSUM (`rowsum_fits`) unrolled by two: the carried scores then alternate between two
+    register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile)
+    once the row sum went to the tensor cores. Two pipeline stages of the unrolled body keep
+    the loads two tiles ahead, as three stages of one tile did."""
+    if ROWSUM == 0:     # one body per tile (`rowsum_fits`)
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i, s = _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
+                                           sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
+                                           start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale, CAUSAL,
+                                           HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST, EVEN, ROWSUM)
+    else:
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=2, loop_unroll_factor=2):
+            acc, m_i, l_i, s = _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
+                                           sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
+                                           start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale, CAUSAL,
+                                           HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST, EVEN, ROWSUM)
     return acc, m_i, l_i, s
+
+
+@triton.jit
+def _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, sv_t, sv_d,
+                offs_m, offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
+                IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
+                ROWSUM: tl.constexpr):
+    """One tile of `_fwd_tiles_ahead`: the next tile's scores, then this one's softmax step."""
+    s_next = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n + BLOCK_N, T_K,
+                         BLOCK_N, IEEE, EVEN)
+    acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
+                                offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                                False, CAUSAL, False, HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST,
+                                EVEN, ROWSUM)
+    return acc, m_i, l_i, s_next
 
 
 @triton.jit
@@ -166,7 +198,8 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                     HAS_MIX: tl.constexpr, STORE_DOT: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     SCALE_FIRST: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
-                    AHEAD: tl.constexpr = False, EVEN: tl.constexpr = False):
+                    AHEAD: tl.constexpr = False, EVEN: tl.constexpr = False,
+                    ROWSUM: tl.constexpr = 0):
     """Grid `(cdiv(T_Q, BLOCK_M), batch * H)`; writes O and LSE for one query tile.
 
     HEAVY_FIRST (causal, `attn_fwd`): grid `(batch * H, cdiv(T_Q, BLOCK_M))` instead, program
@@ -176,7 +209,10 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
     AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
     next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
-    without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter).
+    without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
+    (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs
+    unrolled (d <= 64, no padding mask: `rowsum_fits`), the row sum is taken on the tensor cores, in
+    ROWSUM equal columns (`_softmax_pv`).
 
     SEGMENTED: block-diagonal causal attention, key j visible to query position i iff
     j <= i and j // SEG_LEN == i // SEG_LEN (Infini-attention's local attention).
@@ -215,8 +251,14 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         u_hi = (T_K // BLOCK_N) * BLOCK_N
         hi = T_K
     # (the tiles of `ahead_fits`)
-    if AHEAD and CAUSAL and not SEGMENTED and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE and not (
-            BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64):
+    ahead: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and (
+        BLOCK_M * BLOCK_N < MAX_HEAVY_TILE) and not (BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64)
+    # The row sum on the tensor cores goes with the unrolled scores-ahead loop
+    # (`rowsum_on_tensor_cores`, `rowsum_fits`).
+    rowsum: tl.constexpr = ROWSUM if ahead and not HAS_KVALID and BLOCK_D <= 64 else 0
+    if rowsum > 0:
+        l_i = tl.zeros([BLOCK_M, rowsum], dtype=tl.float32)
+    if ahead:
         # Scores one tile ahead through the unmasked tiles (`_fwd_tiles_ahead`); the first
         # masked tile, u_hi, always exists (u_hi <= first < T_K; where T_K is 0 or every key
         # is masked, its step leaves the state as it was), and takes the scores carried out.
@@ -226,11 +268,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                                             sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
                                             u_lo, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                                             CAUSAL, HAS_KVALID, BLOCK_N, IEEE, scale_first,
-                                            EVEN)
+                                            EVEN, rowsum)
         acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
                                     offs_d, d_valid, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                                     True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N, IEEE,
-                                    scale_first, EVEN)
+                                    scale_first, EVEN, rowsum)
         u_hi += BLOCK_N
     else:
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
@@ -244,7 +286,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
-                               IEEE, scale_first, EVEN)
+                               IEEE, scale_first, EVEN, rowsum)
+    if rowsum > 0:
+        l_i = tl.max(l_i, 1)            # its columns are equal
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     o_off = b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d
@@ -367,6 +411,36 @@ def hopper_paths() -> bool:
     return known
 
 
+def rowsum_fits(block_d: int, padding: bool) -> bool:
+    """Whether a ROWSUM launch whose scores-ahead loop runs (`ahead_fits`) takes the row sum on
+    the tensor cores and that loop unrolled by two (the kernel's test, spelled out there too):
+    head dims up to 64 without a padding mask; the others keep the kernels they had.
+    - padding: unrolled, its loads and selects cost registers on sm_90: 128x32 w4 s4 spilled
+      8 B at d 64 (triton 3.9.0), 128x64 w8 s3 8 B at d 128 (triton 3.6.0).
+    - d 128: fewer instructions (128x64 w8 s3: 381 -> 309.5 per tile per warp) but a longer
+      serial chain per warpgroup (625 -> 754.5 cycles per tile, docs/benchmarks.md): the
+      unrolled body waits on each tile's `Q K^T` and `P V` with little to overlap them."""
+    return block_d <= 64 and not padding
+
+
+# Columns of the ones matrix the row sum is multiplied with (`tl.dot`'s smallest N).
+ROWSUM_COLS = 16
+
+
+def rowsum_on_tensor_cores(dtype: torch.dtype) -> bool:
+    """ROWSUM: on the scores-ahead path (sm_90, the interpreter; d <= 64 without a padding
+    mask, `rowsum_fits`), bf16 launches sum
+    each row's weights as a product `P @ ones` beside `P V` (an HGMMA.64x16x16 per 16 keys,
+    fp32 accumulate) instead of 32 FADD and 4 SHFL per warp per 64x64 tile, FlashAttention's
+    row sum folded into the PV matmul. It sums the weights as rounded to bf16 for `P V`, so
+    the output's weights sum to 1 as they are used; against the fp32 sum each weight moves by
+    at most 2^-9 relative (bf16 keeps 8 significant bits, the weights are positive), so l by
+    2^-9 relative and lse by at most ln(1 + 2^-9) < 2e-3, well inside the bf16 tests'
+    tolerance (1e-2 on lse). fp16 keeps the fp32 sum (its subnormals would drop weights under
+    6e-8 from l), and so does fp32 (the plain loops' bits, `test_hopper_paths_...`)."""
+    return dtype == torch.bfloat16
+
+
 def ahead_fits(block_m: int, block_n: int, block_d: int) -> bool:
     """The tiles whose AHEAD launches take the scores-ahead loop (the kernel's test, spelled
     out there too): the second score tile spills 304 B at 128x128 w8 s2 (d 128, sm_90) and
@@ -435,7 +509,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         next_pow2(D) <= 64 or key_valid is None) and fits_heads_inner(T_Q)
     meta.update(SCALE_FIRST=scale <= 0 or not plain, HEAVY_FIRST=heavy,
                 AHEAD=hopper and bool(causal) and not segment_len,
-                EVEN=hopper and even_keys(T_K, D))
+                EVEN=hopper and even_keys(T_K, D),
+                ROWSUM=ROWSUM_COLS if hopper and rowsum_on_tensor_cores(q.dtype) else 0)
     if T_Q == 0:
         return out, lse
     if block_m is None and on_gpu():
@@ -448,5 +523,6 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys", "fits_heads_inner",
-           "hopper_paths", "no_key_mask", "tile_grid"]
+__all__ = ["LOG2E", "ROWSUM_COLS", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys",
+           "fits_heads_inner", "hopper_paths", "no_key_mask", "rowsum_fits",
+           "rowsum_on_tensor_cores", "tile_grid"]

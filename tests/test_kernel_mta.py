@@ -237,6 +237,44 @@ def test_key_splits_combine_exactly(monkeypatch, splits):
     assert used == [(splits, splits)]
 
 
+def test_out_pass_sweeps_whole_windows_on_sm_90_and_halves_on_sm_80(monkeypatch):
+    """`post_rows`: the out pass convolves all AR rows of a window in one sweep (PR = AR: each
+    Toeplitz tap and v chunk read once per window) on sm_90 and under the interpreter, two
+    sweeps of AR / 2 rows on sm_80 (one sweep spills 56-72 B there) and without a device."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+
+    assert triton_fwd.post_rows(32) == (32 if _triton.interpreting() else 16)
+    monkeypatch.setattr(_triton, "interpreting", lambda: False)
+    for arch, rows in (("sm_90", 32), ("sm_80", 16)):
+        monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+        monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
+        assert triton_fwd.post_rows(32) == rows, arch
+
+    def no_device():
+        raise RuntimeError("no CUDA device")
+
+    monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+    monkeypatch.setattr(_triton, "gpu_arch", no_device)
+    assert triton_fwd.post_rows(32) == 16
+
+
+def test_out_pass_in_half_window_sweeps_matches_spec(monkeypatch):
+    """sm_80's out pass (PR = AR / 2: two sweeps of a window's rows, `post_rows`) stays exact
+    now that the interpreter runs sm_90's whole-window sweep: T 61 at 6 x 11, both paddings."""
+    from attnlens.kernels.mta import triton_fwd
+
+    asked = []
+
+    def half(ar):
+        asked.append(ar)
+        return ar // 2
+
+    monkeypatch.setattr(triton_fwd, "post_rows", half)
+    _check(61, 61, 2, OFFICIAL, "both")
+    assert asked == [32]
+
+
 def test_forward_grids_fill_the_sms_at_batch_1():
     """The benchmark's shapes (16 heads, 6 x 11): both passes launch >= 132 programs (2 SMs'
     worth at 4k) and the modeled finish time of their causal key windows stays within 1.3x

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
 from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
@@ -79,12 +80,19 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
     acc = tl.zeros([R, C], dtype=tl.float32)
     cols = col0 + tl.arange(0, C)
     if last_key > first_row + Q_OFFSET:              # taps cross the causal edge: direct
+        # Products of rows or keys outside the sequence are already 0 (masked loads), so a
+        # tap's Mask_0 is the causal test alone (and padding keys): key - row <= Q_OFFSET, one
+        # compare of the window's key - row offsets per element and tap.
+        lag = cols[None, :] - (first_row + tl.arange(0, R))[:, None]
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
             r_in = (rows >= 0) & (rows < T_Q)
             for b in range(0, CK):
                 keys = cols - LEFT + b
-                ok = _allowed(rows, keys, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                ok = lag <= Q_OFFSET + a + LEFT - b           # keys[j] - rows[i] <= Q_OFFSET
+                if HAS_KVALID:
+                    kv = tl.load(kv_ptr + keys, mask=(keys >= 0) & (keys < T_K), other=0)
+                    ok = ok & (kv[None, :] != 0)
                 s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
                              (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
                 acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
@@ -145,7 +153,12 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
     """`_logits_tc`'s logits (each head's convolved scores mixed on CUDA cores in fp32, so the
     backward's match the saved lse); with STAGE each head's convolved scores (0 where not
     allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for the
-    pre-softmax mixing's gradient (the backward's pre pass)."""
+    pre-softmax mixing's gradient (the backward's pre pass).
+
+    The mixed logits are not Mask_0'd head by head: a pair that is not allowed gets -inf at the
+    end whatever its mixed value (the convolved scores there are finite: masked loads give 0),
+    and an allowed pair's value does not read them. Only the staged scores need their zeros;
+    the per-head mask was a sixth of the out pass's warp instructions (sm_90 SASS)."""
     offs_c = tl.arange(0, C)
     out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
                       HAS_KVALID)
@@ -155,10 +168,10 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
                             kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
                             D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                             HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
-        conv = tl.where(out_ok, conv, 0.0)
         w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
         out += w[:, None, None] * conv[None, :, :]
-        if STAGE:
+        if STAGE:                                    # Mask_0 only for the staged scores
+            conv = tl.where(out_ok, conv, 0.0)
             tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
                      conv.to(stage_c.dtype.element_ty))
     return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
@@ -325,6 +338,34 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
         else:
             ac *= 2
     return ar, ac
+
+
+# Where the out pass convolves a window's probabilities in one sweep of all AR rows (PR = AR):
+# each Toeplitz tap and v chunk is read once per window instead of once per AR / 2 rows (4k d 64,
+# sm_90 SASS x trips: 31.9 -> 28.2 GB of the pass's global reads, 0 B spill). On sm_80 the
+# `[HB, AR, AC]` fp32 convolution spills 56-72 B (32-40 B with 8-wide z chunks), so sm_80
+# keeps two sweeps of AR / 2 rows.
+WHOLE_WINDOW_ARCHS = ("sm_90",)
+
+_WHOLE_WINDOW: dict = {}
+
+
+def post_rows(ar: int) -> int:
+    """PR, the out pass's rows per post-softmax sweep: AR on WHOLE_WINDOW_ARCHS and under the
+    interpreter (so the tests run it), AR // 2 elsewhere (both exact). `_triton.gpu_arch` is
+    read through its module: the compile check's capture replaces it there to record each
+    architecture's launch; the answer is kept per `gpu_arch` function (a driver query)."""
+    if _triton.interpreting():
+        return ar
+    arch_of = _triton.gpu_arch
+    whole = _WHOLE_WINDOW.get(arch_of)
+    if whole is None:
+        try:
+            whole = arch_of() in WHOLE_WINDOW_ARCHS
+        except (AssertionError, RuntimeError):   # no CUDA device
+            whole = False
+        _WHOLE_WINDOW[arch_of] = whole
+    return ar if whole else ar // 2
 
 
 def key_splits(row_programs: int, key_windows: int, device) -> int:
@@ -494,11 +535,11 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
-        AC=ac, PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
+        AC=ac, PR=post_rows(ar), DCH=min(BD, 16), **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
 __all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
            "forward_grids", "key_splits", "lse_blocks", "makespan", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_windows", "post_toeplitz", "split_windows"]
+           "mta_out_kernel", "out_windows", "post_rows", "post_toeplitz", "split_windows"]

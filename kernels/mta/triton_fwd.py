@@ -1,8 +1,9 @@
 """Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
 one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`, 32 x 32 tiles at 16 heads) computes the row log-sum-exp of the logits
-L (pre-softmax key-query convolution, head mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
+Pass 1 (`mta_lse_kernel`, 64 x 64 tiles: each head's convolved scores staged, then mixed by
+one dot) computes the row log-sum-exp of the logits L (pre-softmax key-query convolution, head
+mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
 forms the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
 Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
@@ -15,8 +16,9 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
-The pre-softmax mixing is summed head by head as the convolved scores come (CUDA cores, H FMAs
-per logit and head).
+The pre-softmax mixing: in the out pass (and the backward) summed head by head as the convolved
+scores come (CUDA cores, H FMAs per logit and head); in the lse pass one fp32 dot of `W^T` with
+the staged `[heads, rows x KC keys]` scores.
 
 Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
 window, those whose convolution reads lie inside it; the window's probabilities are staged in a
@@ -178,35 +180,64 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SCH: tl.constexpr):
+                   SCH: tl.constexpr, KC: tl.constexpr):
     """Pass 1, grid `(N_T * NS, batch)` (`N_T = cdiv(T_Q, BLOCK_M)` row tiles, NS key splits,
     `key_splits`): the row lse of L for every head over split s's key tiles s, s + NS, ...,
     the last rows (most key tiles) first; `LSE [batch NS H T_Q]` holds each split's lse (the
-    caller sums the splits, `logsumexp`)."""
+    caller sums the splits, `logsumexp`).
+
+    Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
+    tiles are 64 x 64 at 16 heads: each head's convolved scores (`_conv_scores`, tensor cores)
+    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2), then KC keys at a
+    time the pre-softmax mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`,
+    zero-padded; HB >= 16) with the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32
+    products as `_logits_tc`'s head-by-head sum, in another order), Mask_-inf, and the online
+    logsumexp. q and the folded keys are read once per 64 x 64 tile and head (twice per 32 x 32
+    before: half the bytes per logit), and W no longer per head and thread."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
     m0 = (N_T - 1 - pid % N_T) * BLOCK_M      # row tile, the longest (last) rows first,
     split = pid // N_T                        # and which NS-th of its key tiles
     offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_c = tl.arange(0, BLOCK_N)
+    offs_kc = tl.arange(0, KC)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
+    kv_ptr = KVALID + b * skv_b
+    stage = STAGE1 + prog.to(tl.int64) * (HB * BLOCK_M * BLOCK_N)
+    wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(split * BLOCK_N, n_end, NS * BLOCK_N):
-        x = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
-                       sk_d, KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
-                       T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
-                       BLOCK_M, BLOCK_N, BLOCK_D, SCH) * LOG2E
-        m_new = tl.maximum(m_i, tl.max(x, 2))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
-        m_i = m_new
+        for n in range(0, H):                 # phase 1: each head's convolved scores
+            conv = _conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
+                                kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
+                                TH, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                                HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, SCH)
+            tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
+                     + offs_c[None, :], conv)
+        tl.debug_barrier()
+        for c0 in range(0, BLOCK_N, KC):      # phase 2: mixing dot, mask, online logsumexp
+            s = tl.load(stage + offs_h[:, None, None] * (BLOCK_M * BLOCK_N)
+                        + offs_r[None, :, None] * BLOCK_N + (c0 + offs_kc)[None, None, :],
+                        mask=h_valid[:, None, None], other=0.0)
+            x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, BLOCK_M * KC]), input_precision="ieee"),
+                           [HB, BLOCK_M, KC])
+            ok = _allowed(offs_m, n0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+            x = tl.where(ok[None, :, :], x, float("-inf")) * LOG2E             # Mask_-inf
+            m_new = tl.maximum(m_i, tl.max(x, 2))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]),
+                                                            2)
+            m_i = m_new
+        tl.debug_barrier()                    # the stage is rewritten next tile
     empty = l_i == 0.0
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -315,15 +346,18 @@ def default_blocks() -> tuple[int, int]:
 
 
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
-               block_d: int = 64) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: its only `[HB, rows, keys]` tensor is the logits
-    (no staging), so 32 x 32 tiles at up to 16 heads (16K fp32 per program), larger for fewer
-    heads; explicit blocks (tests) win. At <= 4 heads and d_head > 64, 64 x 32: 64 x 64 sits at
-    255 registers there and the GPU image's triton 3.6.0 spills 32 B on sm_90 (3.9.0: none)."""
-    bm = block_m or (64 if hb <= 4 else 32)
-    widest = 32 if block_d > 64 and hb <= 4 else 64
-    bn = block_n or max(16, min(widest, 16384 // (hb * bm)))
-    return bm, bn
+               block_d: int = 64, t_q: int = 4096) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: 64 x 64 from 2,048 query rows, 32 x 32 below, at
+    every head count and d_head; explicit blocks (tests) win. The pass stages each head's
+    convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows,
+    keys]` tensor lives in registers: 64 x 64 takes 235-248 registers, 0 B spill at 4 and 16
+    heads, d_head 64 and 128, sm_90 and sm_80 (triton 3.9.0; before, the mixed logits of all
+    heads were one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below
+    2,048 rows the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the
+    last finishing at 1.9x the even share); 32 x 32 gives 528. `hb`, `block_d` are unused."""
+    del hb, block_d
+    side = 64 if t_q >= 2048 else 32
+    return block_m or side, block_n or side
 
 
 def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
@@ -407,12 +441,18 @@ def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, 
     (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
     1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
     (`key_splits`, the backward's rule) can leave a last wave nearly empty (T 4096, lse pass:
-    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x)."""
+    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x). Where some NS in that
+    range launches at least one program per SM, only those count: at T 1024 the lse pass's
+    64 x 64 tiles make 136 key windows, NS 8 and 9 finish alike in whole windows, and NS 8's
+    128 programs left 4 SMs idle (the model treats every window alike; the diagonal's do not
+    cost the same)."""
     most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
                max(1, math.ceil(T_K / step)))
+    candidates = [ns for ns in range(1, most + 1) if n_rows * ns * batch >= n_sm]
+    candidates = candidates or list(range(1, most + 1))
     times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
-             for ns in range(1, most + 1)]
-    return next(ns for ns, t in enumerate(times, 1) if t <= 1.05 * min(times))
+             for ns in candidates]
+    return next(ns for ns, t in zip(candidates, times, strict=True) if t <= 1.05 * min(times))
 
 
 def _sm_count(device) -> int:
@@ -443,7 +483,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     heads: the mixing dot), key splits `balanced_splits` unless `splits` (lse, out) is
     given."""
     hb = next_pow2(H, minimum=1)
-    lm, ln = lse_blocks(hb, block_m, block_n, block_d)
+    lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
     ar, ac = out_windows(hb2, cq2, ck2)
@@ -517,25 +557,30 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
                                                             block_m, block_n, splits, BD)
-    # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
+    # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
+    stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)
+    wt = torch.zeros(hb2, hb2, **f32)
+    wt[:H, :H] = pre_mix.t()
     mta_lse_kernel[(n_t * ns1, B)](
-        q, k, kt, lse_s, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, n_t, ns1, BLOCK_M=lm, BLOCK_N=ln,
-        **common)
+        KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
+    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stage
     # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
     stage2 = torch.empty(B * n_w * ns2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
+    pr = post_rows(ar)
     mta_out_kernel[(n_w * ns2, B)](
         q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
-        AC=ac, PR=post_rows(ar), DCH=min(BD, 16), **(common | dict(HB=hb2)))
+        AC=ac, PR=pr, DCH=min(BD, 8 if pr == ar else 16), **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 

@@ -239,17 +239,20 @@ def test_key_splits_combine_exactly(monkeypatch, splits):
 
 def test_out_pass_sweeps_whole_windows_on_sm_90_and_halves_on_sm_80(monkeypatch):
     """`post_rows`: the out pass convolves all AR rows of a window in one sweep (PR = AR: each
-    Toeplitz tap and v chunk read once per window) on sm_90 and under the interpreter, two
-    sweeps of AR / 2 rows on sm_80 (one sweep spills 56-72 B there) and without a device."""
+    Toeplitz tap and v chunk read once per window) under the interpreter and for 16-bit inputs
+    on sm_90, two sweeps of AR / 2 rows on sm_80 (one sweep spills 56-72 B there), for fp32
+    inputs on a GPU (456 B on sm_90) and without a device."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
 
-    assert triton_fwd.post_rows(32) == (32 if _triton.interpreting() else 16)
+    if _triton.interpreting():
+        assert triton_fwd.post_rows(32) == triton_fwd.post_rows(32, fp32=True) == 32
     monkeypatch.setattr(_triton, "interpreting", lambda: False)
     for arch, rows in (("sm_90", 32), ("sm_80", 16)):
         monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
         monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
         assert triton_fwd.post_rows(32) == rows, arch
+        assert triton_fwd.post_rows(32, fp32=True) == 16, arch
 
     def no_device():
         raise RuntimeError("no CUDA device")
@@ -266,7 +269,7 @@ def test_out_pass_in_half_window_sweeps_matches_spec(monkeypatch):
 
     asked = []
 
-    def half(ar):
+    def half(ar, fp32=False):
         asked.append(ar)
         return ar // 2
 

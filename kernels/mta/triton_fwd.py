@@ -374,23 +374,27 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
     return ar, ac
 
 
-# Where the out pass convolves a window's probabilities in one sweep of all AR rows (PR = AR):
-# each Toeplitz tap and v chunk is read once per window instead of once per AR / 2 rows (4k d 64,
-# sm_90 SASS x trips: 31.9 -> 28.2 GB of the pass's global reads, 0 B spill). On sm_80 the
-# `[HB, AR, AC]` fp32 convolution spills 56-72 B (32-40 B with 8-wide z chunks), so sm_80
-# keeps two sweeps of AR / 2 rows.
+# Where the out pass convolves a window's 16-bit probabilities in one sweep of all AR rows
+# (PR = AR): each Toeplitz tap and v chunk is read once per window instead of once per AR / 2
+# rows (4k d 64, sm_90 SASS x trips: 31.9 -> 28.2 GB of the pass's global reads, 0 B spill).
+# On sm_80 the `[HB, AR, AC]` fp32 convolution spills 56-72 B (bf16; 32-40 B with 8-wide z
+# chunks), and in fp32 (IEEE dots, fp32 stage) one sweep spills 456 B on sm_90, so those keep
+# two sweeps of AR / 2 rows.
 WHOLE_WINDOW_ARCHS = ("sm_90",)
 
 _WHOLE_WINDOW: dict = {}
 
 
-def post_rows(ar: int) -> int:
-    """PR, the out pass's rows per post-softmax sweep: AR on WHOLE_WINDOW_ARCHS and under the
-    interpreter (so the tests run it), AR // 2 elsewhere (both exact). `_triton.gpu_arch` is
-    read through its module: the compile check's capture replaces it there to record each
+def post_rows(ar: int, fp32: bool = False) -> int:
+    """PR, the out pass's rows per post-softmax sweep: AR under the interpreter (so the tests
+    run it, fp32 included, at fp32 tolerances) and for 16-bit inputs on WHOLE_WINDOW_ARCHS,
+    AR // 2 for fp32 inputs and elsewhere on a GPU (both exact). `_triton.gpu_arch` is read
+    through its module: the compile check's capture replaces it there to record each
     architecture's launch; the answer is kept per `gpu_arch` function (a driver query)."""
     if _triton.interpreting():
         return ar
+    if fp32:
+        return ar // 2
     arch_of = _triton.gpu_arch
     whole = _WHOLE_WINDOW.get(arch_of)
     if whole is None:
@@ -574,7 +578,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
-    pr = post_rows(ar)
+    pr = post_rows(ar, q.dtype == torch.float32)
     mta_out_kernel[(n_w * ns2, B)](
         q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),

@@ -237,6 +237,47 @@ def test_key_splits_combine_exactly(monkeypatch, splits):
     assert used == [(splits, splits)]
 
 
+def test_out_pass_sweeps_whole_windows_on_sm_90_and_halves_on_sm_80(monkeypatch):
+    """`post_rows`: the out pass convolves all AR rows of a window in one sweep (PR = AR: each
+    Toeplitz tap and v chunk read once per window) under the interpreter and for 16-bit inputs
+    on sm_90, two sweeps of AR / 2 rows on sm_80 (one sweep spills 56-72 B there), for fp32
+    inputs on a GPU (456 B on sm_90) and without a device."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+
+    if _triton.interpreting():
+        assert triton_fwd.post_rows(32) == triton_fwd.post_rows(32, fp32=True) == 32
+    monkeypatch.setattr(_triton, "interpreting", lambda: False)
+    for arch, rows in (("sm_90", 32), ("sm_80", 16)):
+        monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+        monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
+        assert triton_fwd.post_rows(32) == rows, arch
+        assert triton_fwd.post_rows(32, fp32=True) == 16, arch
+
+    def no_device():
+        raise RuntimeError("no CUDA device")
+
+    monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+    monkeypatch.setattr(_triton, "gpu_arch", no_device)
+    assert triton_fwd.post_rows(32) == 16
+
+
+def test_out_pass_in_half_window_sweeps_matches_spec(monkeypatch):
+    """sm_80's out pass (PR = AR / 2: two sweeps of a window's rows, `post_rows`) stays exact
+    now that the interpreter runs sm_90's whole-window sweep: T 61 at 6 x 11, both paddings."""
+    from attnlens.kernels.mta import triton_fwd
+
+    asked = []
+
+    def half(ar, fp32=False):
+        asked.append(ar)
+        return ar // 2
+
+    monkeypatch.setattr(triton_fwd, "post_rows", half)
+    _check(61, 61, 2, OFFICIAL, "both")
+    assert asked == [32]
+
+
 def test_forward_grids_fill_the_sms_at_batch_1():
     """The benchmark's shapes (16 heads, 6 x 11): both passes launch >= 132 programs (2 SMs'
     worth at 4k) and the modeled finish time of their causal key windows stays within 1.3x
@@ -255,18 +296,33 @@ def test_forward_grids_fill_the_sms_at_batch_1():
     assert makespan(unsplit, 132) == 32 and sum(unsplit) == 528
 
 
-def test_lse_tiles_narrow_at_few_heads_and_wide_heads():
-    """`lse_blocks`: 64 x 64 at <= 4 heads and d_head <= 64, 64 x 32 at d_head > 64 (64 x 64
-    there sat at 255 registers and spilled 32 B under the GPU image's triton 3.6.0, sm_90),
-    32 x 32 at 16 heads whatever d_head; explicit blocks win; `forward_grids` passes d_head."""
+def test_forward_grids_launch_a_program_per_sm_at_512_rows():
+    """`balanced_splits` counts only the splits that launch >= 132 programs where there are
+    such: at T 512 (16 lse row tiles of 32) NS 8 and 9 finish alike in whole key windows, and
+    the fewest (8: 128 programs) left 4 SMs idle; now NS 9, 144 programs."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids
+
+    g = forward_grids(1, 512, 512, 16, 6, 11, "cpu")
+    assert g.n_t * g.ns_lse >= 132 and g.n_w * g.ns_out >= 132, g
+
+
+def test_lse_tiles_are_64_by_64_from_2k_rows_at_every_head_count():
+    """`lse_blocks`: 64 x 64 at 4 and 16 heads, d_head 64 and 128, from 2,048 query rows, 32 x
+    32 below (the lse pass stages each head's convolved scores and mixes them by a dot, so no
+    all-heads tensor limits its tiles; before: 32 x 32 at 16 heads, 64 x 32 at 4 heads and
+    d_head 128); explicit blocks win; `forward_grids` takes them."""
     from attnlens.kernels.mta.triton_fwd import forward_grids, lse_blocks
 
-    assert lse_blocks(4, None, None, 64) == (64, 64)
-    assert lse_blocks(4, None, None, 128) == (64, 32)
-    assert lse_blocks(16, None, None, 128) == lse_blocks(16, None, None, 64) == (32, 32)
+    for hb in (4, 16):
+        for d in (64, 128):
+            assert lse_blocks(hb, None, None, d, 4096) == lse_blocks(hb, None, None, d) == (64, 64)
+            assert lse_blocks(hb, None, None, d, 2048) == (64, 64)
+            assert lse_blocks(hb, None, None, d, 1024) == (32, 32)
     assert lse_blocks(4, 16, 16, 128) == (16, 16)
-    g = forward_grids(1, 256, 256, 4, 6, 11, "cpu", splits=(1, 1), block_d=128)
-    assert (g.block_m, g.block_n) == (64, 32)
+    g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
+    assert (g.block_m, g.block_n) == (64, 64)
+    g = forward_grids(1, 256, 256, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
+    assert (g.block_m, g.block_n) == (32, 32)
 
 
 def test_trip_models_count_the_forward_key_splits():

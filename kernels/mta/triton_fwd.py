@@ -1,8 +1,9 @@
 """Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
 one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`, 32 x 32 tiles at 16 heads) computes the row log-sum-exp of the logits
-L (pre-softmax key-query convolution, head mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
+Pass 1 (`mta_lse_kernel`, 64 x 64 tiles: each head's convolved scores staged, then mixed by
+one dot) computes the row log-sum-exp of the logits L (pre-softmax key-query convolution, head
+mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
 forms the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
 Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
@@ -15,8 +16,9 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
-The pre-softmax mixing is summed head by head as the convolved scores come (CUDA cores, H FMAs
-per logit and head).
+The pre-softmax mixing: in the out pass (and the backward) summed head by head as the convolved
+scores come (CUDA cores, H FMAs per logit and head); in the lse pass one fp32 dot of `W^T` with
+the staged `[heads, rows x KC keys]` scores.
 
 Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
 window, those whose convolution reads lie inside it; the window's probabilities are staged in a
@@ -39,6 +41,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
 from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
@@ -79,12 +82,19 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
     acc = tl.zeros([R, C], dtype=tl.float32)
     cols = col0 + tl.arange(0, C)
     if last_key > first_row + Q_OFFSET:              # taps cross the causal edge: direct
+        # Products of rows or keys outside the sequence are already 0 (masked loads), so a
+        # tap's Mask_0 is the causal test alone (and padding keys): key - row <= Q_OFFSET, one
+        # compare of the window's key - row offsets per element and tap.
+        lag = cols[None, :] - (first_row + tl.arange(0, R))[:, None]
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
             r_in = (rows >= 0) & (rows < T_Q)
             for b in range(0, CK):
                 keys = cols - LEFT + b
-                ok = _allowed(rows, keys, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+                ok = lag <= Q_OFFSET + a + LEFT - b           # keys[j] - rows[i] <= Q_OFFSET
+                if HAS_KVALID:
+                    kv = tl.load(kv_ptr + keys, mask=(keys >= 0) & (keys < T_K), other=0)
+                    ok = ok & (kv[None, :] != 0)
                 s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
                              (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
                 acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
@@ -145,7 +155,12 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
     """`_logits_tc`'s logits (each head's convolved scores mixed on CUDA cores in fp32, so the
     backward's match the saved lse); with STAGE each head's convolved scores (0 where not
     allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for the
-    pre-softmax mixing's gradient (the backward's pre pass)."""
+    pre-softmax mixing's gradient (the backward's pre pass).
+
+    The mixed logits are not Mask_0'd head by head: a pair that is not allowed gets -inf at the
+    end whatever its mixed value (the convolved scores there are finite: masked loads give 0),
+    and an allowed pair's value does not read them. Only the staged scores need their zeros;
+    the per-head mask was a sixth of the out pass's warp instructions (sm_90 SASS)."""
     offs_c = tl.arange(0, C)
     out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
                       HAS_KVALID)
@@ -155,45 +170,74 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
                             kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
                             D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                             HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
-        conv = tl.where(out_ok, conv, 0.0)
         w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
         out += w[:, None, None] * conv[None, :, :]
-        if STAGE:
+        if STAGE:                                    # Mask_0 only for the staged scores
+            conv = tl.where(out_ok, conv, 0.0)
             tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
                      conv.to(stage_c.dtype.element_ty))
     return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, KT, LSE, KVALID, TH, W,
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SCH: tl.constexpr):
+                   SCH: tl.constexpr, KC: tl.constexpr):
     """Pass 1, grid `(N_T * NS, batch)` (`N_T = cdiv(T_Q, BLOCK_M)` row tiles, NS key splits,
     `key_splits`): the row lse of L for every head over split s's key tiles s, s + NS, ...,
     the last rows (most key tiles) first; `LSE [batch NS H T_Q]` holds each split's lse (the
-    caller sums the splits, `logsumexp`)."""
+    caller sums the splits, `logsumexp`).
+
+    Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
+    tiles are 64 x 64 at 16 heads: each head's convolved scores (`_conv_scores`, tensor cores)
+    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2), then KC keys at a
+    time the pre-softmax mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`,
+    zero-padded; HB >= 16) with the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32
+    products as `_logits_tc`'s head-by-head sum, in another order), Mask_-inf, and the online
+    logsumexp. q and the folded keys are read once per 64 x 64 tile and head (twice per 32 x 32
+    before: half the bytes per logit), and W no longer per head and thread."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
     m0 = (N_T - 1 - pid % N_T) * BLOCK_M      # row tile, the longest (last) rows first,
     split = pid // N_T                        # and which NS-th of its key tiles
     offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_c = tl.arange(0, BLOCK_N)
+    offs_kc = tl.arange(0, KC)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
+    kv_ptr = KVALID + b * skv_b
+    stage = STAGE1 + prog.to(tl.int64) * (HB * BLOCK_M * BLOCK_N)
+    wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
     for n0 in range(split * BLOCK_N, n_end, NS * BLOCK_N):
-        x = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
-                       sk_d, KVALID + b * skv_b, TH, W, H, offs_h, h_valid, D, m0, n0,
-                       T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB,
-                       BLOCK_M, BLOCK_N, BLOCK_D, SCH) * LOG2E
-        m_new = tl.maximum(m_i, tl.max(x, 2))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]), 2)
-        m_i = m_new
+        for n in range(0, H):                 # phase 1: each head's convolved scores
+            conv = _conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
+                                kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
+                                TH, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                                HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, SCH)
+            tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
+                     + offs_c[None, :], conv)
+        tl.debug_barrier()
+        for c0 in range(0, BLOCK_N, KC):      # phase 2: mixing dot, mask, online logsumexp
+            s = tl.load(stage + offs_h[:, None, None] * (BLOCK_M * BLOCK_N)
+                        + offs_r[None, :, None] * BLOCK_N + (c0 + offs_kc)[None, None, :],
+                        mask=h_valid[:, None, None], other=0.0)
+            x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, BLOCK_M * KC]), input_precision="ieee"),
+                           [HB, BLOCK_M, KC])
+            ok = _allowed(offs_m, n0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+            x = tl.where(ok[None, :, :], x, float("-inf")) * LOG2E             # Mask_-inf
+            m_new = tl.maximum(m_i, tl.max(x, 2))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * tl.math.exp2(m_i - m_use) + tl.sum(tl.math.exp2(x - m_use[:, :, None]),
+                                                            2)
+            m_i = m_new
+        tl.debug_barrier()                    # the stage is rewritten next tile
     empty = l_i == 0.0
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -302,15 +346,18 @@ def default_blocks() -> tuple[int, int]:
 
 
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
-               block_d: int = 64) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: its only `[HB, rows, keys]` tensor is the logits
-    (no staging), so 32 x 32 tiles at up to 16 heads (16K fp32 per program), larger for fewer
-    heads; explicit blocks (tests) win. At <= 4 heads and d_head > 64, 64 x 32: 64 x 64 sits at
-    255 registers there and the GPU image's triton 3.6.0 spills 32 B on sm_90 (3.9.0: none)."""
-    bm = block_m or (64 if hb <= 4 else 32)
-    widest = 32 if block_d > 64 and hb <= 4 else 64
-    bn = block_n or max(16, min(widest, 16384 // (hb * bm)))
-    return bm, bn
+               block_d: int = 64, t_q: int = 4096) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: 64 x 64 from 2,048 query rows, 32 x 32 below, at
+    every head count and d_head; explicit blocks (tests) win. The pass stages each head's
+    convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows,
+    keys]` tensor lives in registers: 64 x 64 takes 235-248 registers, 0 B spill at 4 and 16
+    heads, d_head 64 and 128, sm_90 and sm_80 (triton 3.9.0; before, the mixed logits of all
+    heads were one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below
+    2,048 rows the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the
+    last finishing at 1.9x the even share); 32 x 32 gives 528. `hb`, `block_d` are unused."""
+    del hb, block_d
+    side = 64 if t_q >= 2048 else 32
+    return block_m or side, block_n or side
 
 
 def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
@@ -325,6 +372,38 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
         else:
             ac *= 2
     return ar, ac
+
+
+# Where the out pass convolves a window's 16-bit probabilities in one sweep of all AR rows
+# (PR = AR): each Toeplitz tap and v chunk is read once per window instead of once per AR / 2
+# rows (4k d 64, sm_90 SASS x trips: 31.9 -> 28.2 GB of the pass's global reads, 0 B spill).
+# On sm_80 the `[HB, AR, AC]` fp32 convolution spills 56-72 B (bf16; 32-40 B with 8-wide z
+# chunks), and in fp32 (IEEE dots, fp32 stage) one sweep spills 456 B on sm_90, so those keep
+# two sweeps of AR / 2 rows.
+WHOLE_WINDOW_ARCHS = ("sm_90",)
+
+_WHOLE_WINDOW: dict = {}
+
+
+def post_rows(ar: int, fp32: bool = False) -> int:
+    """PR, the out pass's rows per post-softmax sweep: AR under the interpreter (so the tests
+    run it, fp32 included, at fp32 tolerances) and for 16-bit inputs on WHOLE_WINDOW_ARCHS,
+    AR // 2 for fp32 inputs and elsewhere on a GPU (both exact). `_triton.gpu_arch` is read
+    through its module: the compile check's capture replaces it there to record each
+    architecture's launch; the answer is kept per `gpu_arch` function (a driver query)."""
+    if _triton.interpreting():
+        return ar
+    if fp32:
+        return ar // 2
+    arch_of = _triton.gpu_arch
+    whole = _WHOLE_WINDOW.get(arch_of)
+    if whole is None:
+        try:
+            whole = arch_of() in WHOLE_WINDOW_ARCHS
+        except (AssertionError, RuntimeError):   # no CUDA device
+            whole = False
+        _WHOLE_WINDOW[arch_of] = whole
+    return ar if whole else ar // 2
 
 
 def key_splits(row_programs: int, key_windows: int, device) -> int:
@@ -366,12 +445,18 @@ def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, 
     (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
     1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
     (`key_splits`, the backward's rule) can leave a last wave nearly empty (T 4096, lse pass:
-    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x)."""
+    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x). Where some NS in that
+    range launches at least one program per SM, only those count: at T 1024 the lse pass's
+    64 x 64 tiles make 136 key windows, NS 8 and 9 finish alike in whole windows, and NS 8's
+    128 programs left 4 SMs idle (the model treats every window alike; the diagonal's do not
+    cost the same)."""
     most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
                max(1, math.ceil(T_K / step)))
+    candidates = [ns for ns in range(1, most + 1) if n_rows * ns * batch >= n_sm]
+    candidates = candidates or list(range(1, most + 1))
     times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
-             for ns in range(1, most + 1)]
-    return next(ns for ns, t in enumerate(times, 1) if t <= 1.05 * min(times))
+             for ns in candidates]
+    return next(ns for ns, t in zip(candidates, times, strict=True) if t <= 1.05 * min(times))
 
 
 def _sm_count(device) -> int:
@@ -402,7 +487,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     heads: the mixing dot), key splits `balanced_splits` unless `splits` (lse, out) is
     given."""
     hb = next_pow2(H, minimum=1)
-    lm, ln = lse_blocks(hb, block_m, block_n, block_d)
+    lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
     ar, ac = out_windows(hb2, cq2, ck2)
@@ -476,29 +561,34 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
                                                             block_m, block_n, splits, BD)
-    # Pass 1: logits on the tile itself (no staging: the convolved scores come from dots).
+    # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
+    stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)
+    wt = torch.zeros(hb2, hb2, **f32)
+    wt[:H, :H] = pre_mix.t()
     mta_lse_kernel[(n_t * ns1, B)](
-        q, k, kt, lse_s, kv, pre_kernel, pre_mix, *q.stride(), *k.stride(), kv.stride(0),
+        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, *q.stride(), *k.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, n_t, ns1, BLOCK_M=lm, BLOCK_N=ln,
-        **common)
+        KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
+    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stage
     # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
     stage2 = torch.empty(B * n_w * ns2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
+    pr = post_rows(ar, q.dtype == torch.float32)
     mta_out_kernel[(n_w * ns2, B)](
         q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
-        AC=ac, PR=ar // 2, DCH=min(BD, 16), **(common | dict(HB=hb2)))
+        AC=ac, PR=pr, DCH=min(BD, 8 if pr == ar else 16), **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
 __all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
            "forward_grids", "key_splits", "lse_blocks", "makespan", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_windows", "post_toeplitz", "split_windows"]
+           "mta_out_kernel", "out_windows", "post_rows", "post_toeplitz", "split_windows"]

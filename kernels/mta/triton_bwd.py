@@ -46,6 +46,7 @@ from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
+    add_dot_heads_slot,
     bwd_toeplitz,
     dot_heads_rt,
     head_gram,
@@ -232,7 +233,7 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
 
 @triton.jit(noinline=True)
 def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-               STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+               STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b,
                prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR:
@@ -274,7 +275,7 @@ def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, 
 
 @triton.jit(noinline=True)
 def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
@@ -321,14 +322,15 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit(noinline=True)
 def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
             tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
-    """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was), dq and
-    dk (atomics), dth (the program's slot of DTH_P)."""
+    """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
+    the program's slot of DQ_P (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q (atomics),
+    dth (the program's slot of DTH_P)."""
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -337,6 +339,7 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
     stage_r = STAGE_R + slot
     stage_m = STAGE_M + prog.to(tl.int64) * (HB * AC * AC)
     dth_acc = DTH_P + prog.to(tl.int64) * (HB * CQ * CKP)
+    dq_slot = DQ_P + prog.to(tl.int64) * (AR * H * D)   # rows m0 - (CQ - 1) + [0, AR)
     kv_ptr = KVALID + b * skv_b
     offs_c = tl.arange(0, AC)
     tl.debug_barrier()                                  # dC staged by other threads
@@ -351,13 +354,13 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
         stage_store(stage_g, offs_r, tl.where(dr_ok[None, :, :], d_r * scale, 0.0), offs_h,
                     AR, AC)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                    # dq += dR k, dk += dR^T q
+    for r0 in range(0, AR, PR):                    # dq += dR k (own slot), dk += dR^T q
         offs_r = r0 + tl.arange(0, PR)
         rows = m0 - (CQ - 1) + offs_r
         rows_in = (rows >= 0) & (rows < T_Q)
         d_r = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC)
-        add_dot_heads(DQ, b, T_Q, H, rows, rows_in, d_r, K, b * sk_b, sk_t, sk_h, sk_d,
-                      r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
+        add_dot_heads_slot(dq_slot, H, offs_r, d_r, K, b * sk_b, sk_t, sk_h, sk_d, r_cols,
+                           c_in, offs_h, h_valid, D, IEEE, DCH)
         add_dot_heads(DK, b, T_K, H, r_cols, c_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
                       sq_t, sq_h, sq_d, rows, rows_in, offs_h, h_valid, D, IEEE, DCH)
     for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
@@ -370,7 +373,7 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
-                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2,
                        TOEP_PT, TOEP_RT,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -393,21 +396,21 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
         _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                   STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT,
-                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
-                   sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2,
-                   RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D,
-                   DCH, SCH, GK)
+                   STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
+                   TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                   sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
+                   CQ2, RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP,
+                   BLOCK_D, DCH, SCH, GK)
         _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+                STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
         _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+                STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
 
 
 def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
@@ -419,6 +422,31 @@ def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
+def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int,
+                     ar: int) -> int:
+    """Bytes of the pre pass's fp32 dq partials (one `[AR, H, D]` slot per program), less the
+    fp32 dq the atomics summed into, which is no longer held while the passes run (it is the
+    partials' fold, made after them). At 4k, 16 heads, d 128: 304 programs, AR 32: 76 MiB of
+    slots against a 32 MiB dq, 44 MiB more."""
+    return 4 * batch * H * D * (n_prog_per_batch * ar - T_Q)
+
+
+def fold_dq_partials(dq_p, batch: int, n_w: int, ns: int, ar: int, own_r: int, cq: int,
+                     T_Q: int):
+    """dq `[batch T_Q H D]` fp32 from the pre pass's per-program slots `dq_p [batch, ns * n_w,
+    AR, H, D]` (program `pid = split * n_w + n_w - 1 - w` holds rows `w * OR - (CQ - 1) + [0,
+    AR)` of row window w): the splits summed, then the windows' overlapping rows added phase by
+    phase (rows `[k OR, (k + 1) OR)` of every window at once). Fixed order: deterministic."""
+    H, D = dq_p.shape[-2:]
+    parts = dq_p.view(batch, ns, n_w, ar, H, D).sum(1).flip(1)     # [batch, w, AR, H, D]
+    phases = math.ceil(ar / own_r)
+    out = torch.zeros(batch, n_w + phases, own_r, H, D, device=dq_p.device, dtype=dq_p.dtype)
+    for k in range(phases):
+        rows = min(own_r, ar - k * own_r)
+        out[:, k:k + n_w, :rows] += parts[:, :, k * own_r:k * own_r + rows]
+    return out.view(batch, -1, H, D)[:, cq - 1:cq - 1 + T_Q]
+
+
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
             left: int, left2: int, scale: float, key_valid=None, block_m: int | None = None,
             block_n: int | None = None):
@@ -428,11 +456,11 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dq = torch.zeros(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
     if T_Q == 0:
-        return (dq, dk, dv, torch.zeros_like(pre_kernel), torch.zeros_like(pre_mix),
-                torch.zeros_like(post_kernel), torch.zeros_like(post_mix))
+        return (torch.zeros(B, T_Q, H, D, **f32), dk, dv, torch.zeros_like(pre_kernel),
+                torch.zeros_like(pre_mix), torch.zeros_like(post_kernel),
+                torch.zeros_like(post_mix))
     cq, ck = pre_kernel.shape[1:]
     cq2, ck2 = post_kernel.shape[1:]
     right2 = ck2 - 1 - left2
@@ -475,15 +503,19 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
         left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
+    dq_p = torch.zeros(n_prog, ar, H, D, **f32)
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
-        dq, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
+        dq_p, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
         cq2, right2, own_r, own_c, n_w, ns, CKP=ckp, GK=min(256, ar * ac), **common)
+    del delta
+    dq = fold_dq_partials(dq_p, B, n_w, ns, ar, own_r, cq, T_Q)
     dth = dth_p.sum(0)[:H, :, :ck].contiguous()
     dth2 = dth2_p.sum(0)[:H, :, :ck2].contiguous()
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_windows", "key_splits", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+__all__ = ["bwd_windows", "dq_partial_bytes", "fold_dq_partials", "key_splits", "mta_bwd",
+           "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
            "mta_bwd_pre_kernel"]

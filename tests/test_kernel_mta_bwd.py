@@ -94,9 +94,11 @@ def test_trip_models_count_the_backward_windows():
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
     assert delta["n0"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
-    assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
+    assert post["r0"] == [pytest.approx(16 / 3)] * 4           # 2 row chunks x 8/3 windows
+    assert post["d0"] == [4, pytest.approx(4 * 8 / 3)]        # dv: one d_head loop a window
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
+    assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
     # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
     # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
     assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]

@@ -188,12 +188,13 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                                               0.0), offs_h, AR, AC)
     w_ptr = DW2_P + prog.to(tl.int64) * (HB * HB) + offs_h[:, None] * HB + offs_h[None, :]
     tl.store(w_ptr, tl.load(w_ptr) + d_w2)
-    for r0 in range(0, AR, PR):                 # dv += P^T dz
-        offs_r = r0 + tl.arange(0, PR)
-        rows = m0 + offs_r
-        pattern_t = tl.permute(stage_load(stage_p, offs_r, offs_h, h_valid, AR, AC), (0, 2, 1))
-        add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
-                      rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
+    # dv += P^T dz, one dot over all AR rows (P is 0 past the OR owned ones): one atomic per
+    # dv entry and window, not one per row chunk
+    rows = m0 + tl.arange(0, AR)
+    pattern_t = tl.permute(stage_load(stage_p, tl.arange(0, AR), offs_h, h_valid, AR, AC),
+                           (0, 2, 1))
+    add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
+                  rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
     tl.debug_barrier()
     for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
         offs_r = r0 + tl.arange(0, PR)
@@ -354,15 +355,16 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
         stage_store(stage_g, offs_r, tl.where(dr_ok[None, :, :], d_r * scale, 0.0), offs_h,
                     AR, AC)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                    # dq += dR k (own slot), dk += dR^T q
+    for r0 in range(0, AR, PR):                    # dq += dR k (the program's slot)
         offs_r = r0 + tl.arange(0, PR)
-        rows = m0 - (CQ - 1) + offs_r
-        rows_in = (rows >= 0) & (rows < T_Q)
-        d_r = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC)
-        add_dot_heads_slot(dq_slot, H, offs_r, d_r, K, b * sk_b, sk_t, sk_h, sk_d, r_cols,
-                           c_in, offs_h, h_valid, D, IEEE, DCH)
-        add_dot_heads(DK, b, T_K, H, r_cols, c_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
-                      sq_t, sq_h, sq_d, rows, rows_in, offs_h, h_valid, D, IEEE, DCH)
+        add_dot_heads_slot(dq_slot, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
+                                                          AC), K, b * sk_b, sk_t, sk_h, sk_d,
+                           r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
+    # dk += dR^T q, one dot over all AR rows: one atomic per dk entry and window
+    rows = m0 - (CQ - 1) + tl.arange(0, AR)
+    d_r_t = tl.permute(stage_load(stage_g, tl.arange(0, AR), offs_h, h_valid, AR, AC), (0, 2, 1))
+    add_dot_heads(DK, b, T_K, H, r_cols, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
+                  (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
     for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
         offs_r = r0 + tl.arange(0, PR)
         d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)

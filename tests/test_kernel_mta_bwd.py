@@ -127,26 +127,26 @@ def test_gradients_at_sixteen_heads_full_mixing():
 
 
 def test_dq_partials_fold_to_the_rows_each_program_holds():
-    """`fold_dq_partials` sums every program's `[AR, H, D]` dq slot into the rows it holds (row
-    window w: rows `w * OR - (CQ - 1) + [0, AR)`, program `split * n_w + n_w - 1 - w`), rows
-    outside the sequence dropped, against a direct loop. Integer values: the sums are exact
-    in any order, so the fold must equal the loop bit for bit."""
+    """`fold_dq_partials` sums every program's `[AR, H, D]` dq slot (by batch, key split s and
+    row window w: rows `w * OR - (CQ - 1) + [0, AR)`) into those rows, rows outside the
+    sequence dropped, against a direct loop. Integer values: the sums are exact in any order,
+    so the fold must equal the loop bit for bit."""
     from attnlens.kernels.mta.triton_bwd import fold_dq_partials
 
     g = torch.Generator().manual_seed(7)
     for batch, n_w, ns, ar, own_r, cq, T_Q in ((2, 3, 2, 32, 27, 6, 61), (1, 4, 3, 16, 5, 6, 17),
                                                (1, 1, 1, 32, 30, 1, 9)):
         H, D = 3, 4
-        dq_p = torch.randint(-8, 9, (batch, ns * n_w, ar, H, D), generator=g).float()
+        dq_p = torch.randint(-8, 9, (batch, ns, n_w, ar, H, D), generator=g).float()
         want = torch.zeros(batch, T_Q, H, D)
         for b in range(batch):
-            for pid in range(ns * n_w):
-                w = n_w - 1 - pid % n_w
-                for r in range(ar):
-                    row = w * own_r - (cq - 1) + r
-                    if 0 <= row < T_Q:
-                        want[b, row] += dq_p[b, pid, r]
-        got = fold_dq_partials(dq_p.view(-1, ar, H, D), batch, n_w, ns, ar, own_r, cq, T_Q)
+            for s in range(ns):
+                for w in range(n_w):
+                    for r in range(ar):
+                        row = w * own_r - (cq - 1) + r
+                        if 0 <= row < T_Q:
+                            want[b, row] += dq_p[b, s, w, r]
+        got = fold_dq_partials(dq_p.clone(), batch, n_w, ns, ar, own_r, cq, T_Q)
         assert torch.equal(got, want)
 
 
@@ -160,7 +160,7 @@ def test_dq_partial_bytes_at_4k():
 
 
 def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
-    """dq goes to per-program slots (the pre kernel's `DQ_P`, `[programs, AR, H, D]`) whose
+    """dq goes to per-program slots (the pre kernel's `DQ_P`, `[B, NS, N_W, AR, H, D]`) whose
     size is `dq_partial_bytes` above an fp32 dq, and two backward runs give bit-identical
     gradients (T 37, 30 rows and 28 keys owned per window: 2 row windows x 2 key splits)."""
     from attnlens.kernels.mta import triton_bwd
@@ -189,8 +189,9 @@ def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
     (grid, dq_p), _ = slots
-    ar = triton_bwd.bwd_windows(16, 2, 5, 3, 3)[0]
-    n_prog = grid[0] * grid[1]
-    assert n_prog > 2 and dq_p.shape == (n_prog, ar, H, D) and dq_p.dtype == torch.float32
+    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    n_prog, n_w = grid[0] * grid[1], -(-T // own_r)
+    assert n_prog > n_w > 1 and dq_p.dtype == torch.float32
+    assert dq_p.shape == (B, n_prog // (B * n_w), n_w, ar, H, D)
     assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
                                                                              n_prog // B, ar)

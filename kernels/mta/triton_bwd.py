@@ -234,11 +234,11 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
 
 @triton.jit(noinline=True)
 def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-               STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-               sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-               sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b,
-               prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR:
-               tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
+               STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+               sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+               sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+               ORC, b, prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+               AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
                tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Pre pass, key window `n0`, part 1 (scalar arguments only: nothing hoisted out of
     the key loop): G and R staged, dA = Conv'^T(G) staged on the owned positions."""
@@ -276,7 +276,7 @@ def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, 
 
 @triton.jit(noinline=True)
 def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
@@ -323,14 +323,15 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit(noinline=True)
 def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
             tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
-    the program's slot of DQ_P (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q (atomics),
+    the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q
+    (atomics),
     dth (the program's slot of DTH_P)."""
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
@@ -340,7 +341,6 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
     stage_r = STAGE_R + slot
     stage_m = STAGE_M + prog.to(tl.int64) * (HB * AC * AC)
     dth_acc = DTH_P + prog.to(tl.int64) * (HB * CQ * CKP)
-    dq_slot = DQ_P + prog.to(tl.int64) * (AR * H * D)   # rows m0 - (CQ - 1) + [0, AR)
     kv_ptr = KVALID + b * skv_b
     offs_c = tl.arange(0, AC)
     tl.debug_barrier()                                  # dC staged by other threads
@@ -357,7 +357,7 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
     tl.debug_barrier()
     for r0 in range(0, AR, PR):                    # dq += dR k (the program's slot)
         offs_r = r0 + tl.arange(0, PR)
-        add_dot_heads_slot(dq_slot, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
+        add_dot_heads_slot(DQ_SLOT, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
                                                           AC), K, b * sk_b, sk_t, sk_h, sk_d,
                            r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
     # dk += dR^T q, one dot over all AR rows: one atomic per dk entry and window
@@ -385,31 +385,35 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
                        DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
-    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq, dk (atomics into fp32 DQ, DK) and this
-    program's partial dW `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key
-    window, sweeps of PR rows passing maps on through per-program stages: G (from `(m0, n0 -
-    RIGHT2)`) and R = Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned
-    positions `(m0, n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on
-    R's window (the positions the owned taps read), staged where G was; dq, dk; dth. `WM
-    [HB, HB]` is W in the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
+    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq into the program's own fp32 slot of `DQ_P
+    [batch, NS, N_W, AR, H, D]` (by split and row window w, rows `w OR - (CQ - 1) + [0, AR)`:
+    `fold_dq_partials` sums them), dk (atomics into fp32 DK) and this program's partial dW
+    `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window, sweeps of PR
+    rows passing maps on through per-program stages: G (from `(m0, n0 - RIGHT2)`) and R =
+    Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned positions `(m0,
+    n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on R's window (the
+    positions the owned taps read), staged where G was; dq, dk; dth. `WM [HB, HB]` is W in
+    the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    w = N_W - 1 - pid % N_W                   # row window, the longest (last) rows first,
+    m0 = w * OR
     split = pid // N_W                        # and which NS-th of its key windows
+    dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
         _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                   STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
+                   STAGE_DL, STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
                    TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
                    CQ2, RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP,
                    BLOCK_D, DCH, SCH, GK)
         _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
                 sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
                 sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
                 ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
         _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
                 sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
                 sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
                 ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
@@ -435,17 +439,20 @@ def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int
 
 def fold_dq_partials(dq_p, batch: int, n_w: int, ns: int, ar: int, own_r: int, cq: int,
                      T_Q: int):
-    """dq `[batch T_Q H D]` fp32 from the pre pass's per-program slots `dq_p [batch, ns * n_w,
-    AR, H, D]` (program `pid = split * n_w + n_w - 1 - w` holds rows `w * OR - (CQ - 1) + [0,
-    AR)` of row window w): the splits summed, then the windows' overlapping rows added phase by
-    phase (rows `[k OR, (k + 1) OR)` of every window at once). Fixed order: deterministic."""
+    """dq `[batch T_Q H D]` fp32 from the pre pass's slots `dq_p [batch, ns, n_w, AR, H, D]`
+    (the slot of split s and row window w holds rows `w * OR - (CQ - 1) + [0, AR)`): the
+    splits summed in place into split 0's slots, then the windows' overlapping rows added phase
+    by phase (rows `[k OR, (k + 1) OR)` of every window at once). Fixed order: deterministic.
+    Beside `dq_p` (consumed) it holds only the output."""
     H, D = dq_p.shape[-2:]
-    parts = dq_p.view(batch, ns, n_w, ar, H, D).sum(1).flip(1)     # [batch, w, AR, H, D]
+    parts = dq_p.view(batch, ns, n_w, ar, H, D)
+    for s in range(1, ns):
+        parts[:, 0] += parts[:, s]
     phases = math.ceil(ar / own_r)
     out = torch.zeros(batch, n_w + phases, own_r, H, D, device=dq_p.device, dtype=dq_p.dtype)
     for k in range(phases):
         rows = min(own_r, ar - k * own_r)
-        out[:, k:k + n_w, :rows] += parts[:, :, k * own_r:k * own_r + rows]
+        out[:, k:k + n_w, :rows] += parts[:, 0, :, k * own_r:k * own_r + rows]
     return out.view(batch, -1, H, D)[:, cq - 1:cq - 1 + T_Q]
 
 
@@ -505,7 +512,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
         left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
-    dq_p = torch.zeros(n_prog, ar, H, D, **f32)
+    dq_p = torch.zeros(B, ns, n_w, ar, H, D, **f32)
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),

@@ -13,7 +13,7 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
 NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
-windows s, s + NS, ... (dq, dk, dv, delta by atomics; the parameter partials per program);
+windows s, s + NS, ... (dk, dv, delta by atomics; dq and the parameter partials per program);
 the row windows go last rows first, so the programs with the most key windows start first.
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
@@ -21,14 +21,17 @@ the row windows go last rows first, so the programs with the most key windows st
   convolution, CQ' Toeplitz dots of the staged G (`toeplitz_taps`); A from the forward's
   tensor-core logits; delta summed per owned row.
 - Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
-  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (fp32 atomics per window and d_head
-  chunk), dW' one dot per row chunk, dth' by `tap_grads` (CQ' dots per chunk).
+  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows:
+  fp32 atomics once per window and d_head chunk), dW' one dot per row chunk, dth' by
+  `tap_grads` (CQ' dots per chunk).
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
-  forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq and dk += dR k,
-  dR^T q (fp32 atomics per window and d_head chunk: dR's window reaches CQ - 1 rows into the
-  program above and every key window's halo overlaps the next); dW one dot, dth by `tap_grads`
-  from the raw scores R staged on that window.
+  forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
+  program's own fp32 slot, no atomics (dR's window reaches CQ - 1 rows into the row window
+  above: torch sums the slots in a fixed order, `fold_dq_partials`); dk += dR^T q (one dot over
+  AR rows, fp32 atomics once per window and d_head chunk: every key window's halo overlaps the
+  next, and all row windows add to it); dW one dot, dth by `tap_grads` from the raw scores R
+  staged on that window.
 
 The mixings' and kernels' gradients are summed per program in registers and written once to
 per-program partials (summed in torch): no atomics for them. Recomputation is flash style from

@@ -14,11 +14,11 @@ interpreter.
 import pytest
 import torch
 
-from kernel_common import KERNEL_MARKS, nan_empty  # noqa: F401  (nan_empty: autouse, NaN scratch)
+from kernel_common import KERNEL_MARKS, nan_empty, to_device  # noqa: F401  (nan_empty: autouse, NaN scratch)
 
 pytestmark = KERNEL_MARKS
 
-from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients  # noqa: E402
+from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients, _params, _qkv  # noqa: E402
 
 from attnlens.kernels.mta.bwd_tiles import bwd_toeplitz  # noqa: E402
 from attnlens.kernels.mta.triton_bwd import bwd_windows  # noqa: E402
@@ -94,9 +94,11 @@ def test_trip_models_count_the_backward_windows():
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
     assert delta["n0"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
-    assert post["r0"] == [pytest.approx(16 / 3)] * 5           # 2 row chunks x 8/3 windows
+    assert post["r0"] == [pytest.approx(16 / 3)] * 4           # 2 row chunks x 8/3 windows
+    assert post["d0"] == [4, pytest.approx(4 * 8 / 3)]        # dv: one d_head loop a window
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
+    assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
     # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
     # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
     assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]
@@ -122,3 +124,74 @@ def test_gradients_at_sixteen_heads_full_mixing():
     `test_gradients_over_several_programs_and_key_windows`'s (about 45 s of CPU in the
     interpreter; T 30, four windows, took 130 s)."""
     _check_gradients(22, 22, 16, OFFICIAL, "both", 1)
+
+
+def test_dq_partials_fold_to_the_rows_each_program_holds():
+    """`fold_dq_partials` sums every program's `[AR, H, D]` dq slot (by batch, key split s and
+    row window w: rows `w * OR - (CQ - 1) + [0, AR)`) into those rows, rows outside the
+    sequence dropped, against a direct loop. Integer values: the sums are exact in any order,
+    so the fold must equal the loop bit for bit."""
+    from attnlens.kernels.mta.triton_bwd import fold_dq_partials
+
+    g = torch.Generator().manual_seed(7)
+    for batch, n_w, ns, ar, own_r, cq, T_Q in ((2, 3, 2, 32, 27, 6, 61), (1, 4, 3, 16, 5, 6, 17),
+                                               (1, 1, 1, 32, 30, 1, 9)):
+        H, D = 3, 4
+        dq_p = torch.randint(-8, 9, (batch, ns, n_w, ar, H, D), generator=g).float()
+        want = torch.zeros(batch, T_Q, H, D)
+        for b in range(batch):
+            for s in range(ns):
+                for w in range(n_w):
+                    for r in range(ar):
+                        row = w * own_r - (cq - 1) + r
+                        if 0 <= row < T_Q:
+                            want[b, row] += dq_p[b, s, w, r]
+        got = fold_dq_partials(dq_p.clone(), batch, n_w, ns, ar, own_r, cq, T_Q)
+        assert torch.equal(got, want)
+
+
+def test_dq_partial_bytes_at_4k():
+    """The pre pass's dq slots less the fp32 dq they replace, by arithmetic at the benchmark's
+    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows)."""
+    from attnlens.kernels.mta.triton_bwd import dq_partial_bytes
+
+    assert dq_partial_bytes(1, 4096, 16, 128, 304, 32) == 44 * 2 ** 20
+    assert dq_partial_bytes(1, 4096, 16, 64, 304, 32) == 22 * 2 ** 20
+
+
+def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
+    """dq goes to per-program slots (the pre kernel's `DQ_P`, `[B, NS, N_W, AR, H, D]`) whose
+    size is `dq_partial_bytes` above an fp32 dq, and two backward runs give bit-identical
+    gradients (T 37, 30 rows and 28 keys owned per window: 2 row windows x 2 key splits)."""
+    from attnlens.kernels.mta import triton_bwd
+    from attnlens.kernels.mta.function import _kernel_arg, _mixing_arg
+    from attnlens.kernels.mta.triton_fwd import mta_fwd
+
+    real = triton_bwd.mta_bwd_pre_kernel
+    slots = []
+
+    class Capture:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                slots.append((grid, args[real.arg_names.index("DQ_P")]))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_bwd, "mta_bwd_pre_kernel", Capture())
+    B, T, H, D = 1, 37, 2, 16
+    q, k, v = (to_device(t) for t in _qkv(T, T, H, d=D, batch=B))
+    pre, pre_mix, post, post_mix = _params(H, **dict(pre=(2, 5), post=(3, 3), post_mix=1))
+    args = (_kernel_arg(pre, H, q.device), _mixing_arg(pre_mix, H, q.device),
+            _kernel_arg(post, H, q.device), _mixing_arg(post_mix, H, q.device))
+    _, lse = mta_fwd(q, k, v, *args, 2, 1, 0.25)
+    d_out = to_device(torch.randn(q.shape, generator=torch.Generator().manual_seed(2)))
+    runs = [triton_bwd.mta_bwd(d_out, q, k, v, lse, None, *args, 2, 1, 0.25) for _ in range(2)]
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    (grid, dq_p), _ = slots
+    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    n_prog, n_w = grid[0] * grid[1], -(-T // own_r)
+    assert n_prog > n_w > 1 and dq_p.dtype == torch.float32
+    assert dq_p.shape == (B, n_prog // (B * n_w), n_w, ar, H, D)
+    assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
+                                                                             n_prog // B, ar)

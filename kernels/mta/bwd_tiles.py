@@ -150,6 +150,23 @@ def add_dot_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd,
 
 
 @triton.jit
+def add_dot_heads_slot(SLOT, H, rows, x, Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h,
+                       h_valid, D, IEEE: tl.constexpr, DCH: tl.constexpr):
+    """`SLOT[rows[i], h, d] += sum_j x[h, i, j] Y[y_pos[j], h, d]` into a program's own fp32
+    `[rows, H, D]` slot (`add_dot_heads` without atomics): plain loads and stores, no other
+    program writes the slot, so the sums are deterministic. The caller keeps `rows` distinct
+    across calls between barriers (a slot row is read back by whichever thread wrote it)."""
+    xc = x.to(Y.dtype.element_ty)
+    for d0 in range(0, D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        d_valid = offs_d < D
+        y = _slice(Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h, h_valid, offs_d, d_valid)
+        ptr = SLOT + (rows[None, :, None] * H + offs_h[:, None, None]) * D + offs_d[None, None, :]
+        ok = h_valid[:, None, None] & d_valid[None, None, :]
+        tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + _dot(xc, y, IEEE), mask=ok)
+
+
+@triton.jit
 def row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid):
     """log2-scaled lse `[HB, len(rows)]`; +inf outside the sequence and on empty rows (their
     probabilities are 0)."""
@@ -207,7 +224,7 @@ def tap_pow2(*sizes: int) -> int:
     return next_pow2(max(sizes), minimum=1)
 
 
-__all__ = ["add_dot_heads", "bwd_toeplitz", "dot_heads_rt", "head_gram",
+__all__ = ["add_dot_heads", "add_dot_heads_slot", "bwd_toeplitz", "dot_heads_rt", "head_gram",
            "mix_heads_dot", "padded_mixing", "row_lse2", "stage_gram",
            "stage_load", "stage_mixed_dprobs", "stage_store", "tap_grads", "tap_pow2",
            "toeplitz_taps"]

@@ -13,7 +13,7 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
 NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
-windows s, s + NS, ... (dq, dk, dv, delta by atomics; the parameter partials per program);
+windows s, s + NS, ... (dk, dv, delta by atomics; dq and the parameter partials per program);
 the row windows go last rows first, so the programs with the most key windows start first.
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
@@ -21,14 +21,17 @@ the row windows go last rows first, so the programs with the most key windows st
   convolution, CQ' Toeplitz dots of the staged G (`toeplitz_taps`); A from the forward's
   tensor-core logits; delta summed per owned row.
 - Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
-  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (fp32 atomics per window and d_head
-  chunk), dW' one dot per row chunk, dth' by `tap_grads` (CQ' dots per chunk).
+  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows:
+  fp32 atomics once per window and d_head chunk), dW' one dot per row chunk, dth' by
+  `tap_grads` (CQ' dots per chunk).
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
-  forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq and dk += dR k,
-  dR^T q (fp32 atomics per window and d_head chunk: dR's window reaches CQ - 1 rows into the
-  program above and every key window's halo overlaps the next); dW one dot, dth by `tap_grads`
-  from the raw scores R staged on that window.
+  forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
+  program's own fp32 slot, no atomics (dR's window reaches CQ - 1 rows into the row window
+  above: torch sums the slots in a fixed order, `fold_dq_partials`); dk += dR^T q (one dot over
+  AR rows, fp32 atomics once per window and d_head chunk: every key window's halo overlaps the
+  next, and all row windows add to it); dW one dot, dth by `tap_grads` from the raw scores R
+  staged on that window.
 
 The mixings' and kernels' gradients are summed per program in registers and written once to
 per-program partials (summed in torch): no atomics for them. Recomputation is flash style from
@@ -46,6 +49,7 @@ from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
+    add_dot_heads_slot,
     bwd_toeplitz,
     dot_heads_rt,
     head_gram,
@@ -187,12 +191,13 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                                               0.0), offs_h, AR, AC)
     w_ptr = DW2_P + prog.to(tl.int64) * (HB * HB) + offs_h[:, None] * HB + offs_h[None, :]
     tl.store(w_ptr, tl.load(w_ptr) + d_w2)
-    for r0 in range(0, AR, PR):                 # dv += P^T dz
-        offs_r = r0 + tl.arange(0, PR)
-        rows = m0 + offs_r
-        pattern_t = tl.permute(stage_load(stage_p, offs_r, offs_h, h_valid, AR, AC), (0, 2, 1))
-        add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
-                      rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
+    # dv += P^T dz, one dot over all AR rows (P is 0 past the OR owned ones): one atomic per
+    # dv entry and window, not one per row chunk
+    rows = m0 + tl.arange(0, AR)
+    pattern_t = tl.permute(stage_load(stage_p, tl.arange(0, AR), offs_h, h_valid, AR, AC),
+                           (0, 2, 1))
+    add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
+                  rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
     tl.debug_barrier()
     for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
         offs_r = r0 + tl.arange(0, PR)
@@ -232,11 +237,11 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
 
 @triton.jit(noinline=True)
 def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-               STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-               sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-               sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b,
-               prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR:
-               tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
+               STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+               sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+               sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+               ORC, b, prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+               AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
                tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Pre pass, key window `n0`, part 1 (scalar arguments only: nothing hoisted out of
     the key loop): G and R staged, dA = Conv'^T(G) staged on the owned positions."""
@@ -274,7 +279,7 @@ def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, 
 
 @triton.jit(noinline=True)
 def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
@@ -321,14 +326,16 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit(noinline=True)
 def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
             tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
-    """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was), dq and
-    dk (atomics), dth (the program's slot of DTH_P)."""
+    """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
+    the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q
+    (atomics),
+    dth (the program's slot of DTH_P)."""
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -351,15 +358,16 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
         stage_store(stage_g, offs_r, tl.where(dr_ok[None, :, :], d_r * scale, 0.0), offs_h,
                     AR, AC)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                    # dq += dR k, dk += dR^T q
+    for r0 in range(0, AR, PR):                    # dq += dR k (the program's slot)
         offs_r = r0 + tl.arange(0, PR)
-        rows = m0 - (CQ - 1) + offs_r
-        rows_in = (rows >= 0) & (rows < T_Q)
-        d_r = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC)
-        add_dot_heads(DQ, b, T_Q, H, rows, rows_in, d_r, K, b * sk_b, sk_t, sk_h, sk_d,
-                      r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
-        add_dot_heads(DK, b, T_K, H, r_cols, c_in, tl.permute(d_r, (0, 2, 1)), Q, b * sq_b,
-                      sq_t, sq_h, sq_d, rows, rows_in, offs_h, h_valid, D, IEEE, DCH)
+        add_dot_heads_slot(DQ_SLOT, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
+                                                          AC), K, b * sk_b, sk_t, sk_h, sk_d,
+                           r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
+    # dk += dR^T q, one dot over all AR rows: one atomic per dk entry and window
+    rows = m0 - (CQ - 1) + tl.arange(0, AR)
+    d_r_t = tl.permute(stage_load(stage_g, tl.arange(0, AR), offs_h, h_valid, AR, AC), (0, 2, 1))
+    add_dot_heads(DK, b, T_K, H, r_cols, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
+                  (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
     for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
         offs_r = r0 + tl.arange(0, PR)
         d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
@@ -370,7 +378,7 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
-                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2,
                        TOEP_PT, TOEP_RT,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -380,34 +388,38 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
                        DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
-    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq, dk (atomics into fp32 DQ, DK) and this
-    program's partial dW `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key
-    window, sweeps of PR rows passing maps on through per-program stages: G (from `(m0, n0 -
-    RIGHT2)`) and R = Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned
-    positions `(m0, n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on
-    R's window (the positions the owned taps read), staged where G was; dq, dk; dth. `WM
-    [HB, HB]` is W in the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
+    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq into the program's own fp32 slot of `DQ_P
+    [batch, NS, N_W, AR, H, D]` (by split and row window w, rows `w OR - (CQ - 1) + [0, AR)`:
+    `fold_dq_partials` sums them), dk (atomics into fp32 DK) and this program's partial dW
+    `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window, sweeps of PR
+    rows passing maps on through per-program stages: G (from `(m0, n0 - RIGHT2)`) and R =
+    Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned positions `(m0,
+    n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on R's window (the
+    positions the owned taps read), staged where G was; dq, dk; dth. `WM [HB, HB]` is W in
+    the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    w = N_W - 1 - pid % N_W                   # row window, the longest (last) rows first,
+    m0 = w * OR
     split = pid // N_W                        # and which NS-th of its key windows
+    dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
         _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                   STAGE_DL, STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT,
-                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
-                   sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2,
-                   RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D,
-                   DCH, SCH, GK)
+                   STAGE_DL, STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
+                   TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                   sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
+                   CQ2, RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP,
+                   BLOCK_D, DCH, SCH, GK)
         _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
         _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, DQ, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-                sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h,
-                sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
+                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
+                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
+                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
 
 
 def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
@@ -419,6 +431,34 @@ def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
+def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int,
+                     ar: int) -> int:
+    """Bytes of the pre pass's fp32 dq partials (one `[AR, H, D]` slot per program), less the
+    fp32 dq the atomics summed into, which is no longer held while the passes run (it is the
+    partials' fold, made after them). At 4k, 16 heads, d 128: 304 programs, AR 32: 76 MiB of
+    slots against a 32 MiB dq, 44 MiB more."""
+    return 4 * batch * H * D * (n_prog_per_batch * ar - T_Q)
+
+
+def fold_dq_partials(dq_p, batch: int, n_w: int, ns: int, ar: int, own_r: int, cq: int,
+                     T_Q: int):
+    """dq `[batch T_Q H D]` fp32 from the pre pass's slots `dq_p [batch, ns, n_w, AR, H, D]`
+    (the slot of split s and row window w holds rows `w * OR - (CQ - 1) + [0, AR)`): the
+    splits summed in place into split 0's slots, then the windows' overlapping rows added phase
+    by phase (rows `[k OR, (k + 1) OR)` of every window at once). Fixed order: deterministic.
+    Beside `dq_p` (consumed) it holds only the output."""
+    H, D = dq_p.shape[-2:]
+    parts = dq_p.view(batch, ns, n_w, ar, H, D)
+    for s in range(1, ns):
+        parts[:, 0] += parts[:, s]
+    phases = math.ceil(ar / own_r)
+    out = torch.zeros(batch, n_w + phases, own_r, H, D, device=dq_p.device, dtype=dq_p.dtype)
+    for k in range(phases):
+        rows = min(own_r, ar - k * own_r)
+        out[:, k:k + n_w, :rows] += parts[:, 0, :, k * own_r:k * own_r + rows]
+    return out.view(batch, -1, H, D)[:, cq - 1:cq - 1 + T_Q]
+
+
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
             left: int, left2: int, scale: float, key_valid=None, block_m: int | None = None,
             block_n: int | None = None):
@@ -428,11 +468,11 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dq = torch.zeros(B, T_Q, H, D, **f32)
     dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
     if T_Q == 0:
-        return (dq, dk, dv, torch.zeros_like(pre_kernel), torch.zeros_like(pre_mix),
-                torch.zeros_like(post_kernel), torch.zeros_like(post_mix))
+        return (torch.zeros(B, T_Q, H, D, **f32), dk, dv, torch.zeros_like(pre_kernel),
+                torch.zeros_like(pre_mix), torch.zeros_like(post_kernel),
+                torch.zeros_like(post_mix))
     cq, ck = pre_kernel.shape[1:]
     cq2, ck2 = post_kernel.shape[1:]
     right2 = ck2 - 1 - left2
@@ -475,15 +515,19 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
         left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
+    dq_p = torch.zeros(B, ns, n_w, ar, H, D, **f32)
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
-        dq, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
+        dq_p, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
         cq2, right2, own_r, own_c, n_w, ns, CKP=ckp, GK=min(256, ar * ac), **common)
+    del delta
+    dq = fold_dq_partials(dq_p, B, n_w, ns, ar, own_r, cq, T_Q)
     dth = dth_p.sum(0)[:H, :, :ck].contiguous()
     dth2 = dth2_p.sum(0)[:H, :, :ck2].contiguous()
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_windows", "key_splits", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+__all__ = ["bwd_windows", "dq_partial_bytes", "fold_dq_partials", "key_splits", "mta_bwd",
+           "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
            "mta_bwd_pre_kernel"]

@@ -104,11 +104,30 @@ def test_a_case_whose_capture_raises_becomes_one_error_row_per_arch(monkeypatch)
 
     # the real capture refuses under the suite's TRITON_INTERPRET; the case's own error is
     # what a kernel module using an API the other triton lacks raises on import
-    monkeypatch.setattr(run_module, "_record", lambda case, dtype, d: case.run(None, dtype, d))
+    monkeypatch.setattr(run_module, "_record",
+                        lambda case, dtype, d, arch=90: case.run(None, dtype, d))
 
     rows = collect([Case("mta", "broken", run)], ["bf16"], [64], [90, 80])
     assert [(r["kernel"], r["arch"]) for r in rows] == [(CAPTURE, "sm_90"), (CAPTURE, "sm_80")]
     assert all("new_thing" in r["error"] and r["problems"] for r in rows)
+
+
+def test_each_arch_compiles_the_launch_recorded_for_it(monkeypatch):
+    """sm_90-only tiles and paths (flash's HOPPER backward, MTA's whole-window sweep) make the
+    launch itself depend on the architecture: an sm_80 row compiles the launch recorded under
+    `capturing(80)`, not the sm_90 one (which had shown sm_80 spills no A100 would run)."""
+    from attnlens.kernels.compile_check import compiler
+    from attnlens.kernels.compile_check import run as run_module
+    from attnlens.kernels.compile_check.cases import Case
+    from attnlens.kernels.compile_check.versions import collect
+
+    monkeypatch.setattr(run_module, "_record",
+                        lambda case, dtype, d, arch=90: [f"launch-for-sm_{arch}"])
+    monkeypatch.setattr(compiler, "launch_key", lambda launch, arch: f"{launch}@{arch}")
+    monkeypatch.setattr(run_module, "compile_all",
+                        lambda jobs, workers=1, cache=None: [(j.launch, j.arch) for j in jobs])
+    rows = collect([Case("flash_attention", "causal", None)], ["bf16"], [64], [90, 80])
+    assert rows == [("launch-for-sm_90", 90), ("launch-for-sm_80", 80)]
 
 
 def test_the_compat_cases_are_the_main_options_and_the_documented_many_head_ones():

@@ -65,8 +65,11 @@ def collect(cases, dtypes, d_heads, archs, workers: int = 1, cache=None) -> list
         for dtype in dtypes:
             for d_head in d_heads:
                 try:
-                    keyed = [(launch, arch, launch_key(launch, arch))
-                             for launch in _record(case, dtype, d_head) for arch in archs]
+                    # Recorded per architecture, as `run.jobs` does: the launch itself
+                    # differs (sm_90-only tiles and paths), so an sm_80 row must compile
+                    # what sm_80 launches, not the sm_90 launch built for sm_80.
+                    keyed = [(launch, arch, launch_key(launch, arch)) for arch in archs
+                             for launch in _record(case, dtype, d_head, arch)]
                 except Exception as e:  # noqa: BLE001 - a failing capture is a result
                     failed += [_capture_error_row(case, dtype, d_head, a, describe_error(e))
                                for a in archs]

@@ -71,6 +71,24 @@ def test_sm90_backward_takes_wgmma_tiles(d, flags):
     assert set(dq) <= {r[:4] for r in triton_bwd.HOPPER_DQ_TILES}
 
 
+@pytest.mark.parametrize("flags", [dict(CAUSAL=True), dict(CAUSAL=True, HAS_KVALID=True),
+                                   dict(CAUSAL=False), dict(CAUSAL=True, SEGMENTED=True)])
+def test_sm90_backward_offers_unpipelined_tiles(flags):
+    """The HOPPER lists also offer one-stage loops beside the two-stage ones: dK/dV 64x64 w4
+    s1 to d 64 and 32x64 w4 s1 from d 128, dQ 128x64 w8 s1 (two warpgroups of 64 query rows)
+    and 64x64 w4 s1 from d 128. Fewer issued instructions per tile (issue bound at 4k 0.086 ->
+    0.082 ms at d 64, 0.126 -> 0.116 ms at d 128, ESTIMATE), spill-free with triton 3.9.0 and
+    3.6.0, but their loads are not pipelined, so the GPU's autotuner chooses."""
+    d64 = (_tiles(triton_bwd._dkdv_tuned, BLOCK_D=64, HOPPER=True, **flags),
+           _tiles(triton_bwd._dq_tuned, BLOCK_D=64, HOPPER=True, **flags))
+    d128 = (_tiles(triton_bwd._dkdv_tuned, BLOCK_D=128, HOPPER=True, **flags),
+            _tiles(triton_bwd._dq_tuned, BLOCK_D=128, HOPPER=True, **flags))
+    assert (64, 64, 4, 1) in d64[0] and (64, 64, 4, 2) in d64[0], d64
+    assert (128, 64, 8, 1) in d64[1] and (128, 64, 8, 2) in d64[1], d64
+    assert (32, 64, 4, 1) in d128[0] and (32, 64, 4, 2) in d128[0], d128
+    assert (64, 64, 4, 1) in d128[1] and (128, 64, 8, 1) in d128[1], d128
+
+
 def test_hopper_tiles_only_for_half_precision_on_hopper_paths():
     import torch
 

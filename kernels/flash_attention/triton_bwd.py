@@ -275,10 +275,17 @@ NON_CAUSAL_DKDV = ((64, 64, 8, 2, 128, 1 << 30),)
 # padding, non-causal and Infini's segments, bf16 (compile_check, 2026-12-05). Dropped: dK/dV
 # 64x64 w4 from d 128 (8-24 B), 64x128 w8 from d 128 (88 B), 64x64 w8 (1.5x the HGMMA
 # instructions of 64x64 w4 in its SASS); dQ 64x128 w4 from d 128 (80 B with 3.6.0) and with
-# padding (56 B at d 64, 3.6.0), 128x128 w8 (96 B).
-HOPPER_DKDV_TILES = ((64, 64, 4, 2, 0, 64), (32, 64, 4, 2, *_ALL), (64, 128, 8, 2, 0, 64),
-                     (32, 128, 8, 2, *_ALL))
-HOPPER_DQ_TILES = ((64, 64, 4, 2, *_ALL), (64, 128, 4, 2, 0, 64), (128, 64, 8, 2, *_ALL))
+# padding (56 B at d 64, 3.6.0), 128x128 w8 (96 B). Each pass also offers one-stage loops
+# (dK/dV 64x64 w4 s1 to d 64, 32x64 w4 s1 from d 128; dQ 128x64 w8 s1, 64x64 w4 s1 from d
+# 128): fewer instructions per tile (no async-copy bookkeeping; issue bound at 4k 0.086 ->
+# 0.082 ms at d 64, 0.126 -> 0.116 ms at d 128, ESTIMATE) but unpipelined loads, so the
+# autotuner decides. Tried at d 128: dK/dV 64x64 w4 s1 (0.112 ms, but 64 B
+# spilled with 3.6.0, 72 B with dV's dot after dP's), 64x64 w8 s2 (1.5x the tensor work:
+# 0.175 ms), 32x128 w8 s1 (0.121 ms with dQ 64x64 w4 s2, against 0.122 for 32x64 w4 s1).
+HOPPER_DKDV_TILES = ((64, 64, 4, 2, 0, 64), (64, 64, 4, 1, 0, 64), (32, 64, 4, 2, *_ALL),
+                     (32, 64, 4, 1, 128, 1 << 30), (64, 128, 8, 2, 0, 64), (32, 128, 8, 2, *_ALL))
+HOPPER_DQ_TILES = ((64, 64, 4, 2, *_ALL), (64, 64, 4, 1, 128, 1 << 30), (64, 128, 4, 2, 0, 64),
+                   (128, 64, 8, 2, *_ALL), (128, 64, 8, 1, *_ALL))
 KVALID_DQ = ((64, 128, 4, 2, 1, 0),)
 
 _KEY = ["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID", "IEEE", "HOPPER"]

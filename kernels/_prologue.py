@@ -135,6 +135,21 @@ def split_tile(T, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def table_tile(PROGS, COLS: tl.constexpr):
+    """Prologue of a program of the grid `(programs, batch)` whose work is one row of a
+    program table PROGS int32 `[programs, COLS]` made on the host (uneven programs, longest
+    first: the DCMHA tensor-core backward's `backward_plan`).
+
+    Returns `(b, slot, row)`: the batch `b = program_id(1)`, the program's slot in
+    per-program buffers `slot = program_id(0) * num_programs(1) + b`, and `row`, the pointer
+    to its row of the table.
+    """
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    return b, pid * tl.num_programs(1) + b, PROGS + pid * COLS
+
+
+@triton.jit
 def load_tile(ptr, offs, s_t, offs_d, s_d, mask):
     """`[BLOCK BLOCK_D]` rows `offs` of a strided `[pos d_head]` slice at `ptr` (the program's
     (batch, head) already added), 0 where `mask` is off, in the tensor's dtype."""
@@ -152,4 +167,5 @@ def softmax_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     return m_i, l_i, acc
 
 
-__all__ = ["head_tile", "heads_tile", "load_tile", "softmax_state"]
+__all__ = ["head_tile", "heads_tile", "heads_window", "load_tile", "softmax_state",
+           "split_tile", "table_tile"]

@@ -1,8 +1,9 @@
 """The Triton programs share one prologue, `kernels/_prologue.py` (issue 46): the source reads
 `tl.program_id` / `tl.num_programs` there only and every launched program starts by calling
-`head_tile`, `heads_tile`, `heads_window` or `split_tile`; and the helpers' tiles, offsets and
-masks are the plain-torch ones, a ragged last tile included (under the interpreter, or on a
-GPU). Without triton the module is skipped: the kernels cannot be imported there either."""
+`head_tile`, `heads_tile`, `heads_window`, `split_tile` or `table_tile`; and the helpers'
+tiles, offsets and masks are the plain-torch ones, a ragged last tile included (under the
+interpreter, or on a GPU). Without triton the module is skipped: the kernels cannot be imported
+there either."""
 
 import ast
 import math
@@ -13,7 +14,7 @@ import torch
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 PROLOGUE = KERNELS / "_prologue.py"
-HELPERS = {"head_tile", "heads_tile", "heads_window", "split_tile"}
+HELPERS = {"head_tile", "heads_tile", "heads_window", "split_tile", "table_tile"}
 
 
 def _tree(path: Path) -> ast.Module:
@@ -64,7 +65,7 @@ def test_every_launched_program_starts_with_the_shared_prologue():
             first = body[0]
             assert isinstance(first, ast.Assign) and isinstance(first.value, ast.Call) \
                 and ast.unparse(first.value.func) in HELPERS, \
-                f"{path.name}:{name} does not start with head_tile / heads_tile"
+                f"{path.name}:{name} does not start with a prologue helper ({sorted(HELPERS)})"
             programs.append(f"{path.parent.name}/{path.name}:{name}")
     # Every op's forward and backward programs (Infini launches flash_attention's; CoPE's
     # backward is two since issue 57: query tiles, and the clamped pairs' dK / dV; DCMHA's

@@ -90,6 +90,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlens.kernels._prologue import table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.dcmha.triton_fwd import _allowed
 from attnlens.kernels.dcmha.triton_fwd_tc import (
@@ -284,19 +285,17 @@ _PROG_COLS = tl.constexpr(PROG_COLS)      # the same, readable inside the kernel
 
 
 @triton.jit
-def _program(PROGS, SCRATCH, scratch_size, T_Q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Prologue of both passes, grid `(programs, batch)`: program (pid, b) reads row pid of
-    the table PROGS int32 `[programs, PROG_COLS]` (`backward_plan`). Returns `(b, slot, m0,
+def _program(b, slot, row, SCRATCH, scratch_size, T_Q, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """The rest of both passes' prologue, after `table_tile(PROGS, _PROG_COLS)` (grid
+    `(programs, batch)`; program (pid, b) reads row pid of the table PROGS int32
+    `[programs, PROG_COLS]`, `backward_plan`). Returns `(b, slot, m0,
     rows, r_ok, start, end, ppos, SCR)`: batch b (a program id, not a loaded value: cheap to
     re-read where registers are short), the program's slot in the per-program buffers, query
     rows m0 + arange(BLOCK_M) (r_ok: < T_Q), keys `[start, end)` in whole BLOCK_N tiles
     from start, the rows' positions ppos in the split-compact partials (dq, query-wise
     weight gradients, delta) and SCR, the program's slice (scratch_size elements) of the
     per-program scratch."""
-    pid = tl.program_id(0)
-    b = tl.program_id(1)
-    slot = pid * tl.num_programs(1) + b
-    row = PROGS + pid * _PROG_COLS
     m0 = tl.multiple_of(tl.load(row), BLOCK_M)
     start = tl.multiple_of(tl.load(row + 1), BLOCK_N)
     end = tl.load(row + 2)
@@ -321,8 +320,9 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP, PROGS
     `[partial rows, H]` (`_program`). SCRATCH: as the gradient pass's (slots 0 and 2: each
     head's s and dP of the current key tile); WQP, WKP: the packed weights, as the gradient
     pass's."""
+    b, slot, row = table_tile(PROGS, _PROG_COLS)
     b, _, m0, rows, r_ok, start, end, ppos, SCR = _program(
-        PROGS, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
+        b, slot, row, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
     offs_h = tl.arange(0, HB)
     Qb, Kb, Vb, DOb = Q + b * sq_b, K + b * sk_b, V + b * sv_b, DO + b * sdo_b
     RQ2: tl.constexpr = 2 * CQB + 1   # the post phase's rows of the packs
@@ -442,8 +442,9 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     post and pre back hidden maps, from channel KT the key-wise ones transposed (`_maps_t`:
     pre, post, pre back, post back) and from BQ the query-wise post back hidden maps (channel
     CQB to CQB + CKB is unused)."""
+    b, slot, row = table_tile(PROGS, _PROG_COLS)
     b, slot, m0, rows, r_ok, start, end, ppos, SCR = _program(
-        PROGS, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
+        b, slot, row, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
     DSC = DS_SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * DQ_GROUP * BLOCK_N)
     MP = MAP_SCRATCH + slot.to(tl.int64) * ((2 * CQB + 2 * CQB2 + 7 * CKB) * BLOCK_M * BLOCK_N)
     KT: tl.constexpr = 2 * CQB + CQB2 + 3 * CKB   # the key-wise maps transposed from here

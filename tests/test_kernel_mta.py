@@ -262,6 +262,22 @@ def test_out_pass_sweeps_whole_windows_on_sm_90_and_halves_on_sm_80(monkeypatch)
     assert triton_fwd.post_rows(32) == 16
 
 
+def test_out_pass_halves_its_sweeps_under_the_gpu_images_triton(monkeypatch):
+    """Under triton 3.6.0 (the GPU image's compiler) the whole-window sweep spills on sm_90
+    (16 / 72 B at d_head 64 / 128, scripts/triton_gpu_compat.sh), so `post_rows` keeps two
+    sweeps there; 3.9.0 and later keep one."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setattr(_triton, "interpreting", lambda: False)
+    monkeypatch.setattr(_triton, "gpu_arch", lambda: "sm_90")
+    for version, rows in (("3.6.0", 16), ("3.8.1", 16), ("3.9.0", 32), ("3.10.0+git5", 32),
+                          ("4.0.0", 32)):
+        monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+        monkeypatch.setattr(triton_fwd.triton, "__version__", version)
+        assert triton_fwd.post_rows(32) == rows, version
+
+
 def test_out_pass_in_half_window_sweeps_matches_spec(monkeypatch):
     """sm_80's out pass (PR = AR / 2: two sweeps of a window's rows, `post_rows`) stays exact
     now that the interpreter runs sm_90's whole-window sweep: T 61 at 6 x 11, both paddings."""

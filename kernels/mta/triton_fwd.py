@@ -381,14 +381,25 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
 # chunks), and in fp32 (IEEE dots, fp32 stage) one sweep spills 456 B on sm_90, so those keep
 # two sweeps of AR / 2 rows.
 WHOLE_WINDOW_ARCHS = ("sm_90",)
+# ... and only under the compilers that keep it spill-free there: triton 3.9.0 (this
+# repository's) does, 3.6.0 (the GPU image's) spills 16 / 72 B at d_head 64 / 128 on sm_90
+# (scripts/triton_gpu_compat.sh, 2026-12-05); versions in between were never checked.
+WHOLE_WINDOW_MIN_TRITON = (3, 9)
 
 _WHOLE_WINDOW: dict = {}
 
 
+def triton_release(version: str) -> tuple[int, int]:
+    """`(major, minor)` of a triton version string ("3.6.0", "3.9.0+git1234")."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
 def post_rows(ar: int, fp32: bool = False) -> int:
     """PR, the out pass's rows per post-softmax sweep: AR under the interpreter (so the tests
-    run it, fp32 included, at fp32 tolerances) and for 16-bit inputs on WHOLE_WINDOW_ARCHS,
-    AR // 2 for fp32 inputs and elsewhere on a GPU (both exact). `_triton.gpu_arch` is read
+    run it, fp32 included, at fp32 tolerances) and for 16-bit inputs on WHOLE_WINDOW_ARCHS
+    under triton >= WHOLE_WINDOW_MIN_TRITON, AR // 2 for fp32 inputs and elsewhere on a GPU
+    (both exact). `_triton.gpu_arch` is read
     through its module: the compile check's capture replaces it there to record each
     architecture's launch; the answer is kept per `gpu_arch` function (a driver query)."""
     if _triton.interpreting():
@@ -399,7 +410,8 @@ def post_rows(ar: int, fp32: bool = False) -> int:
     whole = _WHOLE_WINDOW.get(arch_of)
     if whole is None:
         try:
-            whole = arch_of() in WHOLE_WINDOW_ARCHS
+            whole = arch_of() in WHOLE_WINDOW_ARCHS \
+                and triton_release(triton.__version__) >= WHOLE_WINDOW_MIN_TRITON
         except (AssertionError, RuntimeError):   # no CUDA device
             whole = False
         _WHOLE_WINDOW[arch_of] = whole

@@ -308,7 +308,8 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
     (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
     unused), keeping every head's scores in the scratch, so that the later head loops read
     them instead of recomputing the dot (each recomputation reloads the head's `[rows,
-    d_head]` query tile and converts both operands' layouts)."""
+    d_head]` query tile and converts both operands' layouts); returned through the scratch
+    (`_maps_reread`), in the layout the following head loops read."""
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
@@ -320,7 +321,8 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
         if HAS_K:
             k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
                                        False, swk_r)
-    return q0, q1, q2, q3, k0, k1, k2, k3
+    return _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K, CQB, CKB, BLOCK_M,
+                        BLOCK_N)
 
 
 @triton.jit
@@ -407,8 +409,6 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
             sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
-                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         for m in range(0, H):
             s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
             x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
@@ -465,8 +465,6 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
             Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
             sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
             BLOCK_D, DCH)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3,
-                                                      HAS_K, CQB, CKB, BLOCK_M, BLOCK_N)
         # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
         a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0

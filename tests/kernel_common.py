@@ -2,6 +2,13 @@
 the model-dispatch tests (which path ran, fused against torch) a call spy and the loss and
 gradient comparison."""
 
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
 import pytest
 import torch
 
@@ -113,3 +120,23 @@ def dcmha_trip_env(block_n: int, **kw) -> dict:
                BLOCK_D=128)
     env.update(kw)
     return env
+
+
+@functools.cache
+def dcmha_official_sass_rows() -> dict:
+    """The compile check's rows, SASS mix included, of the DCMHA `H16 official` case (sm_90,
+    bf16, d_head 64) by kernel name: the forward's and the backward's SASS tests read the
+    same compile, made once per test process in a subprocess (TRITON_INTERPRET unset, as
+    tests/test_compile_check_instruments.py). Raises with the check's output if it fails."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--ops",
+                               "dcmha", "--options", "H16 official", "--dtypes", "bf16",
+                               "--archs", "90", "--d-heads", "64", "--mix", "--json", out,
+                               "--no-progress", "--results-cache", os.path.join(tmp, "cache")],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        with open(out) as f:
+            return {r["kernel"]: r for r in json.load(f)}

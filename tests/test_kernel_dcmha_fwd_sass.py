@@ -12,30 +12,17 @@ tests/test_compile_check_instruments.py) and skips without triton's ptxas / nvdi
 cuobjdump.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from test_compile_check_instruments import _tools_present
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kernel_common import dcmha_official_sass_rows
 
 
 @pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
-def test_forward_head_loops_have_few_barriers(tmp_path):
+def test_forward_head_loops_have_few_barriers():
     """Both forward kernels compile spill-free, and the barriers of all their head loops
     (`n`, `m`) together are at most 12 per pass (32 in the out pass before)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "-m", "attnlens.kernels.compile_check", "--ops",
-                           "dcmha", "--options", "H16 official", "--dtypes", "bf16", "--archs",
-                           "90", "--d-heads", "64", "--mix", "--json", str(out),
-                           "--no-progress", "--results-cache", str(tmp_path / "cache")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = {r["kernel"]: r for r in json.loads(out.read_text())}
+    rows = dcmha_official_sass_rows()
     for name in ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"):
         row = rows[name]
         assert row["spill_bytes"] == 0, name

@@ -103,6 +103,17 @@ def gpu_arch() -> str:
     return f"sm_{major}{minor}"
 
 
+DEFAULT_SMS = 132   # H100 / H200: the grid models' SM count off a GPU
+
+
+def sm_count(device) -> int:
+    """SMs of a CUDA `device` (what the launch plans fill: MTA's key splits, the DCMHA
+    backward's program table), DEFAULT_SMS elsewhere (the interpreter, the meta device)."""
+    if torch.device(device).type != "cuda":
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def tuning_key(keys: list[str], nargs: dict, meta: dict) -> str:
     """A launch's autotuning key as text: the values of `keys` among its arguments, then the
     dtypes of its tensor arguments in order (what `triton.autotune` keys its cache on)."""

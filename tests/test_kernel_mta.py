@@ -299,7 +299,8 @@ def test_forward_grids_fill_the_sms_at_batch_1():
     worth at 4k) and the modeled finish time of their causal key windows stays within 1.3x
     of an even share of 132 SMs (one program per SM: 32 / 38 programs at 1k finished at 8x /
     6.7x, 128 / 152 at 4k at 2.1x / 1.9x without the split)."""
-    from attnlens.kernels.mta.triton_fwd import forward_grids, makespan, split_windows
+    from attnlens.kernels.flash_attention.schedule import makespan
+    from attnlens.kernels.mta.triton_fwd import forward_grids, split_windows
 
     for T in (1024, 4096):
         g = forward_grids(1, T, T, 16, 6, 11, "cpu")

@@ -84,14 +84,13 @@ gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import torch
 
 from attnlens.kernels._prologue import table_tile
-from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels._triton import DEFAULT_SMS, next_pow2, sm_count, tl, triton
 from attnlens.kernels.dcmha.triton_fwd import _allowed
 from attnlens.kernels.dcmha.triton_fwd_tc import (
     FP32_BLOCKS,
@@ -103,6 +102,7 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     _score,
     split_count,
 )
+from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS), 8 warps
@@ -125,13 +125,12 @@ KEY_DCH = 64
 # one dq = ds k dot covers: the dq partial's load, layout conversion and store once per
 # DQ_GROUP tiles, and dots over 64 keys.
 DQ_GROUP = 4
-# The schedule model of the program table (`modeled_finish`, `backward_plan`): SMs when the
-# launch cannot ask the device (H100 / H200 SXM: 132; an A100 has 108, read from the device
-# at launch), a program's prologue and epilogue in key tiles, and the least modeled gain
+# The schedule model of the program table (`modeled_finish`, `backward_plan`; SMs from
+# `_triton.sm_count` at launch, DEFAULT_SMS where the launch cannot ask the device): a
+# program's prologue and epilogue in key tiles, and the least modeled gain
 # (a fraction of the finish time) for which the plan leaves the forward's split count: the
 # model is coarse (one resident program per SM, time proportional to key tiles), so smaller
 # gains are not worth more programs or a changed table.
-DEFAULT_SMS = 132
 PROGRAM_OVERHEAD = 0.5
 MIN_MODELED_GAIN = 0.05
 
@@ -640,10 +639,7 @@ def modeled_finish(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float
     SM's register file): list scheduling, each SM takes the next program when its last one
     ends, a program taking its key tiles plus `overhead`. A model (no memory contention, no
     tail effects inside a program), used to compare grids of the same kernel, not a time."""
-    ends = [0.0] * min(sms, len(costs))
-    for cost in costs:
-        heapq.heapreplace(ends, ends[0] + cost + overhead)
-    return max(ends, default=0.0)
+    return makespan([cost + overhead for cost in costs], sms)
 
 
 def _finish_bound(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float:
@@ -769,7 +765,7 @@ def backward_buffers(q_shape: tuple, T_K: int, q_dtype: torch.dtype, pre: tuple,
     launch allocates from this dict, so `buffer_bytes` of it is the backward's extra peak
     memory beside its inputs (q, k, v, dout, lse, the channel weights). pre, post:
     `grad_channels` tuples (shapes are read, values not); sms: the device's SM count, which
-    the program table depends on (`device_sms`)."""
+    the program table depends on (`_triton.sm_count`)."""
     B, T_Q, H, D_in = q_shape
     D = next_pow2(D_in)
     f32, i32 = torch.float32, torch.int32
@@ -805,14 +801,6 @@ def backward_buffers(q_shape: tuple, T_K: int, q_dtype: torch.dtype, pre: tuple,
 GRAD_NAMES = ("dw1q", "dw2q", "dgq", "dw1k", "dw2k", "dgk")
 
 
-def device_sms(device: torch.device) -> int:
-    """SMs of a CUDA device (the program table's grid fill), DEFAULT_SMS elsewhere (the
-    interpreter, the meta device)."""
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def buffer_bytes(bufs: dict) -> int:
     """Bytes of `backward_buffers`' tensors."""
     return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
@@ -830,7 +818,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     D = next_pow2(D_in)
-    sms = device_sms(q.device)
+    sms = sm_count(q.device)
     bufs = backward_buffers(q.shape, T_K, q.dtype, pre, post, window, block_m, block_n, sms)
 
     def new(name, zero=False):
@@ -907,7 +895,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 
-__all__ = ["DEFAULT_SMS", "DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers",
+__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers",
            "backward_plan", "buffer_bytes", "combine_partials", "dcmha_tc_bwd",
-           "dcmha_tc_delta_kernel", "dcmha_tc_grads_kernel", "device_sms", "grad_channels",
+           "dcmha_tc_delta_kernel", "dcmha_tc_grads_kernel", "grad_channels",
            "kernel_layout_grads", "modeled_finish"]

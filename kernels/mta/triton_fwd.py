@@ -35,7 +35,6 @@ over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empt
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 from typing import NamedTuple
 
@@ -45,6 +44,7 @@ from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
 from attnlens.kernels._prologue import heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
@@ -424,7 +424,7 @@ def key_splits(row_programs: int, key_windows: int, device) -> int:
     window. Split s takes key windows s, s + NS, ...: causal rows near the end hold twice the
     mean windows, and one program per row window left the last ones as the critical path
     (the backward's passes and both forward passes)."""
-    return max(1, min(math.ceil(2 * _sm_count(device) / max(row_programs, 1)), key_windows))
+    return max(1, min(math.ceil(2 * _triton.sm_count(device) / max(row_programs, 1)), key_windows))
 
 
 def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
@@ -438,16 +438,6 @@ def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
         m0, split = (n_rows - 1 - pid % n_rows) * rows, pid // n_rows
         out.append(len(range(split * step, min(T_K, q_offset + m0 + rows), ns * step)))
     return out
-
-
-def makespan(work: list[int], n_sm: int) -> int:
-    """Finish time of programs with `work` (in launch order) on `n_sm` SMs, one program per
-    SM at a time (the forward's 8-warp, 255-register programs fill an SM's registers), each
-    SM taking the next program when it is free."""
-    free = [0] * n_sm
-    for w in work:
-        heapq.heappush(free, heapq.heappop(free) + w)
-    return max(free)
 
 
 @functools.lru_cache(maxsize=256)
@@ -469,11 +459,6 @@ def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, 
     times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
              for ns in candidates]
     return next(ns for ns, t in zip(candidates, times, strict=True) if t <= 1.05 * min(times))
-
-
-def _sm_count(device) -> int:
-    return (torch.cuda.get_device_properties(device).multi_processor_count
-            if torch.device(device).type == "cuda" else 132)
 
 
 class ForwardGrids(NamedTuple):
@@ -504,7 +489,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     hb2 = max(hb, 16)
     ar, ac = out_windows(hb2, cq2, ck2)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
-    n_sm, off = _sm_count(device), T_K - T_Q
+    n_sm, off = _triton.sm_count(device), T_K - T_Q
     ns1, ns2 = splits or (balanced_splits(n_t, lm, ln, T_K, off, B, n_sm),
                           balanced_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
@@ -602,5 +587,5 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
 
 
 __all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
-           "forward_grids", "key_splits", "lse_blocks", "makespan", "mta_fwd", "mta_lse_kernel",
+           "forward_grids", "key_splits", "lse_blocks", "mta_fwd", "mta_lse_kernel",
            "mta_out_kernel", "out_windows", "post_rows", "post_toeplitz", "split_windows"]

@@ -75,3 +75,49 @@ def test_registers_read_and_written():
     assert registers(Instr(0, "FFMA", "R1, R2, UR4, RZ")) == ([1], [2])
     with pytest.raises(ValueError):
         chain_cycles(body(QK), passes=2, measured_pass=3)
+
+
+def small_kernel(loop: list[str]) -> list[Instr]:
+    """A kernel of SASS: a global load waited at once, `loop` closed by a backward branch."""
+    head = body("LDG.E R2, desc[UR4][R6.64]", "FADD R3, R2, R2")
+    inner = [Instr(32 + 16 * i, ins.opcode, ins.operands) for i, ins in enumerate(body(*loop))]
+    return head + inner + [Instr(32 + 16 * len(loop), "BRA", "0x20"), Instr(48 + 16 * len(loop),
+                                                                             "EXIT", "")]
+
+
+def test_latency_reading_of_a_small_launch_takes_the_longest_term():
+    from attnlens.kernels.compile_check.latency import program_cycles, reading
+    from attnlens.kernels.compile_check.roofline import PEAKS
+    from attnlens.kernels.compile_check.sass_mix import loops
+
+    instrs = small_kernel(["FFMA R1, R1, R2, R3"] * 10)            # a dependent chain
+    found = loops(instrs)
+    assert len(found) == 1
+    per_warp = program_cycles(instrs, found, [100])
+    # 100 passes of 11 (10 FFMA + BRA) + LDG, FADD, EXIT once; a pass takes 10 x 4 cycles
+    # (the BRA hides in the wait): 29 waited per pass; outside, the FADD waits 599 on the LDG
+    assert per_warp["instructions"] == 1103
+    assert per_warp["chain"] == 1103 + 100 * 29 + 599
+    h200 = PEAKS["H200"]
+    one = reading(per_warp, warps=4, programs=132, resident_programs=4, io_bytes=0, peak=h200)
+    assert one["bound"] == "latency"                                # 1 program per SM
+    assert one["latency_s"] == pytest.approx(per_warp["chain"] / h200.clock)
+    many = reading(per_warp, warps=4, programs=132 * 64, resident_programs=16, io_bytes=0,
+                   peak=h200)
+    assert many["bound"] == "issue"                      # 64 programs per SM, 16 side by side
+    assert many["latency_s"] == pytest.approx(4 * per_warp["chain"] / h200.clock)
+    assert many["issue_s"] == pytest.approx(64 * 4 * 1103 / 4 / h200.clock)
+    assert reading(per_warp, 4, 132, 4, io_bytes=1e9, peak=h200)["bound"] == "hbm"
+    with pytest.raises(ValueError, match="no program fits"):
+        reading(per_warp, 4, 132, 0, io_bytes=0, peak=h200)
+
+
+def test_one_constant_fit_and_leave_one_out():
+    from attnlens.kernels.compile_check.latency import fit_scale, leave_one_out
+
+    pairs = [(1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]                   # (reading, measured)
+    assert fit_scale(pairs) == pytest.approx(2.0)
+    assert leave_one_out(pairs) == pytest.approx([1.0, 1.0, 1.0])
+    assert leave_one_out([(1.0, 1.0), (1.0, 4.0)]) == pytest.approx([4.0, 0.25])
+    with pytest.raises(ValueError):
+        fit_scale([])

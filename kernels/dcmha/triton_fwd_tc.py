@@ -270,10 +270,11 @@ def _add_maps(x, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
 
 
 @triton.jit
-def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.constexpr,
-              QUERY: tl.constexpr, SR):
-    """sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`)."""
-    out = _wfac(W, r, pos, NR, QUERY, SR) * h0
+def _mix_maps(out, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
+              CB: tl.constexpr, QUERY: tl.constexpr, SR):
+    """out + sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`), one
+    FMA per map and element (a sum of its own per side cost a multiply and an add more)."""
+    out += _wfac(W, r, pos, NR, QUERY, SR) * h0
     if CB > 1:
         out += _wfac(W, r + 1, pos, NR, QUERY, SR) * h1
     if CB > 2:
@@ -288,13 +289,17 @@ def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
                    HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r):
     """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
     map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
-    rows rq, rk, the gate in the row after them)."""
-    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
-    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
+    rows rq, rk, the gate in the row after them). One chain of FMAs per element, x (1 +
+    gq(t)) + x gk(s) + sum_c w2q_c(t) q_c + sum_c w2k_c(s) k_c: 2 + CQB + CKB instructions
+    where the gate's sum per element, each side's sum and their sum took 3 more (the same
+    terms added in another order: last-bit differences, docs/benchmarks.md)."""
+    out = x * (1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None])
     if HAS_K:
-        gate = gate + _wfac(WK, rk + CKB, cols, NK, False, swk_r)
-        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
-    return out + x * gate
+        out += x * _wfac(WK, rk + CKB, cols, NK, False, swk_r)
+    out = _mix_maps(out, q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
+    if HAS_K:
+        out = _mix_maps(out, k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
+    return out
 
 
 @triton.jit

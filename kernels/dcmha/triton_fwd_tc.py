@@ -208,6 +208,14 @@ def _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q):
 
 
 @triton.jit
+def _exp_lse2(x, L2, ok):
+    """exp(x - lse_m) of head m's composed logits x `[rows, keys]`, 0 where masked, from L2
+    `[rows]` pointers to the row lse in log2 units (+inf on empty rows and on the rows past
+    T_Q, `dcmha_tc_fwd`): `_exp_lse` without the per-head mask, select and multiply."""
+    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - tl.load(L2)[:, None])
+
+
+@triton.jit
 def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
            NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
     """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
@@ -441,7 +449,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
+def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         skv_b, swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW,
                         D, NS, scale,
@@ -459,6 +467,10 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
+    # The row lse (log2 units) and O are padded to T_P, whole query tiles: unmasked loads
+    # and atomics (a masked atomic cost a branch around it, 6 instructions each).
+    T_P = tl.cdiv(T_Q, BLOCK_M) * BLOCK_M
+    L2 = LSE2 + (b * H * T_P + rows)
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
     RK2: tl.constexpr = 2 * CKB + 1
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
@@ -477,7 +489,7 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
             x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
                                k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
                                cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
-            a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
+            a = _exp_lse2(x, L2 + n * T_P, ok)
             a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
                                        True, 0)
             if HAS_K:
@@ -499,8 +511,8 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                 offs_d = d0 + tl.arange(0, VCH)
                 v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
                                   + offs_d[None, :] * sv_d))
-                tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
-                              _dot(p, v, IEEE), mask=r_ok[:, None], sem="relaxed")
+                tl.atomic_add(O + (((b * T_P + rows[:, None]) * H + m) * D + offs_d[None, :]),
+                              _dot(p, v, IEEE), sem="relaxed")
         tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
@@ -607,14 +619,19 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     total = (lp * torch.exp2(mp - m_use)).sum(0)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
-    o = torch.zeros(B, T_Q, H, D, **f32)
     (n_m, ns, _), blocks = out_grid, out_blocks
+    # The out pass reads the lse in log2 units, +inf on empty rows (their probabilities are
+    # 0) and past T_Q, and adds into O, both padded to whole query tiles (no masks).
+    t_p = n_m * blocks["BLOCK_M"]
+    lse2_pad = torch.full((B, H, t_p), float("inf"), **f32)
+    lse2_pad[..., :T_Q] = torch.where(total == 0, float("inf"), lse * LOG2E.value)
+    o = torch.zeros(B, t_p, H, D, **f32)
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
+        q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
         VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
-    out.copy_(o[..., :D_in])
+    out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 
 

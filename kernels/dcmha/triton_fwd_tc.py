@@ -208,11 +208,31 @@ def _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q):
 
 
 @triton.jit
-def _exp_lse2(x, L2, ok):
+def _exp_lse2(x, L2, ok, MASKED: tl.constexpr):
     """exp(x - lse_m) of head m's composed logits x `[rows, keys]`, 0 where masked, from L2
     `[rows]` pointers to the row lse in log2 units (+inf on empty rows and on the rows past
-    T_Q, `dcmha_tc_fwd`): `_exp_lse` without the per-head mask, select and multiply."""
-    return tl.math.exp2(tl.where(ok, x, float("-inf")) * LOG2E - tl.load(L2)[:, None])
+    T_Q, `dcmha_tc_fwd`): `_exp_lse` without the per-head mask, select and multiply. Not
+    MASKED (a tile every row sees whole, `_unmasked_end`): no select, one FMA per element."""
+    if MASKED:
+        x = tl.where(ok, x, float("-inf"))
+    return tl.math.exp2(x * LOG2E - tl.load(L2)[:, None])
+
+
+@triton.jit
+def _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """End of the key tiles `[start, mid)` of a split that every row of query tile m0 sees
+    whole (keys <= m0 + Q_OFFSET, inside T_K; no window, no key padding): the head loops of
+    those tiles skip the mask, as the flash kernels do off the diagonal (the select per
+    element and head, and an FMA split in two around it). With a window or key padding
+    every tile is masked."""
+    if HAS_KVALID:
+        mid = start
+    else:
+        seen = tl.minimum(m0 + Q_OFFSET + 1, T_K) - start
+        mid = tl.minimum(start + tl.maximum(seen, 0) // BLOCK_N * BLOCK_N, end)
+        mid = tl.where(WINDOW >= 0, start, mid)
+    return mid
 
 
 @triton.jit
@@ -380,6 +400,46 @@ def _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K: tl.constexpr,
 
 
 @triton.jit
+def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K, Q_OFFSET,
+              WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, swk_r, H, scale,
+              MASKED: tl.constexpr, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
+              IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, NQ: tl.constexpr,
+              NK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """Pass 1's key tile n0: every head's running row (max, sum) from the state buffer of
+    tile (n0 - start) / BLOCK_N into the other (`dcmha_tc_lse_kernel`). MASKED: the tile
+    needs the causal / window / padding mask (`_unmasked_end`)."""
+    old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
+    new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KV, HAS_KVALID)
+    q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+        Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+        sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+        BLOCK_N, BLOCK_D, DCH)
+    for m in range(0, H):
+        s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+        x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
+                           WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
+                           swk_r)
+        # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
+        # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
+        # per element, as in the out pass's probabilities.
+        if MASKED:
+            x = tl.where(ok, x, float("-inf"))
+        at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
+        m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
+        m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
+            tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
+        tl.store(new + at, tl.join(m_new, l_new))
+    # Before the next key tile overwrites the scratch (and reads this tile's state).
+    tl.debug_barrier()
+
+
+@triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
@@ -413,39 +473,77 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
-        new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
-        cols = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
-            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-            BLOCK_D, DCH)
-        for m in range(0, H):
-            s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
-                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
-                               swk_r)
-            # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
-            # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
-            # per element, as in the out pass's probabilities.
-            x = tl.where(ok, x, float("-inf"))
-            at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
-            m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
-            m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
-                tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
-            tl.store(new + at, tl.join(m_new, l_new))
-        # Before the next key tile overwrites the scratch (and reads this tile's state).
-        tl.debug_barrier()
+    mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID, BLOCK_N)
+    for n0 in range(start, mid, BLOCK_N):
+        _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                  swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+    for n0 in range(mid, end, BLOCK_N):
+        _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                  swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
     tl.store(LP + at, l_i, mask=mask)
+
+
+@triton.jit
+def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K, Q_OFFSET,
+              WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, D, swq_h, swk_h,
+              swk_r, H, scale, MASKED: tl.constexpr, HAS_KVALID: tl.constexpr,
+              HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
+              CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
+              VCH: tl.constexpr):
+    """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
+    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`)."""
+    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
+    RK2: tl.constexpr = 2 * CKB + 1
+    cols = n0 + tl.arange(0, BLOCK_N)
+    ok = cols[None, :] >= 0                # unused unless MASKED
+    if MASKED:
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KV, HAS_KVALID)
+    q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+        Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+        sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+        BLOCK_D, DCH)
+    # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
+    a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+    for n in range(0, H):
+        x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
+                           k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
+                           cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
+        a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
+        a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
+                                   True, 0)
+        if HAS_K:
+            b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                       CKB, False, swk_r)
+        # A_n replaces head n's scores once every thread has read them (one map per
+        # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
+        # stays in L2).
+        tl.debug_barrier()
+        tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
+    tl.debug_barrier()             # the scratch is read by other threads
+    for m in range(0, H):                          # each head's pattern times its values
+        a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+        p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
+                           WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
+                           HAS_K, CQB2, CKB, swk_r)
+        p = p.to(Vb.dtype.element_ty)
+        for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
+            offs_d = d0 + tl.arange(0, VCH)
+            v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
+                              + offs_d[None, :] * sv_d))
+            tl.atomic_add(O + (((b * T_P + rows[:, None]) * H + m) * D + offs_d[None, :]),
+                          _dot(p, v, IEEE), sem="relaxed")
+    tl.debug_barrier()             # before the next key tile overwrites the scratch
 
 
 @triton.jit
@@ -471,49 +569,19 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
     # and atomics (a masked atomic cost a branch around it, 6 instructions each).
     T_P = tl.cdiv(T_Q, BLOCK_M) * BLOCK_M
     L2 = LSE2 + (b * H * T_P + rows)
-    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
-    RK2: tl.constexpr = 2 * CKB + 1
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
-            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-            BLOCK_D, DCH)
-        # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
-        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-        for n in range(0, H):
-            x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
-                               k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
-                               cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
-            a = _exp_lse2(x, L2 + n * T_P, ok)
-            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                       True, 0)
-            if HAS_K:
-                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                           CKB, False, swk_r)
-            # A_n replaces head n's scores once every thread has read them (one map per
-            # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
-            # stays in L2).
-            tl.debug_barrier()
-            tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
-        tl.debug_barrier()             # the scratch is read by other threads
-        for m in range(0, H):                          # each head's pattern times its values
-            a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
-                               WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
-                               HAS_K, CQB2, CKB, swk_r)
-            p = p.to(V.dtype.element_ty)
-            for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
-                offs_d = d0 + tl.arange(0, VCH)
-                v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
-                                  + offs_d[None, :] * sv_d))
-                tl.atomic_add(O + (((b * T_P + rows[:, None]) * H + m) * D + offs_d[None, :]),
-                              _dot(p, v, IEEE), sem="relaxed")
-        tl.debug_barrier()             # before the next key tile overwrites the scratch
+    mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID, BLOCK_N)
+    for n0 in range(start, mid, BLOCK_N):
+        _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
+                  sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+    for n0 in range(mid, end, BLOCK_N):
+        _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
+                  sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:

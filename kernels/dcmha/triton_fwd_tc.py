@@ -314,14 +314,15 @@ def _mix_maps(out, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
 @triton.jit
 def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
                    rk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
-                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r):
+                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r, one):
     """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
     map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
     rows rq, rk, the gate in the row after them). One chain of FMAs per element, x (1 +
     gq(t)) + x gk(s) + sum_c w2q_c(t) q_c + sum_c w2k_c(s) k_c: 2 + CQB + CKB instructions
     where the gate's sum per element, each side's sum and their sum took 3 more (the same
-    terms added in another order: last-bit differences, docs/benchmarks.md)."""
-    out = x * (1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None])
+    terms added in another order: last-bit differences, docs/benchmarks.md). one: the gate's
+    constant, 1, or the softmax scale where x and the packs carry it (`dcmha_tc_fwd`)."""
+    out = x * (one + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None])
     if HAS_K:
         out += x * _wfac(WK, rk + CKB, cols, NK, False, swk_r)
     out = _mix_maps(out, q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
@@ -346,7 +347,9 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
-        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+        # Unscaled scores (a multiply by 1.0 folds away): the softmax scale sits in the pre
+        # phase's w1 and gates (`dcmha_tc_fwd`), one multiply per element and head less.
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, 1.0,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
         q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
@@ -422,7 +425,7 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
         s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
                            WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
-                           swk_r)
+                           swk_r, scale)
         # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
         # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
         # per element, as in the out pass's probabilities.
@@ -518,7 +521,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
     for n in range(0, H):
         x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
                            k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
-                           cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
+                           cols, NQ, NK, HAS_K, CQB, CKB, swk_r, scale)
         a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
         a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
                                    True, 0)
@@ -535,7 +538,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
         a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
                            WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
-                           HAS_K, CQB2, CKB, swk_r)
+                           HAS_K, CQB2, CKB, swk_r, 1.0)
         p = p.to(Vb.dtype.element_ty)
         for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
             offs_d = d0 + tl.arange(0, VCH)
@@ -674,6 +677,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                  (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
     # The key side transposed, `[batch H rows positions]` (`_wfac`).
     wkt = wk.permute(0, 1, 3, 2).contiguous()
+    # The softmax scale folded into the pre phase's w1 and gates (the kernels' scores are
+    # unscaled q k^T; `_composed_maps` takes the gate's constant as scale): Compose's pre
+    # logits are linear in the scores, so the same values up to rounding.
+    wq[..., :cqb] *= scale
+    wq[..., 2 * cqb] *= scale
+    if has_k:
+        wkt[:, :, :ckb] *= scale
+        wkt[:, :, 2 * ckb] *= scale
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)

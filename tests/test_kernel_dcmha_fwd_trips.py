@@ -28,8 +28,8 @@ def test_lse_kernel_has_one_loop_over_heads_n():
 
 
 def test_key_padding_or_a_window_masks_every_tile():
-    """With key padding (HAS_KVALID) or a window, `_unmasked_end` puts every tile in the
-    masked loop."""
-    for kw in (dict(HAS_KVALID=True), dict(WINDOW=1000)):
+    """With key padding (HAS_KVALID), a window or fp32 (IEEE), `_unmasked_end` puts every
+    tile in the masked loop."""
+    for kw in (dict(HAS_KVALID=True), dict(WINDOW=1000), dict(IEEE=True)):
         trips = MODELS["dcmha_tc_out_kernel"](_env(**kw), (2, 2, 1))
         assert trips["n0"] == [0.0, 1.5], kw

@@ -341,7 +341,7 @@ def _dcmha_tc_splits(env, grid, unmasked: bool | None = None) -> list[int]:
     """Key tiles of every program (pid, split) of a `triton_fwd_tc`-style grid
     (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); unmasked True /
     False: only the tiles before / from the split's first masked one (`_unmasked_end`: keys
-    every row of the query tile sees, no window, no key padding)."""
+    every row of the query tile sees, no window, no key padding, not fp32)."""
     bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
     trips = []
     for pid in range(grid[0]):
@@ -352,7 +352,7 @@ def _dcmha_tc_splits(env, grid, unmasked: bool | None = None) -> list[int]:
         for s in range(ns):
             start, end = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
             mid = start
-            if window < 0 and not env.get("HAS_KVALID"):
+            if window < 0 and not env.get("HAS_KVALID") and not env.get("IEEE"):
                 seen = min(first + 1, env["T_K"]) - start
                 mid = min(start + max(seen, 0) // bn * bn, max(end, start))
             if unmasked is None:

@@ -12,14 +12,24 @@ def _env(**kw):
 
 def test_out_kernel_lists_its_two_head_loops_over_heads_n():
     """Query tile 0 sees 2 key tiles of 32 (1 per split), tile 1 sees 4 (2 per split): 1.5 on
-    average; the scores-and-pre-maps loop and the probabilities-and-post-maps loop (`n`) one
-    per SASS loop, then the output heads (`m`)."""
+    average, in two tile loops (`n0`): the tiles every row sees whole, unmasked (tile 1's
+    first split: 0.5 on average), then the masked ones (1.0). In each, the
+    scores-and-pre-maps loop and the probabilities-and-post-maps loop (`n`) one per SASS
+    loop, then the output heads (`m`)."""
     trips = MODELS["dcmha_tc_out_kernel"](_env(), (2, 2, 1))
-    assert trips == {"n0": 1.5, "n": [16] * 2, "m": 16}
+    assert trips == {"n0": [0.5, 1.0], "n": [16] * 4, "m": [16] * 2}
 
 
 def test_lse_kernel_has_one_loop_over_heads_n():
     """The lse kernel (the one with HB) reads every head's scores from the scratch in its `m`
-    loop: one `n` loop."""
+    loop: one `n` loop per tile loop."""
     trips = MODELS["dcmha_tc_lse_kernel"](_env(HB=16), (2, 2, 1))
-    assert trips == {"n0": 1.5, "n": [16], "m": 16}
+    assert trips == {"n0": [0.5, 1.0], "n": [16] * 2, "m": [16] * 2}
+
+
+def test_key_padding_or_a_window_masks_every_tile():
+    """With key padding (HAS_KVALID), a window or fp32 (IEEE), `_unmasked_end` puts every
+    tile in the masked loop."""
+    for kw in (dict(HAS_KVALID=True), dict(WINDOW=1000), dict(IEEE=True)):
+        trips = MODELS["dcmha_tc_out_kernel"](_env(**kw), (2, 2, 1))
+        assert trips["n0"] == [0.0, 1.5], kw

@@ -337,9 +337,11 @@ def _dcmha(env, grid):
             "d0": env["BLOCK_D"] // env["DCH"]}
 
 
-def _dcmha_tc_splits(env, grid) -> list[int]:
+def _dcmha_tc_splits(env, grid, unmasked: bool | None = None) -> list[int]:
     """Key tiles of every program (pid, split) of a `triton_fwd_tc`-style grid
-    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer)."""
+    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); unmasked True /
+    False: only the tiles before / from the split's first masked one (`_unmasked_end`: keys
+    every row of the query tile sees, no window, no key padding, not fp32)."""
     bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
     trips = []
     for pid in range(grid[0]):
@@ -347,19 +349,31 @@ def _dcmha_tc_splits(env, grid) -> list[int]:
         lo = 0 if window < 0 else max(first - window, 0) // bn * bn
         hi = min(env["T_K"], first + bm)
         chunk = math.ceil(_steps(lo, hi, bn) / ns) * bn
-        trips += [_steps(lo + s * chunk, min(hi, lo + (s + 1) * chunk), bn) for s in range(ns)]
+        for s in range(ns):
+            start, end = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
+            mid = start
+            if window < 0 and not env.get("HAS_KVALID") and not env.get("IEEE"):
+                seen = min(first + 1, env["T_K"]) - start
+                mid = min(start + max(seen, 0) // bn * bn, max(end, start))
+            if unmasked is None:
+                trips.append(_steps(start, end, bn))
+            else:
+                trips.append(_steps(start, mid, bn) if unmasked else _steps(mid, end, bn))
     return trips
 
 
 def _dcmha_tc(env, grid):
     """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
-    (`_dcmha_tc_splits`); every head loop runs H times per key tile, listed one per SASS loop:
-    `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch) and twice
-    in the out kernel (the same, then each head's probabilities with the post hidden maps),
-    `m` (per output head) once in each; d_head chunks are unrolled (`static_range`).
-    The lse kernel is the one with HB."""
+    (`_dcmha_tc_splits`) in two loops, the unmasked tiles then the masked ones (`n0`, one
+    value each); every head loop runs H times per key tile, listed one per SASS loop and
+    tile loop: `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch)
+    and twice in the out kernel (the same, then each head's probabilities with the post
+    hidden maps), `m` (per output head) once in each; d_head chunks are unrolled
+    (`static_range`). The lse kernel is the one with HB."""
     loops = 1 if "HB" in env else 2
-    return {"n0": _avg(_dcmha_tc_splits(env, grid)), "n": [env["H"]] * loops, "m": env["H"]}
+    return {"n0": [_avg(_dcmha_tc_splits(env, grid, True)),
+                   _avg(_dcmha_tc_splits(env, grid, False))],
+            "n": [env["H"]] * (2 * loops), "m": [env["H"]] * 2}
 
 
 def _dcmha_tc_bwd(env, grid):

@@ -208,6 +208,35 @@ def _exp_lse(x, LSE, ok, b, m, rows, r_ok, H, T_Q):
 
 
 @triton.jit
+def _exp_lse2(x, L2, ok, MASKED: tl.constexpr):
+    """exp(x - lse_m) of head m's composed logits x `[rows, keys]`, 0 where masked, from L2
+    `[rows]` pointers to the row lse in log2 units (+inf on empty rows and on the rows past
+    T_Q, `dcmha_tc_fwd`): `_exp_lse` without the per-head mask, select and multiply. Not
+    MASKED (a tile every row sees whole, `_unmasked_end`): no select, one FMA per element."""
+    if MASKED:
+        x = tl.where(ok, x, float("-inf"))
+    return tl.math.exp2(x * LOG2E - tl.load(L2)[:, None])
+
+
+@triton.jit
+def _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """End of the key tiles `[start, mid)` of a split that every row of query tile m0 sees
+    whole (keys <= m0 + Q_OFFSET, inside T_K; no window, no key padding): the head loops of
+    those tiles skip the mask, as the flash kernels do off the diagonal (the select per
+    element and head, and an FMA split in two around it). With a window or key padding
+    every tile is masked, and in fp32 (IEEE dots, up to 255 registers: with the unmasked
+    loop the lse pass spilled 8 B at 32 heads, d_head 128, sm_90)."""
+    if HAS_KVALID:
+        mid = start
+    else:
+        seen = tl.minimum(m0 + Q_OFFSET + 1, T_K) - start
+        mid = tl.minimum(start + tl.maximum(seen, 0) // BLOCK_N * BLOCK_N, end)
+        mid = tl.where(WINDOW >= 0, start, mid)
+    return mid
+
+
+@triton.jit
 def _probs(s, LSE, hq, hk, WQ, WK, ok, b, m, rows, r_ok, cols, H, T_Q, NQ: tl.constexpr,
            NK: tl.constexpr, HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr):
     """A_m = exp(L_m - lse_m) `[rows, keys]` from head m's scores s, 0 where masked and on
@@ -270,10 +299,11 @@ def _add_maps(x, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
 
 
 @triton.jit
-def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.constexpr,
-              QUERY: tl.constexpr, SR):
-    """sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`)."""
-    out = _wfac(W, r, pos, NR, QUERY, SR) * h0
+def _mix_maps(out, h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr,
+              CB: tl.constexpr, QUERY: tl.constexpr, SR):
+    """out + sum_c w[r + c](pos) * h_c over the CB hidden maps in use (`_add_maps`), one
+    FMA per map and element (a sum of its own per side cost a multiply and an add more)."""
+    out += _wfac(W, r, pos, NR, QUERY, SR) * h0
     if CB > 1:
         out += _wfac(W, r + 1, pos, NR, QUERY, SR) * h1
     if CB > 2:
@@ -285,16 +315,21 @@ def _mix_maps(h0, h1, h2, h3, W, r: tl.constexpr, pos, NR: tl.constexpr, CB: tl.
 @triton.jit
 def _composed_maps(x, q0, q1, q2, q3, k0, k1, k2, k3, WQ, WK, rq: tl.constexpr,
                    rk: tl.constexpr, rows, cols, NQ: tl.constexpr, NK: tl.constexpr,
-                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r):
+                   HAS_K: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, swk_r, one):
     """`_composed_packed` over per-channel maps (`_add_maps`): Compose's head m from head m's
     map x, the query-wise maps q_c, the key-wise maps k_c and head m's packed weights (w2 at
-    rows rq, rk, the gate in the row after them)."""
-    gate = 1.0 + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None]
-    out = _mix_maps(q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
+    rows rq, rk, the gate in the row after them). One chain of FMAs per element, x (1 +
+    gq(t)) + x gk(s) + sum_c w2q_c(t) q_c + sum_c w2k_c(s) k_c: 2 + CQB + CKB instructions
+    where the gate's sum per element, each side's sum and their sum took 3 more (the same
+    terms added in another order: last-bit differences, docs/benchmarks.md). one: the gate's
+    constant, 1, or the softmax scale where x and the packs carry it (`dcmha_tc_fwd`)."""
+    out = x * (one + tl.load(WQ + (rows.to(tl.int64) * NQ + (rq + CQB)))[:, None])
     if HAS_K:
-        gate = gate + _wfac(WK, rk + CKB, cols, NK, False, swk_r)
-        out += _mix_maps(k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
-    return out + x * gate
+        out += x * _wfac(WK, rk + CKB, cols, NK, False, swk_r)
+    out = _mix_maps(out, q0, q1, q2, q3, WQ, rq, rows, NQ, CQB, True, 0)
+    if HAS_K:
+        out = _mix_maps(out, k0, k1, k2, k3, WK, rk, cols, NK, CKB, False, swk_r)
+    return out
 
 
 @triton.jit
@@ -313,7 +348,9 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
-        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
+        # Unscaled scores (a multiply by 1.0 folds away): the softmax scale sits in the pre
+        # phase's w1 and gates (`dcmha_tc_fwd`), one multiply per element and head less.
+        s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, 1.0,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
         q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
@@ -367,6 +404,46 @@ def _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K: tl.constexpr,
 
 
 @triton.jit
+def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K, Q_OFFSET,
+              WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h, swk_h, swk_r, H, scale,
+              MASKED: tl.constexpr, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
+              IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, NQ: tl.constexpr,
+              NK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+    """Pass 1's key tile n0: every head's running row (max, sum) from the state buffer of
+    tile (n0 - start) / BLOCK_N into the other (`dcmha_tc_lse_kernel`). MASKED: the tile
+    needs the causal / window / padding mask (`_unmasked_end`)."""
+    old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
+    new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KV, HAS_KVALID)
+    q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+        Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+        sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
+        BLOCK_N, BLOCK_D, DCH)
+    for m in range(0, H):
+        s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+        x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
+                           WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
+                           swk_r, scale)
+        # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
+        # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
+        # per element, as in the out pass's probabilities.
+        if MASKED:
+            x = tl.where(ok, x, float("-inf"))
+        at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
+        m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
+        m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
+            tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
+        tl.store(new + at, tl.join(m_new, l_new))
+    # Before the next key tile overwrites the scratch (and reads this tile's state).
+    tl.debug_barrier()
+
+
+@triton.jit
 def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
@@ -400,33 +477,17 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     tl.debug_barrier()                 # the state is read by other threads
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
-        new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
-        cols = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
-            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-            BLOCK_D, DCH)
-        for m in range(0, H):
-            s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
-                               WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
-                               swk_r)
-            # The row max in log2 units as max(x) * LOG2E (the same value: rounding a product
-            # by a positive constant is monotone), so that x * LOG2E - max fuses into one FMA
-            # per element, as in the out pass's probabilities.
-            x = tl.where(ok, x, float("-inf"))
-            at = (m * BLOCK_M + offs_r)[:, None] * 2 + tl.arange(0, 2)[None, :]
-            m_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))
-            m_new = tl.maximum(m_old, tl.max(x, 1) * LOG2E)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_new = l_old * tl.math.exp2(m_old - m_use) + tl.sum(
-                tl.math.exp2(x * LOG2E - m_use[:, None]), 1)
-            tl.store(new + at, tl.join(m_new, l_new))
-        # Before the next key tile overwrites the scratch (and reads this tile's state).
-        tl.debug_barrier()
+    mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID or IEEE, BLOCK_N)
+    for n0 in range(start, mid, BLOCK_N):
+        _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                  swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+    for n0 in range(mid, end, BLOCK_N):
+        _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
+                  swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
@@ -436,7 +497,61 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
+def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K, Q_OFFSET,
+              WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, D, swq_h, swk_h,
+              swk_r, H, scale, MASKED: tl.constexpr, HAS_KVALID: tl.constexpr,
+              HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
+              CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
+              VCH: tl.constexpr):
+    """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
+    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`)."""
+    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
+    RK2: tl.constexpr = 2 * CKB + 1
+    cols = n0 + tl.arange(0, BLOCK_N)
+    ok = cols[None, :] >= 0                # unused unless MASKED
+    if MASKED:
+        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KV, HAS_KVALID)
+    q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
+        Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
+        sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
+        BLOCK_D, DCH)
+    # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
+    a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+    for n in range(0, H):
+        x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
+                           k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
+                           cols, NQ, NK, HAS_K, CQB, CKB, swk_r, scale)
+        a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
+        a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
+                                   True, 0)
+        if HAS_K:
+            b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                       CKB, False, swk_r)
+        # A_n replaces head n's scores once every thread has read them (one map per
+        # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
+        # stays in L2).
+        tl.debug_barrier()
+        tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
+    tl.debug_barrier()             # the scratch is read by other threads
+    for m in range(0, H):                          # each head's pattern times its values
+        a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
+        p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
+                           WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
+                           HAS_K, CQB2, CKB, swk_r, 1.0)
+        p = p.to(Vb.dtype.element_ty)
+        for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
+            offs_d = d0 + tl.arange(0, VCH)
+            v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
+                              + offs_d[None, :] * sv_d))
+            tl.atomic_add(O + (((b * T_P + rows[:, None]) * H + m) * D + offs_d[None, :]),
+                          _dot(p, v, IEEE), sem="relaxed")
+    tl.debug_barrier()             # before the next key tile overwrites the scratch
+
+
+@triton.jit
+def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         skv_b, swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW,
                         D, NS, scale,
@@ -454,49 +569,23 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE, KVALID, SCRATCH, WQ, WK,
                         BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
-    RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
-    RK2: tl.constexpr = 2 * CKB + 1
+    # The row lse (log2 units) and O are padded to T_P, whole query tiles: unmasked loads
+    # and atomics (a masked atomic cost a branch around it, 6 instructions each).
+    T_P = tl.cdiv(T_Q, BLOCK_M) * BLOCK_M
+    L2 = LSE2 + (b * H * T_P + rows)
     lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
     start, end = _split_range(lo, hi, split, NS, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        ok = _allowed(rows, cols, T_Q, T_K, Q_OFFSET, WINDOW, KVALID + b * skv_b, HAS_KVALID)
-        q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
-            Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
-            sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-            BLOCK_D, DCH)
-        # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
-        a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-        for n in range(0, H):
-            x = _composed_maps(_scratch_load(SCR, n, BLOCK_M, BLOCK_N), q0, q1, q2, q3, k0,
-                               k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
-                               cols, NQ, NK, HAS_K, CQB, CKB, swk_r)
-            a = _exp_lse(x, LSE, ok, b, n, rows, r_ok, H, T_Q)
-            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                       True, 0)
-            if HAS_K:
-                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                           CKB, False, swk_r)
-            # A_n replaces head n's scores once every thread has read them (one map per
-            # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
-            # stays in L2).
-            tl.debug_barrier()
-            tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
-        tl.debug_barrier()             # the scratch is read by other threads
-        for m in range(0, H):                          # each head's pattern times its values
-            a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
-            p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
-                               WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
-                               HAS_K, CQB2, CKB, swk_r)
-            p = p.to(V.dtype.element_ty)
-            for d0 in tl.static_range(0, BLOCK_D, VCH):        # d_head in chunks: registers
-                offs_d = d0 + tl.arange(0, VCH)
-                v = tl.load(Vb + (tl.minimum(cols, T_K - 1)[:, None] * sv_t + m * sv_h
-                                  + offs_d[None, :] * sv_d))
-                tl.atomic_add(O + (((b * T_Q + rows[:, None]) * H + m) * D + offs_d[None, :]),
-                              _dot(p, v, IEEE), mask=r_ok[:, None], sem="relaxed")
-        tl.debug_barrier()             # before the next key tile overwrites the scratch
+    mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID or IEEE, BLOCK_N)
+    for n0 in range(start, mid, BLOCK_N):
+        _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
+                  sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+    for n0 in range(mid, end, BLOCK_N):
+        _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
+                  T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
+                  sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -589,6 +678,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                  (post[5], 1)], t_k) if has_k else torch.zeros(1, 1, 1, 1, **f32))
     # The key side transposed, `[batch H rows positions]` (`_wfac`).
     wkt = wk.permute(0, 1, 3, 2).contiguous()
+    # The softmax scale folded into the pre phase's w1 and gates (the kernels' scores are
+    # unscaled q k^T; `_composed_maps` takes the gate's constant as scale): Compose's pre
+    # logits are linear in the scores, so the same values up to rounding.
+    wq[..., :cqb] *= scale
+    wq[..., 2 * cqb] *= scale
+    if has_k:
+        wkt[:, :, :ckb] *= scale
+        wkt[:, :, 2 * ckb] *= scale
     (n_m, ns, _), blocks = lse_grid, lse_blocks
     mp = torch.empty(ns, B, H, T_Q, **f32)
     lp = torch.empty(ns, B, H, T_Q, **f32)
@@ -602,14 +699,19 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     total = (lp * torch.exp2(mp - m_use)).sum(0)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
-    o = torch.zeros(B, T_Q, H, D, **f32)
     (n_m, ns, _), blocks = out_grid, out_blocks
+    # The out pass reads the lse in log2 units, +inf on empty rows (their probabilities are
+    # 0) and past T_Q, and adds into O, both padded to whole query tiles (no masks).
+    t_p = n_m * blocks["BLOCK_M"]
+    lse2_pad = torch.full((B, H, t_p), float("inf"), **f32)
+    lse2_pad[..., :T_Q] = torch.where(total == 0, float("inf"), lse * LOG2E.value)
+    o = torch.zeros(B, t_p, H, D, **f32)
     dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
+        q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
         VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
-    out.copy_(o[..., :D_in])
+    out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 
 

@@ -76,7 +76,26 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
     mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a scale <= 0, where
     the fold is wrong, and where it costs registers). ROWSUM > 0: `l_i` is `[BLOCK_M,
     ROWSUM]` and the row sum is a product with a ones matrix on the tensor cores, the sum of
-    the weights as rounded for `P V` (`rowsum_on_tensor_cores`)."""
+    the weights as rounded for `P V` (`rowsum_on_tensor_cores`). The two halves,
+    `_softmax_weights` and `_accumulate_pv`, are apart so that the scores-ahead loop can issue
+    the next tile's `Q K^T` between them (`_ahead_step`)."""
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K,
+                                            Q_OFFSET, SEG_LEN, qk_scale, MASKED, CAUSAL,
+                                            SEGMENTED, HAS_KVALID, BLOCK_N, SCALE_FIRST, EVEN,
+                                            ROWSUM)
+    acc, l_i = _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid,
+                              start_n, T_K, BLOCK_N, IEEE, EVEN, ROWSUM)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
+                     HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr, ROWSUM: tl.constexpr):
+    """The first half of `_softmax_pv`: the tile's weights `p` (fp32, base 2), the factor
+    `alpha` the running state is rescaled by, the new row max, and the row sum (fp32; with
+    ROWSUM it is taken in `_accumulate_pv`)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < T_K
     if SCALE_FIRST:                     # scaled before masking (0 * -inf would be NaN)
@@ -112,16 +131,26 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
     alpha = tl.math.exp2(m_i - m_use)
     if ROWSUM == 0:
         l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
+def _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid, start_n, T_K,
+                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr,
+                   ROWSUM: tl.constexpr):
+    """The second half of `_softmax_pv`: `acc * alpha + P V` (and with ROWSUM the row sum as
+    `P @ ones`)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     v_ptr = V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
     if EVEN:
         v = tl.load(v_ptr)
     else:
-        v = tl.load(v_ptr, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(v_ptr, mask=(offs_n < T_K)[:, None] & d_valid[None, :], other=0.0)
     p_v = p.to(v.dtype)
     acc = acc * alpha[:, None] + _dot(p_v, v, IEEE)
     if ROWSUM > 0:    # every column of l_i gets the row's sum: 32 FADD + 4 SHFL per warp less
         l_i = l_i * alpha[:, None] + _dot(p_v, tl.full([BLOCK_N, ROWSUM], 1.0, v.dtype), IEEE)
-    return acc, m_new, l_i
+    return acc, l_i
 
 
 @triton.jit
@@ -179,14 +208,25 @@ def _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, s
                 CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
                 IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
                 ROWSUM: tl.constexpr):
-    """One tile of `_fwd_tiles_ahead`: the next tile's scores, then this one's softmax step."""
+    """One tile of `_fwd_tiles_ahead`: this tile's weights, the next tile's scores, then this
+    tile's `P V`.
+
+    The next tile's `Q K^T` is issued after this tile's weights, not before them. Triton
+    waits on that product (its result is no dot's accumulator) together with the previous
+    tile's `P V` right away, and ptxas still spreads the wgmma among the exponentials (sm_90
+    SASS); issued first, its result was live across the whole softmax beside the carried
+    scores and ptxas copied the scores every tile (33 moves per warp per tile at 128x64 w8,
+    d 128: 381 -> 350 instructions); issued here, the unrolled d 64 loop's chain per tile
+    falls by a tenth (docs/benchmarks.md, "the next tile's scores after the weights"). Same
+    terms in the same order: the interpreter gives the same bits."""
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K,
+                                            Q_OFFSET, SEG_LEN, qk_scale, False, CAUSAL, False,
+                                            HAS_KVALID, BLOCK_N, SCALE_FIRST, EVEN, ROWSUM)
     s_next = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n + BLOCK_N, T_K,
                          BLOCK_N, IEEE, EVEN)
-    acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
-                                offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
-                                False, CAUSAL, False, HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST,
-                                EVEN, ROWSUM)
-    return acc, m_i, l_i, s_next
+    acc, l_i = _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid,
+                              start_n, T_K, BLOCK_N, IEEE, EVEN, ROWSUM)
+    return acc, m_new, l_i, s_next
 
 
 @triton.jit

@@ -177,11 +177,12 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
                      CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
                      IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
                      ROWSUM: tl.constexpr = 0):
-    """Unmasked key tiles [lo, hi) with the next tile's scores issued before this tile's
-    softmax (FlashAttention-3's intra-warpgroup overlap): `s` holds tile lo's scores on entry
-    and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the QK^T of tile j + 1
-    runs on the tensor cores (an async wgmma) while tile j's exponentials run on the MUFU and
-    FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order.
+    """Unmasked key tiles [lo, hi) with the next tile's scores issued within this tile's
+    softmax step (FlashAttention-3's intra-warpgroup overlap; `_ahead_step`): `s` holds tile
+    lo's scores on entry and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the
+    QK^T of tile j + 1 runs on the tensor cores (an async wgmma, which ptxas spreads among the
+    exponentials) while tile j's exponentials run on the MUFU and FMA pipes; the sums are the
+    same as `_fwd_tiles`'s, in the same order.
 
     With ROWSUM (`rowsum_fits`) unrolled by two: the carried scores then alternate between two
     register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile)
@@ -248,7 +249,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
     tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
     AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
-    next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
+    next tile's scores computed within this tile's softmax step; EVEN: K, V and padding-mask loads
     without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
     (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs
     unrolled (d <= 64, no padding mask: `rowsum_fits`), the row sum is taken on the tensor cores, in
@@ -457,8 +458,8 @@ def rowsum_fits(block_d: int, padding: bool) -> bool:
     head dims up to 64 without a padding mask; the others keep the kernels they had.
     - padding: unrolled, its loads and selects cost registers on sm_90: 128x32 w4 s4 spilled
       8 B at d 64 (triton 3.9.0), 128x64 w8 s3 8 B at d 128 (triton 3.6.0).
-    - d 128: fewer instructions (128x64 w8 s3: 381 -> 309.5 per tile per warp) but a longer
-      serial chain per warpgroup (625 -> 754.5 cycles per tile, docs/benchmarks.md): the
+    - d 128: fewer instructions (128x64 w8 s3: 350 -> 312.5 per tile per warp) but a longer
+      serial chain per warpgroup (624 -> 757.5 cycles per tile, docs/benchmarks.md): the
       unrolled body waits on each tile's `Q K^T` and `P V` with little to overlap them."""
     return block_d <= 64 and not padding
 

@@ -295,3 +295,32 @@ def test_bf16_launches_sum_rows_on_tensor_cores_on_the_hopper_paths(monkeypatch)
     # the kernel then takes it where the scores run ahead, at d <= 64 without padding
     assert triton_fwd.rowsum_fits(64, False) and triton_fwd.rowsum_fits(16, False)
     assert not triton_fwd.rowsum_fits(128, False) and not triton_fwd.rowsum_fits(64, True)
+
+
+def test_scores_ahead_issue_the_next_tiles_scores_between_weights_and_pv(monkeypatch):
+    """The scores-ahead step (`_ahead_step`) issues tile j + 1's `Q K^T` after tile j's
+    weights and before its `P V` (sm_90: no copies of the carried scores, a shorter chain per
+    tile at d 64; docs/benchmarks.md). The interpreter runs the jit helpers as Python, in
+    program order: each unmasked step logs weights, scores, P V ("WKA"); the plain loops and
+    the order before log scores first ("KWA")."""
+    from attnlens.kernels._triton import interpreting
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    if not interpreting():
+        pytest.skip("the call order is observable only under the interpreter")
+    calls = []
+
+    def logging(original, tag):
+        def logged(*args, **kwargs):
+            calls.append(tag)
+            return original(*args, **kwargs)
+        return logged
+
+    for name, tag in (("_softmax_weights", "W"), ("_key_scores", "K"), ("_accumulate_pv", "A")):
+        monkeypatch.setattr(triton_fwd, name, logging(getattr(triton_fwd, name), tag))
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    q, k, v = (x.detach() for x in _inputs(32, 32, heads=1))
+    attn_fwd(q, k, v, 0.3, block_m=16, block_n=16)
+    # query tile 1 (first): the scores carried in, its one unmasked step, its diagonal tile;
+    # then tile 0: the scores carried in, its diagonal tile
+    assert "".join(calls) == "K" + "WKA" + "WA" + "K" + "WA"

@@ -76,7 +76,26 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
     mask. SCALE_FIRST: scale the scores before the row max (`attn_fwd`: a scale <= 0, where
     the fold is wrong, and where it costs registers). ROWSUM > 0: `l_i` is `[BLOCK_M,
     ROWSUM]` and the row sum is a product with a ones matrix on the tensor cores, the sum of
-    the weights as rounded for `P V` (`rowsum_on_tensor_cores`)."""
+    the weights as rounded for `P V` (`rowsum_on_tensor_cores`). The two halves,
+    `_softmax_weights` and `_accumulate_pv`, are apart so that the scores-ahead loop can issue
+    the next tile's `Q K^T` between them (`_ahead_step`)."""
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K,
+                                            Q_OFFSET, SEG_LEN, qk_scale, MASKED, CAUSAL,
+                                            SEGMENTED, HAS_KVALID, BLOCK_N, SCALE_FIRST, EVEN,
+                                            ROWSUM)
+    acc, l_i = _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid,
+                              start_n, T_K, BLOCK_N, IEEE, EVEN, ROWSUM)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
+                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, SEGMENTED: tl.constexpr,
+                     HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr, ROWSUM: tl.constexpr):
+    """The first half of `_softmax_pv`: the tile's weights `p` (fp32, base 2), the factor
+    `alpha` the running state is rescaled by, the new row max, and the row sum (fp32; with
+    ROWSUM it is taken in `_accumulate_pv`)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < T_K
     if SCALE_FIRST:                     # scaled before masking (0 * -inf would be NaN)
@@ -112,16 +131,26 @@ def _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m, offs_d,
     alpha = tl.math.exp2(m_i - m_use)
     if ROWSUM == 0:
         l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
+def _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid, start_n, T_K,
+                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr,
+                   ROWSUM: tl.constexpr):
+    """The second half of `_softmax_pv`: `acc * alpha + P V` (and with ROWSUM the row sum as
+    `P @ ones`)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     v_ptr = V + v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d
     if EVEN:
         v = tl.load(v_ptr)
     else:
-        v = tl.load(v_ptr, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(v_ptr, mask=(offs_n < T_K)[:, None] & d_valid[None, :], other=0.0)
     p_v = p.to(v.dtype)
     acc = acc * alpha[:, None] + _dot(p_v, v, IEEE)
     if ROWSUM > 0:    # every column of l_i gets the row's sum: 32 FADD + 4 SHFL per warp less
         l_i = l_i * alpha[:, None] + _dot(p_v, tl.full([BLOCK_N, ROWSUM], 1.0, v.dtype), IEEE)
-    return acc, m_new, l_i
+    return acc, l_i
 
 
 @triton.jit
@@ -148,11 +177,12 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
                      CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
                      IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
                      ROWSUM: tl.constexpr = 0):
-    """Unmasked key tiles [lo, hi) with the next tile's scores issued before this tile's
-    softmax (FlashAttention-3's intra-warpgroup overlap): `s` holds tile lo's scores on entry
-    and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the QK^T of tile j + 1
-    runs on the tensor cores (an async wgmma) while tile j's exponentials run on the MUFU and
-    FMA pipes; the sums are the same as `_fwd_tiles`'s, in the same order.
+    """Unmasked key tiles [lo, hi) with the next tile's scores issued within this tile's
+    softmax step (FlashAttention-3's intra-warpgroup overlap; `_ahead_step`): `s` holds tile
+    lo's scores on entry and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the
+    QK^T of tile j + 1 runs on the tensor cores (an async wgmma, which ptxas spreads among the
+    exponentials) while tile j's exponentials run on the MUFU and FMA pipes; the sums are the
+    same as `_fwd_tiles`'s, in the same order.
 
     With ROWSUM (`rowsum_fits`) unrolled by two: the carried scores then alternate between two
     register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile)
@@ -179,14 +209,25 @@ def _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d, s
                 CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
                 IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
                 ROWSUM: tl.constexpr):
-    """One tile of `_fwd_tiles_ahead`: the next tile's scores, then this one's softmax step."""
+    """One tile of `_fwd_tiles_ahead`: this tile's weights, the next tile's scores, then this
+    tile's `P V`.
+
+    The next tile's `Q K^T` is issued after this tile's weights, not before them. Triton
+    waits on that product (its result is no dot's accumulator) together with the previous
+    tile's `P V` right away, and ptxas still spreads the wgmma among the exponentials (sm_90
+    SASS); issued first, its result was live across the whole softmax beside the carried
+    scores and ptxas copied the scores every tile (33 moves per warp per tile at 128x64 w8,
+    d 128: 381 -> 350 instructions); issued here, the unrolled d 64 loop's chain per tile
+    falls by a tenth (docs/benchmarks.md, "the next tile's scores after the weights"). Same
+    terms in the same order: the interpreter gives the same bits."""
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s, kv_ptr, offs_m, start_n, T_K,
+                                            Q_OFFSET, SEG_LEN, qk_scale, False, CAUSAL, False,
+                                            HAS_KVALID, BLOCK_N, SCALE_FIRST, EVEN, ROWSUM)
     s_next = _key_scores(q, K, k_base, sk_t, sk_d, offs_d, d_valid, start_n + BLOCK_N, T_K,
                          BLOCK_N, IEEE, EVEN)
-    acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
-                                offs_d, d_valid, start_n, T_K, Q_OFFSET, SEG_LEN, qk_scale,
-                                False, CAUSAL, False, HAS_KVALID, BLOCK_N, IEEE, SCALE_FIRST,
-                                EVEN, ROWSUM)
-    return acc, m_i, l_i, s_next
+    acc, l_i = _accumulate_pv(acc, l_i, p, alpha, V, v_base, sv_t, sv_d, offs_d, d_valid,
+                              start_n, T_K, BLOCK_N, IEEE, EVEN, ROWSUM)
+    return acc, m_new, l_i, s_next
 
 
 @triton.jit
@@ -208,7 +249,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
     tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
     AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
-    next tile's scores computed before this tile's softmax; EVEN: K, V and padding-mask loads
+    next tile's scores computed within this tile's softmax step; EVEN: K, V and padding-mask loads
     without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
     (bf16 AHEAD launches, `rowsum_on_tensor_cores`): where the scores-ahead loop runs
     unrolled (d <= 64, no padding mask: `rowsum_fits`), the row sum is taken on the tensor cores, in
@@ -417,8 +458,8 @@ def rowsum_fits(block_d: int, padding: bool) -> bool:
     head dims up to 64 without a padding mask; the others keep the kernels they had.
     - padding: unrolled, its loads and selects cost registers on sm_90: 128x32 w4 s4 spilled
       8 B at d 64 (triton 3.9.0), 128x64 w8 s3 8 B at d 128 (triton 3.6.0).
-    - d 128: fewer instructions (128x64 w8 s3: 381 -> 309.5 per tile per warp) but a longer
-      serial chain per warpgroup (625 -> 754.5 cycles per tile, docs/benchmarks.md): the
+    - d 128: fewer instructions (128x64 w8 s3: 350 -> 312.5 per tile per warp) but a longer
+      serial chain per warpgroup (624 -> 757.5 cycles per tile, docs/benchmarks.md): the
       unrolled body waits on each tile's `Q K^T` and `P V` with little to overlap them."""
     return block_d <= 64 and not padding
 

@@ -99,6 +99,7 @@ def test_trip_models_count_the_backward_windows():
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
     assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
+    assert post["while"] == pre["while"] == pytest.approx(8 / 3)   # one turn a window (dv, dk)
     # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
     # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
     assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]
@@ -129,13 +130,14 @@ def test_gradients_at_sixteen_heads_full_mixing():
 def test_dq_partials_fold_to_the_rows_each_program_holds():
     """`fold_dq_partials` sums every program's `[AR, H, D]` dq slot (by batch, key split s and
     row window w: rows `w * OR - (CQ - 1) + [0, AR)`) into those rows, rows outside the
-    sequence dropped, against a direct loop. Integer values: the sums are exact in any order,
-    so the fold must equal the loop bit for bit."""
-    from attnlens.kernels.mta.triton_bwd import fold_dq_partials
+    sequence dropped, against a direct loop; `fold_dk_partials` every key window's `[AC, H, D]`
+    dk slot (keys `kw * ORC - LEFT + [0, AC)`) likewise. Integer values: the sums are exact in
+    any order, so the folds must equal the loop bit for bit."""
+    from attnlens.kernels.mta.triton_bwd import fold_dk_partials, fold_dq_partials
 
     g = torch.Generator().manual_seed(7)
     for batch, n_w, ns, ar, own_r, cq, T_Q in ((2, 3, 2, 32, 27, 6, 61), (1, 4, 3, 16, 5, 6, 17),
-                                               (1, 1, 1, 32, 30, 1, 9)):
+                                               (1, 1, 1, 32, 30, 1, 9), (1, 3, 1, 32, 22, 6, 61)):
         H, D = 3, 4
         dq_p = torch.randint(-8, 9, (batch, ns, n_w, ar, H, D), generator=g).float()
         want = torch.zeros(batch, T_Q, H, D)
@@ -148,36 +150,51 @@ def test_dq_partials_fold_to_the_rows_each_program_holds():
                             want[b, row] += dq_p[b, s, w, r]
         got = fold_dq_partials(dq_p.clone(), batch, n_w, ns, ar, own_r, cq, T_Q)
         assert torch.equal(got, want)
+        if ns == 1:                     # the dk slots: one per key window, LEFT = CQ - 1 keys
+            got = fold_dk_partials(dq_p[:, 0].clone(), batch, n_w, ar, own_r, cq - 1, T_Q)
+            assert torch.equal(got, want)
 
 
-def test_dq_partial_bytes_at_4k():
+def test_dq_and_dk_partial_bytes_at_4k():
     """The pre pass's dq slots less the fp32 dq they replace, by arithmetic at the benchmark's
-    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows)."""
-    from attnlens.kernels.mta.triton_bwd import dq_partial_bytes
+    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows); the dk slots
+    less the fp32 dk: 187 key windows of 32 keys (22 owned)."""
+    from attnlens.kernels.mta.triton_bwd import dk_partial_bytes, dq_partial_bytes
 
     assert dq_partial_bytes(1, 4096, 16, 128, 304, 32) == 44 * 2 ** 20
     assert dq_partial_bytes(1, 4096, 16, 64, 304, 32) == 22 * 2 ** 20
+    assert dk_partial_bytes(1, 4096, 16, 128, 187, 32) == 14.75 * 2 ** 20
+    assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
-    """dq goes to per-program slots (the pre kernel's `DQ_P`, `[B, NS, N_W, AR, H, D]`) whose
-    size is `dq_partial_bytes` above an fp32 dq, and two backward runs give bit-identical
-    gradients (T 37, 30 rows and 28 keys owned per window: 2 row windows x 2 key splits)."""
+def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch):
+    """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`), dq to
+    per-program slots (`DQ_P [B, NS, N_W, AR, H, D]`, `dq_partial_bytes` above an fp32 dq), dk
+    to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`, `dk_partial_bytes` above an fp32 dk),
+    and dv and dk are added in turns: each key window's ticket (post and pre pass) ends at the
+    number of row windows that see it. Two backward runs give bit-identical gradients (T 37,
+    30 rows and 28 keys owned per window: 2 row windows x 2 key splits, 2 key windows)."""
     from attnlens.kernels.mta import triton_bwd
     from attnlens.kernels.mta.function import _kernel_arg, _mixing_arg
     from attnlens.kernels.mta.triton_fwd import mta_fwd
 
-    real = triton_bwd.mta_bwd_pre_kernel
-    slots = []
+    seen = {}
 
     class Capture:
+        def __init__(self, real, names):
+            self.real, self.names = real, names
+
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                slots.append((grid, args[real.arg_names.index("DQ_P")]))
-                return real[grid](*args, **kwargs)
+                out = self.real[grid](*args, **kwargs)
+                seen.setdefault(self.real.fn.__name__, []).append(
+                    (grid, *(args[self.real.arg_names.index(n)].clone() for n in self.names)))
+                return out
             return launch
 
-    monkeypatch.setattr(triton_bwd, "mta_bwd_pre_kernel", Capture())
+    for name, names in (("mta_bwd_delta_kernel", ["DELTA"]), ("mta_bwd_post_kernel", ["TICKET"]),
+                        ("mta_bwd_pre_kernel", ["DQ_P", "DK_P", "TICKET"])):
+        monkeypatch.setattr(triton_bwd, name, Capture(getattr(triton_bwd, name), names))
     B, T, H, D = 1, 37, 2, 16
     q, k, v = (to_device(t) for t in _qkv(T, T, H, d=D, batch=B))
     pre, pre_mix, post, post_mix = _params(H, **dict(pre=(2, 5), post=(3, 3), post_mix=1))
@@ -188,10 +205,20 @@ def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
     runs = [triton_bwd.mta_bwd(d_out, q, k, v, lse, None, *args, 2, 1, 0.25) for _ in range(2)]
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
-    (grid, dq_p), _ = slots
-    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
-    n_prog, n_w = grid[0] * grid[1], -(-T // own_r)
-    assert n_prog > n_w > 1 and dq_p.dtype == torch.float32
-    assert dq_p.shape == (B, n_prog // (B * n_w), n_w, ar, H, D)
+    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    n_w, n_kw = -(-T // own_r), -(-T // own_c)
+    (grid, delta_p), _ = seen["mta_bwd_delta_kernel"]
+    (_, post_tickets), _ = seen["mta_bwd_post_kernel"]
+    (_, dq_p, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
+    n_prog = grid[0] * grid[1]
+    ns = n_prog // (B * n_w)
+    assert n_prog > n_w > 1 and ns > 1 and n_kw > 1
+    assert delta_p.shape == (ns, B, H, T) and delta_p.dtype == torch.float32
+    assert dq_p.shape == (B, ns, n_w, ar, H, D) and dq_p.dtype == torch.float32
     assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
                                                                              n_prog // B, ar)
+    assert dk_p.shape == (B, n_kw, ac, H, D) and dk_p.dtype == torch.float32
+    assert (dk_p.numel() - B * T * H * D) * 4 == triton_bwd.dk_partial_bytes(B, T, H, D, n_kw, ac)
+    turns = [sum(kw * own_c < min(T, w * own_r + own_r) for w in range(n_w))
+             for kw in range(n_kw)]
+    assert post_tickets.tolist() == pre_tickets.tolist() == [turns]

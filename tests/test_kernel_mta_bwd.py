@@ -18,7 +18,7 @@ from kernel_common import KERNEL_MARKS, nan_empty, to_device  # noqa: F401  (nan
 
 pytestmark = KERNEL_MARKS
 
-from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients, _params, _qkv  # noqa: E402
+from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients  # noqa: E402
 
 from attnlens.kernels.mta.bwd_tiles import bwd_toeplitz  # noqa: E402
 from attnlens.kernels.mta.triton_bwd import bwd_windows  # noqa: E402
@@ -69,17 +69,20 @@ def test_windows_hold_both_halos(hb, pre, post):
 
 @pytest.mark.slow
 def test_gradients_over_several_programs_and_key_windows():
-    """T 61 with the official 6 x 11 kernels: 3 programs of 27 rows, up to 3 key windows of 22
-    keys each, the last ones ragged (~3 min of CPU in the interpreter)."""
-    _check_gradients(61, 61, 2, OFFICIAL, "both", 1)
+    """T 50 with the official 6 x 11 kernels: 2 row windows of 27 rows (the last 23), up to 3
+    key windows of 22 keys (the last 6), 5 windows in all (T 61's 3 row windows took 8 windows
+    and 1.6x the time); each dR window reaches into the row window above (dq's fold) and each
+    key window's halo into the next (dk's)."""
+    _check_gradients(50, 50, 2, OFFICIAL, "both", 1)
 
 
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
     (45, 45, 4, ALL_ON, "right", 2),                  # padding keys, empty rows, groups of 2
     (7, 40, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1), "left", 1),   # aligned to the end
-    (37, 37, 3, dict(pre=(2, 5), post=(3, 3), pre_mix=1), "both", 1),   # 3 heads, odd length
 ])
 def test_gradients_at_odd_lengths(T_q, T_k, H, opts, pad_key, batch):
+    """(3 heads at the odd length 37: `test_backward_without_atomics_...`, which checks its
+    gradients and runs its backward twice.)"""
     _check_gradients(T_q, T_k, H, opts, pad_key, batch)
 
 
@@ -99,6 +102,7 @@ def test_trip_models_count_the_backward_windows():
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
     assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
+    assert post["while"] == pre["while"] == pytest.approx(8 / 3)   # one turn a window (dv, dk)
     # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
     # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
     assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]
@@ -119,23 +123,26 @@ def test_key_splits_fill_the_machine_without_empty_splits():
 
 @pytest.mark.slow
 def test_gradients_at_sixteen_heads_full_mixing():
-    """The benchmark's head count: every mixing dot over 16 heads, none padded. T 22 is one
-    32 x 32 window owning 22 rows and keys (the whole sequence); more windows and programs are
-    `test_gradients_over_several_programs_and_key_windows`'s (about 45 s of CPU in the
-    interpreter; T 30, four windows, took 130 s)."""
-    _check_gradients(22, 22, 16, OFFICIAL, "both", 1)
+    """The benchmark's head count: every mixing dot over 16 heads, none padded, both mixings
+    full. T 22 is one 32 x 32 window owning 22 rows and keys (the whole sequence); more windows
+    and programs, and the official 6 x 11 kernels, are
+    `test_gradients_over_several_programs_and_key_windows`'s. 3 x 5 and 2 x 3 kernels: the
+    interpreter's time goes to the per-head tap loops (H c_q c_k iterations on the causal
+    edge); with 6 x 11 kernels this case took 116-148 s on a loaded 2-core machine."""
+    _check_gradients(22, 22, 16, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), "both", 1)
 
 
 def test_dq_partials_fold_to_the_rows_each_program_holds():
     """`fold_dq_partials` sums every program's `[AR, H, D]` dq slot (by batch, key split s and
     row window w: rows `w * OR - (CQ - 1) + [0, AR)`) into those rows, rows outside the
-    sequence dropped, against a direct loop. Integer values: the sums are exact in any order,
-    so the fold must equal the loop bit for bit."""
-    from attnlens.kernels.mta.triton_bwd import fold_dq_partials
+    sequence dropped, against a direct loop; `fold_dk_partials` every key window's `[AC, H, D]`
+    dk slot (keys `kw * ORC - LEFT + [0, AC)`) likewise. Integer values: the sums are exact in
+    any order, so the folds must equal the loop bit for bit."""
+    from attnlens.kernels.mta.triton_bwd import fold_dk_partials, fold_dq_partials
 
     g = torch.Generator().manual_seed(7)
     for batch, n_w, ns, ar, own_r, cq, T_Q in ((2, 3, 2, 32, 27, 6, 61), (1, 4, 3, 16, 5, 6, 17),
-                                               (1, 1, 1, 32, 30, 1, 9)):
+                                               (1, 1, 1, 32, 30, 1, 9), (1, 3, 1, 32, 22, 6, 61)):
         H, D = 3, 4
         dq_p = torch.randint(-8, 9, (batch, ns, n_w, ar, H, D), generator=g).float()
         want = torch.zeros(batch, T_Q, H, D)
@@ -148,50 +155,76 @@ def test_dq_partials_fold_to_the_rows_each_program_holds():
                             want[b, row] += dq_p[b, s, w, r]
         got = fold_dq_partials(dq_p.clone(), batch, n_w, ns, ar, own_r, cq, T_Q)
         assert torch.equal(got, want)
+        if ns == 1:                     # the dk slots: one per key window, LEFT = CQ - 1 keys
+            got = fold_dk_partials(dq_p[:, 0].clone(), batch, n_w, ar, own_r, cq - 1, T_Q)
+            assert torch.equal(got, want)
 
 
-def test_dq_partial_bytes_at_4k():
+def test_dq_and_dk_partial_bytes_at_4k():
     """The pre pass's dq slots less the fp32 dq they replace, by arithmetic at the benchmark's
-    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows)."""
-    from attnlens.kernels.mta.triton_bwd import dq_partial_bytes
+    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows); the dk slots
+    less the fp32 dk: 187 key windows of 32 keys (22 owned)."""
+    from attnlens.kernels.mta.triton_bwd import dk_partial_bytes, dq_partial_bytes
 
     assert dq_partial_bytes(1, 4096, 16, 128, 304, 32) == 44 * 2 ** 20
     assert dq_partial_bytes(1, 4096, 16, 64, 304, 32) == 22 * 2 ** 20
+    assert dk_partial_bytes(1, 4096, 16, 128, 187, 32) == 14.75 * 2 ** 20
+    assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-def test_dq_without_atomics_is_per_program_and_bit_identical(monkeypatch):
-    """dq goes to per-program slots (the pre kernel's `DQ_P`, `[B, NS, N_W, AR, H, D]`) whose
-    size is `dq_partial_bytes` above an fp32 dq, and two backward runs give bit-identical
-    gradients (T 37, 30 rows and 28 keys owned per window: 2 row windows x 2 key splits)."""
-    from attnlens.kernels.mta import triton_bwd
-    from attnlens.kernels.mta.function import _kernel_arg, _mixing_arg
-    from attnlens.kernels.mta.triton_fwd import mta_fwd
+def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch):
+    """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`), dq to
+    per-program slots (`DQ_P [B, NS, N_W, AR, H, D]`, `dq_partial_bytes` above an fp32 dq), dk
+    to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`, `dk_partial_bytes` above an fp32 dk),
+    and dv and dk are added in turns: each key window's ticket (post and pre pass) ends at the
+    number of row windows that see it. On 3 heads at the odd length 37 (30 rows and 28 keys
+    owned per window: 2 row windows x 2 key splits, 2 key windows): the gradients against the
+    float64 spec (`_check_gradients`), then the same backward once more, bit-identical."""
+    from attnlens.kernels.mta import function, triton_bwd
 
-    real = triton_bwd.mta_bwd_pre_kernel
-    slots = []
+    seen, calls = {}, []
 
     class Capture:
+        def __init__(self, real, names):
+            self.real, self.names = real, names
+
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                slots.append((grid, args[real.arg_names.index("DQ_P")]))
-                return real[grid](*args, **kwargs)
+                out = self.real[grid](*args, **kwargs)
+                seen.setdefault(self.real.fn.__name__, []).append(
+                    (grid, *(args[self.real.arg_names.index(n)].clone() for n in self.names)))
+                return out
             return launch
 
-    monkeypatch.setattr(triton_bwd, "mta_bwd_pre_kernel", Capture())
-    B, T, H, D = 1, 37, 2, 16
-    q, k, v = (to_device(t) for t in _qkv(T, T, H, d=D, batch=B))
-    pre, pre_mix, post, post_mix = _params(H, **dict(pre=(2, 5), post=(3, 3), post_mix=1))
-    args = (_kernel_arg(pre, H, q.device), _mixing_arg(pre_mix, H, q.device),
-            _kernel_arg(post, H, q.device), _mixing_arg(post_mix, H, q.device))
-    _, lse = mta_fwd(q, k, v, *args, 2, 1, 0.25)
-    d_out = to_device(torch.randn(q.shape, generator=torch.Generator().manual_seed(2)))
-    runs = [triton_bwd.mta_bwd(d_out, q, k, v, lse, None, *args, 2, 1, 0.25) for _ in range(2)]
-    for a, b in zip(*runs, strict=True):
+    for name, names in (("mta_bwd_delta_kernel", ["DELTA"]), ("mta_bwd_post_kernel", ["TICKET"]),
+                        ("mta_bwd_pre_kernel", ["DQ_P", "DK_P", "TICKET"])):
+        monkeypatch.setattr(triton_bwd, name, Capture(getattr(triton_bwd, name), names))
+
+    def recorded_bwd(*args, **kwargs):
+        out = triton_bwd.mta_bwd(*args, **kwargs)
+        calls.append((args, kwargs, [t.clone() for t in out]))
+        return out
+
+    monkeypatch.setattr(function, "mta_bwd", recorded_bwd)
+    B, T, H, D = 1, 37, 3, 16
+    _check_gradients(T, T, H, dict(pre=(2, 5), post=(3, 3), pre_mix=1), "both", B, d=D)
+    (args, kwargs, first), = calls
+    for a, b in zip(first, triton_bwd.mta_bwd(*args, **kwargs), strict=True):
         assert torch.equal(a, b)
-    (grid, dq_p), _ = slots
-    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
-    n_prog, n_w = grid[0] * grid[1], -(-T // own_r)
-    assert n_prog > n_w > 1 and dq_p.dtype == torch.float32
-    assert dq_p.shape == (B, n_prog // (B * n_w), n_w, ar, H, D)
+    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    n_w, n_kw = -(-T // own_r), -(-T // own_c)
+    (grid, delta_p), _ = seen["mta_bwd_delta_kernel"]
+    (_, post_tickets), _ = seen["mta_bwd_post_kernel"]
+    (_, dq_p, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
+    n_prog = grid[0] * grid[1]
+    ns = n_prog // (B * n_w)
+    assert n_prog > n_w > 1 and ns > 1 and n_kw > 1
+    assert delta_p.shape == (ns, B, H, T) and delta_p.dtype == torch.float32
+    assert dq_p.shape == (B, ns, n_w, ar, H, D) and dq_p.dtype == torch.float32
     assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
                                                                              n_prog // B, ar)
+    assert dk_p.shape == (B, n_kw, ac, H, D) and dk_p.dtype == torch.float32
+    assert (dk_p.numel() - B * T * H * D) * 4 == triton_bwd.dk_partial_bytes(B, T, H, D, n_kw, ac)
+    turns = [sum(kw * own_c < min(T, w * own_r + own_r) for w in range(n_w))
+             for kw in range(n_kw)]
+    assert post_tickets.tolist() == pre_tickets.tolist() == [turns]

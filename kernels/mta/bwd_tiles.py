@@ -134,19 +134,40 @@ def dot_heads_rt(X, x_base, x_st, x_sh, x_sd, x_pos, x_ok, Y, y_base, y_st, y_sh
 @triton.jit
 def add_dot_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok,
                   offs_h, h_valid, D, IEEE: tl.constexpr, DCH: tl.constexpr):
-    """`OUT[b, out_pos[i], h, d] += sum_j x[h, i, j] Y[y_pos[j], h, d]` (fp32 atomics into the
-    contiguous `[batch T H D]` OUT), as `_head_tiles.dot_add_heads` but over d_head chunks in a
-    loop to the runtime D: not unrolled, one chunk's operands and addresses live at a time
-    (unrolled, MTA's post pass spilled 728-784 B on sm_80)."""
+    """`OUT[b, out_pos[i], h, d] += sum_j x[h, i, j] Y[y_pos[j], h, d]` into the contiguous fp32
+    `[batch T H D]` OUT by plain loads, adds and stores, no atomics: the caller holds those
+    entries alone while it adds (its turn, `wait_turn`, or its own slot), so the sums are in a
+    fixed order. Over d_head chunks in a loop to the runtime D: not unrolled, one chunk's
+    operands and addresses live at a time (unrolled, MTA's post pass spilled 728-784 B on
+    sm_80)."""
     xc = x.to(Y.dtype.element_ty)
     for d0 in range(0, D, DCH):
         offs_d = d0 + tl.arange(0, DCH)
         d_valid = offs_d < D
         y = _slice(Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h, h_valid, offs_d, d_valid)
-        tl.atomic_add(OUT + ((b * T + out_pos[None, :, None]) * H + offs_h[:, None, None]) * D
-                      + offs_d[None, None, :], _dot(xc, y, IEEE),
-                      mask=h_valid[:, None, None] & out_ok[None, :, None]
-                      & d_valid[None, None, :])
+        ptr = (OUT + ((b * T + out_pos[None, :, None]) * H + offs_h[:, None, None]) * D
+               + offs_d[None, None, :])
+        ok = h_valid[:, None, None] & out_ok[None, :, None] & d_valid[None, None, :]
+        tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + _dot(xc, y, IEEE), mask=ok)
+
+
+@triton.jit
+def wait_turn(TICKET, turn):
+    """Spin until the int32 counter TICKET reaches `turn` (acquire: the adds of the programs
+    whose turns came before are visible after it). Turns go to programs in launch order (the
+    one waited on was launched earlier, so it is resident or done: no deadlock; under the
+    interpreter, which runs programs one after another in that order, no wait at all)."""
+    while tl.atomic_add(TICKET, 0, sem="acquire") < turn:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def pass_turn(TICKET):
+    """End a turn taken by `wait_turn`: once every thread's stores are issued (barrier), one
+    release add hands the entries to the next program."""
+    tl.debug_barrier()
+    tl.atomic_add(TICKET, 1, sem="release")
 
 
 @triton.jit
@@ -225,6 +246,6 @@ def tap_pow2(*sizes: int) -> int:
 
 
 __all__ = ["add_dot_heads", "add_dot_heads_slot", "bwd_toeplitz", "dot_heads_rt", "head_gram",
-           "mix_heads_dot", "padded_mixing", "row_lse2", "stage_gram",
+           "mix_heads_dot", "padded_mixing", "pass_turn", "row_lse2", "stage_gram",
            "stage_load", "stage_mixed_dprobs", "stage_store", "tap_grads", "tap_pow2",
-           "toeplitz_taps"]
+           "toeplitz_taps", "wait_turn"]

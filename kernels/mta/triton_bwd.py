@@ -13,24 +13,28 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
 NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
-windows s, s + NS, ... (dk, dv, delta by atomics; dq and the parameter partials per program);
-the row windows go last rows first, so the programs with the most key windows start first.
+windows s, s + NS, ... (delta per split, dq and the parameter partials per program, summed in
+torch in a fixed order); the row windows go last rows first, so the programs with the most key
+windows start first. No fp32 atomics: the row windows that see a key window add their dv and dk
+to it one after another in launch order, the last rows first (a ticket per key window,
+`wait_turn` / `pass_turn`), so the backward is bit-reproducible.
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
   (dP one batched dot per d_head chunk, W' one dot over heads); dA = the transposed post-softmax
   convolution, CQ' Toeplitz dots of the staged G (`toeplitz_taps`); A from the forward's
   tensor-core logits; delta summed per owned row.
 - Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
-  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows:
-  fp32 atomics once per window and d_head chunk), dW' one dot per row chunk, dth' by
+  P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows,
+  added to its ORC owned keys in the program's turn), dW' one dot per row chunk, dth' by
   `tap_grads` (CQ' dots per chunk).
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
   forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
   program's own fp32 slot, no atomics (dR's window reaches CQ - 1 rows into the row window
   above: torch sums the slots in a fixed order, `fold_dq_partials`); dk += dR^T q (one dot over
-  AR rows, fp32 atomics once per window and d_head chunk: every key window's halo overlaps the
-  next, and all row windows add to it); dW one dot, dth by `tap_grads` from the raw scores R
+  AR rows, into the key window's own `[AC, H, D]` slot in the program's turn: every key
+  window's halo overlaps the next, so torch sums the slots in a fixed order,
+  `fold_dk_partials`); dW one dot, dth by `tap_grads` from the raw scores R
   staged on that window.
 
 The mixings' and kernels' gradients are summed per program in registers and written once to
@@ -55,6 +59,7 @@ from attnlens.kernels.mta.bwd_tiles import (
     head_gram,
     mix_heads_dot,
     padded_mixing,
+    pass_turn,
     row_lse2,
     stage_gram,
     stage_load,
@@ -63,6 +68,7 @@ from attnlens.kernels.mta.bwd_tiles import (
     tap_grads,
     tap_pow2,
     toeplitz_taps,
+    wait_turn,
 )
 from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
@@ -100,15 +106,18 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
                          HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                          AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 1, grid `(cdiv(T_Q, OR), batch)`: `DELTA[b, h, i] += sum_j A_ij dA_ij` over the
-    program's OR rows (DELTA zeroed). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on
-    the owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
+    """Pass 1, grid `(N_W * NS, batch)`: `DELTA[split, b, h, i] += sum_j A_ij dA_ij` over the
+    program's OR rows and key windows, in its split's own slot of DELTA `[NS, batch, H, T_Q]`
+    (zeroed; plain loads and stores, no atomics: torch sums the splits in a fixed order). Per
+    key window: G staged from `(m0, n0 - RIGHT2)`, dA on the owned positions `(m0, n0)` by the
+    flipped post-softmax taps `TOEP_PT`."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
     m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
     split = pid // N_W                        # and which NS-th of its key windows
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     stage_g = STAGE_G + prog.to(tl.int64) * (HB * AR * AC)
+    delta_slot = DELTA + (split * tl.num_programs(1) + b).to(tl.int64) * (H * T_Q)
     kv_ptr = KVALID + b * skv_b
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)
@@ -127,15 +136,15 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
                            LSE, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET,
                            scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D, SCH)
             part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
-            ptr = DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :]
+            ptr = delta_slot + offs_h[:, None] * T_Q + rows[None, :]
             own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
-            tl.atomic_add(ptr, part, mask=own)         # the NS programs of a row window
+            tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)
         tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
 
 
 @triton.jit(noinline=True)
 def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M, DV,
-                 DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P,
+                 DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, ticket, turn,
                  sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                  sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                  H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
@@ -191,13 +200,15 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                                               0.0), offs_h, AR, AC)
     w_ptr = DW2_P + prog.to(tl.int64) * (HB * HB) + offs_h[:, None] * HB + offs_h[None, :]
     tl.store(w_ptr, tl.load(w_ptr) + d_w2)
-    # dv += P^T dz, one dot over all AR rows (P is 0 past the OR owned ones): one atomic per
-    # dv entry and window, not one per row chunk
+    # dv += P^T dz, one dot over all AR rows (P is 0 past the OR owned rows and ORC owned
+    # keys): no atomics, the program adds to the window's ORC keys in its turn (`ticket`)
     rows = m0 + tl.arange(0, AR)
     pattern_t = tl.permute(stage_load(stage_p, tl.arange(0, AR), offs_h, h_valid, AR, AC),
                            (0, 2, 1))
-    add_dot_heads(DV, b, T_K, H, cols, c_in, pattern_t, DO, b * sdo_b, sdo_t, sdo_h, sdo_d,
-                  rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
+    wait_turn(ticket, turn)
+    add_dot_heads(DV, b, T_K, H, cols, c_in & (offs_c < ORC), pattern_t, DO, b * sdo_b, sdo_t,
+                  sdo_h, sdo_d, rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
+    pass_turn(ticket)
     tl.debug_barrier()
     for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
         offs_r = r0 + tl.arange(0, PR)
@@ -209,27 +220,31 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
 
 @triton.jit
 def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
-                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P,
+                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
-                    N_W, NS,
+                        N_W, NS, N_KW,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                         AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                         CKP: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, OR), batch)`: dv (atomics into fp32 DV), and this program's
+    """Pass 2, grid `(N_W * NS, batch)`: dv (fp32 DV, zeroed; no atomics: the row windows
+    that see key window kw add to its ORC keys one after another, the last rows first, counted
+    by `TICKET [batch, N_KW]` (int32, zeroed; `wait_turn`)), and this program's
     partial dW' `DW2_P [prog, HB, HB]` and dth' `DTH2_P [prog, HB, CQ2, CKP]` (zeroed) from
     the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
+    turn = pid % N_W                          # the row windows after this one see its keys too
+    m0 = (N_W - 1 - turn) * OR                # row window, the longest (last) rows first,
     split = pid // N_W                        # and which NS-th of its key windows
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
         _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
-                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, sq_b, sq_t, sq_h, sq_d, sk_b,
+                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET + b * N_KW + n0 // ORC,
+                     turn, sq_b, sq_t, sq_h, sq_d, sk_b,
                      sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                      H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
                      b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH)
@@ -326,16 +341,17 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit(noinline=True)
 def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
+            STAGE_R, STAGE_M, DQ_SLOT, DK, ticket, turn, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
+            TOEP_RT, sq_b, sq_t,
             sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
             skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
             n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
             tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
-    the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q
-    (atomics),
-    dth (the program's slot of DTH_P)."""
+    the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q into
+    the key window's slot `DK` (`[AC, H, D]`, R's keys) in the program's turn (`ticket`:
+    no atomics), dth (the program's slot of DTH_P)."""
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -363,11 +379,14 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
         add_dot_heads_slot(DQ_SLOT, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
                                                           AC), K, b * sk_b, sk_t, sk_h, sk_d,
                            r_cols, c_in, offs_h, h_valid, D, IEEE, DCH)
-    # dk += dR^T q, one dot over all AR rows: one atomic per dk entry and window
+    # dk += dR^T q, one dot over all AR rows, into the key window's slot in this row window's
+    # turn: the row windows that see it add one after another, the last rows first
     rows = m0 - (CQ - 1) + tl.arange(0, AR)
     d_r_t = tl.permute(stage_load(stage_g, tl.arange(0, AR), offs_h, h_valid, AR, AC), (0, 2, 1))
-    add_dot_heads(DK, b, T_K, H, r_cols, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
+    wait_turn(ticket, turn)
+    add_dot_heads(DK, 0, 0, H, offs_c, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
                   (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
+    pass_turn(ticket)
     for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
         offs_r = r0 + tl.arange(0, PR)
         d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
@@ -378,19 +397,22 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
-                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK, DTH_P, DW_P, TH, W, WM, W2,
-                       TOEP_PT, TOEP_RT,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TH,
+                       W, WM, W2, TOEP_PT, TOEP_RT,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                   N_W, NS,
+                       N_W, NS, N_KW,
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
                        DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq into the program's own fp32 slot of `DQ_P
     [batch, NS, N_W, AR, H, D]` (by split and row window w, rows `w OR - (CQ - 1) + [0, AR)`:
-    `fold_dq_partials` sums them), dk (atomics into fp32 DK) and this program's partial dW
+    `fold_dq_partials` sums them), dk into the key windows' fp32 slots of `DK_P [batch, N_KW,
+    AC, H, D]` (key window kw's holds keys `kw ORC - LEFT + [0, AC)`: `fold_dk_partials` sums
+    them; the row windows that see kw add to it one after another, the last rows first,
+    counted by `TICKET [batch, N_KW]`: no atomics) and this program's partial dW
     `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window, sweeps of PR
     rows passing maps on through per-program stages: G (from `(m0, n0 - RIGHT2)`) and R =
     Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned positions `(m0,
@@ -398,28 +420,33 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
     positions the owned taps read), staged where G was; dq, dk; dth. `WM [HB, HB]` is W in
     the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    w = N_W - 1 - pid % N_W                   # row window, the longest (last) rows first,
+    turn = pid % N_W                          # the row windows after this one see its keys too
+    w = N_W - 1 - turn                        # row window, the longest (last) rows first,
     m0 = w * OR
     split = pid // N_W                        # and which NS-th of its key windows
     dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
+        kw = b * N_KW + n0 // ORC
+        dk_slot = DK_P + kw.to(tl.int64) * (AC * H * D)
         _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                   STAGE_DL, STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
-                   TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                   sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT,
-                   CQ2, RIGHT2, OR, ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP,
-                   BLOCK_D, DCH, SCH, GK)
-        _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
-                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
-                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
-                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
-        _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-                STAGE_R, STAGE_M, dq_slot, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
-                sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
-                sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
-                ORC, b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+                   STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, DTH_P, DW_P, TH, W, WM, W2,
+                   TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
+                   sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
+                   Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
+                   HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+        _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
+                STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, DTH_P, DW_P, TH, W, WM, W2,
+                TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
+                sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
+                Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
+                HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+        _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
+                STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, TICKET + kw, turn, DTH_P, DW_P, TH,
+                W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
+                sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
+                Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
+                HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
 
 
 def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
@@ -440,23 +467,45 @@ def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int
     return 4 * batch * H * D * (n_prog_per_batch * ar - T_Q)
 
 
+def dk_partial_bytes(batch: int, T_K: int, H: int, D: int, n_kw: int, ac: int) -> int:
+    """Bytes of the pre pass's fp32 dk slots (one `[AC, H, D]` slot per key window, its halo
+    included), less the fp32 dk the atomics summed into, which is no longer held while the
+    passes run (the slots' fold is made after them). At 4k, 16 heads, d 128: 187 key windows
+    of 32 keys: 46.75 MiB of slots against a 32 MiB dk, 14.75 MiB more."""
+    return 4 * batch * H * D * (n_kw * ac - T_K)
+
+
+def fold_window_partials(parts, batch: int, n_w: int, ns: int, size: int, step: int,
+                         shift: int, T: int):
+    """`[batch T H D]` fp32 from per-window slots `parts [batch, ns, n_w, size, H, D]` (the
+    slot of split s and window w holds positions `w * step - shift + [0, size)`): the splits
+    summed in place into split 0's slots, then the windows' overlapping positions added phase
+    by phase (slot rows `[k step, (k + 1) step)` of every window at once). Fixed order:
+    deterministic. Beside `parts` (consumed) it holds only the output."""
+    H, D = parts.shape[-2:]
+    parts = parts.view(batch, ns, n_w, size, H, D)
+    for s in range(1, ns):
+        parts[:, 0] += parts[:, s]
+    phases = math.ceil(size / step)
+    out = torch.zeros(batch, n_w + phases, step, H, D, device=parts.device, dtype=parts.dtype)
+    for k in range(phases):
+        rows = min(step, size - k * step)
+        out[:, k:k + n_w, :rows] += parts[:, 0, :, k * step:k * step + rows]
+    return out.view(batch, -1, H, D)[:, shift:shift + T]
+
+
 def fold_dq_partials(dq_p, batch: int, n_w: int, ns: int, ar: int, own_r: int, cq: int,
                      T_Q: int):
     """dq `[batch T_Q H D]` fp32 from the pre pass's slots `dq_p [batch, ns, n_w, AR, H, D]`
-    (the slot of split s and row window w holds rows `w * OR - (CQ - 1) + [0, AR)`): the
-    splits summed in place into split 0's slots, then the windows' overlapping rows added phase
-    by phase (rows `[k OR, (k + 1) OR)` of every window at once). Fixed order: deterministic.
-    Beside `dq_p` (consumed) it holds only the output."""
-    H, D = dq_p.shape[-2:]
-    parts = dq_p.view(batch, ns, n_w, ar, H, D)
-    for s in range(1, ns):
-        parts[:, 0] += parts[:, s]
-    phases = math.ceil(ar / own_r)
-    out = torch.zeros(batch, n_w + phases, own_r, H, D, device=dq_p.device, dtype=dq_p.dtype)
-    for k in range(phases):
-        rows = min(own_r, ar - k * own_r)
-        out[:, k:k + n_w, :rows] += parts[:, 0, :, k * own_r:k * own_r + rows]
-    return out.view(batch, -1, H, D)[:, cq - 1:cq - 1 + T_Q]
+    (the slot of split s and row window w holds rows `w * OR - (CQ - 1) + [0, AR)`)."""
+    return fold_window_partials(dq_p, batch, n_w, ns, ar, own_r, cq - 1, T_Q)
+
+
+def fold_dk_partials(dk_p, batch: int, n_kw: int, ac: int, own_c: int, left: int, T_K: int):
+    """dk `[batch T_K H D]` fp32 from the pre pass's slots `dk_p [batch, n_kw, AC, H, D]` (key
+    window kw's holds keys `kw * ORC - LEFT + [0, AC)`: R's keys, the owned ones and the
+    pre-softmax kernel's halo)."""
+    return fold_window_partials(dk_p, batch, n_kw, 1, ac, own_c, left, T_K)
 
 
 def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
@@ -468,9 +517,10 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dk, dv = torch.zeros(B, T_K, H, D, **f32), torch.zeros(B, T_K, H, D, **f32)
+    dv = torch.zeros(B, T_K, H, D, **f32)
     if T_Q == 0:
-        return (torch.zeros(B, T_Q, H, D, **f32), dk, dv, torch.zeros_like(pre_kernel),
+        return (torch.zeros(B, T_Q, H, D, **f32), torch.zeros_like(dv), dv,
+                torch.zeros_like(pre_kernel),
                 torch.zeros_like(pre_mix), torch.zeros_like(post_kernel),
                 torch.zeros_like(post_mix))
     cq, ck = pre_kernel.shape[1:]
@@ -481,8 +531,8 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
     pr = min(ar, 16)
     ckp = tap_pow2(ck, ck2)
-    n_w = math.ceil(T_Q / own_r)
-    ns = key_splits(n_w * B, math.ceil(T_K / own_c), q.device)
+    n_w, n_kw = math.ceil(T_Q / own_r), math.ceil(T_K / own_c)
+    ns = key_splits(n_w * B, n_kw, q.device)
     n_prog = B * n_w * ns
     do = do.contiguous()
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
@@ -500,34 +550,46 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     def stage(dtype=q.dtype, cols=ar):
         return torch.empty(n_prog * hb * cols * ac, device=q.device, dtype=dtype)
 
+    def tickets():          # the turns of the row windows that add to each key window
+        return torch.zeros(B, n_kw, device=q.device, dtype=torch.int32)
+
     grid = (n_w * ns, B)
-    delta = torch.zeros(B, H, T_Q, **f32)
+    delta_p = torch.zeros(ns, B, H, T_Q, **f32)
     mta_bwd_delta_kernel[grid](
-        q, k, kt, v, do, lse, delta, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, *strides,
+        q, k, kt, v, do, lse, delta_p, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, *strides,
         *shape, cq2, right2, own_r, own_c, n_w, ns, **common)
+    for s in range(1, ns):                         # the splits' row sums, in a fixed order
+        delta_p[0] += delta_p[s]
+    delta = delta_p[0]
     if dlse is not None:
         delta -= dlse.float()
     dth2_p = torch.zeros(n_prog, hb, cq2, ckp, **f32)
     dw2_p = torch.zeros(n_prog, hb, hb, **f32)
     mta_bwd_post_kernel[grid](
         q, k, kt, v, do, lse, kv, stage(), stage(), stage(), stage(), stage(torch.float32, ac),
-        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, *strides, *shape, cq2, ck2,
-        left2, own_r, own_c, n_w, ns, CKP=ckp, **common)
+        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, tickets(), *strides, *shape,
+        cq2, ck2, left2, own_r, own_c, n_w, ns, n_kw, CKP=ckp, **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
     dq_p = torch.zeros(B, ns, n_w, ar, H, D, **f32)
+    dk_p = torch.zeros(B, n_kw, ac, H, D, **f32)
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
-        dq_p, dk, dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, *strides, *shape,
-        cq2, right2, own_r, own_c, n_w, ns, CKP=ckp, GK=min(256, ar * ac), **common)
-    del delta
+        dq_p, dk_p, tickets(), dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt,
+        *strides, *shape, cq2, right2, own_r, own_c, n_w, ns, n_kw, CKP=ckp,
+        GK=min(256, ar * ac), **common)
+    del delta, delta_p
     dq = fold_dq_partials(dq_p, B, n_w, ns, ar, own_r, cq, T_Q)
+    del dq_p
+    dk = fold_dk_partials(dk_p, B, n_kw, ac, own_c, left, T_K)
+    del dk_p
     dth = dth_p.sum(0)[:H, :, :ck].contiguous()
     dth2 = dth2_p.sum(0)[:H, :, :ck2].contiguous()
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_windows", "dq_partial_bytes", "fold_dq_partials", "key_splits", "mta_bwd",
+__all__ = ["bwd_windows", "dk_partial_bytes", "dq_partial_bytes", "fold_dk_partials",
+           "fold_dq_partials", "fold_window_partials", "key_splits", "mta_bwd",
            "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
            "mta_bwd_pre_kernel"]

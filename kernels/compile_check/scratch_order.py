@@ -81,52 +81,63 @@ class Hazard:
         return text + (f" [accepted: {self.accepted}]" if self.accepted else "")
 
 
-# Pairs checked by hand, keyed by file and one access's source text, so an edit of that line
-# drops the acceptance and the pair is reported again for review. An entry accepts the pairs
-# of that access with accesses of the PREVIOUS loop iteration (its loop's iterations touch
-# disjoint slots: a head, a d_head chunk, a row window of their own, which the check cannot
-# prove, since it compares no addresses), and within one iteration only the partner lines it
-# names, with the pair's kind. An entry's optional third field is how many of the innermost
-# loops around its pointer's definition it speaks for (default 1: the innermost only), so a
-# barrier missing at the end of an outer loop (a key tile) is still reported.
+# Pairs checked by hand, keyed by file, function and one access's source text, so an edit of
+# that line drops the acceptance and the pair is reported again for review. An entry accepts
+# the pairs of that access with accesses of the PREVIOUS loop iteration (its loop's iterations
+# touch disjoint slots: a head, a d_head chunk, a row window of their own, which the check
+# cannot prove, since it compares no addresses), and within one iteration only the partner
+# lines it names, with the pair's kind. An entry's optional third field is how many of the
+# innermost loops around its pointer's definition it speaks for (default 1: the innermost
+# only), so a barrier missing at the end of an outer loop (a key tile) is still reported.
 _SCRATCH_LOAD = 'return tl.load(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")'
 ACCEPTED = {
-    ("triton_fwd_tc.py", "tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)"): (
+    ("triton_fwd_tc.py", "_out_tile", "tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)"): (
         "head n's slot: iteration n reads slot n, then (after a barrier) writes it; the next "
         "iteration reads slot n + 1", ()),
-    ("triton_fwd_tc.py", "tl.store(new + at, tl.join(m_new, l_new))"): (
+    ("triton_fwd_tc.py", "_lse_tile", "tl.store(new + at, tl.join(m_new, l_new))"): (
         "double-buffered state: a key tile reads `old` and writes `new`, the other half",
         (("write after read",
           'm_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))'),)),
-    ("triton_bwd_tc.py", "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)"): (
+    ("triton_bwd_tc.py", "_stored_hidden_packed",
+     "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)"): (
         "head n's slot j, written once per head loop, read after the tile's next barrier; "
         "written as slot 2 (dP) after the head loop that reads slot 0",
         (("write after read", _SCRATCH_LOAD),)),
-    ("triton_bwd_tc.py", "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), x)"): (
+    ("triton_bwd_tc.py", "_store_both", "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), x)"): (
         "head n's slot j, read only after the next barrier", ()),
-    ("triton_bwd_tc.py", "tl.store(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), tl.trans(x))"): (
+    ("triton_bwd_tc.py", "_store_both",
+     "tl.store(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), tl.trans(x))"): (
         "head n's transposed slot 4 + j (j = 1, 3), read only after the next barrier; the same "
         "iteration read slots 0 and 2", (("write after read", _SCRATCH_LOAD),)),
-    ("triton_bwd_tc.py", "tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))"): (
+    ("triton_bwd_tc.py", "dcmha_tc_grads_kernel",
+     "tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))"): (
         "head n's transposed slot 4, read only after the next barrier; the same iteration "
         "read slot 0", (("write after read", _SCRATCH_LOAD),)),
-    ("triton_bwd_tc.py", "tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))"): (
+    ("triton_bwd_tc.py", "dcmha_tc_grads_kernel",
+     "tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))"): (
         "head n's transposed slot 6; the same iteration read slot 2 before and then reads "
         "slot 1 (A, written before the last barrier)",
         (("read after write", _SCRATCH_LOAD), ("write after read", _SCRATCH_LOAD))),
-    ("triton_bwd_tc.py",
+    ("triton_bwd_tc.py", "_acc_chan",
      'tl.store(at, tl.load(at, mask=ok, other=0.0, cache_modifier=".cg") + vals, mask=ok)'): (
         "head n's column of the program's partial rows: each head loop iteration its own", ()),
-    ("triton_bwd_tc.py", 'tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg")'
-                         ' + tl.sum(x * g, 1),'): (
+    ("triton_bwd_tc.py", "_row_grads",
+     'tl.store(at, tl.load(at, mask=r_ok, other=0.0, cache_modifier=".cg") + tl.sum(x * g, 1),'): (
         "head n's column of the program's partial rows: each head loop iteration its own", ()),
-    ("triton_bwd_tc.py", "tl.store(at, acc, mask=r_ok[:, None])"): (
+    ("triton_bwd_tc.py", "_acc_dq", "tl.store(at, acc, mask=r_ok[:, None])"): (
         "head n's d_head chunk d0 of dq's partial rows: each (n, d0) iteration its own", (), 2),
-    ("bwd_tiles.py",
+    ("bwd_tiles.py", "add_dot_heads",
+     "tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + _dot(xc, y, IEEE), mask=ok)"): (
+        "d_head chunk d0 of the entries the program holds (its turn or its own slot): each d0 "
+        "iteration its own", ()),
+    ("bwd_tiles.py", "add_dot_heads_slot",
      "tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + _dot(xc, y, IEEE), mask=ok)"): (
         "d_head chunk d0 of the program's slot rows: each d0 iteration its own, and the "
         "caller's row loop passes distinct rows per call", (), 2),
-    ("triton_fwd.py",
+    ("triton_bwd.py", "mta_bwd_delta_kernel",
+     "tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)"): (
+        "rows r0 of the split's delta slot: each r0 iteration its own rows", ()),
+    ("triton_fwd.py", "mta_out_kernel",
      "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)"): (
         "rows r0 and d_head chunk d0 of the window's z: each (r0, d0) iteration its own",
         (), 2),
@@ -137,15 +148,21 @@ def _short(where: str) -> str:
     return where.rsplit("/", 1)[-1]
 
 
-def _source_line(where: str) -> tuple[str, str]:
-    """(file name, stripped source text) of `path:line`; empty text if unreadable."""
+def _source_line(where: str) -> tuple[str, str, str]:
+    """(file name, enclosing function, stripped source text) of `path:line`; empty text if
+    unreadable."""
     path, _, line = where.rpartition(":")
+    name = path.rsplit("/", 1)[-1]
     try:
         with open(path) as f:
             lines = f.read().splitlines()
-        return path.rsplit("/", 1)[-1], lines[int(line) - 1].strip()
+        i = int(line) - 1
+        text = lines[i].strip()
     except (OSError, ValueError, IndexError):
-        return path.rsplit("/", 1)[-1], ""
+        return name, "", ""
+    func = next((m.group(1) for j in range(i, -1, -1)
+                 if (m := re.match(r"\s*def (\w+)", lines[j]))), "")
+    return name, func, text
 
 
 def accepted_reason(kind: str, first: Access, second: Access, carried) -> str:
@@ -161,7 +178,7 @@ def accepted_reason(kind: str, first: Access, second: Access, carried) -> str:
         covers = entry[2] if len(entry) > 2 else 1
         if carried and carried in access.loops[len(access.loops) - covers:]:
             return entry[0]
-        if not carried and (kind, other[1]) in entry[1]:
+        if not carried and (kind, other[2]) in entry[1]:
             return entry[0]
     return ""
 

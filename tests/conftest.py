@@ -56,8 +56,7 @@ def shots():
     return path
 
 
-@pytest.fixture(scope="module")
-def browser():
+def _start_chromium():
     """Debian's chromium + chromium-driver, headless."""
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or chromedriver is None:
@@ -72,9 +71,40 @@ def browser():
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
         opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    return webdriver.Chrome(service=Service(chromedriver), options=opts)
+
+
+@pytest.fixture(scope="session")
+def _chromium():
+    """The test process's one Chromium (`browser` starts it on first use): a start and quit
+    cost ~2 s on 2 shared cores, once per browser test module before."""
+    held = {}
+    yield held
+    if "driver" in held:
+        held["driver"].quit()
+
+
+@pytest.fixture(scope="module")
+def browser(_chromium):
+    """Headless Chromium for one module, on a blank page; started again when an earlier module
+    left it dead. Sharing it is safe: every test opens its pages from its module's own server
+    (browser.get), and the dashboard keeps nothing in browser storage (no local or session
+    storage, no cookies) that could carry one module's state into another's pages."""
+    from selenium.common.exceptions import WebDriverException
+
+    driver = _chromium.get("driver")
+    if driver is not None:
+        try:
+            driver.get("about:blank")
+        except WebDriverException:
+            try:
+                driver.quit()
+            except WebDriverException:
+                pass
+            driver = None
+    if driver is None:
+        driver = _chromium["driver"] = _start_chromium()
     yield driver
-    driver.quit()
 
 
 # -- the two tiers (tests/tiers.py, docs/testing.md) --

@@ -47,3 +47,33 @@ def test_analyze_notes_what_does_not_apply(tmp_path):
     assert "no variant-specific" in manifest["notes"]["views"][0]
     with pytest.raises(ValueError, match="unknown analyses"):
         run_analyses(tiny_model("mha"), ["bogus"], tmp_path)
+
+
+def test_analyze_draws_every_png_with_one_browser_start(tmp_path, monkeypatch):
+    """One drawing child for all figures (a Chromium start per figure cost ~3.5 s each)."""
+    from attnlens.interp import plots
+    from attnlens.interp.plots import analyses, png
+
+    batches = []
+
+    def write_pngs(jobs, **_):
+        batches.append([path for _, path, _, _ in jobs])
+        for _, path, _, _ in jobs:
+            path.write_bytes(b"png")
+        return [path for _, path, _, _ in jobs]
+
+    def write_png(*_, **__):
+        raise AssertionError("a figure drawn with a Chromium start of its own")
+
+    for module in (plots, analyses):      # kaleido or not on this machine
+        monkeypatch.setattr(module, "kaleido_available", lambda: True)
+    monkeypatch.setattr(png, "write_pngs", write_pngs)
+    monkeypatch.setattr(png, "write_png", write_png)
+    manifest = run_analyses(tiny_model("mha"), ["induction", "diversity"], tmp_path, batch=2,
+                            half_len=4, progress=False)
+    assert len(batches) == 1 and len(batches[0]) >= 2
+    pngs = [f for fs in manifest["files"].values() for f in fs if f.endswith(".png")]
+    assert sorted(tmp_path / f for f in pngs) == sorted(batches[0])
+    for analysis in ("induction", "diversity"):
+        htmls = {f[:-5] for f in manifest["files"][analysis] if f.endswith(".html")}
+        assert htmls == {f[:-4] for f in manifest["files"][analysis] if f.endswith(".png")}

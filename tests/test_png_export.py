@@ -4,6 +4,7 @@ session of its own as Chromium is; one that hangs once and then draws; one that 
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import sys
@@ -13,7 +14,7 @@ import plotly.graph_objects as go
 import pytest
 
 from attnlens.interp.plots import png
-from attnlens.interp.plots.png import PngError, PngTimeout, write_png
+from attnlens.interp.plots.png import PngError, PngTimeout, write_png, write_pngs
 
 FIG = go.Figure(go.Bar(y=[1, 3, 2]))
 
@@ -37,6 +38,14 @@ FAILS = [sys.executable, "-c", (
     "import sys\n"
     "open(sys.argv[1] + '.tries', 'a').write('x')\n"
     "sys.exit('ValueError: Invalid value of type builtins.str received for the width')\n")]
+
+# The batch child gets the figures on stdin as a JSON list of {fig, path, width, height}.
+DRAWS_MANY = [sys.executable, "-c", (
+    "import json, sys\n"
+    "jobs = json.loads(sys.stdin.read())\n"
+    "open(jobs[0]['path'] + '.children', 'a').write('x')\n"
+    "for j in jobs:\n"
+    "    open(j['path'], 'w').write(json.dumps([j['fig'], j['width'], j['height']]))\n")]
 
 
 def _alive(pid: int) -> bool:
@@ -76,6 +85,46 @@ def test_a_failing_draw_raises_kaleidos_message_without_retrying(tmp_path):
         write_png(FIG, path, timeout=30, tries=3, command=FAILS)
     assert not isinstance(error.value, PngTimeout)
     assert (tmp_path / "fig.png.tries").read_text() == "x"
+
+
+def test_write_pngs_draws_every_figure_in_one_child(tmp_path):
+    figs = [FIG, go.Figure(go.Scatter(y=[2, 1]))]
+    paths = [tmp_path / "a.png", tmp_path / "b.png"]
+    jobs = [(figs[0], paths[0], 320, 200), (figs[1], paths[1], None, None)]
+    assert write_pngs(jobs, command=DRAWS_MANY) == paths
+    assert (tmp_path / "a.png.children").read_text() == "x"      # one child, one browser
+    assert json.loads(paths[0].read_text()) == [figs[0].to_json(), 320, 200]
+    assert json.loads(paths[1].read_text()) == [figs[1].to_json(), None, None]
+    assert write_pngs([], command=FAILS) == []                     # nothing to draw: no child
+
+
+def test_write_pngs_names_the_batch_in_its_errors(tmp_path):
+    jobs = [(FIG, tmp_path / "a.png", None, None), (FIG, tmp_path / "b.png", None, None)]
+    fails = [sys.executable, "-c", "import sys; sys.exit('ValueError: Invalid value')"]
+    with pytest.raises(PngError, match=r"2 figures .*a\.png.*Invalid value") as error:
+        write_pngs(jobs, timeout=30, tries=3, command=fails)
+    assert not isinstance(error.value, PngTimeout)   # time limits: write_png's tests (_draw)
+
+
+def test_save_pngs_draws_one_by_one_when_kaleido_rejects_the_batch(tmp_path, monkeypatch):
+    from attnlens.interp.plots import analyses
+
+    def batch_fails(jobs, **_):
+        raise PngError("could not draw 2 figures: Invalid value")
+
+    def one(fig, path, **_):
+        if fig is FIG:
+            raise PngError(f"could not draw {str(path)!r}: Invalid value")
+        path.write_bytes(b"png")
+        return path
+
+    monkeypatch.setattr(analyses, "kaleido_available", lambda: True)
+    monkeypatch.setattr(png, "write_pngs", batch_fails)
+    monkeypatch.setattr(png, "write_png", one)
+    other = go.Figure(go.Scatter(y=[2, 1]))
+    with pytest.warns(UserWarning, match=r"a\.png.*a\.html is written"):
+        written = analyses.save_pngs([(FIG, tmp_path / "a"), (other, tmp_path / "b")])
+    assert written == [tmp_path / "b.png"]
 
 
 @pytest.mark.parametrize("tries, timeout", [(0, 1.0), (1, 0.0)])

@@ -335,3 +335,31 @@ def save_figure(fig: go.Figure, path: str | Path, png: bool = True,
         except PngError as error:   # e.g. kaleido without a browser: keep the HTML, say so
             warnings.warn(f"{error}; {html.name} is written", stacklevel=2)
     return written
+
+
+def save_pngs(figures) -> list[Path]:
+    """The PNGs of many figures, `(fig, path)` pairs (`path`.png is written), drawn with one
+    Chromium start (`png.write_pngs`) when kaleido is installed; returns the paths written.
+
+    `save_figure(png=False)` writes their HTML. If kaleido rejects a figure, the figures are
+    drawn one by one so the others still get theirs; a figure without a PNG is warned about,
+    as `save_figure` does."""
+    figures = [(fig, Path(path).with_suffix(".png")) for fig, path in figures]
+    if not figures or not kaleido_available():
+        return []
+    from attnlens.interp.plots.png import PngError, PngTimeout, write_png, write_pngs
+
+    try:
+        return write_pngs([(fig, path, None, None) for fig, path in figures])
+    except PngTimeout as error:
+        warnings.warn(f"{error}; their HTML is written", stacklevel=2)
+        return []
+    except PngError:
+        pass
+    written = []
+    for fig, path in figures:
+        try:
+            written.append(write_png(fig, path))
+        except PngError as error:
+            warnings.warn(f"{error}; {path.with_suffix('.html').name} is written", stacklevel=2)
+    return written

@@ -116,6 +116,13 @@ def heads_window(STEP):
 
 
 @triton.jit
+def grid_batches():
+    """The batch size of a `(programs, batch)` grid, `num_programs(1)`: the stride of
+    per-(split, batch) buffers in a program that started with `heads_window` or `heads_tile`."""
+    return tl.num_programs(1)
+
+
+@triton.jit
 def split_tile(T, BLOCK: tl.constexpr):
     """Prologue of a program of the grid `(cdiv(T, BLOCK), n_splits, batch)`: BLOCK query rows
     of one batch element, one slice of their keys.
@@ -167,5 +174,5 @@ def softmax_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     return m_i, l_i, acc
 
 
-__all__ = ["head_tile", "heads_tile", "heads_window", "load_tile", "softmax_state",
+__all__ = ["grid_batches", "head_tile", "heads_tile", "heads_window", "load_tile", "softmax_state",
            "split_tile", "table_tile"]

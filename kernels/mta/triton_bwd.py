@@ -49,7 +49,7 @@ import math
 import torch
 
 from attnlens.kernels._head_tiles import d_chunk, dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_window
+from attnlens.kernels._prologue import grid_batches, heads_window
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
@@ -117,7 +117,7 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     stage_g = STAGE_G + prog.to(tl.int64) * (HB * AR * AC)
-    delta_slot = DELTA + (split * tl.num_programs(1) + b).to(tl.int64) * (H * T_Q)
+    delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
     kv_ptr = KVALID + b * skv_b
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)

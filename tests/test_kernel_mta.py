@@ -281,11 +281,12 @@ def test_out_windows_are_64_by_64_from_2k_rows_at_every_head_count():
     """`fwd_out_windows`: the out pass stages each head's map and mixes KC keys of all heads at
     a time, so its windows are 64 x 64 from 2,048 rows at 4 and 16 heads (before:
     `out_windows`, 32 x 32 at 16 heads, 27 x 22 outputs; now 59 x 54), 32 x 64 below (more
-    windows to share out); larger halos get larger windows."""
+    windows to share out) and for fp32 inputs (64 x 64 spilled); larger halos get larger
+    windows."""
     from attnlens.kernels.mta.triton_fwd import forward_grids, fwd_out_windows
 
     assert fwd_out_windows(6, 11) == fwd_out_windows(6, 11, 2048) == (64, 64)
-    assert fwd_out_windows(6, 11, 1024) == (32, 64)
+    assert fwd_out_windows(6, 11, 1024) == fwd_out_windows(6, 11, 4096, fp32=True) == (32, 64)
     assert fwd_out_windows(2, 40) == (64, 128)
     for H in (4, 16):
         g = forward_grids(1, 4096, 4096, H, 6, 11, "cpu", splits=(1, 1))

@@ -455,7 +455,7 @@ OUT_KC = 4
 OUT_DCH = 64
 
 
-def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096) -> tuple[int, int]:
+def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096, fp32: bool = False) -> tuple[int, int]:
     """(AR, AC) of the forward's out pass: 64 x 64 from 2,048 query rows, 32 x 64 below (or
     the next power of two of twice the post-softmax halo where that is larger). The pass
     works on one head's `[AR, AC]` map or on KC keys of all heads at a time
@@ -464,8 +464,9 @@ def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096) -> tuple[int, int]:
     6 x 11 (32 x 32: 27 x 22), so per output the halo costs 1.29 logits instead of 1.72, and
     q / folded keys are read half as often per logit. Below 2,048 rows the 64-row windows are
     too few to share out (T 1024: 196 key windows, the last SM finishing at 1.35x the even
-    share of 132; 32 x 64: 380 windows, 1.04x; `split_windows`, `makespan`)."""
-    rows = 64 if t_q >= 2048 else 32
+    share of 132; 32 x 64: 380 windows, 1.04x; `split_windows`, `makespan`). fp32 inputs keep
+    32 x 64 (64 x 64 spilled 344 / 296 B on sm_90 / sm_80; 32 x 64 0 B)."""
+    rows = 64 if t_q >= 2048 and not fp32 else 32
     return max(rows, next_pow2(2 * cq2)), max(64, next_pow2(2 * ck2))
 
 
@@ -558,7 +559,8 @@ class ForwardGrids(NamedTuple):
 
 def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device,
                   block_m: int | None = None, block_n: int | None = None,
-                  splits: tuple[int, int] | None = None, block_d: int = 64) -> ForwardGrids:
+                  splits: tuple[int, int] | None = None, block_d: int = 64,
+                  fp32: bool = False) -> ForwardGrids:
     """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `fwd_out_windows` (at least
     16 heads: the mixing dots), key splits `balanced_splits` (the out pass's at most
     `out_split_cap`, unless that launches fewer programs than SMs) unless `splits` (lse, out)
@@ -567,7 +569,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
-    ar, ac = fwd_out_windows(cq2, ck2, T_Q)
+    ar, ac = fwd_out_windows(cq2, ck2, T_Q, fp32)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
     n_sm, off = _triton.sm_count(device), T_K - T_Q
     cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, n_w)
@@ -662,8 +664,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    fp32 = q.dtype == torch.float32
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
-                                                            block_m, block_n, splits, BD)
+                                                            block_m, block_n, splits, BD, fp32)
     # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
     stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)

@@ -220,8 +220,9 @@ def test_fp16_windows_inside_the_sequence_take_unmasked_factored_taps():
 def test_key_splits_combine_exactly(monkeypatch, splits):
     """Both passes with every row window's keys split over `splits` programs (split s takes
     key windows s, s + NS, ...; partial lse by logsumexp, partial z summed in fp32) and
-    without a split: T 61 at 6 x 11 gives 2 lse tiles of 32 keys and 3 out windows of 22
-    keys, so NS 3 leaves some splits with no key window (their lse is -inf)."""
+    without a split: T 61 at 6 x 11 gives 2 lse tiles of 32 keys and 2 out row windows of 2
+    key windows (54 keys), so NS 3 leaves some splits with no key window (their lse is -inf,
+    their z 0)."""
     from attnlens.kernels.mta import triton_fwd
 
     used = []
@@ -237,61 +238,61 @@ def test_key_splits_combine_exactly(monkeypatch, splits):
     assert used == [(splits, splits)]
 
 
-def test_out_pass_sweeps_whole_windows_on_sm_90_and_halves_on_sm_80(monkeypatch):
-    """`post_rows`: the out pass convolves all AR rows of a window in one sweep (PR = AR: each
-    Toeplitz tap and v chunk read once per window) under the interpreter and for 16-bit inputs
-    on sm_90, two sweeps of AR / 2 rows on sm_80 (one sweep spills 56-72 B there), for fp32
-    inputs on a GPU (456 B on sm_90) and without a device."""
+def test_out_pass_stages_scores_inline_on_sm_90_and_as_a_function_elsewhere(monkeypatch):
+    """`stage_call`: the out pass's phase 1 (each head's convolved scores to the stage) runs
+    inlined under the interpreter and on sm_90 (0 B spill there; as a function 16 B), as its
+    own SASS function on sm_80 (inlined 8-48 B spill) and without a device."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
 
     if _triton.interpreting():
-        assert triton_fwd.post_rows(32) == triton_fwd.post_rows(32, fp32=True) == 32
+        assert triton_fwd.stage_call() is False
     monkeypatch.setattr(_triton, "interpreting", lambda: False)
-    for arch, rows in (("sm_90", 32), ("sm_80", 16)):
-        monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+    for arch, call in (("sm_90", False), ("sm_80", True)):
+        monkeypatch.setattr(triton_fwd, "_STAGE_CALL", {})
         monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
-        assert triton_fwd.post_rows(32) == rows, arch
-        assert triton_fwd.post_rows(32, fp32=True) == 16, arch
+        assert triton_fwd.stage_call() is call, arch
 
     def no_device():
         raise RuntimeError("no CUDA device")
 
-    monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
+    monkeypatch.setattr(triton_fwd, "_STAGE_CALL", {})
     monkeypatch.setattr(_triton, "gpu_arch", no_device)
-    assert triton_fwd.post_rows(32) == 16
+    assert triton_fwd.stage_call() is True
 
 
-def test_out_pass_halves_its_sweeps_under_the_gpu_images_triton(monkeypatch):
-    """Under triton 3.6.0 (the GPU image's compiler) the whole-window sweep spills on sm_90
-    (16 / 72 B at d_head 64 / 128, scripts/triton_gpu_compat.sh), so `post_rows` keeps two
-    sweeps there; 3.9.0 and later keep one."""
-    from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
-
-    monkeypatch.setattr(_triton, "interpreting", lambda: False)
-    monkeypatch.setattr(_triton, "gpu_arch", lambda: "sm_90")
-    for version, rows in (("3.6.0", 16), ("3.8.1", 16), ("3.9.0", 32), ("3.10.0+git5", 32),
-                          ("4.0.0", 32)):
-        monkeypatch.setattr(triton_fwd, "_WHOLE_WINDOW", {})
-        monkeypatch.setattr(triton_fwd.triton, "__version__", version)
-        assert triton_fwd.post_rows(32) == rows, version
-
-
-def test_out_pass_in_half_window_sweeps_matches_spec(monkeypatch):
-    """sm_80's out pass (PR = AR / 2: two sweeps of a window's rows, `post_rows`) stays exact
-    now that the interpreter runs sm_90's whole-window sweep: T 61 at 6 x 11, both paddings."""
+def test_out_pass_with_its_scores_stage_as_a_function_matches_spec(monkeypatch):
+    """sm_80's out pass (phase 1 as its own function, `stage_call`) stays exact now that the
+    interpreter runs sm_90's inlined one: T 61 at 6 x 11, both paddings."""
     from attnlens.kernels.mta import triton_fwd
 
     asked = []
 
-    def half(ar, fp32=False):
-        asked.append(ar)
-        return ar // 2
+    def call():
+        asked.append(True)
+        return True
 
-    monkeypatch.setattr(triton_fwd, "post_rows", half)
+    monkeypatch.setattr(triton_fwd, "stage_call", call)
     _check(61, 61, 2, OFFICIAL, "both")
-    assert asked == [32]
+    assert asked == [True]
+
+
+def test_out_windows_are_64_by_64_from_2k_rows_at_every_head_count():
+    """`fwd_out_windows`: the out pass stages each head's map and mixes KC keys of all heads at
+    a time, so its windows are 64 x 64 from 2,048 rows at 4 and 16 heads (before:
+    `out_windows`, 32 x 32 at 16 heads, 27 x 22 outputs; now 59 x 54), 32 x 64 below (more
+    windows to share out) and for fp32 inputs (64 x 64 spilled); larger halos get larger
+    windows."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids, fwd_out_windows
+
+    assert fwd_out_windows(6, 11) == fwd_out_windows(6, 11, 2048) == (64, 64)
+    assert fwd_out_windows(6, 11, 1024) == fwd_out_windows(6, 11, 4096, fp32=True) == (32, 64)
+    assert fwd_out_windows(2, 40) == (64, 128)
+    for H in (4, 16):
+        g = forward_grids(1, 4096, 4096, H, 6, 11, "cpu", splits=(1, 1))
+        assert (g.ar, g.ac, g.n_w) == (64, 64, 70)
+        g = forward_grids(1, 1024, 1024, H, 6, 11, "cpu", splits=(1, 1))
+        assert (g.ar, g.ac, g.n_w) == (32, 64, 38)
 
 
 def test_forward_grids_fill_the_sms_at_batch_1():
@@ -342,20 +343,42 @@ def test_lse_tiles_are_64_by_64_from_2k_rows_at_every_head_count():
     assert (g.block_m, g.block_n) == (32, 32)
 
 
+def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():
+    """`out_split_cap`: the out pass's 64 x 64 stages (512 KiB per program) and fp32 z
+    partials (one per key split) grow with its splits; at 4k, 16 heads, d 128 the finish-time
+    choice (NS 6) held 562 MiB, over a tenth of the torch path's 4,148 MiB, so NS 3 there
+    (d 64 keeps 6); short sequences are not capped."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids
+
+    MiB = 2 ** 20
+    for d, ns in ((64, 6), (128, 3)):
+        g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", block_d=d)
+        assert g.ns_out == ns, d
+        inputs = 16 * d * 2 * (2 * 4096 + 8 * 4096)           # q, out, k, v, folded keys
+        per_split = g.n_w * 16 * 64 * 64 * 8 + 4096 * 16 * d * 4
+        assert inputs + ns * per_split <= 4148 * MiB / 10 < inputs + 6 * per_split or d == 64
+    assert forward_grids(1, 1024, 1024, 16, 6, 11, "cpu", block_d=128).ns_out == 12
+
+
 def test_trip_models_count_the_forward_key_splits():
     """`compile_check.trips` counts a split pass's key windows per program as the kernels run
-    them: T 61, lse tiles of 32 x 32 (2 row tiles; 1 and 2 key tiles) and out windows of 27
-    rows x 22 keys (rows 0, 27, 54 sweep 2, 3, 3 key windows), with 1 and 2 splits."""
+    them: T 61, lse tiles of 32 x 32 (2 row tiles; 1 and 2 key tiles) and out windows of 59
+    rows x 54 keys (64 x 64 windows), with 1 and 2 splits."""
     from attnlens.kernels.compile_check.trips import MODELS
 
     env = dict(BLOCK_M=32, BLOCK_N=32, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=16, CQ=6, CK=11,
                LEFT=5)
     assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))["n0"] == 1.5
     assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2), (4, 1))["n0"] == 0.75
-    out = dict(env, AR=32, AC=32, PR=16, DCH=16, CQ2=6, CK2=11, LEFT2=5)
-    assert MODELS["mta_out_kernel"](dict(out, N_W=3, NS=1), (3, 1))["n0"] == pytest.approx(8 / 3)
-    # split 0 takes key windows 0, 2 (1 + 2 + 2), split 1 window 1 (1 + 1 + 1): 8 in all
-    assert MODELS["mta_out_kernel"](dict(out, N_W=3, NS=2), (6, 1))["n0"] == pytest.approx(8 / 6)
+    out = dict(env, AR=64, AC=64, KC=4, DCH=16, CQ2=6, CK2=11, LEFT2=5)
+    # rows 0 and 59 sweep 2 key windows each (keys from 0 and 54)
+    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1), (2, 1))["n0"] == 2
+    # split 0 takes key window 0, split 1 window 1: one per program
+    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=2), (4, 1))["n0"] == 1
+    # phase 1 inlined: its head loop first; as a function (after the kernel) it carries w
+    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1), (2, 1))["n"] == [2, 2, 2]
+    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1, STAGE_CALL=True),
+                                    (2, 1))["n"] == [2, 2, 4]
 
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [

@@ -207,19 +207,24 @@ def _mta_lse(env, grid):
 
 
 def _mta_out(env, grid):
-    """MTA out pass: windows of AR x AC with outputs AR - CQ2 + 1 rows, keys stepping by
-    AC - CK2 + 1 (`n0`, a split's share); per window the lse pass's taps on every head (`n`,
-    `a` direct / inside / masked, `b`), then AR / PR row chunks (`r0`), each with the post-
-    softmax row taps (`a`: CQ2, one Toeplitz dot each) and the d_head chunks `d0` of z."""
+    """MTA out pass (`mta_out_kernel`): windows of AR x AC with outputs AR - CQ2 + 1 rows, keys
+    stepping by AC - CK2 + 1 (`n0`, a split's share). Per window: phase 1, each head's
+    (`n`) direct / inside / masked taps (`a`, `b`); the two mixing phases' key chunks `c0`
+    (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot each),
+    then per head the d_head chunks `d0` of z. With STAGE_CALL phase 1 is its own SASS
+    function after the kernel's code: its head loop carries the windows per program `w`."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
     progs = _mta_split_windows(env, grid, bme, bne)
     windows = [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac)
                for m0, steps in progs for n0 in steps]
     shares = _mta_tap_shares(env, windows)
-    return {"n0": _avg(len(steps) for _, steps in progs), "n": env["H"],
-            "r0": ar // env["PR"], "a": [env["CQ"] * f for f in shares] + [env["CQ2"]],
-            "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
+    w, h, c = _avg(len(steps) for _, steps in progs), env["H"], ac // env["KC"]
+    pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
+    out = {"n0": w, "c0": [c, c], "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
+    if env.get("STAGE_CALL"):
+        return out | {"n": [h, h, h * w], "a": post + pre}
+    return out | {"n": [h, h, h], "a": pre + post}
 
 
 # MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `(N_W - 1 - pid % N_W) *

@@ -3,8 +3,8 @@ one program (the head mixings couple every head of a group).
 
 Pass 1 (`mta_lse_kernel`, 64 x 64 tiles: each head's convolved scores staged, then mixed by
 one dot) computes the row log-sum-exp of the logits L (pre-softmax key-query convolution, head
-mixing); pass 2 (`mta_out_kernel`, AR x AC windows)
-forms the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
+mixing); pass 2 (`mta_out_kernel`, 64 x 64 windows, five phases on per-program stages) forms
+the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
 Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
 Tensor-core identities (/work/shared/reference/kernels.md section 8):
@@ -16,16 +16,18 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
-The pre-softmax mixing: in the out pass (and the backward) summed head by head as the convolved
-scores come (CUDA cores, H FMAs per logit and head); in the lse pass one fp32 dot of `W^T` with
-the staged `[heads, rows x KC keys]` scores.
+The pre-softmax mixing: in both forward passes one fp32 dot of `W^T` with the staged
+`[heads, rows x KC keys]` scores; in the backward summed head by head as the convolved scores
+come (CUDA cores, H FMAs per logit and head, `logits_staging_scores`).
 
 Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
-window, those whose convolution reads lie inside it; the window's probabilities are staged in a
-small per-program buffer (`[HB, AR, AC]` in the input dtype, O(T) in all) because Triton cannot
-shift register tensors. Masks sit where the torch path applies them: Mask_0 before each
-convolution (padding keys folded into kt), Mask_-inf on L, Mask_0 after the post-softmax
-convolution. A step that is off is given as an identity (1 x 1 kernel, identity mixing).
+window, those whose convolution reads lie inside it; the window's scores, probabilities and
+maps are staged in small per-program buffers (`[HB, AR, AC]` each, O(T) in all) because Triton
+cannot shift register tensors or change their layout in place. Masks sit where the torch
+path applies them: Mask_0 before each convolution (padding keys folded into kt), Mask_-inf on
+L, Mask_0 after the post-softmax convolution (in the forward's out pass after the post-softmax
+mixing: one mask per (row, key) for all heads commutes with it). A step that is off is given
+as an identity (1 x 1 kernel, identity mixing).
 
 Layout: q, k, v `[batch pos head_index d_head]` (any strides); conv kernels fp32
 `[head_index c_q c_k]` contiguous; mixing fp32 `[head_in head_out]` contiguous (block-diagonal
@@ -245,30 +247,76 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
              mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
 
 
+@triton.jit(noinline=True)
+def _stage_scores_call(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t,
+                       sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                       HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
+                       AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """`_stage_scores` as its own SASS function (scalar arguments): ptxas allocates its
+    registers apart from the other phases' (`STAGE_CALL`)."""
+    _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t,
+                  sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                  HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+
+
 @triton.jit
-def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
+def _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+                  sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                  HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
+                  AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """The out pass's phase 1: each head's convolved scores `[AR, AC]` (`_conv_scores`) to the
+    fp32 stage `S1 [HB, AR, AC]`."""
+    offs = tl.arange(0, AR)[:, None] * AC + tl.arange(0, AC)[None, :]
+    for n in range(0, H):
+        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
+                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
+                            IEEE, AR, AC, BLOCK_D, SCH)
+        tl.store(S1 + n * (AR * AC) + offs, conv)
+
+
+@triton.jit
+def _chunk_offsets(HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, KC: tl.constexpr):
+    """`[HB, AR, KC]` offsets of keys `0 .. KC - 1` in a `[HB, AR, AC]` stage."""
+    return (tl.arange(0, HB)[:, None, None] * (AR * AC) + tl.arange(0, AR)[None, :, None] * AC
+            + tl.arange(0, KC)[None, None, :])
+
+
+@triton.jit
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2T,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
                    N_W, NS, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PR: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+                   KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
+                   STAGE_CALL: tl.constexpr):
     """Pass 2, grid `(N_W * NS, batch)` (`N_W = cdiv(T_Q, AR - CQ2 + 1)` row windows, NS key
-    splits, `key_splits`): z = Mix_post(Mask_0(Conv_post(A))) v.
+    splits, `balanced_splits`): z = Mix_post(Mask_0(Conv_post(A))) v.
 
-    A program works on windows of AR rows x AC keys (powers of two): the probabilities of all
-    heads on a window (logits from `_logits_tc`, tensor cores) are staged in STAGE2, and the
-    post-softmax convolution reads them back for the window's outputs that have their whole
-    halo inside it: the first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys (no power-of-two
-    padding of the halo). Row window w's query rows start at `w * (AR - CQ2 + 1)`, the last
-    windows (most keys) first; split s of a row window takes its key windows s, s + NS, ...
-    (the key loop steps by `NS * (AC - CK2 + 1)`). The convolution is CQ2 dots per window,
-    all heads at once: row tap a reads the stage a rows down, and its key taps are a dot with
-    the banded Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`); the head mixing is
-    one dot of `W2T [HB, HB]` (`W2T[m, n] = W2[n, m]`, zero-padded; HB >= 16) with the
-    stacked maps `[HB, PR * AC]`, PR (a power of two <= AR) window rows at a time. z is
-    summed in the fp32 `Z [batch NS T_Q H D]` (zeroed; each split its own slice, the caller
-    sums them: no atomics, a deterministic sum) d_head chunk by chunk: no `[H, rows,
-    d_head]` accumulator."""
+    A program works on windows of AR rows x AC keys (64 x 64, `fwd_out_windows`) and owns the
+    outputs whose post-softmax halo lies inside the window: its first `AR - CQ2 + 1` rows and
+    `AC - CK2 + 1` keys. Row window w's query rows start at `w * (AR - CQ2 + 1)`, the last
+    windows (most keys) first; split s takes key windows s, s + NS, ... Five phases per window,
+    each on one head's `[AR, AC]` map or on KC keys of all heads, so no `[heads, rows, keys]`
+    tensor lives in registers and W is read once per program, not per head and window:
+
+    1. each head's convolved scores (`_conv_scores`, tensor cores) -> fp32 STAGE1 `[HB, AR, AC]`;
+    2. KC keys at a time, the pre-softmax mixing as one fp32 (IEEE) dot of `WT [HB, HB]`
+       (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with the stacked `[HB, AR * KC]` scores
+       (the lse pass's products in its order), Mask_-inf, `A = exp(L - lse)` -> P, the first
+       half of STAGE2 `[2, HB, AR, AC]` (input dtype);
+    3. per head, Conv_post as CQ2 dots: row tap a reads P a rows down, its key taps are the
+       banded Toeplitz matrix `TOEP[h, a] [AC, AC]` (`post_toeplitz`) -> C, STAGE2's second
+       half;
+    4. KC keys at a time, Mix_post as one dot of `W2T [HB, HB]` with the stacked C, then
+       Mask_0 (one mask per (row, key) for every head: it commutes with the mixing) -> P (the
+       probabilities are no longer read);
+    5. per head and d_head chunk (DCH), z += pattern v, summed in the fp32
+       `Z [batch NS T_Q H D]` (zeroed; each split its own slice, the caller sums them: no
+       atomics, a deterministic sum).
+
+    The stages are written by one thread and read by others (the phases' layouts differ, and
+    phase 3 reads rows shifted by its taps), so a `tl.debug_barrier` closes every phase."""
     b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
     BMe = AR - CQ2 + 1
     m0 = (N_W - 1 - pid % N_W) * BMe          # row window, the longest (last) rows first,
@@ -278,58 +326,84 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE2, TH, W, TOEP, W2T,
     h_valid = offs_h < H
     offs_ar = tl.arange(0, AR)
     offs_ac = tl.arange(0, AC)
+    offs_kc = tl.arange(0, KC)
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
-    stage2 = STAGE2 + prog.to(tl.int64) * (HB * AR * AC)
+    s1 = STAGE1 + prog.to(tl.int64) * (HB * AR * AC)
+    p_st = STAGE2 + prog.to(tl.int64) * (2 * HB * AR * AC)
+    c_st = p_st + HB * AR * AC
     kv_ptr = KVALID + b * skv_b
-    a_rows = m0 - (CQ2 - 1) + offs_ar
+    row0 = m0 - (CQ2 - 1)                     # the window's first row (its halo)
+    a_rows = row0 + offs_ar
     a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
-    # Rows outside the sequence and empty rows (lse -inf) get +inf: their probabilities are 0.
-    lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
-                  mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
+    m_own = (offs_ar < BMe) & (m0 + offs_ar < T_Q)
+    z_base = Z + ((b * NS + split).to(tl.int64) * T_Q + m0) * H * D
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
     for n0 in range(split * BNe, n_end, NS * BNe):
-        logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t,
-                            sk_h, sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1),
-                            n0 - LEFT2, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
-                            IEEE, HB, AR, AC, BLOCK_D, SCH)
-        probs = tl.math.exp2(logits * LOG2E - lse2[:, :, None])         # 0 where Mask_-inf
-        tl.store(stage2 + offs_h[:, None, None] * (AR * AC) + offs_ar[None, :, None] * AC
-                 + offs_ac[None, None, :], probs.to(STAGE2.dtype.element_ty))
-        tl.debug_barrier()
-        offs_n = n0 + offs_ac                                # output keys (first BNe valid)
-        n_ok = (offs_ac < BNe) & (offs_n < T_K)
-        for r0 in range(0, AR, PR):                          # PR output rows at a time
-            offs_r = r0 + tl.arange(0, PR)
-            ok = (_allowed(m0 + offs_r, offs_n, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
-                  & (offs_r < BMe)[:, None] & (offs_ac < BNe)[None, :])
-            conv = tl.zeros([HB, PR, AC], dtype=tl.float32)
-            for a in range(0, CQ2):            # Conv_post: row tap a, key taps as one dot
-                x = tl.load(stage2 + offs_h[:, None, None] * (AR * AC)
-                            + (offs_r[None, :, None] + a) * AC + offs_ac[None, None, :],
-                            mask=(offs_r + a < AR)[None, :, None], other=0.0)
-                toep = tl.load(TOEP + (offs_h[:, None, None] * CQ2 + a) * (AC * AC)
-                               + offs_ac[None, :, None] * AC + offs_ac[None, None, :])
+        col0 = n0 - LEFT2                     # the window's first key (its halo)
+        if STAGE_CALL:                        # 1: each head's convolved scores
+            _stage_scores_call(Q, K, KT, s1, kv_ptr, TH, b * sq_b, b * sk_b, kt_base, sq_t,
+                               sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K,
+                               Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D,
+                               SCH)
+        else:
+            _stage_scores(Q, K, KT, s1, kv_ptr, TH, b * sq_b, b * sk_b, kt_base, sq_t, sq_h,
+                          sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
+                          CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+        tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
+        for c0 in range(0, AC, KC):           # 2: mixing dot, Mask_-inf, probabilities
+            hk = _chunk_offsets(HB, AR, AC, KC) + c0
+            s = tl.load(s1 + hk, mask=h_valid[:, None, None], other=0.0)
+            wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])      # (1 KB, L1)
+            x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, AR * KC]), input_precision="ieee"),
+                           [HB, AR, KC])
+            ok = _allowed(a_rows, col0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+            # Read per chunk (not kept across the key loop: 4 registers a thread at 16 heads).
+            # Rows outside the sequence and empty rows (lse -inf) get +inf: probabilities 0.
+            lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
+                          mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+            x = tl.where(ok[None, :, :], x * LOG2E - lse2[:, :, None], float("-inf"))
+            tl.store(p_st + hk, tl.math.exp2(x).to(STAGE2.dtype.element_ty))
+        tl.debug_barrier()                    # P written per key chunk, read a rows down
+        for n in range(0, H):                 # 3: Conv_post of head n, CQ2 Toeplitz dots
+            conv = tl.zeros([AR, AC], dtype=tl.float32)
+            for a in range(0, CQ2):
+                x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC
+                            + offs_ac[None, :], mask=(offs_ar + a < AR)[:, None], other=0.0)
+                toep = tl.load(TOEP + (n * CQ2 + a) * (AC * AC) + offs_ac[:, None] * AC
+                               + offs_ac[None, :])
                 conv += _dot(x, toep, IEEE)
-            conv = tl.where(ok[None, :, :], conv, 0.0)       # Mask_0, outputs with halo in
-            pattern = tl.reshape(_dot(w2t, tl.reshape(conv.to(w2t.dtype), [HB, PR * AC]),
-                                      IEEE), [HB, PR, AC]).to(w2t.dtype)   # Mix_post: a dot
-            z_rows = Z + (((b * NS + split).to(tl.int64) * T_Q + m0 + offs_r[None, :, None]) * H
-                          + offs_h[:, None, None]) * D
-            m_own = (offs_r < BMe) & (m0 + offs_r < T_Q)
-            for d0 in range(0, D, DCH):                      # z += pattern v, chunk by chunk
+            tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],
+                     conv.to(STAGE2.dtype.element_ty))
+        tl.debug_barrier()                    # C written per head, read per key chunk; P read
+        for c0 in range(0, AC, KC):           # 4: Mix_post, one dot per key chunk -> P
+            hk = _chunk_offsets(HB, AR, AC, KC) + c0
+            # (padded heads' C is never written: read as 0)
+            x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)
+            w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
+            pattern = tl.reshape(_dot(w2t, tl.reshape(x, [HB, AR * KC]), IEEE), [HB, AR, KC])
+            # Mask_0 after the mixing: the mask is one per (row, key) for every head, so it
+            # commutes with the mixing (C is finite); outputs outside the window's own rows
+            # and keys are masked in phase 5 (z rows, v keys).
+            ok = _allowed(m0 + offs_ar, n0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr,
+                          HAS_KVALID)
+            tl.store(p_st + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))
+        tl.debug_barrier()                    # the pattern written per key chunk, read per head
+        offs_n = n0 + offs_ac                 # output keys (first BNe valid)
+        n_ok = (offs_ac < BNe) & (offs_n < T_K)
+        for n in range(0, H):                 # 5: z += pattern v, head by head
+            pattern = tl.load(p_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :])
+            for d0 in range(0, D, DCH):
                 offs_d = d0 + tl.arange(0, DCH)
                 d_valid = offs_d < D
-                v = tl.load(V + b * sv_b + offs_h[:, None, None] * sv_h
-                            + offs_n[None, :, None] * sv_t + offs_d[None, None, :] * sv_d,
-                            mask=h_valid[:, None, None] & n_ok[None, :, None]
-                            & d_valid[None, None, :], other=0.0)
-                z_mask = h_valid[:, None, None] & m_own[None, :, None] & d_valid[None, None, :]
-                z_ptr = z_rows + offs_d[None, None, :]
+                v = tl.load(V + b * sv_b + n * sv_h + offs_n[:, None] * sv_t
+                            + offs_d[None, :] * sv_d, mask=n_ok[:, None] & d_valid[None, :],
+                            other=0.0)
+                z_mask = m_own[:, None] & d_valid[None, :]
+                z_ptr = z_base + (offs_ar[:, None] * H + n) * D + offs_d[None, :]
                 part = _dot(pattern, v, IEEE)
                 tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
-        tl.debug_barrier()                   # the stage is rewritten and Z re-read next
+        tl.debug_barrier()                    # P and the stages are rewritten next window
 
 
 # Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
@@ -361,7 +435,8 @@ def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
 
 
 def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
-    """(AR, AC) of the out pass: powers of two with `hb * AR * AC <= 16384` fp32 (the logits,
+    """(AR, AC) of the backward's windows (the forward's out pass before it was staged; now
+    `fwd_out_windows`): powers of two with `hb * AR * AC <= 16384` fp32 (the logits,
     probabilities and pattern of all heads, one at a time), each at least twice the post-
     softmax halo, at most 64."""
     ar = next_pow2(2 * cq2)
@@ -374,48 +449,53 @@ def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
     return ar, ac
 
 
-# Where the out pass convolves a window's 16-bit probabilities in one sweep of all AR rows
-# (PR = AR): each Toeplitz tap and v chunk is read once per window instead of once per AR / 2
-# rows (4k d 64, sm_90 SASS x trips: 31.9 -> 28.2 GB of the pass's global reads, 0 B spill).
-# On sm_80 the `[HB, AR, AC]` fp32 convolution spills 56-72 B (bf16; 32-40 B with 8-wide z
-# chunks), and in fp32 (IEEE dots, fp32 stage) one sweep spills 456 B on sm_90, so those keep
-# two sweeps of AR / 2 rows.
-WHOLE_WINDOW_ARCHS = ("sm_90",)
-# ... and only under the compilers that keep it spill-free there: triton 3.9.0 (this
-# repository's) does, 3.6.0 (the GPU image's) spills 16 / 72 B at d_head 64 / 128 on sm_90
-# (scripts/triton_gpu_compat.sh, 2026-12-05); versions in between were never checked.
-WHOLE_WINDOW_MIN_TRITON = (3, 9)
-
-_WHOLE_WINDOW: dict = {}
+# The out pass's key chunk of its two mixing dots (phases 2 and 4: `[HB, AR * KC]` operands,
+# as the lse pass's KC) and its d_head chunk of the pattern-times-v dots (phase 5).
+OUT_KC = 4
+OUT_DCH = 64
 
 
-def triton_release(version: str) -> tuple[int, int]:
-    """`(major, minor)` of a triton version string ("3.6.0", "3.9.0+git1234")."""
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096, fp32: bool = False) -> tuple[int, int]:
+    """(AR, AC) of the forward's out pass: 64 x 64 from 2,048 query rows, 32 x 64 below (or
+    the next power of two of twice the post-softmax halo where that is larger). The pass
+    works on one head's `[AR, AC]` map or on KC keys of all heads at a time
+    (`mta_out_kernel`), so its windows no longer shrink with the head count (before:
+    `out_windows`, 32 x 32 at 16 heads, still the backward's). 64 rows own 59 x 54 outputs at
+    6 x 11 (32 x 32: 27 x 22), so per output the halo costs 1.29 logits instead of 1.72, and
+    q / folded keys are read half as often per logit. Below 2,048 rows the 64-row windows are
+    too few to share out (T 1024: 196 key windows, the last SM finishing at 1.35x the even
+    share of 132; 32 x 64: 380 windows, 1.04x; `split_windows`, `makespan`). fp32 inputs keep
+    32 x 64 (64 x 64 spilled 344 / 296 B on sm_90 / sm_80; 32 x 64 0 B)."""
+    rows = 64 if t_q >= 2048 and not fp32 else 32
+    return max(rows, next_pow2(2 * cq2)), max(64, next_pow2(2 * ck2))
 
 
-def post_rows(ar: int, fp32: bool = False) -> int:
-    """PR, the out pass's rows per post-softmax sweep: AR under the interpreter (so the tests
-    run it, fp32 included, at fp32 tolerances) and for 16-bit inputs on WHOLE_WINDOW_ARCHS
-    under triton >= WHOLE_WINDOW_MIN_TRITON, AR // 2 for fp32 inputs and elsewhere on a GPU
-    (both exact). `_triton.gpu_arch` is read
-    through its module: the compile check's capture replaces it there to record each
-    architecture's launch; the answer is kept per `gpu_arch` function (a driver query)."""
+# Where the out pass's phase 1 runs inline (STAGE_CALL False): on sm_90 inlined it compiles
+# with 0 B spill at 16 heads, d_head 64 and 128 (bf16), while as its own function the
+# kernel spilled 16 B there (the call's saved registers); on sm_80 inlined spilled 8-48 B,
+# as a function 0 B (python -m attnlens.kernels.compile_check, triton 3.9.0, 2026-12-05).
+INLINE_STAGE_ARCHS = ("sm_90",)
+
+_STAGE_CALL: dict = {}
+
+
+def stage_call() -> bool:
+    """STAGE_CALL of `mta_out_kernel`: phase 1 (`_stage_scores`) as its own SASS function
+    except on INLINE_STAGE_ARCHS and under the interpreter (where both are the same code).
+    `_triton.gpu_arch` is read through its module: the compile check's capture replaces it
+    there to record each architecture's launch; the answer is kept per `gpu_arch` function (a
+    driver query)."""
     if _triton.interpreting():
-        return ar
-    if fp32:
-        return ar // 2
+        return False
     arch_of = _triton.gpu_arch
-    whole = _WHOLE_WINDOW.get(arch_of)
-    if whole is None:
+    call = _STAGE_CALL.get(arch_of)
+    if call is None:
         try:
-            whole = arch_of() in WHOLE_WINDOW_ARCHS \
-                and triton_release(triton.__version__) >= WHOLE_WINDOW_MIN_TRITON
+            call = arch_of() not in INLINE_STAGE_ARCHS
         except (AssertionError, RuntimeError):   # no CUDA device
-            whole = False
-        _WHOLE_WINDOW[arch_of] = whole
-    return ar if whole else ar // 2
+            call = True
+        _STAGE_CALL[arch_of] = call
+    return call
 
 
 def key_splits(row_programs: int, key_windows: int, device) -> int:
@@ -442,7 +522,7 @@ def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
 
 @functools.lru_cache(maxsize=256)
 def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, batch: int,
-                    n_sm: int) -> int:
+                    n_sm: int, cap: int | None = None) -> int:
     """The forward's key splits (NS) of a pass: the fewest whose modeled finish time
     (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
     1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
@@ -451,9 +531,9 @@ def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, 
     range launches at least one program per SM, only those count: at T 1024 the lse pass's
     64 x 64 tiles make 136 key windows, NS 8 and 9 finish alike in whole windows, and NS 8's
     128 programs left 4 SMs idle (the model treats every window alike; the diagonal's do not
-    cost the same)."""
+    cost the same). `cap`: at most that many (`out_split_cap`: memory)."""
     most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
-               max(1, math.ceil(T_K / step)))
+               max(1, math.ceil(T_K / step)), cap or T_K)
     candidates = [ns for ns in range(1, most + 1) if n_rows * ns * batch >= n_sm]
     candidates = candidates or list(range(1, most + 1))
     times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
@@ -479,20 +559,48 @@ class ForwardGrids(NamedTuple):
 
 def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device,
                   block_m: int | None = None, block_n: int | None = None,
-                  splits: tuple[int, int] | None = None, block_d: int = 64) -> ForwardGrids:
-    """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `out_windows` (at least 16
-    heads: the mixing dot), key splits `balanced_splits` unless `splits` (lse, out) is
-    given."""
+                  splits: tuple[int, int] | None = None, block_d: int = 64,
+                  fp32: bool = False) -> ForwardGrids:
+    """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `fwd_out_windows` (at least
+    16 heads: the mixing dots), key splits `balanced_splits` (the out pass's at most
+    `out_split_cap`, unless that launches fewer programs than SMs) unless `splits` (lse, out)
+    is given."""
     hb = next_pow2(H, minimum=1)
     lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
-    ar, ac = out_windows(hb2, cq2, ck2)
+    ar, ac = fwd_out_windows(cq2, ck2, T_Q, fp32)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
     n_sm, off = _triton.sm_count(device), T_K - T_Q
+    cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, n_w)
+    if cap is not None:                  # never fewer programs than SMs (T 2k, d 64: cap 2)
+        cap = max(cap, math.ceil(n_sm / (n_w * B)))
     ns1, ns2 = splits or (balanced_splits(n_t, lm, ln, T_K, off, B, n_sm),
-                          balanced_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm))
+                          balanced_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
+                                          cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
+
+
+# Issue 58's memory target: the fused path's peak <= 1/10 of the torch path's, which holds
+# about 16 B per (query, key, head) (4k, 16 heads, bf16: 4,148 MiB fwd+bwd, docs/benchmarks.md).
+TORCH_PEAK_BYTES_PER_LOGIT = 16
+PEAK_SHARE = 0.1
+
+
+def out_split_cap(B: int, T_Q: int, T_K: int, H: int, D: int, hb: int, ar: int, ac: int,
+                  n_w: int, cq: int = 6, itemsize: int = 2) -> int | None:
+    """The most key splits of the out pass that keep the forward's peak under PEAK_SHARE of
+    the torch path's: q, k, v, out and the folded keys (c_q times k) plus, per split, the
+    programs' stages (`n_w x [hb, ar, ac]` fp32 and twice that in the input dtype) and an fp32
+    z partial `[B, T_Q, H, D]`. 4k, 16 heads, d 128: 160 MiB + 67 MiB per split against
+    410 MiB, so 3 (the finish-time choice, 6, needed 562 MiB); d 64: 6. None (no cap) where
+    not even one split fits (short sequences: at T 1024 the folded keys alone are 24 of the
+    26 MiB)."""
+    budget = PEAK_SHARE * TORCH_PEAK_BYTES_PER_LOGIT * B * T_Q * T_K * H
+    fixed = B * H * D * itemsize * (2 * T_Q + (2 + cq) * T_K)
+    per_split = B * n_w * hb * ar * ac * (4 + 2 * itemsize) + B * T_Q * H * D * 4
+    most = int((budget - fixed) // per_split)
+    return most if most >= 1 else None
 
 
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
@@ -556,8 +664,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     f32 = dict(device=q.device, dtype=torch.float32)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=HB,
                   BLOCK_D=BD, SCH=score_chunk(BD, q.dtype), **LAUNCH)
+    fp32 = q.dtype == torch.float32
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
-                                                            block_m, block_n, splits, BD)
+                                                            block_m, block_n, splits, BD, fp32)
     # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
     stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)
@@ -569,23 +678,26 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
         KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
-    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stage
-    # Pass 2: probabilities on AR x AC windows, the outputs whose halo lies inside them.
-    stage2 = torch.empty(B * n_w * ns2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
+    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stages
+    # Pass 2: per 64 x 64 window, staged scores -> probabilities -> Conv_post -> Mix_post -> z.
+    progs2 = B * n_w * ns2
+    stage1 = torch.empty(progs2 * hb2 * ar * ac, **f32)
+    stage2 = torch.empty(progs2 * 2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
-    pr = post_rows(ar, q.dtype == torch.float32)
     mta_out_kernel[(n_w * ns2, B)](
-        q, k, kt, v, z, lse, kv, stage2, pre_kernel, pre_mix,
+        q, k, kt, v, z, lse, kv, stage1, stage2, pre_kernel, wt,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
-        AC=ac, PR=pr, DCH=min(BD, 8 if pr == ar else 16), **(common | dict(HB=hb2)))
+        AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(),
+        **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
 __all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
-           "forward_grids", "key_splits", "lse_blocks", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_windows", "post_rows", "post_toeplitz", "split_windows"]
+           "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks", "mta_fwd",
+           "mta_lse_kernel", "mta_out_kernel", "out_split_cap", "out_windows", "post_toeplitz",
+           "split_windows", "stage_call"]

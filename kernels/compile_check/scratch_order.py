@@ -138,6 +138,16 @@ ACCEPTED = {
      "tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)"): (
         "rows r0 of the split's delta slot: each r0 iteration its own rows", ()),
     ("triton_fwd.py", "mta_out_kernel",
+     "tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],"): (
+        "phase 3 writes head n's map in the C half of the stage (c_st) and reads only the P "
+        "half (p_st), each head its own map",
+        (("write after read", "x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC"),)),
+    ("triton_fwd.py", "mta_out_kernel",
+     "tl.store(p_st + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))"): (
+        "phase 4 writes key chunk c0 of the P half (p_st, read only after the next barrier) "
+        "and reads only the C half (c_st)",
+        (("write after read", "x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)"),)),
+    ("triton_fwd.py", "mta_out_kernel",
      "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)"): (
         "rows r0 and d_head chunk d0 of the window's z: each (r0, d0) iteration its own",
         (), 2),

@@ -16,4 +16,10 @@ and per launch (`sass_mix`: classes and loops; `trips`: trip counts from the lau
 
 Two Triton versions (`versions`): the same cases compiled under the CPU's triton and the GPU
 image's, kernel by kernel (scripts/triton_gpu_compat.sh; tests/test_compile_check_versions.py).
+
+Latency (`chain`: the dependency chain of a hot loop's SASS, cycles per iteration; `latency`:
+a per-launch reading from it, calibrated on the same H200 points and found no better than the
+issue bound, so not used to judge kernels; tests/test_compile_check_latency.py). Races
+(`scratch_order`: per-program scratch buffers written and read by different threads need a
+barrier between, checked on each kernel's TTGIR; tests/test_compile_check_scratch_order.py).
 """

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU validation of the Triton kernels in one short run (for a lent GPU, where time is scarce):
 #   1. the fused ops against their float32 references at real sizes (bf16 and fp32),
-#   2. the bf16 benchmark at T=4096 (the issue targets' length),
+#   2. the bf16 benchmark at T=4096 (the issue targets' length), after a check that the fused
+#      ops give the same bits twice and finish (repeat.md),
 #   3. the kernel and dispatch tests compiled for the GPU instead of interpreted,
 # after an autotuning pass (stage 0) whose choices come back as tuned_configs.json.
 # Each stage has its own time limit and writes its own file, so a stage that runs long costs
 # only itself.  Results land in $OUT (default out/gpu): env.txt, tune.log, tuned_configs.json,
-# check.md, bench.md, tests.log.
+# repeat.md, check.md, bench.md, tests.log.
 #
 #   OUT=out/gpu bash scripts/gpu_validate.sh
 #
@@ -55,6 +56,14 @@ cat "$OUT/env.txt"
 stage() {  # stage SECONDS FILE CMD...: run CMD with a time limit, output to the screen and FILE
     local limit=$1 file=$2
     shift 2
+    # never past TOTAL_S (default 540 s, under the call's timeout_s=560): a stage gets at most
+    # what the stages before it left, so a slow stage cuts the later ones, not the whole call
+    local left=$(( ${TOTAL_S:-540} - SECONDS ))
+    if [ "$left" -lt 20 ]; then
+        echo "== skipped (${left}s left of TOTAL_S=${TOTAL_S:-540}): $*" | tee -a "$file"
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     echo "== $* (limit ${limit}s)" | tee -a "$file"
     local t0=$SECONDS
     timeout "$limit" "$@" 2>&1 | tee -a "$file"
@@ -67,6 +76,16 @@ BENCH="$PY -m attnlens.benchmarks.kernels"
 stage "${TUNE_S:-90}" "$OUT/tune.log" $PY -m attnlens.kernels.autotune_pass --dtypes bf16 \
     --out kernels/tuned_configs.json --segment
 cp kernels/tuned_configs.json "$OUT/" 2>/dev/null || true
+# 0b. the same bits twice, and every kernel finishes (attnlens/benchmarks/repeatability.py):
+#    the MTA backward's dk turns assume in-order dispatch of programs, which only a GPU can
+#    check; a case that hangs is killed after REPEAT_CASE_S and its op's backward is left out
+#    of the stages below (ATTNLENS_SKIP_BACKWARD), so one hung kernel cannot eat the call.
+stage "${REPEAT_S:-120}" "$OUT/repeat.md" $PY -m attnlens.benchmarks.repeatability \
+    --ops mta,dcmha --T 4096 --d 128 --timeout "${REPEAT_CASE_S:-60}" --hung-file "$OUT/hung.txt"
+HUNG=$(tr '\n' ',' <"$OUT/hung.txt" 2>/dev/null | sed 's/,$//')
+export ATTNLENS_SKIP_BACKWARD="$HUNG"
+MTA_BWD_TESTS=tests/test_kernel_mta_bwd.py
+case ",$HUNG," in *,mta,*) MTA_BWD_TESTS="" ;; esac
 stage "${CHECK_S:-80}" "$OUT/check.md" $BENCH --check --T 1024,4096 --d 64,128 --dtype bf16
 stage "${CHECK32_S:-40}" "$OUT/check.md" $BENCH --check --T 1024 --d 64 --dtype fp32
 stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
@@ -78,7 +97,7 @@ stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
-    tests/test_kernel_mta.py tests/test_kernel_mta_bwd.py tests/test_kernel_dcmha.py \
+    tests/test_kernel_mta.py $MTA_BWD_TESTS tests/test_kernel_dcmha.py \
     tests/test_kernel_dcmha_bwd_tc.py tests/test_kernel_cope_options.py \
     tests/test_kernel_cope_clamped.py tests/test_kernel_flash_schedule.py \
     tests/test_kernel_flash_host.py \

@@ -3,6 +3,9 @@
     python -m scripts.suite_time                  # the fast tier (make test's pytest part)
     python -m scripts.suite_time --tier reproduce # the reproduce tier, from scratch
     python -m scripts.suite_time --update         # also rewrite tests/tier_durations.json
+    python -m scripts.suite_time --files tests/test_x.py tests/test_y.py
+                                                  # measure those files alone and put their
+                                                  # seconds into tests/tier_durations.json
 
 A benchmark, not a test: it prints measured numbers. tests/tier_durations.json, which it
 writes with --update, is what tests/test_tiers.py reads to keep slow tests out of the fast tier:
@@ -66,14 +69,15 @@ def fast_tier_files(times: dict[str, float]) -> dict[str, float]:
     return {f: round(measured[f], 2) if f in measured else None for f in files}
 
 
-def run_fast(workers: str) -> tuple[float, dict[str, float], int]:
+def run_fast(workers: str, files: list[str] | None = None) -> tuple[float, dict[str, float], int]:
     OUT.mkdir(parents=True, exist_ok=True)
-    xml = OUT / "fast.xml"
+    xml = OUT / ("files.xml" if files else "fast.xml")
     # the schedule of make test (scripts/test.sh, tests/schedule.py)
     cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadfile",
            "--no-loadscope-reorder", "-m", "not reproduce and not install",
            "-q",
-           "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_duration_report=total"]
+           "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_duration_report=total",
+           *(files or [])]
     start = time.monotonic()
     code = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}).returncode
     return time.monotonic() - start, junit_times(xml), code
@@ -93,6 +97,21 @@ def run_reproduce(workers: str) -> tuple[float, dict[str, float]]:
     return wall, {node: t["seconds"] for node, t in tests.items()}
 
 
+def merge_files(recorded: dict, measured: dict[str, float], files: list[str]) -> dict:
+    """tests/tier_durations.json's content with `files`' seconds replaced by `measured` (a file
+    with no fast-tier test gets None) and each such file dated under "files_measured_alone":
+    the full run's wall time stays as it was measured; test_tiers's two-worker estimate reads
+    the per-file seconds, so it sees the new ones."""
+    merged = json.loads(json.dumps(recorded))
+    seconds = per_file(measured)
+    for file in files:
+        merged["files"][file] = round(seconds[file], 2) if file in seconds else None
+        merged.setdefault("files_measured_alone", {})[file] = (
+            f"{datetime.date.today()}, {machine()}")
+    merged["files"] = dict(sorted(merged["files"].items()))
+    return merged
+
+
 def report(tier: str, wall: float, times: dict[str, float], slowest: int = 20) -> str:
     lines = [f"## {tier} tier: {wall:.0f} s wall ({wall / 60:.1f} min), {len(times)} tests, "
              f"{sum(times.values()):.0f} s of test time", "",
@@ -108,8 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (default auto)")
     parser.add_argument("--update", action="store_true",
                         help="write the fast tier's per-file seconds to tests/tier_durations.json")
+    parser.add_argument("--files", nargs="+", default=None,
+                        help="measure only these test files (one worker each, as make test "
+                             "runs whole files) and write their seconds into "
+                             "tests/tier_durations.json")
     args = parser.parse_args(argv)
     print(f"# test tiers on {machine()}, {datetime.date.today()}\n")
+    if args.files:
+        files = [str(Path(f).resolve().relative_to(ROOT)) for f in args.files]
+        missing = [f for f in files if not (ROOT / f).is_file()]
+        if missing:
+            parser.error(f"no such test files: {missing}")
+        wall, times, code = run_fast("1", files)
+        print(report("these files' fast", wall, times) + "\n")
+        if code != 0:
+            print(f"these files FAILED (exit {code}): nothing written", file=sys.stderr)
+            return code
+        DURATIONS.write_text(json.dumps(merge_files(json.loads(DURATIONS.read_text()), times,
+                                                    files), indent=1) + "\n")
+        print(f"wrote {DURATIONS.relative_to(ROOT)} ({len(files)} files)")
+        return 0
     if args.tier in ("fast", "both"):
         wall, times, code = run_fast(args.workers)
         print(report("fast", wall, times) + "\n")

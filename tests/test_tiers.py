@@ -169,3 +169,19 @@ def test_ci_reproduces_when_it_cannot_tell_and_when_documented_files_changed(tmp
         pytest.skip("not a git checkout")
     code, why = _ci_decision(tmp_path, head)   # nothing committed since: nothing to reproduce
     assert code == 3 and "none a model" in why, why
+
+
+def test_files_measured_alone_replace_only_their_own_seconds():
+    from scripts.suite_time import merge_files
+
+    recorded = {"wall_seconds": 590, "files": {"tests/test_b.py": 4.0, "tests/test_a.py": 2.0}}
+    times = {"tests/test_new.py::test_one": 1.25, "tests/test_new.py::test_two": 0.5,
+             "tests/test_b.py::test_x": 7.0}
+    merged = merge_files(recorded, times, ["tests/test_new.py", "tests/test_b.py",
+                                           "tests/test_slow_only.py"])
+    assert merged["files"] == {"tests/test_a.py": 2.0, "tests/test_b.py": 7.0,
+                               "tests/test_new.py": 1.75, "tests/test_slow_only.py": None}
+    assert list(merged["files"]) == sorted(merged["files"])
+    assert merged["wall_seconds"] == 590 and recorded["files"]["tests/test_b.py"] == 4.0
+    assert set(merged["files_measured_alone"]) == {"tests/test_new.py", "tests/test_b.py",
+                                                   "tests/test_slow_only.py"}

@@ -34,6 +34,7 @@ Example (no GPU; about 1-5 s per kernel):
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from dataclasses import dataclass, field
@@ -158,14 +159,20 @@ def _short(where: str) -> str:
     return where.rsplit("/", 1)[-1]
 
 
+@functools.lru_cache(maxsize=64)
+def _source_lines(path: str) -> tuple[str, ...]:
+    """A source file's lines, read once per sweep (every reported pair looks up two)."""
+    with open(path) as f:
+        return tuple(f.read().splitlines())
+
+
 def _source_line(where: str) -> tuple[str, str, str]:
     """(file name, enclosing function, stripped source text) of `path:line`; empty text if
     unreadable."""
     path, _, line = where.rpartition(":")
     name = path.rsplit("/", 1)[-1]
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        lines = _source_lines(path)
         i = int(line) - 1
         text = lines[i].strip()
     except (OSError, ValueError, IndexError):

@@ -78,9 +78,9 @@ def attn_fwd_tma_kernel(Q, desc_k, desc_v, O, LSE, sq_b, sq_t, sq_h, so_b, so_t,
     a host one under triton 3.9.0 ("descriptor block and tensor must have the same number of
     elements, but got descriptor block with 8192 elements tensor with 4096 elements"; 3.6.0
     takes both). O leaves by plain stores, each consumer its own rows."""
-    heads_inner: tl.constexpr = HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
-        T_Q, H, BLOCK_D, BLOCK_M, BLOCK_D, heads_inner, heads_inner)
+        T_Q, H, BLOCK_D, BLOCK_M, BLOCK_D, HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE,
+        HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE)
     desc_q = tl.make_tensor_descriptor(Q + b * sq_b + h * sq_h, [T_Q, BLOCK_D], [sq_t, 1],
                                        [BLOCK_M, BLOCK_D])
     q = desc_q.load([pid_m * BLOCK_M, 0])

@@ -156,8 +156,10 @@ def set_block_shapes(nargs: dict) -> None:
 # 4 warps (one consumer warpgroup per 64 query rows, two per 128-row tile, and a producer;
 # with 8 warps triton does not specialise) and 128 query rows; without WS the 8-warp tiles of
 # `FWD_TILES` move by TMA instead.
+# 128x128 w4 s2 at d 128: 177 KB of shared memory, 0 spill (3.9.0, 3.6.0), fewest instructions
+# per key of any tile here (320.5 per 64 keys against today's 350) but the longest chain.
 TMA_TILES = ((128, 64, 4, 2, True, 0, 1 << 30), (128, 64, 4, 3, True, 0, 1 << 30),
-             (128, 128, 4, 2, True, 0, 64), (128, 64, 8, 3, False, 0, 1 << 30),
+             (128, 128, 4, 2, True, 0, 1 << 30), (128, 64, 8, 3, False, 0, 1 << 30),
              (64, 64, 4, 3, False, 0, 64))
 
 

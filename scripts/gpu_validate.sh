@@ -94,13 +94,18 @@ stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
 #    the number; the rows' host ms column and T 1024 (host-bound) show how much
 stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
     --reps 10 --isolated
+# (issue 57 item 2, flash-ws) the sm_90 forward on TMA with the warp-specialised key loop
+#    (kernels/flash_attention/triton_fwd_tma.py, opt-in by ATTNLENS_FLASH_TMA=1; it autotunes
+#    over its own TMA_TILES) against the same rows above: the run settles TMA vs today's kernel
+stage "${BENCH_TMA_S:-45}" "$OUT/bench_tma.md" env ATTNLENS_FLASH_TMA=1 $BENCH --ops flash \
+    --T 4096 --d 64,128 --reps 10
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
     tests/test_kernel_mta.py $MTA_BWD_TESTS tests/test_kernel_dcmha.py \
     tests/test_kernel_dcmha_bwd_tc.py tests/test_kernel_cope_options.py \
     tests/test_kernel_cope_clamped.py tests/test_kernel_flash_schedule.py \
-    tests/test_kernel_flash_host.py \
+    tests/test_kernel_flash_host.py tests/test_kernel_flash_tma.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
     tests/test_gqa.py tests/test_autotune_pass.py
 

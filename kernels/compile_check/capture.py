@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -104,6 +105,25 @@ def _grid(grid, kernel, args, kwargs) -> tuple | None:
     return grid + (1,) * (3 - len(grid))
 
 
+def config_args(kernel, args, kwargs, cfg) -> tuple:
+    """A tuned launch's positional arguments as the autotuner runs config `cfg`: its
+    `pre_hook` (which may set host TMA descriptors' block shapes for the config's tiles,
+    `triton_fwd_tma.set_block_shapes`) applied to copies of the descriptor arguments, so that
+    each recorded launch keeps its own blocks and the caller's descriptors stay as they were."""
+    if cfg.pre_hook is None:
+        return tuple(args)
+    names = list(kernel.arg_names)
+    nargs = {**dict(zip(names, (copy.copy(a) if _is_descriptor(a) else a for a in args),
+                        strict=False)), **kwargs, **cfg.all_kwargs()}
+    cfg.pre_hook(nargs)
+    return tuple(nargs[name] for name in names[:len(args)])
+
+
+def _is_descriptor(value) -> bool:
+    """A host-side TMA descriptor (`triton.tools.tensor_descriptor.TensorDescriptor`)."""
+    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
+
+
 PACKAGE = "attnlens.kernels"
 
 
@@ -133,8 +153,8 @@ def capturing(arch: int = 90):
     def tuned(self, grid):
         def launch(*args, **kwargs):
             for cfg in self.candidates(**kwargs):
-                cap.record(self.kernel, args, {**kwargs, **cfg.all_kwargs()}, tuned=True,
-                           grid=grid)
+                cap.record(self.kernel, config_args(self.kernel, args, kwargs, cfg),
+                           {**kwargs, **cfg.all_kwargs()}, tuned=True, grid=grid)
         return launch
 
     try:
@@ -156,4 +176,4 @@ def capturing(arch: int = 90):
             setattr(module, attr, value)
 
 
-__all__ = ["Capture", "Launch", "capturing"]
+__all__ = ["Capture", "Launch", "capturing", "config_args"]

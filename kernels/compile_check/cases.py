@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,12 +57,23 @@ def _fwd_bwd(cap, fn, leaves, train=True):
 
 # -- flash_attention ------------------------------------------------------------------------
 
-def _flash(causal=True, padding=False):
+def _flash(causal=True, padding=False, tma=False):
+    """`tma`: with `triton_fwd.TMA_ENV` set, so the forward takes the TMA kernel (sm_90)."""
     def run(cap, dtype, d_head):
         from attnlens.kernels.flash_attention.function import flash_attention
+        from attnlens.kernels.flash_attention.triton_fwd import TMA_ENV
         q, k, v = _qkv(dtype, d_head, 2)
         kv = torch.ones(B, T, dtype=torch.bool) if padding else None
-        _fwd_bwd(cap, lambda: flash_attention(q, k, v, key_valid=kv, causal=causal), [q, k, v])
+        saved = os.environ.get(TMA_ENV)
+        os.environ[TMA_ENV] = "1" if tma else "0"
+        try:
+            _fwd_bwd(cap, lambda: flash_attention(q, k, v, key_valid=kv, causal=causal),
+                     [q, k, v])
+        finally:
+            if saved is None:
+                del os.environ[TMA_ENV]
+            else:
+                os.environ[TMA_ENV] = saved
     return run
 
 
@@ -133,6 +145,7 @@ CASES: list[Case] = [
     Case("flash_attention", "causal", _flash(), main=True),
     Case("flash_attention", "causal+padding", _flash(padding=True)),
     Case("flash_attention", "non-causal", _flash(causal=False)),
+    Case("flash_attention", "causal+tma", _flash(tma=True)),
     Case("infini", "segments(train)", _infini(), main=True),
     Case("infini", "segments(inference)", _infini(train=False), train=False),
     Case("infini", "segments+padding", _infini(padding=True)),

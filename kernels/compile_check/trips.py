@@ -100,6 +100,13 @@ def _flash_fwd(env, grid):
     return {"start_n": [unmasked, masked_hi]}
 
 
+def _flash_fwd_tma(env, grid):
+    """`attn_fwd_tma_kernel`'s one key loop over [0, min(T_K, first + BLOCK_M)) (every tile
+    masked). Warp-specialised, the loop is in the SASS once per partition (the producer's
+    copies and each consumer warpgroup's math), every copy running every tile."""
+    return {"start_n": _causal_tiles(env, (_tiles(env["T_Q"], env["BLOCK_M"]),))}
+
+
 def _flash_dq(env, grid):
     """dQ of query tile `pid`: keys from its segment's first tile (0 unsegmented) to the
     causal end. HOPPER (sm_90, causal, unsegmented): two loops, the key tiles every row sees
@@ -408,7 +415,8 @@ def _dcmha_tc_bwd(env, grid):
             "d0": env["BLOCK_D"] // env["ACH"]}
 
 
-MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
+MODELS = {"attn_fwd_kernel": _flash_fwd, "attn_fwd_tma_kernel": _flash_fwd_tma,
+          "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
           "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
           "mta_lse_kernel": _mta, "mta_out_kernel": _mta,

@@ -15,6 +15,8 @@ A row with no allowed key gets output 0 and lse -inf (as `masked_softmax`).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from attnlens.kernels import _triton
@@ -507,11 +509,38 @@ def _launch_key(T_Q: int) -> int:
     return next_pow2(T_Q, 64)
 
 
+# Set to "1": plain causal bf16/fp16 forwards on sm_90 (and every plain causal forward under
+# the interpreter) take `triton_fwd_tma.attn_fwd_tma_kernel` (TMA, warp-specialised key loop)
+# where the tensors allow it (`tma_fits`). Off by default: its estimate does not beat the
+# scores-ahead kernel (docs/benchmarks.md, "Causal attention forward on sm_90 by TMA ...");
+# a GPU run with it set measures the two.
+TMA_ENV = "ATTNLENS_FLASH_TMA"
+
+
+def tma_wanted() -> bool:
+    """Whether launches take the TMA forward where it fits (TMA_ENV is "1")."""
+    return os.environ.get(TMA_ENV, "0") == "1"
+
+
+def takes_tma(q, k, v, causal: bool, key_valid, segment_len, mix, hopper: bool,
+              tma: bool | None) -> bool:
+    """Whether `attn_fwd` launches the TMA kernel: asked for (`tma`, else `tma_wanted`), on
+    the Hopper paths (sm_90, the interpreter), plain causal attention without a padding mask,
+    fp16/bf16 (fp32 only under the interpreter, where bf16 runs as fp32), and `tma_fits`."""
+    if not (tma_wanted() if tma is None else tma):
+        return False
+    from attnlens.kernels.flash_attention.triton_fwd_tma import tma_fits
+
+    return (hopper and bool(causal) and key_valid is None and not segment_len and mix is None
+            and (q.dtype != torch.float32 or interpreting()) and tma_fits(q, k, v))
+
+
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              key_valid: torch.Tensor | None = None, causal: bool = True,
              block_m: int | None = None, block_n: int | None = None,
              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-             segment_len: int | None = None, mix: tuple | None = None):
+             segment_len: int | None = None, mix: tuple | None = None,
+             tma: bool | None = None):
     """Launch the forward kernel; returns `(out [b q h d], lse [b h q] float32)`.
 
     `block_m`/`block_n` force one tile config (tests); by default a GPU autotunes over a few
@@ -519,6 +548,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     `segment_len`: block-diagonal causal attention over segments of that many key positions.
     `mix = (a_mem, g, a_dot)`: write `g * a_mem + (1 - g) * attention` (`a_mem` contiguous like
     q, `g [b q h]`), and the unmixed attention into `a_dot` unless it is None.
+    `tma`: take the TMA kernel where it fits (`takes_tma`); None reads TMA_ENV.
     """
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
@@ -554,6 +584,13 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 ROWSUM=ROWSUM_COLS if hopper and rowsum_on_tensor_cores(q.dtype) else 0)
     if T_Q == 0:
         return out, lse
+    if takes_tma(q, k, v, causal, key_valid, segment_len, mix, hopper, tma):
+        from attnlens.kernels.flash_attention.triton_fwd_tma import attn_fwd_tma
+
+        attn_fwd_tma(q, k, v, out, lse, scale * LOG2E, _launch_key(T_Q), heavy,
+                     lambda bm, bn: tile_grid(T_Q, bm, B * H, heavy_grid(heavy, bm, bn)),
+                     block_m, block_n, block_m is None and on_gpu())
+        return out, lse
     if block_m is None and on_gpu():
         _fwd_tuned[lambda META: tile_grid(T_Q, META["BLOCK_M"], B * H, heavy_grid(
             heavy, META["BLOCK_M"], META["BLOCK_N"]))](*args, **meta)
@@ -564,6 +601,6 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-__all__ = ["LOG2E", "ROWSUM_COLS", "ahead_fits", "attn_fwd", "attn_fwd_kernel", "even_keys",
-           "fits_heads_inner", "hopper_paths", "no_key_mask", "rowsum_fits",
-           "rowsum_on_tensor_cores", "tile_grid"]
+__all__ = ["LOG2E", "ROWSUM_COLS", "TMA_ENV", "ahead_fits", "attn_fwd", "attn_fwd_kernel",
+           "even_keys", "fits_heads_inner", "hopper_paths", "no_key_mask", "rowsum_fits",
+           "rowsum_on_tensor_cores", "takes_tma", "tile_grid", "tma_wanted"]

@@ -89,11 +89,6 @@ case ",$HUNG," in *,mta,*) MTA_BWD_TESTS="" ;; esac
 stage "${CHECK_S:-80}" "$OUT/check.md" $BENCH --check --T 1024,4096 --d 64,128 --dtype bf16
 stage "${CHECK32_S:-40}" "$OUT/check.md" $BENCH --check --T 1024 --d 64 --dtype fp32
 stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
-# (issue 57 item 2) flash with the 2026-12-04 method beside the back-to-back rows above:
-#    --isolated syncs after every call, so each call's host time before its first kernel is in
-#    the number; the rows' host ms column and T 1024 (host-bound) show how much
-stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
-    --reps 10 --isolated
 # (issue 57 item 2, flash-ws) the sm_90 forward on TMA with the warp-specialised key loop
 #    (kernels/flash_attention/triton_fwd_tma.py, opt-in by ATTNLENS_FLASH_TMA=1; it autotunes
 #    over its own TMA_TILES) against the same rows above: the run settles TMA vs today's kernel
@@ -108,6 +103,12 @@ stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "$
     tests/test_kernel_flash_host.py tests/test_kernel_flash_tma.py \
     tests/test_kernel_autotune_tiles.py tests/test_triton_prologue.py tests/test_dispatch.py \
     tests/test_gqa.py tests/test_autotune_pass.py
+
+# (issue 57 item 2) flash with the 2026-12-04 method beside the back-to-back rows above:
+#    --isolated syncs after every call, so each call's host time before its first kernel is in
+#    the number; the rows' host ms column and T 1024 (host-bound) show how much
+stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
+    --reps 10 --isolated
 
 # 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
 #    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused

@@ -251,15 +251,20 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
 
 
 @triton.jit(noinline=True)
-def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-               STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b,
-               sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t,
-               sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR,
-               ORC, b, prog, m0, n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-               AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D:
-               tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+def _pre_stage(ins, stages, outs, params, strides, shape, win,
+               HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+               AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr,
+               DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Pre pass, key window `n0`, part 1 (scalar arguments only: nothing hoisted out of
     the key loop): G and R staged, dA = Conv'^T(G) staged on the owned positions."""
+    Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
+    STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
+    DQ_SLOT, DK, DTH_P, DW_P = outs
+    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
+        sdo_d, skv_b = strides
+    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
+    b, prog, m0, n0 = win
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -293,16 +298,21 @@ def _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, 
 
 
 @triton.jit(noinline=True)
-def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ_SLOT, DK, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t,
-            sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
-            skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
-            n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
-            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
-            tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+def _pre_dc(ins, stages, outs, params, strides, shape, win,
+            HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr,
+            DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Part 2: the logits and convolved scores C on the owned positions, dL =
     A (dA - delta) and dC = W dL staged; dW (added to the program's slot of DW_P) from the
     staged C and dL (`stage_gram`)."""
+    Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
+    STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
+    DQ_SLOT, DK, DTH_P, DW_P = outs
+    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
+        sdo_d, skv_b = strides
+    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
+    b, prog, m0, n0 = win
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -340,18 +350,22 @@ def _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 
 @triton.jit(noinline=True)
-def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL,
-            STAGE_R, STAGE_M, DQ_SLOT, DK, ticket, turn, DTH_P, DW_P, TH, W, WM, W2, TOEP_PT,
-            TOEP_RT, sq_b, sq_t,
-            sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d,
-            skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0,
-            n0, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
-            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr, DCH:
-            tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
+            HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+            AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr,
+            DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
     """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
     the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q into
     the key window's slot `DK` (`[AC, H, D]`, R's keys) in the program's turn (`ticket`:
     no atomics), dth (the program's slot of DTH_P)."""
+    Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
+    STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
+    DQ_SLOT, DK, DTH_P, DW_P = outs
+    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
+        sdo_d, skv_b = strides
+    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
+    b, prog, m0, n0 = win
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -396,6 +410,27 @@ def _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STA
 
 
 @triton.jit
+def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
+                HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr,
+                BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+    """The pre pass on one key window: its three parts, each given the same bundles (tuples:
+    `ins` the inputs, `stages` the per-program stages, `outs` the dq / dk slots and the dth /
+    dW partials, `params` the MTA parameters and banded taps, `strides`, `shape` the sizes
+    and convolution offsets, `win` = (b, prog, m0, n0)). Inlined, so the tuples reach the
+    parts as the kernel built them in the call: an int the launch specialised to a constant
+    (a stride of 1, a kernel size of 1) stays a constant in each part. A tuple assigned to a
+    name first is turned into tensors (triton 3.6 and 3.9), which cost the parts 255
+    registers and 16-48 B of spills."""
+    _pre_stage(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC,
+               PR, CKP, BLOCK_D, DCH, SCH, GK)
+    _pre_dc(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC, PR,
+            CKP, BLOCK_D, DCH, SCH, GK)
+    _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win, HAS_KVALID, IEEE, HB,
+            AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+
+
+@triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
                        STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TH,
                        W, WM, W2, TOEP_PT, TOEP_RT,
@@ -428,25 +463,15 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
     n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
     for n0 in range(split * ORC, n_end, NS * ORC):
         kw = b * N_KW + n0 // ORC
-        dk_slot = DK_P + kw.to(tl.int64) * (AC * H * D)
-        _pre_stage(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                   STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, DTH_P, DW_P, TH, W, WM, W2,
-                   TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
-                   sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
-                   Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
-                   HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
-        _pre_dc(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, DTH_P, DW_P, TH, W, WM, W2,
-                TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
-                sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
-                Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
-                HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
-        _pre_dr(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C, STAGE_DC,
-                STAGE_DL, STAGE_R, STAGE_M, dq_slot, dk_slot, TICKET + kw, turn, DTH_P, DW_P, TH,
-                W, WM, W2, TOEP_PT, TOEP_RT, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h,
-                sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K,
-                Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, b, prog, m0, n0,
-                HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+        _pre_window((Q, K, KT, V, DO, LSE, DELTA, KVALID),
+                    (STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M),
+                    (dq_slot, DK_P + kw.to(tl.int64) * (AC * H * D), DTH_P, DW_P),
+                    TICKET + kw, turn, (TH, W, WM, W2, TOEP_PT, TOEP_RT),
+                    (sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
+                     sdo_t, sdo_h, sdo_d, skv_b),
+                    (H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC),
+                    (b, prog, m0, n0), HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH,
+                    GK)
 
 
 def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:

@@ -55,6 +55,7 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.dcmha.out_tiles import out_blocks, post_apart
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -64,9 +65,10 @@ MAX_CHANNELS = 4
 # 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
 # key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
 # (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). The out
-# pass's probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
-# registers on sm_90, up to 255 on sm_80, 0 B spilled); wider out tiles would halve the P v
-# atomics per key but spill.
+# pass's tiles are chosen per architecture (`out_tiles.out_blocks`): OUT_BLOCKS, whose
+# probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
+# registers on sm_90, up to 255 on sm_80, 0 B spilled), or on sm_90 64 x 64 with the post
+# maps in a loop of their own (POST_APART), which halves the P v atomics per key.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
@@ -503,9 +505,12 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
               HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
               CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
-              VCH: tl.constexpr):
+              VCH: tl.constexpr, POST_APART: tl.constexpr):
     """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
-    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`)."""
+    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`).
+    POST_APART: the post hidden maps in a head loop of their own over the probabilities read
+    back from the scratch, so that the probabilities' loop holds 4 maps instead of 8 (what
+    lets 64 x 64 tiles compile spill-free on sm_90, `out_blocks`)."""
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
     RK2: tl.constexpr = 2 * CKB + 1
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -524,17 +529,26 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
                            k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
                            cols, NQ, NK, HAS_K, CQB, CKB, swk_r, scale)
         a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
-        a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                   True, 0)
-        if HAS_K:
-            b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                       CKB, False, swk_r)
+        if not POST_APART:
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
+                                       CQB2, True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
         # A_n replaces head n's scores once every thread has read them (one map per
         # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
         # stays in L2).
         tl.debug_barrier()
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
     tl.debug_barrier()             # the scratch is read by other threads
+    if POST_APART:                 # the post hidden maps from every head's A, read back
+        for n in range(0, H):
+            a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
+                                       CQB2, True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
     for m in range(0, H):                          # each head's pattern times its values
         a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
@@ -559,7 +573,7 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, VCH: tl.constexpr):
+                        DCH: tl.constexpr, VCH: tl.constexpr, POST_APART: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
     tile's scores of every head, each head's score dot formed once per key tile, then in
@@ -580,12 +594,12 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, POST_APART)
     for n0 in range(mid, end, BLOCK_N):
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, POST_APART)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -632,10 +646,14 @@ def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
 
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
-                 key_valid=None, block_m: int | None = None, block_n: int | None = None):
+                 key_valid=None, block_m: int | None = None, block_n: int | None = None,
+                 out_tiles: tuple[int, int] | None = None):
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
     `pre`, `post`: `channel_weights` tuples (key-wise three None when query-wise only);
-    block_m / block_n override both passes' LSE_BLOCKS / OUT_BLOCKS."""
+    block_m / block_n override both passes' LSE_BLOCKS and out tiles; out_tiles the out
+    pass's (BLOCK_M, BLOCK_N) of a 16-bit launch, else `out_tiles.out_blocks` (per
+    architecture, or what the autotuning pass measured). The out pass's post maps go apart
+    on tiles of 64 keys or more (`out_tiles.post_apart`)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -665,13 +683,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
 
     fp32 = q.dtype == torch.float32
     lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
-    out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    out_grid, out_blocks_ = grid(FP32_BLOCKS if fp32 else
+                                 out_tiles or out_blocks(H, D, q.dtype))
     # One scratch for both passes.
     scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
-                              _scratch_numel(out_grid, out_blocks, H + cqb + ckb)), **f32)
+                              _scratch_numel(out_grid, out_blocks_, H + cqb + ckb)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
-    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
-    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
+    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks_)))
+    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks_))
     wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
                 (post[2], 1)], t_q)
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
@@ -699,7 +718,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     total = (lp * torch.exp2(mp - m_use)).sum(0)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
-    (n_m, ns, _), blocks = out_grid, out_blocks
+    (n_m, ns, _), blocks = out_grid, out_blocks_
     # The out pass reads the lse in log2 units, +inf on empty rows (their probabilities are
     # 0) and past T_Q, and adds into O, both padded to whole query tiles (no masks).
     t_p = n_m * blocks["BLOCK_M"]
@@ -710,7 +729,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
-        VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
+        VCH=min(32 if fp32 else OUT_VCH, D), POST_APART=post_apart(blocks["BLOCK_N"]),
+        **common, **blocks)
     out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 

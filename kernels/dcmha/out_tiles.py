@@ -1,0 +1,87 @@
+"""The DCMHA tensor-core forward's out-pass tiles (`triton_fwd_tc.dcmha_tc_out_kernel`), chosen
+on the host per GPU architecture, or by the autotuning pass's measurement where it made one.
+
+Wider key tiles halve the out pass's P v atomics per key and give the P v dot 64 keys of
+inner dimension, but hold twice the registers per map. At 64 x 64 the post hidden maps go in
+a head loop of their own (POST_APART, `post_apart`): the probabilities' loop then holds the
+4 pre maps instead of the pre and post maps together (8), and sm_90 compiles the out pass
+spill-free at 16 and 32 heads, d_head 64 and 128, where sm_80 spilled 144 B at d_head 128
+(`python -m attnlens.kernels.compile_check --ops dcmha`, docs/benchmarks.md). So sm_90 takes
+64 x 64 and every other architecture 64 x 32 (post maps fused), fp32 its own 32 x 16.
+
+Whether 64 x 64 is faster on a real sm_90 (its per-program scratch is twice as large,
+docs/benchmarks.md) is settled by measurement: `python -m attnlens.kernels.autotune_pass` times
+the forward with each of OUT_CANDIDATES and records the faster under TUNED_NAME in
+`kernels/tuned_configs.json`, which `out_blocks` then takes for that architecture, head count,
+head size and dtype, with no code change.
+"""
+
+from __future__ import annotations
+
+from attnlens.kernels import _triton
+
+OUT_CANDIDATES = ((64, 64), (64, 32))    # (BLOCK_M, BLOCK_N) the autotuning pass times
+ARCH_OUT_BLOCKS = {"sm_90": (64, 64)}    # where the out pass compiles spill-free at 64 x 64
+DEFAULT_OUT_BLOCKS = (64, 32)
+INTERPRETER_ARCH = "sm_90"               # the interpreter (tests) runs sm_90's choice
+TUNED_NAME = "dcmha_tc_out_kernel"       # the tuned file's entry (as the kernel's name)
+OUT_LAUNCH = dict(num_warps=8, num_stages=1)   # `triton_fwd_tc.TC_LAUNCH`, for the record
+
+_TUNED: dict = {}
+
+
+def post_apart(block_n: int) -> bool:
+    """POST_APART of an out pass on key tiles of block_n: from 64 keys (fused, 64 x 64
+    spilled 24-32 B on sm_90)."""
+    return block_n >= 64
+
+
+def out_key(heads: int, block_d: int, dtype) -> str:
+    """The tuned file's key of an out-pass launch (`_triton.tuning_key`'s form)."""
+    return f"H={heads},BLOCK_D={block_d}|{dtype}"
+
+
+def _tuned_entries() -> tuple[str, dict]:
+    """`(arch, {key: config})` of the current device: its architecture and the autotuning
+    pass's records for the out pass. `_triton.gpu_arch` is read through its module (the
+    compile check's capture replaces it there to record each architecture's launch); the
+    answer is kept per `gpu_arch` function (a driver query and a file read otherwise)."""
+    arch_of = _triton.gpu_arch
+    known = _TUNED.get(arch_of)
+    if known is None:
+        try:
+            arch = arch_of()
+        except (AssertionError, RuntimeError):   # no CUDA device
+            arch = ""
+        known = (arch, _triton.load_tuned().get(arch, {}).get(TUNED_NAME, {}))
+        _TUNED[arch_of] = known
+    return known
+
+
+def out_blocks(heads: int, block_d: int, dtype, arch: str | None = None,
+               tuned: dict | None = None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of a 16-bit out pass: the tuned file's record for this launch when
+    it names one of OUT_CANDIDATES, else ARCH_OUT_BLOCKS of the architecture (the current
+    device's, INTERPRETER_ARCH under the interpreter) or DEFAULT_OUT_BLOCKS. arch / tuned:
+    given, they replace the device's (tests)."""
+    if arch is None:
+        if _triton.interpreting():
+            arch, tuned = INTERPRETER_ARCH, tuned or {}
+        else:
+            arch, found = _tuned_entries()
+            tuned = found if tuned is None else tuned
+    record = (tuned or {}).get(out_key(heads, block_d, dtype))
+    if record is not None:
+        blocks = (record["BLOCK_M"], record["BLOCK_N"])
+        if blocks in OUT_CANDIDATES:
+            return blocks
+    return ARCH_OUT_BLOCKS.get(arch, DEFAULT_OUT_BLOCKS)
+
+
+def record_of(blocks: tuple[int, int]) -> dict:
+    """The tuned file's entry for out blocks (the form `LazyAutotune` records)."""
+    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], **OUT_LAUNCH}
+
+
+__all__ = ["ARCH_OUT_BLOCKS", "DEFAULT_OUT_BLOCKS", "OUT_CANDIDATES", "TUNED_NAME", "out_blocks",
+           "out_key", "post_apart", "record_of"]

@@ -220,9 +220,9 @@ def test_fp16():
 
 
 def test_out_pass_tiles_per_architecture_or_as_tuned():
-    """`out_tiles.out_blocks`: 64 x 64 on sm_90 (spill-free there with the post maps apart),
-    64 x 32 elsewhere; an autotuning record for the launch's key wins when it names a
-    candidate; the interpreter takes sm_90's. Post maps apart from 64 keys."""
+    """`out_tiles.out_blocks`: 64 x 64 on sm_90 (spill-free there with the hidden maps
+    apart), 64 x 32 elsewhere; an autotuning record for the launch's key wins when it names
+    a candidate; the interpreter takes sm_90's. Maps apart from 64 keys."""
     from attnlens.kernels.dcmha import out_tiles
     bf16 = torch.bfloat16
     assert out_tiles.out_blocks(16, 64, bf16, arch="sm_90", tuned={}) == (64, 64)
@@ -235,14 +235,14 @@ def test_out_pass_tiles_per_architecture_or_as_tuned():
     stale = {key: out_tiles.record_of((128, 128))}
     assert out_tiles.out_blocks(16, 64, bf16, arch="sm_80", tuned=stale) == (64, 32)
     assert out_tiles.out_blocks(16, 64, bf16) == (64, 64)       # the interpreter
-    assert out_tiles.post_apart(64) and not out_tiles.post_apart(32)
+    assert out_tiles.maps_apart(64) and not out_tiles.maps_apart(32)
 
 
 @pytest.mark.parametrize("arch, launched", [("sm_90", (64, 64, True)),
                                             ("sm_80", (64, 32, False))])
 def test_each_architectures_out_tiles_match_the_spec(arch, launched, monkeypatch):
-    """fp16 through the out tiles each architecture takes (`out_tiles`): 64 x 64 with the post
-    hidden maps in a head loop of their own (sm_90), 64 x 32 with them fused (sm_80); 72
+    """fp16 through the out tiles each architecture takes (`out_tiles`): 64 x 64 with each
+    phase's hidden maps in head loops of their own (sm_90), 64 x 32 with them fused (sm_80); 72
     queries: 2 query tiles, key splits, unmasked and masked key tiles."""
     from attnlens.kernels.dcmha import out_tiles, triton_fwd_tc
     monkeypatch.setattr(out_tiles, "INTERPRETER_ARCH", arch)
@@ -251,7 +251,7 @@ def test_each_architectures_out_tiles_match_the_spec(arch, launched, monkeypatch
     class Launch:
         def __getitem__(self, grid):
             def launch(*args, **meta):
-                seen.append((meta["BLOCK_M"], meta["BLOCK_N"], meta["POST_APART"]))
+                seen.append((meta["BLOCK_M"], meta["BLOCK_N"], meta["MAPS_APART"]))
                 return kernel[grid](*args, **meta)
             return launch
 
@@ -260,8 +260,8 @@ def test_each_architectures_out_tiles_match_the_spec(arch, launched, monkeypatch
     assert seen == [launched]
 
 
-def test_post_maps_apart_are_exact_in_fp32():
-    """The out pass with the post hidden maps apart (64 x 64 tiles forced) against the float64
+def test_hidden_maps_apart_are_exact_in_fp32():
+    """The out pass with the hidden maps apart (64 x 64 tiles forced) against the float64
     spec at fp32's tolerance: 2 query tiles, padding keys, groups of 2."""
     key_valid = torch.rand(1, 70, generator=torch.Generator().manual_seed(4)) > 0.2
     q, k, v = (to_device(t) for t in _qkv(70, 70, 4, d=16))

@@ -2,12 +2,14 @@
 on the host per GPU architecture, or by the autotuning pass's measurement where it made one.
 
 Wider key tiles halve the out pass's P v atomics per key and give the P v dot 64 keys of
-inner dimension, but hold twice the registers per map. At 64 x 64 the post hidden maps go in
-a head loop of their own (POST_APART, `post_apart`): the probabilities' loop then holds the
-4 pre maps instead of the pre and post maps together (8), and sm_90 compiles the out pass
-spill-free at 16 and 32 heads, d_head 64 and 128, where sm_80 spilled 144 B at d_head 128
+inner dimension, but hold twice the registers per map. At 64 x 64 each phase's hidden maps
+are summed in a head loop of their own over the maps read back from the scratch (MAPS_APART,
+`maps_apart`): the score loop holds no hidden map, the probabilities' loop the 4 pre maps
+instead of the pre and post maps together (8), and the scratch needs no slots for the pre
+maps' re-read. sm_90 compiles that out pass spill-free at 16 and 32 heads, d_head 64 and 128
+(207-228 registers), where sm_80 spilled 144 B at d_head 128 with the post maps apart
 (`python -m attnlens.kernels.compile_check --ops dcmha`, docs/benchmarks.md). So sm_90 takes
-64 x 64 and every other architecture 64 x 32 (post maps fused), fp32 its own 32 x 16.
+64 x 64 and every other architecture 64 x 32 (maps fused), fp32 its own 32 x 16.
 
 Whether 64 x 64 is faster on a real sm_90 (its per-program scratch is twice as large,
 docs/benchmarks.md) is settled by measurement: `python -m attnlens.kernels.autotune_pass` times
@@ -30,9 +32,9 @@ OUT_LAUNCH = dict(num_warps=8, num_stages=1)   # `triton_fwd_tc.TC_LAUNCH`, for 
 _TUNED: dict = {}
 
 
-def post_apart(block_n: int) -> bool:
-    """POST_APART of an out pass on key tiles of block_n: from 64 keys (fused, 64 x 64
-    spilled 24-32 B on sm_90)."""
+def maps_apart(block_n: int) -> bool:
+    """MAPS_APART of an out pass on key tiles of block_n: from 64 keys (fused, 64 x 64
+    spilled 24-32 B on sm_90; at 64 x 32 apart costs 3% more instructions)."""
     return block_n >= 64
 
 
@@ -83,5 +85,5 @@ def record_of(blocks: tuple[int, int]) -> dict:
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], **OUT_LAUNCH}
 
 
-__all__ = ["ARCH_OUT_BLOCKS", "DEFAULT_OUT_BLOCKS", "OUT_CANDIDATES", "TUNED_NAME", "out_blocks",
-           "out_key", "post_apart", "record_of"]
+__all__ = ["ARCH_OUT_BLOCKS", "DEFAULT_OUT_BLOCKS", "OUT_CANDIDATES", "TUNED_NAME", "maps_apart",
+           "out_blocks", "out_key", "record_of"]

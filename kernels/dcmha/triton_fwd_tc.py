@@ -33,7 +33,8 @@ the head loops (docs/benchmarks.md).
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
 `[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KB at 16
-heads, L2-resident) instead of recomputing the dot,
+heads and 64 x 32; the out pass on 64 x 64 tiles keeps `[H, rows, keys]`, 256 KB,
+MAPS_APART; meant to stay L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -55,7 +56,7 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.out_tiles import out_blocks, post_apart
+from attnlens.kernels.dcmha.out_tiles import maps_apart, out_blocks
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -68,7 +69,7 @@ MAX_CHANNELS = 4
 # pass's tiles are chosen per architecture (`out_tiles.out_blocks`): OUT_BLOCKS, whose
 # probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
 # registers on sm_90, up to 255 on sm_80, 0 B spilled), or on sm_90 64 x 64 with the post
-# maps in a loop of their own (POST_APART), which halves the P v atomics per key.
+# and pre maps in loops of their own (MAPS_APART), which halves the P v atomics per key.
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
 LSE_BLOCKS = (64, 32)
@@ -340,13 +341,17 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
                    NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                    CQB: tl.constexpr, CKB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+                   BLOCK_D: tl.constexpr, DCH: tl.constexpr, PRE_APART: tl.constexpr):
     """The pre-softmax hidden maps of one tile (`_pre_hidden`) as per-channel maps
     (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
     unused), keeping every head's scores in the scratch, so that the later head loops read
     them instead of recomputing the dot (each recomputation reloads the head's `[rows,
     d_head]` query tile and converts both operands' layouts); returned through the scratch
-    (`_maps_reread`), in the layout the following head loops read."""
+    (`_maps_reread`), in the layout the following head loops read. PRE_APART: the maps
+    summed in a head loop of their own over the scores read back from the scratch, after a
+    barrier (already in that layout: no re-read, no slots for it; the score loop holds no
+    map: 207 registers instead of 242 in the out pass at 64 x 64, d_head 64, sm_90, and 1%
+    fewer instructions; in the lse pass at 64 x 32 it cost 1% more)."""
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
@@ -355,11 +360,22 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, 1.0,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
-        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
-                                   0)
-        if HAS_K:
-            k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
-                                       False, swk_r)
+        if not PRE_APART:
+            q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB,
+                                       True, 0)
+            if HAS_K:
+                k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK,
+                                           CKB, False, swk_r)
+    if PRE_APART:
+        tl.debug_barrier()         # the scratch is read by other threads
+        for n in range(0, H):
+            s = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
+            q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB,
+                                       True, 0)
+            if HAS_K:
+                k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK,
+                                           CKB, False, swk_r)
+        return q0, q1, q2, q3, k0, k1, k2, k3
     return _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K, CQB, CKB, BLOCK_M,
                         BLOCK_N)
 
@@ -423,7 +439,7 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-        BLOCK_N, BLOCK_D, DCH)
+        BLOCK_N, BLOCK_D, DCH, False)
     for m in range(0, H):
         s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
@@ -505,12 +521,13 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
               HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
               CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
-              VCH: tl.constexpr, POST_APART: tl.constexpr):
+              VCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
     MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`).
-    POST_APART: the post hidden maps in a head loop of their own over the probabilities read
-    back from the scratch, so that the probabilities' loop holds 4 maps instead of 8 (what
-    lets 64 x 64 tiles compile spill-free on sm_90, `out_blocks`)."""
+    MAPS_APART: each phase's hidden maps in a head loop of their own over the maps read back
+    from the scratch (`_pre_maps_kept`), so that the score loop holds none and the
+    probabilities' loop 4 instead of 8 (what lets 64 x 64 tiles compile spill-free on sm_90,
+    `out_blocks`), and the scratch holds H maps, no pre maps re-read."""
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
     RK2: tl.constexpr = 2 * CKB + 1
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -520,7 +537,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-        BLOCK_D, DCH)
+        BLOCK_D, DCH, MAPS_APART)
     # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
     a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
@@ -529,7 +546,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
                            k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
                            cols, NQ, NK, HAS_K, CQB, CKB, swk_r, scale)
         a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
-        if not POST_APART:
+        if not MAPS_APART:
             a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
                                        CQB2, True, 0)
             if HAS_K:
@@ -541,7 +558,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
         tl.debug_barrier()
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
     tl.debug_barrier()             # the scratch is read by other threads
-    if POST_APART:                 # the post hidden maps from every head's A, read back
+    if MAPS_APART:                 # the post hidden maps from every head's A, read back
         for n in range(0, H):
             a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
             a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
@@ -573,14 +590,14 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, VCH: tl.constexpr, POST_APART: tl.constexpr):
+                        DCH: tl.constexpr, VCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
     tile's scores of every head, each head's score dot formed once per key tile, then in
     their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
-                        BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
+                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     # The row lse (log2 units) and O are padded to T_P, whole query tiles: unmasked loads
@@ -594,12 +611,12 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, POST_APART)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
     for n0 in range(mid, end, BLOCK_N):
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, POST_APART)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -634,9 +651,10 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
 
 def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
     """Elements of a pass's per-program scratch `[programs, maps, BLOCK_M, BLOCK_N]` fp32,
-    maps = H + CQB + CKB (n_heads here): 160 KB per program at 16 heads and the official
-    Compose (64 x 32), 52 MB over the 320 programs at T = 4096, 21 MB over 132 resident ones
-    (L2 holds 50 MB); it grows with the programs (query tiles x key splits), so O(T)."""
+    maps = H + CQB + CKB, or H in an out pass with MAPS_APART (n_heads here): 160 KB per
+    program at 16 heads and the official Compose (64 x 32), 52 MB over the 320 programs at
+    T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); the out pass at 64 x 64 (sm_90)
+    256 KB, 84 MB, 34 MB. It grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
@@ -653,7 +671,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     block_m / block_n override both passes' LSE_BLOCKS and out tiles; out_tiles the out
     pass's (BLOCK_M, BLOCK_N) of a 16-bit launch, else `out_tiles.out_blocks` (per
     architecture, or what the autotuning pass measured). The out pass's post maps go apart
-    on tiles of 64 keys or more (`out_tiles.post_apart`)."""
+    on tiles of 64 keys or more (`out_tiles.maps_apart`)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -686,8 +704,9 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     out_grid, out_blocks_ = grid(FP32_BLOCKS if fp32 else
                                  out_tiles or out_blocks(H, D, q.dtype))
     # One scratch for both passes.
+    out_maps = H if maps_apart(out_blocks_["BLOCK_N"]) else H + cqb + ckb
     scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
-                              _scratch_numel(out_grid, out_blocks_, H + cqb + ckb)), **f32)
+                              _scratch_numel(out_grid, out_blocks_, out_maps)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks_)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks_))
@@ -729,7 +748,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
-        VCH=min(32 if fp32 else OUT_VCH, D), POST_APART=post_apart(blocks["BLOCK_N"]),
+        VCH=min(32 if fp32 else OUT_VCH, D), MAPS_APART=maps_apart(blocks["BLOCK_N"]),
         **common, **blocks)
     out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse

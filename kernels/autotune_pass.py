@@ -10,8 +10,8 @@ benchmarking. Entries of other architectures are kept.
 
 The workloads are the fused causal attention's forward and backward (batch 1, 16 heads) at each
 length, head size and dtype, causal and, with `--segment`, Infini's segment-causal form. The
-DCMHA forward's out-pass tiles, chosen on the host rather than by an autotuner
-(`dcmha.out_tiles`), are timed here too: each candidate on the official Compose's forward at
+DCMHA tensor-core forward's tiles, chosen on the host rather than by an autotuner
+(`dcmha.fwd_tiles`), are timed here too: each candidate on the official Compose's forward at
 each `--dcmha-T` length (4096 unless told), the faster over those lengths recorded for its
 (heads, head size, dtype). The file records the device, torch and triton versions and the
 date beside the choices.
@@ -86,15 +86,15 @@ def _dcmha_official_inputs(T: int, D: int, heads: int, dtype, device) -> tuple:
     return q, k, v, pre, post
 
 
-def tune_dcmha_out_tiles(Ts, Ds, dtypes, heads: int = 16, device="cuda", timer=None
+def tune_dcmha_tiles(Ts, Ds, dtypes, heads: int = 16, device="cuda", timer=None
                          ) -> dict[str, dict]:
-    """{`out_tiles.TUNED_NAME`: {key: record}}: each of `out_tiles.OUT_CANDIDATES` timed on
+    """{`fwd_tiles.TUNED_NAME`: {key: record}}: each of `fwd_tiles.FWD_CANDIDATES` timed on
     the DCMHA tensor-core forward (batch 1, official Compose) at every length, the faster in
     total over the lengths recorded per (heads, head size, dtype). timer(fn) -> ms:
     `triton.testing.do_bench` unless given (tests)."""
     from functools import partial
 
-    from attnlens.kernels.dcmha import out_tiles
+    from attnlens.kernels.dcmha import fwd_tiles
     from attnlens.kernels.dcmha.triton_fwd_tc import dcmha_tc_fwd
 
     if timer is None:
@@ -102,18 +102,18 @@ def tune_dcmha_out_tiles(Ts, Ds, dtypes, heads: int = 16, device="cuda", timer=N
     chosen = {}
     for dtype in dtypes:
         for D in Ds:
-            total = dict.fromkeys(out_tiles.OUT_CANDIDATES, 0.0)
+            total = dict.fromkeys(fwd_tiles.FWD_CANDIDATES, 0.0)
             for T in Ts:
                 q, k, v, pre, post = _dcmha_official_inputs(T, D, heads, dtype, device)
                 for blocks in total:
                     ms = timer(partial(dcmha_tc_fwd, q, k, v, pre, post, D ** -0.5, None,
-                                       out_tiles=blocks))
+                                       tiles=blocks))
                     total[blocks] += ms
                     print(f"dcmha out tiles {blocks} T={T} d={D} "
                           f"{str(dtype).removeprefix('torch.')}: {ms:.3f} ms", flush=True)
             best = min(total, key=total.get)
-            chosen[out_tiles.out_key(heads, D, dtype)] = out_tiles.record_of(best)
-    return {out_tiles.TUNED_NAME: chosen}
+            chosen[fwd_tiles.fwd_key(heads, D, dtype)] = fwd_tiles.record_of(best)
+    return {fwd_tiles.TUNED_NAME: chosen}
 
 
 def _write(out: Path, arch: str, chosen: dict, about: dict) -> None:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     # out tiles are timed (each candidate compiles its kernels) keeps them.
     _write(args.out, arch, chosen_configs(), about)
     if args.dcmha_T:
-        _write(args.out, arch, tune_dcmha_out_tiles(args.dcmha_T, args.d, dtypes), about)
+        _write(args.out, arch, tune_dcmha_tiles(args.dcmha_T, args.d, dtypes), about)
     return 0
 
 

@@ -56,28 +56,28 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.out_tiles import maps_apart, out_blocks
+from attnlens.kernels.dcmha.fwd_tiles import fwd_blocks, maps_apart
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
 # used (`function`): up to 4 hidden maps `[rows, keys]` per side and phase (`_add_maps`).
 MAX_CHANNELS = 4
-# 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
-# key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). The out
-# pass's tiles are chosen per architecture (`out_tiles.out_blocks`): OUT_BLOCKS, whose
-# probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
-# registers on sm_90, up to 255 on sm_80, 0 B spilled), or on sm_90 64 x 64 with the post
-# and pre maps in loops of their own (MAPS_APART), which halves the P v atomics per key.
+# 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of both passes for bf16 /
+# fp16 chosen per architecture (`fwd_tiles.fwd_blocks`): the largest key tiles that compile
+# spill-free at 16 and 32 heads, d_head 64 and 128 (`python -m attnlens.kernels.compile_check
+# --ops dcmha --options "H32 official"`): on sm_90 64 x 64 with each phase's hidden maps in
+# head loops of their own (MAPS_APART), elsewhere 64 x 32 with the maps fused (the out pass's
+# probability loop holds the pre and post maps together, 8 maps of 64 x 32: up to 255
+# registers on sm_80, 0 B spilled).
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
-LSE_BLOCKS = (64, 32)
-OUT_BLOCKS = (64, 32)
 FP32_BLOCKS = (32, 16)
 # d_head chunk of the score dots (DCH) and of the P v dots (VCH), capped at d_head: the out pass
 # forms each dot over all of d_head at once (one operand staging and barrier per dot instead of
-# one per 32 columns: 6% fewer warp instructions in the forward at d_head 128); the lse pass
+# one per 32 columns: 6% fewer warp instructions in the forward at d_head 128), and so does the
+# lse pass with MAPS_APART (its score loop holds no map: 12 barriers and 6 MMAs per head and
+# tile -> 4 and 4 at 64 x 64, d_head 64, sm_90; the issue bound -6%); with the maps fused it
 # keeps 32 (at 64 its softmax loop took layouts that cost 4% more), and so does fp32 (IEEE
 # dots, twice the operand registers).
 LSE_DCH, OUT_DCH, OUT_VCH = 32, 128, 128
@@ -427,10 +427,11 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
               MASKED: tl.constexpr, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
               IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, NQ: tl.constexpr,
               NK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+              BLOCK_D: tl.constexpr, DCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 1's key tile n0: every head's running row (max, sum) from the state buffer of
     tile (n0 - start) / BLOCK_N into the other (`dcmha_tc_lse_kernel`). MASKED: the tile
-    needs the causal / window / padding mask (`_unmasked_end`)."""
+    needs the causal / window / padding mask (`_unmasked_end`). MAPS_APART: the pre hidden
+    maps in a head loop of their own (`_pre_maps_kept`'s PRE_APART)."""
     old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
     new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -439,7 +440,7 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-        BLOCK_N, BLOCK_D, DCH, False)
+        BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     for m in range(0, H):
         s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
@@ -470,19 +471,20 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr):
+                        DCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
     H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
-    maps (`_pre_maps_kept`, `_maps_reread`). STATE fp32 `[programs, 2, H, rows, 2]`: every
+    maps (`_pre_maps_kept`, `_maps_reread`; with MAPS_APART `[programs, H, rows, keys]`, no
+    re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every
     head's running row (max, sum), double-buffered (key tile i reads buffer i % 2 and writes
     the other, so that no thread reads a value another thread of the same row already
     updated); a row's pair is stored and loaded as one `[rows, 2]` tensor (`tl.join`,
     `tl.split`): one layout conversion per head and key tile for the store instead of two.
     WQ, WK: the packed weights (`_pack`; the key side transposed, `_wfac`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
-                        BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
+                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
     ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
@@ -500,12 +502,12 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     for n0 in range(mid, end, BLOCK_N):
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
@@ -665,13 +667,13 @@ def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
                  key_valid=None, block_m: int | None = None, block_n: int | None = None,
-                 out_tiles: tuple[int, int] | None = None):
+                 tiles: tuple[int, int] | None = None):
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
     `pre`, `post`: `channel_weights` tuples (key-wise three None when query-wise only);
-    block_m / block_n override both passes' LSE_BLOCKS and out tiles; out_tiles the out
-    pass's (BLOCK_M, BLOCK_N) of a 16-bit launch, else `out_tiles.out_blocks` (per
-    architecture, or what the autotuning pass measured). The out pass's post maps go apart
-    on tiles of 64 keys or more (`out_tiles.maps_apart`)."""
+    block_m / block_n override both passes' tiles; tiles: both passes' (BLOCK_M, BLOCK_N) of a
+    16-bit launch, else `fwd_tiles.fwd_blocks` (per architecture, or what the autotuning pass
+    measured); fp32 takes FP32_BLOCKS. A pass's hidden maps go apart on tiles of 64 keys or
+    more (`fwd_tiles.maps_apart`)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -700,16 +702,15 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     fp32 = q.dtype == torch.float32
-    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
-    out_grid, out_blocks_ = grid(FP32_BLOCKS if fp32 else
-                                 out_tiles or out_blocks(H, D, q.dtype))
+    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype))
+    out_grid, out_blocks = lse_grid, lse_blocks
+    apart = maps_apart(lse_blocks["BLOCK_N"])
     # One scratch for both passes.
-    out_maps = H if maps_apart(out_blocks_["BLOCK_N"]) else H + cqb + ckb
-    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
-                              _scratch_numel(out_grid, out_blocks_, out_maps)), **f32)
+    scratch = torch.empty(_scratch_numel(lse_grid, lse_blocks,
+                                         H if apart else H + cqb + ckb), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
-    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks_)))
-    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks_))
+    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
+    t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
     wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
                 (post[2], 1)], t_q)
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
@@ -731,13 +732,14 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     dcmha_tc_lse_kernel[(n_m, ns, B)](
         q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
         *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), DCH=min(LSE_DCH, D), **common, **blocks)
+        HB=next_pow2(H, minimum=1), DCH=min(OUT_DCH if apart else LSE_DCH, D),
+        MAPS_APART=apart, **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
-    (n_m, ns, _), blocks = out_grid, out_blocks_
+    (n_m, ns, _), blocks = out_grid, out_blocks
     # The out pass reads the lse in log2 units, +inf on empty rows (their probabilities are
     # 0) and past T_Q, and adds into O, both padded to whole query tiles (no masks).
     t_p = n_m * blocks["BLOCK_M"]
@@ -748,11 +750,11 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
-        VCH=min(32 if fp32 else OUT_VCH, D), MAPS_APART=maps_apart(blocks["BLOCK_N"]),
+        VCH=min(32 if fp32 else OUT_VCH, D), MAPS_APART=apart,
         **common, **blocks)
     out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 
 
-__all__ = ["FP32_BLOCKS", "LSE_BLOCKS", "MAX_CHANNELS", "OUT_BLOCKS", "channel_weights",
+__all__ = ["FP32_BLOCKS", "MAX_CHANNELS", "channel_weights",
            "dcmha_tc_fwd", "dcmha_tc_lse_kernel", "dcmha_tc_out_kernel", "split_count"]

@@ -732,7 +732,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     dcmha_tc_lse_kernel[(n_m, ns, B)](
         q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
         *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), DCH=min(OUT_DCH if apart else LSE_DCH, D),
+        HB=next_pow2(H, minimum=1), DCH=min(OUT_DCH if apart and not fp32 else LSE_DCH, D),
         MAPS_APART=apart, **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)

@@ -28,13 +28,16 @@ them, then per head P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 
 the grid fill the GPU at batch 1 (`split_count`). Each hidden map is a 2-D `[rows, keys]`
 tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile in the
 scratch's layout (`_maps_reread`): both keep layout conversions through shared memory out of
-the head loops (docs/benchmarks.md).
+the head loops (docs/benchmarks.md). On 64 x 64 tiles (sm_90, `fwd_tiles`) each phase's
+hidden maps are instead summed in a head loop of their own over the maps read back from the
+scratch (MAPS_APART: the score loop holds no map, the probabilities' loop 4 instead of 8).
 
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
-`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KB at 16
-heads and 64 x 32; the out pass on 64 x 64 tiles keeps `[H, rows, keys]`, 256 KB,
-MAPS_APART; meant to stay L2-resident) instead of recomputing the dot,
+`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KiB at 16
+heads and 64 x 32; on 64 x 64 tiles, sm_90, `[H, rows, keys]`, 256 KiB, with each phase's
+hidden maps summed in a head loop of their own, MAPS_APART, `fwd_tiles`; meant to stay
+L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -476,12 +479,12 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
     H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
     maps (`_pre_maps_kept`, `_maps_reread`; with MAPS_APART `[programs, H, rows, keys]`, no
-    re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every
-    head's running row (max, sum), double-buffered (key tile i reads buffer i % 2 and writes
-    the other, so that no thread reads a value another thread of the same row already
-    updated); a row's pair is stored and loaded as one `[rows, 2]` tensor (`tl.join`,
-    `tl.split`): one layout conversion per head and key tile for the store instead of two.
-    WQ, WK: the packed weights (`_pack`; the key side transposed, `_wfac`)."""
+    re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every head's running row (max, sum),
+    double-buffered (key tile i reads buffer i % 2 and writes the other, so that no thread
+    reads a value another thread of the same row already updated); a row's pair is stored
+    and loaded as one `[rows, 2]` tensor (`tl.join`, `tl.split`): one layout conversion per
+    head and key tile for the store instead of two. WQ, WK: the packed weights (`_pack`;
+    the key side transposed, `_wfac`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
     SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
                         H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
@@ -655,8 +658,8 @@ def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
     """Elements of a pass's per-program scratch `[programs, maps, BLOCK_M, BLOCK_N]` fp32,
     maps = H + CQB + CKB, or H in an out pass with MAPS_APART (n_heads here): 160 KB per
     program at 16 heads and the official Compose (64 x 32), 52 MB over the 320 programs at
-    T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); the out pass at 64 x 64 (sm_90)
-    256 KB, 84 MB, 34 MB. It grows with the programs (query tiles x key splits), so O(T)."""
+    T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); on 64 x 64 tiles (sm_90, H maps)
+    256 KiB, 80 MiB, 33 MiB. It grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 

@@ -108,3 +108,27 @@ def test_the_shipped_file_if_any_is_well_formed():
                 assert "|" in key
                 assert set(config) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
     json.dumps(tuned)
+
+
+def test_the_pass_times_both_dcmha_tiles_and_records_the_faster():
+    """The DCMHA forward's tiles are chosen on the host (`dcmha.fwd_tiles`): the pass runs
+    the forward with each candidate (here on the interpreter, 2 lengths) and records the
+    faster in total, in the form `fwd_blocks` reads back for that key."""
+    from attnlens.kernels.dcmha import fwd_tiles
+    times = iter([3.0, 1.0, 1.0, 2.5])       # (64, 64), (64, 32) at T 8, then at T 16
+    ran = []
+
+    def timer(fn):
+        ran.append(fn.keywords["tiles"])
+        if len(ran) <= 2:                    # each candidate runs (once: interpreter time)
+            out, lse = fn()
+            assert out.shape == (1, 8, 2, 16) and not lse.isnan().any()
+        return next(times)
+
+    chosen = autotune_pass.tune_dcmha_tiles([8, 16], [16], [torch.float16], heads=2,
+                                                device="cpu", timer=timer)
+    assert ran == [(64, 64), (64, 32)] * 2
+    key = fwd_tiles.fwd_key(2, 16, torch.float16)
+    assert chosen == {fwd_tiles.TUNED_NAME: {key: fwd_tiles.record_of((64, 32))}}
+    assert fwd_tiles.fwd_blocks(2, 16, torch.float16, arch="sm_90",
+                                tuned=chosen[fwd_tiles.TUNED_NAME]) == (64, 32)

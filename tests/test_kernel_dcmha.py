@@ -219,6 +219,67 @@ def test_fp16():
     _check(20, 20, 2, dtype=torch.float16, static=True)
 
 
+def test_forward_tiles_per_architecture_or_as_tuned():
+    """`fwd_tiles.fwd_blocks`: 64 x 64 on sm_90 (spill-free there with the hidden maps
+    apart), 64 x 32 elsewhere; an autotuning record for the launch's key wins when it names
+    a candidate; the interpreter takes sm_90's. Maps apart from 64 keys."""
+    from attnlens.kernels.dcmha import fwd_tiles
+    bf16 = torch.bfloat16
+    assert fwd_tiles.fwd_blocks(16, 64, bf16, arch="sm_90", tuned={}) == (64, 64)
+    assert fwd_tiles.fwd_blocks(32, 128, bf16, arch="sm_80", tuned={}) == (64, 32)
+    key = fwd_tiles.fwd_key(16, 64, bf16)
+    assert key == "H=16,BLOCK_D=64|torch.bfloat16"
+    slow_wide = {key: fwd_tiles.record_of((64, 32))}
+    assert fwd_tiles.fwd_blocks(16, 64, bf16, arch="sm_90", tuned=slow_wide) == (64, 32)
+    assert fwd_tiles.fwd_blocks(16, 128, bf16, arch="sm_90", tuned=slow_wide) == (64, 64)
+    stale = {key: fwd_tiles.record_of((128, 128))}
+    assert fwd_tiles.fwd_blocks(16, 64, bf16, arch="sm_80", tuned=stale) == (64, 32)
+    assert fwd_tiles.fwd_blocks(16, 64, bf16) == (64, 64)       # the interpreter
+    assert fwd_tiles.maps_apart(64) and not fwd_tiles.maps_apart(32)
+
+
+@pytest.mark.parametrize("arch, launched", [("sm_90", (64, 64, True)),
+                                            ("sm_80", (64, 32, False))])
+def test_each_architectures_tiles_match_the_spec(arch, launched, monkeypatch):
+    """fp16 through the tiles each architecture takes (`fwd_tiles`): 64 x 64 with each
+    phase's hidden maps in head loops of their own (sm_90), 64 x 32 with them fused (sm_80); 72
+    queries: 2 query tiles, key splits, unmasked and masked key tiles."""
+    from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
+    monkeypatch.setattr(fwd_tiles, "INTERPRETER_ARCH", arch)
+    seen = []
+
+    class Launch:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.append((meta["BLOCK_M"], meta["BLOCK_N"], meta["MAPS_APART"]))
+                return self.kernel[grid](*args, **meta)
+            return launch
+
+    for name in ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"):
+        monkeypatch.setattr(triton_fwd_tc, name, Launch(getattr(triton_fwd_tc, name)))
+    _check(72, 72, 2, dtype=torch.float16)
+    assert seen == [launched] * 2
+
+
+def test_hidden_maps_apart_are_exact_in_fp32():
+    """Both passes with the hidden maps apart (64 x 64 tiles forced) against the float64
+    spec at fp32's tolerance: 2 query tiles, padding keys, groups of 2."""
+    key_valid = torch.rand(1, 70, generator=torch.Generator().manual_seed(4)) > 0.2
+    q, k, v = (to_device(t) for t in _qkv(70, 70, 4, d=16))
+    pre = _to(_weights(1, 70, 70, 4, seed=2, groups=2), torch.float32)
+    post = _to(_weights(1, 70, 70, 4, seed=3, groups=2), torch.float32)
+    out, lse = dcmha_attention(q, k, v, pre, post, scale=0.25,
+                               key_valid=to_device(key_valid), block_m=64, block_n=64)
+    ref_out, ref_lse = dcmha_attention_reference(
+        *(t.double() for t in (q, k, v)), pre.map(torch.Tensor.double),
+        post.map(torch.Tensor.double), 0.25, None, to_device(key_valid))
+    torch.testing.assert_close(out.double(), ref_out, **FP32)
+    torch.testing.assert_close(lse.double(), ref_lse, **FP32)
+
+
 # -- 3. gradients --------------------------------------------------------------------------------
 def check_fused_gradients(q, k, v, pre, post, scale, window, key_valid, block_m=None,
                           block_n=None):

@@ -33,3 +33,15 @@ def test_key_padding_or_a_window_masks_every_tile():
     for kw in (dict(HAS_KVALID=True), dict(WINDOW=1000), dict(IEEE=True)):
         trips = MODELS["dcmha_tc_out_kernel"](_env(**kw), (2, 2, 1))
         assert trips["n0"] == [0.0, 1.5], kw
+
+
+def test_with_the_maps_apart_the_head_loops_over_n_are_four_and_two():
+    """MAPS_APART (64 x 64 tiles, `fwd_tiles`): the scores' loop, the pre maps' loop,
+    the probabilities' loop and the post maps' loop (`n`) per tile loop of the out kernel,
+    the scores' and the pre maps' loops in the lse kernel. 64-key tiles: query tile
+    0 sees 1 (masked, split 0), tile 1 sees 2 (one per split: unmasked, masked), so over the
+    4 programs 0.25 unmasked and 0.5 masked on average."""
+    trips = MODELS["dcmha_tc_out_kernel"](dcmha_trip_env(64, MAPS_APART=True), (2, 2, 1))
+    assert trips == {"n0": [0.25, 0.5], "n": [16] * 8, "m": [16] * 2}
+    lse = MODELS["dcmha_tc_lse_kernel"](dcmha_trip_env(64, MAPS_APART=True, HB=16), (2, 2, 1))
+    assert lse == {"n0": [0.25, 0.5], "n": [16] * 4, "m": [16] * 2}

@@ -383,9 +383,12 @@ def _dcmha_tc(env, grid):
     value each); every head loop runs H times per key tile, listed one per SASS loop and
     tile loop: `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch)
     and twice in the out kernel (the same, then each head's probabilities with the post
-    hidden maps), `m` (per output head) once in each; d_head chunks are unrolled
-    (`static_range`). The lse kernel is the one with HB."""
-    loops = 1 if "HB" in env else 2
+    hidden maps); with MAPS_APART (each phase's maps in a loop of their own) twice in the
+    lse kernel (the scores, the pre maps) and four times in the out kernel (the scores, the
+    pre maps, the probabilities, the post maps); `m` (per output head) once in each; d_head
+    chunks are unrolled (`static_range`). The lse kernel is the one with HB."""
+    apart = bool(env.get("MAPS_APART"))
+    loops = (1 + apart) if "HB" in env else (4 if apart else 2)
     return {"n0": [_avg(_dcmha_tc_splits(env, grid, True)),
                    _avg(_dcmha_tc_splits(env, grid, False))],
             "n": [env["H"]] * (2 * loops), "m": [env["H"]] * 2}

@@ -28,12 +28,16 @@ them, then per head P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 
 the grid fill the GPU at batch 1 (`split_count`). Each hidden map is a 2-D `[rows, keys]`
 tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile in the
 scratch's layout (`_maps_reread`): both keep layout conversions through shared memory out of
-the head loops (docs/benchmarks.md).
+the head loops (docs/benchmarks.md). On 64 x 64 tiles (sm_90, `fwd_tiles`) each phase's
+hidden maps are instead summed in a head loop of their own over the maps read back from the
+scratch (MAPS_APART: the score loop holds no map, the probabilities' loop 4 instead of 8).
 
 Each head's score dot is formed once per key tile: the head loops after the first read the
 scores (and in pass 2 the probabilities) of every head from a per-program fp32 scratch
-`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KB at 16
-heads, L2-resident) instead of recomputing the dot,
+`[H + CQB + CKB, rows, keys]` (the heads' maps, then the pre hidden maps; 160 KiB at 16
+heads and 64 x 32; on 64 x 64 tiles, sm_90, `[H, rows, keys]`, 256 KiB, with each phase's
+hidden maps summed in a head loop of their own, MAPS_APART, `fwd_tiles`; meant to stay
+L2-resident) instead of recomputing the dot,
 which reloaded the head's `[rows, d_head]` query tile and converted both operands' layouts
 (2 dots per head and tile in pass 1 and 3 in pass 2 before; 23% of the forward's warp
 instructions at d_head 64, docs/benchmarks.md).
@@ -55,26 +59,28 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.dcmha.fwd_tiles import fwd_blocks, maps_apart
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
 # used (`function`): up to 4 hidden maps `[rows, keys]` per side and phase (`_add_maps`).
 MAX_CHANNELS = 4
-# 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of each pass: the largest
-# key tiles that compile spill-free for sm_80 / sm_90 at 16 and 32 heads, d_head 64 and 128
-# (`python -m attnlens.kernels.compile_check --ops dcmha --options "H32 official"`). The out
-# pass's probability loop holds the pre and post maps together (8 maps of 64 x 32, 208-212
-# registers on sm_90, up to 255 on sm_80, 0 B spilled); wider out tiles would halve the P v
-# atomics per key but spill.
+# 8 warps, no pipelining, up to 255 registers; (BLOCK_M, BLOCK_N) of both passes for bf16 /
+# fp16 chosen per architecture (`fwd_tiles.fwd_blocks`): the largest key tiles that compile
+# spill-free at 16 and 32 heads, d_head 64 and 128 (`python -m attnlens.kernels.compile_check
+# --ops dcmha --options "H32 official"`): on sm_90 64 x 64 with each phase's hidden maps in
+# head loops of their own (MAPS_APART), elsewhere 64 x 32 with the maps fused (the out pass's
+# probability loop holds the pre and post maps together, 8 maps of 64 x 32: up to 255
+# registers on sm_80, 0 B spilled).
 TC_LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 # fp32 (exact IEEE dots, twice the operand registers) takes 32-row tiles.
-LSE_BLOCKS = (64, 32)
-OUT_BLOCKS = (64, 32)
 FP32_BLOCKS = (32, 16)
 # d_head chunk of the score dots (DCH) and of the P v dots (VCH), capped at d_head: the out pass
 # forms each dot over all of d_head at once (one operand staging and barrier per dot instead of
-# one per 32 columns: 6% fewer warp instructions in the forward at d_head 128); the lse pass
+# one per 32 columns: 6% fewer warp instructions in the forward at d_head 128), and so does the
+# lse pass with MAPS_APART (its score loop holds no map: 12 barriers and 6 MMAs per head and
+# tile -> 4 and 4 at 64 x 64, d_head 64, sm_90; the issue bound -6%); with the maps fused it
 # keeps 32 (at 64 its softmax loop took layouts that cost 4% more), and so does fp32 (IEEE
 # dots, twice the operand registers).
 LSE_DCH, OUT_DCH, OUT_VCH = 32, 128, 128
@@ -338,13 +344,17 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
                    NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                    CQB: tl.constexpr, CKB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+                   BLOCK_D: tl.constexpr, DCH: tl.constexpr, PRE_APART: tl.constexpr):
     """The pre-softmax hidden maps of one tile (`_pre_hidden`) as per-channel maps
     (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
     unused), keeping every head's scores in the scratch, so that the later head loops read
     them instead of recomputing the dot (each recomputation reloads the head's `[rows,
     d_head]` query tile and converts both operands' layouts); returned through the scratch
-    (`_maps_reread`), in the layout the following head loops read."""
+    (`_maps_reread`), in the layout the following head loops read. PRE_APART: the maps
+    summed in a head loop of their own over the scores read back from the scratch, after a
+    barrier (already in that layout: no re-read, no slots for it; the score loop holds no
+    map: 207 registers instead of 242 in the out pass at 64 x 64, d_head 64, sm_90, and 1%
+    fewer instructions; in the lse pass at 64 x 32 it cost 1% more)."""
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
     for n in range(0, H):
@@ -353,11 +363,22 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, 1.0,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), s)
-        q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB, True,
-                                   0)
-        if HAS_K:
-            k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK, CKB,
-                                       False, swk_r)
+        if not PRE_APART:
+            q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB,
+                                       True, 0)
+            if HAS_K:
+                k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK,
+                                           CKB, False, swk_r)
+    if PRE_APART:
+        tl.debug_barrier()         # the scratch is read by other threads
+        for n in range(0, H):
+            s = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
+            q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB,
+                                       True, 0)
+            if HAS_K:
+                k0, k1, k2, k3 = _add_maps(s, k0, k1, k2, k3, WK + n * swk_h, 0, cols, NK,
+                                           CKB, False, swk_r)
+        return q0, q1, q2, q3, k0, k1, k2, k3
     return _maps_reread(SCR, H, q0, q1, q2, q3, k0, k1, k2, k3, HAS_K, CQB, CKB, BLOCK_M,
                         BLOCK_N)
 
@@ -409,10 +430,11 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
               MASKED: tl.constexpr, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
               IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, NQ: tl.constexpr,
               NK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+              BLOCK_D: tl.constexpr, DCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 1's key tile n0: every head's running row (max, sum) from the state buffer of
     tile (n0 - start) / BLOCK_N into the other (`dcmha_tc_lse_kernel`). MASKED: the tile
-    needs the causal / window / padding mask (`_unmasked_end`)."""
+    needs the causal / window / padding mask (`_unmasked_end`). MAPS_APART: the pre hidden
+    maps in a head loop of their own (`_pre_maps_kept`'s PRE_APART)."""
     old = ST + ((n0 - start) // BLOCK_N % 2) * (2 * H * BLOCK_M)     # this tile's buffers
     new = ST + ((n0 - start) // BLOCK_N + 1) % 2 * (2 * H * BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -421,7 +443,7 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-        BLOCK_N, BLOCK_D, DCH)
+        BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     for m in range(0, H):
         s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
@@ -452,19 +474,20 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr):
+                        DCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
     units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
     H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
-    maps (`_pre_maps_kept`, `_maps_reread`). STATE fp32 `[programs, 2, H, rows, 2]`: every
-    head's running row (max, sum), double-buffered (key tile i reads buffer i % 2 and writes
-    the other, so that no thread reads a value another thread of the same row already
-    updated); a row's pair is stored and loaded as one `[rows, 2]` tensor (`tl.join`,
-    `tl.split`): one layout conversion per head and key tile for the store instead of two.
-    WQ, WK: the packed weights (`_pack`; the key side transposed, `_wfac`)."""
+    maps (`_pre_maps_kept`, `_maps_reread`; with MAPS_APART `[programs, H, rows, keys]`, no
+    re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every head's running row (max, sum),
+    double-buffered (key tile i reads buffer i % 2 and writes the other, so that no thread
+    reads a value another thread of the same row already updated); a row's pair is stored
+    and loaded as one `[rows, 2]` tensor (`tl.join`, `tl.split`): one layout conversion per
+    head and key tile for the store instead of two. WQ, WK: the packed weights (`_pack`;
+    the key side transposed, `_wfac`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
-                        BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
+                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
     ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
@@ -482,12 +505,12 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     for n0 in range(mid, end, BLOCK_N):
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
@@ -503,9 +526,13 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
               HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
               CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
-              VCH: tl.constexpr):
+              VCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
-    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`)."""
+    MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`).
+    MAPS_APART: each phase's hidden maps in a head loop of their own over the maps read back
+    from the scratch (`_pre_maps_kept`), so that the score loop holds none and the
+    probabilities' loop 4 instead of 8 (what lets 64 x 64 tiles compile spill-free on sm_90,
+    `out_blocks`), and the scratch holds H maps, no pre maps re-read."""
     RQ2: tl.constexpr = 2 * CQB + 1          # the post phase's first row in the packs
     RK2: tl.constexpr = 2 * CKB + 1
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -515,7 +542,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-        BLOCK_D, DCH)
+        BLOCK_D, DCH, MAPS_APART)
     # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
     a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
@@ -524,17 +551,26 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
                            k1, k2, k3, WQ + n * swq_h, WK + n * swk_h, CQB, CKB, rows,
                            cols, NQ, NK, HAS_K, CQB, CKB, swk_r, scale)
         a = _exp_lse2(x, L2 + n * T_P, ok, MASKED)
-        a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ, CQB2,
-                                   True, 0)
-        if HAS_K:
-            b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
-                                       CKB, False, swk_r)
+        if not MAPS_APART:
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
+                                       CQB2, True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
         # A_n replaces head n's scores once every thread has read them (one map per
         # head: 128 KB per program at 16 heads, so that 132 resident programs' scratch
         # stays in L2).
         tl.debug_barrier()
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
     tl.debug_barrier()             # the scratch is read by other threads
+    if MAPS_APART:                 # the post hidden maps from every head's A, read back
+        for n in range(0, H):
+            a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
+            a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
+                                       CQB2, True, 0)
+            if HAS_K:
+                b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
+                                           CKB, False, swk_r)
     for m in range(0, H):                          # each head's pattern times its values
         a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
@@ -559,14 +595,14 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, VCH: tl.constexpr):
+                        DCH: tl.constexpr, VCH: tl.constexpr, MAPS_APART: tl.constexpr):
     """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
     z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
     tile's scores of every head, each head's score dot formed once per key tile, then in
     their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
     b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H + CQB + CKB, BLOCK_M,
-                        BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
+                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     # The row lse (log2 units) and O are padded to T_P, whole query tiles: unmasked loads
@@ -580,12 +616,12 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
     for n0 in range(mid, end, BLOCK_N):
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -620,9 +656,10 @@ def _pack(parts: list, t_pad: int) -> torch.Tensor:
 
 def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
     """Elements of a pass's per-program scratch `[programs, maps, BLOCK_M, BLOCK_N]` fp32,
-    maps = H + CQB + CKB (n_heads here): 160 KB per program at 16 heads and the official
-    Compose (64 x 32), 52 MB over the 320 programs at T = 4096, 21 MB over 132 resident ones
-    (L2 holds 50 MB); it grows with the programs (query tiles x key splits), so O(T)."""
+    maps = H + CQB + CKB, or H in an out pass with MAPS_APART (n_heads here): 160 KB per
+    program at 16 heads and the official Compose (64 x 32), 52 MB over the 320 programs at
+    T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); on 64 x 64 tiles (sm_90, H maps)
+    256 KiB, 80 MiB, 33 MiB. It grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
@@ -632,10 +669,14 @@ def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
 
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
-                 key_valid=None, block_m: int | None = None, block_n: int | None = None):
+                 key_valid=None, block_m: int | None = None, block_n: int | None = None,
+                 tiles: tuple[int, int] | None = None):
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
     `pre`, `post`: `channel_weights` tuples (key-wise three None when query-wise only);
-    block_m / block_n override both passes' LSE_BLOCKS / OUT_BLOCKS."""
+    block_m / block_n override both passes' tiles; tiles: both passes' (BLOCK_M, BLOCK_N) of a
+    16-bit launch, else `fwd_tiles.fwd_blocks` (per architecture, or what the autotuning pass
+    measured); fp32 takes FP32_BLOCKS. A pass's hidden maps go apart on tiles of 64 keys or
+    more (`fwd_tiles.maps_apart`)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -664,11 +705,12 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     fp32 = q.dtype == torch.float32
-    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else LSE_BLOCKS)
-    out_grid, out_blocks = grid(FP32_BLOCKS if fp32 else OUT_BLOCKS)
+    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype))
+    out_grid, out_blocks = lse_grid, lse_blocks
+    apart = maps_apart(lse_blocks["BLOCK_N"])
     # One scratch for both passes.
-    scratch = torch.empty(max(_scratch_numel(lse_grid, lse_blocks, H + cqb + ckb),
-                              _scratch_numel(out_grid, out_blocks, H + cqb + ckb)), **f32)
+    scratch = torch.empty(_scratch_numel(lse_grid, lse_blocks,
+                                         H if apart else H + cqb + ckb), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
@@ -693,7 +735,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     dcmha_tc_lse_kernel[(n_m, ns, B)](
         q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
         *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), DCH=min(LSE_DCH, D), **common, **blocks)
+        HB=next_pow2(H, minimum=1), DCH=min(OUT_DCH if apart and not fp32 else LSE_DCH, D),
+        MAPS_APART=apart, **common, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)
@@ -710,10 +753,11 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
         q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
         kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
         scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
-        VCH=min(32 if fp32 else OUT_VCH, D), **common, **blocks)
+        VCH=min(32 if fp32 else OUT_VCH, D), MAPS_APART=apart,
+        **common, **blocks)
     out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 
 
-__all__ = ["FP32_BLOCKS", "LSE_BLOCKS", "MAX_CHANNELS", "OUT_BLOCKS", "channel_weights",
+__all__ = ["FP32_BLOCKS", "MAX_CHANNELS", "channel_weights",
            "dcmha_tc_fwd", "dcmha_tc_lse_kernel", "dcmha_tc_out_kernel", "split_count"]

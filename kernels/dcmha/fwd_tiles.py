@@ -1,0 +1,91 @@
+"""The DCMHA tensor-core forward's tiles (`triton_fwd_tc`, both passes, 16-bit inputs), chosen
+on the host per GPU architecture, or by the autotuning pass's measurement where it made one.
+
+Wider key tiles halve the out pass's P v atomics per key, give the P v dot 64 keys of inner
+dimension and halve the head loops' fixed costs per key, but hold twice the registers per
+map. On 64 x 64 tiles each phase's hidden maps are summed in a head loop of their own over the
+maps read back from the scratch (MAPS_APART in the out pass, PRE_APART in the lse pass,
+`maps_apart`): the score loops hold no hidden map, the probabilities' loop the 4 pre maps
+instead of the pre and post maps together (8), and the scratch needs no slots for the pre
+maps' re-read. sm_90 compiles both passes spill-free so at 16 and 32 heads, d_head 64 and 128
+(197-228 registers), where sm_80 spilled 144 B in the out pass at d_head 128 with the post
+maps apart (`python -m attnlens.kernels.compile_check --ops dcmha`, docs/benchmarks.md). So
+sm_90 takes 64 x 64 and every other architecture 64 x 32 (maps fused), fp32 its own 32 x 16.
+
+Whether 64 x 64 is faster on a real sm_90 (its per-program scratch is 256 KiB where 64 x 32
+has 160 KiB, docs/benchmarks.md) is settled by measurement: `python -m
+attnlens.kernels.autotune_pass` times the forward with each of FWD_CANDIDATES and records the
+faster under TUNED_NAME in `kernels/tuned_configs.json`, which `fwd_blocks` then takes for
+that architecture, head count, head size and dtype, with no code change.
+"""
+
+from __future__ import annotations
+
+from attnlens.kernels import _triton
+
+FWD_CANDIDATES = ((64, 64), (64, 32))    # (BLOCK_M, BLOCK_N) the autotuning pass times
+ARCH_FWD_BLOCKS = {"sm_90": (64, 64)}    # where both passes compile spill-free at 64 x 64
+DEFAULT_FWD_BLOCKS = (64, 32)
+INTERPRETER_ARCH = "sm_90"               # the interpreter (tests) runs sm_90's choice
+TUNED_NAME = "dcmha_tc_fwd"              # the tuned file's entry (both passes' kernels)
+FWD_LAUNCH = dict(num_warps=8, num_stages=1)   # `triton_fwd_tc.TC_LAUNCH`, for the record
+
+_TUNED: dict = {}
+
+
+def maps_apart(block_n: int) -> bool:
+    """Whether a pass on key tiles of block_n sums its hidden maps in head loops of their
+    own: from 64 keys (fused, the out pass spilled 24-32 B on sm_90 at 64 x 64); at 64 x 32
+    apart cost 1-3% more instructions (docs/benchmarks.md)."""
+    return block_n >= 64
+
+
+def fwd_key(heads: int, block_d: int, dtype) -> str:
+    """The tuned file's key of a forward launch (`_triton.tuning_key`'s form)."""
+    return f"H={heads},BLOCK_D={block_d}|{dtype}"
+
+
+def _tuned_entries() -> tuple[str, dict]:
+    """`(arch, {key: config})` of the current device: its architecture and the autotuning
+    pass's records for this forward. `_triton.gpu_arch` is read through its module (the
+    compile check's capture replaces it there to record each architecture's launch); the
+    answer is kept per `gpu_arch` function (a driver query and a file read otherwise)."""
+    arch_of = _triton.gpu_arch
+    known = _TUNED.get(arch_of)
+    if known is None:
+        try:
+            arch = arch_of()
+        except (AssertionError, RuntimeError):   # no CUDA device
+            arch = ""
+        known = (arch, _triton.load_tuned().get(arch, {}).get(TUNED_NAME, {}))
+        _TUNED[arch_of] = known
+    return known
+
+
+def fwd_blocks(heads: int, block_d: int, dtype, arch: str | None = None,
+               tuned: dict | None = None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of both passes of a 16-bit forward: the tuned file's record for
+    this launch when it names one of FWD_CANDIDATES, else ARCH_FWD_BLOCKS of the architecture
+    (the current device's, INTERPRETER_ARCH under the interpreter) or DEFAULT_FWD_BLOCKS.
+    arch / tuned: given, they replace the device's (tests)."""
+    if arch is None:
+        if _triton.interpreting():
+            arch, tuned = INTERPRETER_ARCH, tuned or {}
+        else:
+            arch, found = _tuned_entries()
+            tuned = found if tuned is None else tuned
+    record = (tuned or {}).get(fwd_key(heads, block_d, dtype))
+    if record is not None:
+        blocks = (record["BLOCK_M"], record["BLOCK_N"])
+        if blocks in FWD_CANDIDATES:
+            return blocks
+    return ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
+
+
+def record_of(blocks: tuple[int, int]) -> dict:
+    """The tuned file's entry for forward blocks (the form `LazyAutotune` records)."""
+    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], **FWD_LAUNCH}
+
+
+__all__ = ["ARCH_FWD_BLOCKS", "DEFAULT_FWD_BLOCKS", "FWD_CANDIDATES", "TUNED_NAME", "fwd_blocks",
+           "fwd_key", "maps_apart", "record_of"]

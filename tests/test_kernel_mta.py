@@ -192,6 +192,43 @@ def test_folded_keys_and_toeplitz_taps_match_the_convolution():
     assert not toep[H:].any()                                # padded heads are zero
 
 
+def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
+    """Host time per call (issue 58, T 1k): with the three kernel launches stubbed, one
+    forward at 6 x 11 makes fewer than 60 aten calls (46; the folded keys as c_q x c_k torch
+    multiply-adds made 593, about 140 of them kernel launches) and launches the folded keys
+    once (`fold_keys_kernel`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta.function import mta_attention
+
+    launched = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(self.name)
+
+    for name in ("fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"):
+        monkeypatch.setattr(triton_fwd, name, Stub(name))
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(64, 64, 4, 16, 1)
+    params = _params(4, **OFFICIAL)
+    with torch.no_grad(), Count():
+        mta_attention(q, k, v, *params)
+    assert launched == ["fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"]
+    assert Count.calls < 60, Count.calls
+
+
 def test_queries_aligned_to_the_last_keys():
     _check(5, 21, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1))
 

@@ -70,8 +70,8 @@ def test_every_launched_program_starts_with_the_shared_prologue():
     # Every op's forward and backward programs (Infini launches flash_attention's; CoPE's
     # backward is two since issue 57: query tiles, and the clamped pairs' dK / dV; DCMHA's
     # tensor-core forward two more since issue 58: its lse and output passes; and its
-    # tensor-core backward two: delta and gradients).
-    assert len(programs) == 20, programs
+    # tensor-core backward two: delta and gradients; MTA's folded keys one, issue 58).
+    assert len(programs) == 21, programs
 
 
 # -- the helpers against plain torch (interpreter, or compiled on a GPU) --------------------

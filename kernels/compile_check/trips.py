@@ -344,6 +344,12 @@ def _cope_bwd_dkdv(env, grid):
     return {"start_m": _avg(trips)}
 
 
+def _mta_fold(env, grid):
+    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each summing the key taps
+    `kb` (CK)."""
+    return {"a": env["CQ"], "kb": env["CK"]}
+
+
 def _mta(env, grid):
     """The MTA forward's two kernels: the out pass has windows (AR), the lse pass tiles."""
     return (_mta_out if "AR" in env else _mta_lse)(env, grid)
@@ -425,7 +431,7 @@ def _dcmha_tc_bwd(env, grid):
 MODELS = {"attn_fwd_kernel": _flash_fwd, "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
           "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
-          "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
+          "mta_lse_kernel": _mta, "mta_out_kernel": _mta, "fold_keys_kernel": _mta_fold,
           "mta_bwd_delta_kernel": _mta_bwd_delta, "mta_bwd_post_kernel": _mta_bwd_post,
           "mta_bwd_pre_kernel": _mta_bwd_pre,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,

@@ -44,7 +44,7 @@ import torch
 
 from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_window, table_tile
+from attnlens.kernels._prologue import head_tile, heads_window, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
@@ -637,23 +637,55 @@ def out_split_cap(B: int, T_Q: int, T_K: int, H: int, D: int, hb: int, ar: int, 
     return most if most >= 1 else None
 
 
+# Rows of keys per program of `fold_keys_kernel` (grid `(cdiv(T_K, FOLD_ROWS), batch * H)`).
+FOLD_ROWS = 64
+
+
+@triton.jit
+def fold_keys_kernel(K, KT, KVALID, TH, sk_b, sk_t, sk_h, sk_d, skv_b, H, T_K, D, CQ, CK, LEFT,
+                     HAS_KVALID: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`fold_keys` for BLOCK keys of one (batch, head) (`head_tile`): per row tap a, the fp32
+    sum over key taps kb of `th[h, a, kb] * k0[j - LEFT + kb]` (k0: k, 0 outside the keys and
+    at padding keys), stored in KT `[batch H CQ T_K D]` (KT's dtype). The CK shifted reads of
+    the tile hit L1 / L2: k is read from HBM about once, kt written once."""
+    pid, pid_bh, b, h, offs, offs_d, valid, d_valid, mask = head_tile(T_K, H, D, BLOCK, BLOCK_D)
+    k_base = K + b.to(tl.int64) * sk_b + h * sk_h
+    out = KT + pid_bh.to(tl.int64) * CQ * T_K * D + offs[:, None] * D + offs_d[None, :]
+    for a in range(0, CQ):
+        acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        for kb in range(0, CK):
+            keys = offs - LEFT + kb
+            ok = (keys >= 0) & (keys < T_K)
+            if HAS_KVALID:
+                ok = ok & (tl.load(KVALID + b * skv_b + keys, mask=ok, other=0) != 0)
+            x = tl.load(k_base + keys[:, None] * sk_t + offs_d[None, :] * sk_d,
+                        mask=ok[:, None] & d_valid[None, :], other=0.0)
+            acc += tl.load(TH + (h * CQ + a) * CK + kb) * x.to(tl.float32)
+        tl.store(out + a * (T_K * D), acc.to(KT.dtype.element_ty), mask=mask)
+
+
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
     """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
     pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
     zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32
-    one tap row at a time; O(T c_q d_head) memory (c_q times k's), computed once per call."""
+    (`fold_keys_kernel`, one launch); O(T c_q d_head) memory (c_q times k's), computed once
+    per call. Before, c_q x c_k torch multiply-adds over fp32 `[B H T_K D]` tensors: about
+    140 kernel launches and 600 aten calls per forward (T 1k, 6 x 11), and at 4k, d 128
+    about 10 GB of elementwise traffic."""
     B, T_K, H, D = k.shape
     CQ, CK = pre_kernel.shape[1:]
-    k0 = k.float()
-    if key_valid is not None:
-        k0 = k0 * key_valid[:, :, None, None].to(k0.dtype)
-    kp = torch.nn.functional.pad(k0.permute(0, 2, 1, 3), (0, 0, left, CK - 1 - left))
     kt = torch.empty(B, H, CQ, T_K, D, device=k.device, dtype=k.dtype)
-    for a in range(CQ):                          # one fp32 [B H T_K D] sum at a time
-        acc = torch.zeros(B, H, T_K, D, device=k.device, dtype=torch.float32)
-        for b in range(CK):                      # kp[.., j + b] is k0[j - left + b]
-            acc += pre_kernel[None, :, a, b, None, None] * kp[:, :, b:b + T_K]
-        kt[:, :, a] = acc
+    if T_K == 0:
+        return kt
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=k.device)
+    if kv.dtype != torch.int8:
+        kv = kv.to(torch.int8)
+    kv = kv.contiguous()
+    th = pre_kernel.to(torch.float32).contiguous()
+    fold_keys_kernel[(triton.cdiv(T_K, FOLD_ROWS), B * H)](
+        k, kt, kv, th, *k.stride(), kv.stride(0), H, T_K, D, CQ, CK, left,
+        HAS_KVALID=key_valid is not None, BLOCK=FOLD_ROWS, BLOCK_D=next_pow2(D), num_warps=4)
     return kt
 
 
@@ -738,6 +770,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
 
 
 __all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
-           "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks", "mta_fwd",
+           "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
+           "mta_fwd",
            "mta_lse_kernel", "mta_out_kernel", "out_programs", "out_split_cap", "out_windows",
            "post_toeplitz", "split_windows", "stage_call"]

@@ -192,16 +192,17 @@ def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
 
 
 def _mta_lse(env, grid):
-    """MTA lse pass: key tiles `n0` of BLOCK_N (causal, a split's share), heads `n`, then per
-    head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
+    """MTA lse pass (`mta_lse_kernel`, persistent): per program its key tiles (`it`,
+    `_mta_out_windows` with row tiles of BLOCK_M and key tiles of BLOCK_N), heads `n`, then
+    per head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
     factored ones (`a`), in source order; their `a` trips are CQ times the share of windows
     taking each branch (`_mta_tap_shares`: so the products count the work); then the staged
     scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(8, BLOCK_N))."""
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
-    progs = _mta_split_windows(env, grid, bm, bn)
-    windows = [(m0, bm, n0, bn) for m0, steps in progs for n0 in steps]
+    progs = _mta_out_windows(dict(env, N_W=env.get("N_T")), grid, bm, bn)
+    windows = [(m0, bm, n0, bn) for prog in progs for m0, n0 in prog]
     shares = _mta_tap_shares(env, windows)
-    return {"n0": _avg(len(steps) for _, steps in progs), "n": env["H"],
+    return {"it": _avg(len(p) for p in progs), "n": env["H"],
             "a": [env["CQ"] * f for f in shares], "b": env["CK"],
             "c0": bn // env.get("KC", min(8, bn))}
 

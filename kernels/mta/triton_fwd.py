@@ -36,7 +36,6 @@ over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empt
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -44,9 +43,8 @@ import torch
 
 from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
-from attnlens.kernels._prologue import head_tile, heads_window, table_tile
+from attnlens.kernels._prologue import head_tile, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 from attnlens.kernels.mta.out_plan import out_plan, persistent_splits, plan_table
 
@@ -183,29 +181,30 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS,
+                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS, KW,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SCH: tl.constexpr, KC: tl.constexpr):
-    """Pass 1, grid `(N_T * NS, batch)` (`N_T = cdiv(T_Q, BLOCK_M)` row tiles, NS key splits,
-    `key_splits`): the row lse of L for every head over split s's key tiles s, s + NS, ...,
-    the last rows (most key tiles) first; `LSE [batch NS H T_Q]` holds each split's lse (the
-    caller sums the splits, `logsumexp`).
+    """Pass 1, a persistent grid `(programs, batch)` (`out_plan` with row tiles for row
+    windows: about one program per SM): the row lse of L for every head. Program p runs the
+    key tiles of row p of the plan PLAN (`item * KW + key tile index`), its items in turn,
+    longest first; item i is row tile `N_T - 1 - i % N_T` (`N_T = cdiv(T_Q, BLOCK_M)`) and key
+    split `i // N_T` of NS (`persistent_splits`), whose key tiles are s, s + NS, ...; at an
+    item's last key tile the program stores the item's lse in `LSE [batch NS H T_Q]` (each
+    split its slice; the caller fills it with -inf first, for items without key tiles, and
+    sums the splits, `logsumexp`) and starts the next item's online logsumexp.
 
     Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
     tiles are 64 x 64 at 16 heads: each head's convolved scores (`_conv_scores`, tensor cores)
-    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2), then KC keys at a
-    time the pre-softmax mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`,
-    zero-padded; HB >= 16) with the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32
-    products as `_logits_tc`'s head-by-head sum, in another order), Mask_-inf, and the online
-    logsumexp. q and the folded keys are read once per 64 x 64 tile and head (twice per 32 x 32
-    before: half the bytes per logit), and W no longer per head and thread."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_T - 1 - pid % N_T) * BLOCK_M      # row tile, the longest (last) rows first,
-    split = pid // N_T                        # and which NS-th of its key tiles
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2; one per program,
+    not per item: 132 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
+    mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
+    the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `_logits_tc`'s
+    head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
+    folded keys are read once per 64 x 64 tile and head, and W once per program."""
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     offs_r = tl.arange(0, BLOCK_M)
     offs_c = tl.arange(0, BLOCK_N)
     offs_kc = tl.arange(0, KC)
@@ -217,8 +216,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
     wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(split * BLOCK_N, n_end, NS * BLOCK_N):
+    for it in range(tl.load(row), tl.load(row + 1)):
+        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
         for n in range(0, H):                 # phase 1: each head's convolved scores
             conv = _conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
                                 kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
@@ -227,6 +226,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
             tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
                      + offs_c[None, :], conv)
         tl.debug_barrier()
+        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)  # (_plan_window)
+        offs_m = m0 + offs_r
         for c0 in range(0, BLOCK_N, KC):      # phase 2: mixing dot, mask, online logsumexp
             s = tl.load(stage + offs_h[:, None, None] * (BLOCK_M * BLOCK_N)
                         + offs_r[None, :, None] * BLOCK_N + (c0 + offs_kc)[None, None, :],
@@ -241,11 +242,14 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
                                                             2)
             m_i = m_new
         tl.debug_barrier()                    # the stage is rewritten next tile
-    empty = l_i == 0.0
-    lse = tl.where(empty, float("-inf"),
-                   (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(LSE + ((b * NS + split) * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse,
-             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+        if n0 + NS * BLOCK_N >= tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M):   # item's last tile
+            empty = l_i == 0.0
+            lse = tl.where(empty, float("-inf"),
+                           (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+            tl.store(LSE + ((b * NS + split) * H + offs_h[:, None]) * T_Q + offs_m[None, :],
+                     lse, mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+            m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
 
 
 @triton.jit(noinline=True)
@@ -543,33 +547,11 @@ def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
     return out
 
 
-@functools.lru_cache(maxsize=256)
-def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, batch: int,
-                    n_sm: int, cap: int | None = None) -> int:
-    """The forward's key splits (NS) of a pass: the fewest whose modeled finish time
-    (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
-    1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
-    (`key_splits`, the backward's rule) can leave a last wave nearly empty (T 4096, lse pass:
-    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x). Where some NS in that
-    range launches at least one program per SM, only those count: at T 1024 the lse pass's
-    64 x 64 tiles make 136 key windows, NS 8 and 9 finish alike in whole windows, and NS 8's
-    128 programs left 4 SMs idle (the model treats every window alike; the diagonal's do not
-    cost the same). `cap`: at most that many. The lse pass's; the persistent out pass's are
-    `persistent_splits`."""
-    most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
-               max(1, math.ceil(T_K / step)), cap or T_K)
-    candidates = [ns for ns in range(1, most + 1) if n_rows * ns * batch >= n_sm]
-    candidates = candidates or list(range(1, most + 1))
-    times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
-             for ns in candidates]
-    return next(ns for ns, t in zip(candidates, times, strict=True) if t <= 1.05 * min(times))
-
-
 class ForwardGrids(NamedTuple):
     """The forward's launch plan: the lse pass's tiles (BLOCK_M x BLOCK_N), row tiles `n_t` and
     key splits `ns_lse`; the out pass's windows (AR x AC at HB heads), row windows `n_w` and
-    key splits `ns_out`. Programs per launch: `n_t * ns_lse` per batch element (lse), about
-    one per SM for the persistent out pass (`out_plan`: its `n_w * ns_out` items)."""
+    key splits `ns_out`. Both passes are persistent, about one program per SM (`out_plan`):
+    `n_t * ns_lse` and `n_w * ns_out` items per batch element."""
 
     block_m: int
     block_n: int
@@ -587,9 +569,9 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
                   splits: tuple[int, int] | None = None, block_d: int = 64,
                   fp32: bool = False) -> ForwardGrids:
     """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `fwd_out_windows` (at least
-    16 heads: the mixing dots), key splits `balanced_splits` (lse) and `persistent_splits`
-    (out: at most `out_split_cap`, unless that leaves fewer items than SMs) unless `splits`
-    (lse, out) is given."""
+    16 heads: the mixing dots), key splits `persistent_splits` (both passes are persistent;
+    the out pass's at most `out_split_cap`, unless that leaves fewer items than SMs) unless
+    `splits` (lse, out) is given."""
     hb = next_pow2(H, minimum=1)
     lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
@@ -600,7 +582,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm))
     if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
-    ns1, ns2 = splits or (balanced_splits(n_t, lm, ln, T_K, off, B, n_sm),
+    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, n_sm),
                           persistent_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
                                             cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
@@ -735,17 +717,21 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
                                                             block_m, block_n, splits, BD, fp32)
     # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
+    # Persistent too (`out_plan` over row tiles): rows of items without key tiles stay -inf.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
-    stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)
+    lse_s.fill_(float("-inf"))
+    plan1_args = (B, n_t, lm, ln, T_K, T_K - T_Q, ns1, _triton.sm_count(q.device))
+    plan1 = out_plan(*plan1_args)
+    stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = torch.zeros(hb2, hb2, **f32)
     wt[:H, :H] = pre_mix.t()
-    mta_lse_kernel[(n_t * ns1, B)](
-        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, n_t, ns1, BLOCK_M=lm, BLOCK_N=ln,
-        KC=min(8, ln), **(common | dict(HB=hb2)))
+    mta_lse_kernel[(plan1.programs, B)](
+        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, plan_table(*plan1_args, q.device),
+        *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
-    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stages
+    del stage1, lse_s          # free for pass 2's z and stages
     # Pass 2, persistent: per 64 x 64 window, staged scores -> probabilities -> Conv_post ->
     # Mix_post -> z; about one program per SM, each its own stages (`out_plan`).
     plan_args = (B, n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, T_K - T_Q, ns2,
@@ -769,7 +755,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
+__all__ = ["LAUNCH", "ForwardGrids", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "mta_fwd",
            "mta_lse_kernel", "mta_out_kernel", "out_programs", "out_split_cap", "out_windows",

@@ -194,7 +194,7 @@ def test_folded_keys_and_toeplitz_taps_match_the_convolution():
 
 def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
     """Host time per call (issue 58, T 1k): with the three kernel launches stubbed, one
-    forward at 6 x 11 makes fewer than 60 aten calls (46; the folded keys as c_q x c_k torch
+    forward at 6 x 11 makes fewer than 60 aten calls (47; the folded keys as c_q x c_k torch
     multiply-adds made 593, about 140 of them kernel launches) and launches the folded keys
     once (`fold_keys_kernel`)."""
     from torch.utils._python_dispatch import TorchDispatchMode

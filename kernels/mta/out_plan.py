@@ -1,4 +1,8 @@
-"""The MTA forward out pass's persistent launch plan: which work items each program runs.
+"""The MTA forward's persistent launch plans: which work items each program runs.
+
+Both forward passes use it: the out pass over row windows (below) and the lse pass over row
+tiles (`triton_fwd.mta_lse_kernel`: rows = BLOCK_M, step = BLOCK_N; an item's lse partial is
+stored at its last key tile).
 
 The out pass (`triton_fwd.mta_out_kernel`) runs on a persistent grid: about one program per
 SM (255 registers x 256 threads: one resident program per SM), each looping over work items.

@@ -192,6 +192,43 @@ def test_folded_keys_and_toeplitz_taps_match_the_convolution():
     assert not toep[H:].any()                                # padded heads are zero
 
 
+def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
+    """Host time per call (issue 58, T 1k): with the three kernel launches stubbed, one
+    forward at 6 x 11 makes fewer than 60 aten calls (47; the folded keys as c_q x c_k torch
+    multiply-adds made 593, about 140 of them kernel launches) and launches the folded keys
+    once (`fold_keys_kernel`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta.function import mta_attention
+
+    launched = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(self.name)
+
+    for name in ("fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"):
+        monkeypatch.setattr(triton_fwd, name, Stub(name))
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(64, 64, 4, 16, 1)
+    params = _params(4, **OFFICIAL)
+    with torch.no_grad(), Count():
+        mta_attention(q, k, v, *params)
+    assert launched == ["fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"]
+    assert Count.calls < 60, Count.calls
+
+
 def test_queries_aligned_to_the_last_keys():
     _check(5, 21, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1))
 
@@ -216,15 +253,19 @@ def test_fp16_windows_inside_the_sequence_take_unmasked_factored_taps():
            block_m=16, block_n=16)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_key_splits_combine_exactly(monkeypatch, splits):
+@pytest.mark.parametrize("splits, n_sm", [(1, 132), (3, 2)])
+def test_key_splits_combine_exactly(monkeypatch, splits, n_sm):
     """Both passes with every row window's keys split over `splits` programs (split s takes
     key windows s, s + NS, ...; partial lse by logsumexp, partial z summed in fp32) and
     without a split: T 61 at 6 x 11 gives 2 lse tiles of 32 keys and 2 out row windows of 2
     key windows (54 keys), so NS 3 leaves some splits with no key window (their lse is -inf,
-    their z 0)."""
+    their z 0). The out pass is persistent (`out_plan`): with 132 SMs each of its 2 items
+    gets a program; with 2, NS 3's 4 items (2 row windows, both splits) share 2 programs,
+    each program's stages reused by its items."""
+    from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
 
+    monkeypatch.setattr(_triton, "sm_count", lambda device: n_sm)
     used = []
     grids = triton_fwd.forward_grids
 
@@ -296,28 +337,60 @@ def test_out_windows_are_64_by_64_from_2k_rows_at_every_head_count():
 
 
 def test_forward_grids_fill_the_sms_at_batch_1():
-    """The benchmark's shapes (16 heads, 6 x 11): both passes launch >= 132 programs (2 SMs'
-    worth at 4k) and the modeled finish time of their causal key windows stays within 1.3x
-    of an even share of 132 SMs (one program per SM: 32 / 38 programs at 1k finished at 8x /
-    6.7x, 128 / 152 at 4k at 2.1x / 1.9x without the split)."""
+    """The benchmark's shapes (16 heads, 6 x 11): both passes are persistent, 132 programs
+    with >= 132 items (row tile or window, key split), and their plans finish within 5% of
+    an even share of 132 SMs (launched as grids of items, in launch order, they finished at
+    1.21x (lse) and 1.25x / 1.39x (out, d 64 / 128) at 4k, 1.25x (lse) at 1k; one program per
+    row tile, 32 at 1k, at 8x)."""
     from attnlens.kernels.flash_attention.schedule import makespan
+    from attnlens.kernels.mta.out_plan import out_plan
     from attnlens.kernels.mta.triton_fwd import forward_grids, split_windows
 
     for T in (1024, 4096):
-        g = forward_grids(1, T, T, 16, 6, 11, "cpu")
-        for n, rows, step, ns in ((g.n_t, g.block_m, g.block_n, g.ns_lse),
-                                  (g.n_w, g.ar - 5, g.ac - 10, g.ns_out)):
-            work = split_windows(n, rows, step, T, 0, ns)
-            assert len(work) >= 132 and sum(work) == sum(split_windows(n, rows, step, T, 0, 1))
-            assert makespan(work, 132) <= 1.3 * sum(work) / 132, (T, rows, ns)
+        for d in (64, 128):
+            g = forward_grids(1, T, T, 16, 6, 11, "cpu", block_d=d)
+            for n, rows, step, ns in ((g.n_t, g.block_m, g.block_n, g.ns_lse),
+                                      (g.n_w, g.ar - 5, g.ac - 10, g.ns_out)):
+                plan = out_plan(1, n, rows, step, T, 0, ns, 132)
+                assert plan.programs == 132 and sum(map(len, plan.items)) >= 132, (T, d)
+                assert sum(plan.windows) == sum(split_windows(n, rows, step, T, 0, 1))
+                assert plan.finish_over_even <= 1.05, (T, d, rows, plan.finish_over_even)
     unsplit = split_windows(32, 32, 32, 1024, 0, 1)
     assert makespan(unsplit, 132) == 32 and sum(unsplit) == 528
 
 
+def test_out_plan_runs_every_key_window_once_longest_items_first():
+    """`out_plan`: each item (row window, key split) with key windows goes to one program,
+    each program's items longest first, the table lists every item's key windows (`item * KW
+    + index`) once, in order; items without key windows are left out; a batch of 2 halves
+    the programs per batch element."""
+    from attnlens.kernels.mta.out_plan import item_windows, out_plan
+
+    n_w, rows, step, T, ns = 70, 59, 54, 4096, 4
+    plan = out_plan(1, n_w, rows, step, T, 0, ns, 132)
+    windows = item_windows(n_w, rows, step, T, 0, ns)
+    items = [i for its in plan.items for i in its]
+    assert sorted(items) == [i for i, w in enumerate(windows) if w > 0]
+    for its in plan.items:
+        assert [windows[i] for i in its] == sorted((windows[i] for i in its), reverse=True)
+    table = plan.table().tolist()
+    assert len(table) == 2 * 132 + sum(windows)
+    got = [divmod(e, plan.kw) for p in range(132) for e in table[table[2 * p]:table[2 * p + 1]]]
+    want = [(i, n0 // step) for its in plan.items for i in its
+            for n0 in range((i // n_w) * step, min(T, (n_w - 1 - i % n_w) * rows + rows),
+                            ns * step)]
+    assert got == want
+    loads = [sum(windows[i] for i in its) for its in plan.items]
+    assert max(loads) / (sum(loads) / 132) == plan.finish_over_even <= 1.01
+    assert out_plan(2, n_w, rows, step, T, 0, ns, 132).programs == 66
+    # T 61, NS 3: of 6 items the third split's 2 have no key window
+    assert out_plan(1, 2, 59, 54, 61, 0, 3, 132).programs == 4
+
+
 def test_forward_grids_launch_a_program_per_sm_at_512_rows():
-    """`balanced_splits` counts only the splits that launch >= 132 programs where there are
-    such: at T 512 (16 lse row tiles of 32) NS 8 and 9 finish alike in whole key windows, and
-    the fewest (8: 128 programs) left 4 SMs idle; now NS 9, 144 programs."""
+    """`persistent_splits` counts only the splits whose plans have >= 132 items (one per
+    program) where there are such: at T 512 (16 lse row tiles of 32) NS 8 and 9 finish alike
+    in whole key windows, and the fewest (8: 128 programs) left 4 SMs idle."""
     from attnlens.kernels.mta.triton_fwd import forward_grids
 
     g = forward_grids(1, 512, 512, 16, 6, 11, "cpu")
@@ -344,20 +417,27 @@ def test_lse_tiles_are_64_by_64_from_2k_rows_at_every_head_count():
 
 
 def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():
-    """`out_split_cap`: the out pass's 64 x 64 stages (512 KiB per program) and fp32 z
-    partials (one per key split) grow with its splits; at 4k, 16 heads, d 128 the finish-time
-    choice (NS 6) held 562 MiB, over a tenth of the torch path's 4,148 MiB, so NS 3 there
-    (d 64 keeps 6); short sequences are not capped."""
-    from attnlens.kernels.mta.triton_fwd import forward_grids
+    """`out_split_cap`: the persistent out pass's stages are 512 KiB per program at 64 x 64
+    windows, 132 programs (66 MiB) whatever the splits, and each key split adds an fp32 z
+    partial; at 4k, 16 heads the cap is 5 splits at d 128 (stages per item, as before the
+    persistent grid, capped it at 3) and 16 at d 64, so the finish-time choice (NS 4) runs
+    at both and stays under a tenth of the torch path's 4,148 MiB; short sequences are not
+    capped."""
+    from attnlens.kernels.mta.triton_fwd import forward_grids, out_split_cap
 
     MiB = 2 ** 20
-    for d, ns in ((64, 6), (128, 3)):
+    stages = 132 * 16 * 64 * 64 * 8
+    for d, cap in ((64, 16), (128, 5)):
+        assert out_split_cap(1, 4096, 4096, 16, d, 16, 64, 64, 132) == cap
         g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", block_d=d)
-        assert g.ns_out == ns, d
+        assert g.ns_out == 4, d
         inputs = 16 * d * 2 * (2 * 4096 + 8 * 4096)           # q, out, k, v, folded keys
-        per_split = g.n_w * 16 * 64 * 64 * 8 + 4096 * 16 * d * 4
-        assert inputs + ns * per_split <= 4148 * MiB / 10 < inputs + 6 * per_split or d == 64
-    assert forward_grids(1, 1024, 1024, 16, 6, 11, "cpu", block_d=128).ns_out == 12
+        z = 4096 * 16 * d * 4
+        assert inputs + stages + cap * z <= 4148 * MiB / 10 < inputs + stages + (cap + 1) * z
+    # stages per item (70 row windows x NS programs), the launch before: 3 at d 128
+    inputs, z = 16 * 128 * 2 * (10 * 4096), 4096 * 16 * 128 * 4
+    assert inputs + 3 * (70 * 16 * 64 * 64 * 8 + z) <= 4148 * MiB / 10
+    assert forward_grids(1, 1024, 1024, 16, 6, 11, "cpu", block_d=128).ns_out == 7
 
 
 def test_trip_models_count_the_forward_key_splits():
@@ -365,20 +445,37 @@ def test_trip_models_count_the_forward_key_splits():
     them: T 61, lse tiles of 32 x 32 (2 row tiles; 1 and 2 key tiles) and out windows of 59
     rows x 54 keys (64 x 64 windows), with 1 and 2 splits."""
     from attnlens.kernels.compile_check.trips import MODELS
+    from attnlens.kernels.mta.out_plan import out_plan
 
     env = dict(BLOCK_M=32, BLOCK_N=32, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=16, CQ=6, CK=11,
                LEFT=5)
-    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))["n0"] == 1.5
-    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2), (4, 1))["n0"] == 0.75
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))["it"] == 1.5
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2), (4, 1))["it"] == 0.75
+    # persistent: the 3 key tiles on 2 programs (rows 32-60's 2 tiles on one), or on 1
+    lse_plan = out_plan(1, 2, 32, 32, 61, 0, 1, 132)
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1, KW=lse_plan.kw,
+                                         PLAN=lse_plan.table()), (2, 1))["it"] == 1.5
+    lse_plan = out_plan(1, 2, 32, 32, 61, 0, 2, 1)
+    assert MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=2, KW=lse_plan.kw,
+                                         PLAN=lse_plan.table()), (1, 1))["it"] == 3
     out = dict(env, AR=64, AC=64, KC=4, DCH=16, CQ2=6, CK2=11, LEFT2=5)
-    # rows 0 and 59 sweep 2 key windows each (keys from 0 and 54)
-    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1), (2, 1))["n0"] == 2
-    # split 0 takes key window 0, split 1 window 1: one per program
-    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=2), (4, 1))["n0"] == 1
-    # phase 1 inlined: its head loop first; as a function (after the kernel) it carries w
-    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1), (2, 1))["n"] == [2, 2, 2]
-    assert MODELS["mta_out_kernel"](dict(out, N_W=2, NS=1, STAGE_CALL=True),
-                                    (2, 1))["n"] == [2, 2, 4]
+    model = MODELS["mta_out_kernel"]
+
+    def planned(ns, n_sm):
+        plan = out_plan(1, 2, 59, 54, 61, 0, ns, n_sm)
+        return dict(out, N_W=2, NS=ns, KW=plan.kw, PLAN=plan.table()), (plan.programs, 1)
+
+    # persistent: rows 0 and 59 sweep 2 key windows each (keys from 0 and 54), one program
+    # per item, or all 4 windows in one program
+    assert model(*planned(1, 132))["it"] == 2
+    assert model(*planned(1, 1))["it"] == 4
+    # split 0 takes key window 0, split 1 window 1: 4 items, 2 programs of 2 windows
+    assert model(*planned(2, 2))["it"] == 2
+    # phase 1 inlined: its head loop first; as a function (after the kernel) it carries the
+    # windows per program
+    assert model(*planned(1, 132))["n"] == [2, 2, 2]
+    env2, grid = planned(1, 1)
+    assert model(dict(env2, STAGE_CALL=True), grid)["n"] == [2, 2, 8]
 
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [

@@ -71,8 +71,8 @@ def test_every_launched_program_starts_with_the_shared_prologue():
     # backward is two since issue 57: query tiles, and the clamped pairs' dK / dV; DCMHA's
     # tensor-core forward two more since issue 58: its lse and output passes; and its
     # tensor-core backward two: delta and gradients; flash's TMA forward one more since
-    # 2026-12-05, `triton_fwd_tma.attn_fwd_tma_kernel`).
-    assert len(programs) == 21, programs
+    # 2026-12-05, `triton_fwd_tma.attn_fwd_tma_kernel`; MTA's folded keys one, issue 58).
+    assert len(programs) == 22, programs
 
 
 # -- the helpers against plain torch (interpreter, or compiled on a GPU) --------------------

@@ -199,36 +199,51 @@ def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
 
 
 def _mta_lse(env, grid):
-    """MTA lse pass: key tiles `n0` of BLOCK_N (causal, a split's share), heads `n`, then per
-    head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
+    """MTA lse pass (`mta_lse_kernel`, persistent): per program its key tiles (`it`,
+    `_mta_out_windows` with row tiles of BLOCK_M and key tiles of BLOCK_N), heads `n`, then
+    per head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
     factored ones (`a`), in source order; their `a` trips are CQ times the share of windows
     taking each branch (`_mta_tap_shares`: so the products count the work); then the staged
     scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(8, BLOCK_N))."""
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
-    progs = _mta_split_windows(env, grid, bm, bn)
-    windows = [(m0, bm, n0, bn) for m0, steps in progs for n0 in steps]
+    progs = _mta_out_windows(dict(env, N_W=env.get("N_T")), grid, bm, bn)
+    windows = [(m0, bm, n0, bn) for prog in progs for m0, n0 in prog]
     shares = _mta_tap_shares(env, windows)
-    return {"n0": _avg(len(steps) for _, steps in progs), "n": env["H"],
+    return {"it": _avg(len(p) for p in progs), "n": env["H"],
             "a": [env["CQ"] * f for f in shares], "b": env["CK"],
             "c0": bn // env.get("KC", min(8, bn))}
 
 
+def _mta_out_windows(env, grid, rows, step):
+    """The persistent out pass's work (`mta/out_plan.py`): per program (grid axis 0), the key
+    windows of its row of the plan PLAN (int32: `[start, end)` per program, then windows
+    `item * KW + key window index`), each as `(m0, n0)` (item i: row window
+    `N_W - 1 - i % N_W`, rows from that times `rows`; keys from the index times `step`).
+    Without a plan, the key windows of `_mta_split_windows`' programs."""
+    if env.get("PLAN") is None:
+        return [[(m0, n0) for n0 in steps] for m0, steps in
+                _mta_split_windows(env, grid, rows, step)]
+    plan, n_w, kw = env["PLAN"].tolist(), env["N_W"], env["KW"]
+    return [[((n_w - 1 - (e // kw) % n_w) * rows, (e % kw) * step)
+             for e in plan[plan[2 * p]:plan[2 * p + 1]]] for p in range(grid[0])]
+
+
 def _mta_out(env, grid):
-    """MTA out pass (`mta_out_kernel`): windows of AR x AC with outputs AR - CQ2 + 1 rows, keys
-    stepping by AC - CK2 + 1 (`n0`, a split's share). Per window: phase 1, each head's
-    (`n`) direct / inside / masked taps (`a`, `b`); the two mixing phases' key chunks `c0`
-    (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot each),
-    then per head the d_head chunks `d0` of z. With STAGE_CALL phase 1 is its own SASS
-    function after the kernel's code: its head loop carries the windows per program `w`."""
+    """MTA out pass (`mta_out_kernel`, persistent): per program its key windows (`it`,
+    `_mta_out_windows`) of AR x AC with outputs AR - CQ2 + 1 rows. Per window: phase 1, each
+    head's (`n`) direct / inside / masked taps (`a`, `b`); the two mixing phases' key chunks
+    `c0` (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot
+    each), then per head the d_head chunks `d0` of z. With STAGE_CALL phase 1 is its own SASS
+    function after the kernel's code: its head loop carries the windows per program."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
-    progs = _mta_split_windows(env, grid, bme, bne)
+    progs = _mta_out_windows(env, grid, bme, bne)
     windows = [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac)
-               for m0, steps in progs for n0 in steps]
+               for prog in progs for m0, n0 in prog]
     shares = _mta_tap_shares(env, windows)
-    w, h, c = _avg(len(steps) for _, steps in progs), env["H"], ac // env["KC"]
+    w, h, c = _avg(len(p) for p in progs), env["H"], ac // env["KC"]
     pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
-    out = {"n0": w, "c0": [c, c], "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
+    out = {"it": w, "c0": [c, c], "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
     if env.get("STAGE_CALL"):
         return out | {"n": [h, h, h * w], "a": post + pre}
     return out | {"n": [h, h, h], "a": pre + post}
@@ -337,6 +352,12 @@ def _cope_bwd_dkdv(env, grid):
     return {"start_m": _avg(trips)}
 
 
+def _mta_fold(env, grid):
+    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each summing the key taps
+    `kb` (CK)."""
+    return {"a": env["CQ"], "kb": env["CK"]}
+
+
 def _mta(env, grid):
     """The MTA forward's two kernels: the out pass has windows (AR), the lse pass tiles."""
     return (_mta_out if "AR" in env else _mta_lse)(env, grid)
@@ -422,7 +443,7 @@ MODELS = {"attn_fwd_kernel": _flash_fwd, "attn_fwd_tma_kernel": _flash_fwd_tma,
           "_bwd_dq": _flash_dq, "_bwd_dkdv": _flash_dkdv,
           "cope_fwd_kernel": _cope_fwd, "cope_bwd_kernel": _cope_bwd,
           "cope_bwd_dkdv_kernel": _cope_bwd_dkdv,
-          "mta_lse_kernel": _mta, "mta_out_kernel": _mta,
+          "mta_lse_kernel": _mta, "mta_out_kernel": _mta, "fold_keys_kernel": _mta_fold,
           "mta_bwd_delta_kernel": _mta_bwd_delta, "mta_bwd_post_kernel": _mta_bwd_post,
           "mta_bwd_pre_kernel": _mta_bwd_pre,
           "dcmha_lse_kernel": _dcmha, "dcmha_out_kernel": _dcmha,

@@ -36,7 +36,6 @@ over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empt
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -44,10 +43,10 @@ import torch
 
 from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import dot_rows, score_chunk
-from attnlens.kernels._prologue import heads_window
+from attnlens.kernels._prologue import head_tile, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
+from attnlens.kernels.mta.out_plan import out_plan, persistent_splits, plan_table
 
 # A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
 # under the interpreter but is a NameError for the real compiler).
@@ -182,29 +181,30 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
-                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS,
+                   H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS, KW,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SCH: tl.constexpr, KC: tl.constexpr):
-    """Pass 1, grid `(N_T * NS, batch)` (`N_T = cdiv(T_Q, BLOCK_M)` row tiles, NS key splits,
-    `key_splits`): the row lse of L for every head over split s's key tiles s, s + NS, ...,
-    the last rows (most key tiles) first; `LSE [batch NS H T_Q]` holds each split's lse (the
-    caller sums the splits, `logsumexp`).
+    """Pass 1, a persistent grid `(programs, batch)` (`out_plan` with row tiles for row
+    windows: about one program per SM): the row lse of L for every head. Program p runs the
+    key tiles of row p of the plan PLAN (`item * KW + key tile index`), its items in turn,
+    longest first; item i is row tile `N_T - 1 - i % N_T` (`N_T = cdiv(T_Q, BLOCK_M)`) and key
+    split `i // N_T` of NS (`persistent_splits`), whose key tiles are s, s + NS, ...; at an
+    item's last key tile the program stores the item's lse in `LSE [batch NS H T_Q]` (each
+    split its slice; the caller fills it with -inf first, for items without key tiles, and
+    sums the splits, `logsumexp`) and starts the next item's online logsumexp.
 
     Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
     tiles are 64 x 64 at 16 heads: each head's convolved scores (`_conv_scores`, tensor cores)
-    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2), then KC keys at a
-    time the pre-softmax mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`,
-    zero-padded; HB >= 16) with the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32
-    products as `_logits_tc`'s head-by-head sum, in another order), Mask_-inf, and the online
-    logsumexp. q and the folded keys are read once per 64 x 64 tile and head (twice per 32 x 32
-    before: half the bytes per logit), and W no longer per head and thread."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_T - 1 - pid % N_T) * BLOCK_M      # row tile, the longest (last) rows first,
-    split = pid // N_T                        # and which NS-th of its key tiles
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2; one per program,
+    not per item: 132 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
+    mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
+    the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `_logits_tc`'s
+    head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
+    folded keys are read once per 64 x 64 tile and head, and W once per program."""
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     offs_r = tl.arange(0, BLOCK_M)
     offs_c = tl.arange(0, BLOCK_N)
     offs_kc = tl.arange(0, KC)
@@ -216,8 +216,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
     wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M)
-    for n0 in range(split * BLOCK_N, n_end, NS * BLOCK_N):
+    for it in range(tl.load(row), tl.load(row + 1)):
+        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
         for n in range(0, H):                 # phase 1: each head's convolved scores
             conv = _conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
                                 kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
@@ -226,6 +226,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
             tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
                      + offs_c[None, :], conv)
         tl.debug_barrier()
+        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)  # (_plan_window)
+        offs_m = m0 + offs_r
         for c0 in range(0, BLOCK_N, KC):      # phase 2: mixing dot, mask, online logsumexp
             s = tl.load(stage + offs_h[:, None, None] * (BLOCK_M * BLOCK_N)
                         + offs_r[None, :, None] * BLOCK_N + (c0 + offs_kc)[None, None, :],
@@ -240,11 +242,14 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT,
                                                             2)
             m_i = m_new
         tl.debug_barrier()                    # the stage is rewritten next tile
-    empty = l_i == 0.0
-    lse = tl.where(empty, float("-inf"),
-                   (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(LSE + ((b * NS + split) * H + offs_h[:, None]) * T_Q + offs_m[None, :], lse,
-             mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+        if n0 + NS * BLOCK_N >= tl.minimum(T_K, Q_OFFSET + m0 + BLOCK_M):   # item's last tile
+            empty = l_i == 0.0
+            lse = tl.where(empty, float("-inf"),
+                           (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+            tl.store(LSE + ((b * NS + split) * H + offs_h[:, None]) * T_Q + offs_m[None, :],
+                     lse, mask=h_valid[:, None] & (offs_m < T_Q)[None, :])
+            m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
 
 
 @triton.jit(noinline=True)
@@ -283,20 +288,37 @@ def _chunk_offsets(HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, KC: tl.
 
 
 @triton.jit
-def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2T,
+def _plan_window(entry, KW, N_W, BMe, BNe):
+    """`(m0, n0, split)` of the out pass's key window at `entry` of its plan (`out_plan`:
+    `item * KW + key window index`; item i is row window `N_W - 1 - i % N_W`, split
+    `i // N_W`): its first owned row and key, and its key split. Loaded again in each phase
+    that needs them rather than kept: a loaded value lives in ordinary registers (the grid
+    index it replaced was uniform), and kept across the window's phases the 64 x 64 kernel
+    spilled 16 / 24 B at d 64 / 128 on sm_90."""
+    win = tl.load(entry)
+    item = win // KW
+    return (N_W - 1 - item % N_W) * BMe, (win % KW) * BNe, item // N_W
+
+
+@triton.jit
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2T, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                    skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
-                   N_W, NS, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                   N_W, NS, KW, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                    AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
                    STAGE_CALL: tl.constexpr):
-    """Pass 2, grid `(N_W * NS, batch)` (`N_W = cdiv(T_Q, AR - CQ2 + 1)` row windows, NS key
-    splits, `balanced_splits`): z = Mix_post(Mask_0(Conv_post(A))) v.
+    """Pass 2, a persistent grid `(programs, batch)` (`out_plan`: about one program per SM):
+    z = Mix_post(Mask_0(Conv_post(A))) v.
 
-    A program works on windows of AR rows x AC keys (64 x 64, `fwd_out_windows`) and owns the
-    outputs whose post-softmax halo lies inside the window: its first `AR - CQ2 + 1` rows and
-    `AC - CK2 + 1` keys. Row window w's query rows start at `w * (AR - CQ2 + 1)`, the last
-    windows (most keys) first; split s takes key windows s, s + NS, ... Five phases per window,
+    Program p runs the key windows of row p of the plan PLAN (int32: `[start, end)` per
+    program, then the windows, each `item * KW + key window index`), its items in turn,
+    longest first. Item i is row window `N_W - 1 - i % N_W` (`N_W = cdiv(T_Q, AR - CQ2 + 1)`
+    row windows) and key split `i // N_W` of NS (`persistent_splits`); split s takes key
+    windows s, s + NS, ..., all in one program, in order. A window is AR rows x AC
+    keys (64 x 64, `fwd_out_windows`) and owns the outputs whose post-softmax halo lies inside
+    it: its first `AR - CQ2 + 1` rows and `AC - CK2 + 1` keys. The stages belong to the
+    program (`[programs * batch]` slots), not to the item. Five phases per window,
     each on one head's `[AR, AC]` map or on KC keys of all heads, so no `[heads, rows, keys]`
     tensor lives in registers and W is read once per program, not per head and window:
 
@@ -317,10 +339,8 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
 
     The stages are written by one thread and read by others (the phases' layouts differ, and
     phase 3 reads rows shifted by its taps), so a `tl.debug_barrier` closes every phase."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     BMe = AR - CQ2 + 1
-    m0 = (N_W - 1 - pid % N_W) * BMe          # row window, the longest (last) rows first,
-    split = pid // N_W                        # and which NS-th of its key windows
     BNe = AC - CK2 + 1
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
@@ -332,13 +352,12 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
     p_st = STAGE2 + prog.to(tl.int64) * (2 * HB * AR * AC)
     c_st = p_st + HB * AR * AC
     kv_ptr = KVALID + b * skv_b
-    row0 = m0 - (CQ2 - 1)                     # the window's first row (its halo)
-    a_rows = row0 + offs_ar
-    a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
-    m_own = (offs_ar < BMe) & (m0 + offs_ar < T_Q)
-    z_base = Z + ((b * NS + split).to(tl.int64) * T_Q + m0) * H * D
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + BMe)
-    for n0 in range(split * BNe, n_end, NS * BNe):
+    # The program's key windows, its items' in turn, longest item first (`out_plan`). Each
+    # window ends with a barrier (below), so its phase-5 reads of P are ordered before the
+    # next window's phase-1 writes of STAGE1 and phase-2 writes of P, whichever item it is.
+    for it in range(tl.load(row), tl.load(row + 1)):
+        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
+        row0 = m0 - (CQ2 - 1)                 # the window's first row (its halo)
         col0 = n0 - LEFT2                     # the window's first key (its halo)
         if STAGE_CALL:                        # 1: each head's convolved scores
             _stage_scores_call(Q, K, KT, s1, kv_ptr, TH, b * sq_b, b * sk_b, kt_base, sq_t,
@@ -350,13 +369,17 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
                           sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
                           CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
         tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
+        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)      # (see _plan_window)
+        a_rows = m0 - (CQ2 - 1) + offs_ar
+        a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
         for c0 in range(0, AC, KC):           # 2: mixing dot, Mask_-inf, probabilities
             hk = _chunk_offsets(HB, AR, AC, KC) + c0
             s = tl.load(s1 + hk, mask=h_valid[:, None, None], other=0.0)
             wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])      # (1 KB, L1)
             x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, AR * KC]), input_precision="ieee"),
                            [HB, AR, KC])
-            ok = _allowed(a_rows, col0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID)
+            ok = _allowed(a_rows, n0 - LEFT2 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr,
+                          HAS_KVALID)
             # Read per chunk (not kept across the key loop: 4 registers a thread at 16 heads).
             # Rows outside the sequence and empty rows (lse -inf) get +inf: probabilities 0.
             lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
@@ -376,6 +399,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
             tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],
                      conv.to(STAGE2.dtype.element_ty))
         tl.debug_barrier()                    # C written per head, read per key chunk; P read
+        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
         for c0 in range(0, AC, KC):           # 4: Mix_post, one dot per key chunk -> P
             hk = _chunk_offsets(HB, AR, AC, KC) + c0
             # (padded heads' C is never written: read as 0)
@@ -389,6 +413,9 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
                           HAS_KVALID)
             tl.store(p_st + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))
         tl.debug_barrier()                    # the pattern written per key chunk, read per head
+        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
+        m_own = (offs_ar < BMe) & (m0 + offs_ar < T_Q)
+        z_base = Z + ((b * NS + split).to(tl.int64) * T_Q + m0) * H * D
         offs_n = n0 + offs_ac                 # output keys (first BNe valid)
         n_ok = (offs_ac < BNe) & (offs_n < T_K)
         for n in range(0, H):                 # 5: z += pattern v, head by head
@@ -520,31 +547,11 @@ def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
     return out
 
 
-@functools.lru_cache(maxsize=256)
-def balanced_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int, batch: int,
-                    n_sm: int, cap: int | None = None) -> int:
-    """The forward's key splits (NS) of a pass: the fewest whose modeled finish time
-    (`makespan` of `split_windows`, batch copies in a row) is within 5% of the least among
-    1 .. `2 * key_splits` (more splits, more fp32 partial outputs to sum). Two programs per SM
-    (`key_splits`, the backward's rule) can leave a last wave nearly empty (T 4096, lse pass:
-    NS 3 finishes at 1.34x the even share of the SMs, NS 2 at 1.02x). Where some NS in that
-    range launches at least one program per SM, only those count: at T 1024 the lse pass's
-    64 x 64 tiles make 136 key windows, NS 8 and 9 finish alike in whole windows, and NS 8's
-    128 programs left 4 SMs idle (the model treats every window alike; the diagonal's do not
-    cost the same). `cap`: at most that many (`out_split_cap`: memory)."""
-    most = min(2 * max(1, math.ceil(2 * n_sm / max(n_rows * batch, 1))),
-               max(1, math.ceil(T_K / step)), cap or T_K)
-    candidates = [ns for ns in range(1, most + 1) if n_rows * ns * batch >= n_sm]
-    candidates = candidates or list(range(1, most + 1))
-    times = [makespan(split_windows(n_rows, rows, step, T_K, q_offset, ns) * batch, n_sm)
-             for ns in candidates]
-    return next(ns for ns, t in zip(candidates, times, strict=True) if t <= 1.05 * min(times))
-
-
 class ForwardGrids(NamedTuple):
     """The forward's launch plan: the lse pass's tiles (BLOCK_M x BLOCK_N), row tiles `n_t` and
     key splits `ns_lse`; the out pass's windows (AR x AC at HB heads), row windows `n_w` and
-    key splits `ns_out`. Programs per launch: `n_t * ns_lse` and `n_w * ns_out` per batch."""
+    key splits `ns_out`. Both passes are persistent, about one program per SM (`out_plan`):
+    `n_t * ns_lse` and `n_w * ns_out` items per batch element."""
 
     block_m: int
     block_n: int
@@ -562,9 +569,9 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
                   splits: tuple[int, int] | None = None, block_d: int = 64,
                   fp32: bool = False) -> ForwardGrids:
     """`ForwardGrids` of `mta_fwd`: tiles `lse_blocks`, windows `fwd_out_windows` (at least
-    16 heads: the mixing dots), key splits `balanced_splits` (the out pass's at most
-    `out_split_cap`, unless that launches fewer programs than SMs) unless `splits` (lse, out)
-    is given."""
+    16 heads: the mixing dots), key splits `persistent_splits` (both passes are persistent;
+    the out pass's at most `out_split_cap`, unless that leaves fewer items than SMs) unless
+    `splits` (lse, out) is given."""
     hb = next_pow2(H, minimum=1)
     lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
     n_t = math.ceil(T_Q / lm)
@@ -572,13 +579,20 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     ar, ac = fwd_out_windows(cq2, ck2, T_Q, fp32)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
     n_sm, off = _triton.sm_count(device), T_K - T_Q
-    cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, n_w)
-    if cap is not None:                  # never fewer programs than SMs (T 2k, d 64: cap 2)
+    cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm))
+    if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
-    ns1, ns2 = splits or (balanced_splits(n_t, lm, ln, T_K, off, B, n_sm),
-                          balanced_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
-                                          cap))
+    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, n_sm),
+                          persistent_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
+                                            cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
+
+
+def out_programs(B: int, n_sm: int) -> int:
+    """The most programs of the persistent out pass, all batch elements together (its plan
+    launches at most one per item): one per SM (`LAUNCH`: 255 registers x 256 threads, one
+    resident program per SM), batch elements alike."""
+    return max(1, B) * math.ceil(n_sm / max(1, B))
 
 
 # Issue 58's memory target: the fused path's peak <= 1/10 of the torch path's, which holds
@@ -588,38 +602,72 @@ PEAK_SHARE = 0.1
 
 
 def out_split_cap(B: int, T_Q: int, T_K: int, H: int, D: int, hb: int, ar: int, ac: int,
-                  n_w: int, cq: int = 6, itemsize: int = 2) -> int | None:
+                  programs: int, cq: int = 6, itemsize: int = 2) -> int | None:
     """The most key splits of the out pass that keep the forward's peak under PEAK_SHARE of
-    the torch path's: q, k, v, out and the folded keys (c_q times k) plus, per split, the
-    programs' stages (`n_w x [hb, ar, ac]` fp32 and twice that in the input dtype) and an fp32
-    z partial `[B, T_Q, H, D]`. 4k, 16 heads, d 128: 160 MiB + 67 MiB per split against
-    410 MiB, so 3 (the finish-time choice, 6, needed 562 MiB); d 64: 6. None (no cap) where
-    not even one split fits (short sequences: at T 1024 the folded keys alone are 24 of the
-    26 MiB)."""
+    the torch path's: q, k, v, out and the folded keys (c_q times k), the persistent
+    programs' stages (`programs x [hb, ar, ac]` fp32 and twice that in the input dtype:
+    fixed, whatever T and the splits; `out_plan`) plus, per split, an fp32 z partial
+    `[B, T_Q, H, D]`. 4k, 16 heads: stages 66 MiB at 132 programs; d 128: 160 MiB + 66 MiB +
+    32 MiB per split against 410 MiB, so 5 (before, with stages per item, 67 MiB per split:
+    3); d 64: 80 + 66 + 16 per split, 16. None (no cap) where not even one split fits (short
+    sequences: at T 1024 the folded keys alone are 24 of the 26 MiB)."""
     budget = PEAK_SHARE * TORCH_PEAK_BYTES_PER_LOGIT * B * T_Q * T_K * H
-    fixed = B * H * D * itemsize * (2 * T_Q + (2 + cq) * T_K)
-    per_split = B * n_w * hb * ar * ac * (4 + 2 * itemsize) + B * T_Q * H * D * 4
+    fixed = (B * H * D * itemsize * (2 * T_Q + (2 + cq) * T_K)
+             + programs * hb * ar * ac * (4 + 2 * itemsize))
+    per_split = B * T_Q * H * D * 4
     most = int((budget - fixed) // per_split)
     return most if most >= 1 else None
+
+
+# Rows of keys per program of `fold_keys_kernel` (grid `(cdiv(T_K, FOLD_ROWS), batch * H)`).
+FOLD_ROWS = 64
+
+
+@triton.jit
+def fold_keys_kernel(K, KT, KVALID, TH, sk_b, sk_t, sk_h, sk_d, skv_b, H, T_K, D, CQ, CK, LEFT,
+                     HAS_KVALID: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`fold_keys` for BLOCK keys of one (batch, head) (`head_tile`): per row tap a, the fp32
+    sum over key taps kb of `th[h, a, kb] * k0[j - LEFT + kb]` (k0: k, 0 outside the keys and
+    at padding keys), stored in KT `[batch H CQ T_K D]` (KT's dtype). The CK shifted reads of
+    the tile hit L1 / L2: k is read from HBM about once, kt written once."""
+    pid, pid_bh, b, h, offs, offs_d, valid, d_valid, mask = head_tile(T_K, H, D, BLOCK, BLOCK_D)
+    k_base = K + b.to(tl.int64) * sk_b + h * sk_h
+    out = KT + pid_bh.to(tl.int64) * CQ * T_K * D + offs[:, None] * D + offs_d[None, :]
+    for a in range(0, CQ):
+        acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        for kb in range(0, CK):
+            keys = offs - LEFT + kb
+            ok = (keys >= 0) & (keys < T_K)
+            if HAS_KVALID:
+                ok = ok & (tl.load(KVALID + b * skv_b + keys, mask=ok, other=0) != 0)
+            x = tl.load(k_base + keys[:, None] * sk_t + offs_d[None, :] * sk_d,
+                        mask=ok[:, None] & d_valid[None, :], other=0.0)
+            acc += tl.load(TH + (h * CQ + a) * CK + kb) * x.to(tl.float32)
+        tl.store(out + a * (T_K * D), acc.to(KT.dtype.element_ty), mask=mask)
 
 
 def fold_keys(k, pre_kernel, left: int, key_valid=None):
     """The folded keys `kt [batch H c_q T_K d_head]` (k's dtype, contiguous) of the factored
     pre-softmax convolution: `kt[b, h, a, j] = sum_b' th[h, a, b'] k0[b, j - left + b', h]`,
     zero outside the keys, with k0 = k Mask_0'd at padding keys (`key_valid`). Summed in fp32
-    one tap row at a time; O(T c_q d_head) memory (c_q times k's), computed once per call."""
+    (`fold_keys_kernel`, one launch); O(T c_q d_head) memory (c_q times k's), computed once
+    per call. Before, c_q x c_k torch multiply-adds over fp32 `[B H T_K D]` tensors: about
+    140 kernel launches and 600 aten calls per forward (T 1k, 6 x 11), and at 4k, d 128
+    about 10 GB of elementwise traffic."""
     B, T_K, H, D = k.shape
     CQ, CK = pre_kernel.shape[1:]
-    k0 = k.float()
-    if key_valid is not None:
-        k0 = k0 * key_valid[:, :, None, None].to(k0.dtype)
-    kp = torch.nn.functional.pad(k0.permute(0, 2, 1, 3), (0, 0, left, CK - 1 - left))
     kt = torch.empty(B, H, CQ, T_K, D, device=k.device, dtype=k.dtype)
-    for a in range(CQ):                          # one fp32 [B H T_K D] sum at a time
-        acc = torch.zeros(B, H, T_K, D, device=k.device, dtype=torch.float32)
-        for b in range(CK):                      # kp[.., j + b] is k0[j - left + b]
-            acc += pre_kernel[None, :, a, b, None, None] * kp[:, :, b:b + T_K]
-        kt[:, :, a] = acc
+    if T_K == 0:
+        return kt
+    kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
+                                                             device=k.device)
+    if kv.dtype != torch.int8:
+        kv = kv.to(torch.int8)
+    kv = kv.contiguous()
+    th = pre_kernel.to(torch.float32).contiguous()
+    fold_keys_kernel[(triton.cdiv(T_K, FOLD_ROWS), B * H)](
+        k, kt, kv, th, *k.stride(), kv.stride(0), H, T_K, D, CQ, CK, left,
+        HAS_KVALID=key_valid is not None, BLOCK=FOLD_ROWS, BLOCK_D=next_pow2(D), num_warps=4)
     return kt
 
 
@@ -646,9 +694,10 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     Kernels: fp32 `[H, c_q, c_k]` contiguous; mixings fp32 `[H, H]` contiguous (identities for
     steps that are off); `left`, `left2`: key padding on the left of each convolution;
     `block_m` / `block_n` set the lse pass's tiles (the out pass sizes its windows itself,
-    `out_windows`); `splits` the key splits (NS) of the (lse, out) passes (default
-    `key_splits`: the grids fill the SMs at batch 1). Each split's partial lse and z are
-    combined in fp32 here (logsumexp; a sum)."""
+    `fwd_out_windows`); `splits` the key splits (NS) of the (lse, out) passes (default
+    `forward_grids`: the lse grid fills the SMs at batch 1; the out pass is persistent, one
+    program per SM running its `out_plan`). Each split's partial lse and z are combined in
+    fp32 here (logsumexp; a sum in split order)."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     out = torch.empty_like(q)
@@ -668,36 +717,46 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2 = forward_grids(B, T_Q, T_K, H, cq2, ck2, q.device,
                                                             block_m, block_n, splits, BD, fp32)
     # Pass 1: per tile, each head's convolved scores staged (fp32), mixed by one dot.
+    # Persistent too (`out_plan` over row tiles): rows of items without key tiles stay -inf.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
-    stage1 = torch.empty(B * n_t * ns1 * hb2 * lm * ln, **f32)
+    lse_s.fill_(float("-inf"))
+    plan1_args = (B, n_t, lm, ln, T_K, T_K - T_Q, ns1, _triton.sm_count(q.device))
+    plan1 = out_plan(*plan1_args)
+    stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = torch.zeros(hb2, hb2, **f32)
     wt[:H, :H] = pre_mix.t()
-    mta_lse_kernel[(n_t * ns1, B)](
-        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, *q.stride(), *k.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, n_t, ns1, BLOCK_M=lm, BLOCK_N=ln,
-        KC=min(8, ln), **(common | dict(HB=hb2)))
+    mta_lse_kernel[(plan1.programs, B)](
+        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, plan_table(*plan1_args, q.device),
+        *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
-    del stage1, lse_s          # (4k: 144 MiB of fp32 stages) free for pass 2's z and stages
-    # Pass 2: per 64 x 64 window, staged scores -> probabilities -> Conv_post -> Mix_post -> z.
-    progs2 = B * n_w * ns2
+    del stage1, lse_s          # free for pass 2's z and stages
+    # Pass 2, persistent: per 64 x 64 window, staged scores -> probabilities -> Conv_post ->
+    # Mix_post -> z; about one program per SM, each its own stages (`out_plan`).
+    plan_args = (B, n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, T_K - T_Q, ns2,
+                 _triton.sm_count(q.device))
+    plan = out_plan(*plan_args)
+    progs2 = B * plan.programs
     stage1 = torch.empty(progs2 * hb2 * ar * ac, **f32)
     stage2 = torch.empty(progs2 * 2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
-    mta_out_kernel[(n_w * ns2, B)](
+    mta_out_kernel[(plan.programs, B)](
         q, k, kt, v, z, lse, kv, stage1, stage2, pre_kernel, wt,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
+        plan_table(*plan_args, q.device),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
-        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, AR=ar,
+        H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
         AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(),
         **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
-__all__ = ["LAUNCH", "ForwardGrids", "balanced_splits", "default_blocks", "fold_keys",
-           "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks", "mta_fwd",
-           "mta_lse_kernel", "mta_out_kernel", "out_split_cap", "out_windows", "post_toeplitz",
-           "split_windows", "stage_call"]
+__all__ = ["LAUNCH", "ForwardGrids", "default_blocks", "fold_keys",
+           "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
+           "mta_fwd",
+           "mta_lse_kernel", "mta_out_kernel", "out_programs", "out_split_cap", "out_windows",
+           "post_toeplitz", "split_windows", "stage_call"]

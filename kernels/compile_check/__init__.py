@@ -22,4 +22,7 @@ a per-launch reading from it, calibrated on the same H200 points and found no be
 issue bound, so not used to judge kernels; tests/test_compile_check_latency.py). Races
 (`scratch_order`: per-program scratch buffers written and read by different threads need a
 barrier between, checked on each kernel's TTGIR; tests/test_compile_check_scratch_order.py).
+Headlines (`headline`: the issue bounds docs/benchmarks.md's latest sections state, recomputed
+in the reproduce tier under the triton they were computed with;
+tests/test_compile_check_headline.py).
 """

@@ -1,0 +1,110 @@
+"""The headline kernel estimates of docs/benchmarks.md, recomputed (`make reproduce` runs it).
+
+    env -u TRITON_INTERPRET python -m attnlens.kernels.compile_check.headline [--only mta]
+
+Each headline is an issue bound on the H200 (sm_90 SASS x trip counts, `calibrate.op_estimate`'s
+`H200_issue_s`: the benchmark's launches at batch 1, 16 heads, bf16) of one pass of one fused
+op, as the section it names states it. The calibrated ranges and the "x torch" figures of those
+sections are this bound times ratios measured on the H200 on 2026-12-04 (or a modelled
+finish/even share), so a bound that holds carries them. The compile check compiles every
+launch for sm_90 with Triton's real compiler, so the numbers belong to the triton they were
+computed with (`TRITON`); another version prints them but `check` refuses to compare.
+
+Prints one markdown row per headline: documented, recomputed, their ratio, and whether the
+documented text is still in its section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+TRITON = "3.9.0"           # the compiler the documented bounds were computed with
+TOLERANCE = 0.01           # the docs round to 3 significant digits
+
+
+@dataclass(frozen=True)
+class Headline:
+    op: str
+    T: int
+    d_head: int
+    pass_: str             # "fwd" or "bwd"
+    issue_ms: float        # as documented
+    text: str              # how the section writes it
+    section: str           # the heading's start
+
+
+HEADLINES = [
+    Headline("dcmha", 4096, 64, "fwd", 0.320, "**0.320**",
+             "## DCMHA forward on 64 x 64 tiles on sm_90"),
+    Headline("dcmha", 4096, 128, "fwd", 0.371, "**0.371**",
+             "## DCMHA forward on 64 x 64 tiles on sm_90"),
+    Headline("mta", 4096, 64, "fwd", 1.110, "1.110 / 5.29",
+             "## Fused MTA forward: both passes persistent"),
+    Headline("mta", 4096, 128, "fwd", 1.390, "1.390 / 8.29",
+             "## Fused MTA forward: both passes persistent"),
+    Headline("mta", 1024, 128, "fwd", 0.230, "0.230 / 1.07",
+             "## Fused MTA forward: both passes persistent"),
+]
+
+
+def section_text(heading_start: str, docs: str | None = None) -> str:
+    """The text of the benchmarks.md section whose heading starts with `heading_start`."""
+    docs = DOCS.read_text() if docs is None else docs
+    start = docs.find("\n" + heading_start)
+    if start < 0:
+        raise LookupError(f"no section starting {heading_start!r} in {DOCS.name}")
+    end = docs.find("\n## ", start + 1)
+    return docs[start:end if end >= 0 else len(docs)]
+
+
+def issue_ms(op: str, T: int, d_head: int, pass_: str, cache=None) -> float:
+    """The H200 issue bound (ms) of `op`'s `pass_` launches at (T, d_head)."""
+    from attnlens.kernels.compile_check.backward_roofline import record
+    from attnlens.kernels.compile_check.calibrate import ARCH, op_estimate
+    from attnlens.kernels.compile_check.cases import Case
+    from attnlens.kernels.compile_check.compiler import launch_key
+    from attnlens.kernels.compile_check.run import Job, compile_all
+
+    case = Case(op, f"benchmark T={T} {pass_}", None)
+    jobs = [Job(case, "bf16", d_head, la, ARCH, launch_key(la, ARCH))
+            for la in record(op, T, d_head) if la.pass_ == pass_]
+    est = op_estimate(compile_all(jobs, workers=1, cache=cache, with_mix=True))
+    if "error" in est:
+        raise RuntimeError(f"{op} T={T} d={d_head} {pass_}: {est['error']}")
+    return est["H200_issue_s"] * 1e3
+
+
+def row(h: Headline, ms: float, in_docs: bool) -> str:
+    return (f"| {h.op} | {h.T} | {h.d_head} | {h.pass_} | {h.issue_ms:.3f} | {ms:.4f} "
+            f"| {ms / h.issue_ms:.4f} | {'yes' if in_docs else 'NO'} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", default=None, help="ops to recompute (default all)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    import triton
+
+    from attnlens.kernels.compile_check.results_cache import ResultCache
+
+    cache = ResultCache(None)
+    print(f"triton {triton.__version__} (documented with {TRITON})\n\n"
+          "| op | T | d_head | pass | documented issue ms | recomputed | ratio | in its section |\n"
+          "|---|---|---|---|---|---|---|---|", flush=True)
+    bad = 0
+    for h in HEADLINES:
+        if args.only and h.op not in args.only:
+            continue
+        ms = issue_ms(h.op, h.T, h.d_head, h.pass_, cache)
+        in_docs = h.text in section_text(h.section)
+        print(row(h, ms, in_docs), flush=True)
+        bad += (not in_docs) or abs(ms / h.issue_ms - 1) > TOLERANCE
+    return 1 if bad and triton.__version__ == TRITON else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The headline kernel estimates of docs/benchmarks.md (`compile_check.headline`): each is still
+written in its section (fast tier), and recomputing it with the real compiler gives the
+documented number (reproduce tier: compiles the benchmark's launches for sm_90)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiers import reproduce
+
+from attnlens.kernels.compile_check import headline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_each_headline_is_written_in_its_section():
+    for h in headline.HEADLINES:
+        assert h.text in headline.section_text(h.section), (h, "edited docs: update HEADLINES")
+        assert h.text.strip("*").startswith(f"{h.issue_ms:.3f}"), h
+
+
+def test_a_section_is_cut_at_the_next_heading():
+    docs = "intro\n## A first\nbody 0.320\n## B next\nother 0.371\n"
+    assert headline.section_text("## A", docs) == "\n## A first\nbody 0.320"
+    assert "0.371" in headline.section_text("## B", docs)
+    with pytest.raises(LookupError, match="no section starting '## C'"):
+        headline.section_text("## C", docs)
+
+
+def test_a_row_flags_a_headline_gone_from_its_section():
+    h = headline.HEADLINES[0]
+    assert headline.row(h, h.issue_ms * 1.5, False).endswith("| 1.5000 | NO |")
+
+
+_RECOMPUTE = r"""
+import json, sys
+import triton
+from attnlens.kernels.compile_check import headline
+from attnlens.kernels.compile_check.results_cache import ResultCache
+cache = ResultCache(None)
+rows = [(h.op, h.T, h.d_head, h.pass_, h.issue_ms,
+         headline.issue_ms(h.op, h.T, h.d_head, h.pass_, cache)) for h in headline.HEADLINES]
+print(json.dumps(dict(triton=triton.__version__, rows=rows)))
+"""
+
+
+@pytest.mark.parametrize("headlines", [pytest.param("all", marks=reproduce("report"))])
+def test_the_headline_issue_bounds_recompute(headlines):
+    import triton
+
+    if triton.__version__ != headline.TRITON:
+        pytest.skip(f"documented with triton {headline.TRITON}; this is {triton.__version__}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _RECOMPUTE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    off = [r for r in got["rows"] if abs(r[5] / r[4] - 1) > headline.TOLERANCE]
+    assert not off, f"(op, T, d, pass, documented ms, recomputed ms): {off}"

@@ -95,7 +95,7 @@ def test_trip_models_count_the_backward_windows():
     env = dict(OR=27, ORC=22, AR=32, AC=32, PR=16, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=64, DCH=16,
                CQ=6, CK=11, LEFT=5, CQ2=6, CK2=11, LEFT2=5, GK=256)
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
-    assert delta["n0"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
+    assert delta["it"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
     assert post["r0"] == [pytest.approx(16 / 3)] * 4           # 2 row chunks x 8/3 windows
     assert post["d0"] == [4, pytest.approx(4 * 8 / 3)]        # dv: one d_head loop a window
@@ -110,7 +110,13 @@ def test_trip_models_count_the_backward_windows():
     # two programs per row window (`key_splits`): split 0 takes key windows 0, 2; split 1
     # takes window 1: 1 + 2 + 2 and 1 + 1 + 1 windows, the same 8 in all
     split = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, NS=2), (6, 1))
-    assert split["n0"] == pytest.approx(8 / 6)
+    assert split["it"] == pytest.approx(8 / 6)
+    # the persistent plan (`turn_plan`): the same 8 windows on 2 programs, 4 each
+    from attnlens.kernels.mta.out_plan import turn_plan
+
+    table = turn_plan(1, 3, 27, 22, 61, 0, 2, 2).table()
+    planned = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, N_KW=3, PLAN=table), (2, 1))
+    assert planned["it"] == 4
 
 
 def test_key_splits_fill_the_machine_without_empty_splits():
@@ -217,14 +223,68 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
     (_, post_tickets), _ = seen["mta_bwd_post_kernel"]
     (_, dq_p, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
     n_prog = grid[0] * grid[1]
-    ns = n_prog // (B * n_w)
+    ns = delta_p.shape[0]
     assert n_prog > n_w > 1 and ns > 1 and n_kw > 1
     assert delta_p.shape == (ns, B, H, T) and delta_p.dtype == torch.float32
     assert dq_p.shape == (B, ns, n_w, ar, H, D) and dq_p.dtype == torch.float32
     assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
-                                                                             n_prog // B, ar)
+                                                                             ns * n_w, ar)
     assert dk_p.shape == (B, n_kw, ac, H, D) and dk_p.dtype == torch.float32
     assert (dk_p.numel() - B * T * H * D) * 4 == triton_bwd.dk_partial_bytes(B, T, H, D, n_kw, ac)
     turns = [sum(kw * own_c < min(T, w * own_r + own_r) for w in range(n_w))
              for kw in range(n_kw)]
     assert post_tickets.tolist() == pre_tickets.tolist() == [turns]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_turn_plan_orders_every_key_window_by_step_then_program(seed):
+    """The backward's persistent plan (`out_plan.turn_plan`) on random shapes: every item's key
+    windows are run once, by one program; each key window's turns are a permutation of
+    0 .. n-1 in increasing (step, program), so every add's predecessors come at an earlier
+    (step, program): the least unfinished add never waits (deadlock-free on any dispatch
+    order); at most `n_sm` programs in all, all resident at once. The table holds the same."""
+    import random
+
+    from attnlens.kernels.mta.out_plan import item_windows, turn_plan
+
+    rng = random.Random(seed)
+    for _ in range(6):
+        batch, n_sm = rng.choice((1, 2, 3, 5)), rng.choice((1, 4, 7, 16))
+        own_r, own_c = rng.choice((5, 22, 27)), rng.choice((6, 22))
+        T_K = rng.randrange(1, 200)
+        T_Q = rng.randrange(1, T_K + 1)
+        n_w, ns = -(-T_Q // own_r), rng.randrange(1, 4)
+        tp = turn_plan(batch, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm)
+        assert tp.plan.programs * batch <= max(n_sm, batch)
+        entries = tp.entries()
+        windows = item_windows(n_w, own_r, own_c, T_K, T_K - T_Q, ns)
+        want = sorted((i, i // n_w + j * ns) for i, n in enumerate(windows) for j in range(n))
+        assert sorted(e for ents in entries for e in ents) == want
+        by_kw = {}
+        for p, ents in enumerate(entries):
+            for j, (_, kwi) in enumerate(ents):
+                by_kw.setdefault(kwi, []).append((tp.turns[p][j], (j, p)))
+        for seq in by_kw.values():
+            seq.sort()
+            assert [t for t, _ in seq] == list(range(len(seq)))
+            assert [sp for _, sp in seq] == sorted(sp for _, sp in seq)
+        table = tp.table().tolist()
+        for p, ents in enumerate(entries):
+            body = table[table[2 * p]:table[2 * p + 1]]
+            assert body[0::2] == [i * tp.plan.kw + kwi for i, kwi in ents]
+            assert body[1::2] == list(tp.turns[p])
+
+
+def test_backward_stage_bytes_do_not_grow_with_length():
+    """The persistent grid's stages (`bwd_stage_bytes`): bf16, 16 heads, 32 x 32 windows on
+    132 programs: 41.25 MiB at any T (the `N_W x NS` grid held 304 programs' at 4k: 95 MiB);
+    the launch's program count is the plan's, at most the SMs, at 1k and 4k alike."""
+    from attnlens.kernels.mta.out_plan import persistent_splits, turn_plan
+    from attnlens.kernels.mta.triton_bwd import bwd_stage_bytes
+
+    assert bwd_stage_bytes(132, 16, 32, 32, 2) == 41.25 * 2 ** 20
+    assert bwd_stage_bytes(304, 16, 32, 32, 2) == 95 * 2 ** 20
+    for T in (1024, 4096):
+        n_w = -(-T // 27)
+        ns = persistent_splits(n_w, 27, 22, T, 0, 1, 132)
+        assert turn_plan(1, n_w, 27, 22, T, 0, ns, 132).plan.programs == 132

@@ -249,9 +249,11 @@ def _mta_out(env, grid):
     return out | {"n": [h, h, h], "a": pre + post}
 
 
-# MTA's backward (`mta/triton_bwd.py`): programs own OR rows from `(N_W - 1 - pid % N_W) *
-# OR` (last rows first), their key windows step by ORC (`bwd_windows`) from `pid // N_W` in
-# steps of NS (`key_splits`); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
+# MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row
+# of the plan PLAN (`out_plan.turn_plan`: pairs (`item * N_KW + key window index`, turn);
+# item i owns OR rows from `(N_W - 1 - i % N_W) * OR`, its key windows step by ORC
+# (`bwd_windows`) from `i // N_W` in steps of NS); without a plan, one program per item
+# (`_mta_split_windows`' numbering); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
 # and pre passes call a scalar-argument function per window (per row chunk for the dC sweep),
 # which ptxas keeps as its own SASS function: its loops are not inside the key loop's
 # addresses, so their trips carry the windows per program (`w`); the functions' straight-line
@@ -262,15 +264,16 @@ def _mta_bwd_windows(env, grid, row_shift, col_shift):
     n0 + col_shift, AC)`: the backward forms its logits with the forward's
     `logits_staging_scores`)."""
     own_r, own_c, ar, pr = env["OR"], env["ORC"], env["AR"], env["PR"]
-    n_w, ns = env.get("N_W", grid[0]), env.get("NS", 1)
-    per_prog, windows = [], []
-    for pid in range(grid[0]):
-        m0, split = (n_w - 1 - pid % n_w) * own_r, pid // n_w
-        steps = range(split * own_c, min(env["T_K"], env["Q_OFFSET"] + m0 + own_r), ns * own_c)
-        per_prog.append(len(steps))
-        windows += [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
-                    for n0 in steps for r0 in range(0, ar, pr)]
-    return _avg(per_prog), _mta_tap_shares(env, windows)
+    if env.get("PLAN") is None:
+        progs = [[(m0, n0) for n0 in steps] for m0, steps in
+                 _mta_split_windows(env, grid, own_r, own_c)]
+    else:
+        plan, n_w, n_kw = env["PLAN"].tolist(), env["N_W"], env["N_KW"]
+        progs = [[((n_w - 1 - (e // n_kw) % n_w) * own_r, (e % n_kw) * own_c)
+                  for e in plan[plan[2 * p]:plan[2 * p + 1]:2]] for p in range(grid[0])]
+    windows = [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
+               for prog in progs for m0, n0 in prog for r0 in range(0, ar, pr)]
+    return _avg(len(p) for p in progs), _mta_tap_shares(env, windows)
 
 
 def _mta_bwd_delta(env, grid):
@@ -279,7 +282,7 @@ def _mta_bwd_delta(env, grid):
     `a`, `b`)."""
     w, shares = _mta_bwd_windows(env, grid, 0, 0)
     r, cq = env["AR"] // env["PR"], env["CQ"]
-    return {"n0": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
+    return {"it": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
             "a": [env["CQ2"]] + [cq * f for f in shares], "n": env["H"], "b": env["CK"]}
 
 
@@ -289,7 +292,7 @@ def _mta_bwd_post(env, grid):
     program's turn (`while`, `wait_turn`: one poll per window, no waiting modeled)."""
     w, shares = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
     rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"n0": w, "r0": [rw] * 4, "n": env["H"], "b": env["CK"], "d0": [d0, d0 * w],
+    return {"it": w, "r0": [rw] * 4, "n": env["H"], "b": env["CK"], "d0": [d0, d0 * w],
             "while": w,
             "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"]]}
 
@@ -301,7 +304,7 @@ def _mta_bwd_pre(env, grid):
     `a` CQ), `_pre_stage` (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
     w, shares = _mta_bwd_windows(env, grid, 0, 0)
     rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"n0": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "b": env["CK"], "while": w,
+    return {"it": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "b": env["CK"], "while": w,
             "a": [cq * f for f in shares] + [cq, cq, env["CQ2"]], "d0": [d0, d0 * w, d0],
             "k0": env["AR"] * env["AC"] // env["GK"] * w}
 

@@ -152,13 +152,16 @@ def add_dot_heads(OUT, b, T, H, out_pos, out_ok, x, Y, y_base, y_st, y_sh, y_sd,
 
 
 @triton.jit
-def wait_turn(TICKET, turn):
+def wait_turn(TICKET, turn, ORDERED: tl.constexpr):
     """Spin until the int32 counter TICKET reaches `turn` (acquire: the adds of the programs
-    whose turns came before are visible after it). Turns go to programs in launch order (the
-    one waited on was launched earlier, so it is resident or done: no deadlock; under the
-    interpreter, which runs programs one after another in that order, no wait at all)."""
-    while tl.atomic_add(TICKET, 0, sem="acquire") < turn:
-        pass
+    whose turns came before are visible after it). The turns come from the host plan
+    (`out_plan.turn_plan`: in `(step, program)` order, deadlock-free on a persistent grid
+    whatever the dispatch order). Not ORDERED under the interpreter, which runs programs one
+    after another and cannot wait on a later one: there each add is already alone, in the
+    fixed order programs run."""
+    if ORDERED:
+        while tl.atomic_add(TICKET, 0, sem="acquire") < turn:
+            pass
     tl.debug_barrier()
 
 

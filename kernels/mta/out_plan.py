@@ -119,4 +119,76 @@ def persistent_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int
     return next(ns for ns in full if times[ns] <= 1.05 * min(times.values()))
 
 
-__all__ = ["OutPlan", "item_windows", "out_plan", "persistent_splits", "plan_table"]
+class TurnPlan(NamedTuple):
+    """The backward's persistent plan (`turn_plan`): `plan` (an `OutPlan` of its items, one
+    batch element's programs) and `turns[p][j]`, the turn of program p's j-th key window (its
+    "step" j) among the adds to that key window."""
+
+    plan: OutPlan
+    turns: tuple[tuple[int, ...], ...]
+
+    def entries(self) -> list[list[tuple[int, int]]]:
+        """Per program, its key windows in run order as `(item, key window index)`."""
+        p = self.plan
+        return [[(i, i // p.n_rows + j * p.ns) for i in its for j in range(p.windows[i])]
+                for its in p.items]
+
+    def table(self) -> torch.Tensor:
+        """The int32 plan the backward's kernels read (`table_tile(PLAN, 2)` per program):
+        `[start, end)` per program, then its key windows in run order as pairs (`item * kw +
+        key window index`, turn)."""
+        head, body = [], []
+        base = 2 * self.plan.programs
+        for p, ents in enumerate(self.entries()):
+            start = base + len(body)
+            for (i, kwi), turn in zip(ents, self.turns[p], strict=True):
+                body += [i * self.plan.kw + kwi, turn]
+            head += [start, base + len(body)]
+        return torch.tensor(head + body, dtype=torch.int32)
+
+
+def turn_programs(batch: int, n_sm: int) -> int:
+    """Programs per batch element of a launch whose programs wait on each other's turns: at
+    most `n_sm` in all (floor, not `out_plan`'s ceil), so all are resident at once (one
+    255-register 8-warp program per SM); one per batch element past `n_sm` batches (a lone
+    program of a batch element waits only on itself: its turns come in its own order)."""
+    return max(1, n_sm // max(batch, 1))
+
+
+@functools.lru_cache(maxsize=256)
+def turn_plan(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset: int, ns: int,
+              n_sm: int) -> TurnPlan:
+    """`out_plan`'s items on `turn_programs` programs per batch element, with the turns of
+    the adds to each key window (the MTA backward's dv and dk, `triton_bwd`): every program
+    runs its key windows in increasing step j (their index in its run order), and each key
+    window's adds take turns in increasing `(step, program)`.
+
+    Deadlock-free on any dispatch order, given only that all programs are resident at once
+    (`turn_programs`): take the unfinished add with the least `(step, program)`. Its program
+    has finished its earlier steps (smaller `(step, program)`), so it is at this add; the adds
+    to the same key window before it in turn order have smaller `(step, program)`, so they
+    are finished and the counter has reached its turn. So it proceeds, and by induction every
+    add does. The launch-order turns this replaces needed in-order dispatch (a waiting program
+    could hold the slot of the one it waits on)."""
+    plan = out_plan(1, n_rows, rows, step, T_K, q_offset, ns, turn_programs(batch, n_sm))
+    out = TurnPlan(plan, ())
+    events: dict[int, list[tuple[int, int]]] = {}
+    for p, ents in enumerate(out.entries()):
+        for j, (_, kwi) in enumerate(ents):
+            events.setdefault(kwi, []).append((j, p))
+    turns = [[0] * len(ents) for ents in out.entries()]
+    for seq in events.values():
+        for turn, (j, p) in enumerate(sorted(seq)):
+            turns[p][j] = turn
+    return TurnPlan(plan, tuple(map(tuple, turns)))
+
+
+@functools.lru_cache(maxsize=64)
+def turn_table(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
+               ns: int, n_sm: int, device: torch.device) -> torch.Tensor:
+    """`turn_plan(...).table()` on `device`, made once per launch shape."""
+    return turn_plan(batch, n_rows, rows, step, T_K, q_offset, ns, n_sm).table().to(device)
+
+
+__all__ = ["OutPlan", "TurnPlan", "item_windows", "out_plan", "persistent_splits",
+           "plan_table", "turn_plan", "turn_programs", "turn_table"]

@@ -9,15 +9,18 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
     dC = W dL,   dW = C . dL^T,   dR = ok * Conv^T(dC),   dth[a, b] = <dC, R_(a,b)>
     dq = scale dR k,   dk = scale dR^T q
 
-(`X_(a,b)` the map X read at the convolution's tap (a, b)). Every program owns OR query rows
+(`X_(a,b)` the map X read at the convolution's tap (a, b)). A work item owns OR query rows
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
-NS programs share a row window (grid `(N_W * NS, batch)`, `key_splits`): split s takes its key
-windows s, s + NS, ... (delta per split, dq and the parameter partials per program, summed in
-torch in a fixed order); the row windows go last rows first, so the programs with the most key
-windows start first. No fp32 atomics: the row windows that see a key window add their dv and dk
-to it one after another in launch order, the last rows first (a ticket per key window,
-`wait_turn` / `pass_turn`), so the backward is bit-reproducible.
+NS items share a row window (`persistent_splits`): split s takes its key windows s, s + NS, ...
+(delta and dq per split, summed in torch in a fixed order). All three passes run on a
+persistent grid of at most one program per SM from one host plan (`out_plan.turn_plan`: items
+longest first to the least-loaded program; the stages and parameter partials are per program,
+so their memory does not grow with T or NS, `bwd_stage_bytes`). No fp32 atomics: the items
+that see a key window add their dv and dk to it one after another in the plan's turns (a
+ticket per key window, `wait_turn` / `pass_turn`; turns in (step, program) order, which is
+deadlock-free on any dispatch order once every program is resident: `turn_plan`), so the
+backward is bit-reproducible.
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
   (dP one batched dot per d_head chunk, W' one dot over heads); dA = the transposed post-softmax
@@ -48,8 +51,9 @@ import math
 
 import torch
 
+from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import d_chunk, dot_rows, score_chunk
-from attnlens.kernels._prologue import grid_batches, heads_window
+from attnlens.kernels._prologue import grid_batches, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
@@ -70,6 +74,7 @@ from attnlens.kernels.mta.bwd_tiles import (
     toeplitz_taps,
     wait_turn,
 )
+from attnlens.kernels.mta.out_plan import persistent_splits, turn_plan, turn_table
 from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
@@ -98,31 +103,43 @@ def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, 
 
 
 @triton.jit
-def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2, TOEP_PT,
+def _plan_entry(entry, N_W, N_KW, OR, ORC):
+    """`(w, m0, split, kwi, n0)` of the key window at `entry` of the plan (`turn_plan`:
+    `item * N_KW + key window index`; item i is row window `w = N_W - 1 - i % N_W`, split
+    `i // N_W`): the row window, its first owned row, its split, the key window and its first
+    owned key."""
+    code = tl.load(entry)
+    item = code // N_KW
+    w = N_W - 1 - item % N_W
+    kwi = code % N_KW
+    return w, w * OR, item // N_W, kwi, kwi * ORC
+
+
+@triton.jit
+def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2, TOEP_PT, PLAN,
                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                          sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                          H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                     N_W, NS,
+                         N_W, N_KW,
                          HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                          AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 1, grid `(N_W * NS, batch)`: `DELTA[split, b, h, i] += sum_j A_ij dA_ij` over the
-    program's OR rows and key windows, in its split's own slot of DELTA `[NS, batch, H, T_Q]`
-    (zeroed; plain loads and stores, no atomics: torch sums the splits in a fixed order). Per
-    key window: G staged from `(m0, n0 - RIGHT2)`, dA on the owned positions `(m0, n0)` by the
-    flipped post-softmax taps `TOEP_PT`."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    m0 = (N_W - 1 - pid % N_W) * OR           # row window, the longest (last) rows first,
-    split = pid // N_W                        # and which NS-th of its key windows
+    """Pass 1, persistent grid `(programs, batch)` (`turn_plan`; program p runs the key
+    windows of its row of PLAN): `DELTA[split, b, h, i] += sum_j A_ij dA_ij` over each
+    window's OR rows, in its item's split's own slot of DELTA `[NS, batch, H, T_Q]` (zeroed;
+    plain loads and stores, no atomics: one item holds a (split, row) pair, and torch sums the
+    splits in a fixed order). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on the
+    owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     stage_g = STAGE_G + prog.to(tl.int64) * (HB * AR * AC)
-    delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
     kv_ptr = KVALID + b * skv_b
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(split * ORC, n_end, NS * ORC):
+    for it in range(tl.load(row), tl.load(row + 1), 2):
+        w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
+        delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
         stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
                            stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
                            Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
@@ -151,7 +168,8 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                  b, prog, m0, n0,
                  HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                  AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr,
-                 BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+                 BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
+                 ORDERED: tl.constexpr):
     """The post pass on the key window `n0` of program `prog` (a function of its own, called
     with scalars only: nothing of it is hoisted out of the key loop and kept live across it)."""
     offs_h = tl.arange(0, HB)
@@ -205,7 +223,7 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
     rows = m0 + tl.arange(0, AR)
     pattern_t = tl.permute(stage_load(stage_p, tl.arange(0, AR), offs_h, h_valid, AR, AC),
                            (0, 2, 1))
-    wait_turn(ticket, turn)
+    wait_turn(ticket, turn, ORDERED)
     add_dot_heads(DV, b, T_K, H, cols, c_in & (offs_c < ORC), pattern_t, DO, b * sdo_b, sdo_t,
                   sdo_h, sdo_d, rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
@@ -220,34 +238,33 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
 
 @triton.jit
 def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
-                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET,
+                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET, PLAN,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
-                        N_W, NS, N_KW,
+                        N_W, N_KW,
                         HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                         AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                         CKP: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, SCH: tl.constexpr):
-    """Pass 2, grid `(N_W * NS, batch)`: dv (fp32 DV, zeroed; no atomics: the row windows
-    that see key window kw add to its ORC keys one after another, the last rows first, counted
-    by `TICKET [batch, N_KW]` (int32, zeroed; `wait_turn`)), and this program's
+                        DCH: tl.constexpr, SCH: tl.constexpr, ORDERED: tl.constexpr):
+    """Pass 2, persistent grid `(programs, batch)` (`turn_plan`, PLAN as in pass 1): dv (fp32
+    DV, zeroed; no atomics: the row windows that see key window kw add to its ORC keys one
+    after another, in the plan's turns, counted by `TICKET [batch, N_KW]` (int32, zeroed;
+    `wait_turn`)), and this program's
     partial dW' `DW2_P [prog, HB, HB]` and dth' `DTH2_P [prog, HB, CQ2, CKP]` (zeroed) from
     the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    turn = pid % N_W                          # the row windows after this one see its keys too
-    m0 = (N_W - 1 - turn) * OR                # row window, the longest (last) rows first,
-    split = pid // N_W                        # and which NS-th of its key windows
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(split * ORC, n_end, NS * ORC):
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
+    for it in range(tl.load(row), tl.load(row + 1), 2):
+        w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
         _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
-                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET + b * N_KW + n0 // ORC,
-                     turn, sq_b, sq_t, sq_h, sq_d, sk_b,
+                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET + b * N_KW + kwi,
+                     tl.load(PLAN + it + 1), sq_b, sq_t, sq_h, sq_d, sk_b,
                      sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                      H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
-                     b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH)
+                     b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH,
+                     ORDERED)
 
 
 @triton.jit(noinline=True)
@@ -353,7 +370,7 @@ def _pre_dc(ins, stages, outs, params, strides, shape, win,
 def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
             HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr,
-            DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+            DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr, ORDERED: tl.constexpr):
     """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
     the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q into
     the key window's slot `DK` (`[AC, H, D]`, R's keys) in the program's turn (`ticket`:
@@ -397,7 +414,7 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
     # turn: the row windows that see it add one after another, the last rows first
     rows = m0 - (CQ - 1) + tl.arange(0, AR)
     d_r_t = tl.permute(stage_load(stage_g, tl.arange(0, AR), offs_h, h_valid, AR, AC), (0, 2, 1))
-    wait_turn(ticket, turn)
+    wait_turn(ticket, turn, ORDERED)
     add_dot_heads(DK, 0, 0, H, offs_c, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
                   (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
@@ -413,7 +430,8 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
 def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
                 HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                 AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr,
-                BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
+                BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr,
+                ORDERED: tl.constexpr):
     """The pre pass on one key window: its three parts, each given the same bundles (tuples:
     `ins` the inputs, `stages` the per-program stages, `outs` the dq / dk slots and the dth /
     dW partials, `params` the MTA parameters and banded taps, `strides`, `shape` the sizes
@@ -427,13 +445,13 @@ def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
     _pre_dc(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC, PR,
             CKP, BLOCK_D, DCH, SCH, GK)
     _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win, HAS_KVALID, IEEE, HB,
-            AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK)
+            AR, AC, PR, CKP, BLOCK_D, DCH, SCH, GK, ORDERED)
 
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
                        STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TH,
-                       W, WM, W2, TOEP_PT, TOEP_RT,
+                       W, WM, W2, TOEP_PT, TOEP_RT, PLAN,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
@@ -441,12 +459,14 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
-                       DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr):
-    """Pass 3, grid `(cdiv(T_Q, OR), batch)`: dq into the program's own fp32 slot of `DQ_P
-    [batch, NS, N_W, AR, H, D]` (by split and row window w, rows `w OR - (CQ - 1) + [0, AR)`:
+                       DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr,
+                       ORDERED: tl.constexpr):
+    """Pass 3, persistent grid `(programs, batch)` (`turn_plan`, PLAN as in pass 1): dq into
+    its item's own fp32 slot of `DQ_P [batch, NS, N_W, AR, H, D]` (by split and row window w,
+    rows `w OR - (CQ - 1) + [0, AR)`:
     `fold_dq_partials` sums them), dk into the key windows' fp32 slots of `DK_P [batch, N_KW,
     AC, H, D]` (key window kw's holds keys `kw ORC - LEFT + [0, AC)`: `fold_dk_partials` sums
-    them; the row windows that see kw add to it one after another, the last rows first,
+    them; the row windows that see kw add to it one after another, in the plan's turns,
     counted by `TICKET [batch, N_KW]`: no atomics) and this program's partial dW
     `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window, sweeps of PR
     rows passing maps on through per-program stages: G (from `(m0, n0 - RIGHT2)`) and R =
@@ -454,24 +474,20 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
     n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on R's window (the
     positions the owned taps read), staged where G was; dq, dk; dth. `WM [HB, HB]` is W in
     the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
-    b, prog, pid = heads_window(1)        # pid: the program's index along the grid's axis 0
-    turn = pid % N_W                          # the row windows after this one see its keys too
-    w = N_W - 1 - turn                        # row window, the longest (last) rows first,
-    m0 = w * OR
-    split = pid // N_W                        # and which NS-th of its key windows
-    dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
-    n_end = tl.minimum(T_K, Q_OFFSET + m0 + OR)
-    for n0 in range(split * ORC, n_end, NS * ORC):
-        kw = b * N_KW + n0 // ORC
+    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
+    for it in range(tl.load(row), tl.load(row + 1), 2):
+        w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
+        dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
+        kw = b * N_KW + kwi
         _pre_window((Q, K, KT, V, DO, LSE, DELTA, KVALID),
                     (STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M),
                     (dq_slot, DK_P + kw.to(tl.int64) * (AC * H * D), DTH_P, DW_P),
-                    TICKET + kw, turn, (TH, W, WM, W2, TOEP_PT, TOEP_RT),
+                    TICKET + kw, tl.load(PLAN + it + 1), (TH, W, WM, W2, TOEP_PT, TOEP_RT),
                     (sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
                      sdo_t, sdo_h, sdo_d, skv_b),
                     (H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC),
                     (b, prog, m0, n0), HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH,
-                    GK)
+                    GK, ORDERED)
 
 
 def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
@@ -483,9 +499,20 @@ def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
+def bwd_stage_bytes(programs: int, hb: int, ar: int, ac: int, itemsize: int) -> int:
+    """Bytes of the per-program stages of the backward's largest pass (the pre pass: G / dR,
+    dC, dL and R in the inputs' dtype, dA and C in fp32, `[HB, AR, AC]` each, and the fp32
+    `[HB, AC, AC]` tap stage; the delta and post passes' are smaller and freed before it).
+    `programs` is the persistent grid's (`turn_programs`: at most the SMs, whatever T and the
+    key splits). bf16, 16 heads, 32 x 32 windows: 320 KiB a program, 41.25 MiB on 132 SMs
+    (the grid of `N_W x NS` programs before it held 95 MiB at 4k: 304 programs)."""
+    return programs * hb * ac * ((4 * itemsize + 2 * 4) * ar + 4 * ac)
+
+
 def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int,
                      ar: int) -> int:
-    """Bytes of the pre pass's fp32 dq partials (one `[AR, H, D]` slot per program), less the
+    """Bytes of the pre pass's fp32 dq partials (one `[AR, H, D]` slot per item, i.e. per row
+    window and key split: `n_prog_per_batch = N_W * NS`, not the persistent grid's), less the
     fp32 dq the atomics summed into, which is no longer held while the passes run (it is the
     partials' fold, made after them). At 4k, 16 heads, d 128: 304 programs, AR 32: 76 MiB of
     slots against a 32 MiB dq, 44 MiB more."""
@@ -557,8 +584,10 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     pr = min(ar, 16)
     ckp = tap_pow2(ck, ck2)
     n_w, n_kw = math.ceil(T_Q / own_r), math.ceil(T_K / own_c)
-    ns = key_splits(n_w * B, n_kw, q.device)
-    n_prog = B * n_w * ns
+    n_sm = _triton.sm_count(q.device)
+    ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
+    plan = turn_table(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm, q.device)
+    n_prog = B * turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm).plan.programs
     do = do.contiguous()
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
@@ -578,11 +607,12 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     def tickets():          # the turns of the row windows that add to each key window
         return torch.zeros(B, n_kw, device=q.device, dtype=torch.int32)
 
-    grid = (n_w * ns, B)
+    grid = (n_prog // B, B)
+    ordered = not _triton.interpreting()           # `wait_turn`
     delta_p = torch.zeros(ns, B, H, T_Q, **f32)
     mta_bwd_delta_kernel[grid](
-        q, k, kt, v, do, lse, delta_p, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, *strides,
-        *shape, cq2, right2, own_r, own_c, n_w, ns, **common)
+        q, k, kt, v, do, lse, delta_p, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, plan,
+        *strides, *shape, cq2, right2, own_r, own_c, n_w, n_kw, **common)
     for s in range(1, ns):                         # the splits' row sums, in a fixed order
         delta_p[0] += delta_p[s]
     delta = delta_p[0]
@@ -592,8 +622,9 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     dw2_p = torch.zeros(n_prog, hb, hb, **f32)
     mta_bwd_post_kernel[grid](
         q, k, kt, v, do, lse, kv, stage(), stage(), stage(), stage(), stage(torch.float32, ac),
-        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, tickets(), *strides, *shape,
-        cq2, ck2, left2, own_r, own_c, n_w, ns, n_kw, CKP=ckp, **common)
+        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, tickets(), plan, *strides,
+        *shape, cq2, ck2, left2, own_r, own_c, n_w, n_kw, CKP=ckp, ORDERED=ordered,
+        **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
     dq_p = torch.zeros(B, ns, n_w, ar, H, D, **f32)
@@ -601,9 +632,9 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
-        dq_p, dk_p, tickets(), dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt,
+        dq_p, dk_p, tickets(), dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, plan,
         *strides, *shape, cq2, right2, own_r, own_c, n_w, ns, n_kw, CKP=ckp,
-        GK=min(256, ar * ac), **common)
+        GK=min(256, ar * ac), ORDERED=ordered, **common)
     del delta, delta_p
     dq = fold_dq_partials(dq_p, B, n_w, ns, ar, own_r, cq, T_Q)
     del dq_p
@@ -614,7 +645,6 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_windows", "dk_partial_bytes", "dq_partial_bytes", "fold_dk_partials",
-           "fold_dq_partials", "fold_window_partials", "key_splits", "mta_bwd",
-           "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
-           "mta_bwd_pre_kernel"]
+__all__ = ["bwd_stage_bytes", "bwd_windows", "dk_partial_bytes", "dq_partial_bytes",
+           "fold_dk_partials", "fold_dq_partials", "fold_window_partials", "key_splits",
+           "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel", "mta_bwd_pre_kernel"]

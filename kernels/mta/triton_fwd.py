@@ -170,7 +170,6 @@ def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n
     fp32 products), as kt does in the factored form."""
     first_row = row0 - (CQ - 1)
     offs_c = tl.arange(0, C)
-    tap0 = offs_c[:, None] - offs_c[None, :]                  # key tap of (read key, output)
     acc = tl.zeros([R, C], dtype=tl.float32)
     for a in range(0, CQ):
         rows = first_row + a + tl.arange(0, R)
@@ -184,13 +183,15 @@ def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n
             if HAS_KVALID:                                            # and padding keys
                 ok = ok & (tl.load(kv_ptr + keys, mask=k_in, other=0) != 0)[None, :]
             s = tl.where(ok, s, 0.0)
-            tap = t0 + tap0
+            # The taps in the dot's input dtype as they load, the tap offsets formed here, not
+            # kept across the loops (at 64 x 64, d 128, sm_80, triton 3.6.0: 96 B -> 0 B spill)
+            tap = t0 + offs_c[:, None] - offs_c[None, :]      # key tap of (read key, output)
             toep = tl.load(TH + (n * CQ + a) * CK + tap, mask=(tap >= 0) & (tap < CK),
-                           other=0.0)
+                           other=0.0).to(tl.float32 if IEEE else Q.dtype.element_ty)
             if IEEE:
                 acc += tl.dot(s, toep, input_precision="ieee")
             else:
-                acc += tl.dot(s.to(Q.dtype.element_ty), toep.to(Q.dtype.element_ty))
+                acc += tl.dot(s.to(toep.dtype), toep)
     return acc
 
 

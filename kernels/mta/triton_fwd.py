@@ -11,8 +11,10 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Pre-softmax convolution (`_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
   = sum_a q_{i-(c_q-1)+a} . kt_a(j)` with the folded keys `kt = fold_keys(k)` (computed once
   per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
-  masked (row, key) pair (a band at the diagonal) sum the c_q * c_k masked products directly,
-  each a dot, so Mask_0 before the convolution stays exact.
+  masked (row, key) pair (a band at the diagonal) Mask_0 the raw scores first, so Mask_0
+  before the convolution stays exact: in the forward per row tap two dots per chunk of read
+  keys, the masked scores times a banded Toeplitz matrix of the key taps
+  (`_toeplitz_scores`); in the backward the c_q * c_k masked products, each a dot.
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.

@@ -476,6 +476,11 @@ def test_trip_models_count_the_forward_key_splits():
     assert model(*planned(1, 132))["n"] == [2, 2, 2]
     env2, grid = planned(1, 1)
     assert model(dict(env2, STAGE_CALL=True), grid)["n"] == [2, 2, 8]
+    # the diagonal's windows take the banded Toeplitz form (`_toeplitz_scores`): row taps
+    # only, no key-tap loop; T 61 in 64 x 64 windows: every window straddles the diagonal
+    assert "b" not in model(*planned(1, 132))
+    assert model(*planned(1, 132))["a"][0] == 6
+    assert "b" not in MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))
 
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [

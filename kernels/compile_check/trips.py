@@ -168,6 +168,18 @@ def _mta_direct_share(env, windows) -> float:
     return _avg(direct)
 
 
+def _mta_toeplitz_chunks(env, windows) -> float:
+    """Mean key chunks (`t0`) of `triton_fwd._toeplitz_scores` over the logit windows
+    `(row0, R, col0, C)` at the diagonal (those `_mta_direct_share` counts): the `C + CK - 1`
+    read keys from `col0 - LEFT`, cut after the last row's last visible key, in chunks of C
+    (`_toeplitz_chunks`); 1 where no window is at the diagonal."""
+    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
+    chunks = [math.ceil(max(min(c + ck - 1, row0 + r + off - (col0 - left)), 1) / c)
+              for row0, r, col0, c in windows
+              if col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off]
+    return _avg(chunks) if chunks else 1.0
+
+
 def _mta_split_windows(env, grid, rows, step):
     """The forward's key splits (`triton_fwd.key_splits`): program `pid` of the grid's axis 0
     takes row window `N - 1 - pid % N` (rows from that times `rows`) and its key windows from
@@ -201,16 +213,18 @@ def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
 def _mta_lse(env, grid):
     """MTA lse pass (`mta_lse_kernel`, persistent): per program its key tiles (`it`,
     `_mta_out_windows` with row tiles of BLOCK_M and key tiles of BLOCK_N), heads `n`, then
-    per head the direct taps (`a` x `b`), the factored ones inside the sequence or the masked
-    factored ones (`a`), in source order; their `a` trips are CQ times the share of windows
-    taking each branch (`_mta_tap_shares`: so the products count the work); then the staged
+    per head the diagonal's banded Toeplitz taps (`a`, then key chunks `t0`:
+    `_mta_toeplitz_chunks`; `_fwd_conv_scores`, no key-tap loop),
+    the factored ones inside the sequence or the masked factored ones (`a`), in source order;
+    their `a` trips are CQ times the share of windows taking each branch (`_mta_tap_shares`:
+    so the products count the work); then the staged
     scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(8, BLOCK_N))."""
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
     progs = _mta_out_windows(dict(env, N_W=env.get("N_T")), grid, bm, bn)
     windows = [(m0, bm, n0, bn) for prog in progs for m0, n0 in prog]
     shares = _mta_tap_shares(env, windows)
     return {"it": _avg(len(p) for p in progs), "n": env["H"],
-            "a": [env["CQ"] * f for f in shares], "b": env["CK"],
+            "a": [env["CQ"] * f for f in shares], "t0": _mta_toeplitz_chunks(env, windows),
             "c0": bn // env.get("KC", min(8, bn))}
 
 
@@ -231,7 +245,8 @@ def _mta_out_windows(env, grid, rows, step):
 def _mta_out(env, grid):
     """MTA out pass (`mta_out_kernel`, persistent): per program its key windows (`it`,
     `_mta_out_windows`) of AR x AC with outputs AR - CQ2 + 1 rows. Per window: phase 1, each
-    head's (`n`) direct / inside / masked taps (`a`, `b`); the two mixing phases' key chunks
+    head's (`n`) Toeplitz (diagonal: `a`, key chunks `t0`) / inside / masked taps (`a`); the
+    two mixing phases' key chunks
     `c0` (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot
     each), then per head the d_head chunks `d0` of z. With STAGE_CALL phase 1 is its own SASS
     function after the kernel's code: its head loop carries the windows per program."""
@@ -243,7 +258,8 @@ def _mta_out(env, grid):
     shares = _mta_tap_shares(env, windows)
     w, h, c = _avg(len(p) for p in progs), env["H"], ac // env["KC"]
     pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
-    out = {"it": w, "c0": [c, c], "b": env["CK"], "d0": math.ceil(env["D"] / env["DCH"])}
+    out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, windows),
+           "d0": math.ceil(env["D"] / env["DCH"])}
     if env.get("STAGE_CALL"):
         return out | {"n": [h, h, h * w], "a": post + pre}
     return out | {"n": [h, h, h], "a": pre + post}

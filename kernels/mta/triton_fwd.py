@@ -11,8 +11,10 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Pre-softmax convolution (`_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
   = sum_a q_{i-(c_q-1)+a} . kt_a(j)` with the folded keys `kt = fold_keys(k)` (computed once
   per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
-  masked (row, key) pair (a band at the diagonal) sum the c_q * c_k masked products directly,
-  each a dot, so Mask_0 before the convolution stays exact.
+  masked (row, key) pair (a band at the diagonal) Mask_0 the raw scores first, so Mask_0
+  before the convolution stays exact: in the forward per row tap two dots per chunk of read
+  keys, the masked scores times a banded Toeplitz matrix of the key taps
+  (`_toeplitz_scores`); in the backward the c_q * c_k masked products, each a dot.
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
@@ -99,9 +101,24 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
                 s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
                              (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
                 acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
-    elif _interior(first_row, row0 + R, col0, col0 + C, T_Q, T_K, D, BLOCK_D, SCH):
-        # factored, every row tap and key inside the sequence and one chunk of d_head: the
-        # same CQ dots without masks
+    else:
+        acc = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
+                               IEEE, R, C, BLOCK_D, SCH)
+    return acc * scale
+
+
+@triton.jit
+def _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
+                     IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                     BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """The unscaled factored taps `sum_a q_{i-(CQ-1)+a} . kt_a(j)` `[R, C]` fp32 (CQ dots) of
+    a window whose taps reach no causally masked pair (`_conv_scores`, `_fwd_conv_scores`)."""
+    first_row = row0 - (CQ - 1)
+    acc = tl.zeros([R, C], dtype=tl.float32)
+    cols = col0 + tl.arange(0, C)
+    if _interior(first_row, row0 + R, col0, col0 + C, T_Q, T_K, D, BLOCK_D, SCH):
+        # every row tap and key inside the sequence and one chunk of d_head: the same CQ dots
+        # without masks
         offs_d = tl.arange(0, BLOCK_D)
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
@@ -115,7 +132,77 @@ def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_p
             acc += dot_rows(Q + q_base, rows * sq_t, (rows >= 0) & (rows < T_Q), sq_d,
                             KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
                             SCH)
+    return acc
+
+
+@triton.jit
+def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
+                     D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                     HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr,
+                     C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """`_conv_scores` of the forward's passes: the windows at the diagonal take the banded
+    Toeplitz form (`_toeplitz_scores`: 2 CQ dots per chunk of C read keys) instead of the
+    CQ * CK direct dots; the others the same factored taps. (The backward keeps
+    `_conv_scores`: its trip models count the direct taps.)"""
+    last_key = col0 + (C - 1) - LEFT + (CK - 1)
+    if last_key > row0 - (CQ - 1) + Q_OFFSET:       # taps cross the causal edge
+        acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n, D,
+                               row0, col0, T_Q, T_K, Q_OFFSET, CQ, CK, LEFT, HAS_KVALID, IEEE,
+                               R, C, BLOCK_D, SCH)
+    else:
+        acc = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
+                               IEEE, R, C, BLOCK_D, SCH)
     return acc * scale
+
+
+@triton.jit
+def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n, D, row0, col0,
+                     T_Q, T_K, Q_OFFSET, CQ, CK, LEFT, HAS_KVALID: tl.constexpr,
+                     IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                     BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """Unscaled Conv_pre(Mask_0(q k^T)) `[R, C]` fp32 of a window at the diagonal, per row tap
+    a and chunk of C read keys two dots: the raw scores of rows `i - (CQ - 1) + a` against
+    the keys `col0 - LEFT + t0 + arange(C)` (`[R, C]`), Mask_0'd there (the mask is one of
+    (row, read key) alone: causal, padding), then times the banded Toeplitz matrix
+    `th[a, t0 + t - j]` (`0 <= t0 + t - j < CK`, `[C, C]`, gathered from TH) that sums the key
+    taps. The chunks cover the `C + CK - 1` keys the taps read, up to the last one a row of
+    the window may see (past it the scores are all masked: `_toeplitz_chunks`). Before: CQ x
+    CK dots of `[R, C]` (66 at 6 x 11, 11x a factored window); now 2 CQ per chunk, 1-2
+    chunks. The masked scores and the taps enter the second dot in the input dtype (IEEE:
+    fp32 products), as kt does in the factored form."""
+    first_row = row0 - (CQ - 1)
+    offs_c = tl.arange(0, C)
+    acc = tl.zeros([R, C], dtype=tl.float32)
+    for a in range(0, CQ):
+        rows = first_row + a + tl.arange(0, R)
+        r_in = (rows >= 0) & (rows < T_Q)
+        for t0 in range(0, _toeplitz_chunks(row0, col0, Q_OFFSET, CK, LEFT, R, C), C):
+            keys = col0 - LEFT + t0 + offs_c
+            k_in = (keys >= 0) & (keys < T_K)
+            s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t, k_in,
+                         sk_d, D, IEEE, BLOCK_D, SCH)
+            ok = keys[None, :] <= rows[:, None] + Q_OFFSET            # Mask_0: causal
+            if HAS_KVALID:                                            # and padding keys
+                ok = ok & (tl.load(kv_ptr + keys, mask=k_in, other=0) != 0)[None, :]
+            s = tl.where(ok, s, 0.0)
+            # The taps in the dot's input dtype as they load, the tap offsets formed here, not
+            # kept across the loops (at 64 x 64, d 128, sm_80, triton 3.6.0: 96 B -> 0 B spill)
+            tap = t0 + offs_c[:, None] - offs_c[None, :]      # key tap of (read key, output)
+            toep = tl.load(TH + (n * CQ + a) * CK + tap, mask=(tap >= 0) & (tap < CK),
+                           other=0.0).to(tl.float32 if IEEE else Q.dtype.element_ty)
+            if IEEE:
+                acc += tl.dot(s, toep, input_precision="ieee")
+            else:
+                acc += tl.dot(s.to(toep.dtype), toep)
+    return acc
+
+
+@triton.jit
+def _toeplitz_chunks(row0, col0, Q_OFFSET, CK, LEFT, R: tl.constexpr, C: tl.constexpr):
+    """The end of `_toeplitz_scores`' read keys, window-relative: the `C + CK - 1` keys its
+    taps read, cut after the last key the window's last row may see (`row0 + R - 1 +
+    Q_OFFSET`); at least 1."""
+    return tl.maximum(tl.minimum(C + CK - 1, row0 + R + Q_OFFSET - (col0 - LEFT)), 1)
 
 
 @triton.jit
@@ -219,10 +306,10 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
     for it in range(tl.load(row), tl.load(row + 1)):
         m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
         for n in range(0, H):                 # phase 1: each head's convolved scores
-            conv = _conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
-                                kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
-                                TH, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                                HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, SCH)
+            conv = _fwd_conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
+                                    kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d,
+                                    kv_ptr, TH, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ, CK,
+                                    LEFT, HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, SCH)
             tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
                      + offs_c[None, :], conv)
         tl.debug_barrier()
@@ -273,10 +360,10 @@ def _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h,
     fp32 stage `S1 [HB, AR, AC]`."""
     offs = tl.arange(0, AR)[:, None] * AC + tl.arange(0, AC)[None, :]
     for n in range(0, H):
-        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
-                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
-                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID,
-                            IEEE, AR, AC, BLOCK_D, SCH)
+        conv = _fwd_conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
+                                kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
+                                TH, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                                HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
         tl.store(S1 + n * (AR * AC) + offs, conv)
 
 

@@ -78,8 +78,8 @@ stage "${TUNE_S:-150}" "$OUT/tune.log" $PY -m attnlens.kernels.autotune_pass --d
     --out kernels/tuned_configs.json --segment
 cp kernels/tuned_configs.json "$OUT/" 2>/dev/null || true
 # 0b. the same bits twice, and every kernel finishes (attnlens/benchmarks/repeatability.py):
-#    the MTA backward's dk turns assume in-order dispatch of programs, which only a GPU can
-#    check; a case that hangs is killed after REPEAT_CASE_S and its op's backward is left out
+#    the MTA backward's dk turns wait on other programs (deadlock-free when its persistent
+#    grid is all resident; the interpreter never waits), which only a GPU can check; a case that hangs is killed after REPEAT_CASE_S and its op's backward is left out
 #    of the stages below (ATTNLENS_SKIP_BACKWARD), so one hung kernel cannot eat the call.
 stage "${REPEAT_S:-120}" "$OUT/repeat.md" $PY -m attnlens.benchmarks.repeatability \
     --ops mta,dcmha --T 4096 --d 128 --timeout "${REPEAT_CASE_S:-60}" --hung-file "$OUT/hung.txt"

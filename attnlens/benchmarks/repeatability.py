@@ -11,8 +11,10 @@ that gives no answer within `--timeout` seconds is killed and reported:
 
 - "hung in a kernel": its first call had returned to Python (its kernels compiled and launched)
   but the GPU never finished it. The MTA backward's dk turns (`wait_turn` / `pass_turn`,
-  kernels/mta/bwd_tiles.py) wait on programs launched before them; they assume the GPU starts
-  programs in launch order, which no CPU run can check. This is the check.
+  kernels/mta/bwd_tiles.py) wait on other programs of the same launch: deadlock-free only if
+  every program of its persistent grid is resident at once (`out_plan.turn_plan`), and the
+  interpreter, which runs programs one after another, compiles the wait out. No CPU run can
+  check it; this is the check.
 - "no launch": still compiling (or hung on the host) when the time ran out.
 
 The interpreter runs programs one after another, so `--cpu` shows only that the table is made;

@@ -17,6 +17,7 @@ documented text is still in its section.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,29 @@ HEADLINES = [
              "## DCMHA forward on 64 x 64 tiles on sm_90"),
     Headline("dcmha", 4096, 128, "fwd", 0.371, "**0.371**",
              "## DCMHA forward on 64 x 64 tiles on sm_90"),
-    Headline("mta", 4096, 64, "fwd", 1.110, "1.110 / 5.29",
-             "## Fused MTA forward: both passes persistent"),
-    Headline("mta", 4096, 128, "fwd", 1.390, "1.390 / 8.29",
-             "## Fused MTA forward: both passes persistent"),
-    Headline("mta", 1024, 128, "fwd", 0.230, "0.230 / 1.07",
-             "## Fused MTA forward: both passes persistent"),
+    Headline("mta", 4096, 64, "fwd", 1.040, "**1.040 / 4.82**",
+             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
+    Headline("mta", 4096, 128, "fwd", 1.290, "**1.290 / 7.26**",
+             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
+    Headline("mta", 1024, 128, "fwd", 0.164, "**0.164 / 0.78**",
+             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
 ]
+
+
+TABLE_SECTION = "## After the merges of 2026-12-05 (fifth session)"
+_TABLE_ROW = re.compile(r"^\| (\w+) \| (\d+) \| (\d+) \| (fwd|bwd) \| ([\d.]+) \|", re.M)
+
+
+def table_headlines(docs: str | None = None) -> list[Headline]:
+    """The rows `| op | T | d_head | pass | issue ms |` of TABLE_SECTION's table (every fused
+    op's passes on one main, written by `--table`) as headlines."""
+    text = section_text(TABLE_SECTION, docs)
+    return [Headline(op, int(T), int(d), pass_, float(ms), f"| {op} | {T} | {d} | {pass_} | {ms} |",
+                     TABLE_SECTION) for op, T, d, pass_, ms in _TABLE_ROW.findall(text)]
+
+
+def all_headlines(docs: str | None = None) -> list[Headline]:
+    return HEADLINES + table_headlines(docs)
 
 
 def section_text(heading_start: str, docs: str | None = None) -> str:
@@ -78,6 +95,27 @@ def issue_ms(op: str, T: int, d_head: int, pass_: str, cache=None) -> float:
     return est["H200_issue_s"] * 1e3
 
 
+def print_table(ops, Ts, Ds) -> int:
+    """The table TABLE_SECTION holds: each op's fwd and bwd issue bound at every (T, d)."""
+    from attnlens.kernels.compile_check.results_cache import ResultCache
+
+    cache = ResultCache(None)
+    print("| op | T | d_head | pass | H200 issue bound, ms (ESTIMATE) |\n|---|---|---|---|---|",
+          flush=True)
+    for op in ops:
+        for T in Ts:
+            for d in Ds:
+                for pass_ in ("fwd", "bwd"):
+                    print(f"| {op} | {T} | {d} | {pass_} | "
+                          f"{_three(issue_ms(op, T, d, pass_, cache))} |", flush=True)
+    return 0
+
+
+def _three(ms: float) -> str:
+    """3 significant digits, as the docs write them."""
+    return f"{ms:#.3g}"
+
+
 def row(h: Headline, ms: float, in_docs: bool) -> str:
     return (f"| {h.op} | {h.T} | {h.d_head} | {h.pass_} | {h.issue_ms:.3f} | {ms:.4f} "
             f"| {ms / h.issue_ms:.4f} | {'yes' if in_docs else 'NO'} |")
@@ -86,7 +124,13 @@ def row(h: Headline, ms: float, in_docs: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", default=None, help="ops to recompute (default all)")
+    p.add_argument("--table", nargs="+", default=None, metavar="OP",
+                   help="instead: print the rows of TABLE_SECTION's table for these ops")
+    p.add_argument("--T", nargs="+", type=int, default=[4096], help="with --table")
+    p.add_argument("--d", nargs="+", type=int, default=[64, 128], help="with --table")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.table:
+        return print_table(args.table, args.T, args.d)
     import triton
 
     from attnlens.kernels.compile_check.results_cache import ResultCache
@@ -96,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
           "| op | T | d_head | pass | documented issue ms | recomputed | ratio | in its section |\n"
           "|---|---|---|---|---|---|---|---|", flush=True)
     bad = 0
-    for h in HEADLINES:
+    for h in all_headlines():
         if args.only and h.op not in args.only:
             continue
         ms = issue_ms(h.op, h.T, h.d_head, h.pass_, cache)

@@ -67,6 +67,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--models", "text-mha-l4mlp", "--tokens", "24", "--cap", "1GB")),
     Benchmark("kernels", "attnlens.benchmarks.kernels",
               "Triton kernels vs torch / SDPA (needs a GPU)", ()),
+    Benchmark("repeatability", "attnlens.benchmarks.repeatability",
+              "fused ops: the same bits twice, every kernel finishing (needs a GPU)", ()),
     Benchmark("model_1b", "attnlens.benchmarks.model_1b",
               "1B-shaped model forward, torch vs triton, one-head pattern hook (needs a GPU)",
               ("--variants", "mha", "--T", "256", "--reps", "1")),

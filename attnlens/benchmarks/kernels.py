@@ -418,9 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cpu:
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            print("attnlens.benchmarks.kernels --cpu: triton was imported before "
-                  "TRITON_INTERPRET=1 was set; "
-                  "run it as its own process.")
+            print(f"{CLI.module} --cpu: triton was imported before TRITON_INTERPRET=1 was "
+                  "set; run it as its own process.")
             return 1
         os.environ["TRITON_INTERPRET"] = "1"
     settings = RunSettings.from_env()

@@ -45,6 +45,45 @@ def test_the_table_rows_are_read_as_headlines():
     assert rows[0].text == "| flash | 4096 | 64 | fwd | 0.0374 |"
 
 
+def test_sections_cut_once_match_a_search_of_the_whole_file():
+    """`Sections` gives every section of benchmarks.md exactly as searching the whole text for
+    its heading and cutting at the next one did (the lookup before `Sections`)."""
+    docs = headline.DOCS.read_text()
+    sections = headline.Sections(docs)
+    headings = [line for line in docs.splitlines() if line.startswith("## ")]
+    assert len(headings) > 10
+    for heading in headings:
+        start = docs.find("\n" + heading)
+        end = docs.find("\n## ", start + 1)
+        assert sections.text(heading) == docs[start:end if end >= 0 else len(docs)], heading
+    with pytest.raises(LookupError, match="no section starting '## no such'"):
+        sections.text("## no such")
+
+
+def test_a_check_reads_benchmarks_md_once(monkeypatch, tmp_path, capsys):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# B\n## A one\nbound **0.500** ms\n## B two\nbound **0.250**\n"
+                    f"{headline.TABLE_SECTION}\n| op | T |\n|---|---|\n"
+                    "| flash | 4096 | 64 | fwd | 0.0374 |\n")
+    monkeypatch.setattr(headline, "DOCS", docs)
+    monkeypatch.setattr(headline, "HEADLINES", [
+        headline.Headline("mta", 4096, 64, "fwd", 0.500, "**0.500**", "## A one"),
+        headline.Headline("dcmha", 4096, 64, "fwd", 0.250, "**0.250**", "## B two")])
+    documented = {(h.op, h.pass_): h.issue_ms for h in headline.all_headlines()}
+    monkeypatch.setattr(headline, "issue_ms", lambda op, T, d, pass_, cache: documented[op, pass_])
+    reads = []
+    read_text = type(docs).read_text
+
+    def counted(path, *args, **kwargs):
+        reads.extend([path] if path == docs else [])
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(docs), "read_text", counted)
+    assert headline.main([]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith("| yes |")]
+    assert len(rows) == 3 and reads == [docs]
+
+
 def test_a_row_flags_a_headline_gone_from_its_section():
     h = headline.HEADLINES[0]
     assert headline.row(h, h.issue_ms * 1.5, False).endswith("| 1.5000 | NO |")

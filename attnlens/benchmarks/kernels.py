@@ -17,7 +17,6 @@ and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -25,11 +24,19 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from attnlens.benchmarks._kernel_cli import Defaults, KernelCli
+
+CLI = KernelCli("attnlens.benchmarks.kernels",
+                gpu=Defaults(ops=None, T="1024,4096,16384", d="64,128", heads=16, dtype="bf16"),
+                cpu=Defaults(ops=None, T="64,128", d="32", heads=1, dtype="fp32"),
+                no_gpu="the benchmark targets an H100 (bf16). Run it there, or use --cpu for a "
+                       "tiny interpreter smoke run.",
+                cpu_help="tiny sizes on the Triton CPU interpreter (sets TRITON_INTERPRET=1)")
 
 
 # -- ops: each returns {impl: (forward, inputs needing grad)} for one (B, H, T, D) --------------
@@ -104,13 +111,20 @@ def mta_cases(B, H, T, D, dtype, device, c_q: int = 6, c_k: int = 11):
 
 
 OPS = {"flash": flash_cases, "cope": cope_cases, "infini": infini_cases, "mta": mta_cases}
-# FLOPs of the attention matmuls, forward: causal T^2 (halved); Infini: causal within segments.
+
+
+def causal_flops(B: int, H: int, T: int, D: int) -> float:
+    """FLOPs of causal attention's two matmuls, forward: T^2, halved."""
+    return 2 * 2 * B * H * T * T * D * 0.5
+
+
+# An op's forward FLOPs where they are not `causal_flops`; Infini: causal within segments.
 FLOPS = {"infini": lambda B, H, T, D: 2 * 2 * B * H * T * min(T, INFINI_SEGMENT) * D * 0.5}
 
 
 def register_op(name: str, cases: Callable, flops: Callable | None = None) -> None:
     """Add an op to the benchmark (`cases(B, H, T, D, dtype, device) -> {impl: (make, fn)}`,
-    `flops(B, H, T, D)` the forward FLOPs, default causal attention's)."""
+    `flops(B, H, T, D)` the forward FLOPs, default `causal_flops`)."""
     OPS[name] = cases
     if flops is not None:
         FLOPS[name] = flops
@@ -241,14 +255,35 @@ def _fmt(x, unit="") -> str:
     return f"{x:,.2f}{unit}" if x < 100 else f"{x:,.0f}{unit}"
 
 
-def skipped_backward() -> set[str]:
-    """Ops whose backward is left out: ATTNLENS_SKIP_BACKWARD (comma list), set by
+SKIP_BACKWARD_ENV = "ATTNLENS_SKIP_BACKWARD"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the environment asks of a run, read once at its start (`from_env`) and passed
+    down, so that its rows cannot disagree however the environment changes meanwhile.
+
+    `skip_backward`: ops whose backward is left out, SKIP_BACKWARD_ENV (comma list), set by
     scripts/gpu_validate.sh for an op whose kernels hung in its repeatability stage."""
-    return {op for op in os.environ.get("ATTNLENS_SKIP_BACKWARD", "").split(",") if op}
+    skip_backward: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> RunSettings:
+        return cls(skip_backward=frozenset(
+            op for op in environ.get(SKIP_BACKWARD_ENV, "").split(",") if op))
+
+
+def skipped_backward() -> set[str]:
+    """The ops whose backward the environment leaves out now (`RunSettings`)."""
+    return set(RunSettings.from_env().skip_backward)
 
 
 def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device,
-           isolated: bool = False) -> list[str]:
+           isolated: bool = False, settings: RunSettings | None = None) -> list[str]:
+    """Times every impl of op `name` at each (T, d_head), forward and forward+backward; prints
+    and returns the table's lines. `settings`: read from the environment here when None."""
+    settings = RunSettings.from_env() if settings is None else settings
+    flops_of = FLOPS.get(name, causal_flops)
     timing = "isolated calls" if isolated else "back to back"
     lines = [f"### {name}  (batch {B}, heads {H}, {str(dtype).removeprefix('torch.')}, "
              f"{timing})", "",
@@ -258,13 +293,12 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device,
     print("\n".join(lines), flush=True)
     for T in Ts:
         for D in Ds:
-            flops = FLOPS.get(name, lambda B, H, T, D: 2 * 2 * B * H * T * T * D * 0.5)(
-                B, H, T, D)
+            flops = flops_of(B, H, T, D)
             for impl, (make, fn) in OPS[name](B, H, T, D, dtype, device).items():
                 row = []
                 for backward in (False, True):
-                    if backward and name in skipped_backward():
-                        row.append(("skipped (ATTNLENS_SKIP_BACKWARD)",) * 4)
+                    if backward and name in settings.skip_backward:
+                        row.append((f"skipped ({SKIP_BACKWARD_ENV})",) * 4)
                         continue
                     try:
                         ms, peak, host = measure(make, fn, backward, reps, cuda, isolated)
@@ -285,12 +319,15 @@ def run_op(name: str, Ts, Ds, B, H, dtype, reps: int, cuda: bool, device,
     return lines
 
 
-def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0) -> dict[str, float]:
+def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0,
+             settings: RunSettings | None = None) -> dict[str, float]:
     """How far the fused op in `dtype` and the plain-torch reference in `dtype` are from the
     reference run in float64 on the same inputs (the truth): max |x - truth| / max |truth| of
     the output and of the worst input gradient (one random output gradient). The torch
     reference's own error is the bar the fused op should meet. The inputs are drawn from seed
-    `seed` (the caller's random state is left as it was), so a row is the same in every run."""
+    `seed` (the caller's random state is left as it was), so a row is the same in every run.
+    `settings`: read from the environment here when None; a skipped backward gives nan."""
+    settings = RunSettings.from_env() if settings is None else settings
     with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
         torch.manual_seed(seed)
         cases = OPS[name](B, H, T, D, dtype, device)
@@ -298,7 +335,7 @@ def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0) -> dict[str, f
         _, reference = cases["reference"]
         inputs = make()
 
-    backward = name not in skipped_backward()
+    backward = name not in settings.skip_backward
 
     def run(fn, xs, grad=None):
         out = fn(*xs)
@@ -320,7 +357,7 @@ def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0) -> dict[str, f
 
     def worst(grads):
         if not backward:
-            return float("nan")    # left out: ATTNLENS_SKIP_BACKWARD
+            return float("nan")    # left out: SKIP_BACKWARD_ENV
         return max(rel(a, b) for a, b in zip(grads, grads_t, strict=True)
                    if a is not None and b is not None)
 
@@ -328,8 +365,10 @@ def accuracy(name: str, B, H, T, D, dtype, device, seed: int = 0) -> dict[str, f
             "ref_out": rel(out_r, out_t), "ref_grads": worst(grads_r)}
 
 
-def check_table(ops, Ts, Ds, B, H, dtype, device) -> list[str]:
-    """One markdown table of `accuracy` over ops x T x d_head."""
+def check_table(ops, Ts, Ds, B, H, dtype, device,
+                settings: RunSettings | None = None) -> list[str]:
+    """One markdown table of `accuracy` over ops x T x d_head (`settings` as `run_op`'s)."""
+    settings = RunSettings.from_env() if settings is None else settings
     lines = [f"### error against the float64 reference ({str(dtype).removeprefix('torch.')} "
              f"inputs, batch {B}, heads {H}): max abs error / max abs value", "",
              "| op | T | d_head | fused output | fused worst gradient | torch output "
@@ -339,7 +378,7 @@ def check_table(ops, Ts, Ds, B, H, dtype, device) -> list[str]:
         for T in Ts:
             for D in Ds:
                 try:
-                    e = accuracy(name, B, H, T, D, dtype, device)
+                    e = accuracy(name, B, H, T, D, dtype, device, settings=settings)
                     cells = (f"{e['out']:.2e} | {e['grads']:.2e} | {e['ref_out']:.2e} "
                              f"| {e['ref_grads']:.2e}")
                 except Exception as err:
@@ -357,21 +396,13 @@ def header(cuda: bool, argv: list[str]) -> str:
         "Triton interpreter)"
     return (f"device: {device}; torch {torch.__version__}; triton {triton.__version__}; "
             f"date: {datetime.date.today().isoformat()}; "
-            f"command: python -m attnlens.benchmarks.kernels {' '.join(argv)}".rstrip())
+            f"command: python -m {CLI.module} {' '.join(argv)}".rstrip())
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m attnlens.benchmarks.kernels",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default=None, help=f"comma list of {sorted(OPS)} (default all)")
-    parser.add_argument("--T", default=None, help="sequence lengths (default 1024,4096,16384)")
-    parser.add_argument("--d", default=None, help="head dims (default 64,128)")
+    parser = CLI.parser(__doc__, OPS)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=None, help="default 16 (CUDA), 1 (CPU)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                        help="default bf16 (CUDA), fp32 (CPU)")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--check", action="store_true",
                         help="instead of timing, measure the fused op's and the torch "
@@ -381,42 +412,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="synchronise after every timed call (the GPU idles while the host "
                              "prepares each launch, so host overhead is in the number); default: "
                              "calls back to back, host work overlapping the GPU's")
-    parser.add_argument("--cpu", action="store_true",
-                        help="tiny sizes on the Triton CPU interpreter (sets TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
-
-    cuda = torch.cuda.is_available() and not args.cpu
-    if not cuda and not args.cpu:
-        print("attnlens.benchmarks.kernels: no CUDA GPU found; the benchmark targets an H100 "
-              "(bf16). "
-              "Run it there, or use --cpu for a tiny interpreter smoke run.")
+    cases = CLI.cases(parser, args, OPS)
+    if cases is None:
         return 0
     if args.cpu:
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            print("attnlens.benchmarks.kernels --cpu: triton was imported before "
-                  "TRITON_INTERPRET=1 was set; "
-                  "run it as its own process.")
+            print(f"{CLI.module} --cpu: triton was imported before TRITON_INTERPRET=1 was "
+                  "set; run it as its own process.")
             return 1
         os.environ["TRITON_INTERPRET"] = "1"
-    ops = args.ops.split(",") if args.ops else list(OPS)
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown:
-        parser.error(f"unknown ops {unknown}; choose from {sorted(OPS)}")
-    Ts = [int(t) for t in (args.T or ("1024,4096,16384" if cuda else "64,128")).split(",")]
-    Ds = [int(d) for d in (args.d or ("64,128" if cuda else "32")).split(",")]
-    H = args.heads or (16 if cuda else 1)
-    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
-    reps = args.reps or (20 if cuda else 2)
-    device = "cuda" if cuda else "cpu"
-    print(header(cuda, argv) + "\n")
+    settings = RunSettings.from_env()
+    print(header(cases.cuda, argv) + "\n")
     if args.check:
-        check_table(ops, Ts, Ds, args.batch, H, dtype, device)
+        check_table(cases.ops, cases.Ts, cases.Ds, args.batch, cases.heads, cases.dtype,
+                    cases.device, settings)
         return 0
-    for name in ops:
-        run_op(name, Ts, Ds, args.batch, H, dtype, reps, cuda, device, args.isolated)
+    reps = args.reps or (20 if cases.cuda else 2)
+    for name in cases.ops:
+        run_op(name, cases.Ts, cases.Ds, args.batch, cases.heads, cases.dtype, reps, cases.cuda,
+               cases.device, args.isolated, settings)
         print()
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

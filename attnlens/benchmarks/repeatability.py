@@ -32,7 +32,14 @@ import subprocess
 import sys
 import time
 
-from attnlens.benchmarks.kernels import DTYPES, OPS
+from attnlens.benchmarks._kernel_cli import DTYPES, Defaults, KernelCli
+from attnlens.benchmarks.kernels import OPS
+
+CLI = KernelCli("attnlens.benchmarks.repeatability",
+                gpu=Defaults(ops="mta,dcmha", T="4096", d="128", heads=16, dtype="bf16"),
+                cpu=Defaults(ops="mta", T="48", d="16", heads=2, dtype="fp32"),
+                no_gpu="the question is the GPU's (use --cpu for a tiny interpreter smoke run).",
+                cpu_help="tiny sizes on the interpreter")
 
 LAUNCHED = "@@launched"
 RESULT = "@@result "
@@ -128,20 +135,10 @@ def row(op: str, T: int, D: int, r: dict, timeout: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m attnlens.benchmarks.repeatability",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default=None, help=f"comma list of {sorted(OPS)} "
-                        "(default mta,dcmha on CUDA, mta on the CPU)")
-    parser.add_argument("--T", default=None, help="lengths (default 4096; CPU 48)")
-    parser.add_argument("--d", default=None, help="head dims (default 128; CPU 16)")
-    parser.add_argument("--heads", type=int, default=None, help="default 16 (CUDA), 2 (CPU)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                        help="default bf16 (CUDA), fp32 (CPU)")
+    parser = CLI.parser(__doc__, OPS)
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per case before it is killed (default 60)")
     parser.add_argument("--hung-file", default=None, help="write the hung ops here")
-    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the interpreter")
     parser.add_argument("--child", nargs=5, metavar=("OP", "T", "D", "HEADS", "DTYPE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -152,32 +149,20 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 0
 
-    import torch
-
-    cuda = torch.cuda.is_available() and not args.cpu
-    if not cuda and not args.cpu:
-        print("attnlens.benchmarks.repeatability: no CUDA GPU found; the question is the GPU's "
-              "(use --cpu for a tiny interpreter smoke run).")
+    cases = CLI.cases(parser, args, OPS)
+    if cases is None:
         return 0
-    ops = (args.ops or ("mta,dcmha" if cuda else "mta")).split(",")
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown:
-        parser.error(f"unknown ops {unknown}; choose from {sorted(OPS)}")
-    Ts = [int(t) for t in (args.T or ("4096" if cuda else "48")).split(",")]
-    Ds = [int(d) for d in (args.d or ("128" if cuda else "16")).split(",")]
-    heads = args.heads or (16 if cuda else 2)
-    dtype_name = args.dtype or ("bf16" if cuda else "fp32")
-    env = dict(os.environ, TRITON_INTERPRET="0" if cuda else "1")
-    print(f"### the same bits twice? (batch 1, heads {heads}, {dtype_name}; forward+backward "
-          "runs 2 and 3 of 3 from the same inputs, each case its own process)\n\n"
+    env = dict(os.environ, TRITON_INTERPRET="0" if cases.cuda else "1")
+    print(f"### the same bits twice? (batch 1, heads {cases.heads}, {cases.dtype_name}; "
+          "forward+backward runs 2 and 3 of 3 from the same inputs, each case its own process)\n\n"
           "| op | T | d_head | status | output | input gradients | max abs diff | ms |\n"
           "|---|---|---|---|---|---|---|---|", flush=True)
     hung = []
-    for op in ops:
-        for T in Ts:
-            for D in Ds:
-                cmd = [sys.executable, "-m", "attnlens.benchmarks.repeatability", "--child",
-                       op, str(T), str(D), str(heads), dtype_name]
+    for op in cases.ops:
+        for T in cases.Ts:
+            for D in cases.Ds:
+                cmd = [sys.executable, "-m", CLI.module, "--child",
+                       op, str(T), str(D), str(cases.heads), cases.dtype_name]
                 r = run_case(cmd, args.timeout, env)
                 print(row(op, T, D, r, args.timeout), flush=True)
                 if r["status"] != "ok" and r.get("log"):

@@ -56,26 +56,51 @@ TABLE_SECTION = "## After the merges of 2026-12-05 (fifth session)"
 _TABLE_ROW = re.compile(r"^\| (\w+) \| (\d+) \| (\d+) \| (fwd|bwd) \| ([\d.]+) \|", re.M)
 
 
-def table_headlines(docs: str | None = None) -> list[Headline]:
+class Sections:
+    """benchmarks.md read once (`read`, or the text given) and cut into its "## " sections: each
+    section's text from the newline before its heading up to the next "## " heading or the end.
+    A headline check looks every section up here instead of re-reading and re-searching the
+    whole file per headline."""
+
+    def __init__(self, docs: str):
+        starts = [m.start() for m in re.finditer(r"\n## ", docs)]
+        self._texts = [docs[a:b] for a, b in zip(starts, [*starts[1:], len(docs)], strict=True)]
+
+    @classmethod
+    def read(cls) -> Sections:
+        return cls(DOCS.read_text())
+
+    def text(self, heading_start: str) -> str:
+        """The first section whose heading starts with `heading_start` (which starts "## ")."""
+        for text in self._texts:
+            if text.startswith("\n" + heading_start):
+                return text
+        raise LookupError(f"no section starting {heading_start!r} in {DOCS.name}")
+
+
+def _sections(docs: str | Sections | None) -> Sections:
+    if isinstance(docs, Sections):
+        return docs
+    return Sections.read() if docs is None else Sections(docs)
+
+
+def table_headlines(docs: str | Sections | None = None) -> list[Headline]:
     """The rows `| op | T | d_head | pass | issue ms |` of TABLE_SECTION's table (every fused
-    op's passes on one main, written by `--table`) as headlines."""
-    text = section_text(TABLE_SECTION, docs)
+    op's passes on one main, written by `--table`) as headlines. `docs`: benchmarks.md's text
+    or `Sections` (read here when None), as for `section_text`."""
+    text = _sections(docs).text(TABLE_SECTION)
     return [Headline(op, int(T), int(d), pass_, float(ms), f"| {op} | {T} | {d} | {pass_} | {ms} |",
                      TABLE_SECTION) for op, T, d, pass_, ms in _TABLE_ROW.findall(text)]
 
 
-def all_headlines(docs: str | None = None) -> list[Headline]:
+def all_headlines(docs: str | Sections | None = None) -> list[Headline]:
     return HEADLINES + table_headlines(docs)
 
 
-def section_text(heading_start: str, docs: str | None = None) -> str:
-    """The text of the benchmarks.md section whose heading starts with `heading_start`."""
-    docs = DOCS.read_text() if docs is None else docs
-    start = docs.find("\n" + heading_start)
-    if start < 0:
-        raise LookupError(f"no section starting {heading_start!r} in {DOCS.name}")
-    end = docs.find("\n## ", start + 1)
-    return docs[start:end if end >= 0 else len(docs)]
+def section_text(heading_start: str, docs: str | Sections | None = None) -> str:
+    """The text of the benchmarks.md section whose heading starts with `heading_start`
+    (`docs`: its text, or `Sections` already cut; None reads the file)."""
+    return _sections(docs).text(heading_start)
 
 
 def issue_ms(op: str, T: int, d_head: int, pass_: str, cache=None) -> float:
@@ -136,15 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     from attnlens.kernels.compile_check.results_cache import ResultCache
 
     cache = ResultCache(None)
+    sections = Sections.read()      # once per check
     print(f"triton {triton.__version__} (documented with {TRITON})\n\n"
           "| op | T | d_head | pass | documented issue ms | recomputed | ratio | in its section |\n"
           "|---|---|---|---|---|---|---|---|", flush=True)
     bad = 0
-    for h in all_headlines():
+    for h in all_headlines(sections):
         if args.only and h.op not in args.only:
             continue
         ms = issue_ms(h.op, h.T, h.d_head, h.pass_, cache)
-        in_docs = h.text in section_text(h.section)
+        in_docs = h.text in sections.text(h.section)
         print(row(h, ms, in_docs), flush=True)
         bad += (not in_docs) or abs(ms / h.issue_ms - 1) > TOLERANCE
     return 1 if bad and triton.__version__ == TRITON else 0

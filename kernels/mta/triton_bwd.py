@@ -55,6 +55,7 @@ from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import d_chunk, dot_rows, score_chunk
 from attnlens.kernels._prologue import grid_batches, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.mta.bwd_logits import bwd_logits, logits_staging_scores
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
     add_dot_heads_slot,
@@ -79,10 +80,8 @@ from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
     _allowed,
-    _logits_tc,
     fold_keys,
     key_splits,
-    logits_staging_scores,
     out_windows,
 )
 
@@ -95,7 +94,7 @@ def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, 
     """A `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` from the saved
     lse (0 where masked, outside the sequence and on empty rows)."""
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
-    logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+    logits = bwd_logits(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
                         sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
                         Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, R, C, BLOCK_D, SCH)
     lse2 = row_lse2(LSE, b, H, T_Q, row0 + tl.arange(0, R), offs_h, h_valid)

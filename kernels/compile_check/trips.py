@@ -306,25 +306,29 @@ def _mta_bwd_delta(env, grid):
 
 
 def _mta_bwd_post(env, grid):
-    """`mta_bwd_post_kernel` (`_post_window`): four sweeps per window (A with the logits; P2
-    and P, `a` CQ2; dP, `d0`; dth', `a` CQ2) and dv, one d_head loop per window (`d0`) in the
-    program's turn (`while`, `wait_turn`: one poll per window, no waiting modeled)."""
+    """`mta_bwd_post_kernel` (`_post_window`): three sweeps per window (A with the logits; P2
+    and P, `a` CQ2; dP, `d0`), dv, one d_head loop per window (`d0`) in the program's turn
+    (`while`, `wait_turn`: one poll per window, no waiting modeled), then dth' (`tap_grads`:
+    per window its row taps `a` CQ2, each over the row chunks `r0`)."""
     w, shares, chunks = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
-    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"it": w, "r0": [rw] * 4, "n": env["H"], "t0": chunks, "d0": [d0, d0 * w],
-            "while": w,
-            "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"]]}
+    r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
+    return {"it": w, "r0": [r * w] * 3 + [r], "n": env["H"], "t0": chunks,
+            "d0": [d0, d0 * w], "while": w,
+            "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"] * w]}
 
 
 def _mta_bwd_pre(env, grid):
     """`mta_bwd_pre_kernel`, its functions in address order: `_pre_dc` (logits: `n`, `a`,
     `t0`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq `d0` per row chunk; dk one `d0` loop
     per window in the program's turn, `while`: one poll per window, no waiting modeled; dth
-    `a` CQ), `_pre_stage` (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
+    by `tap_grads`, per window its row taps `a` CQ over the row chunks `r0`), `_pre_stage`
+    (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
     w, shares, chunks = _mta_bwd_windows(env, grid, 0, 0)
-    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"it": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "t0": chunks, "while": w,
-            "a": [cq * f for f in shares] + [cq, cq, env["CQ2"]], "d0": [d0, d0 * w, d0],
+    r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
+    rw = r * w
+    return {"it": w, "r0": [rw, rw, rw, r, rw, rw], "n": [env["H"], env["H"] * w], "t0": chunks,
+            "while": w, "a": [cq * f for f in shares] + [cq, cq * w, env["CQ2"]],
+            "d0": [d0, d0 * w, d0],
             "k0": env["AR"] * env["AC"] // env["GK"] * w}
 
 

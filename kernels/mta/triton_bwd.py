@@ -29,7 +29,7 @@ backward is bit-reproducible.
 - Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
   P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows,
   added to its ORC owned keys in the program's turn), dW' one dot per row chunk, dth' by
-  `tap_grads` (CQ' dots per chunk).
+  `tap_grads` (CQ' dots per row chunk, one diagonal sum per tap and window).
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
   forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
@@ -227,11 +227,8 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                   sdo_h, sdo_d, rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
-        offs_r = r0 + tl.arange(0, PR)
-        g = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
-        tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), g, stage_a, offs_r, stage_m,
-                  CQ2, CK2, offs_h, h_valid, IEEE, HB, AR, AC, CKP)
+    tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), stage_g, stage_a, stage_m, CQ2,
+              CK2, offs_h, h_valid, IEEE, HB, AR, AC, PR, CKP)   # dth' = <G, A at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
 
 
@@ -417,11 +414,8 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
     add_dot_heads(DK, 0, 0, H, offs_c, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
                   (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
-    for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
-        offs_r = r0 + tl.arange(0, PR)
-        d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
-        tap_grads(dth_acc, d_c, stage_r, offs_r, stage_m, CQ, CK, offs_h, h_valid, IEEE, HB,
-                  AR, AC, CKP)
+    tap_grads(dth_acc, stage_dc, stage_r, stage_m, CQ, CK, offs_h, h_valid, IEEE, HB, AR, AC,
+              PR, CKP)                                  # dth = <dC, R at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
 
 

@@ -42,7 +42,9 @@ backward is bit-reproducible.
 
 The mixings' and kernels' gradients are summed per program in registers and written once to
 per-program partials (summed in torch): no atomics for them. Recomputation is flash style from
-the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`).
+the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`), the logits by
+`bwd_logits` with the forward's convolved scores (banded Toeplitz dots at the diagonal,
+factored taps elsewhere).
 """
 
 from __future__ import annotations
@@ -432,7 +434,9 @@ def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
     parts as the kernel built them in the call: an int the launch specialised to a constant
     (a stride of 1, a kernel size of 1) stays a constant in each part. A tuple assigned to a
     name first is turned into tensors (triton 3.6 and 3.9), which cost the parts 255
-    registers and 16-48 B of spills."""
+    registers and 16-48 B of spills. Each part unpacks the bundles itself: a jit helper that
+    returned the unpacked names would decay the specialised ints to tensors as well (returned
+    values are: probed under 3.9.0 and 3.6.0, 2026-12-05)."""
     _pre_stage(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC,
                PR, CKP, BLOCK_D, DCH, SCH, GK)
     _pre_dc(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC, PR,

@@ -97,16 +97,27 @@ def test_trip_models_count_the_backward_windows():
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
     assert delta["it"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
-    assert post["r0"] == [pytest.approx(16 / 3)] * 4           # 2 row chunks x 8/3 windows
+    assert post["r0"] == [pytest.approx(16 / 3)] * 3 + [2]     # 2 row chunks x 8/3 windows
     assert post["d0"] == [4, pytest.approx(4 * 8 / 3)]        # dv: one d_head loop a window
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
     assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
     assert post["while"] == pre["while"] == pytest.approx(8 / 3)   # one turn a window (dv, dk)
-    # the logits' three tap branches (`logits_staging_scores`: direct, factored inside the
-    # sequence, masked factored) share CQ per window; then dR, dth (CQ) and dA (CQ2)
-    assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3:] == [6, 6, 6]
+    # dth' and dth (`tap_grads`): per window its row taps, each summing the 2 row chunks
+    # into one diagonal read (the row chunks inside the taps: 6 x 8/3 diagonal reads a
+    # program, was twice that)
+    assert post["a"][-1] == pytest.approx(6 * 8 / 3) and pre["a"][4] == pytest.approx(6 * 8 / 3)
+    assert pre["r0"][3] == 2
+    # the logits' three tap branches (`logits_staging_scores`: the diagonal's Toeplitz taps,
+    # factored inside the sequence, masked factored) share CQ per window; then dR (CQ), dth
+    # (CQ per window) and dA (CQ2)
+    assert sum(pre["a"][:3]) == pytest.approx(6) and pre["a"][3::2] == [6, 6]
     assert len(delta["a"]) == 4 and sum(delta["a"][1:]) == pytest.approx(6)
+    # the diagonal's windows take the forward's banded Toeplitz form (`_toeplitz_scores`): no
+    # key-tap loop `b`; per row tap 1-2 chunks of AC read keys (`t0`: 16-row sweeps of 32 keys
+    # read 32 + 10 keys, cut after the last row's last visible key)
+    for model in (delta, post, pre):
+        assert "b" not in model and 1 <= model["t0"] <= 2
     # two programs per row window (`key_splits`): split 0 takes key windows 0, 2; split 1
     # takes window 1: 1 + 2 + 2 and 1 + 1 + 1 windows, the same 8 in all
     split = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, NS=2), (6, 1))

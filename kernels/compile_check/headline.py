@@ -49,6 +49,12 @@ HEADLINES = [
              "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
     Headline("mta", 1024, 128, "fwd", 0.164, "**0.164 / 0.78**",
              "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
+    Headline("mta", 4096, 64, "bwd", 7.354, "**7.354 / 2.61**",
+             "## Fused MTA backward: the diagonal's recomputed taps as banded Toeplitz dots"),
+    Headline("mta", 4096, 128, "bwd", 9.525, "**9.525 / 4.02**",
+             "## Fused MTA backward: the diagonal's recomputed taps as banded Toeplitz dots"),
+    Headline("mta", 1024, 128, "bwd", 0.686, "**0.686 / 0.326**",
+             "## Fused MTA backward: the diagonal's recomputed taps as banded Toeplitz dots"),
 ]
 
 

@@ -15,10 +15,11 @@ constexprs BLOCK_M, BLOCK_N, ...) and `grid` its program grid. How each is deriv
   segment's start). Its backward: dQ of a query tile sweeps the same keys
   (`start_n`); dK/dV of key tile `pid` sweeps the query tiles from the first that sees it,
   `(pid * BLOCK_N - Q_OFFSET) // BLOCK_M`, to T_Q (`start_m`);
-- loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `b`: CK) and
-  d_head chunks (`d0`) are their runtime bounds. MTA's pre-softmax taps run either directly
-  (`a` x `b`, windows at the causal edge) or factored (`a`): each branch's `a` is CQ times the
-  share of windows taking it (`_mta_direct_share`); its out pass steps keys by AC - CK2 + 1
+- loops over heads (`n`: H), channels (`c`: C), convolution taps (`a`: CQ, `kb`: CK) and
+  d_head chunks (`d0`) are their runtime bounds. MTA's pre-softmax taps run either as banded
+  Toeplitz dots (`a` x key chunks `t0`, windows at the causal edge: `_mta_toeplitz_chunks`)
+  or factored (`a`): each branch's `a` is CQ times the share of windows taking it
+  (`_mta_direct_share`); its out pass steps keys by AC - CK2 + 1
   and adds row chunks (`r0`) with the post-softmax row taps (`a`: CQ2).
 
 A variable listing one value per SASS loop gets them in address order. A variable may close
@@ -159,8 +160,8 @@ def _cope_fwd(env, grid):
 
 def _mta_direct_share(env, windows) -> float:
     """Share of `(row0, R, col0, C)` logit windows whose pre-softmax taps reach a causally
-    masked pair (`_conv_scores` sums those CQ * CK products directly; the rest take CQ
-    factored dots): last key tap `col0 + C - 1 - LEFT + CK - 1` beyond the first row's
+    masked pair (`_fwd_conv_scores` takes the banded Toeplitz form there, `a` then `t0`; the
+    rest take CQ factored dots): last key tap `col0 + C - 1 - LEFT + CK - 1` beyond the first row's
     `row0 - (CQ - 1) + Q_OFFSET`."""
     cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
     direct = [col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off
@@ -196,8 +197,8 @@ def _mta_split_windows(env, grid, rows, step):
 
 
 def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
-    """Shares of the forward's logit windows `(row0, R, col0, C)` per branch of
-    `_conv_scores`: direct taps, factored inside the sequence (`_interior`: rows
+    """Shares of the logit windows `(row0, R, col0, C)` per branch of `_fwd_conv_scores`:
+    the diagonal's Toeplitz taps, factored inside the sequence (`_interior`: rows
     `row0 - (CQ - 1) .. row0 + R - 1` and keys `col0 .. col0 + C - 1` in range, d_head one
     unpadded chunk: bf16 / fp16), factored with masks; in source order."""
     direct = _mta_direct_share(env, windows)
@@ -275,10 +276,11 @@ def _mta_out(env, grid):
 # addresses, so their trips carry the windows per program (`w`); the functions' straight-line
 # code is counted once per program (an undercount).
 def _mta_bwd_windows(env, grid, row_shift, col_shift):
-    """(windows per program, the tap-branch shares (`_mta_tap_shares`: direct, factored
-    inside the sequence, masked factored) of the logit windows at `(m0 + row_shift + r0, PR,
-    n0 + col_shift, AC)`: the backward forms its logits with the forward's
-    `logits_staging_scores`)."""
+    """(windows per program, the tap-branch shares (`_mta_tap_shares`: the diagonal's
+    Toeplitz taps, factored inside the sequence, masked factored) of the logit windows at
+    `(m0 + row_shift + r0, PR, n0 + col_shift, AC)`, their mean Toeplitz key chunks
+    (`_mta_toeplitz_chunks`): the backward forms its logits with the forward's
+    `_fwd_conv_scores`, `bwd_logits.logits_staging_scores`)."""
     own_r, own_c, ar, pr = env["OR"], env["ORC"], env["AR"], env["PR"]
     if env.get("PLAN") is None:
         progs = [[(m0, n0) for n0 in steps] for m0, steps in
@@ -289,39 +291,44 @@ def _mta_bwd_windows(env, grid, row_shift, col_shift):
                   for e in plan[plan[2 * p]:plan[2 * p + 1]:2]] for p in range(grid[0])]
     windows = [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
                for prog in progs for m0, n0 in prog for r0 in range(0, ar, pr)]
-    return _avg(len(p) for p in progs), _mta_tap_shares(env, windows)
+    return (_avg(len(p) for p in progs), _mta_tap_shares(env, windows),
+            _mta_toeplitz_chunks(env, windows))
 
 
 def _mta_bwd_delta(env, grid):
     """`mta_bwd_delta_kernel`: per window G staged (`r0`, d_head chunks `d0`), then per row
-    chunk the transposed post taps (`a`: CQ2) and the logits (heads `n`, direct / factored
-    `a`, `b`)."""
-    w, shares = _mta_bwd_windows(env, grid, 0, 0)
+    chunk the transposed post taps (`a`: CQ2) and the logits (heads `n`, Toeplitz `a` and
+    key chunks `t0` / factored `a`)."""
+    w, shares, chunks = _mta_bwd_windows(env, grid, 0, 0)
     r, cq = env["AR"] // env["PR"], env["CQ"]
     return {"it": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
-            "a": [env["CQ2"]] + [cq * f for f in shares], "n": env["H"], "b": env["CK"]}
+            "a": [env["CQ2"]] + [cq * f for f in shares], "n": env["H"], "t0": chunks}
 
 
 def _mta_bwd_post(env, grid):
-    """`mta_bwd_post_kernel` (`_post_window`): four sweeps per window (A with the logits; P2
-    and P, `a` CQ2; dP, `d0`; dth', `a` CQ2) and dv, one d_head loop per window (`d0`) in the
-    program's turn (`while`, `wait_turn`: one poll per window, no waiting modeled)."""
-    w, shares = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
-    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"it": w, "r0": [rw] * 4, "n": env["H"], "b": env["CK"], "d0": [d0, d0 * w],
-            "while": w,
-            "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"]]}
+    """`mta_bwd_post_kernel` (`_post_window`): three sweeps per window (A with the logits; P2
+    and P, `a` CQ2; dP, `d0`), dv, one d_head loop per window (`d0`) in the program's turn
+    (`while`, `wait_turn`: one poll per window, no waiting modeled), then dth' (`tap_grads`:
+    per window its row taps `a` CQ2, each over the row chunks `r0`)."""
+    w, shares, chunks = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
+    r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
+    return {"it": w, "r0": [r * w] * 3 + [r], "n": env["H"], "t0": chunks,
+            "d0": [d0, d0 * w], "while": w,
+            "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"] * w]}
 
 
 def _mta_bwd_pre(env, grid):
     """`mta_bwd_pre_kernel`, its functions in address order: `_pre_dc` (logits: `n`, `a`,
-    `b`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq `d0` per row chunk; dk one `d0` loop
+    `t0`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq `d0` per row chunk; dk one `d0` loop
     per window in the program's turn, `while`: one poll per window, no waiting modeled; dth
-    `a` CQ), `_pre_stage` (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
-    w, shares = _mta_bwd_windows(env, grid, 0, 0)
-    rw, cq, d0 = env["AR"] // env["PR"] * w, env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"it": w, "r0": [rw] * 6, "n": [env["H"], env["H"] * w], "b": env["CK"], "while": w,
-            "a": [cq * f for f in shares] + [cq, cq, env["CQ2"]], "d0": [d0, d0 * w, d0],
+    by `tap_grads`, per window its row taps `a` CQ over the row chunks `r0`), `_pre_stage`
+    (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
+    w, shares, chunks = _mta_bwd_windows(env, grid, 0, 0)
+    r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
+    rw = r * w
+    return {"it": w, "r0": [rw, rw, rw, r, rw, rw], "n": [env["H"], env["H"] * w], "t0": chunks,
+            "while": w, "a": [cq * f for f in shares] + [cq, cq * w, env["CQ2"]],
+            "d0": [d0, d0 * w, d0],
             "k0": env["AR"] * env["AC"] // env["GK"] * w}
 
 

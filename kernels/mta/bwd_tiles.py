@@ -90,22 +90,29 @@ def toeplitz_taps(stage, rows, TOEP, CQ, SIGN: tl.constexpr, offs_h, h_valid,
 
 
 @triton.jit
-def tap_grads(ACC, g, stage_x, rows, stage_m, CQ, CK, offs_h, h_valid, IEEE: tl.constexpr,
-              HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, CKP: tl.constexpr):
-    """`ACC[h, a, b] += sum_{r, j} g[h, r, j] x[h, rows[r] + a, j + b]` (ACC fp32 `[HB, CQ,
-    CKP]`, the program's own slot: no atomics), x the staged window `stage_x`: the gradient
-    of a convolution kernel whose output gradient is g. Per row tap a, one dot `M = g^T x_a`
-    `[HB, AC, AC]`; its key tap b is the diagonal `sum_j M[j, j + b]`, read from the fp32
-    stage `stage_m` `[HB, AC, AC]`. The sums go to memory, not registers: a `[HB, CQ, CKP]`
-    accumulator carried through the key loop was spilled (sm_80)."""
+def tap_grads(ACC, stage_g, stage_x, stage_m, CQ, CK, offs_h, h_valid, IEEE: tl.constexpr,
+              HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+              CKP: tl.constexpr):
+    """`ACC[h, a, b] += sum_{i, j} g[h, i, j] x[h, i + a, j + b]` (ACC fp32 `[HB, CQ, CKP]`,
+    the program's own slot: no atomics) over the AR rows of the staged windows g (`stage_g`)
+    and x (`stage_x`, the same dtype): the gradient of a convolution kernel whose output
+    gradient is g. Per row tap a, `M = g^T x_a` `[HB, AC, AC]`, one dot per PR rows into one
+    fp32 accumulator; its key tap b is the diagonal `sum_j M[j, j + b]`, read from the fp32
+    stage `stage_m` `[HB, AC, AC]` once per tap and window (it was once per tap and row
+    chunk: the stores, loads and sums of the diagonals were most of this loop's
+    instructions). The sums go to memory, not registers: a `[HB, CQ, CKP]` accumulator
+    carried through the key loop was spilled (sm_80)."""
     offs_j = tl.arange(0, AC)
     offs_b = tl.arange(0, CKP)
-    gt = tl.permute(g, (0, 2, 1)).to(stage_x.dtype.element_ty)              # [HB, AC, R]
     m_ptr = stage_m + offs_h[:, None, None] * (AC * AC)
     diag_ok = ((offs_j[:, None] + offs_b[None, :] < AC) & (offs_b[None, :] < CK))[None, :, :]
     for a in range(0, CQ):
-        x = stage_load(stage_x, rows + a, offs_h, h_valid, AR, AC)
-        tl.store(m_ptr + offs_j[None, :, None] * AC + offs_j[None, None, :], _dot(gt, x, IEEE))
+        m = tl.zeros([HB, AC, AC], dtype=tl.float32)
+        for r0 in range(0, AR, PR):
+            rows = r0 + tl.arange(0, PR)
+            gt = tl.permute(stage_load(stage_g, rows, offs_h, h_valid, AR, AC), (0, 2, 1))
+            m += _dot(gt, stage_load(stage_x, rows + a, offs_h, h_valid, AR, AC), IEEE)
+        tl.store(m_ptr + offs_j[None, :, None] * AC + offs_j[None, None, :], m)
         tl.debug_barrier()
         diag = tl.load(m_ptr + offs_j[None, :, None] * (AC + 1) + offs_b[None, None, :],
                        mask=diag_ok, other=0.0)                              # M[j, j + b]

@@ -29,7 +29,7 @@ backward is bit-reproducible.
 - Pass 2 (`mta_bwd_post_kernel`): as the forward's out pass, A staged on the window above-left;
   P2 by CQ' Toeplitz dots, P = one mixing dot; dv += P^T dz (one dot over the window's AR rows,
   added to its ORC owned keys in the program's turn), dW' one dot per row chunk, dth' by
-  `tap_grads` (CQ' dots per chunk).
+  `tap_grads` (CQ' dots per row chunk, one diagonal sum per tap and window).
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
   forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
@@ -42,7 +42,9 @@ backward is bit-reproducible.
 
 The mixings' and kernels' gradients are summed per program in registers and written once to
 per-program partials (summed in torch): no atomics for them. Recomputation is flash style from
-the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`).
+the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`), the logits by
+`bwd_logits` with the forward's convolved scores (banded Toeplitz dots at the diagonal,
+factored taps elsewhere).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from attnlens.kernels import _triton
 from attnlens.kernels._head_tiles import d_chunk, dot_rows, score_chunk
 from attnlens.kernels._prologue import grid_batches, table_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels.mta.bwd_logits import bwd_logits, logits_staging_scores
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
     add_dot_heads_slot,
@@ -79,10 +82,8 @@ from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
     _allowed,
-    _logits_tc,
     fold_keys,
     key_splits,
-    logits_staging_scores,
     out_windows,
 )
 
@@ -95,7 +96,7 @@ def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, 
     """A `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` from the saved
     lse (0 where masked, outside the sequence and on empty rows)."""
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
-    logits = _logits_tc(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
+    logits = bwd_logits(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
                         sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
                         Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, R, C, BLOCK_D, SCH)
     lse2 = row_lse2(LSE, b, H, T_Q, row0 + tl.arange(0, R), offs_h, h_valid)
@@ -228,11 +229,8 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
                   sdo_h, sdo_d, rows, rows < T_Q, offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                 # dth' = <G, A at the taps>
-        offs_r = r0 + tl.arange(0, PR)
-        g = stage_load(stage_g, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
-        tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), g, stage_a, offs_r, stage_m,
-                  CQ2, CK2, offs_h, h_valid, IEEE, HB, AR, AC, CKP)
+    tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), stage_g, stage_a, stage_m, CQ2,
+              CK2, offs_h, h_valid, IEEE, HB, AR, AC, PR, CKP)   # dth' = <G, A at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
 
 
@@ -418,11 +416,8 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
     add_dot_heads(DK, 0, 0, H, offs_c, c_in, d_r_t, Q, b * sq_b, sq_t, sq_h, sq_d, rows,
                   (rows >= 0) & (rows < T_Q), offs_h, h_valid, D, IEEE, DCH)
     pass_turn(ticket)
-    for r0 in range(0, AR, PR):                    # dth = <dC, R at the taps>
-        offs_r = r0 + tl.arange(0, PR)
-        d_c = stage_load(stage_dc, offs_r, offs_h, h_valid, AR, AC).to(tl.float32)
-        tap_grads(dth_acc, d_c, stage_r, offs_r, stage_m, CQ, CK, offs_h, h_valid, IEEE, HB,
-                  AR, AC, CKP)
+    tap_grads(dth_acc, stage_dc, stage_r, stage_m, CQ, CK, offs_h, h_valid, IEEE, HB, AR, AC,
+              PR, CKP)                                  # dth = <dC, R at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
 
 
@@ -439,7 +434,9 @@ def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
     parts as the kernel built them in the call: an int the launch specialised to a constant
     (a stride of 1, a kernel size of 1) stays a constant in each part. A tuple assigned to a
     name first is turned into tensors (triton 3.6 and 3.9), which cost the parts 255
-    registers and 16-48 B of spills."""
+    registers and 16-48 B of spills. Each part unpacks the bundles itself: a jit helper that
+    returned the unpacked names would decay the specialised ints to tensors as well (returned
+    values are: probed under 3.9.0 and 3.6.0, 2026-12-05)."""
     _pre_stage(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC,
                PR, CKP, BLOCK_D, DCH, SCH, GK)
     _pre_dc(ins, stages, outs, params, strides, shape, win, HAS_KVALID, IEEE, HB, AR, AC, PR,

@@ -8,19 +8,19 @@ the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convo
 Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
 
 Tensor-core identities (/work/shared/reference/kernels.md section 8):
-- Pre-softmax convolution (`_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
+- Pre-softmax convolution (`_fwd_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
   = sum_a q_{i-(c_q-1)+a} . kt_a(j)` with the folded keys `kt = fold_keys(k)` (computed once
   per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
   masked (row, key) pair (a band at the diagonal) Mask_0 the raw scores first, so Mask_0
-  before the convolution stays exact: in the forward per row tap two dots per chunk of read
-  keys, the masked scores times a banded Toeplitz matrix of the key taps
-  (`_toeplitz_scores`); in the backward the c_q * c_k masked products, each a dot.
+  before the convolution stays exact: per row tap two dots per chunk of read keys, the
+  masked scores times a banded Toeplitz matrix of the key taps (`_toeplitz_scores`; the
+  backward's recomputed logits too, `mta/bwd_logits.py`).
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
 The pre-softmax mixing: in both forward passes one fp32 dot of `W^T` with the staged
 `[heads, rows x KC keys]` scores; in the backward summed head by head as the convolved scores
-come (CUDA cores, H FMAs per logit and head, `logits_staging_scores`).
+come (CUDA cores, H FMAs per logit and head, `bwd_logits.logits_staging_scores`).
 
 Halos. Pass 2's outputs are the first `AR - c_q' + 1` rows and `AC - c_k' + 1` keys of a
 window, those whose convolution reads lie inside it; the window's scores, probabilities and
@@ -68,51 +68,11 @@ def _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID: tl.constexpr):
 
 
 @triton.jit
-def _conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
-                 D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                 HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-                 BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """Conv_pre(Mask_0(scale q k^T)) of head `n` `[R, C]` fp32 on rows `row0 + arange(R)`, keys
-    `col0 + arange(C)` (q, k already offset to head n), on tensor cores.
-
-    Away from the causal edge, `sum_{a,b} th[a,b] q_{i-(CQ-1)+a} . k_{j-LEFT+b}` is
-    `sum_a q_{i-(CQ-1)+a} . kt_a(j)` with the folded keys kt_a (`fold_keys`: k Mask_0'd for
-    padding, convolved along keys by th[a, :]): CQ dots. A window whose taps reach a causally
-    masked (row, key) pair sums the CQ * CK masked products directly instead (Mask_0 before
-    the convolution), each a dot; only the few windows at the diagonal do."""
-    last_key = col0 + (C - 1) - LEFT + (CK - 1)
-    first_row = row0 - (CQ - 1)
-    acc = tl.zeros([R, C], dtype=tl.float32)
-    cols = col0 + tl.arange(0, C)
-    if last_key > first_row + Q_OFFSET:              # taps cross the causal edge: direct
-        # Products of rows or keys outside the sequence are already 0 (masked loads), so a
-        # tap's Mask_0 is the causal test alone (and padding keys): key - row <= Q_OFFSET, one
-        # compare of the window's key - row offsets per element and tap.
-        lag = cols[None, :] - (first_row + tl.arange(0, R))[:, None]
-        for a in range(0, CQ):
-            rows = first_row + a + tl.arange(0, R)
-            r_in = (rows >= 0) & (rows < T_Q)
-            for b in range(0, CK):
-                keys = cols - LEFT + b
-                ok = lag <= Q_OFFSET + a + LEFT - b           # keys[j] - rows[i] <= Q_OFFSET
-                if HAS_KVALID:
-                    kv = tl.load(kv_ptr + keys, mask=(keys >= 0) & (keys < T_K), other=0)
-                    ok = ok & (kv[None, :] != 0)
-                s = dot_rows(Q + q_base, rows * sq_t, r_in, sq_d, K + k_base, keys * sk_t,
-                             (keys >= 0) & (keys < T_K), sk_d, D, IEEE, BLOCK_D, SCH)
-                acc += tl.load(TH + (n * CQ + a) * CK + b) * tl.where(ok, s, 0.0)
-    else:
-        acc = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
-                               IEEE, R, C, BLOCK_D, SCH)
-    return acc * scale
-
-
-@triton.jit
 def _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
                      IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
                      BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """The unscaled factored taps `sum_a q_{i-(CQ-1)+a} . kt_a(j)` `[R, C]` fp32 (CQ dots) of
-    a window whose taps reach no causally masked pair (`_conv_scores`, `_fwd_conv_scores`)."""
+    a window whose taps reach no causally masked pair (`_fwd_conv_scores`)."""
     first_row = row0 - (CQ - 1)
     acc = tl.zeros([R, C], dtype=tl.float32)
     cols = col0 + tl.arange(0, C)
@@ -140,10 +100,12 @@ def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, 
                      D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                      HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr,
                      C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """`_conv_scores` of the forward's passes: the windows at the diagonal take the banded
-    Toeplitz form (`_toeplitz_scores`: 2 CQ dots per chunk of C read keys) instead of the
-    CQ * CK direct dots; the others the same factored taps. (The backward keeps
-    `_conv_scores`: its trip models count the direct taps.)"""
+    """Conv_pre(Mask_0(scale q k^T)) of head `n` `[R, C]` fp32 on rows `row0 + arange(R)`, keys
+    `col0 + arange(C)` (q, k already offset to head n), on tensor cores; both forward passes
+    and the backward's recomputed logits (`bwd_logits`). The windows at the diagonal (whose
+    taps reach a causally masked pair) take the banded Toeplitz form (`_toeplitz_scores`: 2 CQ
+    dots per chunk of C read keys, instead of the CQ * CK direct dots); the others the
+    factored taps through the folded keys (`_factored_scores`: CQ dots)."""
     last_key = col0 + (C - 1) - LEFT + (CK - 1)
     if last_key > row0 - (CQ - 1) + Q_OFFSET:       # taps cross the causal edge
         acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n, D,
@@ -218,56 +180,6 @@ def _interior(first_row, rows_end, col0, cols_end, T_Q, T_K, D, BLOCK_D: tl.cons
 
 
 @triton.jit
-def _logits_tc(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, kv_ptr,
-               TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
-               scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
-               HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr,
-               SCH: tl.constexpr):
-    """L `[HB, R, C]` on rows `row0 + arange(R)`, keys `col0 + arange(C)`: Mask_-inf(Mix(Conv(
-    Mask_0(scale q k^T)))), each head's convolved scores from `_conv_scores` (tensor cores; no
-    staging buffer), mixed into every output head as they come. KT: the folded keys
-    `[batch H CQ T_K D]` contiguous (`fold_keys`), `kt_base` the offset of this batch's."""
-    return logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
-                                 sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q,
-                                 T_K, Q_OFFSET, scale, CQ, CK, LEFT, KT, 0, HAS_KVALID, IEEE, HB,
-                                 R, C, R, BLOCK_D, SCH, False)
-
-
-@triton.jit
-def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
-                          kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
-                          scale, CQ, CK, LEFT, stage_c, rows_rel, HAS_KVALID: tl.constexpr,
-                          IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-                          SR: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr,
-                          STAGE: tl.constexpr):
-    """`_logits_tc`'s logits (each head's convolved scores mixed on CUDA cores in fp32, so the
-    backward's match the saved lse); with STAGE each head's convolved scores (0 where not
-    allowed) are also written to rows `rows_rel` of `stage_c` `[HB, SR, C]`, for the
-    pre-softmax mixing's gradient (the backward's pre pass).
-
-    The mixed logits are not Mask_0'd head by head: a pair that is not allowed gets -inf at the
-    end whatever its mixed value (the convolved scores there are finite: masked loads give 0),
-    and an allowed pair's value does not read them. Only the staged scores need their zeros;
-    the per-head mask was a sixth of the out pass's warp instructions (sm_90 SASS)."""
-    offs_c = tl.arange(0, C)
-    out_ok = _allowed(row0 + tl.arange(0, R), col0 + offs_c, T_Q, T_K, Q_OFFSET, kv_ptr,
-                      HAS_KVALID)
-    out = tl.zeros([HB, R, C], dtype=tl.float32)
-    for n in range(0, H):
-        conv = _conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
-                            kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
-                            D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                            HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
-        w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
-        out += w[:, None, None] * conv[None, :, :]
-        if STAGE:                                    # Mask_0 only for the staged scores
-            conv = tl.where(out_ok, conv, 0.0)
-            tl.store(stage_c + n * (SR * C) + rows_rel[:, None] * C + offs_c[None, :],
-                     conv.to(stage_c.dtype.element_ty))
-    return tl.where(out_ok[None, :, :], out, float("-inf"))                        # Mask_-inf
-
-
-@triton.jit
 def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS, KW,
@@ -284,11 +196,11 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
     sums the splits, `logsumexp`) and starts the next item's online logsumexp.
 
     Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
-    tiles are 64 x 64 at 16 heads: each head's convolved scores (`_conv_scores`, tensor cores)
+    tiles are 64 x 64 at 16 heads: each head's convolved scores (`_fwd_conv_scores`, tensor cores)
     go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2; one per program,
     not per item: 132 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
     mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
-    the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `_logits_tc`'s
+    the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `bwd_logits`'
     head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
     folded keys are read once per 64 x 64 tile and head, and W once per program."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
@@ -356,7 +268,7 @@ def _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h,
                   sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                   HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
                   AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
-    """The out pass's phase 1: each head's convolved scores `[AR, AC]` (`_conv_scores`) to the
+    """The out pass's phase 1: each head's convolved scores `[AR, AC]` (`_fwd_conv_scores`) to the
     fp32 stage `S1 [HB, AR, AC]`."""
     offs = tl.arange(0, AR)[:, None] * AC + tl.arange(0, AC)[None, :]
     for n in range(0, H):
@@ -409,7 +321,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
     each on one head's `[AR, AC]` map or on KC keys of all heads, so no `[heads, rows, keys]`
     tensor lives in registers and W is read once per program, not per head and window:
 
-    1. each head's convolved scores (`_conv_scores`, tensor cores) -> fp32 STAGE1 `[HB, AR, AC]`;
+    1. each head's convolved scores (`_fwd_conv_scores`) -> fp32 STAGE1 `[HB, AR, AC]`;
     2. KC keys at a time, the pre-softmax mixing as one fp32 (IEEE) dot of `WT [HB, HB]`
        (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with the stacked `[HB, AR * KC]` scores
        (the lse pass's products in its order), Mask_-inf, `A = exp(L - lse)` -> P, the first

@@ -126,3 +126,20 @@ def test_an_unmarked_failing_block_fails_and_a_mark_needs_a_reason():
     marked = "<!-- docs-test: skip (needs a GPU) -->\n```python\nx\n```\n"
     assert python_blocks(marked)[0][2] == "needs a GPU"
     assert python_blocks("<!-- docs-test: skip () -->\n```python\nx\n```\n")[0][2] is None
+
+
+def test_the_benchmarks_overview_points_at_sections_that_exist():
+    """docs/benchmarks.md opens with a table of where each kernel target stands; its last column
+    names the sections that hold each figure's method, and a renamed section must not leave it
+    pointing nowhere."""
+    text = (DOCS / "benchmarks.md").read_text()
+    start = text.index("\n## Fused kernels against issues 57 and 58")
+    overview = text[start:text.index("\n## ", start + 1)]
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    rows = [line for line in overview.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) > 10, "the overview's table is missing"
+    for row in rows[1:]:
+        for name in row.strip("| ").split(" | ")[-1].split("; "):
+            if name in ("same", "each section's \"Tests\""):
+                continue
+            assert any(h.startswith(name) for h in headings), f"no section {name!r}: {row}"

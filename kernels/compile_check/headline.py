@@ -43,12 +43,12 @@ HEADLINES = [
              "## DCMHA forward on 64 x 64 tiles on sm_90"),
     Headline("dcmha", 4096, 128, "fwd", 0.371, "**0.371**",
              "## DCMHA forward on 64 x 64 tiles on sm_90"),
-    Headline("mta", 4096, 64, "fwd", 1.040, "**1.040 / 4.82**",
-             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
-    Headline("mta", 4096, 128, "fwd", 1.290, "**1.290 / 7.26**",
-             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
-    Headline("mta", 1024, 128, "fwd", 0.164, "**0.164 / 0.78**",
-             "## Fused MTA forward: the diagonal's pre-softmax taps as banded Toeplitz dots"),
+    Headline("mta", 4096, 64, "fwd", 0.998, "**0.998 / 4.74**",
+             "## Fused MTA forward: the diagonal's key taps as one tile load"),
+    Headline("mta", 4096, 128, "fwd", 1.242, "**1.242 / 7.17**",
+             "## Fused MTA forward: the diagonal's key taps as one tile load"),
+    Headline("mta", 1024, 128, "fwd", 0.157, "**0.157 / 0.76**",
+             "## Fused MTA forward: the diagonal's key taps as one tile load"),
 ]
 
 

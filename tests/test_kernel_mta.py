@@ -229,6 +229,61 @@ def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
     assert Count.calls < 60, Count.calls
 
 
+def test_pre_toeplitz_tiles_are_the_banded_taps():
+    """`pre_toeplitz` (the forward's diagonal windows, `_toeplitz_scores`): chunk t0 of C <=
+    row read keys takes rows t0 .. t0 + C - 1, columns 0 .. C - 1 of its table, which must
+    be `th[a, t0 + t - j]` inside the band and 0 outside, for every chunk the taps read."""
+    from attnlens.kernels.mta.triton_fwd import pre_toeplitz
+
+    g = torch.Generator().manual_seed(11)
+    H, CQ, CK, row = 3, 2, 11, 16
+    th = torch.randn(H, CQ, CK, generator=g, dtype=torch.float64)
+    tt = pre_toeplitz(th, row, torch.float64)
+    assert tt.shape == (H, CQ, 2 * row + CK, row) and tt.is_contiguous()
+    for C in (8, 16):
+        for t0 in range(0, C + CK - 1, C):
+            tile = tt[:, :, t0:t0 + C, :C]
+            for t in range(C):
+                for j in range(C):
+                    tap = t0 + t - j
+                    want = th[:, :, tap] if 0 <= tap < CK else torch.zeros(H, CQ,
+                                                                           dtype=th.dtype)
+                    assert torch.equal(tile[:, :, t, j], want), (C, t0, t, j)
+    assert torch.equal(pre_toeplitz(th.float(), row, torch.bfloat16),
+                       pre_toeplitz(th.float(), row, torch.float32).to(torch.bfloat16))
+
+
+def test_forward_passes_read_the_banded_tap_table(monkeypatch):
+    """Both forward passes get the diagonal windows' key taps as `pre_toeplitz`'s table in the
+    input dtype, one table whose row length covers both passes' C (the lse tiles' BLOCK_N and
+    the out windows' AC), instead of the fp32 taps gathered element by element."""
+    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta.function import mta_attention
+
+    args = {}
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: args.setdefault(self.name, (a, kw))
+
+    for name in ("mta_lse_kernel", "mta_out_kernel"):
+        monkeypatch.setattr(triton_fwd, name, Stub(name))
+    q, k, v = _qkv(40, 40, 4, 16, 1)
+    params = _params(4, **OFFICIAL)
+    with torch.no_grad():
+        mta_attention(q, k, v, *params)
+    (lse_a, lse_kw), (out_a, out_kw) = args["mta_lse_kernel"], args["mta_out_kernel"]
+    tt, row = lse_a[6], lse_a[7]
+    assert out_a[9] is tt and out_a[10] == row
+    assert row >= max(lse_kw["BLOCK_N"], out_kw["AC"])
+    assert tt.dtype == q.dtype and tt.shape == (4, 6, 2 * row + 11, row)
+    pre = params[0][:, 0].to(torch.float32)
+    assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
+
+
 def test_queries_aligned_to_the_last_keys():
     _check(5, 21, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1))
 
@@ -282,7 +337,9 @@ def test_key_splits_combine_exactly(monkeypatch, splits, n_sm):
 def test_out_pass_stages_scores_inline_on_sm_90_and_as_a_function_elsewhere(monkeypatch):
     """`stage_call`: the out pass's phase 1 (each head's convolved scores to the stage) runs
     inlined under the interpreter and on sm_90 (0 B spill there; as a function 16 B), as its
-    own SASS function on sm_80 (inlined 8-48 B spill) and without a device."""
+    own SASS function on sm_80 at d_head 64 (inlined 8-48 B spill) and without a device;
+    inlined on sm_80 at d_head 128 (as a function 56 B under triton 3.6.0 since the
+    diagonal's taps load as one tile)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
 
@@ -293,6 +350,8 @@ def test_out_pass_stages_scores_inline_on_sm_90_and_as_a_function_elsewhere(monk
         monkeypatch.setattr(triton_fwd, "_STAGE_CALL", {})
         monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
         assert triton_fwd.stage_call() is call, arch
+        assert triton_fwd.stage_call(64) is call, arch
+        assert triton_fwd.stage_call(128) is False, arch
 
     def no_device():
         raise RuntimeError("no CUDA device")
@@ -309,7 +368,7 @@ def test_out_pass_with_its_scores_stage_as_a_function_matches_spec(monkeypatch):
 
     asked = []
 
-    def call():
+    def call(block_d=64):
         asked.append(True)
         return True
 

@@ -1,11 +1,12 @@
 """Fused MTA backward: the logits L recomputed on a window (flash style, from the saved lse),
 each head's convolved scores by the forward's `_fwd_conv_scores` and mixed head by head.
 
-The windows at the diagonal (whose pre-softmax taps reach a causally masked pair) take the
-forward's banded Toeplitz form (`_toeplitz_scores`: per row tap two dots per chunk of read
-keys; before, the c_q * c_k masked products, each a dot: 66 at 6 x 11), the others the
-factored taps through the folded keys. The backward's logits and the forward's lse therefore
-come from the same convolved scores per (row, key, head), up to the order of the mixing's sum.
+The windows at the diagonal (whose pre-softmax taps reach a causally masked pair) take the forward's
+banded Toeplitz form (`_toeplitz_scores`: per row tap two dots per chunk of read keys; before, the
+c_q * c_k masked products, each a dot: 66 at 6 x 11), the others the factored taps through the
+folded keys. Its banded tiles are gathered from the taps TH (`TT_ROW` 0), not read from the
+forward's host table (`pre_toeplitz`). The backward's logits and the forward's lse therefore come
+from the same convolved scores per (row, key, head), up to the order of the mixing's sum.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def logits_staging_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_h, sq_d, s
     for n in range(0, H):
         conv = _fwd_conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
                                 kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
-                                TH, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                                HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
+                                TH, 0, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK,
+                                LEFT, HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
         w = tl.load(W + n * H + offs_h, mask=h_valid, other=0.0)        # W[n, :]
         out += w[:, None, None] * conv[None, :, :]
         if STAGE:                                    # Mask_0 only for the staged scores

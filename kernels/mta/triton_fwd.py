@@ -13,8 +13,9 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
   per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
   masked (row, key) pair (a band at the diagonal) Mask_0 the raw scores first, so Mask_0
   before the convolution stays exact: per row tap two dots per chunk of read keys, the
-  masked scores times a banded Toeplitz matrix of the key taps (`_toeplitz_scores`; the
-  backward's recomputed logits too, `mta/bwd_logits.py`).
+  masked scores times a banded Toeplitz matrix of the key taps (`_toeplitz_scores`: in the
+  forward one tile load from the table made once per call on the host, `pre_toeplitz`; in the
+  backward's recomputed logits, `mta/bwd_logits.py`, gathered from the taps).
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
@@ -96,21 +97,23 @@ def _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K
 
 
 @triton.jit
-def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n,
-                     D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                     HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr,
+def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
+                     TT_ROW: tl.constexpr, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                     CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr,
                      C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """Conv_pre(Mask_0(scale q k^T)) of head `n` `[R, C]` fp32 on rows `row0 + arange(R)`, keys
     `col0 + arange(C)` (q, k already offset to head n), on tensor cores; both forward passes
     and the backward's recomputed logits (`bwd_logits`). The windows at the diagonal (whose
     taps reach a causally masked pair) take the banded Toeplitz form (`_toeplitz_scores`: 2 CQ
     dots per chunk of C read keys, instead of the CQ * CK direct dots); the others the
-    factored taps through the folded keys (`_factored_scores`: CQ dots)."""
+    factored taps through the folded keys (`_factored_scores`: CQ dots). TT, TT_ROW: the
+    forward's banded tap tiles `pre_toeplitz(th, TT_ROW)`; with TT_ROW 0, TT is the taps TH
+    `[H, CQ, CK]` fp32 themselves, gathered per chunk (the backward's logits)."""
     last_key = col0 + (C - 1) - LEFT + (CK - 1)
     if last_key > row0 - (CQ - 1) + Q_OFFSET:       # taps cross the causal edge
-        acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n, D,
-                               row0, col0, T_Q, T_K, Q_OFFSET, CQ, CK, LEFT, HAS_KVALID, IEEE,
-                               R, C, BLOCK_D, SCH)
+        acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
+                               TT_ROW, n, D, row0, col0, T_Q, T_K, Q_OFFSET, CQ, CK, LEFT,
+                               HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
     else:
         acc = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
                                IEEE, R, C, BLOCK_D, SCH)
@@ -118,18 +121,19 @@ def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, 
 
 
 @triton.jit
-def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n, D, row0, col0,
-                     T_Q, T_K, Q_OFFSET, CQ, CK, LEFT, HAS_KVALID: tl.constexpr,
-                     IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
+                     TT_ROW: tl.constexpr, n, D, row0, col0, T_Q, T_K, Q_OFFSET, CQ, CK, LEFT,
+                     HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
                      BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """Unscaled Conv_pre(Mask_0(q k^T)) `[R, C]` fp32 of a window at the diagonal, per row tap
     a and chunk of C read keys two dots: the raw scores of rows `i - (CQ - 1) + a` against
     the keys `col0 - LEFT + t0 + arange(C)` (`[R, C]`), Mask_0'd there (the mask is one of
     (row, read key) alone: causal, padding), then times the banded Toeplitz matrix
-    `th[a, t0 + t - j]` (`0 <= t0 + t - j < CK`, `[C, C]`, gathered from TH) that sums the key
-    taps. The chunks cover the `C + CK - 1` keys the taps read, up to the last one a row of
-    the window may see (past it the scores are all masked: `_toeplitz_chunks`). Before: CQ x
-    CK dots of `[R, C]` (66 at 6 x 11, 11x a factored window); now 2 CQ per chunk, 1-2
+    `th[a, t0 + t - j]` (`0 <= t0 + t - j < CK`, `[C, C]`; TT: `pre_toeplitz`, or with TT_ROW
+    0 gathered from the taps TT = TH) that sums the key taps. The chunks cover the `C + CK - 1`
+    keys the taps read, up to the last one a row of the window may see (past it the scores are
+    all masked: `_toeplitz_chunks`). Before: CQ x CK dots of `[R, C]` (66 at 6 x 11, 11x a
+    factored window); now 2 CQ per chunk, 1-2
     chunks. The masked scores and the taps enter the second dot in the input dtype (IEEE:
     fp32 products), as kt does in the factored form."""
     first_row = row0 - (CQ - 1)
@@ -147,11 +151,16 @@ def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TH, n
             if HAS_KVALID:                                            # and padding keys
                 ok = ok & (tl.load(kv_ptr + keys, mask=k_in, other=0) != 0)[None, :]
             s = tl.where(ok, s, 0.0)
-            # The taps in the dot's input dtype as they load, the tap offsets formed here, not
-            # kept across the loops (at 64 x 64, d 128, sm_80, triton 3.6.0: 96 B -> 0 B spill)
-            tap = t0 + offs_c[:, None] - offs_c[None, :]      # key tap of (read key, output)
-            toep = tl.load(TH + (n * CQ + a) * CK + tap, mask=(tap >= 0) & (tap < CK),
-                           other=0.0).to(tl.float32 if IEEE else Q.dtype.element_ty)
+            # The chunk's banded tile of the taps, made on the host in the dot's input dtype
+            # (`pre_toeplitz`): one unmasked [C, C] load (before: a masked gather of the fp32
+            # taps, one scalar load per element, as many bytes as the chunk's k tile)
+            if TT_ROW > 0:
+                toep = tl.load(TT + (n * CQ + a) * ((2 * TT_ROW + CK) * TT_ROW)
+                               + (t0 + offs_c)[:, None] * TT_ROW + offs_c[None, :])
+            else:   # TT is the taps TH: gathered, in the dot's input dtype as they load
+                tap = t0 + offs_c[:, None] - offs_c[None, :]  # key tap of (read key, output)
+                toep = tl.load(TT + (n * CQ + a) * CK + tap, mask=(tap >= 0) & (tap < CK),
+                               other=0.0).to(tl.float32 if IEEE else Q.dtype.element_ty)
             if IEEE:
                 acc += tl.dot(s, toep, input_precision="ieee")
             else:
@@ -180,7 +189,7 @@ def _interior(first_row, rows_end, col0, cols_end, T_Q, T_K, D, BLOCK_D: tl.cons
 
 
 @triton.jit
-def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
+def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                    H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, N_T, NS, KW,
                    HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
@@ -220,8 +229,9 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
         for n in range(0, H):                 # phase 1: each head's convolved scores
             conv = _fwd_conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
                                     kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d,
-                                    kv_ptr, TH, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ, CK,
-                                    LEFT, HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D, SCH)
+                                    kv_ptr, TT, TT_ROW, n, D, m0, n0, T_Q, T_K, Q_OFFSET,
+                                    scale, CQ, CK, LEFT, HAS_KVALID, IEEE, BLOCK_M, BLOCK_N,
+                                    BLOCK_D, SCH)
             tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
                      + offs_c[None, :], conv)
         tl.debug_barrier()
@@ -252,21 +262,22 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TH, WT, PLAN,
 
 
 @triton.jit(noinline=True)
-def _stage_scores_call(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t,
-                       sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                       HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
-                       AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+def _stage_scores_call(Q, K, KT, S1, kv_ptr, TT, TT_ROW: tl.constexpr, q_base, k_base, kt_base,
+                       sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET,
+                       scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+                       AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SCH: tl.constexpr):
     """`_stage_scores` as its own SASS function (scalar arguments): ptxas allocates its
     registers apart from the other phases' (`STAGE_CALL`)."""
-    _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t,
+    _stage_scores(Q, K, KT, S1, kv_ptr, TT, TT_ROW, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t,
                   sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
                   HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
 
 
 @triton.jit
-def _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
-                  sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                  HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
+def _stage_scores(Q, K, KT, S1, kv_ptr, TT, TT_ROW: tl.constexpr, q_base, k_base, kt_base, sq_t,
+                  sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                  CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
                   AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """The out pass's phase 1: each head's convolved scores `[AR, AC]` (`_fwd_conv_scores`) to the
     fp32 stage `S1 [HB, AR, AC]`."""
@@ -274,8 +285,8 @@ def _stage_scores(Q, K, KT, S1, kv_ptr, TH, q_base, k_base, kt_base, sq_t, sq_h,
     for n in range(0, H):
         conv = _fwd_conv_scores(Q, K, KT, q_base + n * sq_h, k_base + n * sk_h,
                                 kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d, kv_ptr,
-                                TH, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-                                HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+                                TT, TT_ROW, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                                CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
         tl.store(S1 + n * (AR * AC) + offs, conv)
 
 
@@ -300,11 +311,11 @@ def _plan_window(entry, KW, N_W, BMe, BNe):
 
 
 @triton.jit
-def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2T, PLAN,
-                   sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
-                   skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2,
-                   N_W, NS, KW, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
-                   AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
+def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.constexpr, WT,
+                   TOEP, W2T, PLAN, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t,
+                   sv_h, sv_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2,
+                   LEFT2, N_W, NS, KW, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
+                   HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
                    STAGE_CALL: tl.constexpr):
     """Pass 2, a persistent grid `(programs, batch)` (`out_plan`: about one program per SM):
@@ -359,12 +370,12 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TH, WT, TOEP, W2
         row0 = m0 - (CQ2 - 1)                 # the window's first row (its halo)
         col0 = n0 - LEFT2                     # the window's first key (its halo)
         if STAGE_CALL:                        # 1: each head's convolved scores
-            _stage_scores_call(Q, K, KT, s1, kv_ptr, TH, b * sq_b, b * sk_b, kt_base, sq_t,
+            _stage_scores_call(Q, K, KT, s1, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base, sq_t,
                                sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K,
                                Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D,
                                SCH)
         else:
-            _stage_scores(Q, K, KT, s1, kv_ptr, TH, b * sq_b, b * sk_b, kt_base, sq_t, sq_h,
+            _stage_scores(Q, K, KT, s1, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base, sq_t, sq_h,
                           sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
                           CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
         tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
@@ -496,31 +507,35 @@ def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096, fp32: bool = False) -> 
     return max(rows, next_pow2(2 * cq2)), max(64, next_pow2(2 * ck2))
 
 
-# Where the out pass's phase 1 runs inline (STAGE_CALL False): on sm_90 inlined it compiles
-# with 0 B spill at 16 heads, d_head 64 and 128 (bf16), while as its own function the
-# kernel spilled 16 B there (the call's saved registers); on sm_80 inlined spilled 8-48 B,
-# as a function 0 B (python -m attnlens.kernels.compile_check, triton 3.9.0, 2026-12-05).
-INLINE_STAGE_ARCHS = ("sm_90",)
+# Where the out pass's phase 1 runs inline (STAGE_CALL False): architecture -> the smallest
+# d_head chunk (BLOCK_D) inlined there. On sm_90 inlined it compiles with 0 B spill at 16
+# heads, d_head 64 and 128 (bf16), while as its own function the kernel spilled 16 B there
+# (the call's saved registers); on sm_80 inlined spilled 8-48 B, as a function 0 B
+# (triton 3.9.0, 2026-12-05, fifth session). With the diagonal's taps as one tile load
+# (`pre_toeplitz`, sixth session) sm_80 at d_head 128 as a function spilled 56 B under the
+# GPU image's triton 3.6.0 (64 x 64 windows), inlined 0 B under 3.6.0 and 3.9.0; at d_head 64
+# inlined spilled 8 B under 3.6.0, as a function 0 B (python -m attnlens.kernels.compile_check).
+INLINE_STAGE_FROM = {"sm_90": 0, "sm_80": 128}
 
 _STAGE_CALL: dict = {}
 
 
-def stage_call() -> bool:
-    """STAGE_CALL of `mta_out_kernel`: phase 1 (`_stage_scores`) as its own SASS function
-    except on INLINE_STAGE_ARCHS and under the interpreter (where both are the same code).
-    `_triton.gpu_arch` is read through its module: the compile check's capture replaces it
-    there to record each architecture's launch; the answer is kept per `gpu_arch` function (a
-    driver query)."""
+def stage_call(block_d: int = 64) -> bool:
+    """STAGE_CALL of `mta_out_kernel` at d_head chunk `block_d`: phase 1 (`_stage_scores`) as
+    its own SASS function except where INLINE_STAGE_FROM inlines it and under the interpreter
+    (where both are the same code). `_triton.gpu_arch` is read through its module: the compile
+    check's capture replaces it there to record each architecture's launch; the answer is kept
+    per `gpu_arch` function (a driver query) and block_d."""
     if _triton.interpreting():
         return False
     arch_of = _triton.gpu_arch
-    call = _STAGE_CALL.get(arch_of)
+    call = _STAGE_CALL.get((arch_of, block_d))
     if call is None:
         try:
-            call = arch_of() not in INLINE_STAGE_ARCHS
+            call = block_d < INLINE_STAGE_FROM.get(arch_of(), 1 << 30)
         except (AssertionError, RuntimeError):   # no CUDA device
             call = True
-        _STAGE_CALL[arch_of] = call
+        _STAGE_CALL[(arch_of, block_d)] = call
     return call
 
 
@@ -670,19 +685,38 @@ def fold_keys(k, pre_kernel, left: int, key_valid=None):
     return kt
 
 
+def banded_taps(taps, n_rows: int, n_cols: int, heads: int, dtype):
+    """`[heads, c_q, n_rows, n_cols]` banded matrices of a convolution's key taps `[H, c_q,
+    c_k]`: `G[h, a, t, j] = taps[h, a, t - j]` for `0 <= t - j < c_k`, zero elsewhere and for
+    padded heads `h >= H`; in `dtype` (each tap rounded once). Three or four torch calls: the
+    zero-padded taps, a Hankel view of them (`u[t + j']`), flipped along j (a copy)."""
+    H, CQ, _ = taps.shape
+    u = torch.nn.functional.pad(taps.to(dtype), (n_cols - 1, n_rows, 0, 0, 0, heads - H))
+    width = u.shape[-1]                                 # u[h, a, x] = taps[h, a, x - n_cols + 1]
+    hankel = u.as_strided((heads, CQ, n_rows, n_cols), (CQ * width, width, 1, 1))
+    return hankel.flip(-1)                              # u[t + n_cols - 1 - j] (contiguous)
+
+
 def post_toeplitz(post_kernel, left2: int, ac: int, hb: int, dtype):
     """`[hb, c_q', AC, AC]` banded matrices of the post-softmax convolution's key taps:
     `T[h, a, c, j] = th'[h, a, c - j]` for `0 <= c - j < c_k'` (window key c feeds output key
     j, both window-relative; `left2` is already in the window's offset), zero elsewhere and for
-    padded heads `h >= H`. Row tap a of a window's probabilities times T[h, a] is that tap's
-    row of Conv_post. Tiny: built per call."""
-    H, CQ2, CK2 = post_kernel.shape
-    diff = torch.arange(ac)[:, None] - torch.arange(ac)[None, :]            # c - j
-    band = (diff >= 0) & (diff < CK2)
-    taps = post_kernel[:, :, diff.clamp(0, CK2 - 1).to(post_kernel.device)]  # [H CQ2 AC AC]
-    out = torch.zeros(hb, CQ2, ac, ac, device=post_kernel.device, dtype=torch.float32)
-    out[:H] = taps * band.to(post_kernel.device)
-    return out.to(dtype).contiguous()
+    padded heads `h >= H` (`banded_taps`). Row tap a of a window's probabilities times T[h, a]
+    is that tap's row of Conv_post. Tiny: built per call."""
+    del left2
+    return banded_taps(post_kernel, ac, ac, hb, dtype)
+
+
+def pre_toeplitz(pre_kernel, row: int, dtype):
+    """`[H, c_q, 2 row + c_k, row]` banded tiles of the pre-softmax convolution's key taps for
+    `_toeplitz_scores` (any C <= row; `banded_taps`): `G[h, a, t, j] = th[h, a, t - j]` for
+    `0 <= t - j < c_k`, zero elsewhere; chunk t0 of a window's read keys takes rows `t0 ..
+    t0 + C - 1` and columns `0 .. C - 1` (read key t0 + t feeds output key j through tap
+    `t0 + t - j`). One table for both forward passes (row: the larger of their C), in the
+    dot's input dtype (fp32 inputs keep fp32), rounded as the kernel rounded the fp32 taps it
+    gathered before. Tiny (16 heads, 6 x 11, row 64, bf16: 1.7 MiB): built per call."""
+    H = pre_kernel.shape[0]
+    return banded_taps(pre_kernel, 2 * row + pre_kernel.shape[2], row, H, dtype)
 
 
 def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left2: int,
@@ -724,8 +758,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = torch.zeros(hb2, hb2, **f32)
     wt[:H, :H] = pre_mix.t()
+    tt = pre_toeplitz(pre_kernel, max(ln, ac), q.dtype)       # the diagonal's key taps
     mta_lse_kernel[(plan1.programs, B)](
-        q, k, kt, lse_s, kv, stage1, pre_kernel, wt, plan_table(*plan1_args, q.device),
+        q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
         n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(8, ln), **(common | dict(HB=hb2)))
     if ns1 > 1:                                        # -inf where every split is empty
@@ -743,12 +778,12 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     w2t = torch.zeros(hb2, hb2, **f32)
     w2t[:H, :H] = post_mix.t()
     mta_out_kernel[(plan.programs, B)](
-        q, k, kt, v, z, lse, kv, stage1, stage2, pre_kernel, wt,
+        q, k, kt, v, z, lse, kv, stage1, stage2, tt, max(ln, ac), wt,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
         plan_table(*plan_args, q.device),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
-        AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(),
+        AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD),
         **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
@@ -758,4 +793,4 @@ __all__ = ["LAUNCH", "ForwardGrids", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "mta_fwd",
            "mta_lse_kernel", "mta_out_kernel", "out_programs", "out_split_cap", "out_windows",
-           "post_toeplitz", "split_windows", "stage_call"]
+           "banded_taps", "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]

@@ -27,11 +27,12 @@ def _tree(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def clone(tmp_path) -> Path:
+def clone(tmp_path):
     dst = tmp_path / "clone"
     _git(ROOT, "clone", "-q", "--local", str(ROOT), str(dst))
     shutil.copy2(ROOT / "scripts" / "gpu_tree.sh", dst / "scripts" / "gpu_tree.sh")
-    return dst
+    yield dst
+    shutil.rmtree(dst, ignore_errors=True)   # a checkout with the zoo: ~350 MB of CI's disk
 
 
 def test_hide_leaves_the_models_behind_and_restore_brings_them_back(clone):

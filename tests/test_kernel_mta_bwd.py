@@ -18,7 +18,7 @@ from kernel_common import KERNEL_MARKS, nan_empty, to_device  # noqa: F401  (nan
 
 pytestmark = KERNEL_MARKS
 
-from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients  # noqa: E402
+from test_kernel_mta import ALL_ON, OFFICIAL, _check_gradients, _qkv  # noqa: E402
 
 from attnlens.kernels.mta.bwd_tiles import bwd_toeplitz  # noqa: E402
 from attnlens.kernels.mta.triton_bwd import bwd_windows  # noqa: E402
@@ -299,3 +299,43 @@ def test_backward_stage_bytes_do_not_grow_with_length():
         n_w = -(-T // 27)
         ns = persistent_splits(n_w, 27, 22, T, 0, 1, 132)
         assert turn_plan(1, n_w, 27, 22, T, 0, ns, 132).plan.programs == 132
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_backward_passes_read_the_banded_tap_table(monkeypatch, dtype):
+    """The three backward passes get the logits' diagonal key taps as one `pre_toeplitz` table
+    in the input dtype (fp32 stays fp32: the rounding the fp32 taps' gather did), its rows
+    `TT_ROW` = the windows' AC (their C), the same tensor for all three, instead of the fp32
+    taps `[H, c_q, c_k]` gathered element by element (`_toeplitz_scores`' old TT_ROW 0
+    branch)."""
+    from attnlens.kernels.mta import triton_bwd
+    from attnlens.kernels.mta.triton_fwd import pre_toeplitz
+
+    seen = {}
+
+    class Stub:
+        def __init__(self, real):
+            self.real = real
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen[self.real.fn.__name__] = (args[self.real.arg_names.index("TT")], kwargs)
+            return launch
+
+    for name in ("mta_bwd_delta_kernel", "mta_bwd_post_kernel", "mta_bwd_pre_kernel"):
+        monkeypatch.setattr(triton_bwd, name, Stub(getattr(triton_bwd, name)))
+    H, T, D = 3, 24, 16
+    q, k, v = (to_device(x.to(dtype)) for x in _qkv(T, T, H, D))
+    g = torch.Generator().manual_seed(5)
+    pre = to_device(torch.randn(H, 6, 11, generator=g))
+    post = to_device(torch.randn(H, 2, 3, generator=g))
+    mix = to_device(torch.eye(H))
+    lse = torch.zeros(1, H, T, device=q.device)
+    triton_bwd.mta_bwd(torch.ones_like(q), q, k, v, lse, None, pre, mix, post, mix, 5, 1,
+                       D ** -0.5)
+    (tt, kw), *rest = seen.values()
+    assert len(rest) == 2 and all(t is tt for t, _ in rest)
+    ac = kw["AC"]
+    assert tt.dtype == dtype and tt.shape == (H, 6, 2 * ac + 11, ac)
+    assert torch.equal(tt, pre_toeplitz(pre, ac, dtype))
+    assert torch.equal(tt, pre_toeplitz(pre, ac, torch.float32).to(dtype))

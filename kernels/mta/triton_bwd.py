@@ -43,8 +43,9 @@ backward is bit-reproducible.
 The mixings' and kernels' gradients are summed per program in registers and written once to
 per-program partials (summed in torch): no atomics for them. Recomputation is flash style from
 the saved lse; the folded keys `kt` of the forward are recomputed (`fold_keys`), the logits by
-`bwd_logits` with the forward's convolved scores (banded Toeplitz dots at the diagonal,
-factored taps elsewhere).
+`bwd_logits` with the forward's convolved scores (banded Toeplitz dots at the diagonal, their
+tiles read from the host table `pre_toeplitz(th, AC)` built once per call; factored taps
+elsewhere).
 """
 
 from __future__ import annotations
@@ -85,20 +86,22 @@ from attnlens.kernels.mta.triton_fwd import (
     fold_keys,
     key_splits,
     out_windows,
+    pre_toeplitz,
 )
 
 
 @triton.jit
-def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, LSE, TH, W,
-           H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
-           HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr, R: tl.constexpr,
-           C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, LSE, TT,
+           TT_ROW: tl.constexpr, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K, Q_OFFSET,
+           scale, CQ, CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+           R: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
     """A `[HB, R, C]` fp32 on rows `row0 + arange(R)`, keys `col0 + arange(C)` from the saved
     lse (0 where masked, outside the sequence and on empty rows)."""
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
     logits = bwd_logits(Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h,
-                        sk_d, kv_ptr, TH, W, H, offs_h, h_valid, D, row0, col0, T_Q, T_K,
-                        Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, R, C, BLOCK_D, SCH)
+                        sk_d, kv_ptr, TT, TT_ROW, W, H, offs_h, h_valid, D, row0, col0, T_Q,
+                        T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, R, C, BLOCK_D,
+                        SCH)
     lse2 = row_lse2(LSE, b, H, T_Q, row0 + tl.arange(0, R), offs_h, h_valid)
     return tl.math.exp2(logits * LOG2E - lse2[:, :, None])
 
@@ -117,7 +120,7 @@ def _plan_entry(entry, N_W, N_KW, OR, ORC):
 
 
 @triton.jit
-def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2, TOEP_PT, PLAN,
+def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_PT, PLAN,
                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                          sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                          H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
@@ -151,8 +154,9 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
             d_probs = toeplitz_taps(stage_g, offs_r, TOEP_PT, CQ2, 1, offs_h, h_valid, IEEE, HB,
                                     PR, AR, AC)
             probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
-                           LSE, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET,
-                           scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D, SCH)
+                           LSE, TT, AC, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K,
+                           Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D,
+                           SCH)
             part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
             ptr = delta_slot + offs_h[:, None] * T_Q + rows[None, :]
             own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
@@ -162,7 +166,7 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TH, W, W2
 
 @triton.jit(noinline=True)
 def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M, DV,
-                 DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, ticket, turn,
+                 DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, ticket, turn,
                  sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                  sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                  H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
@@ -185,7 +189,7 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
     offs_c = tl.arange(0, AC)
     for r0 in range(0, AR, PR):
         probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
-                       LSE, TH, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1) + r0, n0 - LEFT2,
+                       LSE, TT, AC, W, H, offs_h, h_valid, D, m0 - (CQ2 - 1) + r0, n0 - LEFT2,
                        T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR,
                        AC, BLOCK_D, SCH)
         stage_store(stage_a, r0 + tl.arange(0, PR), probs, offs_h, AR, AC)
@@ -236,7 +240,7 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
 
 @triton.jit
 def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
-                        STAGE_M, DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET, PLAN,
+                        STAGE_M, DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET, PLAN,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                         H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
@@ -257,7 +261,7 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
     for it in range(tl.load(row), tl.load(row + 1), 2):
         w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
         _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
-                     DV, DTH2_P, DW2_P, TH, W, W2, W2T, TOEP_P, TICKET + b * N_KW + kwi,
+                     DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET + b * N_KW + kwi,
                      tl.load(PLAN + it + 1), sq_b, sq_t, sq_h, sq_d, sk_b,
                      sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                      H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
@@ -275,7 +279,7 @@ def _pre_stage(ins, stages, outs, params, strides, shape, win,
     Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
     STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
     DQ_SLOT, DK, DTH_P, DW_P = outs
-    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    TT, W, WM, W2, TOEP_PT, TOEP_RT = params
     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
         sdo_d, skv_b = strides
     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
@@ -323,7 +327,7 @@ def _pre_dc(ins, stages, outs, params, strides, shape, win,
     Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
     STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
     DQ_SLOT, DK, DTH_P, DW_P = outs
-    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    TT, W, WM, W2, TOEP_PT, TOEP_RT = params
     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
         sdo_d, skv_b = strides
     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
@@ -344,7 +348,7 @@ def _pre_dc(ins, stages, outs, params, strides, shape, win,
         rows = m0 + offs_r
         logits = logits_staging_scores(
             Q, K, KT, b * sq_b, b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d,
-            kv_ptr, TH, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET, scale,
+            kv_ptr, TT, AC, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K, Q_OFFSET, scale,
             CQ, CK, LEFT, stage_c, offs_r, HAS_KVALID, IEEE, HB, PR, AC, AR, BLOCK_D, SCH, True)
         lse2 = row_lse2(LSE, b, H, T_Q, rows, offs_h, h_valid)
         delta = tl.load(DELTA + (b * H + offs_h[:, None]) * T_Q + rows[None, :],
@@ -376,7 +380,7 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
     Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
     STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
     DQ_SLOT, DK, DTH_P, DW_P = outs
-    TH, W, WM, W2, TOEP_PT, TOEP_RT = params
+    TT, W, WM, W2, TOEP_PT, TOEP_RT = params
     sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, \
         sdo_d, skv_b = strides
     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC = shape
@@ -447,7 +451,7 @@ def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
-                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TH,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TT,
                        W, WM, W2, TOEP_PT, TOEP_RT, PLAN,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -479,7 +483,7 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
         _pre_window((Q, K, KT, V, DO, LSE, DELTA, KVALID),
                     (STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M),
                     (dq_slot, DK_P + kw.to(tl.int64) * (AC * H * D), DTH_P, DW_P),
-                    TICKET + kw, tl.load(PLAN + it + 1), (TH, W, WM, W2, TOEP_PT, TOEP_RT),
+                    TICKET + kw, tl.load(PLAN + it + 1), (TT, W, WM, W2, TOEP_PT, TOEP_RT),
                     (sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
                      sdo_t, sdo_h, sdo_d, skv_b),
                     (H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC),
@@ -590,6 +594,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
                                                              device=q.device)
     kt = fold_keys(k, pre_kernel, left, key_valid)
     toep_p, toep_pt, toep_rt = bwd_toeplitz(pre_kernel, post_kernel, ac, hb, q.dtype)
+    tt = pre_toeplitz(pre_kernel, ac, q.dtype)       # the logits' diagonal key taps (row AC)
     w2, w2t = padded_mixing(post_mix, hb, q.dtype), padded_mixing(post_mix, hb, q.dtype, True)
     wm = padded_mixing(pre_mix, hb, q.dtype)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), kv.stride(0))
@@ -608,7 +613,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     ordered = not _triton.interpreting()           # `wait_turn`
     delta_p = torch.zeros(ns, B, H, T_Q, **f32)
     mta_bwd_delta_kernel[grid](
-        q, k, kt, v, do, lse, delta_p, kv, stage(), pre_kernel, pre_mix, w2, toep_pt, plan,
+        q, k, kt, v, do, lse, delta_p, kv, stage(), tt, pre_mix, w2, toep_pt, plan,
         *strides, *shape, cq2, right2, own_r, own_c, n_w, n_kw, **common)
     for s in range(1, ns):                         # the splits' row sums, in a fixed order
         delta_p[0] += delta_p[s]
@@ -619,7 +624,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     dw2_p = torch.zeros(n_prog, hb, hb, **f32)
     mta_bwd_post_kernel[grid](
         q, k, kt, v, do, lse, kv, stage(), stage(), stage(), stage(), stage(torch.float32, ac),
-        dv, dth2_p, dw2_p, pre_kernel, pre_mix, w2, w2t, toep_p, tickets(), plan, *strides,
+        dv, dth2_p, dw2_p, tt, pre_mix, w2, w2t, toep_p, tickets(), plan, *strides,
         *shape, cq2, ck2, left2, own_r, own_c, n_w, n_kw, CKP=ckp, ORDERED=ordered,
         **common)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
@@ -629,7 +634,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
         stage(), stage(), stage(), stage(torch.float32, ac),
-        dq_p, dk_p, tickets(), dth_p, dw_p, pre_kernel, pre_mix, wm, w2, toep_pt, toep_rt, plan,
+        dq_p, dk_p, tickets(), dth_p, dw_p, tt, pre_mix, wm, w2, toep_pt, toep_rt, plan,
         *strides, *shape, cq2, right2, own_r, own_c, n_w, ns, n_kw, CKP=ckp,
         GK=min(256, ar * ac), ORDERED=ordered, **common)
     del delta, delta_p

@@ -13,9 +13,9 @@ Tensor-core identities (/work/shared/reference/kernels.md section 8):
   per call, O(T c_q d_head)): c_q dots per head and window. Windows whose taps reach a causally
   masked (row, key) pair (a band at the diagonal) Mask_0 the raw scores first, so Mask_0
   before the convolution stays exact: per row tap two dots per chunk of read keys, the
-  masked scores times a banded Toeplitz matrix of the key taps (`_toeplitz_scores`: in the
-  forward one tile load from the table made once per call on the host, `pre_toeplitz`; in the
-  backward's recomputed logits, `mta/bwd_logits.py`, gathered from the taps).
+  masked scores times a banded Toeplitz matrix of the key taps (`_toeplitz_scores`: one tile
+  load from the table made once per call on the host, `pre_toeplitz`, in the forward and in
+  the backward's recomputed logits, `mta/bwd_logits.py`).
 - Post-softmax convolution: row tap a of the staged probabilities (the stage read a rows down)
   times a banded Toeplitz matrix of the key taps (`post_toeplitz`): c_q' batched dots.
 - Post-softmax head mixing: one dot of `W'^T` with the stacked `[heads, rows * keys]` maps.
@@ -107,8 +107,8 @@ def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, 
     taps reach a causally masked pair) take the banded Toeplitz form (`_toeplitz_scores`: 2 CQ
     dots per chunk of C read keys, instead of the CQ * CK direct dots); the others the
     factored taps through the folded keys (`_factored_scores`: CQ dots). TT, TT_ROW: the
-    forward's banded tap tiles `pre_toeplitz(th, TT_ROW)`; with TT_ROW 0, TT is the taps TH
-    `[H, CQ, CK]` fp32 themselves, gathered per chunk (the backward's logits)."""
+    banded tap tiles `pre_toeplitz(th, TT_ROW)` (C <= TT_ROW), built once per call on the host
+    by the forward and by the backward (`mta_bwd`)."""
     last_key = col0 + (C - 1) - LEFT + (CK - 1)
     if last_key > row0 - (CQ - 1) + Q_OFFSET:       # taps cross the causal edge
         acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
@@ -129,8 +129,8 @@ def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
     a and chunk of C read keys two dots: the raw scores of rows `i - (CQ - 1) + a` against
     the keys `col0 - LEFT + t0 + arange(C)` (`[R, C]`), Mask_0'd there (the mask is one of
     (row, read key) alone: causal, padding), then times the banded Toeplitz matrix
-    `th[a, t0 + t - j]` (`0 <= t0 + t - j < CK`, `[C, C]`; TT: `pre_toeplitz`, or with TT_ROW
-    0 gathered from the taps TT = TH) that sums the key taps. The chunks cover the `C + CK - 1`
+    `th[a, t0 + t - j]` (`0 <= t0 + t - j < CK`, `[C, C]`; TT: `pre_toeplitz(th, TT_ROW)`)
+    that sums the key taps. The chunks cover the `C + CK - 1`
     keys the taps read, up to the last one a row of the window may see (past it the scores are
     all masked: `_toeplitz_chunks`). Before: CQ x CK dots of `[R, C]` (66 at 6 x 11, 11x a
     factored window); now 2 CQ per chunk, 1-2
@@ -154,13 +154,8 @@ def _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
             # The chunk's banded tile of the taps, made on the host in the dot's input dtype
             # (`pre_toeplitz`): one unmasked [C, C] load (before: a masked gather of the fp32
             # taps, one scalar load per element, as many bytes as the chunk's k tile)
-            if TT_ROW > 0:
-                toep = tl.load(TT + (n * CQ + a) * ((2 * TT_ROW + CK) * TT_ROW)
-                               + (t0 + offs_c)[:, None] * TT_ROW + offs_c[None, :])
-            else:   # TT is the taps TH: gathered, in the dot's input dtype as they load
-                tap = t0 + offs_c[:, None] - offs_c[None, :]  # key tap of (read key, output)
-                toep = tl.load(TT + (n * CQ + a) * CK + tap, mask=(tap >= 0) & (tap < CK),
-                               other=0.0).to(tl.float32 if IEEE else Q.dtype.element_ty)
+            toep = tl.load(TT + (n * CQ + a) * ((2 * TT_ROW + CK) * TT_ROW)
+                           + (t0 + offs_c)[:, None] * TT_ROW + offs_c[None, :])
             if IEEE:
                 acc += tl.dot(s, toep, input_precision="ieee")
             else:
@@ -712,9 +707,10 @@ def pre_toeplitz(pre_kernel, row: int, dtype):
     `_toeplitz_scores` (any C <= row; `banded_taps`): `G[h, a, t, j] = th[h, a, t - j]` for
     `0 <= t - j < c_k`, zero elsewhere; chunk t0 of a window's read keys takes rows `t0 ..
     t0 + C - 1` and columns `0 .. C - 1` (read key t0 + t feeds output key j through tap
-    `t0 + t - j`). One table for both forward passes (row: the larger of their C), in the
-    dot's input dtype (fp32 inputs keep fp32), rounded as the kernel rounded the fp32 taps it
-    gathered before. Tiny (16 heads, 6 x 11, row 64, bf16: 1.7 MiB): built per call."""
+    `t0 + t - j`). One table for both forward passes (row: the larger of their C) and one for
+    the backward's three passes (`mta_bwd`, row: its windows' AC), in the dot's input dtype
+    (fp32 inputs keep fp32), rounded as the kernels rounded the fp32 taps they gathered
+    before. Tiny (16 heads, 6 x 11, row 64, bf16: 1.7 MiB): built per call."""
     H = pre_kernel.shape[0]
     return banded_taps(pre_kernel, 2 * row + pre_kernel.shape[2], row, H, dtype)
 

@@ -60,6 +60,24 @@ def spy(monkeypatch, owner, name: str, log: list, entry) -> list:
     return log
 
 
+def spy_launches(monkeypatch, module, names, record, run: bool = True) -> None:
+    """Replace each Triton kernel `module.<name>` by a stand-in whose `kernel[grid](*args,
+    **meta)` first calls `record(kernel, grid, args, meta)` (kernel: the real one), then
+    launches the real kernel, or nothing with `run=False`."""
+    class Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                record(self.kernel, grid, args, meta)
+                return self.kernel[grid](*args, **meta) if run else None
+            return launch
+
+    for name in names:
+        monkeypatch.setattr(module, name, Launcher(getattr(module, name)))
+
+
 def assert_same_loss_and_grads(loss_f, loss_r, fused, ref, grad_atol):
     """The fused model's loss `loss_f` and its parameter gradients equal the torch model's
     (`loss_r`, `ref`; same weights).

@@ -31,6 +31,7 @@ from kernel_common import (  # noqa: F401
     assert_fp16_grads_close,
     nan_empty,
     spy,
+    spy_launches,
     to_device,
 )
 
@@ -247,19 +248,9 @@ def test_each_architectures_tiles_match_the_spec(arch, launched, monkeypatch):
     from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
     monkeypatch.setattr(fwd_tiles, "INTERPRETER_ARCH", arch)
     seen = []
-
-    class Launch:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                seen.append((meta["BLOCK_M"], meta["BLOCK_N"], meta["MAPS_APART"]))
-                return self.kernel[grid](*args, **meta)
-            return launch
-
-    for name in ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"):
-        monkeypatch.setattr(triton_fwd_tc, name, Launch(getattr(triton_fwd_tc, name)))
+    spy_launches(monkeypatch, triton_fwd_tc, ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"),
+                 lambda kernel, grid, args, meta: seen.append(
+                     (meta["BLOCK_M"], meta["BLOCK_N"], meta["MAPS_APART"])))
     _check(72, 72, 2, dtype=torch.float16)
     assert seen == [launched] * 2
 

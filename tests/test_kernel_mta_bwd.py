@@ -14,7 +14,7 @@ interpreter.
 import pytest
 import torch
 
-from kernel_common import KERNEL_MARKS, nan_empty, to_device  # noqa: F401  (nan_empty: autouse, NaN scratch)
+from kernel_common import KERNEL_MARKS, nan_empty, spy_launches, to_device  # noqa: F401  (nan_empty: autouse, NaN scratch)
 
 pytestmark = KERNEL_MARKS
 
@@ -313,17 +313,12 @@ def test_backward_passes_read_the_banded_tap_table(monkeypatch, dtype):
 
     seen = {}
 
-    class Stub:
-        def __init__(self, real):
-            self.real = real
+    def record(kernel, grid, args, meta):
+        seen[kernel.fn.__name__] = (args[kernel.arg_names.index("TT")], meta)
 
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen[self.real.fn.__name__] = (args[self.real.arg_names.index("TT")], kwargs)
-            return launch
-
-    for name in ("mta_bwd_delta_kernel", "mta_bwd_post_kernel", "mta_bwd_pre_kernel"):
-        monkeypatch.setattr(triton_bwd, name, Stub(getattr(triton_bwd, name)))
+    spy_launches(monkeypatch, triton_bwd,
+                 ("mta_bwd_delta_kernel", "mta_bwd_post_kernel", "mta_bwd_pre_kernel"), record,
+                 run=False)
     H, T, D = 3, 24, 16
     q, k, v = (to_device(x.to(dtype)) for x in _qkv(T, T, H, D))
     g = torch.Generator().manual_seed(5)

@@ -26,6 +26,7 @@ from kernel_common import (  # noqa: F401
     assert_same_loss_and_grads,
     nan_empty,
     spy,
+    spy_launches,
     to_device,
 )
 
@@ -282,6 +283,31 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     assert tt.dtype == q.dtype and tt.shape == (4, 6, 2 * row + 11, row)
     pre = params[0][:, 0].to(torch.float32)
     assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
+
+
+def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch):
+    """The lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two programs per SM and mixes
+    KC = LSE_KC keys per dot; the out pass keeps 8 warps, at most one program per SM. (Before:
+    both passes 8 warps, one program per SM, the lse pass KC 8.)"""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta.function import mta_attention
+
+    monkeypatch.setattr(_triton, "sm_count", lambda device=None: 4)
+    launches = {}
+    spy_launches(monkeypatch, triton_fwd, ("mta_lse_kernel", "mta_out_kernel"),
+                 lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
+                                                                      (grid, meta)),
+                 run=False)
+    q, k, v = _qkv(256, 256, 4, 16, 1)
+    with torch.no_grad():
+        mta_attention(q, k, v, *_params(4, **OFFICIAL))
+    (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
+                                                  launches["mta_out_kernel"])
+    assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
+    assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4)      # 36 tiles of 32 x 32
+    assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
+    assert out_meta["num_warps"] == 8 and out_grid[0] <= 4
 
 
 def test_queries_aligned_to_the_last_keys():

@@ -219,7 +219,8 @@ def _mta_lse(env, grid):
     the factored ones inside the sequence or the masked factored ones (`a`), in source order;
     their `a` trips are CQ times the share of windows taking each branch (`_mta_tap_shares`:
     so the products count the work); then the staged
-    scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(8, BLOCK_N))."""
+    scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(LSE_KC,
+    BLOCK_N))."""
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
     progs = _mta_out_windows(dict(env, N_W=env.get("N_T")), grid, bm, bn)
     windows = [(m0, bm, n0, bn) for prog in progs for m0, n0 in prog]

@@ -191,7 +191,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SCH: tl.constexpr, KC: tl.constexpr):
     """Pass 1, a persistent grid `(programs, batch)` (`out_plan` with row tiles for row
-    windows: about one program per SM): the row lse of L for every head. Program p runs the
+    windows: two 4-warp programs per SM, `LSE_PROGRAMS_PER_SM`): the row lse of L for every
+    head. Program p runs the
     key tiles of row p of the plan PLAN (`item * KW + key tile index`), its items in turn,
     longest first; item i is row tile `N_T - 1 - i % N_T` (`N_T = cdiv(T_Q, BLOCK_M)`) and key
     split `i // N_T` of NS (`persistent_splits`), whose key tiles are s, s + NS, ...; at an
@@ -202,7 +203,7 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
     Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
     tiles are 64 x 64 at 16 heads: each head's convolved scores (`_fwd_conv_scores`, tensor cores)
     go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2; one per program,
-    not per item: 132 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
+    not per item: 264 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
     mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
     the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `bwd_logits`'
     head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
@@ -438,11 +439,26 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
         tl.debug_barrier()                    # P and the stages are rewritten next window
 
 
-# Launch options of every MTA kernel on a GPU (forward and backward): 8 warps, no software
+# Launch options of the MTA kernels on a GPU (the out pass, the fold and the backward; the lse
+# pass: `LSE_LAUNCH`): 8 warps, no software
 # pipelining, up to 255 registers (ptxas otherwise caps some 8-warp builds at 128 and spills).
 # With 4 warps and 3 stages they spilled up to 1.1 KB per thread (python -m
 # attnlens.kernels.compile_check, docs/benchmarks.md).
 LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
+
+# The lse pass's launch: 4 warps, two programs per SM (`LSE_PROGRAMS_PER_SM`; 255 registers x
+# 128 threads x 2 fit an SM's 65,536). With 8 warps on its 32 x 32 / 64 x 64 tiles each warp
+# held one or two m16n8 pieces of every dot: a serial HMMA accumulator chain padded with
+# no-op issues, and the per-warp address and loop work paid eight times per tile; 4 warps
+# halve that, two resident programs keep 8 warps per SM. H200 issue bound (ESTIMATE, sm_90
+# SASS x trips, bf16, 16 heads, 6 x 11 + mixings): see docs/benchmarks.md, "Fused MTA
+# forward: the lse pass on 4-warp programs, two per SM".
+LSE_LAUNCH = dict(num_warps=4, num_stages=1, maxnreg=255)
+LSE_PROGRAMS_PER_SM = 2
+# Keys per mixing dot of the lse pass (its phase 2: `[HB, BLOCK_M * KC]` operands). At 4 warps
+# KC 8 spilled 408-504 B at 64 x 64 under the GPU image's triton 3.6.0 (sm_90 / sm_80, d_head
+# 64 / 128; 0 B under 3.9.0); KC 4 is 0 B under both and issues fewer instructions.
+LSE_KC = 4
 
 
 def default_blocks() -> tuple[int, int]:
@@ -456,7 +472,8 @@ def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
     """(BLOCK_M, BLOCK_N) of the lse pass: 64 x 64 from 2,048 query rows, 32 x 32 below, at
     every head count and d_head; explicit blocks (tests) win. The pass stages each head's
     convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows,
-    keys]` tensor lives in registers: 64 x 64 takes 235-248 registers, 0 B spill at 4 and 16
+    keys]` tensor lives in registers: 64 x 64 takes 235-248 registers (8 warps; at the 4 warps of
+    `LSE_LAUNCH`, KC 4: 244-255), 0 B spill at 4 and 16
     heads, d_head 64 and 128, sm_90 and sm_80 (triton 3.9.0; before, the mixed logits of all
     heads were one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below
     2,048 rows the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the
@@ -559,7 +576,8 @@ def split_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
 class ForwardGrids(NamedTuple):
     """The forward's launch plan: the lse pass's tiles (BLOCK_M x BLOCK_N), row tiles `n_t` and
     key splits `ns_lse`; the out pass's windows (AR x AC at HB heads), row windows `n_w` and
-    key splits `ns_out`. Both passes are persistent, about one program per SM (`out_plan`):
+    key splits `ns_out`. Both passes are persistent (`out_plan`), the lse pass on
+    `lse_programs(n_sm)` programs (two per SM), the out pass on about one per SM:
     `n_t * ns_lse` and `n_w * ns_out` items per batch element."""
 
     block_m: int
@@ -591,10 +609,16 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm))
     if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
-    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, n_sm),
+    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, lse_programs(n_sm)),
                           persistent_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
                                             cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
+
+
+def lse_programs(n_sm: int) -> int:
+    """The SM count the lse pass's plan shares its tiles over: `LSE_PROGRAMS_PER_SM` per SM
+    (`out_plan` launches at most one program per item, `ceil(n / batch)` per batch element)."""
+    return LSE_PROGRAMS_PER_SM * n_sm
 
 
 def out_programs(B: int, n_sm: int) -> int:
@@ -749,7 +773,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     # Persistent too (`out_plan` over row tiles): rows of items without key tiles stay -inf.
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
     lse_s.fill_(float("-inf"))
-    plan1_args = (B, n_t, lm, ln, T_K, T_K - T_Q, ns1, _triton.sm_count(q.device))
+    plan1_args = (B, n_t, lm, ln, T_K, T_K - T_Q, ns1,
+                  lse_programs(_triton.sm_count(q.device)))
     plan1 = out_plan(*plan1_args)
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = torch.zeros(hb2, hb2, **f32)
@@ -758,7 +783,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(8, ln), **(common | dict(HB=hb2)))
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(LSE_KC, ln),
+        **(common | dict(HB=hb2) | LSE_LAUNCH))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
     del stage1, lse_s          # free for pass 2's z and stages
@@ -785,8 +811,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "ForwardGrids", "default_blocks", "fold_keys",
-           "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
-           "mta_fwd",
-           "mta_lse_kernel", "mta_out_kernel", "out_programs", "out_split_cap", "out_windows",
-           "banded_taps", "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]
+__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "ForwardGrids", "banded_taps",
+           "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids", "fwd_out_windows",
+           "key_splits", "lse_blocks", "lse_programs", "mta_fwd", "mta_lse_kernel",
+           "mta_out_kernel", "out_programs", "out_split_cap", "out_windows", "post_toeplitz",
+           "pre_toeplitz", "split_windows", "stage_call"]

@@ -285,15 +285,18 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
 
 
-def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch):
+@pytest.mark.parametrize("eight_warps", [False, True])
+def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, eight_warps):
     """The lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two programs per SM and mixes
     KC = LSE_KC keys per dot; the out pass keeps 8 warps, at most one program per SM. (Before:
-    both passes 8 warps, one program per SM, the lse pass KC 8.)"""
+    both passes 8 warps, one program per SM, the lse pass KC 8.) With LSE_8WARPS_ENV "1" (for
+    a GPU run to measure both) the lse pass takes that earlier shape again."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.function import mta_attention
 
     monkeypatch.setattr(_triton, "sm_count", lambda device=None: 4)
+    monkeypatch.setenv(triton_fwd.LSE_8WARPS_ENV, "1" if eight_warps else "0")
     launches = {}
     spy_launches(monkeypatch, triton_fwd, ("mta_lse_kernel", "mta_out_kernel"),
                  lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
@@ -304,9 +307,12 @@ def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch):
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
-    assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4)      # 36 tiles of 32 x 32
-    assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
+    if eight_warps:
+        assert (lse_meta["num_warps"], lse_grid[0], lse_meta["KC"]) == (8, 4, 8)
+    else:
+        assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
+        assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4)    # 36 tiles of 32 x 32
+        assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
     assert out_meta["num_warps"] == 8 and out_grid[0] <= 4
 
 

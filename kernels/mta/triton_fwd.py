@@ -40,6 +40,7 @@ over groups); lse `[batch head_index query_pos]` fp32 (natural log, -inf on empt
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -459,6 +460,26 @@ LSE_PROGRAMS_PER_SM = 2
 # KC 8 spilled 408-504 B at 64 x 64 under the GPU image's triton 3.6.0 (sm_90 / sm_80, d_head
 # 64 / 128; 0 B under 3.9.0); KC 4 is 0 B under both and issues fewer instructions.
 LSE_KC = 4
+# Set to "1": the lse pass runs in its shape before 2026-12-06 (`LAUNCH`: 8 warps, one program
+# per SM, KC 8), so that a GPU run measures both shapes (scripts/gpu_validate.sh): the 4-warp
+# shape was chosen by the compile check's estimate alone.
+LSE_8WARPS_ENV = "ATTNLENS_MTA_LSE_8WARPS"
+
+
+class LseShape(NamedTuple):
+    """The lse pass's launch options, programs per SM and keys per mixing dot (KC)."""
+
+    launch: dict
+    programs_per_sm: int
+    kc: int
+
+
+def lse_shape() -> LseShape:
+    """`LSE_LAUNCH`, `LSE_PROGRAMS_PER_SM`, `LSE_KC`; the 8-warp shape where LSE_8WARPS_ENV is
+    "1"."""
+    if os.environ.get(LSE_8WARPS_ENV, "0") == "1":
+        return LseShape(LAUNCH, 1, 8)
+    return LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC)
 
 
 def default_blocks() -> tuple[int, int]:
@@ -616,9 +637,9 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
 
 
 def lse_programs(n_sm: int) -> int:
-    """The SM count the lse pass's plan shares its tiles over: `LSE_PROGRAMS_PER_SM` per SM
+    """The SM count the lse pass's plan shares its tiles over: `lse_shape()`'s programs per SM
     (`out_plan` launches at most one program per item, `ceil(n / batch)` per batch element)."""
-    return LSE_PROGRAMS_PER_SM * n_sm
+    return lse_shape().programs_per_sm * n_sm
 
 
 def out_programs(B: int, n_sm: int) -> int:
@@ -783,8 +804,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(LSE_KC, ln),
-        **(common | dict(HB=hb2) | LSE_LAUNCH))
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_shape().kc, ln),
+        **(common | dict(HB=hb2) | lse_shape().launch))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
     del stage1, lse_s          # free for pass 2's z and stages
@@ -811,8 +832,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "ForwardGrids", "banded_taps",
+__all__ = ["LAUNCH", "LSE_8WARPS_ENV", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
+           "ForwardGrids", "LseShape", "banded_taps",
            "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids", "fwd_out_windows",
-           "key_splits", "lse_blocks", "lse_programs", "mta_fwd", "mta_lse_kernel",
+           "key_splits", "lse_blocks", "lse_programs", "lse_shape", "mta_fwd", "mta_lse_kernel",
            "mta_out_kernel", "out_programs", "out_split_cap", "out_windows", "post_toeplitz",
            "pre_toeplitz", "split_windows", "stage_call"]

@@ -7,7 +7,7 @@
 # after an autotuning pass (stage 0) whose choices come back as tuned_configs.json.
 # Each stage has its own time limit and writes its own file, so a stage that runs long costs
 # only itself.  Results land in $OUT (default out/gpu): env.txt, tune.log, tuned_configs.json,
-# repeat.md, check.md, bench.md, bench_tma.md, bench_mta_lse8.md, tests.log, model_1b.md.
+# repeat.md, check.md, bench.md, bench_tma.md, bench_mta_lse.md, tests.log, model_1b.md.
 #
 #   OUT=out/gpu bash scripts/gpu_validate.sh
 #
@@ -95,11 +95,6 @@ stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
 #    over its own TMA_TILES) against the same rows above: the run settles TMA vs today's kernel
 stage "${BENCH_TMA_S:-45}" "$OUT/bench_tma.md" env ATTNLENS_FLASH_TMA=1 $BENCH --ops flash \
     --T 4096 --d 64,128 --reps 10
-# (issue 58, mta-fwd-warps) the MTA forward's lse pass in its 8-warp shape of before 2026-12-06
-#    (one program per SM, KC 8; ATTNLENS_MTA_LSE_8WARPS=1) against the 4-warp, two-per-SM
-#    shape of the rows above, which the compile check's estimate alone chose: forward only
-stage "${BENCH_LSE8_S:-40}" "$OUT/bench_mta_lse8.md" env ATTNLENS_MTA_LSE_8WARPS=1 \
-    ATTNLENS_SKIP_BACKWARD=mta $BENCH --ops mta --T 1024,4096 --d 128 --reps 10
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \
@@ -115,6 +110,18 @@ stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "$
 #    the number; the rows' host ms column and T 1024 (host-bound) show how much
 stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
     --reps 10 --isolated
+
+# (issue 58, mta-fwd-warps) the MTA forward's lse pass in the shapes the compile check's
+#    estimate weighed (ATTNLENS_MTA_LSE_SHAPE, LSE_SHAPES in kernels/mta/triton_fwd.py; forward
+#    only, "shape" rows): at 1k the default ("4warps") against "8warps" (its shape before
+#    2026-12-06); at 4k "4warps" (64 x 32 tiles, two 4-warp programs per SM) and "wide" (64 x 64,
+#    4 warps: its stages overflow the L2) against the default ("8warps") rows of bench.md
+stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
+    'for s in 4warps 8warps; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
+    --T 1024 --d 128 --reps 10; done'
+stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
+    'for s in 4warps wide; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
+    --T 4096 --d 128 --reps 10; done'
 
 # 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
 #    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused

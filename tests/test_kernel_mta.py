@@ -285,35 +285,50 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
 
 
-@pytest.mark.parametrize("eight_warps", [False, True])
-def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, eight_warps):
-    """The lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two programs per SM and mixes
-    KC = LSE_KC keys per dot; the out pass keeps 8 warps, at most one program per SM. (Before:
-    both passes 8 warps, one program per SM, the lse pass KC 8.) With LSE_8WARPS_ENV "1" (for
-    a GPU run to measure both) the lse pass takes that earlier shape again."""
+@pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide"])
+@pytest.mark.parametrize("T", [256, 2048])
+def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, shape, T):
+    """Below 2k query rows the lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two
+    programs per SM and mixes KC = LSE_KC keys per dot; from 2k rows (64-row tiles) it keeps
+    its earlier shape, 8 warps, one program per SM, KC 8, 64 x 64; the out pass keeps 8 warps,
+    at most one program per SM. LSE_SHAPE_ENV names a shape for every length (what a GPU run
+    measures): "4warps" (64 x 32 from 2k rows), "8warps", "wide" (4 warps, 64 x 64)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.function import mta_attention
 
     monkeypatch.setattr(_triton, "sm_count", lambda device=None: 4)
-    monkeypatch.setenv(triton_fwd.LSE_8WARPS_ENV, "1" if eight_warps else "0")
+    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
     launches = {}
-    spy_launches(monkeypatch, triton_fwd, ("mta_lse_kernel", "mta_out_kernel"),
+    spy_launches(monkeypatch, triton_fwd, ("fold_keys_kernel", "mta_lse_kernel",
+                                           "mta_out_kernel"),
                  lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
                                                                       (grid, meta)),
                  run=False)
-    q, k, v = _qkv(256, 256, 4, 16, 1)
+    q, k, v = _qkv(T, T, 4, 16, 1)
     with torch.no_grad():
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    if eight_warps:
+    name = shape or ("8warps" if T >= triton_fwd.LSE_8WARPS_FROM else "4warps")
+    tiles = {"4warps": (64, 32), "8warps": (64, 64), "wide": (64, 64)}[name] if T >= 2048 \
+        else (32, 32)
+    if name == "8warps":
         assert (lse_meta["num_warps"], lse_grid[0], lse_meta["KC"]) == (8, 4, 8)
     else:
         assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
-        assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4)    # 36 tiles of 32 x 32
+        assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4, T)
         assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
+    assert (lse_meta["BLOCK_M"], lse_meta["BLOCK_N"]) == tiles
     assert out_meta["num_warps"] == 8 and out_grid[0] <= 4
+
+
+def test_lse_shape_names_a_bad_setting(monkeypatch):
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "2warps")
+    with pytest.raises(ValueError, match="ATTNLENS_MTA_LSE_SHAPE='2warps': expected one of"):
+        triton_fwd.lse_shape(1024)
 
 
 def test_queries_aligned_to_the_last_keys():
@@ -488,23 +503,32 @@ def test_forward_grids_launch_a_program_per_sm_at_512_rows():
     assert g.n_t * g.ns_lse >= 132 and g.n_w * g.ns_out >= 132, g
 
 
-def test_lse_tiles_are_64_by_64_from_2k_rows_at_every_head_count():
-    """`lse_blocks`: 64 x 64 at 4 and 16 heads, d_head 64 and 128, from 2,048 query rows, 32 x
-    32 below (the lse pass stages each head's convolved scores and mixes them by a dot, so no
-    all-heads tensor limits its tiles; before: 32 x 32 at 16 heads, 64 x 32 at 4 heads and
-    d_head 128); explicit blocks win; `forward_grids` takes them."""
+def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
+    """`lse_blocks`: 64-row tiles from 2,048 query rows, 32 x 32 below; BLOCK_N halves until
+    the stages of an SM's programs (`[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit the
+    shape's budget (`LSE_STAGE_BYTES_PER_SM`, 256 KiB: 64 x 64 at one program per SM, the
+    default from 2k rows; 64 x 32 at the two of "4warps"; 64 x 16 at 32 heads; "wide" twice
+    the budget); explicit blocks win; `forward_grids` takes them. (The lse pass stages each
+    head's convolved scores and mixes them by a dot, so no all-heads tensor limits its
+    tiles.)"""
+    from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.triton_fwd import forward_grids, lse_blocks
 
     for hb in (4, 16):
         for d in (64, 128):
             assert lse_blocks(hb, None, None, d, 4096) == lse_blocks(hb, None, None, d) == (64, 64)
             assert lse_blocks(hb, None, None, d, 2048) == (64, 64)
+            assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (64, 32)
             assert lse_blocks(hb, None, None, d, 1024) == (32, 32)
     assert lse_blocks(4, 16, 16, 128) == (16, 16)
+    assert 16 * 64 * 64 * 4 == triton_fwd.LSE_STAGE_BYTES_PER_SM
     g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
     assert (g.block_m, g.block_n) == (64, 64)
-    g = forward_grids(1, 256, 256, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
-    assert (g.block_m, g.block_n) == (32, 32)
+    for shape, tiles, tiles32 in (("4warps", (64, 32), (64, 16)), ("8warps", (64, 64), (64, 32)),
+                                  ("wide", (64, 64), (64, 32))):
+        monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
+        assert lse_blocks(16, None, None, 128, 4096) == tiles
+        assert lse_blocks(32, None, None, 128, 4096) == tiles32
 
 
 def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():

@@ -192,8 +192,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    SCH: tl.constexpr, KC: tl.constexpr):
     """Pass 1, a persistent grid `(programs, batch)` (`out_plan` with row tiles for row
-    windows: two 4-warp programs per SM, `LSE_PROGRAMS_PER_SM`): the row lse of L for every
-    head. Program p runs the
+    windows; `lse_shape`: two 4-warp programs per SM below 2k rows, one 8-warp program from
+    there): the row lse of L for every head. Program p runs the
     key tiles of row p of the plan PLAN (`item * KW + key tile index`), its items in turn,
     longest first; item i is row tile `N_T - 1 - i % N_T` (`N_T = cdiv(T_Q, BLOCK_M)`) and key
     split `i // N_T` of NS (`persistent_splits`), whose key tiles are s, s + NS, ...; at an
@@ -204,7 +204,7 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
     Two phases per tile, so that no `[heads, rows, keys]` tensor lives in registers and the
     tiles are 64 x 64 at 16 heads: each head's convolved scores (`_fwd_conv_scores`, tensor cores)
     go to the program's fp32 stage `STAGE1 [HB, BLOCK_M, BLOCK_N]` (in L2; one per program,
-    not per item: 264 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
+    not per item: 132 x 256 KiB at 64 x 64, 16 heads), then KC keys at a time the pre-softmax
     mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
     the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `bwd_logits`'
     head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
@@ -447,39 +447,19 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
 # attnlens.kernels.compile_check, docs/benchmarks.md).
 LAUNCH = dict(num_warps=8, num_stages=1, maxnreg=255)
 
-# The lse pass's launch: 4 warps, two programs per SM (`LSE_PROGRAMS_PER_SM`; 255 registers x
-# 128 threads x 2 fit an SM's 65,536). With 8 warps on its 32 x 32 / 64 x 64 tiles each warp
-# held one or two m16n8 pieces of every dot: a serial HMMA accumulator chain padded with
-# no-op issues, and the per-warp address and loop work paid eight times per tile; 4 warps
-# halve that, two resident programs keep 8 warps per SM. H200 issue bound (ESTIMATE, sm_90
-# SASS x trips, bf16, 16 heads, 6 x 11 + mixings): see docs/benchmarks.md, "Fused MTA
-# forward: the lse pass on 4-warp programs, two per SM".
+# The lse pass's 4-warp launch (`LSE_SHAPES`: the default below 2k rows): two programs per SM
+# (`LSE_PROGRAMS_PER_SM`; 255 registers x 128 threads x 2 fit an SM's 65,536). With 8 warps on
+# its 32 x 32 tiles each warp held one m16n8 piece of every dot: a serial HMMA accumulator
+# chain padded with no-op issues, and the per-warp address and loop work paid eight times per
+# tile; 4 warps halve that, two resident programs keep 8 warps per SM. H200 issue bound
+# (ESTIMATE, sm_90 SASS x trips, bf16, 16 heads, 6 x 11 + mixings): docs/benchmarks.md, "Fused
+# MTA forward: the lse pass on 4-warp programs, two per SM".
 LSE_LAUNCH = dict(num_warps=4, num_stages=1, maxnreg=255)
 LSE_PROGRAMS_PER_SM = 2
 # Keys per mixing dot of the lse pass (its phase 2: `[HB, BLOCK_M * KC]` operands). At 4 warps
 # KC 8 spilled 408-504 B at 64 x 64 under the GPU image's triton 3.6.0 (sm_90 / sm_80, d_head
 # 64 / 128; 0 B under 3.9.0); KC 4 is 0 B under both and issues fewer instructions.
 LSE_KC = 4
-# Set to "1": the lse pass runs in its shape before 2026-12-06 (`LAUNCH`: 8 warps, one program
-# per SM, KC 8), so that a GPU run measures both shapes (scripts/gpu_validate.sh): the 4-warp
-# shape was chosen by the compile check's estimate alone.
-LSE_8WARPS_ENV = "ATTNLENS_MTA_LSE_8WARPS"
-
-
-class LseShape(NamedTuple):
-    """The lse pass's launch options, programs per SM and keys per mixing dot (KC)."""
-
-    launch: dict
-    programs_per_sm: int
-    kc: int
-
-
-def lse_shape() -> LseShape:
-    """`LSE_LAUNCH`, `LSE_PROGRAMS_PER_SM`, `LSE_KC`; the 8-warp shape where LSE_8WARPS_ENV is
-    "1"."""
-    if os.environ.get(LSE_8WARPS_ENV, "0") == "1":
-        return LseShape(LAUNCH, 1, 8)
-    return LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC)
 
 
 def default_blocks() -> tuple[int, int]:
@@ -488,20 +468,75 @@ def default_blocks() -> tuple[int, int]:
     return 16, 16
 
 
+# Stage bytes an SM's resident lse programs may hold: the footprint of the 8-warp 64 x 64 shape
+# at 16 heads (256 KiB a program, one per SM: 33 MiB on 132 SMs, within the H100's and H200's
+# 50 MB L2). Each tile writes and re-reads its whole fp32 stage, so stages beyond the L2 would
+# go to HBM (4k: ~1 GB a pass).
+LSE_STAGE_BYTES_PER_SM = 256 * 1024
+
+
+class LseShape(NamedTuple):
+    """The lse pass's launch options, programs per SM, keys per mixing dot (KC) and the stage
+    bytes an SM's programs may hold (`lse_blocks`)."""
+
+    launch: dict
+    programs_per_sm: int
+    kc: int
+    stage_bytes_per_sm: int
+
+
+# The lse pass's shapes, by name. "4warps": 4 warps, two programs per SM, KC 4, 64 x 32 tiles
+# from 2k rows at 16 heads; "8warps" (every length before 2026-12-06): `LAUNCH`, one program per
+# SM, KC 8, 64 x 64; "wide": 4 warps, two per SM, 64 x 64 (the lowest issue bound, but 66 MiB of
+# stages on 132 SMs, more than the L2). The default (`lse_shape`) takes "4warps" below
+# LSE_8WARPS_FROM query rows (32 x 32 tiles: both estimates agree it is faster) and "8warps"
+# from there (64-row tiles: the issue bound favours "4warps" and "wide", the SASS-bytes bound
+# "8warps" and "wide", and "wide" overflows the L2): a GPU run measures the others by
+# LSE_SHAPE_ENV (scripts/gpu_validate.sh).
+LSE_SHAPES = {
+    "4warps": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, LSE_STAGE_BYTES_PER_SM),
+    "8warps": LseShape(LAUNCH, 1, 8, LSE_STAGE_BYTES_PER_SM),
+    "wide": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM),
+}
+LSE_8WARPS_FROM = 2048
+LSE_SHAPE_ENV = "ATTNLENS_MTA_LSE_SHAPE"
+
+
+def lse_shape(t_q: int) -> LseShape:
+    """The lse pass's shape at `t_q` query rows: LSE_SHAPES[os.environ[LSE_SHAPE_ENV]] where
+    set, else "4warps" below LSE_8WARPS_FROM rows and "8warps" from there; ValueError naming
+    the shapes for an unknown name."""
+    name = os.environ.get(LSE_SHAPE_ENV, "")
+    if name == "":
+        name = "8warps" if t_q >= LSE_8WARPS_FROM else "4warps"
+    if name not in LSE_SHAPES:
+        raise ValueError(f"{LSE_SHAPE_ENV}={name!r}: expected one of {sorted(LSE_SHAPES)} "
+                         "(or unset)")
+    return LSE_SHAPES[name]
+
+
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
-               block_d: int = 64, t_q: int = 4096) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: 64 x 64 from 2,048 query rows, 32 x 32 below, at
-    every head count and d_head; explicit blocks (tests) win. The pass stages each head's
-    convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows,
-    keys]` tensor lives in registers: 64 x 64 takes 235-248 registers (8 warps; at the 4 warps of
-    `LSE_LAUNCH`, KC 4: 244-255), 0 B spill at 4 and 16
-    heads, d_head 64 and 128, sm_90 and sm_80 (triton 3.9.0; before, the mixed logits of all
-    heads were one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below
-    2,048 rows the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the
-    last finishing at 1.9x the even share); 32 x 32 gives 528. `hb`, `block_d` are unused."""
-    del hb, block_d
+               block_d: int = 64, t_q: int = 4096,
+               programs_per_sm: int | None = None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: 64-row tiles from 2,048 query rows, 32 x 32 below;
+    BLOCK_N halved (to 16 at least) until the stages of an SM's `programs_per_sm` programs
+    (`lse_shape(t_q)`'s by default; `[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit its
+    `stage_bytes_per_sm`: 64 x 32 at 16 heads with two programs per SM (64 x 64 with one),
+    64 x 16 at 32 heads; explicit blocks (tests) win. The pass stages each head's convolved
+    scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows, keys]`
+    tensor lives in registers (before, the mixed logits of all heads were one register tensor:
+    32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below 2,048 rows the causal 64 x 64 tiles
+    are too few to share out (T 1024: 136 for 132 SMs, the last finishing at 1.9x the even
+    share); 32 x 32 gives 528. `block_d` is unused."""
+    del block_d
     side = 64 if t_q >= 2048 else 32
-    return block_m or side, block_n or side
+    bm, bn = block_m or side, block_n or side
+    if block_n is None:
+        shape = lse_shape(t_q)
+        per_key = (programs_per_sm or shape.programs_per_sm) * max(hb, 16) * bm * 4
+        while bn > 16 and per_key * bn > shape.stage_bytes_per_sm:
+            bn //= 2
+    return bm, bn
 
 
 def out_windows(hb: int, cq2: int, ck2: int) -> tuple[int, int]:
@@ -598,7 +633,7 @@ class ForwardGrids(NamedTuple):
     """The forward's launch plan: the lse pass's tiles (BLOCK_M x BLOCK_N), row tiles `n_t` and
     key splits `ns_lse`; the out pass's windows (AR x AC at HB heads), row windows `n_w` and
     key splits `ns_out`. Both passes are persistent (`out_plan`), the lse pass on
-    `lse_programs(n_sm)` programs (two per SM), the out pass on about one per SM:
+    `lse_programs(n_sm, T_Q)` programs (`lse_shape`), the out pass on about one per SM:
     `n_t * ns_lse` and `n_w * ns_out` items per batch element."""
 
     block_m: int
@@ -630,16 +665,16 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm))
     if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
-    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, lse_programs(n_sm)),
+    ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, lse_programs(n_sm, T_Q)),
                           persistent_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
                                             cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
 
 
-def lse_programs(n_sm: int) -> int:
-    """The SM count the lse pass's plan shares its tiles over: `lse_shape()`'s programs per SM
+def lse_programs(n_sm: int, t_q: int) -> int:
+    """The SM count the lse pass's plan shares its tiles over: `lse_shape(t_q)`'s programs per SM
     (`out_plan` launches at most one program per item, `ceil(n / batch)` per batch element)."""
-    return lse_shape().programs_per_sm * n_sm
+    return lse_shape(t_q).programs_per_sm * n_sm
 
 
 def out_programs(B: int, n_sm: int) -> int:
@@ -795,7 +830,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     lse_s = lse[:, None] if ns1 == 1 else torch.empty(B, ns1, H, T_Q, **f32)
     lse_s.fill_(float("-inf"))
     plan1_args = (B, n_t, lm, ln, T_K, T_K - T_Q, ns1,
-                  lse_programs(_triton.sm_count(q.device)))
+                  lse_programs(_triton.sm_count(q.device), T_Q))
     plan1 = out_plan(*plan1_args)
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = torch.zeros(hb2, hb2, **f32)
@@ -804,8 +839,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_shape().kc, ln),
-        **(common | dict(HB=hb2) | lse_shape().launch))
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_shape(T_Q).kc, ln),
+        **(common | dict(HB=hb2) | lse_shape(T_Q).launch))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
     del stage1, lse_s          # free for pass 2's z and stages
@@ -832,7 +867,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "LSE_8WARPS_ENV", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
+__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES",
+           "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "LSE_8WARPS_FROM",
            "ForwardGrids", "LseShape", "banded_taps",
            "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids", "fwd_out_windows",
            "key_splits", "lse_blocks", "lse_programs", "lse_shape", "mta_fwd", "mta_lse_kernel",

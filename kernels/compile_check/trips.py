@@ -379,9 +379,9 @@ def _cope_bwd_dkdv(env, grid):
 
 
 def _mta_fold(env, grid):
-    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each summing the key taps
-    `kb` (CK)."""
-    return {"a": env["CQ"], "kb": env["CK"]}
+    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each a few dots of a banded
+    tap table with the program's read keys (no inner loop)."""
+    return {"a": env["CQ"]}
 
 
 def _mta(env, grid):

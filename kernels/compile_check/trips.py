@@ -379,9 +379,10 @@ def _cope_bwd_dkdv(env, grid):
 
 
 def _mta_fold(env, grid):
-    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each a few dots of a banded
-    tap table with the program's read keys (no inner loop)."""
-    return {"a": env["CQ"]}
+    """`fold_keys_kernel`: per program, the row taps `a` (CQ); 16-bit k: each tap 2 PARTS
+    dots of banded tap tables with the program's read keys (unrolled, no inner loop); fp32 k
+    (F32): each tap sums the key taps `kb` (CK) on CUDA cores."""
+    return {"a": env["CQ"], "kb": env["CK"]}
 
 
 def _mta(env, grid):

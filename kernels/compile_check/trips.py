@@ -380,8 +380,9 @@ def _cope_bwd_dkdv(env, grid):
 
 
 def _mta_fold(env, grid):
-    """`fold_keys_kernel`: per program, the row taps `a` (CQ), each summing the key taps
-    `kb` (CK)."""
+    """`fold_keys_kernel`: per program, the row taps `a` (CQ); 16-bit k: each tap 2 PARTS
+    dots of banded tap tables with the program's read keys (unrolled, no inner loop); fp32 k
+    (F32): each tap sums the key taps `kb` (CK) on CUDA cores."""
     return {"a": env["CQ"], "kb": env["CK"]}
 
 

@@ -255,6 +255,73 @@ def test_each_architectures_tiles_match_the_spec(arch, launched, monkeypatch):
     assert seen == [launched] * 2
 
 
+def _spied_forward(monkeypatch, arch, T, d, H, table=None):
+    """The forward's two launches (kernels not run) at bf16 (T, d_head d, H heads) on `arch`'s
+    choices, `fwd_tiles.ARCH_FWD_LAUNCH` replaced by `table` if given: `{kernel name: (grid,
+    meta, scratch numel, bytes of its fp32 buffers: mp, lp, scratch, state / o)}`."""
+    from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
+    from attnlens.kernels.dcmha.function import kernel_weights
+    monkeypatch.setattr(fwd_tiles, "INTERPRETER_ARCH", arch)
+    if table is not None:
+        monkeypatch.setattr(fwd_tiles, "ARCH_FWD_LAUNCH", table)
+    seen = {}
+    spy_launches(monkeypatch, triton_fwd_tc, ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"),
+                 lambda kernel, grid, args, meta: seen.setdefault(
+                     "dcmha_tc_lse_kernel" if "HB" in meta else "dcmha_tc_out_kernel",
+                     (grid, meta, args[5 if "HB" in meta else 6].numel(),
+                      sum(args[i].numel() * 4 for i in ((2, 3, 5, 6) if "HB" in meta else (3,))))),
+                 run=False)
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(T, T, H, d, seed=5))
+    pre, post = (triton_fwd_tc.channel_weights(kernel_weights(w, H, "cpu"), H)
+                 for w in (_weights(1, T, T, H, seed=2), _weights(1, T, T, H, seed=3)))
+    triton_fwd_tc.dcmha_tc_fwd(q, k, v, pre, post, d ** -0.5, None)
+    return seen
+
+
+def test_forward_launch_table_sets_each_pass_grid_warps_and_chunks(monkeypatch):
+    """`fwd_tiles.ARCH_FWD_LAUNCH` per architecture (launches spied, not run; bf16, 16 heads,
+    T 4096, d_head 128): sm_90 splits each query tile's keys for 792 programs (13 splits of
+    64 query tiles, was 5) in both passes and forms the lse pass's scores in 64-column
+    chunks, 8 warps each; the forward's buffers stay under 1/10 of torch's fwd+bwd peak at 4k
+    (3,854 MiB, `test_kernel_dcmha_bwd_memory`); sm_80 keeps 5 splits and 32-column chunks. A
+    table entry with other values moves each pass's grid and warps on its own, the scratch
+    sized for the larger."""
+    sm90 = _spied_forward(monkeypatch, "sm_90", 4096, 128, 16)
+    (lse_grid, lse_meta, lse_scr, lse_bytes), (out_grid, out_meta, out_scr, o_bytes) = (
+        sm90["dcmha_tc_lse_kernel"], sm90["dcmha_tc_out_kernel"])
+    assert lse_grid == out_grid == (64, 13, 1)
+    assert (lse_meta["DCH"], lse_meta["num_warps"], out_meta["num_warps"]) == (64, 8, 8)
+    assert lse_scr == out_scr == 64 * 13 * 16 * 64 * 64
+    assert (lse_bytes + o_bytes) / 2**20 < 3854 / 10
+    sm80 = _spied_forward(monkeypatch, "sm_80", 4096, 128, 16)
+    assert sm80["dcmha_tc_lse_kernel"][0] == sm80["dcmha_tc_out_kernel"][0] == (64, 5, 1)
+    assert sm80["dcmha_tc_lse_kernel"][1]["DCH"] == 32
+    from attnlens.kernels.dcmha.fwd_tiles import FwdLaunch
+    other = {"sm_90": FwdLaunch(lse_warps=4, lse_dch=32, lse_programs=264, out_programs=528)}
+    mixed = _spied_forward(monkeypatch, "sm_90", 4096, 64, 16, other)
+    (lse_grid, lse_meta, scr, _), (out_grid, out_meta, _, _) = (
+        mixed["dcmha_tc_lse_kernel"], mixed["dcmha_tc_out_kernel"])
+    assert (lse_grid, out_grid) == ((64, 5, 1), (64, 9, 1))
+    assert (lse_meta["DCH"], lse_meta["num_warps"], out_meta["num_warps"]) == (32, 4, 8)
+    assert scr == 64 * 9 * 16 * 64 * 64
+
+
+def test_lse_and_out_grids_apart_and_score_chunks_match_the_spec(monkeypatch):
+    """fp16, d_head 128 on sm_90's 64 x 64 tiles with a launch table whose passes differ: the
+    lse pass in one split and 64-column score chunks (two per dot), the out pass in two
+    splits, sharing the scratch sized for the out pass; 72 queries (2 query tiles, masked
+    and unmasked key tiles)."""
+    from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
+    monkeypatch.setattr(fwd_tiles, "INTERPRETER_ARCH", "sm_90")
+    monkeypatch.setattr(fwd_tiles, "ARCH_FWD_LAUNCH", {"sm_90": fwd_tiles.FwdLaunch(
+        lse_warps=4, lse_dch=64, lse_programs=1, out_programs=4)})
+    seen = []
+    spy_launches(monkeypatch, triton_fwd_tc, ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"),
+                 lambda kernel, grid, args, meta: seen.append((grid, meta["DCH"])))
+    _check(72, 72, 2, d=128, dtype=torch.float16)
+    assert seen == [((2, 1, 1), 64), ((2, 2, 1), 128)]
+
+
 def test_hidden_maps_apart_are_exact_in_fp32():
     """Both passes with the hidden maps apart (64 x 64 tiles forced) against the float64
     spec at fp32's tolerance: 2 query tiles, padding keys, groups of 2."""

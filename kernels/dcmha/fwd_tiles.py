@@ -21,6 +21,8 @@ that architecture, head count, head size and dtype, with no code change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attnlens.kernels import _triton
 
 FWD_CANDIDATES = ((64, 64), (64, 32))    # (BLOCK_M, BLOCK_N) the autotuning pass times
@@ -29,6 +31,28 @@ DEFAULT_FWD_BLOCKS = (64, 32)
 INTERPRETER_ARCH = "sm_90"               # the interpreter (tests) runs sm_90's choice
 TUNED_NAME = "dcmha_tc_fwd"              # the tuned file's entry (both passes' kernels)
 FWD_LAUNCH = dict(num_warps=8, num_stages=1)   # `triton_fwd_tc.TC_LAUNCH`, for the record
+
+
+@dataclass(frozen=True)
+class FwdLaunch:
+    """A 16-bit forward's launch shape beyond its tiles: the lse pass's num_warps and score
+    dot's d_head chunk (capped at d_head; with its pre maps apart), and the programs each
+    pass's grid aims at (`triton_fwd_tc.split_count`). The out pass keeps TC_LAUNCH's warps."""
+    lse_warps: int = 8
+    lse_dch: int = 128
+    lse_programs: int = 264
+    out_programs: int = 264
+
+
+# The forward's launch per architecture (`fwd_launch`); others take FwdLaunch(). sm_90 (64 x 64
+# tiles): 6 programs per SM in both passes' grids (the causal split's imbalance: a query
+# tile's keys are cut into equal splits, so programs differ by up to the longest split; more,
+# shorter programs finish closer to the even share), the lse pass's score dot in 64-column
+# chunks (fewer instructions than one dot over d_head 128), 8 warps kept: 4 warps cut the lse
+# pass's instructions but need two programs per SM, which doubles the resident scratch
+# past the L2 (docs/benchmarks.md, "DCMHA forward: 4 warps per program tried ...").
+ARCH_FWD_LAUNCH = {"sm_90": FwdLaunch(lse_warps=8, lse_dch=64, lse_programs=792,
+                                      out_programs=792)}
 
 _TUNED: dict = {}
 
@@ -82,10 +106,22 @@ def fwd_blocks(heads: int, block_d: int, dtype, arch: str | None = None,
     return ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
 
 
+def fwd_arch() -> str:
+    """The architecture whose table entries a launch takes: the current device's
+    (`_tuned_entries`), INTERPRETER_ARCH under the interpreter."""
+    return INTERPRETER_ARCH if _triton.interpreting() else _tuned_entries()[0]
+
+
+def fwd_launch(arch: str | None = None) -> FwdLaunch:
+    """The launch shape of a 16-bit forward on `arch` (default `fwd_arch`)."""
+    return ARCH_FWD_LAUNCH.get(fwd_arch() if arch is None else arch, FwdLaunch())
+
+
 def record_of(blocks: tuple[int, int]) -> dict:
     """The tuned file's entry for forward blocks (the form `LazyAutotune` records)."""
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], **FWD_LAUNCH}
 
 
-__all__ = ["ARCH_FWD_BLOCKS", "DEFAULT_FWD_BLOCKS", "FWD_CANDIDATES", "TUNED_NAME", "fwd_blocks",
-           "fwd_key", "maps_apart", "record_of"]
+__all__ = ["ARCH_FWD_BLOCKS", "ARCH_FWD_LAUNCH", "DEFAULT_FWD_BLOCKS", "FWD_CANDIDATES",
+           "FwdLaunch", "TUNED_NAME", "fwd_arch", "fwd_blocks", "fwd_key", "fwd_launch",
+           "maps_apart", "record_of"]

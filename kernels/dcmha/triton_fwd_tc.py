@@ -59,7 +59,7 @@ import torch
 
 from attnlens.kernels._prologue import split_tile
 from attnlens.kernels._triton import next_pow2, tl, triton
-from attnlens.kernels.dcmha.fwd_tiles import fwd_blocks, maps_apart
+from attnlens.kernels.dcmha.fwd_tiles import FwdLaunch, fwd_blocks, fwd_launch, maps_apart
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -84,7 +84,10 @@ FP32_BLOCKS = (32, 16)
 # keeps 32 (at 64 its softmax loop took layouts that cost 4% more), and so does fp32 (IEEE
 # dots, twice the operand registers).
 LSE_DCH, OUT_DCH, OUT_VCH = 32, 128, 128
-TARGET_PROGRAMS = 264              # two programs per SM of an H100 / H200 (132 SMs)
+# Programs a grid aims at (`split_count`): the backward's program budget, and the forward's
+# default; sm_90's forward takes 792 in both passes (`fwd_tiles.ARCH_FWD_LAUNCH`: the causal
+# split's programs are uneven, and more, shorter ones finish nearer the even share).
+TARGET_PROGRAMS = 264
 
 
 @triton.jit
@@ -659,13 +662,16 @@ def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
     maps = H + CQB + CKB, or H in an out pass with MAPS_APART (n_heads here): 160 KB per
     program at 16 heads and the official Compose (64 x 32), 52 MB over the 320 programs at
     T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); on 64 x 64 tiles (sm_90, H maps)
-    256 KiB, 80 MiB, 33 MiB. It grows with the programs (query tiles x key splits), so O(T)."""
+    256 KiB, 208 MiB over sm_90's 832 programs (`fwd_tiles.ARCH_FWD_LAUNCH`), 33 MiB resident.
+    It grows with the programs (query tiles x key splits), so O(T)."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
-def split_count(n_tiles: int, batch: int, key_tiles: int) -> int:
-    """Key splits per query tile so that the grid holds about TARGET_PROGRAMS programs."""
-    return max(1, min(key_tiles, math.ceil(TARGET_PROGRAMS / max(1, n_tiles * batch))))
+def split_count(n_tiles: int, batch: int, key_tiles: int, programs: int | None = None) -> int:
+    """Key splits per query tile so that the grid holds about `programs` (default
+    TARGET_PROGRAMS) programs."""
+    target = TARGET_PROGRAMS if programs is None else programs
+    return max(1, min(key_tiles, math.ceil(target / max(1, n_tiles * batch))))
 
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
@@ -698,19 +704,22 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                   CQB=cqb, CKB=ckb, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, BLOCK_D=D,
                   **TC_LAUNCH)
 
-    def grid(blocks):
+    def grid(blocks, programs=None):
         bm, bn = block_m or blocks[0], block_n or blocks[1]
         n_m = math.ceil(T_Q / bm)
-        ns = split_count(n_m, B, math.ceil(T_K / bn))
+        ns = split_count(n_m, B, math.ceil(T_K / bn), programs)
         return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
 
     fp32 = q.dtype == torch.float32
-    lse_grid, lse_blocks = grid(FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype))
-    out_grid, out_blocks = lse_grid, lse_blocks
+    tiles = FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype)
+    # Per architecture: the lse pass's warps and each pass's programs (`fwd_tiles`).
+    shape = FwdLaunch() if fp32 else fwd_launch()
+    lse_grid, lse_blocks = grid(tiles, shape.lse_programs)
+    out_grid, out_blocks = grid(tiles, shape.out_programs)
     apart = maps_apart(lse_blocks["BLOCK_N"])
-    # One scratch for both passes.
-    scratch = torch.empty(_scratch_numel(lse_grid, lse_blocks,
-                                         H if apart else H + cqb + ckb), **f32)
+    # One scratch for both passes, as large as the pass with more programs needs.
+    scratch = torch.empty(max(_scratch_numel(g, lse_blocks, H if apart else H + cqb + ckb)
+                              for g in (lse_grid, out_grid)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
     t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
@@ -735,8 +744,8 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     dcmha_tc_lse_kernel[(n_m, ns, B)](
         q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
         *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), DCH=min(OUT_DCH if apart and not fp32 else LSE_DCH, D),
-        MAPS_APART=apart, **common, **blocks)
+        HB=next_pow2(H, minimum=1), DCH=min(shape.lse_dch if apart and not fp32 else LSE_DCH, D),
+        MAPS_APART=apart, **{**common, "num_warps": shape.lse_warps}, **blocks)
     m_max = mp.amax(0)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
     total = (lp * torch.exp2(mp - m_use)).sum(0)

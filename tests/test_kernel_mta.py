@@ -193,27 +193,23 @@ def test_folded_keys_and_toeplitz_taps_match_the_convolution():
     assert not toep[H:].any()                                # padded heads are zero
 
 
-def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch, dtype):
     """Host time per call (issue 58, T 1k): with the three kernel launches stubbed, one
-    forward at 6 x 11 makes fewer than 60 aten calls (47; the folded keys as c_q x c_k torch
-    multiply-adds made 593, about 140 of them kernel launches) and launches the folded keys
-    once (`fold_keys_kernel`)."""
+    forward at 6 x 11 makes fewer than 60 aten calls (fp32 40-45, fp16 50-55 with the fold's
+    split tap tables, the mixing tables two or three calls each, `mixing_table`; the folded keys
+    as c_q x c_k torch multiply-adds made 593, about 140 of them kernel launches) and launches
+    the folded keys once (`fold_keys_kernel`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.function import mta_attention
 
     launched = []
-
-    class Stub:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.append(self.name)
-
-    for name in ("fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"):
-        monkeypatch.setattr(triton_fwd, name, Stub(name))
+    spy_launches(monkeypatch, triton_fwd, ("fold_keys_kernel", "mta_lse_kernel",
+                                           "mta_out_kernel"),
+                 lambda kernel, grid, args, meta: launched.append(kernel.fn.__name__),
+                 run=False)
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -222,12 +218,28 @@ def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch):
             Count.calls += 1
             return func(*args, **(kwargs or {}))
 
-    q, k, v = _qkv(64, 64, 4, 16, 1)
+    q, k, v = (x.to(dtype) for x in _qkv(64, 64, 4, 16, 1))
     params = _params(4, **OFFICIAL)
     with torch.no_grad(), Count():
         mta_attention(q, k, v, *params)
     assert launched == ["fold_keys_kernel", "mta_lse_kernel", "mta_out_kernel"]
     assert Count.calls < 60, Count.calls
+
+
+@pytest.mark.parametrize("heads", [4, 16])
+def test_mixing_table_is_the_padded_transpose_in_memory_order(heads):
+    """`mixing_table`: the kernels read `[hb, hb]` row-major, so the table must be `mix^T`
+    zero-padded, contiguous, also when no padding is needed (16 heads: a pad of zero can hand
+    back the transposed view, whose memory is `mix` untransposed)."""
+    from attnlens.kernels.mta.triton_fwd import mixing_table
+
+    mix = torch.randn(heads, heads, generator=torch.Generator().manual_seed(3))
+    for dtype in (torch.float32, torch.float16):
+        table = mixing_table(mix, 16, dtype)
+        want = torch.zeros(16, 16, dtype=dtype)
+        want[:heads, :heads] = mix.t().to(dtype)
+        assert table.is_contiguous() and table.dtype == dtype
+        assert torch.equal(table.flatten(), want.flatten())
 
 
 def test_pre_toeplitz_tiles_are_the_banded_taps():

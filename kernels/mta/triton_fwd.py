@@ -853,6 +853,15 @@ def fold_keys(k, pre_kernel, left: int, key_valid=None):
     return kt
 
 
+def mixing_table(mix, hb: int, dtype):
+    """A head mixing `[H, H]` as the kernels' dots read it: `mix^T` zero-padded to `[hb, hb]`,
+    in `dtype`, contiguous (two to four aten calls: host time per forward). (A pad of zero
+    can hand back the transposed view itself, whose memory is `mix`'s: `contiguous` copies
+    it then.)"""
+    pad = hb - mix.shape[0]
+    return torch.nn.functional.pad(mix.t(), (0, pad, 0, pad)).to(dtype).contiguous()
+
+
 def banded_taps(taps, n_rows: int, n_cols: int, heads: int, dtype):
     """`[heads, c_q, n_rows, n_cols]` banded matrices of a convolution's key taps `[H, c_q,
     c_k]`: `G[h, a, t, j] = taps[h, a, t - j]` for `0 <= t - j < c_k`, zero elsewhere and for
@@ -926,8 +935,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                   lse_programs(_triton.sm_count(q.device), T_Q))
     plan1 = out_plan(*plan1_args)
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
-    wt = torch.zeros(hb2, hb2, **f32)
-    wt[:H, :H] = pre_mix.t()
+    wt = mixing_table(pre_mix, hb2, torch.float32)
     tt = pre_toeplitz(pre_kernel, max(ln, ac), q.dtype)       # the diagonal's key taps
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
@@ -946,11 +954,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     stage1 = torch.empty(progs2 * hb2 * ar * ac, **f32)
     stage2 = torch.empty(progs2 * 2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
-    w2t = torch.zeros(hb2, hb2, **f32)
-    w2t[:H, :H] = post_mix.t()
     mta_out_kernel[(plan.programs, B)](
         q, k, kt, v, z, lse, kv, stage1, stage2, tt, max(ln, ac), wt,
-        post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), w2t.to(q.dtype),
+        post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), mixing_table(post_mix, hb2, q.dtype),
         plan_table(*plan_args, q.device),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
@@ -960,10 +966,10 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES",
-           "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "LSE_8WARPS_FROM",
-           "ForwardGrids", "LseShape", "banded_taps",
-           "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids", "fwd_out_windows",
-           "key_splits", "lse_blocks", "lse_programs", "lse_shape", "mta_fwd", "mta_lse_kernel",
-           "mta_out_kernel", "out_programs", "out_split_cap", "out_windows", "post_toeplitz",
-           "pre_toeplitz", "split_windows", "stage_call"]
+__all__ = ["LAUNCH", "LSE_8WARPS_FROM", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
+           "LSE_SHAPES", "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "ForwardGrids", "LseShape",
+           "banded_taps", "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids",
+           "fwd_out_windows", "key_splits", "lse_blocks", "lse_programs", "lse_shape",
+           "mixing_table", "mta_fwd", "mta_lse_kernel", "mta_out_kernel", "out_programs",
+           "out_split_cap", "out_windows", "post_toeplitz", "pre_toeplitz", "split_windows",
+           "stage_call"]

@@ -322,7 +322,7 @@ def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, shape, T):
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    name = shape or ("8warps" if T >= triton_fwd.LSE_8WARPS_FROM else "4warps")
+    name = shape or ("8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
     tiles = {"4warps": (64, 32), "8warps": (64, 64), "wide": (64, 64)}[name] if T >= 2048 \
         else (32, 32)
     if name == "8warps":

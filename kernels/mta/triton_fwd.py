@@ -474,6 +474,11 @@ def default_blocks() -> tuple[int, int]:
 # go to HBM (4k: ~1 GB a pass).
 LSE_STAGE_BYTES_PER_SM = 256 * 1024
 
+# Query rows from which both forward passes take 64-row tiles / windows (below, 32 rows: the
+# causal 64-row ones are too few to share out over 132 SMs, `lse_blocks`, `fwd_out_windows`),
+# and the lse pass its 8-warp default shape (`lse_shape`).
+ROWS_64_FROM = 2048
+
 
 class LseShape(NamedTuple):
     """The lse pass's launch options, programs per SM, keys per mixing dot (KC) and the stage
@@ -489,7 +494,7 @@ class LseShape(NamedTuple):
 # from 2k rows at 16 heads; "8warps" (every length before 2026-12-06): `LAUNCH`, one program per
 # SM, KC 8, 64 x 64; "wide": 4 warps, two per SM, 64 x 64 (the lowest issue bound, but 66 MiB of
 # stages on 132 SMs, more than the L2). The default (`lse_shape`) takes "4warps" below
-# LSE_8WARPS_FROM query rows (32 x 32 tiles: both estimates agree it is faster) and "8warps"
+# ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster) and "8warps"
 # from there (64-row tiles: the issue bound favours "4warps" and "wide", the SASS-bytes bound
 # "8warps" and "wide", and "wide" overflows the L2): a GPU run measures the others by
 # LSE_SHAPE_ENV (scripts/gpu_validate.sh).
@@ -498,17 +503,16 @@ LSE_SHAPES = {
     "8warps": LseShape(LAUNCH, 1, 8, LSE_STAGE_BYTES_PER_SM),
     "wide": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM),
 }
-LSE_8WARPS_FROM = 2048
 LSE_SHAPE_ENV = "ATTNLENS_MTA_LSE_SHAPE"
 
 
 def lse_shape(t_q: int) -> LseShape:
     """The lse pass's shape at `t_q` query rows: LSE_SHAPES[os.environ[LSE_SHAPE_ENV]] where
-    set, else "4warps" below LSE_8WARPS_FROM rows and "8warps" from there; ValueError naming
+    set, else "4warps" below ROWS_64_FROM rows and "8warps" from there; ValueError naming
     the shapes for an unknown name."""
     name = os.environ.get(LSE_SHAPE_ENV, "")
     if name == "":
-        name = "8warps" if t_q >= LSE_8WARPS_FROM else "4warps"
+        name = "8warps" if t_q >= ROWS_64_FROM else "4warps"
     if name not in LSE_SHAPES:
         raise ValueError(f"{LSE_SHAPE_ENV}={name!r}: expected one of {sorted(LSE_SHAPES)} "
                          "(or unset)")
@@ -529,7 +533,7 @@ def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
     are too few to share out (T 1024: 136 for 132 SMs, the last finishing at 1.9x the even
     share); 32 x 32 gives 528. `block_d` is unused."""
     del block_d
-    side = 64 if t_q >= 2048 else 32
+    side = 64 if t_q >= ROWS_64_FROM else 32
     bm, bn = block_m or side, block_n or side
     if block_n is None:
         shape = lse_shape(t_q)
@@ -571,7 +575,7 @@ def fwd_out_windows(cq2: int, ck2: int, t_q: int = 4096, fp32: bool = False) -> 
     too few to share out (T 1024: 196 key windows, the last SM finishing at 1.35x the even
     share of 132; 32 x 64: 380 windows, 1.04x; `split_windows`, `makespan`). fp32 inputs keep
     32 x 64 (64 x 64 spilled 344 / 296 B on sm_90 / sm_80; 32 x 64 0 B)."""
-    rows = 64 if t_q >= 2048 and not fp32 else 32
+    rows = 64 if t_q >= ROWS_64_FROM and not fp32 else 32
     return max(rows, next_pow2(2 * cq2)), max(64, next_pow2(2 * ck2))
 
 
@@ -937,11 +941,12 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = mixing_table(pre_mix, hb2, torch.float32)
     tt = pre_toeplitz(pre_kernel, max(ln, ac), q.dtype)       # the diagonal's key taps
+    lse_kind = lse_shape(T_Q)
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
-        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_shape(T_Q).kc, ln),
-        **(common | dict(HB=hb2) | lse_shape(T_Q).launch))
+        n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_kind.kc, ln),
+        **(common | dict(HB=hb2) | lse_kind.launch))
     if ns1 > 1:                                        # -inf where every split is empty
         torch.logsumexp(lse_s, 1, out=lse)
     del stage1, lse_s          # free for pass 2's z and stages
@@ -966,7 +971,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     return out, lse
 
 
-__all__ = ["LAUNCH", "LSE_8WARPS_FROM", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
+__all__ = ["LAUNCH", "ROWS_64_FROM", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
            "LSE_SHAPES", "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "ForwardGrids", "LseShape",
            "banded_taps", "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids",
            "fwd_out_windows", "key_splits", "lse_blocks", "lse_programs", "lse_shape",

@@ -65,6 +65,10 @@ def test_windows_hold_both_halos(hb, pre, post):
     assert own_r >= 1 and own_c >= 1
     if (hb, pre, post) == (16, (6, 11), (6, 11)):
         assert (ar, ac, own_r, own_c) == (32, 32, 27, 22)
+    # from 2,048 query rows twice the rows (at most 64): longer sweeps, the same maps
+    ar2, ac2, own_r2, own_c2 = bwd_windows(hb, *pre, *post, 2048)
+    assert (ar2, ac2, own_c2) == (min(64, 2 * ar), ac, own_c) and own_r2 == ar2 - ar + own_r
+    assert bwd_windows(hb, *pre, *post, 2047) == (ar, ac, own_r, own_c)
 
 
 @pytest.mark.slow
@@ -102,7 +106,10 @@ def test_trip_models_count_the_backward_windows():
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
     assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
-    assert post["while"] == pre["while"] == pytest.approx(8 / 3)   # one turn a window (dv, dk)
+    assert post["while"] == pre["while"][1] == pytest.approx(8 / 3)  # a turn a window (dv, dk)
+    # dq: one add per item (one a program here) after its last window, in the loop over
+    # windows: 1 / (8/3) per window, 2 steps of 2,048 of the 32 x 2 x 64 accumulator each
+    assert pre["while"][0] == pytest.approx(3 / 8) and pre["i0"] == pytest.approx(2 * 3 / 8)
     # dth' and dth (`tap_grads`): per window its row taps, each summing the 2 row chunks
     # into one diagonal read (the row chunks inside the taps: 6 x 8/3 diagonal reads a
     # program, was twice that)
@@ -128,6 +135,9 @@ def test_trip_models_count_the_backward_windows():
     table = turn_plan(1, 3, 27, 22, 61, 0, 2, 2).table()
     planned = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, N_KW=3, PLAN=table), (2, 1))
     assert planned["it"] == 4
+    # its 6 items (3 row windows x 2 splits, none empty) on 2 programs: 3 dq adds a program
+    planned = MODELS["mta_bwd_pre_kernel"](dict(env, N_W=3, N_KW=3, PLAN=table), (2, 1))
+    assert planned["while"][0] == pytest.approx(3 / 4)
 
 
 def test_key_splits_fill_the_machine_without_empty_splits():
@@ -178,27 +188,38 @@ def test_dq_partials_fold_to_the_rows_each_program_holds():
 
 
 def test_dq_and_dk_partial_bytes_at_4k():
-    """The pre pass's dq slots less the fp32 dq they replace, by arithmetic at the benchmark's
-    4k, 16 heads: 304 programs of 32 rows (`key_splits` 2 x 152 row windows); the dk slots
-    less the fp32 dk: 187 key windows of 32 keys (22 owned)."""
+    """The pre pass's dq accumulators and slots less the fp32 dq they replace, by arithmetic
+    at the benchmark's 4k, 16 heads on 132 programs; the dk slots less the fp32 dk: 187 key
+    windows of 32 keys (22 owned)."""
     from attnlens.kernels.mta.triton_bwd import dk_partial_bytes, dq_partial_bytes
 
-    assert dq_partial_bytes(1, 4096, 16, 128, 304, 32) == 44 * 2 ** 20
-    assert dq_partial_bytes(1, 4096, 16, 64, 304, 32) == 22 * 2 ** 20
+    # 132 programs' accumulators + 70 row windows' slots of 64 rows (59 owned), less dq
+    assert dq_partial_bytes(1, 4096, 16, 128, 132, 70, 64) == 69 * 2 ** 20
+    assert dq_partial_bytes(1, 4096, 16, 64, 132, 70, 64) == 34.5 * 2 ** 20
+    # at 32 rows (27 owned): 152 row windows
+    assert dq_partial_bytes(1, 4096, 16, 128, 132, 152, 32) == 39 * 2 ** 20
     assert dk_partial_bytes(1, 4096, 16, 128, 187, 32) == 14.75 * 2 ** 20
     assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch):
-    """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`), dq to
-    per-program slots (`DQ_P [B, NS, N_W, AR, H, D]`, `dq_partial_bytes` above an fp32 dq), dk
-    to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`, `dk_partial_bytes` above an fp32 dk),
-    and dv and dk are added in turns: each key window's ticket (post and pre pass) ends at the
-    number of row windows that see it. On 3 heads at the odd length 37 (30 rows and 28 keys
-    owned per window: 2 row windows x 2 key splits, 2 key windows): the gradients against the
-    float64 spec (`_check_gradients`), then the same backward once more, bit-identical."""
+@pytest.mark.parametrize("T, H, rows_64", [(37, 3, False), (70, 2, True)])
+def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch, T, H,
+                                                                         rows_64):
+    """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`); dq to each
+    program's accumulator (`DQ_ACC [programs, AR, H, D]`), added after each item's last key
+    window to its row window's slot (`DQ_W [B, N_W, AR, H, D]`, `dq_partial_bytes` above an
+    fp32 dq) in turns and cleared; dk to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`,
+    `dk_partial_bytes` above an fp32 dk); dv and dk are added in turns: each key window's
+    ticket (post and pre pass) ends at the number of row windows that see it, each row
+    window's dq ticket at the number of its items. At the odd length 37 on 3 heads (30 rows
+    and 28 keys owned per 32 x 32 window: 2 row windows x 2 key splits, 2 key windows), and
+    at 70 on 2 heads with the pre pass's 64-row windows of 2,048 rows and more (62 x 28
+    owned: 2 row windows, 3 key windows): the gradients against the float64 spec
+    (`_check_gradients`), then the same backward once more, bit-identical."""
     from attnlens.kernels.mta import function, triton_bwd
 
+    if rows_64:
+        monkeypatch.setattr(triton_bwd, "ROWS_64_FROM", 1)
     seen, calls = {}, []
 
     class Capture:
@@ -214,7 +235,8 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
             return launch
 
     for name, names in (("mta_bwd_delta_kernel", ["DELTA"]), ("mta_bwd_post_kernel", ["TICKET"]),
-                        ("mta_bwd_pre_kernel", ["DQ_P", "DK_P", "TICKET"])):
+                        ("mta_bwd_pre_kernel", ["DQ_ACC", "DQ_W", "DQ_TICKET", "DK_P",
+                                                "TICKET"])):
         monkeypatch.setattr(triton_bwd, name, Capture(getattr(triton_bwd, name), names))
 
     def recorded_bwd(*args, **kwargs):
@@ -223,28 +245,42 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
         return out
 
     monkeypatch.setattr(function, "mta_bwd", recorded_bwd)
-    B, T, H, D = 1, 37, 3, 16
+    B, D = 1, 16
     _check_gradients(T, T, H, dict(pre=(2, 5), post=(3, 3), pre_mix=1), "both", B, d=D)
     (args, kwargs, first), = calls
     for a, b in zip(first, triton_bwd.mta_bwd(*args, **kwargs), strict=True):
         assert torch.equal(a, b)
-    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
-    n_w, n_kw = -(-T // own_r), -(-T // own_c)
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta.out_plan import persistent_splits
+
+    # the delta and post passes on 32-row windows, the pre pass on the length's
+    _, ac, own_r32, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3, T)
+    assert ar == (64 if rows_64 else 32)
+    n_w32, n_w, n_kw = -(-T // own_r32), -(-T // own_r), -(-T // own_c)
     (grid, delta_p), _ = seen["mta_bwd_delta_kernel"]
     (_, post_tickets), _ = seen["mta_bwd_post_kernel"]
-    (_, dq_p, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
+    (grid, dq_acc, dq_w, dq_tickets, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
     n_prog = grid[0] * grid[1]
-    ns = delta_p.shape[0]
-    assert n_prog > n_w > 1 and ns > 1 and n_kw > 1
-    assert delta_p.shape == (ns, B, H, T) and delta_p.dtype == torch.float32
-    assert dq_p.shape == (B, ns, n_w, ar, H, D) and dq_p.dtype == torch.float32
-    assert (dq_p.numel() - B * T * H * D) * 4 == triton_bwd.dq_partial_bytes(B, T, H, D,
-                                                                             ns * n_w, ar)
+    ns = persistent_splits(n_w, own_r, own_c, T, 0, B, _triton.sm_count(dq_w.device))
+    assert n_prog > n_w > 1 and n_kw > 1 and delta_p.shape[0] > 1
+    assert delta_p.shape[1:] == (B, H, T) and delta_p.dtype == torch.float32
+    assert dq_acc.shape == (n_prog, ar, H, D) and dq_acc.dtype == torch.float32
+    assert not dq_acc.any()                                   # cleared after every item
+    assert dq_w.shape == (B, n_w, ar, H, D) and dq_w.dtype == torch.float32 and dq_w.any()
+    assert (dq_acc.numel() + dq_w.numel() - B * T * H * D) * 4 == \
+        triton_bwd.dq_partial_bytes(B, T, H, D, n_prog, n_w, ar)
     assert dk_p.shape == (B, n_kw, ac, H, D) and dk_p.dtype == torch.float32
     assert (dk_p.numel() - B * T * H * D) * 4 == triton_bwd.dk_partial_bytes(B, T, H, D, n_kw, ac)
-    turns = [sum(kw * own_c < min(T, w * own_r + own_r) for w in range(n_w))
-             for kw in range(n_kw)]
-    assert post_tickets.tolist() == pre_tickets.tolist() == [turns]
+
+    def seen_by(rows, n_rows):              # per key window, the row windows that see it
+        return [sum(kw * own_c < min(T, w * rows + rows) for w in range(n_rows))
+                for kw in range(n_kw)]
+
+    assert post_tickets.tolist() == [seen_by(own_r32, n_w32)]
+    assert pre_tickets.tolist() == [seen_by(own_r, n_w)]
+    items = [sum(s * own_c < min(T, w * own_r + own_r) for s in range(ns)) for w in range(n_w)]
+    assert dq_tickets.tolist() == [items]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -253,10 +289,11 @@ def test_turn_plan_orders_every_key_window_by_step_then_program(seed):
     windows are run once, by one program; each key window's turns are a permutation of
     0 .. n-1 in increasing (step, program), so every add's predecessors come at an earlier
     (step, program): the least unfinished add never waits (deadlock-free on any dispatch
-    order); at most `n_sm` programs in all, all resident at once. The table holds the same."""
+    order); likewise each row window's dq adds, one per item after its last key window; at
+    most `n_sm` programs in all, all resident at once. The table holds the same."""
     import random
 
-    from attnlens.kernels.mta.out_plan import item_windows, turn_plan
+    from attnlens.kernels.mta.out_plan import TURN_ENTRY, item_windows, turn_plan
 
     rng = random.Random(seed)
     for _ in range(6):
@@ -279,11 +316,44 @@ def test_turn_plan_orders_every_key_window_by_step_then_program(seed):
             seq.sort()
             assert [t for t, _ in seq] == list(range(len(seq)))
             assert [sp for _, sp in seq] == sorted(sp for _, sp in seq)
+        # dq: one add per item, right after its last key window; each row window's adds in
+        # turns 0 .. n-1 by increasing (step, program)
+        by_rw = {}
+        for p, ents in enumerate(entries):
+            for j, (i, _) in enumerate(ents):
+                last = j + 1 == len(ents) or ents[j + 1][0] != i
+                assert (tp.flushes[p][j] >= 0) == last
+                if last:
+                    by_rw.setdefault(i % n_w, []).append((tp.flushes[p][j], (j, p), i))
+        for seq in by_rw.values():
+            seq.sort()
+            assert [t for t, _, _ in seq] == list(range(len(seq)))
+            assert [sp for _, sp, _ in seq] == sorted(sp for _, sp, _ in seq)
+        assert sorted(i for seq in by_rw.values() for _, _, i in seq) == \
+            [i for i, n in enumerate(windows) if n]             # every item once
+        # run the programs as the kernels do, each step's key-window add then (the item's last
+        # step) its dq add, each waiting for its resource's counter to reach its turn; any
+        # program that can go next may: all finish (no deadlock), whatever the choices
+        events = [[e for j, (i, kwi) in enumerate(ents)
+                   for e in ((("kw", kwi), tp.turns[p][j]),
+                             (("rw", i % n_w), tp.flushes[p][j])) if e[1] >= 0]
+                  for p, ents in enumerate(entries)]
+        counters, at = {}, [0] * len(events)
+        while True:
+            ready = [p for p, ev in enumerate(events)
+                     if at[p] < len(ev) and counters.get(ev[at[p]][0], 0) == ev[at[p]][1]]
+            if not ready:
+                break
+            p = rng.choice(ready)
+            counters[events[p][at[p]][0]] = counters.get(events[p][at[p]][0], 0) + 1
+            at[p] += 1
+        assert at == [len(ev) for ev in events]
         table = tp.table().tolist()
         for p, ents in enumerate(entries):
             body = table[table[2 * p]:table[2 * p + 1]]
-            assert body[0::2] == [i * tp.plan.kw + kwi for i, kwi in ents]
-            assert body[1::2] == list(tp.turns[p])
+            assert body[0::TURN_ENTRY] == [i * tp.plan.kw + kwi for i, kwi in ents]
+            assert body[1::TURN_ENTRY] == list(tp.turns[p])
+            assert body[2::TURN_ENTRY] == list(tp.flushes[p])
 
 
 def test_backward_stage_bytes_do_not_grow_with_length():

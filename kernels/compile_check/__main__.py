@@ -45,7 +45,7 @@ def _args(argv):
     p.add_argument("--d-heads", nargs="+", type=int)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="compile in a pool of this many forked processes (default: one per "
-                        "core; the full matrix, 1,056 kernels, takes 11 min on 2 cores)")
+                        "core; the full matrix, over 1,000 kernels, took 11 min on 2 cores)")
     p.add_argument("--cache-dir", help="Triton cache to reuse (default: a fresh temporary one, "
                    "so compile times are real)")
     p.add_argument("--results-cache", metavar="DIR",

@@ -37,9 +37,9 @@ class Case:
     train: bool = True
 
 
-def _qkv(dtype, d_head, heads, grad=True):
+def _qkv(dtype, d_head, heads, grad=True, t=T):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(B, T, heads, d_head, generator=g).to(dtype).requires_grad_(grad)
+    return [torch.randn(B, t, heads, d_head, generator=g).to(dtype).requires_grad_(grad)
             for _ in range(3)]
 
 
@@ -107,10 +107,10 @@ def _cope(npos=128, cope=True, gate_keys=False, relative=False, rel_extend=False
 
 # -- mta ------------------------------------------------------------------------------------
 
-def _mta(heads, pre=(6, 11), post=(6, 11), mix=True):
+def _mta(heads, pre=(6, 11), post=(6, 11), mix=True, t=T):
     def run(cap, dtype, d_head):
         from attnlens.kernels.mta.function import mta_attention
-        q, k, v = _qkv(dtype, d_head, heads)
+        q, k, v = _qkv(dtype, d_head, heads, t=t)
         pk = None if pre is None else torch.randn(heads, 1, *pre, requires_grad=True)
         qk = None if post is None else torch.randn(heads, 1, *post, requires_grad=True)
         mx = torch.randn(1, heads, heads, requires_grad=True) if mix else None
@@ -157,6 +157,9 @@ CASES: list[Case] = [
     Case("cope", "rel-only", _cope(128, cope=False, relative=True)),
     Case("mta", "H4 6x11+mix", _mta(4), main=True),
     Case("mta", "H16 6x11+mix", _mta(16)),
+    # from 2,048 rows MTA's kernels take other tiles (the forward's 64 x 64 lse tiles and out
+    # windows, the backward's pre pass on 64-row windows: `triton_fwd.ROWS_64_FROM`)
+    Case("mta", "H16 6x11+mix 2k rows", _mta(16, t=2048)),
     Case("mta", "H4 pre-conv only", _mta(4, post=None, mix=False)),
     Case("mta", "H4 mix only", _mta(4, pre=None, post=None)),
     Case("dcmha", "H4 q+k-wise", _dcmha(4), main=True),

@@ -135,6 +135,13 @@ ACCEPTED = {
      "tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + _dot(xc, y, IEEE), mask=ok)"): (
         "d_head chunk d0 of the program's slot rows: each d0 iteration its own, and the "
         "caller's row loop passes distinct rows per call", (), 2),
+    ("bwd_tiles.py", "add_slot_in_turn", "tl.store(SRC + offs, tl.zeros_like(x), mask=ok)"): (
+        "elements i0 .. i0 + BLOCK of the program's accumulator: each i0 iteration its own, "
+        "read and cleared by the same thread", ()),
+    ("bwd_tiles.py", "add_slot_in_turn",
+     "tl.store(DST + offs, tl.load(DST + offs, mask=ok, other=0.0) + x, mask=ok)"): (
+        "elements i0 .. i0 + BLOCK of the row window's slot (the program's turn): each i0 "
+        "iteration its own, read and written by the same thread", ()),
     ("triton_bwd.py", "mta_bwd_delta_kernel",
      "tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)"): (
         "rows r0 of the split's delta slot: each r0 iteration its own rows", ()),

@@ -268,8 +268,8 @@ def _mta_out(env, grid):
 
 
 # MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row
-# of the plan PLAN (`out_plan.turn_plan`: pairs (`item * N_KW + key window index`, turn);
-# item i owns OR rows from `(N_W - 1 - i % N_W) * OR`, its key windows step by ORC
+# of the plan PLAN (`out_plan.turn_plan`: per key window `item * N_KW + key window index`, turn,
+# flush); item i owns OR rows from `(N_W - 1 - i % N_W) * OR`, its key windows step by ORC
 # (`bwd_windows`) from `i // N_W` in steps of NS); without a plan, one program per item
 # (`_mta_split_windows`' numbering); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
 # and pre passes call a scalar-argument function per window (per row chunk for the dC sweep),
@@ -287,13 +287,31 @@ def _mta_bwd_windows(env, grid, row_shift, col_shift):
         progs = [[(m0, n0) for n0 in steps] for m0, steps in
                  _mta_split_windows(env, grid, own_r, own_c)]
     else:
+        from attnlens.kernels.mta.out_plan import TURN_ENTRY
+
         plan, n_w, n_kw = env["PLAN"].tolist(), env["N_W"], env["N_KW"]
         progs = [[((n_w - 1 - (e // n_kw) % n_w) * own_r, (e % n_kw) * own_c)
-                  for e in plan[plan[2 * p]:plan[2 * p + 1]:2]] for p in range(grid[0])]
+                  for e in plan[plan[2 * p]:plan[2 * p + 1]:TURN_ENTRY]]
+                 for p in range(grid[0])]
     windows = [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
                for prog in progs for m0, n0 in prog for r0 in range(0, ar, pr)]
     return (_avg(len(p) for p in progs), _mta_tap_shares(env, windows),
             _mta_toeplitz_chunks(env, windows))
+
+
+def _mta_bwd_items(env, grid) -> float:
+    """Items (row window, key split) per program of the backward's plan (a run of entries with
+    one item code; one per program without a plan): the pre pass adds each item's dq to its
+    row window's slot once, after the item's last key window."""
+    if env.get("PLAN") is None:
+        return 1.0
+    from attnlens.kernels.mta.out_plan import TURN_ENTRY
+
+    plan, n_kw = env["PLAN"].tolist(), env["N_KW"]
+    codes = [[e // n_kw for e in plan[plan[2 * p]:plan[2 * p + 1]:TURN_ENTRY]]
+             for p in range(grid[0])]
+    return _avg(sum(1 for j, c in enumerate(cs) if j + 1 == len(cs) or cs[j + 1] != c)
+                for cs in codes)
 
 
 def _mta_bwd_delta(env, grid):
@@ -319,16 +337,23 @@ def _mta_bwd_post(env, grid):
 
 
 def _mta_bwd_pre(env, grid):
-    """`mta_bwd_pre_kernel`, its functions in address order: `_pre_dc` (logits: `n`, `a`,
-    `t0`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq `d0` per row chunk; dk one `d0` loop
-    per window in the program's turn, `while`: one poll per window, no waiting modeled; dth
-    by `tap_grads`, per window its row taps `a` CQ over the row chunks `r0`), `_pre_stage`
-    (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
+    """`mta_bwd_pre_kernel`: in the key-window loop `it`, after an item's last window, the dq
+    accumulator's add to the row window's slot in its turn (`while`, one poll, no waiting
+    modeled; `i0` FLUSH_BLOCK elements a step); then its functions in address order:
+    `_pre_dc` (logits: `n`, `a`, `t0`), `stage_gram` (`k0`), `_pre_dr` (dR `a` CQ; dq `d0`
+    per row chunk; dk one `d0` loop per window in the program's turn, `while`: one poll per
+    window, no waiting modeled; dth by `tap_grads`, per window its row taps `a` CQ over the
+    row chunks `r0`), `_pre_stage` (G `d0`; R one dot per head `n`; dA `a` CQ2)."""
+    from attnlens.kernels.mta.triton_bwd import FLUSH_BLOCK
+
     w, shares, chunks = _mta_bwd_windows(env, grid, 0, 0)
     r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
     rw = r * w
+    flush = _mta_bwd_items(env, grid) / w if w else 0.0      # per window of the loop `it`
     return {"it": w, "r0": [rw, rw, rw, r, rw, rw], "n": [env["H"], env["H"] * w], "t0": chunks,
-            "while": w, "a": [cq * f for f in shares] + [cq, cq * w, env["CQ2"]],
+            "while": [flush, w],
+            "i0": flush * math.ceil(env["AR"] * env["H"] * env["D"] / FLUSH_BLOCK.value),
+            "a": [cq * f for f in shares] + [cq, cq * w, env["CQ2"]],
             "d0": [d0, d0 * w, d0],
             "k0": env["AR"] * env["AC"] // env["GK"] * w}
 

@@ -181,6 +181,23 @@ def pass_turn(TICKET):
 
 
 @triton.jit
+def add_slot_in_turn(DST, SRC, N, ticket, turn, ORDERED: tl.constexpr, BLOCK: tl.constexpr):
+    """`DST[:N] += SRC[:N]` in this program's turn (`wait_turn` / `pass_turn` on `ticket`),
+    then `SRC[:N] = 0`: a program's fp32 accumulator (written by its own threads before a
+    barrier) added to a slot that other programs add to in their turns, and cleared for the
+    program's next item. Each thread clears what it read itself; the closing barrier orders
+    the clearing before the accumulator's next adds."""
+    wait_turn(ticket, turn, ORDERED)
+    for i0 in range(0, N, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        ok = offs < N
+        x = tl.load(SRC + offs, mask=ok, other=0.0)
+        tl.store(SRC + offs, tl.zeros_like(x), mask=ok)
+        tl.store(DST + offs, tl.load(DST + offs, mask=ok, other=0.0) + x, mask=ok)
+    pass_turn(ticket)
+
+
+@triton.jit
 def add_dot_heads_slot(SLOT, H, rows, x, Y, y_base, y_st, y_sh, y_sd, y_pos, y_ok, offs_h,
                        h_valid, D, IEEE: tl.constexpr, DCH: tl.constexpr):
     """`SLOT[rows[i], h, d] += sum_j x[h, i, j] Y[y_pos[j], h, d]` into a program's own fp32

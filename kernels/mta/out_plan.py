@@ -121,11 +121,14 @@ def persistent_splits(n_rows: int, rows: int, step: int, T_K: int, q_offset: int
 
 class TurnPlan(NamedTuple):
     """The backward's persistent plan (`turn_plan`): `plan` (an `OutPlan` of its items, one
-    batch element's programs) and `turns[p][j]`, the turn of program p's j-th key window (its
-    "step" j) among the adds to that key window."""
+    batch element's programs), `turns[p][j]`, the turn of program p's j-th key window (its
+    "step" j) among the adds to that key window, and `flushes[p][j]`: where step j is the
+    last key window of its item, that item's turn among the adds of its row window's items to
+    the row window's dq slot (made right after the step), else -1."""
 
     plan: OutPlan
     turns: tuple[tuple[int, ...], ...]
+    flushes: tuple[tuple[int, ...], ...]
 
     def entries(self) -> list[list[tuple[int, int]]]:
         """Per program, its key windows in run order as `(item, key window index)`."""
@@ -135,16 +138,34 @@ class TurnPlan(NamedTuple):
 
     def table(self) -> torch.Tensor:
         """The int32 plan the backward's kernels read (`table_tile(PLAN, 2)` per program):
-        `[start, end)` per program, then its key windows in run order as pairs (`item * kw +
-        key window index`, turn)."""
+        `[start, end)` per program, then its key windows in run order, `TURN_ENTRY` ints each:
+        `item * kw + key window index`, its turn, and its flush (`flushes`)."""
         head, body = [], []
         base = 2 * self.plan.programs
         for p, ents in enumerate(self.entries()):
             start = base + len(body)
-            for (i, kwi), turn in zip(ents, self.turns[p], strict=True):
-                body += [i * self.plan.kw + kwi, turn]
+            for (i, kwi), turn, flush in zip(ents, self.turns[p], self.flushes[p], strict=True):
+                body += [i * self.plan.kw + kwi, turn, flush]
             head += [start, base + len(body)]
         return torch.tensor(head + body, dtype=torch.int32)
+
+
+# Ints per key window in `TurnPlan.table()` (the kernels step their loops by it): the window,
+# its turn, its flush. (Decoded on the host instead, as row window, split and key window
+# index, the kernels lost two integer divisions, but the delta pass took 255 registers and
+# spilled 8 B at d_head 128 under triton 3.6.0, sm_90: its 254 were at the edge.)
+TURN_ENTRY = 3
+
+
+def _turns_in_order(events: dict[int, list[tuple[int, int]]], shape) -> list[list[int]]:
+    """`out[p][j]`: the rank of `(j, p)` among its resource's events (`events`: resource ->
+    `(step, program)` list), -1 where program p's step j has none; `shape` the steps per
+    program."""
+    out = [[-1] * n for n in shape]
+    for seq in events.values():
+        for turn, (j, p) in enumerate(sorted(seq)):
+            out[p][j] = turn
+    return out
 
 
 def turn_programs(batch: int, n_sm: int) -> int:
@@ -161,26 +182,32 @@ def turn_plan(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset:
     """`out_plan`'s items on `turn_programs` programs per batch element, with the turns of
     the adds to each key window (the MTA backward's dv and dk, `triton_bwd`): every program
     runs its key windows in increasing step j (their index in its run order), and each key
-    window's adds take turns in increasing `(step, program)`.
+    window's adds take turns in increasing `(step, program)`; so do the adds of each row
+    window's items to its dq slot, each made right after the item's last key window (its
+    step's key-window add first).
 
     Deadlock-free on any dispatch order, given only that all programs are resident at once
     (`turn_programs`): take the unfinished add with the least `(step, program)`. Its program
-    has finished its earlier steps (smaller `(step, program)`), so it is at this add; the adds
-    to the same key window before it in turn order have smaller `(step, program)`, so they
-    are finished and the counter has reached its turn. So it proceeds, and by induction every
-    add does. The launch-order turns this replaces needed in-order dispatch (a waiting program
+    has finished its earlier steps (smaller `(step, program)`), so it is at this add (a dq
+    add follows its own step's key-window add, finished as well: that add's predecessors
+    have smaller `(step, program)` too); the adds to the same key window (row window)
+    before it in turn order have smaller `(step, program)`, so they are finished and the
+    counter has reached its turn. So it proceeds, and by induction every add does. The
+    launch-order turns this replaces needed in-order dispatch (a waiting program
     could hold the slot of the one it waits on)."""
     plan = out_plan(1, n_rows, rows, step, T_K, q_offset, ns, turn_programs(batch, n_sm))
-    out = TurnPlan(plan, ())
-    events: dict[int, list[tuple[int, int]]] = {}
-    for p, ents in enumerate(out.entries()):
-        for j, (_, kwi) in enumerate(ents):
-            events.setdefault(kwi, []).append((j, p))
-    turns = [[0] * len(ents) for ents in out.entries()]
-    for seq in events.values():
-        for turn, (j, p) in enumerate(sorted(seq)):
-            turns[p][j] = turn
-    return TurnPlan(plan, tuple(map(tuple, turns)))
+    entries = TurnPlan(plan, (), ()).entries()
+    by_key_window: dict[int, list[tuple[int, int]]] = {}
+    by_row_window: dict[int, list[tuple[int, int]]] = {}
+    for p, ents in enumerate(entries):
+        for j, (item, kwi) in enumerate(ents):
+            by_key_window.setdefault(kwi, []).append((j, p))
+            if j + 1 == len(ents) or ents[j + 1][0] != item:        # the item's last window
+                by_row_window.setdefault(item % n_rows, []).append((j, p))
+    shape = [len(ents) for ents in entries]
+    turns = _turns_in_order(by_key_window, shape)
+    flushes = _turns_in_order(by_row_window, shape)
+    return TurnPlan(plan, tuple(map(tuple, turns)), tuple(map(tuple, flushes)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -191,4 +218,4 @@ def turn_table(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset
 
 
 __all__ = ["OutPlan", "TurnPlan", "item_windows", "out_plan", "persistent_splits",
-           "plan_table", "turn_plan", "turn_programs", "turn_table"]
+           "plan_table", "TURN_ENTRY", "turn_plan", "turn_programs", "turn_table"]

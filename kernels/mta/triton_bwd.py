@@ -13,7 +13,8 @@ A = softmax L, P2 = Mask_0(Conv'(A)), P = Mix'(P2), z = P v) and `ok` the allowe
 and steps its keys by ORC: windows of AR x AC positions (`bwd_windows`), whose first OR rows and
 ORC keys are the positions it owns; the halos of both convolutions lie inside the window.
 NS items share a row window (`persistent_splits`): split s takes its key windows s, s + NS, ...
-(delta and dq per split, summed in torch in a fixed order). All three passes run on a
+(delta per split, summed in torch in a fixed order; dq per row window, its items added in
+turns). All three passes run on a
 persistent grid of at most one program per SM from one host plan (`out_plan.turn_plan`: items
 longest first to the least-loaded program; the stages and parameter partials are per program,
 so their memory does not grow with T or NS, `bwd_stage_bytes`). No fp32 atomics: the items
@@ -33,8 +34,10 @@ backward is bit-reproducible.
 - Pass 3 (`mta_bwd_pre_kernel`): G staged again, dA; dL and dC = W dL (one dot) on the owned
   positions, staged; dR on the window above-left of them (the positions their taps read in the
   forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
-  program's own fp32 slot, no atomics (dR's window reaches CQ - 1 rows into the row window
-  above: torch sums the slots in a fixed order, `fold_dq_partials`); dk += dR^T q (one dot over
+  program's own fp32 accumulator, no atomics, added after the item's last key window to its
+  row window's slot in the plan's turns and cleared (dR's window reaches CQ - 1 rows into the
+  row window above: torch sums the slots' overlaps in a fixed order, `fold_dq_partials`); the
+  row windows have 64 rows from 2,048 query rows (`bwd_windows`); dk += dR^T q (one dot over
   AR rows, into the key window's own `[AC, H, D]` slot in the program's turn: every key
   window's halo overlaps the next, so torch sums the slots in a fixed order,
   `fold_dk_partials`); dW one dot, dth by `tap_grads` from the raw scores R
@@ -62,6 +65,7 @@ from attnlens.kernels.mta.bwd_logits import bwd_logits, logits_staging_scores
 from attnlens.kernels.mta.bwd_tiles import (
     add_dot_heads,
     add_dot_heads_slot,
+    add_slot_in_turn,
     bwd_toeplitz,
     dot_heads_rt,
     head_gram,
@@ -78,10 +82,11 @@ from attnlens.kernels.mta.bwd_tiles import (
     toeplitz_taps,
     wait_turn,
 )
-from attnlens.kernels.mta.out_plan import persistent_splits, turn_plan, turn_table
+from attnlens.kernels.mta.out_plan import TURN_ENTRY, persistent_splits, turn_plan, turn_table
 from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
+    ROWS_64_FROM,
     _allowed,
     fold_keys,
     key_splits,
@@ -89,6 +94,11 @@ from attnlens.kernels.mta.triton_fwd import (
     pre_toeplitz,
 )
 
+# Ints per key window of the plan (`out_plan.TURN_ENTRY`: window, turn, dq flush).
+_ENTRY = tl.constexpr(TURN_ENTRY)
+# Elements per step of the dq accumulator's add to its row window's slot (`add_slot_in_turn`):
+# 8 fp32 a thread at 8 warps.
+FLUSH_BLOCK = tl.constexpr(2048)
 
 @triton.jit
 def _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr, LSE, TT,
@@ -141,7 +151,7 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2
     kv_ptr = KVALID + b * skv_b
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)
-    for it in range(tl.load(row), tl.load(row + 1), 2):
+    for it in range(tl.load(row), tl.load(row + 1), _ENTRY):
         w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
         delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
         stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
@@ -258,7 +268,7 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
-    for it in range(tl.load(row), tl.load(row + 1), 2):
+    for it in range(tl.load(row), tl.load(row + 1), _ENTRY):
         w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
         _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
                      DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET + b * N_KW + kwi,
@@ -374,9 +384,9 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
             AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr, BLOCK_D: tl.constexpr,
             DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr, ORDERED: tl.constexpr):
     """Part 3: dR = Mask_0(Conv^T(dC)) on R's window (staged where G was); dq += dR k into
-    the program's own slot `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk += dR^T q into
-    the key window's slot `DK` (`[AC, H, D]`, R's keys) in the program's turn (`ticket`:
-    no atomics), dth (the program's slot of DTH_P)."""
+    the program's own accumulator `DQ_SLOT` (`[AR, H, D]`, R's rows: no atomics), dk +=
+    dR^T q into the key window's slot `DK` (`[AC, H, D]`, R's keys) in the program's turn
+    (`ticket`: no atomics), dth (the program's slot of DTH_P)."""
     Q, K, KT, V, DO, LSE, DELTA, KVALID = ins
     STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M = stages
     DQ_SLOT, DK, DTH_P, DW_P = outs
@@ -407,7 +417,7 @@ def _pre_dr(ins, stages, outs, ticket, turn, params, strides, shape, win,
         stage_store(stage_g, offs_r, tl.where(dr_ok[None, :, :], d_r * scale, 0.0), offs_h,
                     AR, AC)
     tl.debug_barrier()
-    for r0 in range(0, AR, PR):                    # dq += dR k (the program's slot)
+    for r0 in range(0, AR, PR):                    # dq += dR k (the program's own)
         offs_r = r0 + tl.arange(0, PR)
         add_dot_heads_slot(DQ_SLOT, H, offs_r, stage_load(stage_g, offs_r, offs_h, h_valid, AR,
                                                           AC), K, b * sk_b, sk_t, sk_h, sk_d,
@@ -451,52 +461,68 @@ def _pre_window(ins, stages, outs, ticket, turn, params, strides, shape, win,
 
 @triton.jit
 def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, STAGE_C,
-                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_P, DK_P, TICKET, DTH_P, DW_P, TT,
-                       W, WM, W2, TOEP_PT, TOEP_RT, PLAN,
+                       STAGE_DC, STAGE_DL, STAGE_R, STAGE_M, DQ_ACC, DQ_W, DQ_TICKET, DK_P,
+                       TICKET, DTH_P, DW_P, TT, W, WM, W2, TOEP_PT, TOEP_RT, PLAN,
                        sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                        sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                        H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
-                       N_W, NS, N_KW,
+                       N_W, N_KW,
                        HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                        AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
                        CKP: tl.constexpr, BLOCK_D: tl.constexpr,
                        DCH: tl.constexpr, SCH: tl.constexpr, GK: tl.constexpr,
                        ORDERED: tl.constexpr):
     """Pass 3, persistent grid `(programs, batch)` (`turn_plan`, PLAN as in pass 1): dq into
-    its item's own fp32 slot of `DQ_P [batch, NS, N_W, AR, H, D]` (by split and row window w,
-    rows `w OR - (CQ - 1) + [0, AR)`:
-    `fold_dq_partials` sums them), dk into the key windows' fp32 slots of `DK_P [batch, N_KW,
-    AC, H, D]` (key window kw's holds keys `kw ORC - LEFT + [0, AC)`: `fold_dk_partials` sums
-    them; the row windows that see kw add to it one after another, in the plan's turns,
-    counted by `TICKET [batch, N_KW]`: no atomics) and this program's partial dW
-    `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window, sweeps of PR
-    rows passing maps on through per-program stages: G (from `(m0, n0 - RIGHT2)`) and R =
-    Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the owned positions `(m0,
-    n0)`; the logits and convolved scores C there, dL, dW, dC = W dL; dR on R's window (the
-    positions the owned taps read), staged where G was; dq, dk; dth. `WM [HB, HB]` is W in
-    the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
+    the program's fp32 accumulator `DQ_ACC [prog, AR, H, D]` (zeroed) over an item's key
+    windows, added after the item's last one to its row window w's slot of `DQ_W [batch, N_W,
+    AR, H, D]` (rows `w OR - (CQ - 1) + [0, AR)`; the row window's items one after another in
+    the plan's turns, counted by `DQ_TICKET [batch, N_W]`; `fold_dq_partials` sums the row
+    windows' overlapping rows) and cleared; dk into the key windows' fp32 slots of `DK_P
+    [batch, N_KW, AC, H, D]` (key window kw's holds keys `kw ORC - LEFT + [0, AC)`:
+    `fold_dk_partials` sums them; the row windows that see kw add to it one after another, in
+    the plan's turns, counted by `TICKET [batch, N_KW]`: no atomics) and this program's
+    partial dW `DW_P [prog, HB, HB]` and dth `DTH_P [prog, HB, CQ, CKP]`. Per key window,
+    sweeps of PR rows passing maps on through per-program stages: G (from `(m0, n0 -
+    RIGHT2)`) and R = Mask_0(scale q k^T) (from `(m0 - (CQ - 1), n0 - LEFT)`); dA on the
+    owned positions `(m0, n0)`; the logits and convolved scores C there, dL, dW, dC = W dL;
+    dR on R's window (the positions the owned taps read), staged where G was; dq, dk; dth.
+    `WM [HB, HB]` is W in the dots' dtype, `TOEP_RT` the pre-softmax taps transposed."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
-    for it in range(tl.load(row), tl.load(row + 1), 2):
+    for it in range(tl.load(row), tl.load(row + 1), _ENTRY):
         w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
-        dq_slot = DQ_P + ((b * NS + split) * N_W + w).to(tl.int64) * (AR * H * D)
+        dq_acc = DQ_ACC + prog.to(tl.int64) * (AR * H * D)
         kw = b * N_KW + kwi
         _pre_window((Q, K, KT, V, DO, LSE, DELTA, KVALID),
                     (STAGE_G, STAGE_DA, STAGE_C, STAGE_DC, STAGE_DL, STAGE_R, STAGE_M),
-                    (dq_slot, DK_P + kw.to(tl.int64) * (AC * H * D), DTH_P, DW_P),
+                    (dq_acc, DK_P + kw.to(tl.int64) * (AC * H * D), DTH_P, DW_P),
                     TICKET + kw, tl.load(PLAN + it + 1), (TT, W, WM, W2, TOEP_PT, TOEP_RT),
                     (sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b,
                      sdo_t, sdo_h, sdo_d, skv_b),
                     (H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC),
                     (b, prog, m0, n0), HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH,
                     GK, ORDERED)
+        flush = tl.load(PLAN + it + 2)            # the item's last window: its dq turn
+        if flush >= 0:
+            w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
+            add_slot_in_turn(DQ_W + (b * N_W + w).to(tl.int64) * (AR * H * D), dq_acc,
+                             AR * H * D, DQ_TICKET + b * N_W + w, flush, ORDERED, FLUSH_BLOCK)
 
 
-def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
+def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int,
+                t_q: int = 0) -> tuple[int, int, int, int]:
     """(AR, AC, OR, ORC): the backward's windows (`out_windows` for the larger halo of the two
     convolutions: `[HB, PR, AC]` tensors at a time, 32 x 32 at 16 heads with 6 x 11 kernels)
-    and the positions each owns, its first OR rows and ORC keys (27 x 22 there)."""
+    and the positions each owns, its first OR rows and ORC keys (27 x 22 there). Given the
+    query rows `t_q` (the pre pass's windows, `mta_bwd`), from ROWS_64_FROM rows twice the
+    rows, at most 64: 64 x 32, 59 x 22 owned. The rows only lengthen the sweeps and the
+    stages (the maps in registers stay PR rows), and per owned row the row halo costs
+    64 / 59 = 1.08 computed rows instead of 32 / 27 = 1.19; below 2,048 rows the plan's
+    finish is no better (T 1024: the longest program 256 computed rows either way,
+    `turn_plan`), so the smaller stages stay there."""
     hq, hk = max(cq, cq2), max(ck, ck2)
     ar, ac = out_windows(hb, hq, hk)
+    if t_q >= ROWS_64_FROM:
+        ar = max(ar, min(64, 2 * ar))
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
@@ -510,14 +536,15 @@ def bwd_stage_bytes(programs: int, hb: int, ar: int, ac: int, itemsize: int) -> 
     return programs * hb * ac * ((4 * itemsize + 2 * 4) * ar + 4 * ac)
 
 
-def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, n_prog_per_batch: int,
+def dq_partial_bytes(batch: int, T_Q: int, H: int, D: int, programs: int, n_w: int,
                      ar: int) -> int:
-    """Bytes of the pre pass's fp32 dq partials (one `[AR, H, D]` slot per item, i.e. per row
-    window and key split: `n_prog_per_batch = N_W * NS`, not the persistent grid's), less the
-    fp32 dq the atomics summed into, which is no longer held while the passes run (it is the
-    partials' fold, made after them). At 4k, 16 heads, d 128: 304 programs, AR 32: 76 MiB of
-    slots against a 32 MiB dq, 44 MiB more."""
-    return 4 * batch * H * D * (n_prog_per_batch * ar - T_Q)
+    """Bytes of the pre pass's fp32 dq partials: the programs' accumulators (`programs`, all
+    batch elements: one `[AR, H, D]` each) and the row windows' slots (`n_w` per batch
+    element, as large), less the fp32 dq they replace, which is not held while the passes
+    run (it is the slots' fold, made after them). At 4k, 16 heads, d 128, 132 programs: 66
+    MiB of accumulators and 35 MiB of slots (70 row windows of 64 rows) against a 32 MiB dq,
+    69 MiB more (one slot per item before, 280 items: 108 MiB more)."""
+    return 4 * H * D * ((programs + batch * n_w) * ar - batch * T_Q)
 
 
 def dk_partial_bytes(batch: int, T_K: int, H: int, D: int, n_kw: int, ac: int) -> int:
@@ -566,13 +593,14 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
             block_n: int | None = None):
     """Launch the three passes. Kernels / mixings as for `mta_fwd` (fp32 `[H c_q c_k]`,
     `[H H]`); `block_m` / `block_n` are the forward's and unused (the windows are
-    `bwd_windows`). Returns fp32 `(dq, dk, dv, dtheta [H c_q c_k], dW [H H], dtheta', dW')`."""
+    `bwd_windows`). Returns `(dq, dk, dv, dtheta [H c_q c_k], dW [H H], dtheta', dW')`, fp32
+    but dv, which is in q's dtype (summed in fp32, rounded once)."""
     B, T_Q, H, D = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
     dv = torch.zeros(B, T_K, H, D, **f32)
     if T_Q == 0:
-        return (torch.zeros(B, T_Q, H, D, **f32), torch.zeros_like(dv), dv,
+        return (torch.zeros(B, T_Q, H, D, **f32), torch.zeros_like(dv), dv.to(q.dtype),
                 torch.zeros_like(pre_kernel),
                 torch.zeros_like(pre_mix), torch.zeros_like(post_kernel),
                 torch.zeros_like(post_mix))
@@ -581,14 +609,25 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     right2 = ck2 - 1 - left2
     hb = max(next_pow2(H, minimum=1), 16)          # the mixing dots need >= 16 heads
     BD = next_pow2(D)
-    ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
-    pr = min(ar, 16)
     ckp = tap_pow2(ck, ck2)
-    n_w, n_kw = math.ceil(T_Q / own_r), math.ceil(T_K / own_c)
     n_sm = _triton.sm_count(q.device)
-    ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
-    plan = turn_table(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm, q.device)
-    n_prog = B * turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm).plan.programs
+
+    def windows_plan(t_q):        # (AR, OR, N_W, NS, the plan table, programs) of a pass
+        ar, _, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2, t_q)
+        n_w = math.ceil(T_Q / own_r)
+        ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
+        tp = turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm)
+        return (ar, own_r, n_w, ns,
+                turn_table(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm, q.device),
+                B * tp.plan.programs)
+
+    # the delta and post passes on 32-row windows, the pre pass on `bwd_windows(..., T_Q)`'s
+    # (64 rows from 2,048 query rows: the delta and post passes spilled 8-16 B there under
+    # triton 3.6.0, sm_90, around their window loop's call; the pre pass 0 B)
+    _, ac, _, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
+    ar, own_r, n_w, ns, plan, n_prog = windows_plan(0)
+    pr = min(ar, 16)
+    n_kw = math.ceil(T_K / own_c)
     do = do.contiguous()
     kv = key_valid if key_valid is not None else torch.empty(1, 1, dtype=torch.int8,
                                                              device=q.device)
@@ -603,8 +642,8 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
                   AR=ar, AC=ac, PR=pr, BLOCK_D=BD, DCH=d_chunk(BD), SCH=score_chunk(BD, q.dtype),
                   **LAUNCH)
 
-    def stage(dtype=q.dtype, cols=ar):
-        return torch.empty(n_prog * hb * cols * ac, device=q.device, dtype=dtype)
+    def stage(dtype=q.dtype, cols=ar, programs=n_prog):
+        return torch.empty(programs * hb * cols * ac, device=q.device, dtype=dtype)
 
     def tickets():          # the turns of the row windows that add to each key window
         return torch.zeros(B, n_kw, device=q.device, dtype=torch.int32)
@@ -627,19 +666,27 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
         dv, dth2_p, dw2_p, tt, pre_mix, w2, w2t, toep_p, tickets(), plan, *strides,
         *shape, cq2, ck2, left2, own_r, own_c, n_w, n_kw, CKP=ckp, ORDERED=ordered,
         **common)
+    # dv is final after its pass: held in the inputs' dtype (the cast the caller would make)
+    # through the pre pass's peak, not in fp32 (16 MiB less at 4k, d 128, 16 heads)
+    dv = dv.to(q.dtype)
+    ar, own_r, n_w, ns, plan, n_prog = windows_plan(T_Q)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
-    dq_p = torch.zeros(B, ns, n_w, ar, H, D, **f32)
+    dq_acc = torch.zeros(n_prog, ar, H, D, **f32)
+    dq_w = torch.zeros(B, n_w, ar, H, D, **f32)
     dk_p = torch.zeros(B, n_kw, ac, H, D, **f32)
-    mta_bwd_pre_kernel[grid](
-        q, k, kt, v, do, lse, delta, kv, stage(), stage(torch.float32), stage(torch.float32),
-        stage(), stage(), stage(), stage(torch.float32, ac),
-        dq_p, dk_p, tickets(), dth_p, dw_p, tt, pre_mix, wm, w2, toep_pt, toep_rt, plan,
-        *strides, *shape, cq2, right2, own_r, own_c, n_w, ns, n_kw, CKP=ckp,
-        GK=min(256, ar * ac), ORDERED=ordered, **common)
-    del delta, delta_p
-    dq = fold_dq_partials(dq_p, B, n_w, ns, ar, own_r, cq, T_Q)
-    del dq_p
+    pre_stages = [stage(dt, cols, n_prog) for dt, cols in
+                  ((q.dtype, ar), (torch.float32, ar), (torch.float32, ar), (q.dtype, ar),
+                   (q.dtype, ar), (q.dtype, ar), (torch.float32, ac))]
+    mta_bwd_pre_kernel[(n_prog // B, B)](
+        q, k, kt, v, do, lse, delta, kv, *pre_stages,
+        dq_acc, dq_w, torch.zeros(B, n_w, device=q.device, dtype=torch.int32), dk_p,
+        tickets(), dth_p, dw_p, tt, pre_mix, wm, w2, toep_pt, toep_rt, plan,
+        *strides, *shape, cq2, right2, own_r, own_c, n_w, n_kw, CKP=ckp,
+        GK=min(256, ar * ac), ORDERED=ordered, **dict(common, AR=ar))
+    del delta, delta_p, dq_acc, pre_stages
+    dq = fold_dq_partials(dq_w, B, n_w, 1, ar, own_r, cq, T_Q)
+    del dq_w
     dk = fold_dk_partials(dk_p, B, n_kw, ac, own_c, left, T_K)
     del dk_p
     dth = dth_p.sum(0)[:H, :, :ck].contiguous()

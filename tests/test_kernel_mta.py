@@ -230,16 +230,18 @@ def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch, dtype):
 def test_mixing_table_is_the_padded_transpose_in_memory_order(heads):
     """`mixing_table`: the kernels read `[hb, hb]` row-major, so the table must be `mix^T`
     zero-padded, contiguous, also when no padding is needed (16 heads: a pad of zero can hand
-    back the transposed view, whose memory is `mix` untransposed)."""
+    back the transposed view, whose memory is `mix` untransposed); untransposed (the
+    backward's W and W') `mix` itself zero-padded."""
     from attnlens.kernels.mta.triton_fwd import mixing_table
 
     mix = torch.randn(heads, heads, generator=torch.Generator().manual_seed(3))
     for dtype in (torch.float32, torch.float16):
-        table = mixing_table(mix, 16, dtype)
-        want = torch.zeros(16, 16, dtype=dtype)
-        want[:heads, :heads] = mix.t().to(dtype)
-        assert table.is_contiguous() and table.dtype == dtype
-        assert torch.equal(table.flatten(), want.flatten())
+        for transpose in (True, False):
+            table = mixing_table(mix, 16, dtype, transpose)
+            want = torch.zeros(16, 16, dtype=dtype)
+            want[:heads, :heads] = (mix.t() if transpose else mix).to(dtype)
+            assert table.is_contiguous() and table.dtype == dtype
+            assert torch.equal(table.flatten(), want.flatten())
 
 
 def test_pre_toeplitz_tiles_are_the_banded_taps():

@@ -12,8 +12,6 @@ read back from a small stage (`tap_grads`): no atomics, no scalar reductions per
 
 from __future__ import annotations
 
-import torch
-
 from attnlens.kernels._head_tiles import _slice
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
@@ -247,15 +245,6 @@ def stage_mixed_dprobs(DO, V, do_base, v_base, sdo_t, sdo_h, sdo_d, sv_t, sv_h, 
         stage_store(stage, offs_r, g, offs_h, AR, AC)
 
 
-def padded_mixing(mix, hb: int, dtype, transpose: bool = False):
-    """`[hb, hb]` copy of an fp32 `[H, H]` mixing (transposed if asked), zero-padded, in the
-    dtype of the dots that apply it."""
-    H = mix.shape[0]
-    out = torch.zeros(hb, hb, device=mix.device, dtype=torch.float32)
-    out[:H, :H] = mix.t() if transpose else mix
-    return out.to(dtype).contiguous()
-
-
 def bwd_toeplitz(pre_kernel, post_kernel, ac: int, hb: int, dtype):
     """The three banded tap sets of the backward, `[hb, c_q, AC, AC]` each (`post_toeplitz`):
     the post-softmax convolution (P2 from A), its transpose (dA from G: the kernel flipped in
@@ -272,7 +261,7 @@ def tap_pow2(*sizes: int) -> int:
     return next_pow2(max(sizes), minimum=1)
 
 
-__all__ = ["add_dot_heads", "add_dot_heads_slot", "bwd_toeplitz", "dot_heads_rt", "head_gram",
-           "mix_heads_dot", "padded_mixing", "pass_turn", "row_lse2", "stage_gram",
+__all__ = ["add_dot_heads", "add_dot_heads_slot", "add_slot_in_turn", "bwd_toeplitz",
+           "dot_heads_rt", "head_gram", "mix_heads_dot", "pass_turn", "row_lse2", "stage_gram",
            "stage_load", "stage_mixed_dprobs", "stage_store", "tap_grads", "tap_pow2",
            "toeplitz_taps", "wait_turn"]

@@ -70,7 +70,6 @@ from attnlens.kernels.mta.bwd_tiles import (
     dot_heads_rt,
     head_gram,
     mix_heads_dot,
-    padded_mixing,
     pass_turn,
     row_lse2,
     stage_gram,
@@ -90,6 +89,7 @@ from attnlens.kernels.mta.triton_fwd import (
     _allowed,
     fold_keys,
     key_splits,
+    mixing_table,
     out_windows,
     pre_toeplitz,
 )
@@ -634,8 +634,9 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     kt = fold_keys(k, pre_kernel, left, key_valid)
     toep_p, toep_pt, toep_rt = bwd_toeplitz(pre_kernel, post_kernel, ac, hb, q.dtype)
     tt = pre_toeplitz(pre_kernel, ac, q.dtype)       # the logits' diagonal key taps (row AC)
-    w2, w2t = padded_mixing(post_mix, hb, q.dtype), padded_mixing(post_mix, hb, q.dtype, True)
-    wm = padded_mixing(pre_mix, hb, q.dtype)
+    w2 = mixing_table(post_mix, hb, q.dtype, transpose=False)
+    w2t = mixing_table(post_mix, hb, q.dtype)
+    wm = mixing_table(pre_mix, hb, q.dtype, transpose=False)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), kv.stride(0))
     shape = (H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left)
     common = dict(HAS_KVALID=key_valid is not None, IEEE=q.dtype == torch.float32, HB=hb,

@@ -857,13 +857,14 @@ def fold_keys(k, pre_kernel, left: int, key_valid=None):
     return kt
 
 
-def mixing_table(mix, hb: int, dtype):
-    """A head mixing `[H, H]` as the kernels' dots read it: `mix^T` zero-padded to `[hb, hb]`,
-    in `dtype`, contiguous (two to four aten calls: host time per forward). (A pad of zero
-    can hand back the transposed view itself, whose memory is `mix`'s: `contiguous` copies
-    it then.)"""
+def mixing_table(mix, hb: int, dtype, transpose: bool = True):
+    """A head mixing `[H, H]` as the kernels' dots read it: `mix^T` (or `mix` itself, not
+    `transpose`: the backward's W and W') zero-padded to `[hb, hb]`, in `dtype`, contiguous
+    (two to four aten calls: host time per forward). (A pad of zero can hand back the
+    transposed view itself, whose memory is `mix`'s: `contiguous` copies it then.)"""
     pad = hb - mix.shape[0]
-    return torch.nn.functional.pad(mix.t(), (0, pad, 0, pad)).to(dtype).contiguous()
+    return torch.nn.functional.pad(mix.t() if transpose else mix,
+                                   (0, pad, 0, pad)).to(dtype).contiguous()
 
 
 def banded_taps(taps, n_rows: int, n_cols: int, heads: int, dtype):

@@ -287,16 +287,22 @@ def _mta_bwd_windows(env, grid, row_shift, col_shift):
         progs = [[(m0, n0) for n0 in steps] for m0, steps in
                  _mta_split_windows(env, grid, own_r, own_c)]
     else:
-        from attnlens.kernels.mta.out_plan import TURN_ENTRY
-
-        plan, n_w, n_kw = env["PLAN"].tolist(), env["N_W"], env["N_KW"]
-        progs = [[((n_w - 1 - (e // n_kw) % n_w) * own_r, (e % n_kw) * own_c)
-                  for e in plan[plan[2 * p]:plan[2 * p + 1]:TURN_ENTRY]]
-                 for p in range(grid[0])]
+        n_w, n_kw = env["N_W"], env["N_KW"]
+        progs = [[((n_w - 1 - (e // n_kw) % n_w) * own_r, (e % n_kw) * own_c) for e in codes]
+                 for codes in _mta_bwd_plan_codes(env, grid)]
     windows = [(m0 + row_shift + r0, pr, n0 + col_shift, env["AC"])
                for prog in progs for m0, n0 in prog for r0 in range(0, ar, pr)]
     return (_avg(len(p) for p in progs), _mta_tap_shares(env, windows),
             _mta_toeplitz_chunks(env, windows))
+
+
+def _mta_bwd_plan_codes(env, grid) -> list[list[int]]:
+    """Per program, the codes (`item * N_KW + key window index`) of its key windows in the
+    backward's plan PLAN, in run order."""
+    from attnlens.kernels.mta.out_plan import TURN_ENTRY
+
+    plan = env["PLAN"].tolist()
+    return [plan[plan[2 * p]:plan[2 * p + 1]:TURN_ENTRY] for p in range(grid[0])]
 
 
 def _mta_bwd_items(env, grid) -> float:
@@ -305,13 +311,10 @@ def _mta_bwd_items(env, grid) -> float:
     row window's slot once, after the item's last key window."""
     if env.get("PLAN") is None:
         return 1.0
-    from attnlens.kernels.mta.out_plan import TURN_ENTRY
-
-    plan, n_kw = env["PLAN"].tolist(), env["N_KW"]
-    codes = [[e // n_kw for e in plan[plan[2 * p]:plan[2 * p + 1]:TURN_ENTRY]]
-             for p in range(grid[0])]
-    return _avg(sum(1 for j, c in enumerate(cs) if j + 1 == len(cs) or cs[j + 1] != c)
-                for cs in codes)
+    n_kw = env["N_KW"]
+    items = [[e // n_kw for e in codes] for codes in _mta_bwd_plan_codes(env, grid)]
+    return _avg(sum(1 for j, c in enumerate(its) if j + 1 == len(its) or its[j + 1] != c)
+                for its in items)
 
 
 def _mta_bwd_delta(env, grid):

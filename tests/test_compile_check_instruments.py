@@ -18,6 +18,7 @@ from attnlens.kernels import _triton
 from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate, resident_warps
 from attnlens.kernels.compile_check.sass_mix import (
     access_bytes,
+    callee_starts,
     innermost,
     loops,
     mix,
@@ -85,6 +86,41 @@ def test_weighted_mix_multiplies_the_trips_of_enclosing_loops():
     c = weighted_mix(instrs, found, [3, 5])                  # outer 3 times, inner 5 per entry
     assert c["ffma"] == 15 and c["mma"] == 3 and c["ldg"] == 1
     assert c["mma_flops"] == 3 * 4096 and c["global_bytes"] == 16 * 32 + 3 * 8 * 32
+
+
+# nvdisasm style: a kernel whose loop calls a function (one address range, the callee after
+# the kernel's code); the callee has a loop of its own and straight-line code around it.
+CALLING = """
+        .type           k,@function
+.text.k:
+        /*0000*/                   MOV R0, RZ ;
+        /*0010*/                   CALL.REL.NOINC 0x40 ;
+        /*0020*/              @!P0 BRA 0x10 ;
+        /*0030*/                   EXIT ;
+        .type           $k$window,@function
+$k$window:
+        /*0040*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0050*/                   FFMA R10, R11, R12, R10 ;
+        /*0060*/              @!P1 BRA 0x50 ;
+        /*0070*/                   STG.E desc[UR4][R2.64], R4 ;
+        /*0080*/                   RET.REL.NODEC R20 0x0 ;
+"""
+
+
+def test_a_called_function_counts_its_straight_line_code_once_per_call():
+    """`noinline` functions sit after the kernel: their loops' trips carry the calls (the
+    trip models'), the code outside their loops counts `calls` times per program."""
+    instrs = parse(CALLING)
+    assert callee_starts(CALLING) == [0x40]
+    found = loops(instrs)                                # the kernel's loop, the callee's
+    assert [(lo.start, lo.end) for lo in found] == [(0x10, 0x20), (0x50, 0x60)]
+    # 4 calls per program, the callee's loop 6 times per call: 24 in all
+    c = weighted_mix(instrs, found, [4, 24], callee_starts(CALLING), calls=4)
+    assert c["ffma"] == 24 and c["ldg"] == 4 and c["stg"] == 4
+    assert c["global_bytes"] == 8 * 4 * 32
+    before = weighted_mix(instrs, found, [4, 24])                # once per program
+    assert before["ldg"] == 1 and before["ffma"] == 24
+    assert weighted_mix(instrs, found, [4, 24], [], calls=4)["ldg"] == 1   # no callee
 
 
 def test_nvdisasm_labels_and_source_lines():

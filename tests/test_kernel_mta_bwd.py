@@ -58,26 +58,27 @@ def test_backward_tap_matrices_are_the_transposed_convolutions():
 @pytest.mark.parametrize("hb, pre, post", [(16, (6, 11), (6, 11)), (16, (3, 5), (2, 3)),
                                            (32, (6, 11), (6, 11)), (16, (1, 1), (6, 11))])
 def test_windows_hold_both_halos(hb, pre, post):
+    from attnlens.kernels.mta.triton_fwd import out_windows
+
     ar, ac, own_r, own_c = bwd_windows(hb, *pre, *post)
-    assert hb * ar * ac <= 16384 and ar >= 16 and ac >= 16         # [HB, 16, AC] chunks
+    # the forward's windows for the larger halo with twice the rows, at most 64: longer
+    # sweeps and stages, the same [HB, 16, AC] maps in registers
+    base_r, base_c = out_windows(hb, max(pre[0], post[0]), max(pre[1], post[1]))
+    assert (ar, ac) == (max(base_r, min(64, 2 * base_r)), base_c)
+    assert hb * 16 * ac <= 16384 and ar >= 16 and ac >= 16
     for cq, ck in (pre, post):
         assert own_r + cq - 1 <= ar and own_c + ck - 1 <= ac
     assert own_r >= 1 and own_c >= 1
     if (hb, pre, post) == (16, (6, 11), (6, 11)):
-        assert (ar, ac, own_r, own_c) == (32, 32, 27, 22)
-    # from 2,048 query rows twice the rows (at most 64): longer sweeps, the same maps
-    ar2, ac2, own_r2, own_c2 = bwd_windows(hb, *pre, *post, 2048)
-    assert (ar2, ac2, own_c2) == (min(64, 2 * ar), ac, own_c) and own_r2 == ar2 - ar + own_r
-    assert bwd_windows(hb, *pre, *post, 2047) == (ar, ac, own_r, own_c)
+        assert (ar, ac, own_r, own_c) == (64, 32, 59, 22)
 
 
 @pytest.mark.slow
 def test_gradients_over_several_programs_and_key_windows():
-    """T 50 with the official 6 x 11 kernels: 2 row windows of 27 rows (the last 23), up to 3
-    key windows of 22 keys (the last 6), 5 windows in all (T 61's 3 row windows took 8 windows
-    and 1.6x the time); each dR window reaches into the row window above (dq's fold) and each
-    key window's halo into the next (dk's)."""
-    _check_gradients(50, 50, 2, OFFICIAL, "both", 1)
+    """T 61 with the official 6 x 11 kernels: 2 row windows of 59 rows (the last 2), up to 3
+    key windows of 22 keys (the last 17), 5 windows in all; each dR window reaches into the
+    row window above (dq's fold) and each key window's halo into the next (dk's)."""
+    _check_gradients(61, 61, 2, OFFICIAL, "both", 1)
 
 
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
@@ -99,14 +100,18 @@ def test_trip_models_count_the_backward_windows():
     env = dict(OR=27, ORC=22, AR=32, AC=32, PR=16, T_Q=61, T_K=61, Q_OFFSET=0, H=2, D=64, DCH=16,
                CQ=6, CK=11, LEFT=5, CQ2=6, CK2=11, LEFT2=5, GK=256)
     delta = MODELS["mta_bwd_delta_kernel"](env, (3, 1))
-    assert delta["it"] == pytest.approx(8 / 3) and delta["r0"] == [2, 2]
+    # the delta and post passes' window loops (`while`) call a function per window: its
+    # sweeps carry the windows
+    assert delta["while"] == pytest.approx(8 / 3)
+    assert delta["r0"] == [pytest.approx(16 / 3)] * 2         # 2 row chunks x 8/3 windows
     post = MODELS["mta_bwd_post_kernel"](env, (3, 1))
     assert post["r0"] == [pytest.approx(16 / 3)] * 3 + [2]     # 2 row chunks x 8/3 windows
     assert post["d0"] == [4, pytest.approx(4 * 8 / 3)]        # dv: one d_head loop a window
     pre = MODELS["mta_bwd_pre_kernel"](env, (3, 1))
     assert pre["k0"] == pytest.approx(4 * 8 / 3) and len(pre["a"]) == 6
     assert pre["d0"] == [4, pytest.approx(4 * 8 / 3), 4]       # dk: one d_head loop a window
-    assert post["while"] == pre["while"][1] == pytest.approx(8 / 3)  # a turn a window (dv, dk)
+    # a turn a window (dv, dk); the post pass's window loop and its turn's poll alike
+    assert post["while"] == pre["while"][1] == pytest.approx(8 / 3)
     # dq: one add per item (one a program here) after its last window, in the loop over
     # windows: 1 / (8/3) per window, 2 steps of 2,048 of the 32 x 2 x 64 accumulator each
     assert pre["while"][0] == pytest.approx(3 / 8) and pre["i0"] == pytest.approx(2 * 3 / 8)
@@ -128,13 +133,13 @@ def test_trip_models_count_the_backward_windows():
     # two programs per row window (`key_splits`): split 0 takes key windows 0, 2; split 1
     # takes window 1: 1 + 2 + 2 and 1 + 1 + 1 windows, the same 8 in all
     split = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, NS=2), (6, 1))
-    assert split["it"] == pytest.approx(8 / 6)
+    assert split["while"] == pytest.approx(8 / 6)
     # the persistent plan (`turn_plan`): the same 8 windows on 2 programs, 4 each
     from attnlens.kernels.mta.out_plan import turn_plan
 
     table = turn_plan(1, 3, 27, 22, 61, 0, 2, 2).table()
     planned = MODELS["mta_bwd_delta_kernel"](dict(env, N_W=3, N_KW=3, PLAN=table), (2, 1))
-    assert planned["it"] == 4
+    assert planned["while"] == 4
     # its 6 items (3 row windows x 2 splits, none empty) on 2 programs: 3 dq adds a program
     planned = MODELS["mta_bwd_pre_kernel"](dict(env, N_W=3, N_KW=3, PLAN=table), (2, 1))
     assert planned["while"][0] == pytest.approx(3 / 4)
@@ -202,24 +207,21 @@ def test_dq_and_dk_partial_bytes_at_4k():
     assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-@pytest.mark.parametrize("T, H, rows_64", [(37, 3, False), (70, 2, True)])
-def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch, T, H,
-                                                                         rows_64):
+def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch):
     """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`); dq to each
     program's accumulator (`DQ_ACC [programs, AR, H, D]`), added after each item's last key
     window to its row window's slot (`DQ_W [B, N_W, AR, H, D]`, `dq_partial_bytes` above an
     fp32 dq) in turns and cleared; dk to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`,
     `dk_partial_bytes` above an fp32 dk); dv and dk are added in turns: each key window's
     ticket (post and pre pass) ends at the number of row windows that see it, each row
-    window's dq ticket at the number of its items. At the odd length 37 on 3 heads (30 rows
-    and 28 keys owned per 32 x 32 window: 2 row windows x 2 key splits, 2 key windows), and
-    at 70 on 2 heads with the pre pass's 64-row windows of 2,048 rows and more (62 x 28
-    owned: 2 row windows, 3 key windows): the gradients against the float64 spec
-    (`_check_gradients`), then the same backward once more, bit-identical."""
+    window's dq ticket at the number of its items. At T 70 on 3 heads, on 64 x 32 windows (62
+    rows and 28 keys owned: 2 row windows, 3 key windows), the three passes on the same
+    windows and grid: the gradients against the float64 spec (`_check_gradients`), then the
+    same backward once more, bit-identical."""
     from attnlens.kernels.mta import function, triton_bwd
 
-    if rows_64:
-        monkeypatch.setattr(triton_bwd, "ROWS_64_FROM", 1)
+    T, H = 70, 3
+
     seen, calls = {}, []
 
     class Capture:
@@ -253,17 +255,17 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
     from attnlens.kernels import _triton
     from attnlens.kernels.mta.out_plan import persistent_splits
 
-    # the delta and post passes on 32-row windows, the pre pass on the length's
-    _, ac, own_r32, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
-    ar, _, own_r, _ = triton_bwd.bwd_windows(16, 2, 5, 3, 3, T)
-    assert ar == (64 if rows_64 else 32)
-    n_w32, n_w, n_kw = -(-T // own_r32), -(-T // own_r), -(-T // own_c)
+    # the three passes on the length's windows, on one grid
+    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
+    assert ar == 64
+    n_w, n_kw = -(-T // own_r), -(-T // own_c)
     (grid, delta_p), _ = seen["mta_bwd_delta_kernel"]
-    (_, post_tickets), _ = seen["mta_bwd_post_kernel"]
-    (grid, dq_acc, dq_w, dq_tickets, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
+    (post_grid, post_tickets), _ = seen["mta_bwd_post_kernel"]
+    (pre_grid, dq_acc, dq_w, dq_tickets, dk_p, pre_tickets), _ = seen["mta_bwd_pre_kernel"]
+    assert grid == post_grid == pre_grid
     n_prog = grid[0] * grid[1]
     ns = persistent_splits(n_w, own_r, own_c, T, 0, B, _triton.sm_count(dq_w.device))
-    assert n_prog > n_w > 1 and n_kw > 1 and delta_p.shape[0] > 1
+    assert n_prog > n_w > 1 and n_kw > 1 and delta_p.shape[0] == ns > 1
     assert delta_p.shape[1:] == (B, H, T) and delta_p.dtype == torch.float32
     assert dq_acc.shape == (n_prog, ar, H, D) and dq_acc.dtype == torch.float32
     assert not dq_acc.any()                                   # cleared after every item
@@ -277,8 +279,7 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
         return [sum(kw * own_c < min(T, w * rows + rows) for w in range(n_rows))
                 for kw in range(n_kw)]
 
-    assert post_tickets.tolist() == [seen_by(own_r32, n_w32)]
-    assert pre_tickets.tolist() == [seen_by(own_r, n_w)]
+    assert post_tickets.tolist() == pre_tickets.tolist() == [seen_by(own_r, n_w)]
     items = [sum(s * own_c < min(T, w * own_r + own_r) for s in range(ns)) for w in range(n_w)]
     assert dq_tickets.tolist() == [items]
 

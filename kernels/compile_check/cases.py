@@ -157,8 +157,8 @@ CASES: list[Case] = [
     Case("cope", "rel-only", _cope(128, cope=False, relative=True)),
     Case("mta", "H4 6x11+mix", _mta(4), main=True),
     Case("mta", "H16 6x11+mix", _mta(16)),
-    # from 2,048 rows MTA's kernels take other tiles (the forward's 64 x 64 lse tiles and out
-    # windows, the backward's pre pass on 64-row windows: `triton_fwd.ROWS_64_FROM`)
+    # from 2,048 rows MTA's forward takes other tiles (64 x 64 lse tiles and out windows:
+    # `triton_fwd.ROWS_64_FROM`; the backward's 64-row windows are the same at every length)
     Case("mta", "H16 6x11+mix 2k rows", _mta(16, t=2048)),
     Case("mta", "H4 pre-conv only", _mta(4, post=None, mix=False)),
     Case("mta", "H4 mix only", _mta(4, pre=None, post=None)),

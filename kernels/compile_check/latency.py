@@ -35,13 +35,16 @@ from attnlens.kernels.compile_check.chain import LATENCIES, Latencies, chain_cyc
 from attnlens.kernels.compile_check.roofline import PEAKS, Peak, resident_warps
 
 
-def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES) -> dict:
+def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
+                   callees=(), calls: float = 1.0) -> dict:
     """Per warp of one program: `instructions` (weighted by trips), `chain` cycles (latency
     waits added), `tensor_flops` (the whole program's: a warp's share x warps is the caller's)
-    and per innermost loop its body length, passes and mean cycles per pass."""
+    and per innermost loop its body length, passes and mean cycles per pass. `callees` /
+    `calls`: the called functions' first addresses and calls per program
+    (`sass_mix.weighted_mix`)."""
     from attnlens.kernels.compile_check.sass_mix import weighted_mix
 
-    counts = weighted_mix(instrs, found, trips)
+    counts = weighted_mix(instrs, found, trips, callees, calls)
     chain = counts["instructions"]
     loops_out = []
     in_loop = set()
@@ -86,21 +89,29 @@ def launch_reading(launch, arch: int = 90, cache=None, latencies: Latencies = LA
     (registers, shared memory) with `reading` (or `error` / `why`)."""
     from attnlens.kernels.compile_check.compiler import compile_launch, launch_key
     from attnlens.kernels.compile_check.mix_report import io_bytes
-    from attnlens.kernels.compile_check.sass_mix import disassemble, loop_rows, loops, parse
-    from attnlens.kernels.compile_check.trips import trips_for
+    from attnlens.kernels.compile_check.sass_mix import (
+        callee_starts,
+        disassemble,
+        loop_rows,
+        loops,
+        parse,
+    )
+    from attnlens.kernels.compile_check.trips import calls_for, trips_for
 
     key = cache.key(launch_key(launch, arch)) if cache is not None else None
     row = compile_launch(launch, arch, cache=cache, key=key, keep_cubin=True)
     cubin = row.pop("cubin", b"")
     if row.get("error"):
         return row
-    instrs = parse(disassemble(cubin))
+    text = disassemble(cubin)
+    instrs = parse(text)
     found = loops(instrs)
     trips = trips_for(launch, loop_rows(instrs, found)) if found else []
     if trips is None:
         return dict(row, why=f"no trip model covers {launch.name}'s loops")
     resident = resident_warps(row["registers"], launch.num_warps, row["shared_bytes"])
-    per_warp = program_cycles(instrs, found, trips, latencies)
+    per_warp = program_cycles(instrs, found, trips, latencies, callee_starts(text),
+                              calls_for(launch))
     row["resident_programs"] = resident // launch.num_warps
     row["per_warp"] = {k: v for k, v in per_warp.items() if k != "loops"}
     row["loops"] = per_warp["loops"]

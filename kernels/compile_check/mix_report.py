@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from attnlens.kernels.compile_check.sass_mix import (
+    callee_starts,
     disassemble,
     loop_rows,
     loops,
@@ -25,7 +26,7 @@ from attnlens.kernels.compile_check.sass_mix import (
     parse,
     weighted_mix,
 )
-from attnlens.kernels.compile_check.trips import trips_for
+from attnlens.kernels.compile_check.trips import calls_for, trips_for
 
 SHOWN = ("mma", "ffma", "fmul", "fadd", "mufu", "ldg", "stg", "tma", "atom", "lds", "sts",
          "shfl")
@@ -46,7 +47,8 @@ def io_bytes(launch) -> int:
 def launch_mix(cubin: bytes, launch) -> dict:
     """Loops (with `trips`), the kernel's code once through (`once`, per warp), and the
     `per_launch` counts (None without trip counts; `why` then says which loop lacks one)."""
-    instrs = parse(disassemble(cubin))
+    text = disassemble(cubin)
+    instrs = parse(text)
     found = loops(instrs)
     rows = loop_rows(instrs, found)
     trips = trips_for(launch, rows)
@@ -64,7 +66,8 @@ def launch_mix(cubin: bytes, launch) -> dict:
                       f"{launch.name}'s trip model does not cover its loops ({loops_seen})")
     if trips is not None:
         scale = launch.num_warps * launch.programs
-        out["per_launch"] = {k: v * scale for k, v in weighted_mix(instrs, found, trips).items()}
+        counts = weighted_mix(instrs, found, trips, callee_starts(text), calls_for(launch))
+        out["per_launch"] = {k: v * scale for k, v in counts.items()}
     return out
 
 

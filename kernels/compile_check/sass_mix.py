@@ -52,6 +52,7 @@ WARPGROUP = 4                       # warps that issue one HGMMA together (sm_90
 _INSTR = re.compile(r"/\*([0-9a-fA-F]+)\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)"
                     r"\s*([^;]*);")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_FUNCTION = re.compile(r"^\s*\.type\s+\S+,@function")
 _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _TARGET = re.compile(r"(0x[0-9a-fA-F]+)|`\((\.L_x_\d+)\)")
 _MMA = re.compile(r"^[A-Z]MMA\.(16|8)(8)(\d+)")       # HMMA.16816 -> m16 n8 k16, .1688
@@ -215,15 +216,39 @@ def loop_var(source: tuple[str, int] | None) -> str | None:
     return "while" if re.match(r"\s*while\b", line) else None
 
 
-def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float]) -> Counter:
+def callee_starts(text: str) -> list[int]:
+    """Addresses where the functions after the first (the kernel) begin in `nvdisasm` text:
+    the `noinline` jit functions ptxas keeps as SASS functions of their own, laid out after
+    the kernel's code in one address range."""
+    starts, pending, first = [], False, True
+    for line in text.splitlines():
+        if _FUNCTION.match(line):
+            pending, first = not first, False
+            continue
+        if pending and (m := _INSTR.search(line)):
+            starts.append(int(m.group(1), 16))
+            pending = False
+    return starts
+
+
+def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float],
+                 callees: list[int] = (), calls: float = 1.0) -> Counter:
     """Counts per program (per warp) when loop `found[i]` runs `trips[i]` times each time it is
-    entered: an instruction counts the product of the trips of the loops around it."""
+    entered: an instruction counts the product of the trips of the loops around it. An
+    instruction of a called function (at or after the first of `callees`, `callee_starts`)
+    outside that function's loops counts `calls` times (the calls per program); its loops'
+    trips already carry the calls (`trips.py`)."""
+    first_callee = min(callees) if callees else None
     c = _zero()
     for ins in instrs:
         w = 1.0
+        inside = False
         for lo, n in zip(found, trips, strict=True):
             if lo.start <= ins.addr <= lo.end:
                 w *= n
+                inside = True
+        if not inside and first_callee is not None and ins.addr >= first_callee:
+            w = calls
         _count(c, ins, w)
     return c
 
@@ -237,5 +262,6 @@ def loop_rows(instrs: list[Instr], found: list[Loop]) -> list[dict]:
             for lo in found]
 
 
-__all__ = ["CLASSES", "TOTALS", "Instr", "Loop", "access_bytes", "disassemble", "innermost",
-           "loop_rows", "loop_var", "loops", "mix", "mma_flops", "parse", "weighted_mix"]
+__all__ = ["CLASSES", "TOTALS", "Instr", "Loop", "access_bytes", "callee_starts", "disassemble",
+           "innermost", "loop_rows", "loop_var", "loops", "mix", "mma_flops", "parse",
+           "weighted_mix"]

@@ -142,7 +142,7 @@ ACCEPTED = {
      "tl.store(DST + offs, tl.load(DST + offs, mask=ok, other=0.0) + x, mask=ok)"): (
         "elements i0 .. i0 + BLOCK of the row window's slot (the program's turn): each i0 "
         "iteration its own, read and written by the same thread", ()),
-    ("triton_bwd.py", "mta_bwd_delta_kernel",
+    ("triton_bwd.py", "_delta_window",
      "tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)"): (
         "rows r0 of the split's delta slot: each r0 iteration its own rows", ()),
     ("triton_fwd.py", "mta_out_kernel",

@@ -263,7 +263,7 @@ def _mta_out(env, grid):
     out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, windows),
            "d0": math.ceil(env["D"] / env["DCH"])}
     if env.get("STAGE_CALL"):
-        return out | {"n": [h, h, h * w], "a": post + pre}
+        return out | {"n": [h, h, h * w], "a": post + pre, "calls": w}
     return out | {"n": [h, h, h], "a": pre + post}
 
 
@@ -271,11 +271,12 @@ def _mta_out(env, grid):
 # of the plan PLAN (`out_plan.turn_plan`: per key window `item * N_KW + key window index`, turn,
 # flush); item i owns OR rows from `(N_W - 1 - i % N_W) * OR`, its key windows step by ORC
 # (`bwd_windows`) from `i // N_W` in steps of NS); without a plan, one program per item
-# (`_mta_split_windows`' numbering); a window's work is PR-row sweeps (`r0`, AR / PR each). The post
-# and pre passes call a scalar-argument function per window (per row chunk for the dC sweep),
-# which ptxas keeps as its own SASS function: its loops are not inside the key loop's
-# addresses, so their trips carry the windows per program (`w`); the functions' straight-line
-# code is counted once per program (an undercount).
+# (`_mta_split_windows`' numbering); a window's work is PR-row sweeps (`r0`, AR / PR each). The
+# three passes call scalar-argument functions per window, which ptxas keeps as SASS functions
+# of their own after the kernel's code: their loops are not inside the key loop's addresses,
+# so their trips carry the windows per program (`w`), and their code outside their loops
+# counts once per call (`calls`: w; until 2026-12-06 once per program, an undercount of
+# 1.4-2.1% of a pass's instructions at 4k).
 def _mta_bwd_windows(env, grid, row_shift, col_shift):
     """(windows per program, the tap-branch shares (`_mta_tap_shares`: the diagonal's
     Toeplitz taps, factored inside the sequence, masked factored) of the logit windows at
@@ -318,23 +319,25 @@ def _mta_bwd_items(env, grid) -> float:
 
 
 def _mta_bwd_delta(env, grid):
-    """`mta_bwd_delta_kernel`: per window G staged (`r0`, d_head chunks `d0`), then per row
-    chunk the transposed post taps (`a`: CQ2) and the logits (heads `n`, Toeplitz `a` and
-    key chunks `t0` / factored `a`)."""
+    """`mta_bwd_delta_kernel`: the kernel's window loop (`while`, w per program) calls
+    `_delta_window`, whose sweeps carry the windows (`r0`, r x w each): G staged (d_head
+    chunks `d0`), then per row chunk the transposed post taps (`a`: CQ2) and the logits
+    (heads `n`, Toeplitz `a` and key chunks `t0` / factored `a`)."""
     w, shares, chunks = _mta_bwd_windows(env, grid, 0, 0)
     r, cq = env["AR"] // env["PR"], env["CQ"]
-    return {"it": w, "r0": [r, r], "d0": math.ceil(env["D"] / env["DCH"]),
+    return {"while": w, "calls": w, "r0": [r * w, r * w], "d0": math.ceil(env["D"] / env["DCH"]),
             "a": [env["CQ2"]] + [cq * f for f in shares], "n": env["H"], "t0": chunks}
 
 
 def _mta_bwd_post(env, grid):
-    """`mta_bwd_post_kernel` (`_post_window`): three sweeps per window (A with the logits; P2
-    and P, `a` CQ2; dP, `d0`), dv, one d_head loop per window (`d0`) in the program's turn
-    (`while`, `wait_turn`: one poll per window, no waiting modeled), then dth' (`tap_grads`:
-    per window its row taps `a` CQ2, each over the row chunks `r0`)."""
+    """`mta_bwd_post_kernel` (the window loop, `while`, w per program, calls `_post_window`):
+    three sweeps per window (A with the logits; P2 and P, `a` CQ2; dP, `d0`), dv, one d_head
+    loop per window (`d0`) in the program's turn (`while`, `wait_turn`: one poll per window,
+    no waiting modeled), then dth' (`tap_grads`: per window its row taps `a` CQ2, each over
+    the row chunks `r0`)."""
     w, shares, chunks = _mta_bwd_windows(env, grid, -(env["CQ2"] - 1), -env["LEFT2"])
     r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
-    return {"it": w, "r0": [r * w] * 3 + [r], "n": env["H"], "t0": chunks,
+    return {"calls": w, "r0": [r * w] * 3 + [r], "n": env["H"], "t0": chunks,
             "d0": [d0, d0 * w], "while": w,
             "a": [cq * f for f in shares] + [env["CQ2"], env["CQ2"] * w]}
 
@@ -353,7 +356,8 @@ def _mta_bwd_pre(env, grid):
     r, cq, d0 = env["AR"] // env["PR"], env["CQ"], math.ceil(env["D"] / env["DCH"])
     rw = r * w
     flush = _mta_bwd_items(env, grid) / w if w else 0.0      # per window of the loop `it`
-    return {"it": w, "r0": [rw, rw, rw, r, rw, rw], "n": [env["H"], env["H"] * w], "t0": chunks,
+    return {"it": w, "calls": w, "r0": [rw, rw, rw, r, rw, rw], "n": [env["H"], env["H"] * w],
+            "t0": chunks,
             "while": [flush, w],
             "i0": flush * math.ceil(env["AR"] * env["H"] * env["D"] / FLUSH_BLOCK.value),
             "a": [cq * f for f in shares] + [cq, cq * w, env["CQ2"]],
@@ -564,6 +568,17 @@ def _occurrences(loop_rows, idx) -> list[list[int]]:
     return groups
 
 
+def calls_for(launch) -> float:
+    """Calls per program of the launch's `noinline` functions (its model's `calls`, default 1):
+    their code outside their own loops counts that many times (`sass_mix.weighted_mix`)."""
+    fn = MODELS.get(launch.name)
+    grid = getattr(launch, "grid", None)
+    if fn is None or grid is None:
+        return 1.0
+    model = fn(kernel_env(launch), grid)
+    return 1.0 if model is None else float(model.get("calls", 1.0))
+
+
 def trips_for(launch, loop_rows: list[dict]) -> list[float] | None:
     """Trip counts of `loop_rows` for `launch` (None: no model for this kernel or loop)."""
     fn = MODELS.get(launch.name)
@@ -574,4 +589,4 @@ def trips_for(launch, loop_rows: list[dict]) -> list[float] | None:
     return None if model is None else loop_trips(loop_rows, model)
 
 
-__all__ = ["MODELS", "kernel_env", "loop_trips", "trips_for"]
+__all__ = ["MODELS", "calls_for", "kernel_env", "loop_trips", "trips_for"]

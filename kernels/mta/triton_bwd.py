@@ -21,7 +21,9 @@ so their memory does not grow with T or NS, `bwd_stage_bytes`). No fp32 atomics:
 that see a key window add their dv and dk to it one after another in the plan's turns (a
 ticket per key window, `wait_turn` / `pass_turn`; turns in (step, program) order, which is
 deadlock-free on any dispatch order once every program is resident: `turn_plan`), so the
-backward is bit-reproducible.
+backward is bit-reproducible. The delta and post passes run each window in a function of its
+own (`_delta_window`, `_post_window`) that returns the next window's plan entry: nothing of
+the key loop lives across the call (triton 3.6.0 spilled it, 8-16 B, at 64-row windows).
 
 - Pass 1 (`mta_bwd_delta_kernel`): G staged on the window below-right of the owned positions
   (dP one batched dot per d_head chunk, W' one dot over heads); dA = the transposed post-softmax
@@ -36,8 +38,8 @@ backward is bit-reproducible.
   forward) by CQ Toeplitz dots of the staged dC with the transposed taps; dq += dR k into the
   program's own fp32 accumulator, no atomics, added after the item's last key window to its
   row window's slot in the plan's turns and cleared (dR's window reaches CQ - 1 rows into the
-  row window above: torch sums the slots' overlaps in a fixed order, `fold_dq_partials`); the
-  row windows have 64 rows from 2,048 query rows (`bwd_windows`); dk += dR^T q (one dot over
+  row window above: torch sums the slots' overlaps in a fixed order, `fold_dq_partials`);
+  dk += dR^T q (one dot over
   AR rows, into the key window's own `[AC, H, D]` slot in the program's turn: every key
   window's halo overlaps the next, so torch sums the slots in a fixed order,
   `fold_dk_partials`); dW one dot, dth by `tap_grads` from the raw scores R
@@ -85,7 +87,6 @@ from attnlens.kernels.mta.out_plan import TURN_ENTRY, persistent_splits, turn_pl
 from attnlens.kernels.mta.triton_fwd import (
     LAUNCH,
     LOG2E,
-    ROWS_64_FROM,
     _allowed,
     fold_keys,
     key_splits,
@@ -144,6 +145,31 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2
     plain loads and stores, no atomics: one item holds a (split, row) pair, and torch sums the
     splits in a fixed order). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on the
     owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
+    b, prog, row = table_tile(PLAN, 2)
+    it = tl.load(row)
+    if it >= tl.load(row + 1):                 # an empty row of the plan
+        it = -1
+    while it >= 0:                             # nothing but `it` crosses the call
+        it = _delta_window(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_PT,
+                           PLAN, it, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t,
+                           sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET,
+                           D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC, N_W, N_KW, HAS_KVALID,
+                           IEEE, HB, AR, AC, PR, BLOCK_D, DCH, SCH)
+
+
+@triton.jit(noinline=True)
+def _delta_window(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_PT, PLAN, it,
+                  sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
+                  sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
+                  H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, RIGHT2, OR, ORC,
+                  N_W, N_KW,
+                  HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
+                  AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr,
+                  BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr):
+    """The delta pass on the key window at entry `it` of this program's row of PLAN; returns
+    the next entry, or -1 after the row's last (as `_post_window`: the caller holds nothing
+    across the call; inlined in the key loop, the window spilled 8 B at 64 rows, d 128,
+    under triton 3.6.0)."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
@@ -151,42 +177,50 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2
     kv_ptr = KVALID + b * skv_b
     w2 = tl.load(W2 + offs_h[:, None] * HB + offs_h[None, :])
     offs_c = tl.arange(0, AC)
-    for it in range(tl.load(row), tl.load(row + 1), _ENTRY):
-        w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
-        delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
-        stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
-                           stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
-                           Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
-        tl.debug_barrier()
-        for r0 in range(0, AR, PR):
-            offs_r = r0 + tl.arange(0, PR)
-            rows = m0 + offs_r
-            d_probs = toeplitz_taps(stage_g, offs_r, TOEP_PT, CQ2, 1, offs_h, h_valid, IEEE, HB,
-                                    PR, AR, AC)
-            probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
-                           LSE, TT, AC, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K,
-                           Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D,
-                           SCH)
-            part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
-            ptr = delta_slot + offs_h[:, None] * T_Q + rows[None, :]
-            own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
-            tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)
-        tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
+    w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
+    delta_slot = DELTA + (split * grid_batches() + b).to(tl.int64) * (H * T_Q)
+    stage_mixed_dprobs(DO, V, b * sdo_b, b * sv_b, sdo_t, sdo_h, sdo_d, sv_t, sv_h, sv_d,
+                       stage_g, w2, kv_ptr, offs_h, h_valid, D, m0, n0 - RIGHT2, T_Q, T_K,
+                       Q_OFFSET, HAS_KVALID, IEEE, HB, AR, AC, PR, BLOCK_D, DCH)
+    tl.debug_barrier()
+    for r0 in range(0, AR, PR):
+        offs_r = r0 + tl.arange(0, PR)
+        rows = m0 + offs_r
+        d_probs = toeplitz_taps(stage_g, offs_r, TOEP_PT, CQ2, 1, offs_h, h_valid, IEEE, HB,
+                                PR, AR, AC)
+        probs = _probs(Q, K, KT, b, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, kv_ptr,
+                       LSE, TT, AC, W, H, offs_h, h_valid, D, m0 + r0, n0, T_Q, T_K,
+                       Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, HB, PR, AC, BLOCK_D,
+                       SCH)
+        part = tl.sum(tl.where((offs_c < ORC)[None, None, :], probs * d_probs, 0.0), 2)
+        ptr = delta_slot + offs_h[:, None] * T_Q + rows[None, :]
+        own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
+        tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)
+    tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
+    nxt = it + _ENTRY
+    return tl.where(nxt < tl.load(row + 1), nxt, -1)
 
 
 @triton.jit(noinline=True)
 def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M, DV,
-                 DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, ticket, turn,
+                 DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET, PLAN, it,
                  sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                  sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
                  H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
-                 b, prog, m0, n0,
+                 N_W, N_KW,
                  HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, HB: tl.constexpr,
                  AR: tl.constexpr, AC: tl.constexpr, PR: tl.constexpr, CKP: tl.constexpr,
                  BLOCK_D: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
                  ORDERED: tl.constexpr):
-    """The post pass on the key window `n0` of program `prog` (a function of its own, called
-    with scalars only: nothing of it is hoisted out of the key loop and kept live across it)."""
+    """The post pass on the key window at entry `it` of this program's row of PLAN (a
+    function of its own, called with scalars only: nothing of it is hoisted out of the key
+    loop and kept live across it). Returns the next entry, or -1 after the row's last, so
+    that the caller holds nothing across the call: under triton 3.6.0 (sm_90) the loop's
+    index, end, batch and slot, live across the call, were spilled at 64-row windows (16 B)."""
+    b, prog, row = table_tile(PLAN, 2)
+    w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
+    ticket = TICKET + b * N_KW + kwi
+    turn = tl.load(PLAN + it + 1)
     offs_h = tl.arange(0, HB)
     h_valid = offs_h < H
     slot = prog.to(tl.int64) * (HB * AR * AC)
@@ -246,6 +280,8 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
     tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), stage_g, stage_a, stage_m, CQ2,
               CK2, offs_h, h_valid, IEEE, HB, AR, AC, PR, CKP)   # dth' = <G, A at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
+    nxt = it + _ENTRY
+    return tl.where(nxt < tl.load(row + 1), nxt, -1)
 
 
 @triton.jit
@@ -267,16 +303,17 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
     the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
-    b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
-    for it in range(tl.load(row), tl.load(row + 1), _ENTRY):
-        w, m0, split, kwi, n0 = _plan_entry(PLAN + it, N_W, N_KW, OR, ORC)
-        _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G, STAGE_M,
-                     DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET + b * N_KW + kwi,
-                     tl.load(PLAN + it + 1), sq_b, sq_t, sq_h, sq_d, sk_b,
-                     sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
-                     H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC,
-                     b, prog, m0, n0, HAS_KVALID, IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH,
-                     ORDERED)
+    b, prog, row = table_tile(PLAN, 2)
+    it = tl.load(row)
+    if it >= tl.load(row + 1):                 # an empty row of the plan
+        it = -1
+    while it >= 0:                             # nothing but `it` crosses the call
+        it = _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
+                          STAGE_M, DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET, PLAN, it,
+                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
+                          sv_d, sdo_b, sdo_t, sdo_h, sdo_d, skv_b, H, T_Q, T_K, Q_OFFSET, D,
+                          scale, CQ, CK, LEFT, CQ2, CK2, LEFT2, OR, ORC, N_W, N_KW, HAS_KVALID,
+                          IEEE, HB, AR, AC, PR, CKP, BLOCK_D, DCH, SCH, ORDERED)
 
 
 @triton.jit(noinline=True)
@@ -508,21 +545,19 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                              AR * H * D, DQ_TICKET + b * N_W + w, flush, ORDERED, FLUSH_BLOCK)
 
 
-def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int,
-                t_q: int = 0) -> tuple[int, int, int, int]:
-    """(AR, AC, OR, ORC): the backward's windows (`out_windows` for the larger halo of the two
-    convolutions: `[HB, PR, AC]` tensors at a time, 32 x 32 at 16 heads with 6 x 11 kernels)
-    and the positions each owns, its first OR rows and ORC keys (27 x 22 there). Given the
-    query rows `t_q` (the pre pass's windows, `mta_bwd`), from ROWS_64_FROM rows twice the
-    rows, at most 64: 64 x 32, 59 x 22 owned. The rows only lengthen the sweeps and the
-    stages (the maps in registers stay PR rows), and per owned row the row halo costs
-    64 / 59 = 1.08 computed rows instead of 32 / 27 = 1.19; below 2,048 rows the plan's
-    finish is no better (T 1024: the longest program 256 computed rows either way,
-    `turn_plan`), so the smaller stages stay there."""
+def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
+    """(AR, AC, OR, ORC): the backward's windows and the positions each owns, its first OR rows
+    and ORC keys: `out_windows`' for the larger halo of the two convolutions (`[HB, PR, AC]`
+    tensors at a time, 32 x 32 at 16 heads with 6 x 11 kernels) with twice the rows, at most
+    64: 64 x 32 there, 59 x 22 owned. The rows only lengthen the sweeps and the stages (the
+    maps in registers stay PR rows), and per owned row the row halo costs 64 / 59 = 1.08
+    computed rows instead of 32 / 27 = 1.19. At every length, all three passes (until
+    2026-12-06 below 2,048 query rows, and the delta and post passes everywhere, on 32-row
+    windows; at 1k the 64-row plan's longest program computes as many rows, 256, in half the
+    windows: ESTIMATES in docs/benchmarks.md)."""
     hq, hk = max(cq, cq2), max(ck, ck2)
     ar, ac = out_windows(hb, hq, hk)
-    if t_q >= ROWS_64_FROM:
-        ar = max(ar, min(64, 2 * ar))
+    ar = max(ar, min(64, 2 * ar))
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
@@ -612,20 +647,12 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     ckp = tap_pow2(ck, ck2)
     n_sm = _triton.sm_count(q.device)
 
-    def windows_plan(t_q):        # (AR, OR, N_W, NS, the plan table, programs) of a pass
-        ar, _, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2, t_q)
-        n_w = math.ceil(T_Q / own_r)
-        ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
-        tp = turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm)
-        return (ar, own_r, n_w, ns,
-                turn_table(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm, q.device),
-                B * tp.plan.programs)
-
-    # the delta and post passes on 32-row windows, the pre pass on `bwd_windows(..., T_Q)`'s
-    # (64 rows from 2,048 query rows: the delta and post passes spilled 8-16 B there under
-    # triton 3.6.0, sm_90, around their window loop's call; the pre pass 0 B)
-    _, ac, _, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
-    ar, own_r, n_w, ns, plan, n_prog = windows_plan(0)
+    # the three passes on `bwd_windows`' 64-row windows and one persistent plan
+    ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
+    n_w = math.ceil(T_Q / own_r)
+    ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
+    n_prog = B * turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm).plan.programs
+    plan = turn_table(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm, q.device)
     pr = min(ar, 16)
     n_kw = math.ceil(T_K / own_c)
     do = do.contiguous()
@@ -670,7 +697,6 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     # dv is final after its pass: held in the inputs' dtype (the cast the caller would make)
     # through the pre pass's peak, not in fp32 (16 MiB less at 4k, d 128, 16 heads)
     dv = dv.to(q.dtype)
-    ar, own_r, n_w, ns, plan, n_prog = windows_plan(T_Q)
     dth_p = torch.zeros(n_prog, hb, cq, ckp, **f32)
     dw_p = torch.zeros(n_prog, hb, hb, **f32)
     dq_acc = torch.zeros(n_prog, ar, H, D, **f32)
@@ -679,12 +705,12 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     pre_stages = [stage(dt, cols, n_prog) for dt, cols in
                   ((q.dtype, ar), (torch.float32, ar), (torch.float32, ar), (q.dtype, ar),
                    (q.dtype, ar), (q.dtype, ar), (torch.float32, ac))]
-    mta_bwd_pre_kernel[(n_prog // B, B)](
+    mta_bwd_pre_kernel[grid](
         q, k, kt, v, do, lse, delta, kv, *pre_stages,
         dq_acc, dq_w, torch.zeros(B, n_w, device=q.device, dtype=torch.int32), dk_p,
         tickets(), dth_p, dw_p, tt, pre_mix, wm, w2, toep_pt, toep_rt, plan,
         *strides, *shape, cq2, right2, own_r, own_c, n_w, n_kw, CKP=ckp,
-        GK=min(256, ar * ac), ORDERED=ordered, **dict(common, AR=ar))
+        GK=min(256, ar * ac), ORDERED=ordered, **common)
     del delta, delta_p, dq_acc, pre_stages
     dq = fold_dq_partials(dq_w, B, n_w, 1, ar, own_r, cq, T_Q)
     del dq_w

@@ -71,14 +71,19 @@ def test_windows_hold_both_halos(hb, pre, post):
     assert own_r >= 1 and own_c >= 1
     if (hb, pre, post) == (16, (6, 11), (6, 11)):
         assert (ar, ac, own_r, own_c) == (64, 32, 59, 22)
+    # fp32 inputs: at most FP32_ROWS (32) rows, the same keys
+    ar32, ac32, own_r32, own_c32 = bwd_windows(hb, *pre, *post, fp32=True)
+    assert (ar32, ac32, own_c32) == (max(base_r, min(32, 2 * base_r)), ac, own_c)
+    assert own_r32 == ar32 - ar + own_r
 
 
 @pytest.mark.slow
 def test_gradients_over_several_programs_and_key_windows():
-    """T 61 with the official 6 x 11 kernels: 2 row windows of 59 rows (the last 2), up to 3
-    key windows of 22 keys (the last 17), 5 windows in all; each dR window reaches into the
-    row window above (dq's fold) and each key window's halo into the next (dk's)."""
-    _check_gradients(61, 61, 2, OFFICIAL, "both", 1)
+    """T 50 with the official 6 x 11 kernels on fp32's 32-row windows: 2 row windows of 27
+    rows (the last 23), up to 3 key windows of 22 keys (the last 6), 5 windows in all (T 61's
+    3 row windows took 8 windows and 1.6x the time); each dR window reaches into the row
+    window above (dq's fold) and each key window's halo into the next (dk's)."""
+    _check_gradients(50, 50, 2, OFFICIAL, "both", 1)
 
 
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
@@ -207,20 +212,25 @@ def test_dq_and_dk_partial_bytes_at_4k():
     assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch):
+@pytest.mark.parametrize("T, H, rows_64", [(37, 3, False), (70, 2, True)])
+def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch, T, H,
+                                                                         rows_64):
     """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`); dq to each
     program's accumulator (`DQ_ACC [programs, AR, H, D]`), added after each item's last key
     window to its row window's slot (`DQ_W [B, N_W, AR, H, D]`, `dq_partial_bytes` above an
     fp32 dq) in turns and cleared; dk to per-key-window slots (`DK_P [B, N_KW, AC, H, D]`,
     `dk_partial_bytes` above an fp32 dk); dv and dk are added in turns: each key window's
     ticket (post and pre pass) ends at the number of row windows that see it, each row
-    window's dq ticket at the number of its items. At T 70 on 3 heads, on 64 x 32 windows (62
-    rows and 28 keys owned: 2 row windows, 3 key windows), the three passes on the same
-    windows and grid: the gradients against the float64 spec (`_check_gradients`), then the
-    same backward once more, bit-identical."""
+    window's dq ticket at the number of its items. The three passes on the same windows and
+    grid: at the odd length 37 on 3 heads on fp32's 32 x 32 windows (30 rows and 28 keys
+    owned: 2 row windows x 2 key splits, 2 key windows), and at 70 on 2 heads on the 64 x 32
+    windows of 16-bit inputs (FP32_ROWS patched; 62 x 28 owned: 2 row windows, 3 key
+    windows): the gradients against the float64 spec (`_check_gradients`), then the same
+    backward once more, bit-identical."""
     from attnlens.kernels.mta import function, triton_bwd
 
-    T, H = 70, 3
+    if rows_64:
+        monkeypatch.setattr(triton_bwd, "FP32_ROWS", 64)
 
     seen, calls = {}, []
 
@@ -255,9 +265,9 @@ def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkey
     from attnlens.kernels import _triton
     from attnlens.kernels.mta.out_plan import persistent_splits
 
-    # the three passes on the length's windows, on one grid
-    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3)
-    assert ar == 64
+    # the three passes on fp32's windows (64 rows with FP32_ROWS patched), on one grid
+    ar, ac, own_r, own_c = triton_bwd.bwd_windows(16, 2, 5, 3, 3, fp32=True)
+    assert ar == (64 if rows_64 else 32)
     n_w, n_kw = -(-T // own_r), -(-T // own_c)
     (grid, delta_p), _ = seen["mta_bwd_delta_kernel"]
     (post_grid, post_tickets), _ = seen["mta_bwd_post_kernel"]

@@ -545,19 +545,26 @@ def mta_bwd_pre_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, STAGE_DA, S
                              AR * H * D, DQ_TICKET + b * N_W + w, flush, ORDERED, FLUSH_BLOCK)
 
 
-def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int) -> tuple[int, int, int, int]:
+# The most rows of the backward's windows for fp32 inputs: at 64 rows the fp32 post and pre
+# passes spill 440-632 B and need 208 KiB of shared memory, over sm_80's 163 KiB a block (triton
+# 3.9.0, 16 heads, 2026-12-06); the forward keeps 32 rows at fp32 likewise (`fwd_out_windows`).
+FP32_ROWS = 32
+
+
+def bwd_windows(hb: int, cq: int, ck: int, cq2: int, ck2: int,
+                fp32: bool = False) -> tuple[int, int, int, int]:
     """(AR, AC, OR, ORC): the backward's windows and the positions each owns, its first OR rows
     and ORC keys: `out_windows`' for the larger halo of the two convolutions (`[HB, PR, AC]`
     tensors at a time, 32 x 32 at 16 heads with 6 x 11 kernels) with twice the rows, at most
-    64: 64 x 32 there, 59 x 22 owned. The rows only lengthen the sweeps and the stages (the
-    maps in registers stay PR rows), and per owned row the row halo costs 64 / 59 = 1.08
-    computed rows instead of 32 / 27 = 1.19. At every length, all three passes (until
-    2026-12-06 below 2,048 query rows, and the delta and post passes everywhere, on 32-row
-    windows; at 1k the 64-row plan's longest program computes as many rows, 256, in half the
-    windows: ESTIMATES in docs/benchmarks.md)."""
+    64 (at most FP32_ROWS for `fp32` inputs): 64 x 32 there, 59 x 22 owned. The rows only
+    lengthen the sweeps and the stages (the maps in registers stay PR rows), and per owned row
+    the row halo costs 64 / 59 = 1.08 computed rows instead of 32 / 27 = 1.19. At every length,
+    all three passes (until 2026-12-06 below 2,048 query rows, and the delta and post passes
+    everywhere, on 32-row windows; at 1k the 64-row plan's longest program computes as many
+    rows, 256, in half the windows: ESTIMATES in docs/benchmarks.md)."""
     hq, hk = max(cq, cq2), max(ck, ck2)
     ar, ac = out_windows(hb, hq, hk)
-    ar = max(ar, min(64, 2 * ar))
+    ar = max(ar, min(FP32_ROWS if fp32 else 64, 2 * ar))
     return ar, ac, ar - hq + 1, ac - hk + 1
 
 
@@ -647,8 +654,8 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     ckp = tap_pow2(ck, ck2)
     n_sm = _triton.sm_count(q.device)
 
-    # the three passes on `bwd_windows`' 64-row windows and one persistent plan
-    ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2)
+    # the three passes on `bwd_windows`' windows (64 rows; fp32 inputs 32) and one plan
+    ar, ac, own_r, own_c = bwd_windows(hb, cq, ck, cq2, ck2, q.dtype == torch.float32)
     n_w = math.ceil(T_Q / own_r)
     ns = persistent_splits(n_w, own_r, own_c, T_K, T_K - T_Q, B, n_sm)
     n_prog = B * turn_plan(B, n_w, own_r, own_c, T_K, T_K - T_Q, ns, n_sm).plan.programs
@@ -721,6 +728,7 @@ def mta_bwd(do, q, k, v, lse, dlse, pre_kernel, pre_mix, post_kernel, post_mix,
     return dq, dk, dv, dth, dw_p.sum(0)[:H, :H], dth2, dw2_p.sum(0)[:H, :H]
 
 
-__all__ = ["bwd_stage_bytes", "bwd_windows", "dk_partial_bytes", "dq_partial_bytes",
-           "fold_dk_partials", "fold_dq_partials", "fold_window_partials", "key_splits",
-           "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel", "mta_bwd_pre_kernel"]
+__all__ = ["FP32_ROWS", "bwd_stage_bytes", "bwd_windows", "dk_partial_bytes",
+           "dq_partial_bytes", "fold_dk_partials", "fold_dq_partials", "fold_window_partials",
+           "key_splits", "mta_bwd", "mta_bwd_delta_kernel", "mta_bwd_post_kernel",
+           "mta_bwd_pre_kernel"]

@@ -131,6 +131,14 @@ def _plan_entry(entry, N_W, N_KW, OR, ORC):
 
 
 @triton.jit
+def _plan_step(row, it):
+    """`it` if it lies before the end of this program's row of the plan (`row`: its `[start,
+    end)` entries), else -1: the index of the delta and post passes' window loops, which end
+    at -1 (`_delta_window` and `_post_window` return the next one)."""
+    return tl.where(it < tl.load(row + 1), it, -1)
+
+
+@triton.jit
 def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_PT, PLAN,
                          sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                          sdo_b, sdo_t, sdo_h, sdo_d, skv_b,
@@ -145,10 +153,8 @@ def mta_bwd_delta_kernel(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2
     plain loads and stores, no atomics: one item holds a (split, row) pair, and torch sums the
     splits in a fixed order). Per key window: G staged from `(m0, n0 - RIGHT2)`, dA on the
     owned positions `(m0, n0)` by the flipped post-softmax taps `TOEP_PT`."""
-    b, prog, row = table_tile(PLAN, 2)
-    it = tl.load(row)
-    if it >= tl.load(row + 1):                 # an empty row of the plan
-        it = -1
+    _, _, row = table_tile(PLAN, 2)           # this program's row of the plan
+    it = _plan_step(row, tl.load(row))
     while it >= 0:                             # nothing but `it` crosses the call
         it = _delta_window(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_PT,
                            PLAN, it, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t,
@@ -197,8 +203,7 @@ def _delta_window(Q, K, KT, V, DO, LSE, DELTA, KVALID, STAGE_G, TT, W, W2, TOEP_
         own = h_valid[:, None] & ((offs_r < OR) & (rows < T_Q))[None, :]
         tl.store(ptr, tl.load(ptr, mask=own, other=0.0) + part, mask=own)
     tl.debug_barrier()                   # the stage and DELTA are rewritten / re-read next
-    nxt = it + _ENTRY
-    return tl.where(nxt < tl.load(row + 1), nxt, -1)
+    return _plan_step(row, it + _ENTRY)
 
 
 @triton.jit(noinline=True)
@@ -280,8 +285,7 @@ def _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE
     tap_grads(DTH2_P + prog.to(tl.int64) * (HB * CQ2 * CKP), stage_g, stage_a, stage_m, CQ2,
               CK2, offs_h, h_valid, IEEE, HB, AR, AC, PR, CKP)   # dth' = <G, A at the taps>
     tl.debug_barrier()                                  # the stages are rewritten next
-    nxt = it + _ENTRY
-    return tl.where(nxt < tl.load(row + 1), nxt, -1)
+    return _plan_step(row, it + _ENTRY)
 
 
 @triton.jit
@@ -303,10 +307,8 @@ def mta_bwd_post_kernel(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P
     the owned positions of P. Per key window (`_post_window`), sweeps of PR rows that hold one
     or two maps each, passing them on through per-program stages: A (on the window from
     `(m0 - (CQ2 - 1), n0 - LEFT2)`); P2 and P; dP with dW' and G; dv; dth'."""
-    b, prog, row = table_tile(PLAN, 2)
-    it = tl.load(row)
-    if it >= tl.load(row + 1):                 # an empty row of the plan
-        it = -1
+    _, _, row = table_tile(PLAN, 2)           # this program's row of the plan
+    it = _plan_step(row, tl.load(row))
     while it >= 0:                             # nothing but `it` crosses the call
         it = _post_window(Q, K, KT, V, DO, LSE, KVALID, STAGE_A, STAGE_P2, STAGE_P, STAGE_G,
                           STAGE_M, DV, DTH2_P, DW2_P, TT, W, W2, W2T, TOEP_P, TICKET, PLAN, it,

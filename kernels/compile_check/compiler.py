@@ -179,14 +179,15 @@ def private_triton_cache(path: str | None = None) -> str:
 
 
 def compile_launch(launch, arch: int, cache=None, key: str | None = None,
-                   keep_cubin: bool = False) -> dict:
+                   keep_cubin: bool = False, keep_ptx: bool = False) -> dict:
     """Compile `launch` for sm_`arch`; returns a row (registers, spills, shared, seconds) or a
     row with `error` set when the compiler fails.
 
     With a `cache` (`results_cache.ResultCache`) and the launch's `key` (`cache.key(launch_key(
     launch, arch))`), a stored row is returned with `cached=True` and no compile; a new
     successful compile is stored. `keep_cubin`: the row also holds the cubin bytes (`cubin`,
-    not JSON-able: the caller pops it)."""
+    not JSON-able: the caller pops it); `keep_ptx`: also the PTX text (`ptx`; a cached row has
+    none, so with it the launch is compiled again)."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
@@ -195,7 +196,7 @@ def compile_launch(launch, arch: int, cache=None, key: str | None = None,
     row = dict(kernel=launch.name, pass_=launch.pass_, config=launch.config,
                arch=ARCH_NAMES[arch], arch_cc=arch, num_warps=launch.num_warps,
                num_stages=launch.num_stages, error=None, cached=False)
-    if cache is not None and key is not None:
+    if cache is not None and key is not None and not keep_ptx:
         hit = cache.get(key)
         cubin = cache.cubin(key) if hit is not None and keep_cubin else b""
         if hit is not None and (cubin or not keep_cubin):
@@ -221,6 +222,8 @@ def compile_launch(launch, arch: int, cache=None, key: str | None = None,
         cache.put(key, row, compiled.asm["cubin"])
     if keep_cubin:
         row["cubin"] = compiled.asm["cubin"]
+    if keep_ptx:
+        row["ptx"] = compiled.asm["ptx"]
     return row
 
 

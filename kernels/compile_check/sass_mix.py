@@ -155,18 +155,20 @@ def mix(instrs: list[Instr], start: int = 0, end: int | None = None) -> Counter:
     """Instruction counts per class in [start, end] (the whole kernel by default); also
     `mma_flops`, `cuda_flops` (per warp, one pass) and `global_bytes` (global loads, stores
     and atomics, per warp)."""
-    c = _zero()
+    c = zero()
     for ins in instrs:
         if start <= ins.addr and (end is None or ins.addr <= end):
-            _count(c, ins, 1)
+            count(c, ins, 1)
     return c
 
 
-def _zero() -> Counter:
+def zero() -> Counter:
+    """Counts of every class and total, all 0."""
     return Counter({k: 0 for k in CLASSES + TOTALS})
 
 
-def _count(c: Counter, ins: Instr, weight: float) -> None:
+def count(c: Counter, ins: Instr, weight: float) -> None:
+    """Add `weight` executions of `ins` to `c` (its class, instructions, FLOPs, bytes)."""
     kind = ins.kind
     c[kind] += weight
     c["instructions"] += weight
@@ -231,15 +233,15 @@ def callee_starts(text: str) -> list[int]:
     return starts
 
 
-def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float],
-                 callees: list[int] = (), calls: float = 1.0) -> Counter:
-    """Counts per program (per warp) when loop `found[i]` runs `trips[i]` times each time it is
-    entered: an instruction counts the product of the trips of the loops around it. An
-    instruction of a called function (at or after the first of `callees`, `callee_starts`)
-    outside that function's loops counts `calls` times (the calls per program); its loops'
-    trips already carry the calls (`trips.py`)."""
+def instruction_weights(instrs: list[Instr], found: list[Loop], trips: list[float],
+                        callees: list[int] = (), calls: float = 1.0) -> list[float]:
+    """Times each instruction executes per program (per warp) when loop `found[i]` runs
+    `trips[i]` times each time it is entered: the product of the trips of the loops around
+    it. An instruction of a called function (at or after the first of `callees`,
+    `callee_starts`) outside that function's loops executes `calls` times (the calls per
+    program); its loops' trips already carry the calls (`trips.py`)."""
     first_callee = min(callees) if callees else None
-    c = _zero()
+    out = []
     for ins in instrs:
         w = 1.0
         inside = False
@@ -249,7 +251,17 @@ def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float],
                 inside = True
         if not inside and first_callee is not None and ins.addr >= first_callee:
             w = calls
-        _count(c, ins, w)
+        out.append(w)
+    return out
+
+
+def weighted_mix(instrs: list[Instr], found: list[Loop], trips: list[float],
+                 callees: list[int] = (), calls: float = 1.0) -> Counter:
+    """Counts per program (per warp), each instruction weighted by `instruction_weights`."""
+    c = zero()
+    for ins, w in zip(instrs, instruction_weights(instrs, found, trips, callees, calls),
+                      strict=True):
+        count(c, ins, w)
     return c
 
 
@@ -262,6 +274,6 @@ def loop_rows(instrs: list[Instr], found: list[Loop]) -> list[dict]:
             for lo in found]
 
 
-__all__ = ["CLASSES", "TOTALS", "Instr", "Loop", "access_bytes", "callee_starts", "disassemble",
-           "innermost", "loop_rows", "loop_var", "loops", "mix", "mma_flops", "parse",
-           "weighted_mix"]
+__all__ = ["CLASSES", "TOTALS", "Instr", "Loop", "access_bytes", "callee_starts", "count",
+           "disassemble", "innermost", "instruction_weights", "loop_rows", "loop_var", "loops",
+           "mix", "mma_flops", "parse", "weighted_mix", "zero"]

@@ -111,17 +111,20 @@ stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "$
 stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 64,128 \
     --reps 10 --isolated
 
-# (issue 58, mta-fwd-warps) the MTA forward's lse pass in the shapes the compile check's
-#    estimate weighed (ATTNLENS_MTA_LSE_SHAPE, LSE_SHAPES in kernels/mta/triton_fwd.py; forward
-#    only, "shape" rows): at 1k the default ("4warps") against "8warps" (its shape before
-#    2026-12-06); at 4k "4warps" (64 x 32 tiles, two 4-warp programs per SM) and "wide" (64 x 64,
-#    4 warps: its stages overflow the L2) against the default ("8warps") rows of bench.md
+# (issue 58, mta-fwd-warps, mta-fwd-tall) the MTA forward's lse pass in the shapes the
+#    compile check's estimate weighed (ATTNLENS_MTA_LSE_SHAPE, LSE_SHAPES in
+#    kernels/mta/triton_fwd.py; forward only, "shape" rows): at 1k the default ("4warps")
+#    against "8warps" (its shape before 2026-12-06); at 4k "8warps" (64 x 64 tiles, the default
+#    there until the tenth session) and "wide" (64 x 64, 4 warps) against the default ("tall":
+#    128 x 64, whose stages overflow the L2) rows of bench.md; and the out pass without its
+#    key-window pairs (ATTNLENS_MTA_OUT_PAIRS=0, "pairs 0" rows; the default pairs them on sm_90)
 stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
     'for s in 4warps 8warps; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
     --T 1024 --d 128 --reps 10; done'
-stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
-    'for s in 4warps wide; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
-    --T 4096 --d 128 --reps 10; done'
+stage "${BENCH_LSE4K_S:-45}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
+    'for s in 8warps wide; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
+    --T 4096 --d 128 --reps 10; done; echo "pairs 0"; ATTNLENS_MTA_OUT_PAIRS=0 '"$BENCH"' \
+    --ops mta --T 4096 --d 128 --reps 10'
 
 # 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
 #    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused

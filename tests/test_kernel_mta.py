@@ -299,14 +299,16 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
 
 
-@pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide"])
-@pytest.mark.parametrize("T", [256, 2048])
-def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, shape, T):
+@pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide", "tall"])
+@pytest.mark.parametrize("T", [256, 2048, 4096])
+def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
     """Below 2k query rows the lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two
-    programs per SM and mixes KC = LSE_KC keys per dot; from 2k rows (64-row tiles) it keeps
-    its earlier shape, 8 warps, one program per SM, KC 8, 64 x 64; the out pass keeps 8 warps,
-    at most one program per SM. LSE_SHAPE_ENV names a shape for every length (what a GPU run
-    measures): "4warps" (64 x 32 from 2k rows), "8warps", "wide" (4 warps, 64 x 64)."""
+    programs per SM and mixes KC = LSE_KC keys per dot; from 2k rows (64-row tiles) 8 warps,
+    one program per SM, KC 8, 64 x 64; from 4k rows ("tall") 8 warps, one program per SM,
+    KC 4, 128 x 64; the out pass keeps 8 warps, at most one program per SM. LSE_SHAPE_ENV
+    names a shape for every length (what a GPU run measures): "4warps" (64 x 32 from 2k rows),
+    "8warps", "wide" (4 warps, 64 x 64), "tall" (128 rows; keys 32 below 2k rows). The
+    kernels are not run (the launches are recorded)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.function import mta_attention
@@ -324,17 +326,34 @@ def test_lse_pass_runs_two_four_warp_programs_per_sm(monkeypatch, shape, T):
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    name = shape or ("8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
-    tiles = {"4warps": (64, 32), "8warps": (64, 64), "wide": (64, 64)}[name] if T >= 2048 \
-        else (32, 32)
-    if name == "8warps":
-        assert (lse_meta["num_warps"], lse_grid[0], lse_meta["KC"]) == (8, 4, 8)
+    name = shape or ("tall" if T >= triton_fwd.ROWS_128_FROM else
+                     "8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
+    if name == "tall":
+        tiles = (128, 64 if T >= 2048 else 32)
+    elif T >= 2048:
+        tiles = {"4warps": (64, 32), "8warps": (64, 64), "wide": (64, 64)}[name]
+    else:
+        tiles = (32, 32)
+    if name in ("8warps", "tall"):
+        assert (lse_meta["num_warps"], lse_grid[0]) == (8, 4)
+        assert lse_meta["KC"] == (8 if name == "8warps" else triton_fwd.LSE_KC)
     else:
         assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
         assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4, T)
         assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
     assert (lse_meta["BLOCK_M"], lse_meta["BLOCK_N"]) == tiles
     assert out_meta["num_warps"] == 8 and out_grid[0] <= 4
+
+
+def test_tall_lse_tiles_are_exact(monkeypatch):
+    """The "tall" lse shape's 128-row tiles (the default from 4k rows) on a short sequence:
+    T 150 gives two row tiles of 128 (the second past the end) of 32-key tiles, next to the
+    out pass's 32-row windows, against the float64 spec at official 6 x 11 kernels."""
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "tall")
+    assert triton_fwd.lse_blocks(4, None, None, 16, 150) == (128, 32)
+    _check(150, 150, 2, OFFICIAL, "both")
 
 
 def test_lse_shape_names_a_bad_setting(monkeypatch):
@@ -518,45 +537,51 @@ def test_forward_grids_launch_a_program_per_sm_at_512_rows():
 
 
 def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
-    """`lse_blocks`: 64-row tiles from 2,048 query rows, 32 x 32 below; BLOCK_N halves until
-    the stages of an SM's programs (`[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit the
-    shape's budget (`LSE_STAGE_BYTES_PER_SM`, 256 KiB: 64 x 64 at one program per SM, the
-    default from 2k rows; 64 x 32 at the two of "4warps"; 64 x 16 at 32 heads; "wide" twice
-    the budget); explicit blocks win; `forward_grids` takes them. (The lse pass stages each
-    head's convolved scores and mixes them by a dot, so no all-heads tensor limits its
-    tiles.)"""
+    """`lse_blocks`: 128 x 64 tiles from 4,096 query rows ("tall"), 64-row tiles from 2,048,
+    32 x 32 below; BLOCK_N halves until the stages of an SM's programs (`[max(hb, 16),
+    BLOCK_M, BLOCK_N]` fp32 each) fit the shape's budget (`LSE_STAGE_BYTES_PER_SM`, 256 KiB:
+    64 x 64 at one program per SM, the default from 2k rows; 64 x 32 at the two of "4warps";
+    64 x 16 at 32 heads; "wide" and "tall" twice the budget: 128 x 64 at one program per SM,
+    128 x 32 at two or at 32 heads); explicit blocks win; `forward_grids` takes them. (The
+    lse pass stages each head's convolved scores and mixes them by a dot, so no all-heads
+    tensor limits its tiles.)"""
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.triton_fwd import forward_grids, lse_blocks
 
     for hb in (4, 16):
         for d in (64, 128):
-            assert lse_blocks(hb, None, None, d, 4096) == lse_blocks(hb, None, None, d) == (64, 64)
+            assert lse_blocks(hb, None, None, d, 4096) == lse_blocks(hb, None, None, d) \
+                == (128, 64)
             assert lse_blocks(hb, None, None, d, 2048) == (64, 64)
-            assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (64, 32)
+            assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (128, 32)
             assert lse_blocks(hb, None, None, d, 1024) == (32, 32)
     assert lse_blocks(4, 16, 16, 128) == (16, 16)
     assert 16 * 64 * 64 * 4 == triton_fwd.LSE_STAGE_BYTES_PER_SM
     g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
+    assert (g.block_m, g.block_n) == (128, 64)
+    g = forward_grids(1, 2048, 2048, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
     assert (g.block_m, g.block_n) == (64, 64)
     for shape, tiles, tiles32 in (("4warps", (64, 32), (64, 16)), ("8warps", (64, 64), (64, 32)),
-                                  ("wide", (64, 64), (64, 32))):
+                                  ("wide", (64, 64), (64, 32)), ("tall", (128, 64), (128, 32))):
         monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
         assert lse_blocks(16, None, None, 128, 4096) == tiles
         assert lse_blocks(32, None, None, 128, 4096) == tiles32
 
 
 def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():
-    """`out_split_cap`: the persistent out pass's stages are 512 KiB per program at 64 x 64
-    windows, 132 programs (66 MiB) whatever the splits, and each key split adds an fp32 z
-    partial; at 4k, 16 heads the cap is 5 splits at d 128 (stages per item, as before the
-    persistent grid, capped it at 3) and 16 at d 64, so the finish-time choice (NS 4) runs
-    at both and stays under a tenth of the torch path's 4,148 MiB; short sequences are not
-    capped."""
+    """`out_split_cap`: the persistent out pass's stages are 640 KiB per program at 64 x 64
+    windows with key-window pairs (an fp32 stage and three bf16 ones; 512 KiB without),
+    132 programs (83 MiB) whatever the splits, and each key split adds an fp32 z partial; at
+    4k, 16 heads the cap is 5 splits at d 128 (stages per item, as before the persistent
+    grid, capped it at 3) and 15 at d 64 (16 without pairs), so the finish-time choice (NS 4)
+    runs at both and stays under a tenth of the torch path's 4,148 MiB; short sequences are
+    not capped."""
     from attnlens.kernels.mta.triton_fwd import forward_grids, out_split_cap
 
     MiB = 2 ** 20
-    stages = 132 * 16 * 64 * 64 * 8
-    for d, cap in ((64, 16), (128, 5)):
+    stages = 132 * 16 * 64 * 64 * 10
+    assert out_split_cap(1, 4096, 4096, 16, 64, 16, 64, 64, 132, pairs=False) == 16
+    for d, cap in ((64, 15), (128, 5)):
         assert out_split_cap(1, 4096, 4096, 16, d, 16, 64, 64, 132) == cap
         g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", block_d=d)
         assert g.ns_out == 4, d
@@ -605,11 +630,73 @@ def test_trip_models_count_the_forward_key_splits():
     assert model(*planned(1, 132))["n"] == [2, 2, 2]
     env2, grid = planned(1, 1)
     assert model(dict(env2, STAGE_CALL=True), grid)["n"] == [2, 2, 8]
+    # with pairs (PAIRS, modes in the plan): each row's 2 windows are a pair, so phase 5's
+    # single-window head loop (`n`, the third) runs for none and the pair loop (`n2`) for
+    # every second window: H x 1/2
+    plan = out_plan(1, 2, 59, 54, 61, 0, 1, 132)
+    paired = model(dict(out, N_W=2, NS=1, KW=plan.kw, PLAN=plan.table(pairs=True),
+                        PAIRS=True), (plan.programs, 1))
+    assert paired["it"] == 2 and paired["n"] == [2, 2, 0] and paired["n2"] == 1
     # the diagonal's windows take the banded Toeplitz form (`_toeplitz_scores`): row taps
     # only, no key-tap loop; T 61 in 64 x 64 windows: every window straddles the diagonal
     assert "b" not in model(*planned(1, 132))
     assert model(*planned(1, 132))["a"][0] == 6
     assert "b" not in MODELS["mta_lse_kernel"](dict(env, N_T=2, NS=1), (2, 1))
+
+def test_out_pass_pair_modes_and_their_table():
+    """An item's key windows go in pairs (`pair_modes`: 1 = keep the pattern, 2 = update z
+    with both, 0 = an odd last one alone); `OutPlan.table(pairs=True)` stores each window as
+    4 x its code + its mode, the codes those of `table()`."""
+    from attnlens.kernels.mta.out_plan import out_plan, pair_modes
+
+    assert pair_modes(1) == [0] and pair_modes(3) == [1, 2, 0] and pair_modes(4) == [1, 2, 1, 2]
+    plan = out_plan(1, 5, 27, 54, 150, 0, 1, 3)
+    plain, paired = plan.table(), plan.table(pairs=True)
+    head = 2 * plan.programs
+    assert paired[:head].tolist() == plain[:head].tolist()
+    assert (paired[head:] // 4).tolist() == plain[head:].tolist()
+    modes = [m for its in plan.items for i in its for m in pair_modes(plan.windows[i])]
+    assert (paired[head:] % 4).tolist() == modes and 2 in modes and 0 in modes
+
+
+def test_out_pairs_by_setting_dtype_and_architecture(monkeypatch):
+    """`out_pairs`: OUT_PAIRS_ENV "0" / "1" decides; unset, no pairs for fp32 inputs, pairs for
+    16-bit ones under the interpreter and on sm_90, not on sm_80 (where the pair loop
+    spilled, as it did at fp32); a bad value is named."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+
+    for value, want in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, value)
+        assert triton_fwd.out_pairs() is want
+        assert triton_fwd.out_pairs(fp32=True) is (want and value == "1")
+    monkeypatch.setattr(_triton, "interpreting", lambda: False)
+    for arch, want in (("sm_90", True), ("sm_80", False)):
+        monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
+        assert triton_fwd.out_pairs() is want
+    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "yes")
+    with pytest.raises(ValueError, match="ATTNLENS_MTA_OUT_PAIRS='yes': expected 0 or 1"):
+        triton_fwd.out_pairs()
+
+
+@pytest.mark.parametrize("T, pairs", [(120, "1"), (61, "0")])
+def test_out_pass_with_and_without_key_window_pairs(monkeypatch, T, pairs):
+    """The out pass's z update per pair of key windows (`PAIRS`, on for 16-bit inputs on
+    sm_90; fp32 here by OUT_PAIRS_ENV) and per window: T 120 in the 32 x 64 windows of fp32
+    (27 rows x 54 keys owned) gives row windows of 3 key windows, a pair and an odd last one
+    (modes 1, 2, 0); T 61 without pairs. One program (n_sm 1) runs every item, its stages
+    reused. Against the float64 spec."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, pairs)
+    monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
+    seen = []
+    spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
+                 lambda kernel, grid, args, meta: seen.append(meta["PAIRS"]))
+    _check(T, T, 2, OFFICIAL, "both")
+    assert seen == [pairs == "1"]
+
 
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [

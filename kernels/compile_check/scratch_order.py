@@ -151,14 +151,17 @@ ACCEPTED = {
         "half (p_st), each head its own map",
         (("write after read", "x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC"),)),
     ("triton_fwd.py", "mta_out_kernel",
-     "tl.store(p_st + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))"): (
-        "phase 4 writes key chunk c0 of the P half (p_st, read only after the next barrier) "
-        "and reads only the C half (c_st)",
+     "tl.store(dst + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))"): (
+        "phase 4 writes key chunk c0 of the P half (dst = p_st; read only after the next "
+        "barrier) or, for a pair's first window (PAIRS), of the part after the C half (dst = "
+        "p_st + 2 HB AR AC; read only in the next window's phase 5, after barriers), and "
+        "reads only the C half (c_st = p_st + HB AR AC): the pointer's offset is set at run "
+        "time, so the check cannot tell the parts apart",
         (("write after read", "x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)"),)),
     ("triton_fwd.py", "mta_out_kernel",
      "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)"): (
-        "rows r0 and d_head chunk d0 of the window's z: each (r0, d0) iteration its own",
-        (), 2),
+        "head n (n2) and d_head chunk d0 (e0) of the window's z rows, read and written by the "
+        "same thread: each (head, chunk) iteration its own", (), 2),
 }
 
 

@@ -230,18 +230,27 @@ def _mta_lse(env, grid):
             "c0": bn // env.get("KC", min(8, bn))}
 
 
-def _mta_out_windows(env, grid, rows, step):
+def _mta_out_windows(env, grid, rows, step, with_modes: bool = False):
     """The persistent out pass's work (`mta/out_plan.py`): per program (grid axis 0), the key
     windows of its row of the plan PLAN (int32: `[start, end)` per program, then windows
-    `item * KW + key window index`), each as `(m0, n0)` (item i: row window
-    `N_W - 1 - i % N_W`, rows from that times `rows`; keys from the index times `step`).
+    `item * KW + key window index`, times 4 plus a phase-5 mode where PAIRS), each as
+    `(m0, n0)` (item i: row window `N_W - 1 - i % N_W`, rows from that times `rows`; keys from
+    the index times `step`), or `(m0, n0, mode)` with `with_modes` (0 without PAIRS).
     Without a plan, the key windows of `_mta_split_windows`' programs."""
     if env.get("PLAN") is None:
-        return [[(m0, n0) for n0 in steps] for m0, steps in
+        return [[(m0, n0, 0)[:3 if with_modes else 2] for n0 in steps] for m0, steps in
                 _mta_split_windows(env, grid, rows, step)]
     plan, n_w, kw = env["PLAN"].tolist(), env["N_W"], env["KW"]
-    return [[((n_w - 1 - (e // kw) % n_w) * rows, (e % kw) * step)
-             for e in plan[plan[2 * p]:plan[2 * p + 1]]] for p in range(grid[0])]
+    pairs = bool(env.get("PAIRS"))
+    out = []
+    for p in range(grid[0]):
+        prog = []
+        for e in plan[plan[2 * p]:plan[2 * p + 1]]:
+            code, mode = (e // 4, e % 4) if pairs else (e, 0)
+            w = ((n_w - 1 - (code // kw) % n_w) * rows, (code % kw) * step, mode)
+            prog.append(w[:3 if with_modes else 2])
+        out.append(prog)
+    return out
 
 
 def _mta_out(env, grid):
@@ -250,21 +259,27 @@ def _mta_out(env, grid):
     head's (`n`) Toeplitz (diagonal: `a`, key chunks `t0`) / inside / masked taps (`a`); the
     two mixing phases' key chunks
     `c0` (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot
-    each), then per head the d_head chunks `d0` of z. With STAGE_CALL phase 1 is its own SASS
-    function after the kernel's code: its head loop carries the windows per program."""
+    each), then phase 5: per head (`n`) the d_head chunks `d0` of z for a window alone (mode
+    0: every window without PAIRS), per head (`n2`) the chunks `e0` for a pair's second window
+    (mode 2), nothing for a pair's first (mode 1); each head loop's trips are H times the
+    share of windows in its mode. With STAGE_CALL phase 1 is its own SASS function after the
+    kernel's code: its head loop carries the windows per program."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
-    progs = _mta_out_windows(env, grid, bme, bne)
+    progs = _mta_out_windows(env, grid, bme, bne, with_modes=True)
     windows = [(m0 - (env["CQ2"] - 1), ar, n0 - env["LEFT2"], ac)
-               for prog in progs for m0, n0 in prog]
+               for prog in progs for m0, n0, _ in prog]
+    modes = [mode for prog in progs for _, _, mode in prog]
+    alone, second = (_avg(m == k for m in modes) if modes else 0.0 for k in (0, 2))
     shares = _mta_tap_shares(env, windows)
     w, h, c = _avg(len(p) for p in progs), env["H"], ac // env["KC"]
     pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
+    chunks = math.ceil(env["D"] / env["DCH"])
     out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, windows),
-           "d0": math.ceil(env["D"] / env["DCH"])}
+           "d0": chunks, "e0": chunks, "n2": h * second}
     if env.get("STAGE_CALL"):
-        return out | {"n": [h, h, h * w], "a": post + pre, "calls": w}
-    return out | {"n": [h, h, h], "a": pre + post}
+        return out | {"n": [h, h * alone, h * w], "a": post + pre, "calls": w}
+    return out | {"n": [h, h, h * alone], "a": pre + post}
 
 
 # MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row

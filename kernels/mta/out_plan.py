@@ -46,18 +46,30 @@ class OutPlan(NamedTuple):
     ns: int
     kw: int
 
-    def table(self) -> torch.Tensor:
+    def table(self, pairs: bool = False) -> torch.Tensor:
         """The int32 plan the kernel reads (`table_tile(PLAN, 2)` per program): each item's
-        key windows `split, split + NS, ...` (in units of `step`) as `item * kw + index`."""
+        key windows `split, split + NS, ...` (in units of `step`) as `item * kw + index`;
+        with `pairs` that times 4 plus the window's mode (`pair_modes`)."""
         head, body = [], []
         base = 2 * self.programs
         for its in self.items:
             start = base + len(body)
             for i in its:
                 split = i // self.n_rows
-                body += [i * self.kw + split + j * self.ns for j in range(self.windows[i])]
+                codes = [i * self.kw + split + j * self.ns for j in range(self.windows[i])]
+                if pairs:
+                    codes = [4 * c + m for c, m in zip(codes, pair_modes(len(codes)),
+                                                       strict=True)]
+                body += codes
             head += [start, base + len(body)]
         return torch.tensor(head + body, dtype=torch.int32)
+
+
+def pair_modes(n: int) -> list[int]:
+    """The out pass's phase-5 modes of an item's `n` key windows in run order, taken in pairs
+    (`triton_fwd.mta_out_kernel`, PAIRS): 1, 2, 1, 2, ... (a pair's first keeps its pattern,
+    its second updates z with both), and 0 for an odd last one (it updates z alone)."""
+    return [1, 2] * (n // 2) + [0] * (n % 2)
 
 
 def item_windows(n_rows: int, rows: int, step: int, T_K: int, q_offset: int,
@@ -96,10 +108,10 @@ def out_plan(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset: 
 
 @functools.lru_cache(maxsize=64)
 def plan_table(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset: int, ns: int,
-               n_sm: int, device: torch.device) -> torch.Tensor:
-    """`out_plan(...).table()` on `device`, made once per launch shape (a call then copies
-    nothing to the device and builds no Python list: host time per forward)."""
-    return out_plan(batch, n_rows, rows, step, T_K, q_offset, ns, n_sm).table().to(device)
+               n_sm: int, device: torch.device, pairs: bool = False) -> torch.Tensor:
+    """`out_plan(...).table(pairs)` on `device`, made once per launch shape (a call then
+    copies nothing to the device and builds no Python list: host time per forward)."""
+    return out_plan(batch, n_rows, rows, step, T_K, q_offset, ns, n_sm).table(pairs).to(device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,5 +229,5 @@ def turn_table(batch: int, n_rows: int, rows: int, step: int, T_K: int, q_offset
     return turn_plan(batch, n_rows, rows, step, T_K, q_offset, ns, n_sm).table().to(device)
 
 
-__all__ = ["OutPlan", "TurnPlan", "item_windows", "out_plan", "persistent_splits",
+__all__ = ["OutPlan", "TurnPlan", "item_windows", "out_plan", "pair_modes", "persistent_splits",
            "plan_table", "TURN_ENTRY", "turn_plan", "turn_programs", "turn_table"]

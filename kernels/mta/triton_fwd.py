@@ -1,11 +1,12 @@
 """Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
 one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`, 64 x 64 tiles: each head's convolved scores staged, then mixed by
-one dot) computes the row log-sum-exp of the logits L (pre-softmax key-query convolution, head
-mixing); pass 2 (`mta_out_kernel`, 64 x 64 windows, five phases on per-program stages) forms
-the probabilities `A = exp(L - lse)` on a window, applies the post-softmax convolution,
-Mask_0 and head mixing, and multiplies by V. Neither writes a `[query, key]` map to memory.
+Pass 1 (`mta_lse_kernel`, 64 x 64 tiles, 128 x 64 from 4k rows: each head's convolved scores
+staged, then mixed by one dot) computes the row log-sum-exp of the logits L (pre-softmax
+key-query convolution, head mixing); pass 2 (`mta_out_kernel`, 64 x 64 windows, five phases
+on per-program stages) forms the probabilities `A = exp(L - lse)` on a window, applies the
+post-softmax convolution, Mask_0 and head mixing, and multiplies by V. Neither writes a
+`[query, key]` map to memory.
 
 Tensor-core identities (/work/shared/reference/kernels.md section 8):
 - Pre-softmax convolution (`_fwd_conv_scores`): `sum_{a,b} th[a,b] q_{i-(c_q-1)+a} . k_{j-left+b}
@@ -193,7 +194,7 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
                    SCH: tl.constexpr, KC: tl.constexpr):
     """Pass 1, a persistent grid `(programs, batch)` (`out_plan` with row tiles for row
     windows; `lse_shape`: two 4-warp programs per SM below 2k rows, one 8-warp program from
-    there): the row lse of L for every head. Program p runs the
+    there, on 128-row tiles from 4k): the row lse of L for every head. Program p runs the
     key tiles of row p of the plan PLAN (`item * KW + key tile index`), its items in turn,
     longest first; item i is row tile `N_T - 1 - i % N_T` (`N_T = cdiv(T_Q, BLOCK_M)`) and key
     split `i // N_T` of NS (`persistent_splits`), whose key tiles are s, s + NS, ...; at an
@@ -222,7 +223,7 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
     m_i = tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HB, BLOCK_M], dtype=tl.float32)
     for it in range(tl.load(row), tl.load(row + 1)):
-        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
+        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
         for n in range(0, H):                 # phase 1: each head's convolved scores
             conv = _fwd_conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
                                     kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d,
@@ -232,7 +233,7 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
             tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
                      + offs_c[None, :], conv)
         tl.debug_barrier()
-        m0, n0, split = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)  # (_plan_window)
+        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)  # (_plan_window)
         offs_m = m0 + offs_r
         for c0 in range(0, BLOCK_N, KC):      # phase 2: mixing dot, mask, online logsumexp
             s = tl.load(stage + offs_h[:, None, None] * (BLOCK_M * BLOCK_N)
@@ -295,16 +296,23 @@ def _chunk_offsets(HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, KC: tl.
 
 
 @triton.jit
-def _plan_window(entry, KW, N_W, BMe, BNe):
-    """`(m0, n0, split)` of the out pass's key window at `entry` of its plan (`out_plan`:
-    `item * KW + key window index`; item i is row window `N_W - 1 - i % N_W`, split
-    `i // N_W`): its first owned row and key, and its key split. Loaded again in each phase
-    that needs them rather than kept: a loaded value lives in ordinary registers (the grid
-    index it replaced was uniform), and kept across the window's phases the 64 x 64 kernel
-    spilled 16 / 24 B at d 64 / 128 on sm_90."""
+def _plan_window(entry, KW, N_W, BMe, BNe, MODES: tl.constexpr = False):
+    """`(m0, n0, split, mode)` of the out pass's key window at `entry` of its plan (`out_plan`:
+    `item * KW + key window index`, times 4 plus the window's phase-5 mode where MODES,
+    `OutPlan.table(pairs=True)`; mode 0 otherwise; item i is row window `N_W - 1 - i % N_W`,
+    split `i // N_W`): its first owned row and key, its key split, and its mode (0: its own
+    z update; 1: the first of a pair, its pattern kept for the next window's update; 2: the
+    second, updating z with both). Loaded again in each phase that needs them rather than
+    kept: a loaded value lives in ordinary registers (the grid index it replaced was
+    uniform), and kept across the window's phases the 64 x 64 kernel spilled 16 / 24 B at
+    d 64 / 128 on sm_90."""
     win = tl.load(entry)
+    mode = 0
+    if MODES:
+        mode = win % 4
+        win = win // 4
     item = win // KW
-    return (N_W - 1 - item % N_W) * BMe, (win % KW) * BNe, item // N_W
+    return (N_W - 1 - item % N_W) * BMe, (win % KW) * BNe, item // N_W, mode
 
 
 @triton.jit
@@ -314,7 +322,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
                    LEFT2, N_W, NS, KW, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
                    HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
-                   STAGE_CALL: tl.constexpr):
+                   STAGE_CALL: tl.constexpr, PAIRS: tl.constexpr = False):
     """Pass 2, a persistent grid `(programs, batch)` (`out_plan`: about one program per SM):
     z = Mix_post(Mask_0(Conv_post(A))) v.
 
@@ -344,6 +352,14 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
        `Z [batch NS T_Q H D]` (zeroed; each split its own slice, the caller sums them: no
        atomics, a deterministic sum).
 
+    PAIRS (the plan's entries carry a mode, `OutPlan.table(pairs=True)`): an item's key
+    windows go in pairs, so z is read and written once per pair instead of once per window.
+    The first of a pair (mode 1) writes its pattern to STAGE2's third part (`[3, HB, AR, AC]`)
+    in phase 4 and skips phase 5; the second (mode 2) adds both windows' `pattern v` in phase
+    5 (`z += (P_2 v_2 + P_1 v_1)`); an item's last window without a partner (mode 0) updates z
+    alone. (At 4k, 16 heads, d_head 128 the z reads and writes were 14% of the pass's global
+    bytes.)
+
     The stages are written by one thread and read by others (the phases' layouts differ, and
     phase 3 reads rows shifted by its taps), so a `tl.debug_barrier` closes every phase."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
@@ -356,14 +372,14 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
     offs_kc = tl.arange(0, KC)
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
     s1 = STAGE1 + prog.to(tl.int64) * (HB * AR * AC)
-    p_st = STAGE2 + prog.to(tl.int64) * (2 * HB * AR * AC)
-    c_st = p_st + HB * AR * AC
+    p_st = STAGE2 + prog.to(tl.int64) * ((3 if PAIRS else 2) * HB * AR * AC)
+    c_st = p_st + HB * AR * AC            # (PAIRS: the first window's pattern after C)
     kv_ptr = KVALID + b * skv_b
     # The program's key windows, its items' in turn, longest item first (`out_plan`). Each
     # window ends with a barrier (below), so its phase-5 reads of P are ordered before the
     # next window's phase-1 writes of STAGE1 and phase-2 writes of P, whichever item it is.
     for it in range(tl.load(row), tl.load(row + 1)):
-        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
+        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
         row0 = m0 - (CQ2 - 1)                 # the window's first row (its halo)
         col0 = n0 - LEFT2                     # the window's first key (its halo)
         if STAGE_CALL:                        # 1: each head's convolved scores
@@ -376,7 +392,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
                           sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
                           CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
         tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
-        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)      # (see _plan_window)
+        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)  # (_plan_window)
         a_rows = m0 - (CQ2 - 1) + offs_ar
         a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
         for c0 in range(0, AC, KC):           # 2: mixing dot, Mask_-inf, probabilities
@@ -406,7 +422,10 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
             tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],
                      conv.to(STAGE2.dtype.element_ty))
         tl.debug_barrier()                    # C written per head, read per key chunk; P read
-        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
+        m0, n0, split, mode = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
+        # the P half, or for a pair's first window (PAIRS) the part after C: one store
+        # either way (two stores under a branch, the compile check counts both)
+        dst = p_st + (mode == 1) * (2 * HB * AR * AC)
         for c0 in range(0, AC, KC):           # 4: Mix_post, one dot per key chunk -> P
             hk = _chunk_offsets(HB, AR, AC, KC) + c0
             # (padded heads' C is never written: read as 0)
@@ -418,25 +437,50 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
             # and keys are masked in phase 5 (z rows, v keys).
             ok = _allowed(m0 + offs_ar, n0 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr,
                           HAS_KVALID)
-            tl.store(p_st + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))
+            tl.store(dst + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))
         tl.debug_barrier()                    # the pattern written per key chunk, read per head
-        m0, n0, split = _plan_window(PLAN + it, KW, N_W, BMe, BNe)
+        m0, n0, split, mode = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
         m_own = (offs_ar < BMe) & (m0 + offs_ar < T_Q)
         z_base = Z + ((b * NS + split).to(tl.int64) * T_Q + m0) * H * D
         offs_n = n0 + offs_ac                 # output keys (first BNe valid)
         n_ok = (offs_ac < BNe) & (offs_n < T_K)
-        for n in range(0, H):                 # 5: z += pattern v, head by head
-            pattern = tl.load(p_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :])
-            for d0 in range(0, D, DCH):
-                offs_d = d0 + tl.arange(0, DCH)
-                d_valid = offs_d < D
-                v = tl.load(V + b * sv_b + n * sv_h + offs_n[:, None] * sv_t
-                            + offs_d[None, :] * sv_d, mask=n_ok[:, None] & d_valid[None, :],
-                            other=0.0)
-                z_mask = m_own[:, None] & d_valid[None, :]
-                z_ptr = z_base + (offs_ar[:, None] * H + n) * D + offs_d[None, :]
-                part = _dot(pattern, v, IEEE)
-                tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+        v_base = V + b * sv_b
+        if mode == 0:
+            for n in range(0, H):             # 5: z += pattern v, head by head
+                pattern = tl.load(p_st + n * (AR * AC) + offs_ar[:, None] * AC
+                                  + offs_ac[None, :])
+                for d0 in range(0, D, DCH):
+                    offs_d = d0 + tl.arange(0, DCH)
+                    d_valid = offs_d < D
+                    v = tl.load(v_base + n * sv_h + offs_n[:, None] * sv_t
+                                + offs_d[None, :] * sv_d,
+                                mask=n_ok[:, None] & d_valid[None, :], other=0.0)
+                    z_mask = m_own[:, None] & d_valid[None, :]
+                    z_ptr = z_base + (offs_ar[:, None] * H + n) * D + offs_d[None, :]
+                    part = _dot(pattern, v, IEEE)
+                    tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+        elif mode == 2:                       # (PAIRS) the pair's second window: both
+            # One dot of inner size 2 AC: `[P_2 | P_1] [v_2; v_1]` (two dots summed took a
+            # third's tensor-core work and a layout change through shared memory)
+            offs_2 = tl.arange(0, 2 * AC)
+            second = offs_2 < AC              # columns / rows of this window, then the first's
+            col = tl.where(second, offs_2, offs_2 - AC)
+            pair_off = tl.where(second, 0, 2 * HB * AR * AC)   # the first's pattern
+            keys = tl.where(second, n0, n0 - NS * BNe) + col   # the first: NS windows back
+            k_ok = (col < BNe) & (keys >= 0) & (keys < T_K)
+            for n2 in range(0, H):
+                both = tl.load(p_st + n2 * (AR * AC) + pair_off[None, :]
+                               + offs_ar[:, None] * AC + col[None, :])
+                for e0 in range(0, D, DCH):
+                    offs_d = e0 + tl.arange(0, DCH)
+                    d_valid = offs_d < D
+                    v = tl.load(v_base + n2 * sv_h + keys[:, None] * sv_t
+                                + offs_d[None, :] * sv_d,
+                                mask=k_ok[:, None] & d_valid[None, :], other=0.0)
+                    z_mask = m_own[:, None] & d_valid[None, :]
+                    z_ptr = z_base + (offs_ar[:, None] * H + n2) * D + offs_d[None, :]
+                    part = _dot(both, v, IEEE)
+                    tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
         tl.debug_barrier()                    # P and the stages are rewritten next window
 
 
@@ -476,43 +520,57 @@ LSE_STAGE_BYTES_PER_SM = 256 * 1024
 
 # Query rows from which both forward passes take 64-row tiles / windows (below, 32 rows: the
 # causal 64-row ones are too few to share out over 132 SMs, `lse_blocks`, `fwd_out_windows`),
-# and the lse pass its 8-warp default shape (`lse_shape`).
+# and the lse pass its 8-warp default shape (`lse_shape`; 128-row tiles from ROWS_128_FROM).
 ROWS_64_FROM = 2048
 
 
 class LseShape(NamedTuple):
-    """The lse pass's launch options, programs per SM, keys per mixing dot (KC) and the stage
-    bytes an SM's programs may hold (`lse_blocks`)."""
+    """The lse pass's launch options, programs per SM, keys per mixing dot (KC), the stage
+    bytes an SM's programs may hold (`lse_blocks`) and the tiles' rows (0: by length, 64 from
+    ROWS_64_FROM query rows, 32 below)."""
 
     launch: dict
     programs_per_sm: int
     kc: int
     stage_bytes_per_sm: int
+    rows: int = 0
 
+
+# Query rows from which the lse pass takes its "tall" shape by default (`lse_shape`).
+ROWS_128_FROM = 4096
 
 # The lse pass's shapes, by name. "4warps": 4 warps, two programs per SM, KC 4, 64 x 32 tiles
-# from 2k rows at 16 heads; "8warps" (every length before 2026-12-06): `LAUNCH`, one program per
-# SM, KC 8, 64 x 64; "wide": 4 warps, two per SM, 64 x 64 (the lowest issue bound, but 66 MiB of
-# stages on 132 SMs, more than the L2). The default (`lse_shape`) takes "4warps" below
-# ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster) and "8warps"
-# from there (64-row tiles: the issue bound favours "4warps" and "wide", the SASS-bytes bound
-# "8warps" and "wide", and "wide" overflows the L2): a GPU run measures the others by
-# LSE_SHAPE_ENV (scripts/gpu_validate.sh).
+# from 2k rows at 16 heads; "8warps" (every length before 2026-12-06, from 2k rows after):
+# `LAUNCH`, one program per SM, KC 8, 64 x 64; "wide": 4 warps, two per SM, 64 x 64; "tall"
+# (from ROWS_128_FROM rows, 2026-12-06, tenth session): `LAUNCH`, one program per SM, 128 x 64
+# tiles, KC 4 (KC 8 spilled 480-528 B under the GPU image's triton 3.6.0; KC 4 0 B under 3.6.0
+# and 3.9.0, sm_90 / sm_80, d_head 64 / 128). "tall" reads the folded keys half as often per
+# logit as "8warps" (each key tile serves 128 rows): at 4k, 16 heads, d 128 the H200 issue
+# bound 0.377 -> 0.283 ms and the SASS-bytes bound 2.05 -> 1.66 ms (ESTIMATES,
+# docs/benchmarks.md). Its fp32 stages are 512 KiB a program (66 MiB on 132 SMs, over the 50 MB
+# L2, as "wide"'s): were every stage byte to miss the L2, that is ~1.1 GB more HBM traffic per
+# pass at 4k, ~0.23 ms, below either bound's gain. Below 4k its 128-row tiles are too few to
+# share out (2k: the last SM at 1.46x the even share). The default (`lse_shape`): "4warps"
+# below ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster), "8warps"
+# from there, "tall" from ROWS_128_FROM; a GPU run measures the others by LSE_SHAPE_ENV
+# (scripts/gpu_validate.sh).
 LSE_SHAPES = {
     "4warps": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, LSE_STAGE_BYTES_PER_SM),
     "8warps": LseShape(LAUNCH, 1, 8, LSE_STAGE_BYTES_PER_SM),
     "wide": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM),
+    "tall": LseShape(LAUNCH, 1, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM, rows=128),
 }
 LSE_SHAPE_ENV = "ATTNLENS_MTA_LSE_SHAPE"
 
 
 def lse_shape(t_q: int) -> LseShape:
     """The lse pass's shape at `t_q` query rows: LSE_SHAPES[os.environ[LSE_SHAPE_ENV]] where
-    set, else "4warps" below ROWS_64_FROM rows and "8warps" from there; ValueError naming
-    the shapes for an unknown name."""
+    set, else "4warps" below ROWS_64_FROM rows, "8warps" from there and "tall" from
+    ROWS_128_FROM; ValueError naming the shapes for an unknown name."""
     name = os.environ.get(LSE_SHAPE_ENV, "")
     if name == "":
-        name = "8warps" if t_q >= ROWS_64_FROM else "4warps"
+        name = ("tall" if t_q >= ROWS_128_FROM else "8warps" if t_q >= ROWS_64_FROM
+                else "4warps")
     if name not in LSE_SHAPES:
         raise ValueError(f"{LSE_SHAPE_ENV}={name!r}: expected one of {sorted(LSE_SHAPES)} "
                          "(or unset)")
@@ -522,21 +580,22 @@ def lse_shape(t_q: int) -> LseShape:
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
                block_d: int = 64, t_q: int = 4096,
                programs_per_sm: int | None = None) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: 64-row tiles from 2,048 query rows, 32 x 32 below;
-    BLOCK_N halved (to 16 at least) until the stages of an SM's `programs_per_sm` programs
-    (`lse_shape(t_q)`'s by default; `[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit its
-    `stage_bytes_per_sm`: 64 x 32 at 16 heads with two programs per SM (64 x 64 with one),
-    64 x 16 at 32 heads; explicit blocks (tests) win. The pass stages each head's convolved
-    scores and mixes them KC keys at a time (`mta_lse_kernel`), so no `[HB, rows, keys]`
-    tensor lives in registers (before, the mixed logits of all heads were one register tensor:
-    32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below 2,048 rows the causal 64 x 64 tiles
-    are too few to share out (T 1024: 136 for 132 SMs, the last finishing at 1.9x the even
-    share); 32 x 32 gives 528. `block_d` is unused."""
+    """(BLOCK_M, BLOCK_N) of the lse pass: `lse_shape(t_q)`'s rows (128 for "tall", the
+    default from ROWS_128_FROM rows) x 64 keys, else 64 x 64 from 2,048 query rows and 32 x 32
+    below; BLOCK_N halved (to 16 at least) until the stages of an SM's `programs_per_sm`
+    programs (the shape's by default; `[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit its
+    `stage_bytes_per_sm`: 128 x 64 for "tall" at 16 heads, 64 x 32 with two programs per SM
+    (64 x 64 with one), 64 x 16 at 32 heads; explicit blocks (tests) win. The pass stages
+    each head's convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no
+    `[HB, rows, keys]` tensor lives in registers (before, the mixed logits of all heads were
+    one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below 2,048 rows
+    the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the last
+    finishing at 1.9x the even share); 32 x 32 gives 528. `block_d` is unused."""
     del block_d
+    shape = lse_shape(t_q)
     side = 64 if t_q >= ROWS_64_FROM else 32
-    bm, bn = block_m or side, block_n or side
+    bm, bn = block_m or shape.rows or side, block_n or side
     if block_n is None:
-        shape = lse_shape(t_q)
         per_key = (programs_per_sm or shape.programs_per_sm) * max(hb, 16) * bm * 4
         while bn > 16 and per_key * bn > shape.stage_bytes_per_sm:
             bn //= 2
@@ -666,13 +725,48 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     ar, ac = fwd_out_windows(cq2, ck2, T_Q, fp32)
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
     n_sm, off = _triton.sm_count(device), T_K - T_Q
-    cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm))
+    cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm),
+                        pairs=out_pairs(fp32))
     if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
     ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, lse_programs(n_sm, T_Q)),
                           persistent_splits(n_w, ar - cq2 + 1, ac - ck2 + 1, T_K, off, B, n_sm,
                                             cap))
     return ForwardGrids(lm, ln, n_t, ns1, hb2, ar, ac, n_w, ns2)
+
+
+# The out pass's key-window pairs (`mta_out_kernel`, PAIRS) by architecture: on where a GPU
+# of it is found (and under the interpreter, where both are the same code), off elsewhere. On
+# sm_80 the pair loop's loop-invariant offsets pushed the kernel past 255 registers at 4k:
+# 32 / 32 B spilled at d_head 64 / 128 under triton 3.9.0, 0 / 40 B under the GPU image's
+# 3.6.0 (without pairs 0 B under both); sm_90 0 B under both. fp32 inputs (IEEE dots, which
+# spilled 168-192 B on sm_90 without pairs) keep them off: with pairs 232-272 B. OUT_PAIRS_ENV
+# "0" / "1" turns them off / on anywhere, so that a GPU run can measure both
+# (scripts/gpu_validate.sh) and the interpreter tests run the fp32 pair loop.
+PAIRS_ARCHS = ("sm_90",)
+OUT_PAIRS_ENV = "ATTNLENS_MTA_OUT_PAIRS"
+
+
+def out_pairs(fp32: bool = False) -> bool:
+    """Whether the out pass takes an item's key windows in pairs (`mta_out_kernel`, PAIRS):
+    OUT_PAIRS_ENV's "0" / "1" where set (ValueError naming it for another value), else not
+    for fp32 inputs (`fp32`), and for 16-bit ones under the interpreter and on PAIRS_ARCHS
+    (and without a GPU to ask), not on other architectures. `_triton.gpu_arch` is read
+    through its module: the compile check's capture replaces it to record each
+    architecture's launch."""
+    value = os.environ.get(OUT_PAIRS_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{OUT_PAIRS_ENV}={value!r}: expected 0 or 1 (or unset)")
+    if value:
+        return value == "1"
+    if fp32:
+        return False
+    if _triton.interpreting():
+        return True
+    try:
+        return _triton.gpu_arch() in PAIRS_ARCHS
+    except (AssertionError, RuntimeError):     # no CUDA device
+        return True
 
 
 def lse_programs(n_sm: int, t_q: int) -> int:
@@ -695,18 +789,20 @@ PEAK_SHARE = 0.1
 
 
 def out_split_cap(B: int, T_Q: int, T_K: int, H: int, D: int, hb: int, ar: int, ac: int,
-                  programs: int, cq: int = 6, itemsize: int = 2) -> int | None:
+                  programs: int, cq: int = 6, itemsize: int = 2,
+                  pairs: bool = True) -> int | None:
     """The most key splits of the out pass that keep the forward's peak under PEAK_SHARE of
     the torch path's: q, k, v, out and the folded keys (c_q times k), the persistent
-    programs' stages (`programs x [hb, ar, ac]` fp32 and twice that in the input dtype:
-    fixed, whatever T and the splits; `out_plan`) plus, per split, an fp32 z partial
-    `[B, T_Q, H, D]`. 4k, 16 heads: stages 66 MiB at 132 programs; d 128: 160 MiB + 66 MiB +
-    32 MiB per split against 410 MiB, so 5 (before, with stages per item, 67 MiB per split:
-    3); d 64: 80 + 66 + 16 per split, 16. None (no cap) where not even one split fits (short
-    sequences: at T 1024 the folded keys alone are 24 of the 26 MiB)."""
+    programs' stages (`programs x [hb, ar, ac]` fp32 and twice that in the input dtype, three
+    times with `pairs`: fixed, whatever T and the splits; `out_plan`) plus, per split, an
+    fp32 z partial `[B, T_Q, H, D]`. 4k, 16 heads: stages 66 MiB at 132 programs (83 MiB
+    with pairs); d 128: 160 MiB + 83 MiB + 32 MiB per split against 410 MiB, so 5 (before,
+    with stages per item, 67 MiB per split: 3); d 64: 80 + 83 + 16 per split, 15. None (no
+    cap) where not even one split fits (short sequences: at T 1024 the folded keys alone are
+    24 of the 26 MiB)."""
     budget = PEAK_SHARE * TORCH_PEAK_BYTES_PER_LOGIT * B * T_Q * T_K * H
     fixed = (B * H * D * itemsize * (2 * T_Q + (2 + cq) * T_K)
-             + programs * hb * ar * ac * (4 + 2 * itemsize))
+             + programs * hb * ar * ac * (4 + (3 if pairs else 2) * itemsize))
     per_split = B * T_Q * H * D * 4
     most = int((budget - fixed) // per_split)
     return most if most >= 1 else None
@@ -957,25 +1053,28 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                  _triton.sm_count(q.device))
     plan = out_plan(*plan_args)
     progs2 = B * plan.programs
+    pairs = out_pairs(fp32)
     stage1 = torch.empty(progs2 * hb2 * ar * ac, **f32)
-    stage2 = torch.empty(progs2 * 2 * hb2 * ar * ac, device=q.device, dtype=q.dtype)
+    stage2 = torch.empty(progs2 * (3 if pairs else 2) * hb2 * ar * ac, device=q.device,
+                         dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     mta_out_kernel[(plan.programs, B)](
         q, k, kt, v, z, lse, kv, stage1, stage2, tt, max(ln, ac), wt,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), mixing_table(post_mix, hb2, q.dtype),
-        plan_table(*plan_args, q.device),
+        plan_table(*plan_args, q.device, pairs),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
-        AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD),
+        AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD), PAIRS=pairs,
         **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
-__all__ = ["LAUNCH", "ROWS_64_FROM", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM",
-           "LSE_SHAPES", "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "ForwardGrids", "LseShape",
-           "banded_taps", "default_blocks", "fold_keys", "fold_keys_kernel", "forward_grids",
-           "fwd_out_windows", "key_splits", "lse_blocks", "lse_programs", "lse_shape",
-           "mixing_table", "mta_fwd", "mta_lse_kernel", "mta_out_kernel", "out_programs",
-           "out_split_cap", "out_windows", "post_toeplitz", "pre_toeplitz", "split_windows",
-           "stage_call"]
+__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES", "LSE_SHAPE_ENV",
+           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS", "ROWS_128_FROM",
+           "ROWS_64_FROM",
+           "ForwardGrids", "LseShape", "banded_taps", "default_blocks", "fold_keys",
+           "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
+           "lse_programs", "lse_shape", "mixing_table", "mta_fwd", "mta_lse_kernel",
+           "mta_out_kernel", "out_pairs", "out_programs", "out_split_cap", "out_windows",
+           "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]

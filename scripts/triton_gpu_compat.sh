@@ -16,7 +16,8 @@
 #    int(), an error since numpy 2.4 (a deprecation warning before); 3.9.0's squeezes first.
 # 2. compile: `attnlens.kernels.compile_check.versions run` in .venv (triton 3.9.0) and in
 #    $VENV, the same cases (each op's main options, "H16 6x11+mix", "H16 6x11+mix 2k rows",
-#    "H16 official", "H32 official"; bf16; d_head 64, 128; sm_90, sm_80; every autotune
+#    "H16 6x11+mix 4k rows", "H16 official", "H32 official"; bf16; d_head 64, 128; sm_90,
+#    sm_80; every autotune
 #    config), then `... table`: one row per kernel, both versions' registers/spill bytes and
 #    the compile error if any.
 #    Files in $OUT (default out/triton36): base.json, target.json, table.txt, summary.md.

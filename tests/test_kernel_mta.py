@@ -304,11 +304,12 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
 def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
     """Below 2k query rows the lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two
     programs per SM and mixes KC = LSE_KC keys per dot; from 2k rows (64-row tiles) 8 warps,
-    one program per SM, KC 8, 64 x 64; from 4k rows ("tall") 8 warps, one program per SM,
-    KC 4, 128 x 64; the out pass keeps 8 warps, at most one program per SM. LSE_SHAPE_ENV
-    names a shape for every length (what a GPU run measures): "4warps" (64 x 32 from 2k rows),
-    "8warps", "wide" (4 warps, 64 x 64), "tall" (128 rows; keys 32 below 2k rows). The
-    kernels are not run (the launches are recorded)."""
+    one program per SM, KC 8, 64 x 64; from 4k rows, for 16-bit inputs, "tall" (8 warps, one
+    program per SM, KC 4, 128 x 64: `lse_shape`; these fp32 ones keep "8warps"); the out
+    pass keeps 8 warps, at most one program per SM. LSE_SHAPE_ENV names a shape for every
+    length (what a GPU run measures): "4warps" (64 x 32 from 2k rows), "8warps", "wide" (4
+    warps, 64 x 64), "tall" (128 rows; keys 32 below 2k rows). The kernels are not run (the
+    launches are recorded)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
     from attnlens.kernels.mta.function import mta_attention
@@ -326,8 +327,8 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    name = shape or ("tall" if T >= triton_fwd.ROWS_128_FROM else
-                     "8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
+    # (the inputs are fp32, which keeps "8warps" from 4k rows; 16-bit ones take "tall")
+    name = shape or ("8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
     if name == "tall":
         tiles = (128, 64 if T >= 2048 else 32)
     elif T >= 2048:
@@ -354,6 +355,19 @@ def test_tall_lse_tiles_are_exact(monkeypatch):
     monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "tall")
     assert triton_fwd.lse_blocks(4, None, None, 16, 150) == (128, 32)
     _check(150, 150, 2, OFFICIAL, "both")
+
+
+def test_lse_shape_by_length_and_dtype():
+    """The default lse shape: "4warps" below 2k rows, "8warps" from there, "tall" from 4k for
+    16-bit inputs (fp32 keeps "8warps": "tall" spilled 248 B on sm_80 at fp32)."""
+    from attnlens.kernels.mta import triton_fwd
+
+    shapes = triton_fwd.LSE_SHAPES
+    assert triton_fwd.lse_shape(1024) is shapes["4warps"]
+    assert triton_fwd.lse_shape(2048) is shapes["8warps"]
+    assert triton_fwd.lse_shape(4096) is shapes["tall"] and shapes["tall"].rows == 128
+    assert triton_fwd.lse_shape(4096, fp32=True) is shapes["8warps"]
+    assert triton_fwd.lse_blocks(16, None, None, 128, 4096, fp32=True) == (64, 64)
 
 
 def test_lse_shape_names_a_bad_setting(monkeypatch):

@@ -31,7 +31,8 @@ import sys
 import tempfile
 
 # The many-head options whose numbers docs/benchmarks.md reports, besides each op's main ones.
-COMPAT_OPTIONS = ("H16 6x11+mix", "H16 6x11+mix 2k rows", "H16 official", "H32 official")
+COMPAT_OPTIONS = ("H16 6x11+mix", "H16 6x11+mix 2k rows", "H16 6x11+mix 4k rows",
+                  "H16 official", "H32 official")
 KEY = ("op", "option", "pass", "kernel", "config", "dtype", "d_head", "arch")
 CAPTURE = "(capture)"          # the kernel name of a case whose launches could not be recorded
 

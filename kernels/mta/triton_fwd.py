@@ -552,8 +552,8 @@ ROWS_128_FROM = 4096
 # pass at 4k, ~0.23 ms, below either bound's gain. Below 4k its 128-row tiles are too few to
 # share out (2k: the last SM at 1.46x the even share). The default (`lse_shape`): "4warps"
 # below ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster), "8warps"
-# from there, "tall" from ROWS_128_FROM; a GPU run measures the others by LSE_SHAPE_ENV
-# (scripts/gpu_validate.sh).
+# from there, "tall" from ROWS_128_FROM for 16-bit inputs; a GPU run measures the others by
+# LSE_SHAPE_ENV (scripts/gpu_validate.sh).
 LSE_SHAPES = {
     "4warps": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, LSE_STAGE_BYTES_PER_SM),
     "8warps": LseShape(LAUNCH, 1, 8, LSE_STAGE_BYTES_PER_SM),
@@ -563,14 +563,16 @@ LSE_SHAPES = {
 LSE_SHAPE_ENV = "ATTNLENS_MTA_LSE_SHAPE"
 
 
-def lse_shape(t_q: int) -> LseShape:
+def lse_shape(t_q: int, fp32: bool = False) -> LseShape:
     """The lse pass's shape at `t_q` query rows: LSE_SHAPES[os.environ[LSE_SHAPE_ENV]] where
     set, else "4warps" below ROWS_64_FROM rows, "8warps" from there and "tall" from
-    ROWS_128_FROM; ValueError naming the shapes for an unknown name."""
+    ROWS_128_FROM for 16-bit inputs (fp32 inputs keep "8warps": their IEEE lse pass at 4k
+    spilled 248 B on sm_80 under triton 3.9.0 with "tall", 160 B with "8warps" as before);
+    ValueError naming the shapes for an unknown name."""
     name = os.environ.get(LSE_SHAPE_ENV, "")
     if name == "":
-        name = ("tall" if t_q >= ROWS_128_FROM else "8warps" if t_q >= ROWS_64_FROM
-                else "4warps")
+        name = ("tall" if t_q >= ROWS_128_FROM and not fp32 else
+                "8warps" if t_q >= ROWS_64_FROM else "4warps")
     if name not in LSE_SHAPES:
         raise ValueError(f"{LSE_SHAPE_ENV}={name!r}: expected one of {sorted(LSE_SHAPES)} "
                          "(or unset)")
@@ -579,20 +581,21 @@ def lse_shape(t_q: int) -> LseShape:
 
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
                block_d: int = 64, t_q: int = 4096,
-               programs_per_sm: int | None = None) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: `lse_shape(t_q)`'s rows (128 for "tall", the
-    default from ROWS_128_FROM rows) x 64 keys, else 64 x 64 from 2,048 query rows and 32 x 32
-    below; BLOCK_N halved (to 16 at least) until the stages of an SM's `programs_per_sm`
-    programs (the shape's by default; `[max(hb, 16), BLOCK_M, BLOCK_N]` fp32 each) fit its
-    `stage_bytes_per_sm`: 128 x 64 for "tall" at 16 heads, 64 x 32 with two programs per SM
-    (64 x 64 with one), 64 x 16 at 32 heads; explicit blocks (tests) win. The pass stages
-    each head's convolved scores and mixes them KC keys at a time (`mta_lse_kernel`), so no
-    `[HB, rows, keys]` tensor lives in registers (before, the mixed logits of all heads were
-    one register tensor: 32 x 32 at 16 heads, 64 x 32 spilled 728-816 B). Below 2,048 rows
-    the causal 64 x 64 tiles are too few to share out (T 1024: 136 for 132 SMs, the last
-    finishing at 1.9x the even share); 32 x 32 gives 528. `block_d` is unused."""
+               programs_per_sm: int | None = None, fp32: bool = False) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the lse pass: `lse_shape(t_q, fp32)`'s rows (128 for "tall",
+    the 16-bit default from ROWS_128_FROM rows) x 64 keys, else 64 x 64 from 2,048 query
+    rows and 32 x 32 below; BLOCK_N halved (to 16 at least) until the stages of an SM's
+    `programs_per_sm` programs (the shape's by default; `[max(hb, 16), BLOCK_M, BLOCK_N]`
+    fp32 each) fit its `stage_bytes_per_sm`: 128 x 64 for "tall" at 16 heads, 64 x 32 with
+    two programs per SM (64 x 64 with one), 64 x 16 at 32 heads; explicit blocks (tests)
+    win. The pass stages each head's convolved scores and mixes them KC keys at a time
+    (`mta_lse_kernel`), so no `[HB, rows, keys]` tensor lives in registers (before, the
+    mixed logits of all heads were one register tensor: 32 x 32 at 16 heads, 64 x 32
+    spilled 728-816 B). Below 2,048 rows the causal 64 x 64 tiles are too few to share out
+    (T 1024: 136 for 132 SMs, the last finishing at 1.9x the even share); 32 x 32 gives
+    528. `block_d` is unused."""
     del block_d
-    shape = lse_shape(t_q)
+    shape = lse_shape(t_q, fp32)
     side = 64 if t_q >= ROWS_64_FROM else 32
     bm, bn = block_m or shape.rows or side, block_n or side
     if block_n is None:
@@ -719,7 +722,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     the out pass's at most `out_split_cap`, unless that leaves fewer items than SMs) unless
     `splits` (lse, out) is given."""
     hb = next_pow2(H, minimum=1)
-    lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q)
+    lm, ln = lse_blocks(hb, block_m, block_n, block_d, T_Q, fp32=fp32)
     n_t = math.ceil(T_Q / lm)
     hb2 = max(hb, 16)
     ar, ac = fwd_out_windows(cq2, ck2, T_Q, fp32)
@@ -1038,7 +1041,7 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = mixing_table(pre_mix, hb2, torch.float32)
     tt = pre_toeplitz(pre_kernel, max(ln, ac), q.dtype)       # the diagonal's key taps
-    lse_kind = lse_shape(T_Q)
+    lse_kind = lse_shape(T_Q, fp32)
     mta_lse_kernel[(plan1.programs, B)](
         q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,

@@ -15,7 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 from attnlens.kernels import _triton
-from attnlens.kernels.compile_check.roofline import PEAKS, Peak, estimate, resident_warps
+from attnlens.kernels.compile_check.roofline import (
+    PEAKS,
+    Peak,
+    estimate,
+    fastest,
+    resident_warps,
+)
 from attnlens.kernels.compile_check.sass_mix import (
     access_bytes,
     callee_starts,
@@ -208,6 +214,17 @@ def test_roofline_arithmetic_on_a_made_up_mix():
     half = estimate(counts, 8e9, peak, programs=50)           # half the SMs have a program
     assert half["tensor_s"] == pytest.approx(4e-3) and half["hbm_s"] == pytest.approx(2e-3)
     assert PEAKS["H200"].hbm > PEAKS["H100"].hbm and PEAKS["H100"].tensor == 989e12
+
+
+def test_fastest_keeps_each_kernels_least_time_config_in_first_recorded_order():
+    rows = [("b", "fwd", 3.0), ("a", "fwd", 2.0), ("b", "fwd", 1.0), ("a", "bwd", 0.5),
+            ("a", "fwd", 2.0)]
+    by_name = fastest(rows, key=lambda r: r[0], seconds=lambda r: r[2])
+    assert by_name == [("b", "fwd", 1.0), ("a", "bwd", 0.5)]
+    by_pass = fastest(rows, key=lambda r: r[:2], seconds=lambda r: r[2])
+    assert by_pass == [("b", "fwd", 1.0), ("a", "fwd", 2.0), ("a", "bwd", 0.5)]
+    assert by_pass[1] is rows[1]                          # a tie keeps the first recorded
+    assert fastest([], key=len, seconds=len) == []
 
 
 def test_resident_warps_take_the_tightest_limit():

@@ -181,24 +181,23 @@ def _record(op: str, T: int, d: int, bwd: bool):
 
 def chosen_launches(launches, arch: int) -> list[tuple[object, bytes, str]]:
     """`(launch, cubin, ptx)` per kernel and pass: of an autotuned kernel's recorded configs
-    the one with the least H200 roofline time (`calibrate.estimate_launch`), in recording
-    order."""
+    the one with the least H200 roofline time (`calibrate.estimate_launch`, chosen by
+    `roofline.fastest` as `calibrate.op_estimate` chooses), in recording order."""
     from attnlens.kernels.compile_check.calibrate import estimate_launch
     from attnlens.kernels.compile_check.compiler import compile_launch
     from attnlens.kernels.compile_check.mix_report import launch_mix
+    from attnlens.kernels.compile_check.roofline import fastest
 
-    best: dict[tuple[str, str], tuple[float, object, bytes, str]] = {}
+    built = []
     for la in launches:
         row = compile_launch(la, arch, keep_cubin=True, keep_ptx=True)
         cubin = row.get("cubin")
         if not cubin:
             raise RuntimeError(f"{la.name} did not compile: {row.get('error')}")
         est = estimate_launch(dict(mix=launch_mix(cubin, la)), "H200")
-        t = est["time_s"] if est else float("inf")
-        key = (la.pass_, la.name)
-        if key not in best or t < best[key][0]:
-            best[key] = (t, la, cubin, row["ptx"])
-    return [(la, cubin, ptx) for _, la, cubin, ptx in best.values()]
+        built.append((la, cubin, row["ptx"], est["time_s"] if est else float("inf")))
+    return [b[:3] for b in fastest(built, key=lambda b: (b[0].pass_, b[0].name),
+                                   seconds=lambda b: b[3])]
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlens.kernels.compile_check.roofline import PEAKS, estimate, resident_warps
+from attnlens.kernels.compile_check.roofline import PEAKS, estimate, fastest, resident_warps
 
 # Forward ms on one H200, bf16, batch 1, 16 heads, `fused` rows of docs/benchmarks.md
 # "Measured on an H200 (2026-12-04)" (triton 3.6.0 on the GPU; the estimate compiles with the
@@ -86,21 +86,18 @@ def estimate_launch(row: dict, peak_name: str, bytes_from: str = "io") -> dict |
 def op_estimate(rows: list[dict]) -> dict:
     """Sum over an op's kernels of the chosen launch (autotune: least H200 time) per kernel:
     work, bytes and the seconds on each GPU (io and sass bytes) and the issue bound."""
-    best: dict[str, dict] = {}
     for r in rows:
-        e = estimate_launch(r, "H200")
-        if e is None:
+        if estimate_launch(r, "H200") is None:
             return dict(error=f"{r['kernel']}: {r.get('error') or r['mix']['why']}")
-        if r["kernel"] not in best or e["time_s"] < best[r["kernel"]][0]["time_s"]:
-            best[r["kernel"]] = (e, r)
-    out = dict(kernels=[f"{k} {r['config']}" for k, (_, r) in best.items()],
+    chosen = fastest(rows, key=lambda r: r["kernel"],
+                     seconds=lambda r: estimate_launch(r, "H200")["time_s"])
+    out = dict(kernels=[f"{r['kernel']} {r['config']}" for r in chosen],
                occupancy=[f"{r['mix']['programs']} x {r['num_warps']} / "
                           f"{resident_warps(r['registers'], r['num_warps'], r['shared_bytes'])}"
-                          for _, r in best.values()],
-               rows=[r for _, r in best.values()],
-               tensor_flops=0.0, cuda_flops=0.0, io_bytes=0.0, sass_bytes=0.0,
+                          for r in chosen],
+               rows=chosen, tensor_flops=0.0, cuda_flops=0.0, io_bytes=0.0, sass_bytes=0.0,
                instructions=0.0)
-    for _, r in best.values():
+    for r in chosen:
         t = r["mix"]["per_launch"]
         out["tensor_flops"] += t["mma_flops"]
         out["cuda_flops"] += t["cuda_flops"]
@@ -109,9 +106,8 @@ def op_estimate(rows: list[dict]) -> dict:
         out["io_bytes"] += r["mix"]["io_bytes"]
     for gpu in PEAKS:
         for how in ("io", "sass"):
-            out[f"{gpu}_{how}_s"] = sum(estimate_launch(r, gpu, how)["time_s"]
-                                        for _, r in best.values())
-        out[f"{gpu}_issue_s"] = sum(estimate_launch(r, gpu)["issue_s"] for _, r in best.values())
+            out[f"{gpu}_{how}_s"] = sum(estimate_launch(r, gpu, how)["time_s"] for r in chosen)
+        out[f"{gpu}_issue_s"] = sum(estimate_launch(r, gpu)["issue_s"] for r in chosen)
     return out
 
 

@@ -32,7 +32,7 @@ import argparse
 import math
 
 from attnlens.kernels.compile_check.chain import LATENCIES, Latencies, chain_cycles, mean_cycles
-from attnlens.kernels.compile_check.roofline import PEAKS, Peak, resident_warps
+from attnlens.kernels.compile_check.roofline import PEAKS, Peak, fastest, resident_warps
 
 
 def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
@@ -123,17 +123,17 @@ def launch_reading(launch, arch: int = 90, cache=None, latencies: Latencies = LA
 def op_reading(launches, arch: int = 90, cache=None, latencies: Latencies = LATENCIES) -> dict:
     """Sum over an op's kernels of the least-time config per kernel and pass (the autotuner
     keeps the fastest it measures), as `calibrate.op_estimate` does for the roofline."""
-    best: dict[tuple, dict] = {}
+    read = []
     for la in launches:
         row = launch_reading(la, arch, cache, latencies)
         if "reading" not in row:
             return dict(error=f"{la.name} {la.config}: {row.get('error') or row.get('why')}")
-        k = (la.pass_, la.name)
-        if k not in best or row["reading"]["time_s"] < best[k]["reading"]["time_s"]:
-            best[k] = dict(row, pass_=la.pass_)
-    out = dict(rows=list(best.values()))
+        read.append(dict(row, pass_=la.pass_))
+    chosen = fastest(read, key=lambda r: (r["pass_"], r["kernel"]),
+                     seconds=lambda r: r["reading"]["time_s"])
+    out = dict(rows=chosen)
     for pass_ in ("fwd", "bwd"):
-        rows = [r for r in best.values() if r["pass_"] == pass_]
+        rows = [r for r in chosen if r["pass_"] == pass_]
         for term in ("time_s", "issue_s", "latency_s", "tensor_s", "hbm_s"):
             out[f"{pass_}_{term}"] = sum(r["reading"][term] for r in rows)
     return out

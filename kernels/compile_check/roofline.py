@@ -81,4 +81,22 @@ def estimate(counts: dict, nbytes: float, peak: Peak, programs: int) -> dict:
                 time_s=tensor_s + cuda_s + hbm_s, issue_s=issue_s, sm_share=used)
 
 
-__all__ = ["PEAKS", "SOURCE", "Peak", "estimate", "resident_warps"]
+def fastest(items, key, seconds) -> list:
+    """Per kernel (`key(item)`: its name, or its pass and name), the item with the least
+    `seconds(item)`: an autotuned kernel records every config the autotuner would try, which
+    keeps the fastest it measures. The first recorded wins a tie; kernels in the order first
+    recorded.
+
+    >>> fastest([("a", 2.0), ("b", 1.0), ("a", 1.0)], key=lambda x: x[0],
+    ...         seconds=lambda x: x[1])
+    [('a', 1.0), ('b', 1.0)]
+    """
+    best: dict = {}
+    for item in items:
+        k, t = key(item), seconds(item)
+        if k not in best or t < best[k][0]:
+            best[k] = (t, item)
+    return [item for _, item in best.values()]
+
+
+__all__ = ["PEAKS", "SOURCE", "Peak", "estimate", "fastest", "resident_warps"]

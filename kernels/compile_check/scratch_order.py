@@ -158,10 +158,10 @@ ACCEPTED = {
         "reads only the C half (c_st = p_st + HB AR AC): the pointer's offset is set at run "
         "time, so the check cannot tell the parts apart",
         (("write after read", "x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)"),)),
-    ("triton_fwd.py", "mta_out_kernel",
-     "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)"): (
-        "head n (n2) and d_head chunk d0 (e0) of the window's z rows, read and written by the "
-        "same thread: each (head, chunk) iteration its own", (), 2),
+    ("triton_fwd.py", "_z_add_head",
+     "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + _dot(pattern, v, IEEE),"): (
+        "the out pass's phase 5: head n (n2) and d_head chunk d0 of the window's z rows, read "
+        "and written by the same thread: each (head, chunk) iteration its own", (), 2),
 }
 
 

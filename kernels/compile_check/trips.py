@@ -260,9 +260,10 @@ def _mta_out(env, grid):
     two mixing phases' key chunks
     `c0` (AC / KC each); per head (`n`) the post-softmax row taps (`a`: CQ2, one Toeplitz dot
     each), then phase 5: per head (`n`) the d_head chunks `d0` of z for a window alone (mode
-    0: every window without PAIRS), per head (`n2`) the chunks `e0` for a pair's second window
-    (mode 2), nothing for a pair's first (mode 1); each head loop's trips are H times the
-    share of windows in its mode. With STAGE_CALL phase 1 is its own SASS function after the
+    0: every window without PAIRS), per head (`n2`) the chunks `d0` for a pair's second window
+    (mode 2; both head loops call `_z_add_head`, inlined: its `d0` loop once in each), nothing
+    for a pair's first (mode 1); each head loop's trips are H times the share of windows in
+    its mode. With STAGE_CALL phase 1 is its own SASS function after the
     kernel's code: its head loop carries the windows per program."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
@@ -276,7 +277,7 @@ def _mta_out(env, grid):
     pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
     chunks = math.ceil(env["D"] / env["DCH"])
     out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, windows),
-           "d0": chunks, "e0": chunks, "n2": h * second}
+           "d0": chunks, "n2": h * second}
     if env.get("STAGE_CALL"):
         return out | {"n": [h, h * alone, h * w], "a": post + pre, "calls": w}
     return out | {"n": [h, h, h * alone], "a": pre + post}

@@ -316,6 +316,24 @@ def _plan_window(entry, KW, N_W, BMe, BNe, MODES: tl.constexpr = False):
 
 
 @triton.jit
+def _z_add_head(pattern, n, v_base, keys, k_ok, z_base, m_own, offs_ar, H, D, sv_h, sv_t, sv_d,
+                IEEE: tl.constexpr, DCH: tl.constexpr):
+    """The out pass's phase 5 for head n: its z rows += `pattern [AR, K] v[keys]`, d_head
+    chunk by chunk (DCH), read and written in the fp32 z slice (`z_base`: the window's first
+    own row). `keys` / `k_ok`: the value rows of the pattern's K columns (one window's, or a
+    pair's both); `m_own`: the window's own rows."""
+    for d0 in range(0, D, DCH):
+        offs_d = d0 + tl.arange(0, DCH)
+        d_valid = offs_d < D
+        v = tl.load(v_base + n * sv_h + keys[:, None] * sv_t + offs_d[None, :] * sv_d,
+                    mask=k_ok[:, None] & d_valid[None, :], other=0.0)
+        z_mask = m_own[:, None] & d_valid[None, :]
+        z_ptr = z_base + (offs_ar[:, None] * H + n) * D + offs_d[None, :]
+        tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + _dot(pattern, v, IEEE),
+                 mask=z_mask)
+
+
+@triton.jit
 def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.constexpr, WT,
                    TOEP, W2T, PLAN, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t,
                    sv_h, sv_d, skv_b, H, T_Q, T_K, Q_OFFSET, D, scale, CQ, CK, LEFT, CQ2, CK2,
@@ -449,16 +467,8 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
             for n in range(0, H):             # 5: z += pattern v, head by head
                 pattern = tl.load(p_st + n * (AR * AC) + offs_ar[:, None] * AC
                                   + offs_ac[None, :])
-                for d0 in range(0, D, DCH):
-                    offs_d = d0 + tl.arange(0, DCH)
-                    d_valid = offs_d < D
-                    v = tl.load(v_base + n * sv_h + offs_n[:, None] * sv_t
-                                + offs_d[None, :] * sv_d,
-                                mask=n_ok[:, None] & d_valid[None, :], other=0.0)
-                    z_mask = m_own[:, None] & d_valid[None, :]
-                    z_ptr = z_base + (offs_ar[:, None] * H + n) * D + offs_d[None, :]
-                    part = _dot(pattern, v, IEEE)
-                    tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+                _z_add_head(pattern, n, v_base, offs_n, n_ok, z_base, m_own, offs_ar, H, D,
+                            sv_h, sv_t, sv_d, IEEE, DCH)
         elif mode == 2:                       # (PAIRS) the pair's second window: both
             # One dot of inner size 2 AC: `[P_2 | P_1] [v_2; v_1]` (two dots summed took a
             # third's tensor-core work and a layout change through shared memory)
@@ -471,16 +481,8 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
             for n2 in range(0, H):
                 both = tl.load(p_st + n2 * (AR * AC) + pair_off[None, :]
                                + offs_ar[:, None] * AC + col[None, :])
-                for e0 in range(0, D, DCH):
-                    offs_d = e0 + tl.arange(0, DCH)
-                    d_valid = offs_d < D
-                    v = tl.load(v_base + n2 * sv_h + keys[:, None] * sv_t
-                                + offs_d[None, :] * sv_d,
-                                mask=k_ok[:, None] & d_valid[None, :], other=0.0)
-                    z_mask = m_own[:, None] & d_valid[None, :]
-                    z_ptr = z_base + (offs_ar[:, None] * H + n2) * D + offs_d[None, :]
-                    part = _dot(both, v, IEEE)
-                    tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + part, mask=z_mask)
+                _z_add_head(both, n2, v_base, keys, k_ok, z_base, m_own, offs_ar, H, D,
+                            sv_h, sv_t, sv_d, IEEE, DCH)
         tl.debug_barrier()                    # P and the stages are rewritten next window
 
 

@@ -118,13 +118,16 @@ stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 
 #    there until the tenth session) and "wide" (64 x 64, 4 warps) against the default ("tall":
 #    128 x 64, whose stages overflow the L2) rows of bench.md; and the out pass without its
 #    key-window pairs (ATTNLENS_MTA_OUT_PAIRS=0, "pairs 0" rows; the default pairs them on sm_90)
+#    and with pairs but each window's scores staged alone (ATTNLENS_MTA_PAIR_SCORES=0, "pair
+#    scores 0" rows; the default stages a pair's together from the eleventh session)
 stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
     'for s in 4warps 8warps; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
     --T 1024 --d 128 --reps 10; done'
-stage "${BENCH_LSE4K_S:-45}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
+stage "${BENCH_LSE4K_S:-55}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
     'for s in 8warps wide; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
     --T 4096 --d 128 --reps 10; done; echo "pairs 0"; ATTNLENS_MTA_OUT_PAIRS=0 '"$BENCH"' \
-    --ops mta --T 4096 --d 128 --reps 10'
+    --ops mta --T 4096 --d 128 --reps 10; echo "pair scores 0"; ATTNLENS_MTA_PAIR_SCORES=0 \
+    '"$BENCH"' --ops mta --T 4096 --d 128 --reps 10'
 
 # 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
 #    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused

@@ -16,6 +16,8 @@ fp32 tolerance: a logit sums c_q * c_k <= 66 convolution taps then H <= 4 mixing
 probabilities and z (observed <= 2e-6 absolute): atol = rtol = 5e-5 leaves margin.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -588,20 +590,26 @@ def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():
     132 programs (83 MiB) whatever the splits, and each key split adds an fp32 z partial; at
     4k, 16 heads the cap is 5 splits at d 128 (stages per item, as before the persistent
     grid, capped it at 3) and 15 at d 64 (16 without pairs), so the finish-time choice (NS 4)
-    runs at both and stays under a tenth of the torch path's 4,148 MiB; short sequences are
-    not capped."""
+    runs at both and stays under a tenth of the torch path's 4,148 MiB; with a pair's scores
+    staged together (a second fp32 stage) the cap is 4 and 13, NS 4 still; short sequences
+    are not capped."""
     from attnlens.kernels.mta.triton_fwd import forward_grids, out_split_cap
 
     MiB = 2 ** 20
     stages = 132 * 16 * 64 * 64 * 10
     assert out_split_cap(1, 4096, 4096, 16, 64, 16, 64, 64, 132, pairs=False) == 16
-    for d, cap in ((64, 15), (128, 5)):
+    for d, cap, cap_staged in ((64, 15, 13), (128, 5, 4)):
         assert out_split_cap(1, 4096, 4096, 16, d, 16, 64, 64, 132) == cap
+        # a pair's scores staged together (PAIR_SCORES): the fp32 stage doubles (+33 MiB)
+        assert out_split_cap(1, 4096, 4096, 16, d, 16, 64, 64, 132, pair_scores=True) == cap_staged
         g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", block_d=d)
         assert g.ns_out == 4, d
         inputs = 16 * d * 2 * (2 * 4096 + 8 * 4096)           # q, out, k, v, folded keys
         z = 4096 * 16 * d * 4
         assert inputs + stages + cap * z <= 4148 * MiB / 10 < inputs + stages + (cap + 1) * z
+        staged = stages + 132 * 16 * 64 * 64 * 4
+        assert (inputs + staged + cap_staged * z <= 4148 * MiB / 10
+                < inputs + staged + (cap_staged + 1) * z)
     # stages per item (70 row windows x NS programs), the launch before: 3 at d 128
     inputs, z = 16 * 128 * 2 * (10 * 4096), 4096 * 16 * 128 * 4
     assert inputs + 3 * (70 * 16 * 64 * 64 * 8 + z) <= 4148 * MiB / 10
@@ -651,6 +659,13 @@ def test_trip_models_count_the_forward_key_splits():
     paired = model(dict(out, N_W=2, NS=1, KW=plan.kw, PLAN=plan.table(pairs=True),
                         PAIRS=True), (plan.programs, 1))
     assert paired["it"] == 2 and paired["n"] == [2, 2, 0] and paired["n2"] == 1
+    # PAIR_SCORES: at T 61 no pair stays off the diagonal, so the pair-staging function's head
+    # loop (after the kernel's code: the last) runs for none and is called by none, and every
+    # window stages its own scores
+    staged = model(dict(out, N_W=2, NS=1, KW=plan.kw, PLAN=plan.table(pairs=True), PAIRS=True,
+                        PAIR_SCORES=True, SCH=16, BLOCK_D=16), (plan.programs, 1))
+    assert staged["n"] == [2, 2, 0, 0] and staged["a"][-1] == 6 and staged["e0"] == 1
+    assert staged["calls"] == 0
     # the diagonal's windows take the banded Toeplitz form (`_toeplitz_scores`): row taps
     # only, no key-tap loop; T 61 in 64 x 64 windows: every window straddles the diagonal
     assert "b" not in model(*planned(1, 132))
@@ -710,6 +725,56 @@ def test_out_pass_with_and_without_key_window_pairs(monkeypatch, T, pairs):
                  lambda kernel, grid, args, meta: seen.append(meta["PAIRS"]))
     _check(T, T, 2, OFFICIAL, "both")
     assert seen == [pairs == "1"]
+
+
+def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
+    """PAIR_SCORES: a key-window pair whose taps stay inside the sequence and off the diagonal
+    (`_pair_staged`) has both windows' scores staged at its first, one q tile read per head
+    and row tap for both (`_stage_pair_scores`). fp16 (its unmasked factored taps are 16-bit
+    only), 90 queries at the end of 300 keys in 32 x 64 windows on one program: two such
+    pairs (the trip model's count, `trips._mta_pair_staged`), the other pairs and windows
+    staged one by one. The same bits as with PAIR_SCORES_ENV "0" (d_head 16: one chunk, the
+    same dots in the same order), head by head (2 heads), which the spec checks elsewhere
+    (the paths without PAIR_SCORES, above)."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.compile_check.trips import MODELS, kernel_env
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
+    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
+    launches = []
+    spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
+                 lambda kernel, grid, args, meta: launches.append((kernel, grid, args, meta)))
+    T_q, T_k, H, d = 90, 300, 2, 16
+    q, k, v = (t.to(DEVICE, torch.float16) for t in _qkv(T_q, T_k, H, d))
+    params = [None if p is None else p.to(DEVICE) for p in _params(H, **OFFICIAL)]
+    outs = []
+    for staged in ("1", "0"):
+        monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, staged)
+        outs.append(mta_attention(q, k, v, *params, pad_key="both", scale=d ** -0.5))
+    (kernel, grid, args, meta), (*_, meta_off) = launches
+    assert meta["PAIR_SCORES"] and not meta_off["PAIR_SCORES"] and meta["PAIRS"]
+    trips = MODELS["mta_out_kernel"](kernel_env(SimpleNamespace(kernel=kernel, args=args,
+                                                                kwargs=meta)), grid)
+    assert trips["calls"] == pytest.approx(2)                # two pairs staged together
+    assert trips["n"][-1] == pytest.approx(H * 2)
+    for on, off in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(on, off) and not on.isnan().any()
+
+
+def test_pair_scores_setting(monkeypatch):
+    """`pair_scores`: with the out pass's pairs (`out_pairs`) unless PAIR_SCORES_ENV is "0";
+    another value is an error naming the variable."""
+    from attnlens.kernels.mta import triton_fwd
+
+    for pairs in ("0", "1"):
+        monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, pairs)
+        for value, want in (("", pairs == "1"), ("1", pairs == "1"), ("0", False)):
+            monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, value)
+            assert triton_fwd.pair_scores() is want
+    monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, "on")
+    with pytest.raises(ValueError, match="ATTNLENS_MTA_PAIR_SCORES='on': expected 0 or 1"):
+        triton_fwd.pair_scores()
 
 
 # -- 3. gradients --------------------------------------------------------------------------------

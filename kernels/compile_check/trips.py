@@ -253,6 +253,20 @@ def _mta_out_windows(env, grid, rows, step, with_modes: bool = False):
     return out
 
 
+def _mta_pair_staged(env, row0, col0) -> bool:
+    """`triton_fwd._pair_staged`: the out pass stages the key-window pair whose first window
+    starts at rows `row0`, keys `col0` (halos included) together, its second NS windows on:
+    the second's taps reach no causally masked pair and the span lies inside the sequence,
+    d_head one unpadded chunk."""
+    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
+    ar, ac = env["AR"], env["AC"]
+    col0b = col0 + env["NS"] * (ac - env["CK2"] + 1)
+    first_row = row0 - (cq - 1)
+    one_chunk = env.get("SCH") == env.get("BLOCK_D") == env["D"]
+    return (col0b + ac - 1 - left + ck - 1 <= first_row + off and one_chunk and first_row >= 0
+            and row0 + ar <= env["T_Q"] and col0 >= 0 and col0b + ac <= env["T_K"])
+
+
 def _mta_out(env, grid):
     """MTA out pass (`mta_out_kernel`, persistent): per program its key windows (`it`,
     `_mta_out_windows`) of AR x AC with outputs AR - CQ2 + 1 rows. Per window: phase 1, each
@@ -263,8 +277,13 @@ def _mta_out(env, grid):
     0: every window without PAIRS), per head (`n2`) the chunks `d0` for a pair's second window
     (mode 2; both head loops call `_z_add_head`, inlined: its `d0` loop once in each), nothing
     for a pair's first (mode 1); each head loop's trips are H times the share of windows in
-    its mode. With STAGE_CALL phase 1 is its own SASS function after the
-    kernel's code: its head loop carries the windows per program."""
+    its mode. With PAIR_SCORES a pair that `_pair_staged` admits stages both windows' scores
+    at its first (`_stage_pair_scores`, a SASS function of its own after the kernel's code:
+    heads `n`, row taps `a`, d_head chunks of at most 64 `e0`; its head loop carries the
+    windows per program that call it, `calls`) and its second skips phase 1; phase 1's
+    per-window loops run for the other windows (their branch shares among those).
+    With STAGE_CALL phase 1 is its own SASS function after the kernel's code: its head loop
+    carries the windows per program that call it."""
     ar, ac = env["AR"], env["AC"]
     bme, bne = ar - env["CQ2"] + 1, ac - env["CK2"] + 1
     progs = _mta_out_windows(env, grid, bme, bne, with_modes=True)
@@ -272,15 +291,29 @@ def _mta_out(env, grid):
                for prog in progs for m0, n0, _ in prog]
     modes = [mode for prog in progs for _, _, mode in prog]
     alone, second = (_avg(m == k for m in modes) if modes else 0.0 for k in (0, 2))
-    shares = _mta_tap_shares(env, windows)
+    staged = [0] * len(windows)
+    if env.get("PAIR_SCORES"):
+        step = env["NS"] * bne
+        staged = [m * _mta_pair_staged(env, row0, col0 - (m == 2) * step)
+                  for (row0, _, col0, _), m in zip(windows, modes, strict=True)]
+    joint = _avg(s == 1 for s in staged) if staged else 0.0
+    single = [w for w, s in zip(windows, staged, strict=True) if s == 0]
+    alone_staged = len(single) / len(windows) if windows else 0.0
+    shares = _mta_tap_shares(env, single)
     w, h, c = _avg(len(p) for p in progs), env["H"], ac // env["KC"]
     pre, post = [env["CQ"] * f for f in shares], [env["CQ2"]]
     chunks = math.ceil(env["D"] / env["DCH"])
-    out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, windows),
+    out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, single),
            "d0": chunks, "n2": h * second}
-    if env.get("STAGE_CALL"):
-        return out | {"n": [h, h * alone, h * w], "a": post + pre, "calls": w}
-    return out | {"n": [h, h, h * alone], "a": pre + post}
+    pair, pair_a = ([h * w * joint], [env["CQ"]]) if env.get("PAIR_SCORES") else ([], [])
+    if env.get("PAIR_SCORES"):                # the pair's d_head chunks of at most 64
+        out["e0"] = env["BLOCK_D"] // min(env["BLOCK_D"], 64)
+    if env.get("STAGE_CALL"):                 # (both called: calls summed, an approximation)
+        return out | {"n": [h, h * alone] + pair + [h * w * alone_staged],
+                      "a": post + pair_a + pre,
+                      "calls": w * (alone_staged + (joint if env.get("PAIR_SCORES") else 0))}
+    return out | {"n": [h * alone_staged, h, h * alone] + pair, "a": pre + post + pair_a,
+                  **({"calls": w * joint} if env.get("PAIR_SCORES") else {})}
 
 
 # MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row

@@ -289,6 +289,58 @@ def _stage_scores(Q, K, KT, S1, kv_ptr, TT, TT_ROW: tl.constexpr, q_base, k_base
 
 
 @triton.jit
+def _pair_staged(row0, col0, T_Q, T_K, Q_OFFSET, D, CQ, CK, LEFT, NS, BNe, AR: tl.constexpr,
+                 AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """Whether the out pass stages the scores of a key-window pair together
+    (`_stage_pair_scores`, PAIR_SCORES): the pair's first window at rows `row0` and keys
+    `col0` (halos included), its second NS windows on (`col0 + NS * BNe`). Only where both
+    windows take `_fwd_conv_scores`' unmasked factored taps: the second's taps reach no
+    causally masked pair (then neither do the first's) and the span of rows and keys lies
+    inside the sequence with d_head one unpadded chunk (`_interior`)."""
+    col0b = col0 + NS * BNe
+    first_row = row0 - (CQ - 1)
+    no_mask = col0b + (AC - 1) - LEFT + (CK - 1) <= first_row + Q_OFFSET
+    return no_mask & _interior(first_row, row0 + AR, col0, col0b + AC, T_Q, T_K, D, BLOCK_D, SCH)
+
+
+@triton.jit(noinline=True)
+def _stage_pair_scores(Q, KT, S1, q_base, kt_base, sq_t, sq_h, sq_d, H, T_K, D, row0, col0,
+                       col0b, scale, CQ, IEEE: tl.constexpr, HB: tl.constexpr,
+                       AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The out pass's phase 1 for both windows of a pair that `_pair_staged` admits: per head
+    and row tap one q tile read and one dot `q_a [kt_a(keys) | kt_a(keys_b)]` of both
+    windows' keys (`col0`, `col0b`: `[AR, 2 AC]`), in d_head chunks of at most 64 (whole, a
+    `[64, 128]` fp32 accumulator's pair of 128-wide operands spilled 24 B at d_head 128 under
+    triton 3.6.0), to `S1 [2, HB, AR, AC]`. Up to d_head 64 each score is the same fp32 sum
+    as `_factored_scores`' unmasked branch (the same products in the same order: the same
+    bits under the interpreter); past it two chunk sums added in order (on the GPU the same
+    k-steps of the tensor cores' accumulation). Its own SASS function (`noinline`, scalar
+    arguments): inlined, the kernel spilled 16 B at d_head 64 on sm_90 wherever the head
+    count is not a multiple of 16 (triton 3.9.0), called 0 B. A pair's q reads halve (at 4k,
+    16 heads, d_head 128 they were 20% of the pass's global bytes)."""
+    first_row = row0 - (CQ - 1)
+    offs_2 = tl.arange(0, 2 * AC)
+    second = offs_2 >= AC
+    col = offs_2 - second * AC
+    keys = tl.where(second, col0b, col0) + col
+    PD: tl.constexpr = BLOCK_D if BLOCK_D < 64 else 64
+    offs_d = tl.arange(0, PD)
+    kt_off = keys[None, :] * D + offs_d[:, None]
+    for n in range(0, H):
+        acc = tl.zeros([AR, 2 * AC], dtype=tl.float32)
+        for a in range(0, CQ):
+            rows = first_row + a + tl.arange(0, AR)
+            for e0 in range(0, BLOCK_D, PD):
+                x = tl.load(Q + q_base + n * sq_h + rows[:, None] * sq_t
+                            + (e0 + offs_d)[None, :] * sq_d)
+                yt = tl.load(KT + (kt_base + (n * CQ + a) * (T_K * D) + e0) + kt_off)
+                acc += _dot(x, yt, IEEE)
+        # each window's scores in its part of the stage
+        tl.store(S1 + (n * (AR * AC) + second * (HB * AR * AC) + col)[None, :]
+                 + tl.arange(0, AR)[:, None] * AC, acc * scale)
+
+
+@triton.jit
 def _chunk_offsets(HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, KC: tl.constexpr):
     """`[HB, AR, KC]` offsets of keys `0 .. KC - 1` in a `[HB, AR, AC]` stage."""
     return (tl.arange(0, HB)[:, None, None] * (AR * AC) + tl.arange(0, AR)[None, :, None] * AC
@@ -340,7 +392,8 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
                    LEFT2, N_W, NS, KW, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr,
                    HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
-                   STAGE_CALL: tl.constexpr, PAIRS: tl.constexpr = False):
+                   STAGE_CALL: tl.constexpr, PAIRS: tl.constexpr = False,
+                   PAIR_SCORES: tl.constexpr = False):
     """Pass 2, a persistent grid `(programs, batch)` (`out_plan`: about one program per SM):
     z = Mix_post(Mask_0(Conv_post(A))) v.
 
@@ -378,6 +431,14 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
     alone. (At 4k, 16 heads, d_head 128 the z reads and writes were 14% of the pass's global
     bytes.)
 
+    PAIR_SCORES (with PAIRS, `pair_scores`): where a pair's both windows take the unmasked
+    factored taps (`_pair_staged`: off the diagonal, inside the sequence, 16-bit), its first
+    window runs phase 1 for both (`_stage_pair_scores`, its own SASS function: per head and
+    row tap one q tile read and one dot with both windows' folded keys, `[AR, 2 AC]`) into a
+    doubled STAGE1 `[2, HB, AR, AC]`; the second skips phase 1. A pair's second window's
+    scores are in STAGE1's second part either way (staged by its first, or by itself). (At
+    4k, 16 heads, d_head 128 q was 20% of the pass's global bytes, read once per window.)
+
     The stages are written by one thread and read by others (the phases' layouts differ, and
     phase 3 reads rows shifted by its taps), so a `tl.debug_barrier` closes every phase."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
@@ -389,7 +450,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
     offs_ac = tl.arange(0, AC)
     offs_kc = tl.arange(0, KC)
     kt_base = b.to(tl.int64) * H * CQ * T_K * D
-    s1 = STAGE1 + prog.to(tl.int64) * (HB * AR * AC)
+    s1 = STAGE1 + prog.to(tl.int64) * ((2 if PAIR_SCORES else 1) * HB * AR * AC)
     p_st = STAGE2 + prog.to(tl.int64) * ((3 if PAIRS else 2) * HB * AR * AC)
     c_st = p_st + HB * AR * AC            # (PAIRS: the first window's pattern after C)
     kv_ptr = KVALID + b * skv_b
@@ -397,25 +458,43 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
     # window ends with a barrier (below), so its phase-5 reads of P are ordered before the
     # next window's phase-1 writes of STAGE1 and phase-2 writes of P, whichever item it is.
     for it in range(tl.load(row), tl.load(row + 1)):
-        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
+        m0, n0, split, mode = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
         row0 = m0 - (CQ2 - 1)                 # the window's first row (its halo)
         col0 = n0 - LEFT2                     # the window's first key (its halo)
-        if STAGE_CALL:                        # 1: each head's convolved scores
-            _stage_scores_call(Q, K, KT, s1, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base, sq_t,
-                               sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K,
-                               Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D,
-                               SCH)
-        else:
-            _stage_scores(Q, K, KT, s1, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base, sq_t, sq_h,
-                          sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
-                          CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+        # PAIR_SCORES: a pair's first window stages both windows' scores where
+        # `_pair_staged` admits the pair (its second then skips phase 1); a pair's second
+        # window's scores are in the second part either way
+        staged = 0                            # 1: stages both, 2: staged by the first
+        s1w = s1
+        if PAIR_SCORES:
+            first = col0 - (mode == 2) * (NS * BNe)
+            staged = mode * _pair_staged(row0, first, T_Q, T_K, Q_OFFSET, D, CQ, CK, LEFT, NS,
+                                         BNe, AR, AC, BLOCK_D, SCH).to(tl.int32)
+            s1w = s1 + (mode == 2) * (HB * AR * AC)
+        if staged == 1:                       # 1: both windows' convolved scores
+            _stage_pair_scores(Q, KT, s1, b * sq_b, kt_base, sq_t, sq_h, sq_d, H, T_K, D, row0,
+                               col0, col0 + NS * BNe, scale, CQ, IEEE, HB, AR, AC, BLOCK_D)
+        elif staged == 0:                     # 1: each head's convolved scores
+            if STAGE_CALL:
+                _stage_scores_call(Q, K, KT, s1w, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b,
+                                   kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0,
+                                   T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR,
+                                   AC, BLOCK_D, SCH)
+            else:
+                _stage_scores(Q, K, KT, s1w, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base,
+                              sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K,
+                              Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D,
+                              SCH)
         tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
-        m0, n0, split, _ = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)  # (_plan_window)
+        m0, n0, split, mode = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
+        s1w = s1                              # (a pair's second: the second part)
+        if PAIR_SCORES:
+            s1w = s1 + (mode == 2) * (HB * AR * AC)
         a_rows = m0 - (CQ2 - 1) + offs_ar
         a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
         for c0 in range(0, AC, KC):           # 2: mixing dot, Mask_-inf, probabilities
             hk = _chunk_offsets(HB, AR, AC, KC) + c0
-            s = tl.load(s1 + hk, mask=h_valid[:, None, None], other=0.0)
+            s = tl.load(s1w + hk, mask=h_valid[:, None, None], other=0.0)
             wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])      # (1 KB, L1)
             x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, AR * KC]), input_precision="ieee"),
                            [HB, AR, KC])
@@ -731,7 +810,7 @@ def forward_grids(B: int, T_Q: int, T_K: int, H: int, cq2: int, ck2: int, device
     n_w = math.ceil(T_Q / (ar - cq2 + 1))
     n_sm, off = _triton.sm_count(device), T_K - T_Q
     cap = out_split_cap(B, T_Q, T_K, H, block_d, hb2, ar, ac, out_programs(B, n_sm),
-                        pairs=out_pairs(fp32))
+                        pairs=out_pairs(fp32), pair_scores=pair_scores(fp32))
     if cap is not None:                  # never fewer items than SMs
         cap = max(cap, math.ceil(n_sm / (n_w * B)))
     ns1, ns2 = splits or (persistent_splits(n_t, lm, ln, T_K, off, B, lse_programs(n_sm, T_Q)),
@@ -774,6 +853,22 @@ def out_pairs(fp32: bool = False) -> bool:
         return True
 
 
+# The out pass stages a key-window pair's scores together (`mta_out_kernel`, PAIR_SCORES:
+# one q tile read per head and row tap for both windows' dots, `_stage_pair_scores`) wherever
+# it takes pairs (`out_pairs`); PAIR_SCORES_ENV "0" turns it off (the GPU run measures both).
+# Its fp32 stage doubles (132 x 256 KiB more at 4k, 16 heads: `out_split_cap`).
+PAIR_SCORES_ENV = "ATTNLENS_MTA_PAIR_SCORES"
+
+
+def pair_scores(fp32: bool = False) -> bool:
+    """PAIR_SCORES of the out pass: with `out_pairs(fp32)` unless PAIR_SCORES_ENV is "0"
+    (ValueError naming it for a value other than "0" / "1")."""
+    value = os.environ.get(PAIR_SCORES_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{PAIR_SCORES_ENV}={value!r}: expected 0 or 1 (or unset)")
+    return out_pairs(fp32) and value != "0"
+
+
 def lse_programs(n_sm: int, t_q: int) -> int:
     """The SM count the lse pass's plan shares its tiles over: `lse_shape(t_q)`'s programs per SM
     (`out_plan` launches at most one program per item, `ceil(n / batch)` per batch element)."""
@@ -795,19 +890,21 @@ PEAK_SHARE = 0.1
 
 def out_split_cap(B: int, T_Q: int, T_K: int, H: int, D: int, hb: int, ar: int, ac: int,
                   programs: int, cq: int = 6, itemsize: int = 2,
-                  pairs: bool = True) -> int | None:
+                  pairs: bool = True, pair_scores: bool = False) -> int | None:
     """The most key splits of the out pass that keep the forward's peak under PEAK_SHARE of
     the torch path's: q, k, v, out and the folded keys (c_q times k), the persistent
-    programs' stages (`programs x [hb, ar, ac]` fp32 and twice that in the input dtype, three
-    times with `pairs`: fixed, whatever T and the splits; `out_plan`) plus, per split, an
-    fp32 z partial `[B, T_Q, H, D]`. 4k, 16 heads: stages 66 MiB at 132 programs (83 MiB
-    with pairs); d 128: 160 MiB + 83 MiB + 32 MiB per split against 410 MiB, so 5 (before,
-    with stages per item, 67 MiB per split: 3); d 64: 80 + 83 + 16 per split, 15. None (no
+    programs' stages (`programs x [hb, ar, ac]` fp32, twice with `pair_scores`, and twice
+    that in the input dtype, three times with `pairs`: fixed, whatever T and the splits;
+    `out_plan`) plus, per split, an fp32 z partial `[B, T_Q, H, D]`. 4k, 16 heads: stages
+    66 MiB at 132 programs (83 MiB with pairs, 116 MiB with pair scores too); d 128: 160 MiB
+    + 116 MiB + 32 MiB per split against 410 MiB, so 4 (5 without pair scores; before, with
+    stages per item, 67 MiB per split: 3); d 64: 80 + 116 + 16 per split, 13. None (no
     cap) where not even one split fits (short sequences: at T 1024 the folded keys alone are
     24 of the 26 MiB)."""
     budget = PEAK_SHARE * TORCH_PEAK_BYTES_PER_LOGIT * B * T_Q * T_K * H
     fixed = (B * H * D * itemsize * (2 * T_Q + (2 + cq) * T_K)
-             + programs * hb * ar * ac * (4 + (3 if pairs else 2) * itemsize))
+             + programs * hb * ar * ac * (4 * (2 if pair_scores else 1)
+                                          + (3 if pairs else 2) * itemsize))
     per_split = B * T_Q * H * D * 4
     most = int((budget - fixed) // per_split)
     return most if most >= 1 else None
@@ -1058,8 +1155,8 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                  _triton.sm_count(q.device))
     plan = out_plan(*plan_args)
     progs2 = B * plan.programs
-    pairs = out_pairs(fp32)
-    stage1 = torch.empty(progs2 * hb2 * ar * ac, **f32)
+    pairs, paired_scores = out_pairs(fp32), pair_scores(fp32)
+    stage1 = torch.empty(progs2 * (2 if paired_scores else 1) * hb2 * ar * ac, **f32)
     stage2 = torch.empty(progs2 * (3 if pairs else 2) * hb2 * ar * ac, device=q.device,
                          dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
@@ -1070,16 +1167,18 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
         AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD), PAIRS=pairs,
-        **(common | dict(HB=hb2)))
+        PAIR_SCORES=paired_scores, **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
 __all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES", "LSE_SHAPE_ENV",
-           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS", "ROWS_128_FROM",
+           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS", "PAIR_SCORES_ENV",
+           "ROWS_128_FROM",
            "ROWS_64_FROM",
            "ForwardGrids", "LseShape", "banded_taps", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "lse_programs", "lse_shape", "mixing_table", "mta_fwd", "mta_lse_kernel",
            "mta_out_kernel", "out_pairs", "out_programs", "out_split_cap", "out_windows",
+           "pair_scores",
            "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]

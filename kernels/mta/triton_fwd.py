@@ -1174,11 +1174,9 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
 
 __all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES", "LSE_SHAPE_ENV",
            "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS", "PAIR_SCORES_ENV",
-           "ROWS_128_FROM",
-           "ROWS_64_FROM",
+           "ROWS_128_FROM", "ROWS_64_FROM",
            "ForwardGrids", "LseShape", "banded_taps", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "lse_programs", "lse_shape", "mixing_table", "mta_fwd", "mta_lse_kernel",
            "mta_out_kernel", "out_pairs", "out_programs", "out_split_cap", "out_windows",
-           "pair_scores",
-           "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]
+           "pair_scores", "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]

@@ -732,26 +732,33 @@ def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
     (`_pair_staged`) has both windows' scores staged at its first, one q tile read per head
     and row tap for both (`_stage_pair_scores`). fp16 (its unmasked factored taps are 16-bit
     only), 90 queries at the end of 300 keys in 32 x 64 windows on one program: two such
-    pairs (the trip model's count, `trips._mta_pair_staged`), the other pairs and windows
-    staged one by one. The same bits as with PAIR_SCORES_ENV "0" (d_head 16: one chunk, the
-    same dots in the same order), head by head (2 heads), which the spec checks elsewhere
-    (the paths without PAIR_SCORES, above)."""
+    pairs (the kernel's calls of the pair path, and the trip model's count,
+    `trips._mta_pair_staged`), the other pairs and windows staged one by one. The same bits
+    as with PAIR_SCORES_ENV "0" (d_head 16: one chunk, the same dots in the same order),
+    head by head (2 heads), which the spec checks elsewhere (the paths without PAIR_SCORES,
+    above)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.compile_check.trips import MODELS, kernel_env
     from attnlens.kernels.mta import triton_fwd
 
     monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
     monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
-    launches = []
+    launches, pair_calls = [], []
     spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
                  lambda kernel, grid, args, meta: launches.append((kernel, grid, args, meta)))
+    # the kernel's calls of the pair path (the interpreter calls it as a Python function)
+    pair_path = triton_fwd._stage_pair_scores
+    monkeypatch.setattr(triton_fwd, "_stage_pair_scores",
+                        lambda *a, **kw: pair_calls.append(1) or pair_path(*a, **kw))
     T_q, T_k, H, d = 90, 300, 2, 16
     q, k, v = (t.to(DEVICE, torch.float16) for t in _qkv(T_q, T_k, H, d))
     params = [None if p is None else p.to(DEVICE) for p in _params(H, **OFFICIAL)]
-    outs = []
+    outs, calls = [], []
     for staged in ("1", "0"):
         monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, staged)
         outs.append(mta_attention(q, k, v, *params, pad_key="both", scale=d ** -0.5))
+        calls.append(len(pair_calls))
+    assert calls == [2, 2]                     # two pairs staged together, none without
     (kernel, grid, args, meta), (*_, meta_off) = launches
     assert meta["PAIR_SCORES"] and not meta_off["PAIR_SCORES"] and meta["PAIRS"]
     trips = MODELS["mta_out_kernel"](kernel_env(SimpleNamespace(kernel=kernel, args=args,

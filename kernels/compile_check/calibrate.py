@@ -86,11 +86,12 @@ def estimate_launch(row: dict, peak_name: str, bytes_from: str = "io") -> dict |
 def op_estimate(rows: list[dict]) -> dict:
     """Sum over an op's kernels of the chosen launch (autotune: least H200 time) per kernel:
     work, bytes and the seconds on each GPU (io and sass bytes) and the issue bound."""
-    for r in rows:
-        if estimate_launch(r, "H200") is None:
+    h200 = [estimate_launch(r, "H200") for r in rows]
+    for r, e in zip(rows, h200, strict=True):
+        if e is None:
             return dict(error=f"{r['kernel']}: {r.get('error') or r['mix']['why']}")
-    chosen = fastest(rows, key=lambda r: r["kernel"],
-                     seconds=lambda r: estimate_launch(r, "H200")["time_s"])
+    chosen = [r for r, _ in fastest(zip(rows, h200, strict=True), key=lambda re: re[0]["kernel"],
+                                    seconds=lambda re: re[1]["time_s"])]
     out = dict(kernels=[f"{r['kernel']} {r['config']}" for r in chosen],
                occupancy=[f"{r['mix']['programs']} x {r['num_warps']} / "
                           f"{resident_warps(r['registers'], r['num_warps'], r['shared_bytes'])}"

@@ -202,13 +202,18 @@ def _mta_tap_shares(env, windows) -> tuple[float, float, float]:
     `row0 - (CQ - 1) .. row0 + R - 1` and keys `col0 .. col0 + C - 1` in range, d_head one
     unpadded chunk: bf16 / fp16), factored with masks; in source order."""
     direct = _mta_direct_share(env, windows)
-    one_chunk = env.get("SCH") == env.get("BLOCK_D") == env["D"]
-    inside = [row0 - (env["CQ"] - 1) >= 0 and row0 + r <= env["T_Q"] and col0 >= 0
-              and col0 + c <= env["T_K"] for row0, r, col0, c in windows]
-    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
-    fast = _avg(ok and one_chunk and not (col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off)
-                for ok, (row0, r, col0, c) in zip(inside, windows, strict=True))
+    fast = _avg(_mta_unmasked_factored(env, *w) for w in windows)
     return direct, fast, 1.0 - direct - fast
+
+
+def _mta_unmasked_factored(env, row0, r, col0, c) -> bool:
+    """The logit window `(row0, R, col0, C)` takes `_factored_scores`' unmasked branch: its
+    taps reach no causally masked pair (`_mta_direct_share`), rows `row0 - (CQ - 1) .. row0 +
+    R - 1` and keys `col0 .. col0 + C - 1` in range, d_head one unpadded chunk (`_interior`)."""
+    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
+    return (env.get("SCH") == env.get("BLOCK_D") == env["D"] and row0 - (cq - 1) >= 0
+            and row0 + r <= env["T_Q"] and col0 >= 0 and col0 + c <= env["T_K"]
+            and not col0 + c - 1 - left + ck - 1 > row0 - (cq - 1) + off)
 
 
 def _mta_lse(env, grid):
@@ -256,15 +261,9 @@ def _mta_out_windows(env, grid, rows, step, with_modes: bool = False):
 def _mta_pair_staged(env, row0, col0) -> bool:
     """`triton_fwd._pair_staged`: the out pass stages the key-window pair whose first window
     starts at rows `row0`, keys `col0` (halos included) together, its second NS windows on:
-    the second's taps reach no causally masked pair and the span lies inside the sequence,
-    d_head one unpadded chunk."""
-    cq, ck, left, off = env["CQ"], env["CK"], env["LEFT"], env["Q_OFFSET"]
-    ar, ac = env["AR"], env["AC"]
-    col0b = col0 + env["NS"] * (ac - env["CK2"] + 1)
-    first_row = row0 - (cq - 1)
-    one_chunk = env.get("SCH") == env.get("BLOCK_D") == env["D"]
-    return (col0b + ac - 1 - left + ck - 1 <= first_row + off and one_chunk and first_row >= 0
-            and row0 + ar <= env["T_Q"] and col0 >= 0 and col0b + ac <= env["T_K"])
+    the span of both, as one window, takes the unmasked factored taps."""
+    span = env["NS"] * (env["AC"] - env["CK2"] + 1) + env["AC"]
+    return _mta_unmasked_factored(env, row0, env["AR"], col0, span)
 
 
 def _mta_out(env, grid):
@@ -291,8 +290,9 @@ def _mta_out(env, grid):
                for prog in progs for m0, n0, _ in prog]
     modes = [mode for prog in progs for _, _, mode in prog]
     alone, second = (_avg(m == k for m in modes) if modes else 0.0 for k in (0, 2))
+    paired = bool(env.get("PAIR_SCORES"))
     staged = [0] * len(windows)
-    if env.get("PAIR_SCORES"):
+    if paired:
         step = env["NS"] * bne
         staged = [m * _mta_pair_staged(env, row0, col0 - (m == 2) * step)
                   for (row0, _, col0, _), m in zip(windows, modes, strict=True)]
@@ -305,15 +305,13 @@ def _mta_out(env, grid):
     chunks = math.ceil(env["D"] / env["DCH"])
     out = {"it": w, "c0": [c, c], "t0": _mta_toeplitz_chunks(env, single),
            "d0": chunks, "n2": h * second}
-    pair, pair_a = ([h * w * joint], [env["CQ"]]) if env.get("PAIR_SCORES") else ([], [])
-    if env.get("PAIR_SCORES"):                # the pair's d_head chunks of at most 64
-        out["e0"] = env["BLOCK_D"] // min(env["BLOCK_D"], 64)
+    pair, pair_a = ([h * w * joint], [env["CQ"]]) if paired else ([], [])
+    if paired:                                # the pair's d_head chunks of at most 64
+        out |= {"e0": env["BLOCK_D"] // min(env["BLOCK_D"], 64), "calls": w * joint}
     if env.get("STAGE_CALL"):                 # (both called: calls summed, an approximation)
         return out | {"n": [h, h * alone] + pair + [h * w * alone_staged],
-                      "a": post + pair_a + pre,
-                      "calls": w * (alone_staged + (joint if env.get("PAIR_SCORES") else 0))}
-    return out | {"n": [h * alone_staged, h, h * alone] + pair, "a": pre + post + pair_a,
-                  **({"calls": w * joint} if env.get("PAIR_SCORES") else {})}
+                      "a": post + pair_a + pre, "calls": w * (alone_staged + joint)}
+    return out | {"n": [h * alone_staged, h, h * alone] + pair, "a": pre + post + pair_a}
 
 
 # MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row

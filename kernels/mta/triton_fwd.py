@@ -111,8 +111,7 @@ def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, 
     factored taps through the folded keys (`_factored_scores`: CQ dots). TT, TT_ROW: the
     banded tap tiles `pre_toeplitz(th, TT_ROW)` (C <= TT_ROW), built once per call on the host
     by the forward and by the backward (`mta_bwd`)."""
-    last_key = col0 + (C - 1) - LEFT + (CK - 1)
-    if last_key > row0 - (CQ - 1) + Q_OFFSET:       # taps cross the causal edge
+    if _taps_cross_diagonal(row0, col0 + C, Q_OFFSET, CQ, CK, LEFT):
         acc = _toeplitz_scores(Q, K, q_base, k_base, sq_t, sq_d, sk_t, sk_d, kv_ptr, TT,
                                TT_ROW, n, D, row0, col0, T_Q, T_K, Q_OFFSET, CQ, CK, LEFT,
                                HAS_KVALID, IEEE, R, C, BLOCK_D, SCH)
@@ -120,6 +119,14 @@ def _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d, 
         acc = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
                                IEEE, R, C, BLOCK_D, SCH)
     return acc * scale
+
+
+@triton.jit
+def _taps_cross_diagonal(row0, cols_end, Q_OFFSET, CQ, CK, LEFT):
+    """Whether the pre-softmax taps of a window from rows `row0` over keys `.. cols_end - 1`
+    reach a causally masked pair: its last key's last tap, `cols_end - 1 - LEFT + CK - 1`,
+    lies past the first row tap's row `row0 - (CQ - 1)`."""
+    return cols_end - 1 - LEFT + (CK - 1) > row0 - (CQ - 1) + Q_OFFSET
 
 
 @triton.jit
@@ -297,10 +304,9 @@ def _pair_staged(row0, col0, T_Q, T_K, Q_OFFSET, D, CQ, CK, LEFT, NS, BNe, AR: t
     windows take `_fwd_conv_scores`' unmasked factored taps: the second's taps reach no
     causally masked pair (then neither do the first's) and the span of rows and keys lies
     inside the sequence with d_head one unpadded chunk (`_interior`)."""
-    col0b = col0 + NS * BNe
-    first_row = row0 - (CQ - 1)
-    no_mask = col0b + (AC - 1) - LEFT + (CK - 1) <= first_row + Q_OFFSET
-    return no_mask & _interior(first_row, row0 + AR, col0, col0b + AC, T_Q, T_K, D, BLOCK_D, SCH)
+    cols_end = col0 + NS * BNe + AC
+    return (~_taps_cross_diagonal(row0, cols_end, Q_OFFSET, CQ, CK, LEFT)
+            & _interior(row0 - (CQ - 1), row0 + AR, col0, cols_end, T_Q, T_K, D, BLOCK_D, SCH))
 
 
 @triton.jit(noinline=True)

@@ -115,19 +115,24 @@ stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 
 #    compile check's estimate weighed (ATTNLENS_MTA_LSE_SHAPE, LSE_SHAPES in
 #    kernels/mta/triton_fwd.py; forward only, "shape" rows): at 1k the default ("4warps")
 #    against "8warps" (its shape before 2026-12-06); at 4k "8warps" (64 x 64 tiles, the default
-#    there until the tenth session) and "wide" (64 x 64, 4 warps) against the default ("tall":
-#    128 x 64, whose stages overflow the L2) rows of bench.md; and the out pass without its
+#    there until the tenth session), "wide" (64 x 64, 4 warps) and "tall" (128 x 64, the
+#    default in the tenth and eleventh sessions) against the default ("square": 128 x 128,
+#    whose 132 MiB of stages overflow the L2 more than "tall"'s 66 MiB) rows of bench.md; and
+#    the out pass without its
 #    key-window pairs (ATTNLENS_MTA_OUT_PAIRS=0, "pairs 0" rows; the default pairs them on sm_90)
 #    and with pairs but each window's scores staged alone (ATTNLENS_MTA_PAIR_SCORES=0, "pair
-#    scores 0" rows; the default stages a pair's together from the eleventh session)
+#    scores 0" rows; the default stages a pair's together from the eleventh session), and with
+#    each window's phases 1-3 its own (ATTNLENS_MTA_PAIR_PHASES=0, "pair phases 0" rows; the
+#    default runs them at a pair's first window for both from the twelfth session)
 stage "${BENCH_LSE_S:-30}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
     'for s in 4warps 8warps; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
     --T 1024 --d 128 --reps 10; done'
-stage "${BENCH_LSE4K_S:-55}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
-    'for s in 8warps wide; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
+stage "${BENCH_LSE4K_S:-75}" "$OUT/bench_mta_lse.md" env ATTNLENS_SKIP_BACKWARD=mta bash -c \
+    'for s in 8warps wide tall; do echo "shape $s"; ATTNLENS_MTA_LSE_SHAPE=$s '"$BENCH"' --ops mta \
     --T 4096 --d 128 --reps 10; done; echo "pairs 0"; ATTNLENS_MTA_OUT_PAIRS=0 '"$BENCH"' \
     --ops mta --T 4096 --d 128 --reps 10; echo "pair scores 0"; ATTNLENS_MTA_PAIR_SCORES=0 \
-    '"$BENCH"' --ops mta --T 4096 --d 128 --reps 10'
+    '"$BENCH"' --ops mta --T 4096 --d 128 --reps 10; echo "pair phases 0"; \
+    ATTNLENS_MTA_PAIR_PHASES=0 '"$BENCH"' --ops mta --T 4096 --d 128 --reps 10'
 
 # 5. (issue 57 item 5, kern-1b) a 1B-shaped model of each variant end to end: forward tokens/s
 #    and peak memory with backend torch vs triton, and a hook on one head's pattern on the fused

@@ -295,22 +295,23 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     (lse_a, lse_kw), (out_a, out_kw) = args["mta_lse_kernel"], args["mta_out_kernel"]
     tt, row = lse_a[6], lse_a[7]
     assert out_a[9] is tt and out_a[10] == row
-    assert row >= max(lse_kw["BLOCK_N"], out_kw["AC"])
+    assert row >= max(min(lse_kw["BLOCK_N"], triton_fwd.LSE_HALF.value), out_kw["AC"])
     assert tt.dtype == q.dtype and tt.shape == (4, 6, 2 * row + 11, row)
     pre = params[0][:, 0].to(torch.float32)
     assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
 
 
-@pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide", "tall"])
+@pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide", "tall", "square"])
 @pytest.mark.parametrize("T", [256, 2048, 4096])
 def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
     """Below 2k query rows the lse pass launches `LSE_LAUNCH` (4 warps) on a plan of two
     programs per SM and mixes KC = LSE_KC keys per dot; from 2k rows (64-row tiles) 8 warps,
-    one program per SM, KC 8, 64 x 64; from 4k rows, for 16-bit inputs, "tall" (8 warps, one
-    program per SM, KC 4, 128 x 64: `lse_shape`; these fp32 ones keep "8warps"); the out
+    one program per SM, KC 8, 64 x 64; from 4k rows, for 16-bit inputs, "square" (8 warps, one
+    program per SM, KC 4, 128 x 128: `lse_shape`; these fp32 ones keep "8warps"); the out
     pass keeps 8 warps, at most one program per SM. LSE_SHAPE_ENV names a shape for every
     length (what a GPU run measures): "4warps" (64 x 32 from 2k rows), "8warps", "wide" (4
-    warps, 64 x 64), "tall" (128 rows; keys 32 below 2k rows). The kernels are not run (the
+    warps, 64 x 64), "tall" (128 rows; keys 32 below 2k rows), "square" (128 x 128). The
+    kernels are not run (the
     launches are recorded)."""
     from attnlens.kernels import _triton
     from attnlens.kernels.mta import triton_fwd
@@ -329,16 +330,20 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
-    # (the inputs are fp32, which keeps "8warps" from 4k rows; 16-bit ones take "tall")
+    # (the inputs are fp32, which keeps "8warps" from 4k rows; 16-bit ones take "square")
     name = shape or ("8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
     if name == "tall":
         tiles = (128, 64 if T >= 2048 else 32)
+    elif name == "square":
+        tiles = (128, 128)
     elif T >= 2048:
         tiles = {"4warps": (64, 32), "8warps": (64, 64), "wide": (64, 64)}[name]
     else:
         tiles = (32, 32)
-    if name in ("8warps", "tall"):
-        assert (lse_meta["num_warps"], lse_grid[0]) == (8, 4)
+    if name in ("8warps", "tall", "square"):
+        # (at 256 rows "square" has 3 tiles: 128 x 128, causal)
+        assert (lse_meta["num_warps"], lse_grid[0]) == (8, 3 if (name, T) == ("square", 256)
+                                                        else 4)
         assert lse_meta["KC"] == (8 if name == "8warps" else triton_fwd.LSE_KC)
     else:
         assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
@@ -349,7 +354,8 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
 
 
 def test_tall_lse_tiles_are_exact(monkeypatch):
-    """The "tall" lse shape's 128-row tiles (the default from 4k rows) on a short sequence:
+    """The "tall" lse shape's 128-row tiles (the default from 4k rows before "square") on a
+    short sequence:
     T 150 gives two row tiles of 128 (the second past the end) of 32-key tiles, next to the
     out pass's 32-row windows, against the float64 spec at official 6 x 11 kernels."""
     from attnlens.kernels.mta import triton_fwd
@@ -359,15 +365,64 @@ def test_tall_lse_tiles_are_exact(monkeypatch):
     _check(150, 150, 2, OFFICIAL, "both")
 
 
+def test_square_lse_tiles_are_exact(monkeypatch):
+    """The "square" lse shape's 128 x 128 tiles (the 16-bit default from 4k rows): phase 1 per
+    head in `_lse_wide_head`, a tile off the diagonal as one factored dot per row tap over its
+    128 keys in d_head chunks of 64 (inside the sequence; masked where its rows run past the
+    end: `dot_rows`' chunks), a tile at the diagonal in two 64-key halves. fp16, d_head 128,
+    T 400 on one program has all three: tile (256, 0) inside, (384, 0) and (384, 128) masked,
+    the others at the diagonal. The calls of each path (spied under the interpreter, the lse
+    pass only) are the trip model's, and out and lse match the fp32 spec."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.compile_check.trips import MODELS, kernel_env
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setattr(_triton, "sm_count", lambda device=None: 1)
+    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "square")
+    assert triton_fwd.lse_blocks(16, None, None, 128, 4096) == (128, 128)
+    phase, launches, calls = [], [], {"wide": [], "half": 0}
+    spy_launches(monkeypatch, triton_fwd, ("mta_lse_kernel", "mta_out_kernel"),
+                 lambda kernel, grid, args, meta: (phase.append(kernel.fn.__name__),
+                                                   launches.append((kernel, grid, args, meta))))
+    factored, conv = triton_fwd._factored_scores, triton_fwd._fwd_conv_scores
+
+    def spy_factored(*a, **kw):
+        if phase[-1] == "mta_lse_kernel" and int(getattr(a[14], "value", a[14])) == 128:
+            calls["wide"].append((int(a[7]), int(a[8])))          # (row0, col0)
+        return factored(*a, **kw)
+
+    def spy_conv(*a, **kw):
+        calls["half"] += phase[-1] == "mta_lse_kernel"
+        return conv(*a, **kw)
+
+    monkeypatch.setattr(triton_fwd, "_factored_scores", spy_factored)
+    monkeypatch.setattr(triton_fwd, "_fwd_conv_scores", spy_conv)
+    H = 2
+    _check(400, 400, H, OFFICIAL, "both", d=128, dtype=torch.float16)
+    assert sorted(set(calls["wide"])) == [(256, 0), (384, 0), (384, 128)]
+    assert len(calls["wide"]) == 3 * H
+    kernel, grid, args, meta = launches[0]
+    assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (128, 128) and grid[0] == 1
+    trips = MODELS["mta_lse_kernel"](kernel_env(SimpleNamespace(kernel=kernel, args=args,
+                                                                kwargs=meta)), grid)
+    tiles = 1 + 2 + 3 + 4                                         # causal 128 x 128 tiles
+    assert trips["it"] == tiles and trips["calls"] == tiles * H
+    assert trips["h0"] == calls["half"] == (tiles - 3) * H * 128 // triton_fwd.LSE_HALF.value
+    assert trips["a"][3:] == pytest.approx([1 * H * 6, 2 * H * 6])    # inside, masked factored
+    assert (trips["e0"], trips["d0"]) == (2, 1)                  # d_head 128 in chunks of 64
+
+
 def test_lse_shape_by_length_and_dtype():
-    """The default lse shape: "4warps" below 2k rows, "8warps" from there, "tall" from 4k for
-    16-bit inputs (fp32 keeps "8warps": "tall" spilled 248 B on sm_80 at fp32)."""
+    """The default lse shape: "4warps" below 2k rows, "8warps" from there, "square" from 4k
+    for 16-bit inputs (fp32 keeps "8warps": "tall" spilled 248 B on sm_80 at fp32)."""
     from attnlens.kernels.mta import triton_fwd
 
     shapes = triton_fwd.LSE_SHAPES
     assert triton_fwd.lse_shape(1024) is shapes["4warps"]
     assert triton_fwd.lse_shape(2048) is shapes["8warps"]
-    assert triton_fwd.lse_shape(4096) is shapes["tall"] and shapes["tall"].rows == 128
+    assert triton_fwd.lse_shape(4096) is shapes["square"]
+    assert shapes["tall"].rows == 128 == shapes["square"].rows == shapes["square"].cols
+    assert triton_fwd.lse_blocks(16, None, None, 128, 4096) == (128, 128)
     assert triton_fwd.lse_shape(4096, fp32=True) is shapes["8warps"]
     assert triton_fwd.lse_blocks(16, None, None, 128, 4096, fp32=True) == (64, 64)
 
@@ -553,12 +608,13 @@ def test_forward_grids_launch_a_program_per_sm_at_512_rows():
 
 
 def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
-    """`lse_blocks`: 128 x 64 tiles from 4,096 query rows ("tall"), 64-row tiles from 2,048,
-    32 x 32 below; BLOCK_N halves until the stages of an SM's programs (`[max(hb, 16),
+    """`lse_blocks`: 128 x 128 tiles from 4,096 query rows ("square"), 64-row tiles from
+    2,048, 32 x 32 below; BLOCK_N halves until the stages of an SM's programs (`[max(hb, 16),
     BLOCK_M, BLOCK_N]` fp32 each) fit the shape's budget (`LSE_STAGE_BYTES_PER_SM`, 256 KiB:
     64 x 64 at one program per SM, the default from 2k rows; 64 x 32 at the two of "4warps";
     64 x 16 at 32 heads; "wide" and "tall" twice the budget: 128 x 64 at one program per SM,
-    128 x 32 at two or at 32 heads); explicit blocks win; `forward_grids` takes them. (The
+    128 x 32 at two or at 32 heads; "square" four times: 128 x 128, 128 x 64 at two or at 32
+    heads); explicit blocks win; `forward_grids` takes them. (The
     lse pass stages each head's convolved scores and mixes them by a dot, so no all-heads
     tensor limits its tiles.)"""
     from attnlens.kernels.mta import triton_fwd
@@ -567,18 +623,19 @@ def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
     for hb in (4, 16):
         for d in (64, 128):
             assert lse_blocks(hb, None, None, d, 4096) == lse_blocks(hb, None, None, d) \
-                == (128, 64)
+                == (128, 128)
             assert lse_blocks(hb, None, None, d, 2048) == (64, 64)
-            assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (128, 32)
+            assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (128, 64)
             assert lse_blocks(hb, None, None, d, 1024) == (32, 32)
     assert lse_blocks(4, 16, 16, 128) == (16, 16)
     assert 16 * 64 * 64 * 4 == triton_fwd.LSE_STAGE_BYTES_PER_SM
     g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
-    assert (g.block_m, g.block_n) == (128, 64)
+    assert (g.block_m, g.block_n) == (128, 128)
     g = forward_grids(1, 2048, 2048, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
     assert (g.block_m, g.block_n) == (64, 64)
     for shape, tiles, tiles32 in (("4warps", (64, 32), (64, 16)), ("8warps", (64, 64), (64, 32)),
-                                  ("wide", (64, 64), (64, 32)), ("tall", (128, 64), (128, 32))):
+                                  ("wide", (64, 64), (64, 32)), ("tall", (128, 64), (128, 32)),
+                                  ("square", (128, 128), (128, 64))):
         monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
         assert lse_blocks(16, None, None, 128, 4096) == tiles
         assert lse_blocks(32, None, None, 128, 4096) == tiles32
@@ -727,6 +784,38 @@ def test_out_pass_with_and_without_key_window_pairs(monkeypatch, T, pairs):
     assert seen == [pairs == "1"]
 
 
+def _out_pass_on_and_off(monkeypatch, path: str, setting: str, H: int):
+    """The out pass with `setting` "1" then "0" (pairs on, one program): fp16, 90 queries at
+    the end of 300 keys in 32 x 64 windows, `H` heads, d_head 16. Returns both runs' (out,
+    lse), the calls of the kernel's function `path` counted after each run (a spy: the
+    interpreter calls it as a Python function), both launches' meta, and the trip model of
+    the first launch."""
+    from attnlens.kernels import _triton
+    from attnlens.kernels.compile_check.trips import MODELS, kernel_env
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
+    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
+    launches, path_calls = [], []
+    spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
+                 lambda kernel, grid, args, meta: launches.append((kernel, grid, args, meta)))
+    real = getattr(triton_fwd, path)
+    monkeypatch.setattr(triton_fwd, path,
+                        lambda *a, **kw: path_calls.append(1) or real(*a, **kw))
+    T_q, T_k, d = 90, 300, 16
+    q, k, v = (t.to(DEVICE, torch.float16) for t in _qkv(T_q, T_k, H, d))
+    params = [None if p is None else p.to(DEVICE) for p in _params(H, **OFFICIAL)]
+    outs, calls = [], []
+    for value in ("1", "0"):
+        monkeypatch.setenv(setting, value)
+        outs.append(mta_attention(q, k, v, *params, pad_key="both", scale=d ** -0.5))
+        calls.append(len(path_calls))
+    (kernel, grid, args, meta), (*_, meta_off) = launches
+    trips = MODELS["mta_out_kernel"](kernel_env(SimpleNamespace(kernel=kernel, args=args,
+                                                                kwargs=meta)), grid)
+    return outs, calls, (meta, meta_off), trips
+
+
 def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
     """PAIR_SCORES: a key-window pair whose taps stay inside the sequence and off the diagonal
     (`_pair_staged`) has both windows' scores staged at its first, one q tile read per head
@@ -737,36 +826,62 @@ def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
     as with PAIR_SCORES_ENV "0" (d_head 16: one chunk, the same dots in the same order),
     head by head (2 heads), which the spec checks elsewhere (the paths without PAIR_SCORES,
     above)."""
-    from attnlens.kernels import _triton
-    from attnlens.kernels.compile_check.trips import MODELS, kernel_env
     from attnlens.kernels.mta import triton_fwd
 
-    monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
-    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
-    launches, pair_calls = [], []
-    spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
-                 lambda kernel, grid, args, meta: launches.append((kernel, grid, args, meta)))
-    # the kernel's calls of the pair path (the interpreter calls it as a Python function)
-    pair_path = triton_fwd._stage_pair_scores
-    monkeypatch.setattr(triton_fwd, "_stage_pair_scores",
-                        lambda *a, **kw: pair_calls.append(1) or pair_path(*a, **kw))
-    T_q, T_k, H, d = 90, 300, 2, 16
-    q, k, v = (t.to(DEVICE, torch.float16) for t in _qkv(T_q, T_k, H, d))
-    params = [None if p is None else p.to(DEVICE) for p in _params(H, **OFFICIAL)]
-    outs, calls = [], []
-    for staged in ("1", "0"):
-        monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, staged)
-        outs.append(mta_attention(q, k, v, *params, pad_key="both", scale=d ** -0.5))
-        calls.append(len(pair_calls))
+    H = 2
+    outs, calls, (meta, meta_off), trips = _out_pass_on_and_off(
+        monkeypatch, "_stage_pair_scores", triton_fwd.PAIR_SCORES_ENV, H)
     assert calls == [2, 2]                     # two pairs staged together, none without
-    (kernel, grid, args, meta), (*_, meta_off) = launches
     assert meta["PAIR_SCORES"] and not meta_off["PAIR_SCORES"] and meta["PAIRS"]
-    trips = MODELS["mta_out_kernel"](kernel_env(SimpleNamespace(kernel=kernel, args=args,
-                                                                kwargs=meta)), grid)
     assert trips["calls"] == pytest.approx(2)                # two pairs staged together
     assert trips["n"][-1] == pytest.approx(H * 2)
     for on, off in zip(outs[0], outs[1], strict=True):
         assert torch.equal(on, off) and not on.isnan().any()
+
+
+def test_out_pass_runs_a_pairs_first_phases_for_both(monkeypatch):
+    """PAIR_PHASES: a key-window pair's first window runs phases 1-3 for both windows (its
+    second's scores staged with its own, whether together or one by one; both windows'
+    probabilities; Conv_post with each Toeplitz tile read once, each head's C written over its
+    P, `_conv_post_pair`), its second window only phases 4-5. fp16, 90 queries at the end of
+    300 keys in 32 x 64 windows on one program, 2 heads: the kernel's calls of the pair path
+    (one per head and pair) are the trip model's, and out and lse are the same bits as with
+    PAIR_PHASES_ENV "0" (the same dots in the same order, only the stage parts differ)."""
+    from attnlens.kernels.mta import triton_fwd
+
+    H = 2
+    outs, calls, (meta, meta_off), trips = _out_pass_on_and_off(
+        monkeypatch, "_conv_post_pair", triton_fwd.PAIR_PHASES_ENV, H)
+    assert meta["PAIR_PHASES"] and not meta_off["PAIR_PHASES"] and meta_off["PAIR_SCORES"]
+    pairs = trips["n"][1] / H * trips["it"]               # the joint phase 3's head loop
+    assert pairs == pytest.approx(round(pairs)) and round(pairs) >= 3
+    assert calls == [H * round(pairs)] * 2                # none with PAIR_PHASES off
+    assert trips["w"][1] == pytest.approx(1.0)            # phase 2: every window once
+    for on, off in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(on, off) and not on.isnan().any()
+
+
+def test_pair_phases_setting(monkeypatch):
+    """`pair_phases`: with `pair_scores`, from ROWS_64_FROM query rows at 16 heads (elsewhere
+    the out pass spilled) unless PAIR_PHASES_ENV is "0", anywhere where it is "1"; another
+    value is an error naming the variable."""
+    from attnlens.kernels.mta import triton_fwd
+
+    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
+    long, short = triton_fwd.ROWS_64_FROM, triton_fwd.ROWS_64_FROM - 1
+    for scores in ("0", "1"):
+        monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, scores)
+        for value, want_long, want_short in (("", scores == "1", False),
+                                             ("1", scores == "1", scores == "1"),
+                                             ("0", False, False)):
+            monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, value)
+            assert triton_fwd.pair_phases(t_q=long) is want_long
+            assert triton_fwd.pair_phases(t_q=short) is want_short
+            for heads in (4, 8, 32):
+                assert triton_fwd.pair_phases(t_q=long, heads=heads) is want_short
+    monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, "yes")
+    with pytest.raises(ValueError, match="ATTNLENS_MTA_PAIR_PHASES='yes': expected 0 or 1"):
+        triton_fwd.pair_phases()
 
 
 def test_pair_scores_setting(monkeypatch):

@@ -91,6 +91,8 @@ class Hazard:
 # innermost loops around its pointer's definition it speaks for (default 1: the innermost
 # only), so a barrier missing at the end of an outer loop (a key tile) is still reported.
 _SCRATCH_LOAD = 'return tl.load(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")'
+# The MTA out pass's phase-3 read of P a row tap down (a window alone's loop).
+_P_ROW_TAP = "x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC"
 ACCEPTED = {
     ("triton_fwd_tc.py", "_out_tile", "tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)"): (
         "head n's slot: iteration n reads slot n, then (after a barrier) writes it; the next "
@@ -149,15 +151,25 @@ ACCEPTED = {
      "tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],"): (
         "phase 3 writes head n's map in the C half of the stage (c_st) and reads only the P "
         "half (p_st), each head its own map",
-        (("write after read", "x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC"),)),
+        (("write after read", _P_ROW_TAP),)),
     ("triton_fwd.py", "mta_out_kernel",
      "tl.store(dst + hk, tl.where(ok[None, :, :], pattern, 0.0).to(w2t.dtype))"): (
         "phase 4 writes key chunk c0 of the P half (dst = p_st; read only after the next "
         "barrier) or, for a pair's first window (PAIRS), of the part after the C half (dst = "
         "p_st + 2 HB AR AC; read only in the next window's phase 5, after barriers), and "
-        "reads only the C half (c_st = p_st + HB AR AC): the pointer's offset is set at run "
-        "time, so the check cannot tell the parts apart",
-        (("write after read", "x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)"),)),
+        "reads only C (src: the C half, c_st = p_st + HB AR AC; with PAIR_PHASES a pair's first "
+        "window's C over its P in part 0, whose pattern goes to part 2, and its second's in "
+        "part 1, whose pattern goes to part 0): never the part it writes, but the pointers' "
+        "offsets are set at run time, so the check cannot tell the parts apart",
+        (("write after read", "x = tl.load(src + hk, mask=h_valid[:, None, None], other=0.0)"),)),
+    ("triton_fwd.py", "_conv_post_pair", "tl.store(PA + own, conv_a.to(PA.dtype.element_ty))"): (
+        "PAIR_PHASES' phase 3, head n's C over head n's P of a pair's first window, after the "
+        "barrier that follows every read of that P; the next head loop iteration reads head "
+        "n + 1's P, and the single-window loop after it reads P only for a window alone (mode "
+        "0; its head count is 0 for a pair's first window)", (("read after write", _P_ROW_TAP),)),
+    ("triton_fwd.py", "_conv_post_pair", "tl.store(PB + own, conv_b.to(PB.dtype.element_ty))"): (
+        "as the store to PA, for the pair's second window's part",
+        (("read after write", _P_ROW_TAP),)),
     ("triton_fwd.py", "_z_add_head",
      "tl.store(z_ptr, tl.load(z_ptr, mask=z_mask, other=0.0) + _dot(pattern, v, IEEE),"): (
         "the out pass's phase 5: head n (n2) and d_head chunk d0 of the window's z rows, read "

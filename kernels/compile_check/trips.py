@@ -226,13 +226,38 @@ def _mta_lse(env, grid):
     so the products count the work); then the staged
     scores' mixing in key chunks `c0` of KC (`triton_fwd.mta_fwd`: KC = min(LSE_KC,
     BLOCK_N))."""
+    from attnlens.kernels.mta.triton_fwd import LSE_HALF
+
+    half = LSE_HALF.value
     bm, bn = env["BLOCK_M"], env["BLOCK_N"]
     progs = _mta_out_windows(dict(env, N_W=env.get("N_T")), grid, bm, bn)
     windows = [(m0, bm, n0, bn) for prog in progs for m0, n0 in prog]
-    shares = _mta_tap_shares(env, windows)
-    return {"it": _avg(len(p) for p in progs), "n": env["H"],
-            "a": [env["CQ"] * f for f in shares], "t0": _mta_toeplitz_chunks(env, windows),
-            "c0": bn // env.get("KC", min(8, bn))}
+    w, h, cq = _avg(len(p) for p in progs), env["H"], env["CQ"]
+    out = {"it": w, "n": h, "c0": bn // env.get("KC", min(8, bn))}
+    if bn <= half:
+        shares = _mta_tap_shares(env, windows)
+        return out | {"a": [cq * f for f in shares], "t0": _mta_toeplitz_chunks(env, windows)}
+    # Wide tiles: phase 1 is `_lse_wide_head`, called per head (`calls`: H per tile), its own
+    # SASS function after the kernel's code: a tile at the diagonal in LSE_HALF-key halves
+    # (`h0`, each `_fwd_conv_scores`' branches: `a` Toeplitz / inside / masked, `t0`), else
+    # the factored taps over all keys (`a` inside, with d_head chunks `e0` of at most
+    # LSE_HALF; `a` masked, with `dot_rows`' chunks `d0` after its first), in address order.
+    # (`triton_fwd.LSE_HALF`: the halves' keys and the chunks' d_head)
+    diagonal = [_mta_direct_share(env, [win]) == 1.0 for win in windows]
+    halves = [(m0, r, n0 + h0, half) for (m0, r, n0, c), at in zip(windows, diagonal,
+                                                                    strict=True)
+              if at for h0 in range(0, c, half)]
+    wide = [win for win, at in zip(windows, diagonal, strict=True) if not at]
+    share = len(wide) / len(windows) if windows else 0.0
+    inside = _avg(_mta_unmasked_factored(env, *win) for win in wide) * share
+    calls = w * h
+    dch = min(env["SCH"], half)
+    return out | {"calls": calls, "h0": calls * (1.0 - share) * bn / half,
+                  "a": [cq * f for f in _mta_tap_shares(env, halves)]
+                  + [calls * cq * inside, calls * cq * (share - inside)],
+                  "t0": _mta_toeplitz_chunks(env, halves),
+                  "e0": math.ceil(env["D"] / half),
+                  "d0": math.ceil(env["D"] / dch) - 1}
 
 
 def _mta_out_windows(env, grid, rows, step, with_modes: bool = False):
@@ -308,10 +333,20 @@ def _mta_out(env, grid):
     pair, pair_a = ([h * w * joint], [env["CQ"]]) if paired else ([], [])
     if paired:                                # the pair's d_head chunks of at most 64
         out |= {"e0": env["BLOCK_D"] // min(env["BLOCK_D"], 64), "calls": w * joint}
+    if env.get("PAIR_PHASES"):
+        # a pair's first window runs phases 1-2 for both in loops `w` (phase 1: the windows
+        # staged one by one, `single`; phase 2 two windows, its second none) and phase 3 for
+        # both (`n`, `a`: `_conv_post_pair`); a window alone phase 3 as before (`n`, `a`)
+        first = _avg(m == 1 for m in modes) if modes else 0.0
+        out |= {"w": [alone_staged, alone + 2 * first]}
+        post, n3 = [env["CQ2"], env["CQ2"]], [h * first, h * alone]
+        phase1 = [h]                          # per window of its `w` loop
+    else:
+        n3, phase1 = [h], [h * alone_staged]
     if env.get("STAGE_CALL"):                 # (both called: calls summed, an approximation)
-        return out | {"n": [h, h * alone] + pair + [h * w * alone_staged],
+        return out | {"n": n3 + [h * alone] + pair + [h * w * alone_staged],
                       "a": post + pair_a + pre, "calls": w * (alone_staged + joint)}
-    return out | {"n": [h * alone_staged, h, h * alone] + pair, "a": pre + post + pair_a}
+    return out | {"n": phase1 + n3 + [h * alone] + pair, "a": pre + post + pair_a}
 
 
 # MTA's backward (`mta/triton_bwd.py`): persistent programs run the key windows of their row

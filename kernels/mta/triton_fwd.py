@@ -1,7 +1,7 @@
 """Fused Multi-Token Attention, forward: two passes on tensor cores, all heads of a window in
 one program (the head mixings couple every head of a group).
 
-Pass 1 (`mta_lse_kernel`, 64 x 64 tiles, 128 x 64 from 4k rows: each head's convolved scores
+Pass 1 (`mta_lse_kernel`, 64 x 64 tiles, 128 x 128 from 4k rows: each head's convolved scores
 staged, then mixed by one dot) computes the row log-sum-exp of the logits L (pre-softmax
 key-query convolution, head mixing); pass 2 (`mta_out_kernel`, 64 x 64 windows, five phases
 on per-program stages) forms the probabilities `A = exp(L - lse)` on a window, applies the
@@ -56,6 +56,9 @@ from attnlens.kernels.mta.out_plan import out_plan, persistent_splits, plan_tabl
 # A constexpr: compiled kernels may read only constexpr globals (a plain float compiles
 # under the interpreter but is a NameError for the real compiler).
 LOG2E = tl.constexpr(1.4426950408889634)
+# The lse pass's wide tiles (`_lse_wide_head`): keys per half of a tile at the diagonal, and
+# the d_head chunk of the factored dots off it.
+LSE_HALF = tl.constexpr(64)
 
 
 @triton.jit
@@ -73,28 +76,38 @@ def _allowed(rows, cols, T_Q, T_K, Q_OFFSET, kv_ptr, HAS_KVALID: tl.constexpr):
 @triton.jit
 def _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
                      IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-                     BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+                     BLOCK_D: tl.constexpr, SCH: tl.constexpr, PD: tl.constexpr = 0):
     """The unscaled factored taps `sum_a q_{i-(CQ-1)+a} . kt_a(j)` `[R, C]` fp32 (CQ dots) of
-    a window whose taps reach no causally masked pair (`_fwd_conv_scores`)."""
+    a window whose taps reach no causally masked pair (`_fwd_conv_scores`). PD > 0: d_head
+    in chunks of at most PD (each chunk's dot added in order), else whole."""
     first_row = row0 - (CQ - 1)
     acc = tl.zeros([R, C], dtype=tl.float32)
     cols = col0 + tl.arange(0, C)
+    DP: tl.constexpr = BLOCK_D if PD == 0 or PD > BLOCK_D else PD
     if _interior(first_row, row0 + R, col0, col0 + C, T_Q, T_K, D, BLOCK_D, SCH):
         # every row tap and key inside the sequence and one chunk of d_head: the same CQ dots
         # without masks
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_d = tl.arange(0, DP)
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
-            x = tl.load(Q + q_base + rows[:, None] * sq_t + offs_d[None, :] * sq_d)
-            yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D + offs_d[:, None])
-            acc += _dot(x, yt, IEEE)
+            if DP == BLOCK_D:
+                x = tl.load(Q + q_base + rows[:, None] * sq_t + offs_d[None, :] * sq_d)
+                yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D + offs_d[:, None])
+                acc += _dot(x, yt, IEEE)
+            else:                        # runtime bound: an unrolled loop kept both live
+                for e0 in range(0, D, DP):
+                    x = tl.load(Q + q_base + rows[:, None] * sq_t
+                                + (e0 + offs_d)[None, :] * sq_d)
+                    yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D
+                                 + (e0 + offs_d)[:, None])
+                    acc += _dot(x, yt, IEEE)
     else:                                            # factored through q and kt: CQ dots
         c_in = (cols >= 0) & (cols < T_K)
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
             acc += dot_rows(Q + q_base, rows * sq_t, (rows >= 0) & (rows < T_Q), sq_d,
                             KT + kt_base + a * (T_K * D), cols * D, c_in, 1, D, IEEE, BLOCK_D,
-                            SCH)
+                            SCH if SCH <= DP else DP)
     return acc
 
 
@@ -192,6 +205,34 @@ def _interior(first_row, rows_end, col0, cols_end, T_Q, T_K, D, BLOCK_D: tl.cons
         return False
 
 
+@triton.jit(noinline=True)
+def _lse_wide_head(Q, K, KT, S, kv_ptr, TT, TT_ROW: tl.constexpr, q_base, k_base, kt_base, sq_t,
+                   sq_d, sk_t, sk_d, n, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                   HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr,
+                   C: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr):
+    """Phase 1 of the lse pass on a wide tile (`[R, C]`, C 128: "square"), one head (q, k
+    and kt already offset to it): its convolved scores to its fp32 stage `S [R, C]`. Off the
+    diagonal one factored dot per row tap over all C keys, d_head in chunks of at most 64
+    (`_factored_scores` with PD 64: a `[128, 128]` accumulator's whole-d_head operands
+    spilled at d_head 128); a tile whose taps cross the diagonal in two 64-key halves
+    (`_fwd_conv_scores`, each as a "tall" tile's: the Toeplitz form's two `[R, C]` fp32
+    tensors at C 128 spilled). Its own SASS function (`noinline`, scalar arguments): inlined,
+    or with the head loop inside it, the kernel spilled 48-200 B at d_head 128 (sm_90 /
+    sm_80, triton 3.9.0 and 3.6.0); called per head, 0 B."""
+    offs_r = tl.arange(0, R)
+    if _taps_cross_diagonal(row0, col0 + C, Q_OFFSET, CQ, CK, LEFT):
+        for h0 in range(0, C, LSE_HALF):
+            conv = _fwd_conv_scores(Q, K, KT, q_base, k_base, kt_base, sq_t, sq_d, sk_t, sk_d,
+                                    kv_ptr, TT, TT_ROW, n, D, row0, col0 + h0, T_Q, T_K,
+                                    Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, R, LSE_HALF,
+                                    BLOCK_D, SCH)
+            tl.store(S + offs_r[:, None] * C + (h0 + tl.arange(0, LSE_HALF))[None, :], conv)
+    else:
+        conv = _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K, CQ,
+                                IEEE, R, C, BLOCK_D, SCH, LSE_HALF)
+        tl.store(S + offs_r[:, None] * C + tl.arange(0, C)[None, :], conv * scale)
+
+
 @triton.jit
 def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, PLAN,
                    sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
@@ -216,7 +257,8 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
     mixing is one fp32 dot of `WT [HB, HB]` (`WT[m, n] = W[n, m]`, zero-padded; HB >= 16) with
     the stacked `[HB, BLOCK_M * KC]` scores (IEEE: the same fp32 products as `bwd_logits`'
     head-by-head sum, in another order), Mask_-inf, and the online logsumexp. q and the
-    folded keys are read once per 64 x 64 tile and head, and W once per program."""
+    folded keys are read once per tile and head, and W once per program. Tiles of more than
+    64 keys ("square") stage each head's scores in `_lse_wide_head`."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
     offs_r = tl.arange(0, BLOCK_M)
     offs_c = tl.arange(0, BLOCK_N)
@@ -232,13 +274,19 @@ def mta_lse_kernel(Q, K, KT, LSE, KVALID, STAGE1, TT, TT_ROW: tl.constexpr, WT, 
     for it in range(tl.load(row), tl.load(row + 1)):
         m0, n0, split, _ = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)
         for n in range(0, H):                 # phase 1: each head's convolved scores
-            conv = _fwd_conv_scores(Q, K, KT, b * sq_b + n * sq_h, b * sk_b + n * sk_h,
-                                    kt_base + n * (CQ * T_K * D), sq_t, sq_d, sk_t, sk_d,
-                                    kv_ptr, TT, TT_ROW, n, D, m0, n0, T_Q, T_K, Q_OFFSET,
-                                    scale, CQ, CK, LEFT, HAS_KVALID, IEEE, BLOCK_M, BLOCK_N,
-                                    BLOCK_D, SCH)
-            tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
-                     + offs_c[None, :], conv)
+            q_n, k_n, kt_n = b * sq_b + n * sq_h, b * sk_b + n * sk_h, kt_base + n * (CQ * T_K * D)
+            if BLOCK_N > LSE_HALF:            # wide tiles: a SASS function of their own
+                _lse_wide_head(Q, K, KT, stage + n * (BLOCK_M * BLOCK_N), kv_ptr, TT, TT_ROW,
+                               q_n, k_n, kt_n, sq_t, sq_d, sk_t, sk_d, n, D, m0, n0, T_Q, T_K,
+                               Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, BLOCK_M,
+                               BLOCK_N, BLOCK_D, SCH)
+            else:
+                conv = _fwd_conv_scores(Q, K, KT, q_n, k_n, kt_n, sq_t, sq_d, sk_t, sk_d, kv_ptr,
+                                        TT, TT_ROW, n, D, m0, n0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                                        CK, LEFT, HAS_KVALID, IEEE, BLOCK_M, BLOCK_N, BLOCK_D,
+                                        SCH)
+                tl.store(stage + n * (BLOCK_M * BLOCK_N) + offs_r[:, None] * BLOCK_N
+                         + offs_c[None, :], conv)
         tl.debug_barrier()
         m0, n0, split, _ = _plan_window(PLAN + it, KW, N_T, BLOCK_M, BLOCK_N)  # (_plan_window)
         offs_m = m0 + offs_r
@@ -374,6 +422,82 @@ def _plan_window(entry, KW, N_W, BMe, BNe, MODES: tl.constexpr = False):
 
 
 @triton.jit
+def _stage_window(Q, K, KT, S1, kv_ptr, TT, TT_ROW: tl.constexpr, q_base, k_base, kt_base, sq_t,
+                  sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                  CK, LEFT, HAS_KVALID: tl.constexpr, IEEE: tl.constexpr, AR: tl.constexpr,
+                  AC: tl.constexpr, BLOCK_D: tl.constexpr, SCH: tl.constexpr,
+                  STAGE_CALL: tl.constexpr):
+    """The out pass's phase 1 of one window: `_stage_scores`, called (STAGE_CALL) or inline."""
+    if STAGE_CALL:
+        _stage_scores_call(Q, K, KT, S1, kv_ptr, TT, TT_ROW, q_base, k_base, kt_base, sq_t, sq_h,
+                           sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale,
+                           CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+    else:
+        _stage_scores(Q, K, KT, S1, kv_ptr, TT, TT_ROW, q_base, k_base, kt_base, sq_t, sq_h,
+                      sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET, scale, CQ,
+                      CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH)
+
+
+@triton.jit
+def _pair_windows(mode):
+    """PAIR_PHASES: the windows whose phases 1-2 a window runs: a pair's first (mode 1) both,
+    its second (mode 2) none, a window alone (mode 0) its own."""
+    return tl.where(mode == 2, 0, tl.where(mode == 1, 2, 1))
+
+
+@triton.jit
+def _probabilities(S1, P, WT, LSE, kv_ptr, b, H, T_Q, T_K, Q_OFFSET, m0, n0, CQ2, LEFT2,
+                   HAS_KVALID: tl.constexpr, HB: tl.constexpr, AR: tl.constexpr,
+                   AC: tl.constexpr, KC: tl.constexpr):
+    """The out pass's phase 2 of the window at rows `m0`, keys `n0` (outputs; halos before):
+    KC keys at a time the pre-softmax mixing of its staged scores `S1 [HB, AR, AC]` as one fp32
+    dot, Mask_-inf, `A = exp(L - lse)` -> `P [HB, AR, AC]` (STAGE2's dtype)."""
+    offs_h = tl.arange(0, HB)
+    h_valid = offs_h < H
+    offs_kc = tl.arange(0, KC)
+    a_rows = m0 - (CQ2 - 1) + tl.arange(0, AR)
+    a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
+    for c0 in range(0, AC, KC):               # 2: mixing dot, Mask_-inf, probabilities
+        hk = _chunk_offsets(HB, AR, AC, KC) + c0
+        s = tl.load(S1 + hk, mask=h_valid[:, None, None], other=0.0)
+        wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])          # (1 KB, L1)
+        x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, AR * KC]), input_precision="ieee"),
+                       [HB, AR, KC])
+        ok = _allowed(a_rows, n0 - LEFT2 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr,
+                      HAS_KVALID)
+        # Read per chunk (not kept across the key loop: 4 registers a thread at 16 heads).
+        # Rows outside the sequence and empty rows (lse -inf) get +inf: probabilities 0.
+        lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
+                      mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        x = tl.where(ok[None, :, :], x * LOG2E - lse2[:, :, None], float("-inf"))
+        tl.store(P + hk, tl.math.exp2(x).to(P.dtype.element_ty))
+
+
+@triton.jit
+def _conv_post_pair(PA, PB, TOEP, CQ2, IEEE: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr):
+    """Phase 3 of a key-window pair (PAIR_PHASES), one head: Conv_post of both windows'
+    probabilities `PA`, `PB` (`[AR, AC]` each), each row tap's banded Toeplitz tile `TOEP[a]`
+    read once for the two dots; after a barrier (every thread has read this head's P) each
+    window's C is written over its P, which nothing reads again (the next head's P lies
+    elsewhere)."""
+    offs_ar = tl.arange(0, AR)
+    offs_ac = tl.arange(0, AC)
+    conv_a = tl.zeros([AR, AC], dtype=tl.float32)
+    conv_b = tl.zeros([AR, AC], dtype=tl.float32)
+    for a in range(0, CQ2):
+        toep = tl.load(TOEP + a * (AC * AC) + offs_ac[:, None] * AC + offs_ac[None, :])
+        shifted = (offs_ar[:, None] + a) * AC + offs_ac[None, :]
+        in_window = (offs_ar + a < AR)[:, None]
+        conv_a += _dot(tl.load(PA + shifted, mask=in_window, other=0.0), toep, IEEE)
+        conv_b += _dot(tl.load(PB + shifted, mask=in_window, other=0.0), toep, IEEE)
+    tl.debug_barrier()
+    own = offs_ar[:, None] * AC + offs_ac[None, :]
+    tl.store(PA + own, conv_a.to(PA.dtype.element_ty))
+    tl.store(PB + own, conv_b.to(PB.dtype.element_ty))
+
+
+@triton.jit
 def _z_add_head(pattern, n, v_base, keys, k_ok, z_base, m_own, offs_ar, H, D, sv_h, sv_t, sv_d,
                 IEEE: tl.constexpr, DCH: tl.constexpr):
     """The out pass's phase 5 for head n: its z rows += `pattern [AR, K] v[keys]`, d_head
@@ -399,7 +523,7 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
                    HB: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr, BLOCK_D: tl.constexpr,
                    KC: tl.constexpr, DCH: tl.constexpr, SCH: tl.constexpr,
                    STAGE_CALL: tl.constexpr, PAIRS: tl.constexpr = False,
-                   PAIR_SCORES: tl.constexpr = False):
+                   PAIR_SCORES: tl.constexpr = False, PAIR_PHASES: tl.constexpr = False):
     """Pass 2, a persistent grid `(programs, batch)` (`out_plan`: about one program per SM):
     z = Mix_post(Mask_0(Conv_post(A))) v.
 
@@ -445,6 +569,16 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
     scores are in STAGE1's second part either way (staged by its first, or by itself). (At
     4k, 16 heads, d_head 128 q was 20% of the pass's global bytes, read once per window.)
 
+    PAIR_PHASES (with PAIR_SCORES, `pair_phases`): a pair's first window runs phases 1-3 for
+    both windows and its second only phases 4-5. Phase 1 stages the second's scores too
+    (together where `_pair_staged` admits the pair, else one window after the other,
+    `_stage_window`), phase 2 writes both windows' P (`_probabilities`: STAGE2's parts 0 and
+    1), phase 3 reads each head's Toeplitz tiles once for both windows' dots
+    (`_conv_post_pair`) and writes each window's C over its P after a barrier. Phase 4 reads
+    C where it lies: the first's in part 0 (its pattern to part 2, as with PAIRS), the
+    second's in part 1 (its pattern to part 0). No stage part more. (At 4k, 16 heads, d_head
+    128 the Toeplitz tiles were 12.5% of the pass's global bytes, read once per window.)
+
     The stages are written by one thread and read by others (the phases' layouts differ, and
     phase 3 reads rows shifted by its taps), so a `tl.debug_barrier` closes every phase."""
     b, prog, row = table_tile(PLAN, 2)    # prog: the program's slot in the stages
@@ -480,41 +614,40 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
         if staged == 1:                       # 1: both windows' convolved scores
             _stage_pair_scores(Q, KT, s1, b * sq_b, kt_base, sq_t, sq_h, sq_d, H, T_K, D, row0,
                                col0, col0 + NS * BNe, scale, CQ, IEEE, HB, AR, AC, BLOCK_D)
+        elif PAIR_PHASES:                     # 1: a pair's first window stages both, one by one
+            for w in range(0, _pair_windows(mode)):
+                _stage_window(Q, K, KT, s1 + w * (HB * AR * AC), kv_ptr, TT, TT_ROW, b * sq_b,
+                              b * sk_b, kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0,
+                              col0 + w * (NS * BNe), T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT,
+                              HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH, STAGE_CALL)
         elif staged == 0:                     # 1: each head's convolved scores
-            if STAGE_CALL:
-                _stage_scores_call(Q, K, KT, s1w, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b,
-                                   kt_base, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0,
-                                   T_Q, T_K, Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR,
-                                   AC, BLOCK_D, SCH)
-            else:
-                _stage_scores(Q, K, KT, s1w, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base,
-                              sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K,
-                              Q_OFFSET, scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D,
-                              SCH)
+            _stage_window(Q, K, KT, s1w, kv_ptr, TT, TT_ROW, b * sq_b, b * sk_b, kt_base, sq_t,
+                          sq_h, sq_d, sk_t, sk_h, sk_d, H, D, row0, col0, T_Q, T_K, Q_OFFSET,
+                          scale, CQ, CK, LEFT, HAS_KVALID, IEEE, AR, AC, BLOCK_D, SCH,
+                          STAGE_CALL)
         tl.debug_barrier()                    # STAGE1 written per head, read per key chunk
         m0, n0, split, mode = _plan_window(PLAN + it, KW, N_W, BMe, BNe, PAIRS)
         s1w = s1                              # (a pair's second: the second part)
         if PAIR_SCORES:
             s1w = s1 + (mode == 2) * (HB * AR * AC)
-        a_rows = m0 - (CQ2 - 1) + offs_ar
-        a_rows_in = (a_rows >= 0) & (a_rows < T_Q)
-        for c0 in range(0, AC, KC):           # 2: mixing dot, Mask_-inf, probabilities
-            hk = _chunk_offsets(HB, AR, AC, KC) + c0
-            s = tl.load(s1w + hk, mask=h_valid[:, None, None], other=0.0)
-            wt = tl.load(WT + offs_h[:, None] * HB + offs_h[None, :])      # (1 KB, L1)
-            x = tl.reshape(tl.dot(wt, tl.reshape(s, [HB, AR * KC]), input_precision="ieee"),
-                           [HB, AR, KC])
-            ok = _allowed(a_rows, n0 - LEFT2 + c0 + offs_kc, T_Q, T_K, Q_OFFSET, kv_ptr,
-                          HAS_KVALID)
-            # Read per chunk (not kept across the key loop: 4 registers a thread at 16 heads).
-            # Rows outside the sequence and empty rows (lse -inf) get +inf: probabilities 0.
-            lse = tl.load(LSE + (b * H + offs_h[:, None]) * T_Q + a_rows[None, :],
-                          mask=h_valid[:, None] & a_rows_in[None, :], other=float("inf"))
-            lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-            x = tl.where(ok[None, :, :], x * LOG2E - lse2[:, :, None], float("-inf"))
-            tl.store(p_st + hk, tl.math.exp2(x).to(STAGE2.dtype.element_ty))
+        if PAIR_PHASES:                       # 2: a pair's first window, both; its second none
+            for w in range(0, _pair_windows(mode)):
+                part = w * (HB * AR * AC)
+                _probabilities(s1 + part, p_st + part, WT, LSE, kv_ptr, b, H, T_Q, T_K,
+                               Q_OFFSET, m0, n0 + w * (NS * BNe), CQ2, LEFT2, HAS_KVALID, HB,
+                               AR, AC, KC)
+        else:
+            _probabilities(s1w, p_st, WT, LSE, kv_ptr, b, H, T_Q, T_K, Q_OFFSET, m0, n0, CQ2,
+                           LEFT2, HAS_KVALID, HB, AR, AC, KC)
         tl.debug_barrier()                    # P written per key chunk, read a rows down
-        for n in range(0, H):                 # 3: Conv_post of head n, CQ2 Toeplitz dots
+        heads = H                             # 3: the heads of the loop below
+        if PAIR_PHASES:                       # a pair's first window: both windows, each
+            heads = tl.where(mode == 0, H, 0)  # Toeplitz tile read once; its second: none
+            if mode == 1:
+                for n in range(0, H):         # (C over P, head by head: `_conv_post_pair`)
+                    _conv_post_pair(p_st + n * (AR * AC), p_st + (HB + n) * (AR * AC),
+                                    TOEP + n * (CQ2 * AC * AC), CQ2, IEEE, AR, AC)
+        for n in range(0, heads):             # 3: Conv_post of head n, CQ2 Toeplitz dots
             conv = tl.zeros([AR, AC], dtype=tl.float32)
             for a in range(0, CQ2):
                 x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC
@@ -529,10 +662,13 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
         # the P half, or for a pair's first window (PAIRS) the part after C: one store
         # either way (two stores under a branch, the compile check counts both)
         dst = p_st + (mode == 1) * (2 * HB * AR * AC)
+        src = c_st                            # C (PAIR_PHASES: a pair's first window's over
+        if PAIR_PHASES:                       # its P, the second's over its P in C's part)
+            src = p_st + (mode != 1) * (HB * AR * AC)
         for c0 in range(0, AC, KC):           # 4: Mix_post, one dot per key chunk -> P
             hk = _chunk_offsets(HB, AR, AC, KC) + c0
             # (padded heads' C is never written: read as 0)
-            x = tl.load(c_st + hk, mask=h_valid[:, None, None], other=0.0)
+            x = tl.load(src + hk, mask=h_valid[:, None, None], other=0.0)
             w2t = tl.load(W2T + offs_h[:, None] * HB + offs_h[None, :])
             pattern = tl.reshape(_dot(w2t, tl.reshape(x, [HB, AR * KC]), IEEE), [HB, AR, KC])
             # Mask_0 after the mixing: the mask is one per (row, key) for every head, so it
@@ -621,44 +757,51 @@ class LseShape(NamedTuple):
     kc: int
     stage_bytes_per_sm: int
     rows: int = 0
+    cols: int = 0
 
 
-# Query rows from which the lse pass takes its "tall" shape by default (`lse_shape`).
+# Query rows from which the lse pass takes its 128-row tiles by default (`lse_shape`:
+# "square" for 16-bit inputs).
 ROWS_128_FROM = 4096
 
 # The lse pass's shapes, by name. "4warps": 4 warps, two programs per SM, KC 4, 64 x 32 tiles
 # from 2k rows at 16 heads; "8warps" (every length before 2026-12-06, from 2k rows after):
 # `LAUNCH`, one program per SM, KC 8, 64 x 64; "wide": 4 warps, two per SM, 64 x 64; "tall"
-# (from ROWS_128_FROM rows, 2026-12-06, tenth session): `LAUNCH`, one program per SM, 128 x 64
-# tiles, KC 4 (KC 8 spilled 480-528 B under the GPU image's triton 3.6.0; KC 4 0 B under 3.6.0
-# and 3.9.0, sm_90 / sm_80, d_head 64 / 128). "tall" reads the folded keys half as often per
-# logit as "8warps" (each key tile serves 128 rows): at 4k, 16 heads, d 128 the H200 issue
-# bound 0.377 -> 0.283 ms and the SASS-bytes bound 2.05 -> 1.66 ms (ESTIMATES,
-# docs/benchmarks.md). Its fp32 stages are 512 KiB a program (66 MiB on 132 SMs, over the 50 MB
-# L2, as "wide"'s): were every stage byte to miss the L2, that is ~1.1 GB more HBM traffic per
-# pass at 4k, ~0.23 ms, below either bound's gain. Below 4k its 128-row tiles are too few to
-# share out (2k: the last SM at 1.46x the even share). The default (`lse_shape`): "4warps"
-# below ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster), "8warps"
-# from there, "tall" from ROWS_128_FROM for 16-bit inputs; a GPU run measures the others by
+# (the 16-bit default from ROWS_128_FROM rows in the tenth session): `LAUNCH`, one program per
+# SM, 128 x 64 tiles, KC 4 (KC 8 spilled 480-528 B under the GPU image's triton 3.6.0; KC 4 0 B
+# under 3.6.0 and 3.9.0, sm_90 / sm_80, d_head 64 / 128). "tall" reads the folded keys half as
+# often per logit as "8warps" (each key tile serves 128 rows): at 4k, 16 heads, d 128 the H200
+# issue bound 0.377 -> 0.283 ms and the SASS-bytes bound 2.05 -> 1.66 ms (ESTIMATES,
+# docs/benchmarks.md). "square" (the 16-bit default from ROWS_128_FROM rows since the twelfth
+# session, 2026-12-06): "tall" on 128 x 128 tiles, phase 1 per head in `_lse_wide_head`, so
+# that q is read half as often per logit too: the SASS-bytes bound 1.66 -> 1.37 ms, the issue
+# bound unchanged (0.283 ms; ESTIMATES). Its fp32 stages are 1 MiB a program, "tall"'s 512 KiB
+# (132 / 66 MiB on 132 SMs, both over the 50 MB L2; the same stage bytes per logit): were
+# every stage byte to miss the L2, that is ~1.1 GB of HBM traffic per pass at 4k, ~0.23 ms;
+# the GPU run measures "tall" beside it. Below 4k the 128-row tiles are too few to share out
+# (2k: the last SM at 1.46x the even share). The default (`lse_shape`): "4warps" below
+# ROWS_64_FROM query rows (32 x 32 tiles: both estimates agree it is faster), "8warps" from
+# there, "square" from ROWS_128_FROM for 16-bit inputs; a GPU run measures the others by
 # LSE_SHAPE_ENV (scripts/gpu_validate.sh).
 LSE_SHAPES = {
     "4warps": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, LSE_STAGE_BYTES_PER_SM),
     "8warps": LseShape(LAUNCH, 1, 8, LSE_STAGE_BYTES_PER_SM),
     "wide": LseShape(LSE_LAUNCH, LSE_PROGRAMS_PER_SM, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM),
     "tall": LseShape(LAUNCH, 1, LSE_KC, 2 * LSE_STAGE_BYTES_PER_SM, rows=128),
+    "square": LseShape(LAUNCH, 1, LSE_KC, 4 * LSE_STAGE_BYTES_PER_SM, rows=128, cols=128),
 }
 LSE_SHAPE_ENV = "ATTNLENS_MTA_LSE_SHAPE"
 
 
 def lse_shape(t_q: int, fp32: bool = False) -> LseShape:
     """The lse pass's shape at `t_q` query rows: LSE_SHAPES[os.environ[LSE_SHAPE_ENV]] where
-    set, else "4warps" below ROWS_64_FROM rows, "8warps" from there and "tall" from
+    set, else "4warps" below ROWS_64_FROM rows, "8warps" from there and "square" from
     ROWS_128_FROM for 16-bit inputs (fp32 inputs keep "8warps": their IEEE lse pass at 4k
     spilled 248 B on sm_80 under triton 3.9.0 with "tall", 160 B with "8warps" as before);
     ValueError naming the shapes for an unknown name."""
     name = os.environ.get(LSE_SHAPE_ENV, "")
     if name == "":
-        name = ("tall" if t_q >= ROWS_128_FROM and not fp32 else
+        name = ("square" if t_q >= ROWS_128_FROM and not fp32 else
                 "8warps" if t_q >= ROWS_64_FROM else "4warps")
     if name not in LSE_SHAPES:
         raise ValueError(f"{LSE_SHAPE_ENV}={name!r}: expected one of {sorted(LSE_SHAPES)} "
@@ -669,11 +812,12 @@ def lse_shape(t_q: int, fp32: bool = False) -> LseShape:
 def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
                block_d: int = 64, t_q: int = 4096,
                programs_per_sm: int | None = None, fp32: bool = False) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the lse pass: `lse_shape(t_q, fp32)`'s rows (128 for "tall",
-    the 16-bit default from ROWS_128_FROM rows) x 64 keys, else 64 x 64 from 2,048 query
-    rows and 32 x 32 below; BLOCK_N halved (to 16 at least) until the stages of an SM's
-    `programs_per_sm` programs (the shape's by default; `[max(hb, 16), BLOCK_M, BLOCK_N]`
-    fp32 each) fit its `stage_bytes_per_sm`: 128 x 64 for "tall" at 16 heads, 64 x 32 with
+    """(BLOCK_M, BLOCK_N) of the lse pass: `lse_shape(t_q, fp32)`'s rows and keys (128 x 128
+    for "square", the 16-bit default from ROWS_128_FROM rows; 128 rows for "tall"), else 64
+    from 2,048 query rows and 32 below; BLOCK_N halved (to 16 at least) until the stages of
+    an SM's `programs_per_sm` programs (the shape's by default; `[max(hb, 16), BLOCK_M,
+    BLOCK_N]` fp32 each) fit its `stage_bytes_per_sm`: 128 x 128 for "square" and 128 x 64
+    for "tall" at 16 heads, 64 x 32 with
     two programs per SM (64 x 64 with one), 64 x 16 at 32 heads; explicit blocks (tests)
     win. The pass stages each head's convolved scores and mixes them KC keys at a time
     (`mta_lse_kernel`), so no `[HB, rows, keys]` tensor lives in registers (before, the
@@ -684,7 +828,7 @@ def lse_blocks(hb: int, block_m: int | None, block_n: int | None,
     del block_d
     shape = lse_shape(t_q, fp32)
     side = 64 if t_q >= ROWS_64_FROM else 32
-    bm, bn = block_m or shape.rows or side, block_n or side
+    bm, bn = block_m or shape.rows or side, block_n or shape.cols or side
     if block_n is None:
         per_key = (programs_per_sm or shape.programs_per_sm) * max(hb, 16) * bm * 4
         while bn > 16 and per_key * bn > shape.stage_bytes_per_sm:
@@ -873,6 +1017,33 @@ def pair_scores(fp32: bool = False) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"{PAIR_SCORES_ENV}={value!r}: expected 0 or 1 (or unset)")
     return out_pairs(fp32) and value != "0"
+
+
+# A key-window pair's first window runs phases 1-3 for both (`mta_out_kernel`, PAIR_PHASES:
+# the post-softmax Toeplitz tiles read once per pair, each head's C written over its P, no
+# stage part more) wherever pairs' scores are staged together (`pair_scores`), from
+# ROWS_64_FROM query rows and at PAIR_PHASES_HEADS heads, where it compiles clean (sm_90,
+# d_head 64 / 128, triton 3.9.0 and the GPU image's 3.6.0). Elsewhere it spilled: on the
+# 32-row windows below 2k rows 8-24 B at d_head 128 under 3.6.0; at 4k rows with 4 or 8 heads
+# 72 B (3.9.0) / 24 B (3.6.0) at d_head 128, 32 heads 216-272 B (3.9.0), where without it the
+# out pass already spilled 32 / 8 B and 184-192 B. PAIR_PHASES_ENV "0" / "1" turns it off / on
+# anywhere pairs' scores are staged together (the GPU run measures both; the interpreter tests
+# force it on).
+PAIR_PHASES_ENV = "ATTNLENS_MTA_PAIR_PHASES"
+PAIR_PHASES_HEADS = (16,)
+
+
+def pair_phases(fp32: bool = False, t_q: int = ROWS_64_FROM, heads: int = 16) -> bool:
+    """PAIR_PHASES of the out pass at `t_q` query rows and `heads` heads: with
+    `pair_scores(fp32)`, from ROWS_64_FROM rows at PAIR_PHASES_HEADS heads unless
+    PAIR_PHASES_ENV is "0", anywhere where it is "1" (ValueError naming it for another
+    value)."""
+    value = os.environ.get(PAIR_PHASES_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{PAIR_PHASES_ENV}={value!r}: expected 0 or 1 (or unset)")
+    if value == "0" or not pair_scores(fp32):
+        return False
+    return value == "1" or (t_q >= ROWS_64_FROM and heads in PAIR_PHASES_HEADS)
 
 
 def lse_programs(n_sm: int, t_q: int) -> int:
@@ -1145,10 +1316,13 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
     plan1 = out_plan(*plan1_args)
     stage1 = torch.empty(B * plan1.programs * hb2 * lm * ln, **f32)
     wt = mixing_table(pre_mix, hb2, torch.float32)
-    tt = pre_toeplitz(pre_kernel, max(ln, ac), q.dtype)       # the diagonal's key taps
+    # the diagonal's key taps, rows as long as the widest chunk of keys either pass forms at
+    # once (the lse pass's wide tiles in halves)
+    tt_row = max(min(ln, LSE_HALF.value), ac)
+    tt = pre_toeplitz(pre_kernel, tt_row, q.dtype)
     lse_kind = lse_shape(T_Q, fp32)
     mta_lse_kernel[(plan1.programs, B)](
-        q, k, kt, lse_s, kv, stage1, tt, max(ln, ac), wt, plan_table(*plan1_args, q.device),
+        q, k, kt, lse_s, kv, stage1, tt, tt_row, wt, plan_table(*plan1_args, q.device),
         *q.stride(), *k.stride(), kv.stride(0), H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left,
         n_t, ns1, plan1.kw, BLOCK_M=lm, BLOCK_N=ln, KC=min(lse_kind.kc, ln),
         **(common | dict(HB=hb2) | lse_kind.launch))
@@ -1167,22 +1341,25 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
                          dtype=q.dtype)
     z = torch.zeros(B, ns2, T_Q, H, D, **f32)
     mta_out_kernel[(plan.programs, B)](
-        q, k, kt, v, z, lse, kv, stage1, stage2, tt, max(ln, ac), wt,
+        q, k, kt, v, z, lse, kv, stage1, stage2, tt, tt_row, wt,
         post_toeplitz(post_kernel, left2, ac, hb2, q.dtype), mixing_table(post_mix, hb2, q.dtype),
         plan_table(*plan_args, q.device, pairs),
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
         AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD), PAIRS=pairs,
-        PAIR_SCORES=paired_scores, **(common | dict(HB=hb2)))
+        PAIR_SCORES=paired_scores, PAIR_PHASES=pair_phases(fp32, T_Q, H), **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
-__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_SHAPES", "LSE_SHAPE_ENV",
-           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS", "PAIR_SCORES_ENV",
+__all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_HALF", "LSE_SHAPES",
+           "LSE_SHAPE_ENV",
+           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS",
+           "PAIR_PHASES_ENV", "PAIR_PHASES_HEADS", "PAIR_SCORES_ENV",
            "ROWS_128_FROM", "ROWS_64_FROM",
            "ForwardGrids", "LseShape", "banded_taps", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "lse_programs", "lse_shape", "mixing_table", "mta_fwd", "mta_lse_kernel",
            "mta_out_kernel", "out_pairs", "out_programs", "out_split_cap", "out_windows",
-           "pair_scores", "post_toeplitz", "pre_toeplitz", "split_windows", "stage_call"]
+           "pair_phases", "pair_scores", "post_toeplitz", "pre_toeplitz", "split_windows",
+           "stage_call"]

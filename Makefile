@@ -1,7 +1,7 @@
 # attnlens: `make serve` runs the main job (the dashboard on the bundled text models; toy models:
 # `.venv/bin/attnlens serve --zoo induction`), `make test` runs the fast test tier, `make
 # reproduce` re-derives every documented number (docs/testing.md). All set up .venv first.
-.PHONY: setup serve test reproduce install-check lint bench notebooks docs
+.PHONY: setup serve test test-extended reproduce install-check lint bench notebooks docs
 
 setup:
 	bash scripts/setup.sh
@@ -11,6 +11,10 @@ serve: setup
 
 test: setup
 	bash scripts/test.sh
+
+# the costlier cases of paths the fast tier runs (docs/testing.md); CI runs it after make test
+test-extended: setup
+	bash scripts/test.sh --extended
 
 reproduce: setup
 	bash scripts/ensure_browser.sh

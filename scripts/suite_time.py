@@ -1,6 +1,7 @@
 """Benchmark of the test tiers: each tier's wall time and its slowest tests (docs/benchmarks.md).
 
     python -m scripts.suite_time                  # the fast tier (make test's pytest part)
+    python -m scripts.suite_time --tier extended  # the extended tier (make test-extended)
     python -m scripts.suite_time --tier reproduce # the reproduce tier, from scratch
     python -m scripts.suite_time --update         # also rewrite tests/tier_durations.json
     python -m scripts.suite_time --files tests/test_x.py tests/test_y.py
@@ -69,12 +70,16 @@ def fast_tier_files(times: dict[str, float]) -> dict[str, float]:
     return {f: round(measured[f], 2) if f in measured else None for f in files}
 
 
-def run_fast(workers: str, files: list[str] | None = None) -> tuple[float, dict[str, float], int]:
+def run_fast(workers: str, files: list[str] | None = None,
+             tier: str = "fast") -> tuple[float, dict[str, float], int]:
+    """The fast tier (or, `tier` "extended", the extended tier) as make test runs it: its wall
+    time, each test's seconds, pytest's exit status."""
     OUT.mkdir(parents=True, exist_ok=True)
-    xml = OUT / ("files.xml" if files else "fast.xml")
+    xml = OUT / ("files.xml" if files else f"{tier}.xml")
+    marks = "extended" if tier == "extended" else "not extended"
     # the schedule of make test (scripts/test.sh, tests/schedule.py)
     cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadfile",
-           "--no-loadscope-reorder", "-m", "not reproduce and not install",
+           "--no-loadscope-reorder", "-m", f"{marks} and not reproduce and not install",
            "-q",
            "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_duration_report=total",
            *(files or [])]
@@ -123,7 +128,8 @@ def report(tier: str, wall: float, times: dict[str, float], slowest: int = 20) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tier", choices=("fast", "reproduce", "both"), default="fast")
+    parser.add_argument("--tier", choices=("fast", "extended", "reproduce", "both"),
+                        default="fast")
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (default auto)")
     parser.add_argument("--update", action="store_true",
                         help="write the fast tier's per-file seconds to tests/tier_durations.json")
@@ -161,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1) + "\n")
             print(f"wrote {DURATIONS.relative_to(ROOT)}")
         if code != 0:
+            return code
+    if args.tier == "extended":
+        wall, times, code = run_fast(args.workers, tier="extended")
+        print(report("extended", wall, times) + "\n")
+        if code != 0:
+            print(f"the extended tier FAILED (exit {code})", file=sys.stderr)
             return code
     if args.tier in ("reproduce", "both"):
         wall, times = run_reproduce(args.workers)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import EXTENDED
 
 import attnlens.benchmarks
 from attnlens import bench
@@ -40,6 +41,7 @@ def test_unknown_name_is_refused_with_the_known_names(capsys):
     assert "nope" in err and "core" in err
 
 
+@EXTENDED   # three benchmark scripts end to end; the entry point's registry and errors: above
 def test_quick_run_prints_each_table_and_exits_zero():
     out = subprocess.run([sys.executable, "-m", "attnlens.bench", "--quick", "--only",
                           "core", "diversity", "kernels"], capture_output=True, text=True,

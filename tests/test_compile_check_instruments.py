@@ -13,6 +13,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from tiers import EXTENDED
 
 from attnlens.kernels import _triton
 from attnlens.kernels.compile_check.roofline import (
@@ -284,6 +285,7 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     assert rows["_bwd_dq"]["mix"]["per_launch"]["mma"] > 0
 
 
+@EXTENDED   # compiles every MTA and DCMHA quick kernel; the flash kernels' mix: tests above
 @pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
 def test_trip_models_cover_every_mta_and_dcmha_kernel(tmp_path):
     """`--quick --ops mta dcmha --mix`: every kernel's loops have trip counts (`per_launch`

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from browser_pages import PAGES, check_page
+from tiers import page_grid
 
 from attnlens.dashboards.store import ModelStore, default_prompt
 from attnlens.hooked_models import zoo
@@ -25,8 +26,8 @@ def store():
     return store
 
 
-@pytest.mark.parametrize("page", list(PAGES))
-@pytest.mark.parametrize("name", PAPER)
+# each page on one checkpoint in make test, the checkpoints in turn; all: make test-extended
+@pytest.mark.parametrize("page, name", page_grid(PAGES, PAPER))
 def test_every_page_on_every_paper_model(server, browser, store, shots, page, name):
     other = PAPER[(PAPER.index(name) + 1) % len(PAPER)]
     check_page(server, browser, store, shots, page, name, other)

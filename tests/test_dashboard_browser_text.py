@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from browser_common import figure, open_tab, wait
 from browser_pages import ONE_MODEL, PAGES, drawn_or_error
+from tiers import page_grid
 
 from attnlens import cli
 
@@ -38,8 +39,8 @@ def test_the_dashboard_opens_on_the_text_models(server, browser, store, shots):
     browser.save_screenshot(str(shots / "text-default-view.png"))
 
 
-@pytest.mark.parametrize("page", list(PAGES))
-@pytest.mark.parametrize("name", OPENED + DEEP)
+# each page on one of the models in make test, the models in turn; all: make test-extended
+@pytest.mark.parametrize("page, name", page_grid(PAGES, OPENED + DEEP))
 def test_every_page_on_the_opened_text_models(server, browser, store, shots, page, name):
     title, graph_id, error_id = PAGES[page]
     models = ",".join(OPENED if name in OPENED else [name, OPENED[0]]) if page == "compare" \

@@ -9,6 +9,7 @@ import random
 import pytest
 from browser_pages import PAGES, check_page
 from dashboard_common import ALPHABET
+from tiers import page_grid
 
 from attnlens.dashboards.store import ModelStore
 
@@ -34,8 +35,8 @@ def store():
     return store
 
 
-@pytest.mark.parametrize("page", list(PAGES))
-@pytest.mark.parametrize("name", MODELS)
+# each page on one variant in make test, the variants in turn; all of them: make test-extended
+@pytest.mark.parametrize("page, name", page_grid(PAGES, MODELS))
 def test_every_page_on_every_variant(server, browser, store, shots, page, name):
     other = "long-mha" if name != "long-mha" else "long-cope"
     check_page(server, browser, store, shots, page, name, other)

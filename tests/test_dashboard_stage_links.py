@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from browser_common import figure, screenshot, wait
 from dashboard_common import ALPHABET, call, shared
+from tiers import EXTENDED
 
 from attnlens.dashboards.app import make_link
 from attnlens.dashboards.store import ModelStore
@@ -72,8 +73,19 @@ def test_every_variant_and_stage_kind_is_walked():
     assert {"probs", "gates", "softmax"} <= names
 
 
+def link_cases() -> list:
+    """LINKS as cases: each variant's first stage in make test, the rest in make
+    test-extended (tests/tiers.py)."""
+    first = {}
+    for name, stage, _ in LINKS:
+        first.setdefault(name, stage)
+    return [pytest.param(name, stage, kind, id=f"{name}-{stage}",
+                         marks=() if first[name] == stage else EXTENDED)
+            for name, stage, kind in LINKS]
+
+
 @pytest.mark.browser
-@pytest.mark.parametrize("name, stage, kind", LINKS, ids=[f"{m}-{s}" for m, s, _ in LINKS])
+@pytest.mark.parametrize("name, stage, kind", link_cases())
 def test_deep_link_to_a_stage_restores_it(browser, server, shots, store, name, stage, kind):
     model = store.get(name)
     layer, head = model.cfg.n_layers - 1, model.cfg.n_heads - 1

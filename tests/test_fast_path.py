@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiers import EXTENDED
 
 from attnlens.hooked_models import HookedVariantTransformer
 from attnlens.hooked_models.attention.base import VariantAttention, is_plain_causal
@@ -246,7 +247,7 @@ def test_module_hooks_of_any_client_count_as_observing(variant):
     assert not is_observed(point)
 
 
-@pytest.mark.slow
+@EXTENDED   # torch.compile's first build is most of its cost; the eager resume: tests above
 def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path):
     """`TrainConfig(compile=True)`: torch.compile of the whole model (one graph per block) gives
     the eager losses to float tolerance, and a compiled run stopped mid-way and resumed

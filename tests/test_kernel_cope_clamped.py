@@ -10,6 +10,7 @@ reference, tolerances as in test_kernel_cope_options.py.
 
 import pytest
 import torch
+from tiers import EXTENDED
 
 from kernel_common import (  # noqa: F401
     DEVICE,
@@ -57,13 +58,18 @@ def _run(fn, x, case):
 
 
 # Every option in fp32; fp16 and decoding-style queries (37 queries aligned to the last of 70
-# keys) on two of them (the interpreter is slow: ~7 s a case).
+# keys) on two of them (the interpreter is slow: ~7 s a case). The extended tier runs the cases
+# whose options another case holds too ("all_options" has rel, extend and padding; fp16 on
+# "all_options", 37 queries on "padding").
 RUNS = ([(n, torch.float32, T) for n in CASES]
         + [(n, torch.float16, T) for n in ("plain", "all_options")]
         + [(n, torch.float32, 37) for n in ("padding", "all_options")])
+EXTENDED_RUNS = {("rel_extend_padding", torch.float32, T), ("plain", torch.float16, T),
+                 ("all_options", torch.float32, 37)}
 
 
-@pytest.mark.parametrize("name, dtype, t_q", RUNS)
+@pytest.mark.parametrize("name, dtype, t_q", [
+    pytest.param(*run, marks=EXTENDED) if run in EXTENDED_RUNS else run for run in RUNS])
 def test_clamped_pairs_match_the_float64_reference(name, dtype, t_q):
     case = CASES[name]
     x = {n: t.requires_grad_() for n, t in _tensors(dtype, t_q).items()}

@@ -24,6 +24,7 @@ fp32 tolerance: a logit is a sum over d_head <= 24 products (|score| <~ 10) comp
 
 import pytest
 import torch
+from tiers import EXTENDED
 
 from kernel_common import (  # noqa: F401
     DEVICE,
@@ -518,6 +519,7 @@ def test_float64_model_kv_cache_and_shifted_window_positions_fall_back_to_torch(
     assert launches == [1]
 
 
+@EXTENDED   # the benchmark script's --cpu row; the fused op itself: every test above
 @pytest.mark.skipif(not _triton.interpreting(),
                     reason="the benchmark's --cpu mode needs TRITON_INTERPRET=1 set before "
                            "triton is imported; this process compiles for the GPU")

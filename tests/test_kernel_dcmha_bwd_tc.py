@@ -11,6 +11,7 @@ static B counting H more), the all-heads one otherwise.
 import numpy as np
 import pytest
 import torch
+from tiers import EXTENDED
 
 from kernel_common import (  # noqa: F401
     DEVICE,
@@ -83,7 +84,7 @@ def test_head_dim_over_several_key_side_chunks(monkeypatch):
     assert log == ["tc"]
 
 
-@pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.parametrize("window", [pytest.param(None, marks=EXTENDED), 37])   # 37: both groups
 def test_dq_over_groups_of_key_tiles(monkeypatch, window):
     """One key split per query tile (the backward's split count patched to 1): 6 key tiles
     of 16 per query tile, so dq = ds k runs over a full group of DQ_GROUP (4) tiles and a

@@ -14,10 +14,12 @@ cuobjdump.
 
 import pytest
 from test_compile_check_instruments import _tools_present
+from tiers import EXTENDED
 
 from kernel_common import dcmha_official_sass_rows
 
 
+@EXTENDED   # compiles the H16 official case; the compile check's own barrier test: make test
 @pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
 def test_forward_head_loops_have_few_barriers():
     """Both forward kernels compile spill-free, and the barriers of all the head loops

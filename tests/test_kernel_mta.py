@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiers import EXTENDED
 
 from kernel_common import (  # noqa: F401
     DEVICE,
@@ -151,6 +152,7 @@ def test_padding_keys_two_batches_wide_key_tiles_and_head_dim_24():
            block_n=32)
 
 
+@EXTENDED   # the factored taps: test_fp16_windows_inside_the_sequence_take_unmasked_factored_taps
 def test_long_sequences_take_the_factored_convolution():
     """T 70-80: most logit windows lie left of the causal edge, where the pre-softmax
     convolution runs factored through the folded keys (at T <= 33 nearly every window touches
@@ -160,7 +162,7 @@ def test_long_sequences_take_the_factored_convolution():
     _check(40, 75, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1), "right", block_n=16)
 
 
-@pytest.mark.slow
+@EXTENDED   # the mixing dot over padded heads: the 2-4 head cases here
 def test_sixteen_heads_full_mixing():
     """The benchmark's head count: the post-softmax mixing dot over 16 heads, none padded
     (~45 s of CPU in the interpreter)."""
@@ -365,6 +367,7 @@ def test_tall_lse_tiles_are_exact(monkeypatch):
     _check(150, 150, 2, OFFICIAL, "both")
 
 
+@EXTENDED   # 128-row lse tiles: test_tall_lse_tiles_are_exact; the shapes' choice: above
 def test_square_lse_tiles_are_exact(monkeypatch):
     """The "square" lse shape's 128 x 128 tiles (the 16-bit default from 4k rows): phase 1 per
     head in `_lse_wide_head`, a tile off the diagonal as one factored dot per row tap over its
@@ -816,6 +819,7 @@ def _out_pass_on_and_off(monkeypatch, path: str, setting: str, H: int):
     return outs, calls, (meta, meta_off), trips
 
 
+@EXTENDED   # PAIR_SCORES on: also test_out_pass_runs_a_pairs_first_phases_for_both's runs
 def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
     """PAIR_SCORES: a key-window pair whose taps stay inside the sequence and off the diagonal
     (`_pair_staged`) has both windows' scores staged at its first, one q tile read per head
@@ -839,6 +843,7 @@ def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
         assert torch.equal(on, off) and not on.isnan().any()
 
 
+@EXTENDED   # off by default below 2k rows; the pairs' z update: the next test but one
 def test_out_pass_runs_a_pairs_first_phases_for_both(monkeypatch):
     """PAIR_PHASES: a key-window pair's first window runs phases 1-3 for both windows (its
     second's scores staged with its own, whether together or one by one; both windows'
@@ -875,13 +880,13 @@ def test_pair_phases_setting(monkeypatch):
                                              ("1", scores == "1", scores == "1"),
                                              ("0", False, False)):
             monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, value)
-            assert triton_fwd.pair_phases(t_q=long) is want_long
-            assert triton_fwd.pair_phases(t_q=short) is want_short
+            assert triton_fwd.pair_phases(t_q=long, heads=16) is want_long
+            assert triton_fwd.pair_phases(t_q=short, heads=16) is want_short
             for heads in (4, 8, 32):
                 assert triton_fwd.pair_phases(t_q=long, heads=heads) is want_short
     monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, "yes")
     with pytest.raises(ValueError, match="ATTNLENS_MTA_PAIR_PHASES='yes': expected 0 or 1"):
-        triton_fwd.pair_phases()
+        triton_fwd.pair_phases(t_q=long, heads=16)
 
 
 def test_pair_scores_setting(monkeypatch):
@@ -902,8 +907,8 @@ def test_pair_scores_setting(monkeypatch):
 # -- 3. gradients --------------------------------------------------------------------------------
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
     (18, 18, 2, dict(pre=(3, 5), post=(2, 3), pre_mix=1, post_mix=1), "both", 1),
-    pytest.param(20, 20, 2, OFFICIAL, "both", 1, marks=pytest.mark.slow),        # 6 x 11
-    pytest.param(33, 33, 4, ALL_ON, "left", 1, marks=pytest.mark.slow),  # 3 tiles, groups
+    pytest.param(20, 20, 2, OFFICIAL, "both", 1, marks=EXTENDED),        # 6 x 11
+    pytest.param(33, 33, 4, ALL_ON, "left", 1, marks=EXTENDED),      # 3 tiles, groups
     (12, 12, 3, dict(pre=(2, 4), post=(3, 2), post_mix=1), "right", 2),   # 3 heads, padding
     (5, 21, 2, dict(pre=(3, 3), post=(2, 3), pre_mix=1), "both", 1),     # aligned to the end
     (9, 9, 2, {}, "both", 1),                  # plain attention

@@ -13,6 +13,7 @@ interpreter.
 
 import pytest
 import torch
+from tiers import EXTENDED
 
 from kernel_common import KERNEL_MARKS, nan_empty, spy_launches, to_device  # noqa: F401  (nan_empty: autouse, NaN scratch)
 
@@ -77,7 +78,7 @@ def test_windows_hold_both_halos(hb, pre, post):
     assert own_r32 == ar32 - ar + own_r
 
 
-@pytest.mark.slow
+@EXTENDED   # several programs' dq and dk slots: the no-atomics test at T 37
 def test_gradients_over_several_programs_and_key_windows():
     """T 50 with the official 6 x 11 kernels on fp32's 32-row windows: 2 row windows of 27
     rows (the last 23), up to 3 key windows of 22 keys (the last 6), 5 windows in all (T 61's
@@ -87,7 +88,8 @@ def test_gradients_over_several_programs_and_key_windows():
 
 
 @pytest.mark.parametrize("T_q, T_k, H, opts, pad_key, batch", [
-    (45, 45, 4, ALL_ON, "right", 2),                  # padding keys, empty rows, groups of 2
+    pytest.param(45, 45, 4, ALL_ON, "right", 2,       # padding keys, empty rows, groups of 2
+                 marks=EXTENDED),
     (7, 40, 2, dict(pre=(3, 3), post=(2, 3), post_mix=1), "left", 1),   # aligned to the end
 ])
 def test_gradients_at_odd_lengths(T_q, T_k, H, opts, pad_key, batch):
@@ -158,7 +160,7 @@ def test_key_splits_fill_the_machine_without_empty_splits():
     assert key_splits(1, 1, "cpu") == 1                 # one key window: nothing to split
 
 
-@pytest.mark.slow
+@EXTENDED   # the mixing over padded heads: the 2-4 head cases
 def test_gradients_at_sixteen_heads_full_mixing():
     """The benchmark's head count: every mixing dot over 16 heads, none padded, both mixings
     full. T 22 is one 32 x 32 window owning 22 rows and keys (the whole sequence); more windows
@@ -212,7 +214,10 @@ def test_dq_and_dk_partial_bytes_at_4k():
     assert dk_partial_bytes(1, 4096, 16, 64, 187, 32) == 7.375 * 2 ** 20
 
 
-@pytest.mark.parametrize("T, H, rows_64", [(37, 3, False), (70, 2, True)])
+@pytest.mark.parametrize("T, H, rows_64", [
+    (37, 3, False),
+    pytest.param(70, 2, True, marks=EXTENDED),       # the 64-row windows of 2k rows and more
+])
 def test_backward_without_atomics_is_in_slots_and_turns_and_bit_identical(monkeypatch, T, H,
                                                                          rows_64):
     """No fp32 atomics: delta goes to per-split slots (`DELTA [NS, B, H, T_Q]`); dq to each

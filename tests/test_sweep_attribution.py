@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attribution_models import write_checkpoint_with_transcoders
+from tiers import EXTENDED
 
 from attnlens.interp.attribution.contexts import transcoders_for
 from attnlens.interp.attribution.prompt_study import attribution_measures
@@ -68,6 +69,7 @@ def test_missing_transcoders_are_named(ckpt, tmp_path):
         run_sweep(_spec(ckpt), out=tmp_path / "out2", progress=False, png=False)
 
 
+@EXTENDED   # starts a ray cluster (~20 s); the in-process sweep: the tests above
 def test_on_ray_equals_in_process(ckpt, tmp_path):
     """The analysis runs on Ray like the others: the same merged table as in process."""
     import pandas as pd

@@ -10,11 +10,16 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import ray
+from tiers import EXTENDED
 
 from attnlens.interp.sweep import run_sweep
 from attnlens.interp.sweep.ray_backend import LOCAL_OBJECT_STORE, run_ray
 
 from helpers import tiny_model
+
+# a local ray cluster (~20 s to start) per file: the in-process sweeps these equal run in make
+# test (tests/test_sweep*.py), these in make test-extended
+pytestmark = EXTENDED
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,8 @@ def test_opting_out_passes_and_the_test_command_deselects_browser_tests(tmp_path
     assert out.returncode == 0
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
     assert "bash scripts/ensure_browser.sh" in test_sh
-    assert '-m "not reproduce and not install and not browser"' in test_sh
-    assert '-m "not reproduce and not install"' in test_sh
+    assert '-m "$tier and not reproduce and not install and not browser"' in test_sh
+    assert '-m "$tier and not reproduce and not install"' in test_sh
 
 
 def test_present_browser_needs_nothing(tmp_path):

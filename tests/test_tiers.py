@@ -1,6 +1,7 @@
-"""The two tiers stay honest (docs/testing.md): every test file has a measured place, the fast
-tier's measured time stays inside its budget, the reproduce tier is only documented
-re-derivations, and the CI decision follows the diff."""
+"""The tiers stay honest (docs/testing.md): every test file has a measured place, the fast
+tier's measured time stays inside its budget, the extended tier is what make test leaves out
+and CI runs, the reproduce tier is only documented re-derivations, and the CI decision follows
+the diff."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 from schedule import WORKER_SETUP_S, WORKERS, XDIST_ARGS, lpt_wall, order_key
-from tiers import KINDS, ROOT, check_marks, documented_params, summary_table
+from tiers import KINDS, ROOT, check_marks, documented_params, page_grid, summary_table
 
 DURATIONS = json.loads((ROOT / "tests" / "tier_durations.json").read_text())
 TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
@@ -83,8 +84,33 @@ def test_files_with_reproduce_tests_say_so_in_their_source():
     for file, seconds in DURATIONS["files"].items():
         if seconds is None:
             text = (ROOT / file).read_text()
-            assert "reproduce" in text or "pytest.mark.install" in text, (
-                f"{file} has no fast-tier time but no reproduce or install mark")
+            assert any(mark in text for mark in ("reproduce", "pytest.mark.install",
+                                                 "EXTENDED")), (
+                f"{file} has no fast-tier time but no reproduce, install or extended mark")
+
+
+def test_make_test_leaves_the_extended_tier_to_make_test_extended_which_ci_runs():
+    """scripts/test.sh selects `not extended` for make test and `extended` with --extended;
+    the Makefile's test-extended target passes it; .ci/run runs both tiers."""
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'tier="not extended"' in test_sh and 'tier="extended"' in test_sh
+    assert test_sh.count('-m "$tier and not reproduce and not install') == 2
+    makefile = (ROOT / "Makefile").read_text()
+    assert "test-extended: setup\n\tbash scripts/test.sh --extended" in makefile
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make test") < ci.index("make test-extended")
+
+
+def test_page_grid_keeps_every_page_and_every_model_in_the_fast_tier():
+    params = page_grid(["a", "b", "c"], ["m1", "m2"])
+    fast = {p.id for p in params if not p.marks}
+    assert [p.id for p in params] == ["m1-a", "m2-a", "m1-b", "m2-b", "m1-c", "m2-c"]
+    assert fast == {"m1-a", "m2-b", "m1-c"}
+    assert all([m.name for m in p.marks] == ["extended"] for p in params if p.id not in fast)
+    wide = page_grid(["a"], ["m1", "m2", "m3"])          # more models than pages: each once
+    assert {p.id for p in wide if not p.marks} == {"m1-a", "m2-a", "m3-a"}
+    with pytest.raises(ValueError, match="at least one page and one model"):
+        page_grid([], ["m1"])
 
 
 def test_documented_params_keeps_the_smallest_of_each_group_fast():
@@ -114,6 +140,9 @@ def test_a_reproduce_test_must_say_what_it_re_derives():
         check_marks([_Item("t::x", pytest.mark.reproduce.mark)])
     with pytest.raises(pytest.UsageError, match="must be documented"):
         check_marks([_Item("t::y", pytest.mark.documented("circuit").mark)])
+    with pytest.raises(pytest.UsageError, match="both reproduce and extended: one tier only"):
+        check_marks([_Item("t::z", pytest.mark.reproduce.mark, pytest.mark.extended.mark,
+                           pytest.mark.documented(kind="circuit").mark)])
 
 
 def test_summary_table_counts_recomputed_resumed_and_differing_results():

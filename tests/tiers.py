@@ -1,6 +1,11 @@
-"""The two test tiers (docs/testing.md).
+"""The test tiers (docs/testing.md).
 
-- The fast tier, `make test`: every test not marked `reproduce`.
+- The fast tier, `make test`: every test not marked `reproduce` or `extended`.
+- The extended tier, `make test-extended` (CI runs it on every change): every test marked
+  `extended`: a costlier case of a path that the fast tier also runs on a cheaper one (a kernel
+  at a larger shape or another tile shape, a page of the dashboard on one more model). The
+  fast tier stays inside its 12 minutes on a slow 2-core machine; nothing is dropped, CI runs
+  both.
 - The reproduce tier, `make reproduce` (`python -m scripts.reproduce`): every test marked
   `documented(kind)`: a re-derivation of a number, card, circuit, figure or notebook output that
   the docs or the zoo state. Each kind keeps one cheap representative in the fast tier (the
@@ -39,6 +44,24 @@ def reproduce(kind: str) -> list[pytest.MarkDecorator]:
     return [documented(kind), pytest.mark.reproduce]
 
 
+# a whole test: `@EXTENDED`; one case: `pytest.param(..., marks=EXTENDED)`
+EXTENDED = pytest.mark.extended
+
+
+def page_grid(pages: Iterable[str], names: Iterable[str]) -> list:
+    """The (page, name) cases of a browser grid (ids "name-page"): every page stays in the fast
+    tier on one of the models, the models taken in turn, so each page and each model is drawn
+    at least once in `make test`; the other cases are `extended`."""
+    pages, names = list(pages), list(names)
+    if not pages or not names:
+        raise ValueError("page_grid needs at least one page and one model")
+    fast = {(page, names[i % len(names)]) for i, page in enumerate(pages)}
+    fast |= {(pages[i % len(pages)], name) for i, name in enumerate(names)}
+    return [pytest.param(page, name, id=f"{name}-{page}",
+                         marks=() if (page, name) in fast else EXTENDED)
+            for page in pages for name in names]
+
+
 def documented_params(kind: str, items: Iterable, ids: Callable[[object], str],
                       size: Callable[[object], float] | None = None,
                       group: Callable[[object], str] | None = None,
@@ -70,8 +93,12 @@ def documented_params(kind: str, items: Iterable, ids: Callable[[object], str],
 
 
 def check_marks(items) -> None:
-    """Every `reproduce` test is a documented re-derivation of a known kind."""
+    """Every `reproduce` test is a documented re-derivation of a known kind; a test is in one
+    tier only (`extended` and `reproduce` exclude each other)."""
     for item in items:
+        if item.get_closest_marker("reproduce") and item.get_closest_marker("extended"):
+            raise pytest.UsageError(f"{item.nodeid} is marked both reproduce and extended: "
+                                    "one tier only")
         if item.get_closest_marker("reproduce") and not item.get_closest_marker("documented"):
             raise pytest.UsageError(f"{item.nodeid} is marked reproduce but not "
                                     "documented(kind): say what it re-derives")

@@ -1033,7 +1033,7 @@ PAIR_PHASES_ENV = "ATTNLENS_MTA_PAIR_PHASES"
 PAIR_PHASES_HEADS = (16,)
 
 
-def pair_phases(fp32: bool = False, t_q: int = ROWS_64_FROM, heads: int = 16) -> bool:
+def pair_phases(fp32: bool = False, *, t_q: int, heads: int) -> bool:
     """PAIR_PHASES of the out pass at `t_q` query rows and `heads` heads: with
     `pair_scores(fp32)`, from ROWS_64_FROM rows at PAIR_PHASES_HEADS heads unless
     PAIR_PHASES_ENV is "0", anywhere where it is "1" (ValueError naming it for another
@@ -1347,16 +1347,16 @@ def mta_fwd(q, k, v, pre_kernel, pre_mix, post_kernel, post_mix, left: int, left
         *q.stride(), *k.stride(), *v.stride(), kv.stride(0),
         H, T_Q, T_K, T_K - T_Q, D, scale, cq, ck, left, cq2, ck2, left2, n_w, ns2, plan.kw, AR=ar,
         AC=ac, KC=OUT_KC, DCH=min(BD, OUT_DCH), STAGE_CALL=stage_call(BD), PAIRS=pairs,
-        PAIR_SCORES=paired_scores, PAIR_PHASES=pair_phases(fp32, T_Q, H), **(common | dict(HB=hb2)))
+        PAIR_SCORES=paired_scores, PAIR_PHASES=pair_phases(fp32, t_q=T_Q, heads=H),
+        **(common | dict(HB=hb2)))
     out.copy_(z[:, 0] if ns2 == 1 else z.sum(1))
     return out, lse
 
 
 __all__ = ["LAUNCH", "LSE_KC", "LSE_LAUNCH", "LSE_PROGRAMS_PER_SM", "LSE_HALF", "LSE_SHAPES",
-           "LSE_SHAPE_ENV",
-           "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS",
-           "PAIR_PHASES_ENV", "PAIR_PHASES_HEADS", "PAIR_SCORES_ENV",
-           "ROWS_128_FROM", "ROWS_64_FROM",
+           "LSE_SHAPE_ENV", "LSE_STAGE_BYTES_PER_SM", "OUT_PAIRS_ENV", "PAIRS_ARCHS",
+           "PAIR_PHASES_ENV", "PAIR_PHASES_HEADS", "PAIR_SCORES_ENV", "ROWS_128_FROM",
+           "ROWS_64_FROM",
            "ForwardGrids", "LseShape", "banded_taps", "default_blocks", "fold_keys",
            "fold_keys_kernel", "forward_grids", "fwd_out_windows", "key_splits", "lse_blocks",
            "lse_programs", "lse_shape", "mixing_table", "mta_fwd", "mta_lse_kernel",

@@ -10,7 +10,7 @@ reference, tolerances as in test_kernel_cope_options.py.
 
 import pytest
 import torch
-from tiers import EXTENDED
+from tiers import extended_cases
 
 from kernel_common import (  # noqa: F401
     DEVICE,
@@ -64,12 +64,11 @@ def _run(fn, x, case):
 RUNS = ([(n, torch.float32, T) for n in CASES]
         + [(n, torch.float16, T) for n in ("plain", "all_options")]
         + [(n, torch.float32, 37) for n in ("padding", "all_options")])
-EXTENDED_RUNS = {("rel_extend_padding", torch.float32, T), ("plain", torch.float16, T),
-                 ("all_options", torch.float32, 37)}
+EXTENDED_RUNS = [("rel_extend_padding", torch.float32, T), ("plain", torch.float16, T),
+                 ("all_options", torch.float32, 37)]
 
 
-@pytest.mark.parametrize("name, dtype, t_q", [
-    pytest.param(*run, marks=EXTENDED) if run in EXTENDED_RUNS else run for run in RUNS])
+@pytest.mark.parametrize("name, dtype, t_q", extended_cases(RUNS, EXTENDED_RUNS))
 def test_clamped_pairs_match_the_float64_reference(name, dtype, t_q):
     case = CASES[name]
     x = {n: t.requires_grad_() for n, t in _tensors(dtype, t_q).items()}

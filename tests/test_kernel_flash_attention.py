@@ -7,7 +7,7 @@ instance in Python.
 
 import pytest
 import torch
-from tiers import EXTENDED
+from tiers import extended_cases
 
 from kernel_common import DEVICE, KERNEL_MARKS, nan_empty  # noqa: F401
 
@@ -152,13 +152,6 @@ def test_bad_inputs_raise_value_error(bad, match):
 
 # (T_Q, T_K, block_m, block_n, padding): whole key tiles (T_K 128: EVEN) with one and two
 # diagonal tiles per query tile, a KV-cache offset, padding keys, and a ragged length (no EVEN).
-def extended_cases(cases: list[tuple], *extended: tuple) -> list:
-    """`cases` with those in `extended` run in the extended tier only (the fast tier keeps a
-    case of the same tiles at another length)."""
-    assert set(extended) <= set(cases), "an extended case is not among the cases"
-    return [pytest.param(*c, marks=EXTENDED) if c in extended else c for c in cases]
-
-
 AHEAD_CASES = [(128, 128, 16, 16, False), (128, 128, 32, 16, False), (7, 128, 16, 16, True),
                (50, 50, 16, 16, False), (40, 45, 16, 32, True)]
 
@@ -218,8 +211,9 @@ DIAG_CASES = [(128, 128, 16, 32, False), (128, 128, 32, 16, False), (96, 224, 32
               (7, 128, 16, 16, True), (50, 50, 16, 32, False), (45, 61, 32, 16, True)]
 
 
+# the extended tier: two 32 x 16 cases; the fast tier keeps those tiles at T 45 / 61
 @pytest.mark.parametrize("T_q, T_k, block_m, block_n, padding", extended_cases(
-    DIAG_CASES, (128, 128, 32, 16, False), (96, 224, 32, 16, False)))
+    DIAG_CASES, [(128, 128, 32, 16, False), (96, 224, 32, 16, False)]))
 def test_hopper_backward_diagonal_loops_keep_the_plain_loops_bits(monkeypatch, T_q, T_k, block_m,
                                                                   block_n, padding):
     """The backward's HOPPER loops (sm_90: dK/dV's query tiles crossing the diagonal first in

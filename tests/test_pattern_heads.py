@@ -12,7 +12,7 @@ TransformerLens issue 378).
 
 import pytest
 import torch
-from tiers import EXTENDED
+from tiers import extended_cases
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlens.kernels import _triton
@@ -140,8 +140,8 @@ def test_reading_keeps_the_kernel_output_and_its_gradients(float64_kernels):
         torch.testing.assert_close(p.grad, p_ref.grad, **EXACT, msg=name)
 
 
-@pytest.mark.parametrize("variant", [         # MTA's one head in float64: the test below
-    pytest.param(v, marks=EXTENDED) if v == "mta" else v for v in (*FUSED, "infini")])
+# MTA's one head in float64 on the fused path: the tests above
+@pytest.mark.parametrize("variant", extended_cases([*FUSED, "infini"], ["mta"]))
 def test_float32_kernels_one_head_matches_the_torch_pattern(variant, monkeypatch):
     fused, ref = pair(variant)
     tokens = random_tokens(fused, batch=2, pos=12)

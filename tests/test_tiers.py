@@ -11,7 +11,15 @@ import sys
 
 import pytest
 from schedule import WORKER_SETUP_S, WORKERS, XDIST_ARGS, lpt_wall, order_key
-from tiers import KINDS, ROOT, check_marks, documented_params, page_grid, summary_table
+from tiers import (
+    KINDS,
+    ROOT,
+    check_marks,
+    documented_params,
+    extended_cases,
+    page_grid,
+    summary_table,
+)
 
 DURATIONS = json.loads((ROOT / "tests" / "tier_durations.json").read_text())
 TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
@@ -99,6 +107,16 @@ def test_make_test_leaves_the_extended_tier_to_make_test_extended_which_ci_runs(
     assert "test-extended: setup\n\tbash scripts/test.sh --extended" in makefile
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ci.index("make test") < ci.index("make test-extended")
+
+
+def test_extended_cases_marks_only_the_named_cases():
+    params = extended_cases([(1, "a"), (2, "b"), (3, "c")], [(2, "b")])
+    assert params[0] == (1, "a") and params[2] == (3, "c")
+    assert params[1].values == (2, "b") and [m.name for m in params[1].marks] == ["extended"]
+    single = extended_cases(["mha", "mta"], ["mta"])
+    assert single[0] == "mha" and single[1].values == ("mta",)
+    with pytest.raises(ValueError, match=r"extended cases \['dcmha'\] are not among"):
+        extended_cases(["mha"], ["dcmha"])
 
 
 def test_page_grid_keeps_every_page_and_every_model_in_the_fast_tier():

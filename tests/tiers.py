@@ -44,8 +44,19 @@ def reproduce(kind: str) -> list[pytest.MarkDecorator]:
     return [documented(kind), pytest.mark.reproduce]
 
 
-# a whole test: `@EXTENDED`; one case: `pytest.param(..., marks=EXTENDED)`
+# a whole test: `@EXTENDED`; some cases of a list: `extended_cases(cases, those)`
 EXTENDED = pytest.mark.extended
+
+
+def extended_cases(cases: Iterable, extended: Iterable) -> list:
+    """`cases` (parametrize's argument tuples or single values) with those in `extended` marked
+    `extended`; an extended case that is not among `cases` is an error (renamed or removed?)."""
+    cases, extended = list(cases), list(extended)
+    unknown = [c for c in extended if c not in cases]
+    if unknown:
+        raise ValueError(f"extended cases {unknown} are not among the cases")
+    return [pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=EXTENDED)
+            if c in extended else c for c in cases]
 
 
 def page_grid(pages: Iterable[str], names: Iterable[str]) -> list:

@@ -91,8 +91,9 @@ class Hazard:
 # innermost loops around its pointer's definition it speaks for (default 1: the innermost
 # only), so a barrier missing at the end of an outer loop (a key tile) is still reported.
 _SCRATCH_LOAD = 'return tl.load(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), cache_modifier=".cg")'
-# The MTA out pass's phase-3 read of P a row tap down (a window alone's loop).
-_P_ROW_TAP = "x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC"
+# The MTA out pass's phase-3 read of P a row tap down (`_post_tap_rows`: a window alone's loop
+# and a pair's `_conv_post_pair`).
+_P_ROW_TAP = "return tl.load(P + (offs_ar[:, None] + a) * AC + offs_ac[None, :],"
 ACCEPTED = {
     ("triton_fwd_tc.py", "_out_tile", "tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)"): (
         "head n's slot: iteration n reads slot n, then (after a barrier) writes it; the next "

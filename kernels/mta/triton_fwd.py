@@ -88,19 +88,16 @@ def _factored_scores(Q, KT, q_base, kt_base, sq_t, sq_d, D, row0, col0, T_Q, T_K
         # every row tap and key inside the sequence and one chunk of d_head: the same CQ dots
         # without masks
         offs_d = tl.arange(0, DP)
+        # d_head chunks: one (a constant bound) or D // DP (a runtime bound: an unrolled loop
+        # kept both chunks' operands live)
+        d_end = BLOCK_D if DP == BLOCK_D else D
         for a in range(0, CQ):
             rows = first_row + a + tl.arange(0, R)
-            if DP == BLOCK_D:
-                x = tl.load(Q + q_base + rows[:, None] * sq_t + offs_d[None, :] * sq_d)
-                yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D + offs_d[:, None])
+            for e0 in range(0, d_end, DP):
+                x = tl.load(Q + q_base + rows[:, None] * sq_t + (e0 + offs_d)[None, :] * sq_d)
+                yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D
+                             + (e0 + offs_d)[:, None])
                 acc += _dot(x, yt, IEEE)
-            else:                        # runtime bound: an unrolled loop kept both live
-                for e0 in range(0, D, DP):
-                    x = tl.load(Q + q_base + rows[:, None] * sq_t
-                                + (e0 + offs_d)[None, :] * sq_d)
-                    yt = tl.load(KT + kt_base + a * (T_K * D) + cols[None, :] * D
-                                 + (e0 + offs_d)[:, None])
-                    acc += _dot(x, yt, IEEE)
     else:                                            # factored through q and kt: CQ dots
         c_in = (cols >= 0) & (cols < T_K)
         for a in range(0, CQ):
@@ -475,6 +472,24 @@ def _probabilities(S1, P, WT, LSE, kv_ptr, b, H, T_Q, T_K, Q_OFFSET, m0, n0, CQ2
 
 
 @triton.jit
+def _post_tap_rows(P, a, AR: tl.constexpr, AC: tl.constexpr):
+    """Row tap `a` of one head's staged map `P` (`[AR, AC]`): its rows `a` further down, rows
+    past the window read as 0 (phase 3's left operand; the window's halo rows come first)."""
+    offs_ar = tl.arange(0, AR)
+    offs_ac = tl.arange(0, AC)
+    return tl.load(P + (offs_ar[:, None] + a) * AC + offs_ac[None, :],
+                   mask=(offs_ar + a < AR)[:, None], other=0.0)
+
+
+@triton.jit
+def _post_tap_tile(TOEP, a, AC: tl.constexpr):
+    """Row tap `a`'s banded Toeplitz tile `[AC, AC]` of one head (`TOEP`: the head's CQ2
+    tiles, `post_toeplitz`): phase 3's right operand."""
+    offs_ac = tl.arange(0, AC)
+    return tl.load(TOEP + a * (AC * AC) + offs_ac[:, None] * AC + offs_ac[None, :])
+
+
+@triton.jit
 def _conv_post_pair(PA, PB, TOEP, CQ2, IEEE: tl.constexpr, AR: tl.constexpr, AC: tl.constexpr):
     """Phase 3 of a key-window pair (PAIR_PHASES), one head: Conv_post of both windows'
     probabilities `PA`, `PB` (`[AR, AC]` each), each row tap's banded Toeplitz tile `TOEP[a]`
@@ -486,11 +501,9 @@ def _conv_post_pair(PA, PB, TOEP, CQ2, IEEE: tl.constexpr, AR: tl.constexpr, AC:
     conv_a = tl.zeros([AR, AC], dtype=tl.float32)
     conv_b = tl.zeros([AR, AC], dtype=tl.float32)
     for a in range(0, CQ2):
-        toep = tl.load(TOEP + a * (AC * AC) + offs_ac[:, None] * AC + offs_ac[None, :])
-        shifted = (offs_ar[:, None] + a) * AC + offs_ac[None, :]
-        in_window = (offs_ar + a < AR)[:, None]
-        conv_a += _dot(tl.load(PA + shifted, mask=in_window, other=0.0), toep, IEEE)
-        conv_b += _dot(tl.load(PB + shifted, mask=in_window, other=0.0), toep, IEEE)
+        toep = _post_tap_tile(TOEP, a, AC)
+        conv_a += _dot(_post_tap_rows(PA, a, AR, AC), toep, IEEE)
+        conv_b += _dot(_post_tap_rows(PB, a, AR, AC), toep, IEEE)
     tl.debug_barrier()
     own = offs_ar[:, None] * AC + offs_ac[None, :]
     tl.store(PA + own, conv_a.to(PA.dtype.element_ty))
@@ -650,11 +663,8 @@ def mta_out_kernel(Q, K, KT, V, Z, LSE, KVALID, STAGE1, STAGE2, TT, TT_ROW: tl.c
         for n in range(0, heads):             # 3: Conv_post of head n, CQ2 Toeplitz dots
             conv = tl.zeros([AR, AC], dtype=tl.float32)
             for a in range(0, CQ2):
-                x = tl.load(p_st + n * (AR * AC) + (offs_ar[:, None] + a) * AC
-                            + offs_ac[None, :], mask=(offs_ar + a < AR)[:, None], other=0.0)
-                toep = tl.load(TOEP + (n * CQ2 + a) * (AC * AC) + offs_ac[:, None] * AC
-                               + offs_ac[None, :])
-                conv += _dot(x, toep, IEEE)
+                conv += _dot(_post_tap_rows(p_st + n * (AR * AC), a, AR, AC),
+                             _post_tap_tile(TOEP + n * (CQ2 * AC * AC), a, AC), IEEE)
             tl.store(c_st + n * (AR * AC) + offs_ar[:, None] * AC + offs_ac[None, :],
                      conv.to(STAGE2.dtype.element_ty))
         tl.debug_barrier()                    # C written per head, read per key chunk; P read

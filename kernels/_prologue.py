@@ -12,9 +12,9 @@ Two grid shapes are in use, one helper each:
 - `heads_window`, grid `(cdiv(T_Q, STEP), batch)`: a program owns STEP query rows of every head
   of one batch element, STEP a runtime step (MTA's output pass: windows whose rows overlap by
   the post-softmax convolution's halo);
-- `split_tile`, grid `(cdiv(T_Q, BLOCK_M), n_splits, batch)`: a program owns BLOCK_M query rows
-  of one batch element and one of `n_splits` slices of their keys (DCMHA's tensor-core
-  forward and backward, `dcmha/triton_fwd_tc.py` / `triton_bwd_tc.py`, whose partial sums are
+- `table_tile`, grid `(programs, batch)`: a program does one row of a program table made on
+  the host (uneven key splits of the query tiles, longest first: DCMHA's tensor-core forward
+  and backward, `dcmha/fwd_plan.py`, `triton_bwd_tc.backward_plan`, whose partial sums are
   merged after the launch).
 
 `load_tile` reads a program's `[BLOCK BLOCK_D]` row tile and `softmax_state` starts the
@@ -123,29 +123,11 @@ def grid_batches():
 
 
 @triton.jit
-def split_tile(T, BLOCK: tl.constexpr):
-    """Prologue of a program of the grid `(cdiv(T, BLOCK), n_splits, batch)`: BLOCK query rows
-    of one batch element, one slice of their keys.
-
-    Returns `(b, split, n_batch, m0, rows, r_ok)`: the batch `b = program_id(2)`, the key
-    slice `split = program_id(1)`, the grid's batch size `n_batch = num_programs(2)` (the
-    stride of per-(split, batch) buffers), the first row `m0 = program_id(0) * BLOCK`, the rows
-    `m0 + arange(BLOCK)` and `r_ok = rows < T` (the last tile may be ragged).
-    """
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2)
-    n_batch = tl.num_programs(2)
-    m0 = pid * BLOCK
-    rows = m0 + tl.arange(0, BLOCK)
-    return b, split, n_batch, m0, rows, rows < T
-
-
-@triton.jit
 def table_tile(PROGS, COLS: tl.constexpr):
     """Prologue of a program of the grid `(programs, batch)` whose work is one row of a
     program table PROGS int32 `[programs, COLS]` made on the host (uneven programs, longest
-    first: the DCMHA tensor-core backward's `backward_plan`).
+    first: the DCMHA tensor-core forward's `fwd_plan.forward_plan` and backward's
+    `backward_plan`).
 
     Returns `(b, slot, row)`: the batch `b = program_id(1)`, the program's slot in
     per-program buffers `slot = program_id(0) * num_programs(1) + b`, and `row`, the pointer
@@ -175,4 +157,4 @@ def softmax_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 __all__ = ["grid_batches", "head_tile", "heads_tile", "heads_window", "load_tile", "softmax_state",
-           "split_tile", "table_tile"]
+           "table_tile"]

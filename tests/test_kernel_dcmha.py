@@ -281,37 +281,38 @@ def _spied_forward(monkeypatch, arch, T, d, H, table=None):
 
 def test_forward_launch_table_sets_each_pass_grid_warps_and_chunks(monkeypatch):
     """`fwd_tiles.ARCH_FWD_LAUNCH` per architecture (launches spied, not run; bf16, 16 heads,
-    T 4096, d_head 128): sm_90 splits each query tile's keys for 792 programs (13 splits of
-    64 query tiles, was 5) in both passes and forms the lse pass's scores in 64-column
-    chunks, 8 warps each; the forward's buffers stay under 1/10 of torch's fwd+bwd peak at 4k
-    (3,854 MiB, `test_kernel_dcmha_bwd_memory`); sm_80 keeps 5 splits and 32-column chunks. A
-    table entry with other values moves each pass's grid and warps on its own, the scratch
-    sized for the larger."""
+    T 4096, d_head 128): sm_90 aims at 792 programs in both passes (`fwd_plan.forward_plan`:
+    at most the 832 of 13 equal splits of the 64 query tiles; its table has 544, at most 4
+    key tiles each) and forms the lse pass's scores in 64-column chunks, 8 warps each; the
+    forward's buffers stay under 1/10 of torch's fwd+bwd peak at 4k (3,854 MiB,
+    `test_kernel_dcmha_bwd_memory`); sm_80 aims at 264 (64 x 32 tiles: 250 programs) with
+    32-column chunks. A table entry with other values moves each pass's grid and warps on
+    its own, the scratch sized for the larger."""
     sm90 = _spied_forward(monkeypatch, "sm_90", 4096, 128, 16)
     (lse_grid, lse_meta, lse_scr, lse_bytes), (out_grid, out_meta, out_scr, o_bytes) = (
         sm90["dcmha_tc_lse_kernel"], sm90["dcmha_tc_out_kernel"])
-    assert lse_grid == out_grid == (64, 13, 1)
+    assert lse_grid == out_grid == (544, 1)
     assert (lse_meta["DCH"], lse_meta["num_warps"], out_meta["num_warps"]) == (64, 8, 8)
-    assert lse_scr == out_scr == 64 * 13 * 16 * 64 * 64
+    assert lse_scr == out_scr == 544 * 16 * 64 * 64
     assert (lse_bytes + o_bytes) / 2**20 < 3854 / 10
     sm80 = _spied_forward(monkeypatch, "sm_80", 4096, 128, 16)
-    assert sm80["dcmha_tc_lse_kernel"][0] == sm80["dcmha_tc_out_kernel"][0] == (64, 5, 1)
+    assert sm80["dcmha_tc_lse_kernel"][0] == sm80["dcmha_tc_out_kernel"][0] == (250, 1)
     assert sm80["dcmha_tc_lse_kernel"][1]["DCH"] == 32
     from attnlens.kernels.dcmha.fwd_tiles import FwdLaunch
     other = {"sm_90": FwdLaunch(lse_warps=4, lse_dch=32, lse_programs=264, out_programs=528)}
     mixed = _spied_forward(monkeypatch, "sm_90", 4096, 64, 16, other)
     (lse_grid, lse_meta, scr, _), (out_grid, out_meta, _, _) = (
         mixed["dcmha_tc_lse_kernel"], mixed["dcmha_tc_out_kernel"])
-    assert (lse_grid, out_grid) == ((64, 5, 1), (64, 9, 1))
+    assert (lse_grid, out_grid) == ((238, 1), (544, 1))
     assert (lse_meta["DCH"], lse_meta["num_warps"], out_meta["num_warps"]) == (32, 4, 8)
-    assert scr == 64 * 9 * 16 * 64 * 64
+    assert scr == 544 * 16 * 64 * 64
 
 
 def test_lse_and_out_grids_apart_and_score_chunks_match_the_spec(monkeypatch):
     """fp16, d_head 128 on sm_90's 64 x 64 tiles with a launch table whose passes differ: the
-    lse pass in one split and 64-column score chunks (two per dot), the out pass in two
-    splits, sharing the scratch sized for the out pass; 72 queries (2 query tiles, masked
-    and unmasked key tiles)."""
+    lse pass one program per query tile and 64-column score chunks (two per dot), the out
+    pass the second tile's two key tiles in two programs, sharing the scratch sized for the
+    out pass; 72 queries (2 query tiles, masked and unmasked key tiles)."""
     from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
     monkeypatch.setattr(fwd_tiles, "INTERPRETER_ARCH", "sm_90")
     monkeypatch.setattr(fwd_tiles, "ARCH_FWD_LAUNCH", {"sm_90": fwd_tiles.FwdLaunch(
@@ -320,7 +321,35 @@ def test_lse_and_out_grids_apart_and_score_chunks_match_the_spec(monkeypatch):
     spy_launches(monkeypatch, triton_fwd_tc, ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"),
                  lambda kernel, grid, args, meta: seen.append((grid, meta["DCH"])))
     _check(72, 72, 2, d=128, dtype=torch.float16)
-    assert seen == [((2, 1, 1), 64), ((2, 2, 1), 128)]
+    assert seen == [((2, 1), 64), ((3, 1), 128)]
+
+
+@pytest.mark.parametrize("window", [None, 30])
+def test_forward_through_an_uneven_shuffled_table_matches_the_spec(window, monkeypatch):
+    """fp32 (32 x 16 tiles), 72 queries and keys: both passes through a program table that
+    cuts the last query tile's 5 key tiles into 3 + 2, the middle one's 4 into one program
+    and the first one's 2 into two, listed shortest first (`fwd_plan.forward_plan` replaced),
+    against the float64 spec; with a window too (its ranges start at the window's tile)."""
+    from attnlens.kernels.dcmha import triton_fwd_tc
+    from attnlens.kernels.dcmha.fwd_plan import ForwardPlan, key_spans
+    cuts = {5: [3, 2], 4: [4], 2: [1, 1]}
+    seen = []
+
+    def uneven(batch, T_Q, T_K, window_, bm, bn, programs, sms=132):
+        items = []
+        for m0, lo, hi, tiles in key_spans(T_Q, T_K, window_, bm, bn):
+            start = lo
+            for split, n in enumerate(cuts.get(tiles, [tiles])):
+                items.append((m0, split, start, min(hi, start + n * bn)))
+                start = items[-1][3]
+            assert start == hi
+        items.sort(key=lambda p: p[3] - p[2])
+        seen.append(items)
+        return ForwardPlan(tuple(items), max(s for _, s, _, _ in items) + 1, 3)
+
+    monkeypatch.setattr(triton_fwd_tc, "forward_plan", uneven)
+    _check(72, 72, 4, window=window)
+    assert len(seen) == 2 and any(s == 1 for _, s, _, _ in seen[0])
 
 
 def test_hidden_maps_apart_are_exact_in_fp32():

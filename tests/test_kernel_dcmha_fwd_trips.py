@@ -45,3 +45,15 @@ def test_with_the_maps_apart_the_head_loops_over_n_are_four_and_two():
     assert trips == {"n0": [0.25, 0.5], "n": [16] * 8, "m": [16] * 2}
     lse = MODELS["dcmha_tc_lse_kernel"](dcmha_trip_env(64, MAPS_APART=True, HB=16), (2, 2, 1))
     assert lse == {"n0": [0.25, 0.5], "n": [16] * 4, "m": [16] * 2}
+
+
+def test_a_program_table_gives_each_rows_key_tiles():
+    """The launched forward's table PROGS (`fwd_plan.forward_plan`; columns m0, split, start,
+    end) on 32-key tiles: query tile 1 (rows 64-127) in two programs, keys [0, 64) (2 tiles
+    every row sees whole: unmasked) and [64, 128) (2 masked: the diagonal), query tile 0 in
+    one, keys [0, 32) (1 masked): 2/3 unmasked and 1 masked on average; the grid is not
+    read."""
+    import torch
+    progs = torch.tensor([[64, 0, 0, 64], [64, 1, 64, 128], [0, 0, 0, 32]], dtype=torch.int32)
+    trips = MODELS["dcmha_tc_out_kernel"](_env(PROGS=progs), (3, 1))
+    assert trips["n0"] == [2 / 3, 1.0]

@@ -1,6 +1,6 @@
 """The Triton programs share one prologue, `kernels/_prologue.py` (issue 46): the source reads
 `tl.program_id` / `tl.num_programs` there only and every launched program starts by calling
-`head_tile`, `heads_tile`, `heads_window`, `split_tile` or `table_tile`; and the helpers'
+`head_tile`, `heads_tile`, `heads_window` or `table_tile`; and the helpers'
 tiles, offsets and masks are the plain-torch ones, a ragged last tile included (under the
 interpreter, or on a GPU). Without triton the module is skipped: the kernels cannot be imported
 there either."""
@@ -14,7 +14,7 @@ import torch
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 PROLOGUE = KERNELS / "_prologue.py"
-HELPERS = {"head_tile", "heads_tile", "heads_window", "split_tile", "table_tile"}
+HELPERS = {"head_tile", "heads_tile", "heads_window", "table_tile"}
 
 
 def _tree(path: Path) -> ast.Module:
@@ -84,7 +84,7 @@ from attnlens.kernels._prologue import (  # noqa: E402
     heads_tile,
     heads_window,
     load_tile,
-    split_tile,
+    table_tile,
 )
 
 from kernel_common import DEVICE, KERNEL_MARKS  # noqa: E402
@@ -151,16 +151,13 @@ def _heads_window_probe(INTS, STEP):
 
 
 @triton.jit
-def _split_tile_probe(INTS, ROWS, R_OK, T, BLOCK: tl.constexpr):
-    """Writes what `split_tile` returns at `[pid, split, b]` of the outputs (row-major)."""
-    b, split, n_batch, m0, rows, r_ok = split_tile(T, BLOCK)
-    slot = (tl.program_id(0) * tl.num_programs(1) + split) * n_batch + b
-    four = tl.arange(0, 4)
-    tl.store(INTS + slot * 4 + four,
-             tl.where(four == 0, b, tl.where(four == 1, split, tl.where(four == 2, n_batch, m0))))
-    lanes = tl.arange(0, BLOCK)
-    tl.store(ROWS + slot * BLOCK + lanes, rows)
-    tl.store(R_OK + slot * BLOCK + lanes, r_ok.to(tl.int8))
+def _table_tile_probe(PROGS, INTS, COLS: tl.constexpr):
+    """Writes what `table_tile` returns, and the first value of the row it points to, at the
+    program's slot of the output `[programs * batch, 3]`."""
+    b, slot, row = table_tile(PROGS, COLS)
+    three = tl.arange(0, 4)
+    tl.store(INTS + slot * 3 + three,
+             tl.where(three == 0, b, tl.where(three == 1, slot, tl.load(row))), mask=three < 3)
 
 
 def _pow2(n: int) -> int:
@@ -258,20 +255,15 @@ def test_heads_window_matches_torch(batch, T, step):
 
 
 @_kernel_test
-@pytest.mark.parametrize("shape", [(2, 37, 16, 3), (1, 5, 16, 1), (3, 32, 16, 2)],
-                         ids=lambda s: "b{}t{}m{}s{}".format(*s))
-def test_split_tile_matches_torch(shape):
-    B, T, BLOCK, NS = shape
-    n_t = math.ceil(T / BLOCK)
-    n = n_t * NS * B
-    ints = torch.empty(n, 4, dtype=torch.int32, device=DEVICE)
-    rows = torch.empty(n, BLOCK, dtype=torch.int32, device=DEVICE)
-    r_ok = torch.empty(n, BLOCK, dtype=torch.int8, device=DEVICE)
-    _split_tile_probe[(n_t, NS, B)](ints, rows, r_ok, T, BLOCK=BLOCK)
-    slot = torch.arange(n)                           # (pid, split, b) row-major
-    p_t, p_s, p_b = slot // (NS * B), slot // B % NS, slot % B
-    want_rows = p_t[:, None] * BLOCK + torch.arange(BLOCK)[None, :]
-    assert torch.equal(ints.cpu(), torch.stack([p_b, p_s, torch.full_like(p_b, B),
-                                                p_t * BLOCK], 1).int())
-    assert torch.equal(rows.cpu(), want_rows.int())
-    assert torch.equal(r_ok.cpu().bool(), want_rows < T)
+@pytest.mark.parametrize("shape", [(1, 5, 4), (3, 7, 5), (2, 1, 3)],
+                         ids=lambda s: "b{}p{}c{}".format(*s))
+def test_table_tile_matches_torch(shape):
+    """Grid `(programs, batch)`: program (pid, b) is batch b, slot pid * batch + b (the row of
+    per-program buffers), and reads row pid of the table."""
+    B, P, COLS = shape
+    progs = (torch.arange(P * COLS, dtype=torch.int32) * 7 + 3).view(P, COLS).to(DEVICE)
+    ints = torch.full((P * B, 3), -1, dtype=torch.int32, device=DEVICE)
+    _table_tile_probe[(P, B)](progs, ints, COLS=COLS)
+    slot = torch.arange(P * B)                       # pid * B + b
+    want = torch.stack([slot % B, slot, (slot // B) * COLS * 7 + 3], 1).int()
+    assert torch.equal(ints.cpu(), want)

@@ -515,41 +515,53 @@ def _dcmha(env, grid):
             "d0": env["BLOCK_D"] // env["DCH"]}
 
 
-def _dcmha_tc_splits(env, grid, unmasked: bool | None = None) -> list[int]:
-    """Key tiles of every program (pid, split) of a `triton_fwd_tc`-style grid
-    (`_split_range`: ceil(tiles / NS) tiles each, the last split fewer); unmasked True /
-    False: only the tiles before / from the split's first masked one (`_unmasked_end`: keys
-    every row of the query tile sees, no window, no key padding, not fp32)."""
+def _dcmha_tc_ranges(env, grid) -> list[tuple[int, int, int]]:
+    """`(m0, start, end)` of every program of one batch element: the forward's rows of its
+    program table PROGS (`fwd_plan.forward_plan`: columns m0, split, start, end), or, without
+    a table, a grid `(query tiles, NS, batch)` of equal key splits (ceil(tiles / NS) tiles
+    each, the last split fewer; the backward's default budget, `triton_bwd_tc`)."""
+    if env.get("PROGS") is not None:
+        return [(m0, start, end) for m0, _, start, end in env["PROGS"].tolist()]
     bm, bn, ns, window = env["BLOCK_M"], env["BLOCK_N"], env["NS"], env["WINDOW"]
-    trips = []
+    ranges = []
     for pid in range(grid[0]):
         first = env["Q_OFFSET"] + pid * bm
         lo = 0 if window < 0 else max(first - window, 0) // bn * bn
         hi = min(env["T_K"], first + bm)
         chunk = math.ceil(_steps(lo, hi, bn) / ns) * bn
-        for s in range(ns):
-            start, end = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
-            mid = start
-            if window < 0 and not env.get("HAS_KVALID") and not env.get("IEEE"):
-                seen = min(first + 1, env["T_K"]) - start
-                mid = min(start + max(seen, 0) // bn * bn, max(end, start))
-            if unmasked is None:
-                trips.append(_steps(start, end, bn))
-            else:
-                trips.append(_steps(start, mid, bn) if unmasked else _steps(mid, end, bn))
+        ranges += [(pid * bm, lo + s * chunk, min(hi, lo + (s + 1) * chunk)) for s in range(ns)]
+    return ranges
+
+
+def _dcmha_tc_splits(env, grid, unmasked: bool | None = None) -> list[int]:
+    """Key tiles of every program (`_dcmha_tc_ranges`); unmasked True / False: only the
+    tiles before / from the program's first masked one (`_unmasked_end`: keys every row of
+    the query tile sees, no window, no key padding, not fp32)."""
+    bn, window = env["BLOCK_N"], env["WINDOW"]
+    trips = []
+    for m0, start, end in _dcmha_tc_ranges(env, grid):
+        first = env["Q_OFFSET"] + m0
+        mid = start
+        if window < 0 and not env.get("HAS_KVALID") and not env.get("IEEE"):
+            seen = min(first + 1, env["T_K"]) - start
+            mid = min(start + max(seen, 0) // bn * bn, max(end, start))
+        if unmasked is None:
+            trips.append(_steps(start, end, bn))
+        else:
+            trips.append(_steps(start, mid, bn) if unmasked else _steps(mid, end, bn))
     return trips
 
 
 def _dcmha_tc(env, grid):
-    """`triton_fwd_tc`: program (pid, split) sweeps its split of the query tile's key tiles
-    (`_dcmha_tc_splits`) in two loops, the unmasked tiles then the masked ones (`n0`, one
-    value each); every head loop runs H times per key tile, listed one per SASS loop and
-    tile loop: `n` once in the lse kernel (the pre hidden maps, scores kept in the scratch)
-    and twice in the out kernel (the same, then each head's probabilities with the post
-    hidden maps); with MAPS_APART (each phase's maps in a loop of their own) twice in the
-    lse kernel (the scores, the pre maps) and four times in the out kernel (the scores, the
-    pre maps, the probabilities, the post maps); `m` (per output head) once in each; d_head
-    chunks are unrolled (`static_range`). The lse kernel is the one with HB."""
+    """`triton_fwd_tc`: a program sweeps its split of the query tile's key tiles
+    (`_dcmha_tc_splits`, its row of the program table) in two loops, the unmasked tiles then the
+    masked ones (`n0`, one value each); every head loop runs H times per key tile, listed one
+    per SASS loop and tile loop: `n` once in the lse kernel (the pre hidden maps, scores kept in
+    the scratch) and twice in the out kernel (the same, then each head's probabilities with the
+    post hidden maps); with MAPS_APART (each phase's maps in a loop of their own) twice in the
+    lse kernel (the scores, the pre maps) and four times in the out kernel (the scores, the pre
+    maps, the probabilities, the post maps); `m` (per output head) once in each; d_head chunks
+    are unrolled (`static_range`). The lse kernel is the one with HB."""
     apart = bool(env.get("MAPS_APART"))
     loops = (1 + apart) if "HB" in env else (4 if apart else 2)
     return {"n0": [_avg(_dcmha_tc_splits(env, grid, True)),

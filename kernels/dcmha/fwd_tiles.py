@@ -37,7 +37,8 @@ FWD_LAUNCH = dict(num_warps=8, num_stages=1)   # `triton_fwd_tc.TC_LAUNCH`, for 
 class FwdLaunch:
     """A 16-bit forward's launch shape beyond its tiles: the lse pass's num_warps and score
     dot's d_head chunk (capped at d_head; with its pre maps apart), and the programs each
-    pass's grid aims at (`triton_fwd_tc.split_count`). The out pass keeps TC_LAUNCH's warps."""
+    pass's table aims at (`fwd_plan.forward_plan`: at most `split_count`'s equal splits).
+    The out pass keeps TC_LAUNCH's warps."""
     lse_warps: int = 8
     lse_dch: int = 128
     lse_programs: int = 264
@@ -45,12 +46,12 @@ class FwdLaunch:
 
 
 # The forward's launch per architecture (`fwd_launch`); others take FwdLaunch(). sm_90 (64 x 64
-# tiles): 6 programs per SM in both passes' grids (the causal split's imbalance: a query
-# tile's keys are cut into equal splits, so programs differ by up to the longest split; more,
-# shorter programs finish closer to the even share), the lse pass's score dot in 64-column
-# chunks (fewer instructions than one dot over d_head 128), 8 warps kept: 4 warps cut the lse
-# pass's instructions but need two programs per SM, which doubles the resident scratch
-# past the L2 (docs/benchmarks.md, "DCMHA forward: 4 warps per program tried ...").
+# tiles): up to 6 programs per SM in both passes' tables (shorter programs finish closer to
+# the even share; `fwd_plan` takes fewer where the model finishes as soon: 544 at 4k), the
+# lse pass's score dot in 64-column chunks (fewer instructions than one dot over d_head
+# 128), 8 warps kept: 4 warps cut the lse pass's instructions but need two programs per SM,
+# which doubles the resident scratch past the L2 (docs/benchmarks.md, "DCMHA forward: 4
+# warps per program tried ...").
 ARCH_FWD_LAUNCH = {"sm_90": FwdLaunch(lse_warps=8, lse_dch=64, lse_programs=792,
                                       out_programs=792)}
 

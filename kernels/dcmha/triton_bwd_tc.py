@@ -91,6 +91,9 @@ import torch
 
 from attnlens.kernels._prologue import table_tile
 from attnlens.kernels._triton import DEFAULT_SMS, next_pow2, sm_count, tl, triton
+from attnlens.kernels.dcmha.fwd_plan import finish_bound as _finish_bound
+from attnlens.kernels.dcmha.fwd_plan import key_spans, modeled_finish
+from attnlens.kernels.dcmha.fwd_plan import split_items as _split_items
 from attnlens.kernels.dcmha.triton_fwd import _allowed
 from attnlens.kernels.dcmha.triton_fwd_tc import (
     FP32_BLOCKS,
@@ -102,7 +105,6 @@ from attnlens.kernels.dcmha.triton_fwd_tc import (
     _score,
     split_count,
 )
-from attnlens.kernels.flash_attention.schedule import makespan
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # (BLOCK_M, BLOCK_N) of each pass for bf16 / fp16 (fp32: the forward's FP32_BLOCKS), 8 warps
@@ -125,13 +127,10 @@ KEY_DCH = 64
 # one dq = ds k dot covers: the dq partial's load, layout conversion and store once per
 # DQ_GROUP tiles, and dots over 64 keys.
 DQ_GROUP = 4
-# The schedule model of the program table (`modeled_finish`, `backward_plan`; SMs from
-# `_triton.sm_count` at launch, DEFAULT_SMS where the launch cannot ask the device): a
-# program's prologue and epilogue in key tiles, and the least modeled gain
-# (a fraction of the finish time) for which the plan leaves the forward's split count: the
-# model is coarse (one resident program per SM, time proportional to key tiles), so smaller
-# gains are not worth more programs or a changed table.
-PROGRAM_OVERHEAD = 0.5
+# The least modeled gain (a fraction of the finish time in `fwd_plan.modeled_finish`, whose
+# PROGRAM_OVERHEAD and SMs the backward's table shares) for which the plan leaves the
+# forward's split count: the model is coarse (one resident program per SM, time proportional
+# to key tiles), so smaller gains are not worth more programs or a changed table.
 MIN_MODELED_GAIN = 0.05
 
 
@@ -633,34 +632,6 @@ class BackwardPlan:
     block_n: int
 
 
-def modeled_finish(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float:
-    """Modeled finish time, in key tiles, of programs of `costs` key tiles each, started in
-    grid order on `sms` SMs that hold one program each (8 warps at ~200 registers fill an
-    SM's register file): list scheduling, each SM takes the next program when its last one
-    ends, a program taking its key tiles plus `overhead`. A model (no memory contention, no
-    tail effects inside a program), used to compare grids of the same kernel, not a time."""
-    return makespan([cost + overhead for cost in costs], sms)
-
-
-def _finish_bound(costs, sms: int, overhead: float = PROGRAM_OVERHEAD) -> float:
-    """A lower bound of `modeled_finish`: the longest program, or the even share of all."""
-    if not costs:
-        return 0.0
-    return max(max(costs) + overhead, (sum(costs) + overhead * len(costs)) / min(sms, len(costs)))
-
-
-def _split_items(spans, budget: int, block_n: int) -> list:
-    """`(m0, split, start, end)` of every query tile's key splits at `budget` key tiles per
-    program (a tile of t key tiles gets ceil(t / budget) even splits)."""
-    items = []
-    for m0, lo, hi, tiles in spans:
-        n_split = max(1, math.ceil(tiles / budget))
-        chunk = math.ceil(tiles / n_split) * block_n
-        items += [(m0, s, lo + s * chunk, min(hi, lo + (s + 1) * chunk))
-                  for s in range(n_split) if lo + s * chunk < hi]
-    return items
-
-
 def _grid_costs(items, batch: int, block_n: int) -> list:
     """Key tiles of each program in launch order: longest first (`backward_plan`), batch
     elements one after another (grid axis 0 runs fastest)."""
@@ -725,13 +696,7 @@ _PLANS: dict = {}
 def _make_plan(batch: int, T_Q: int, T_K: int, window: int | None, block_m: int,
                block_n: int, sms: int) -> BackwardPlan:
     """`backward_plan`, not memoised."""
-    off = T_K - T_Q
-    spans = []
-    for m0 in range(0, T_Q, block_m):               # `triton_fwd._key_range`, on the host
-        first = off + m0
-        lo = 0 if window is None else max(first - window, 0) // block_n * block_n
-        hi = min(T_K, first + block_m)
-        spans.append((m0, lo, hi, max(0, math.ceil((hi - lo) / block_n))))
+    spans = key_spans(T_Q, T_K, window, block_m, block_n)
     budget = _program_budget(spans, batch, math.ceil(T_K / block_n), block_n, sms)
     items = _split_items(spans, budget, block_n)
     n_split = max((s for _, s, _, _ in items), default=0) + 1

@@ -25,10 +25,11 @@ the splits' partial (max, sum) are merged in torch into the row lse. Pass 2
 probabilities A_n = exp(L_n - lse_n) and, in the same head loop, the post hidden maps from
 them, then per head P_m = Compose_post(A)_m and z_m += P_m v_m, added with fp32 atomics (an
 `[H, rows, d_head]` accumulator would not fit in registers at 16-32 heads). Key splits make
-the grid fill the GPU at batch 1 (`split_count`). Each hidden map is a 2-D `[rows, keys]`
-tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile in the
-scratch's layout (`_maps_reread`): both keep layout conversions through shared memory out of
-the head loops (docs/benchmarks.md). On 64 x 64 tiles (sm_90, `fwd_tiles`) each phase's
+the grid fill the GPU at batch 1: a host table (`fwd_plan.forward_plan`) gives each program
+at most a budget of one query tile's key tiles, longest first. Each hidden map is a 2-D
+`[rows, keys]` tensor of its own (`_add_maps`), and the pre maps are re-read once per key tile
+in the scratch's layout (`_maps_reread`): both keep layout conversions through shared memory
+out of the head loops (docs/benchmarks.md). On 64 x 64 tiles (sm_90, `fwd_tiles`) each phase's
 hidden maps are instead summed in a head loop of their own over the maps read back from the
 scratch (MAPS_APART: the score loop holds no map, the probabilities' loop 4 instead of 8).
 
@@ -57,10 +58,11 @@ import math
 
 import torch
 
-from attnlens.kernels._prologue import split_tile
-from attnlens.kernels._triton import next_pow2, tl, triton
+from attnlens.kernels._prologue import table_tile
+from attnlens.kernels._triton import next_pow2, sm_count, tl, triton
+from attnlens.kernels.dcmha.fwd_plan import FWD_PROG_COLS, forward_plan, split_count
 from attnlens.kernels.dcmha.fwd_tiles import FwdLaunch, fwd_blocks, fwd_launch, maps_apart
-from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed, _key_range
+from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
 # Query-wise channels (rank * groups, plus H with a static B) up to which this forward is
@@ -84,18 +86,23 @@ FP32_BLOCKS = (32, 16)
 # keeps 32 (at 64 its softmax loop took layouts that cost 4% more), and so does fp32 (IEEE
 # dots, twice the operand registers).
 LSE_DCH, OUT_DCH, OUT_VCH = 32, 128, 128
-# Programs a grid aims at (`split_count`): the backward's program budget, and the forward's
-# default; sm_90's forward takes 792 in both passes (`fwd_tiles.ARCH_FWD_LAUNCH`: the causal
-# split's programs are uneven, and more, shorter ones finish nearer the even share).
-TARGET_PROGRAMS = 264
+_FWD_PROG_COLS = tl.constexpr(FWD_PROG_COLS)      # readable inside the kernels
 
 
 @triton.jit
-def _split_range(lo, hi, split, NS, BLOCK_N: tl.constexpr):
-    """Keys `[start, end)` of key split `split` of NS over the tiles of `[lo, hi)`."""
-    chunk = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NS) * BLOCK_N
-    start = lo + split * chunk
-    return start, tl.minimum(hi, start + chunk)
+def _fwd_program(row, T_Q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The rest of both passes' prologue, after `table_tile(PROGS, _FWD_PROG_COLS)` (grid
+    `(programs, batch)`; program (pid, b) reads row pid of the table PROGS int32 `[programs,
+    FWD_PROG_COLS]`, `fwd_plan.forward_plan`). Returns `(split, m0, rows, r_ok, start,
+    end)`: its split's index among its query tile's splits (the partials' row), query rows
+    m0 + arange(BLOCK_M) (r_ok: < T_Q) and keys `[start, end)` in whole BLOCK_N tiles from
+    start."""
+    m0 = tl.multiple_of(tl.load(row), BLOCK_M)
+    split = tl.load(row + 1)
+    start = tl.multiple_of(tl.load(row + 2), BLOCK_N)
+    end = tl.load(row + 3)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    return split, m0, rows, rows < T_Q, start, end
 
 
 @triton.jit
@@ -269,10 +276,8 @@ def _scratch_load(SCR, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _scratch_slot(SCRATCH, m0, split, n_batch, b, NS, H, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+def _scratch_slot(SCRATCH, slot, H, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's scratch `[H, rows, keys]` fp32 in SCRATCH `[programs, ...]`."""
-    slot = ((m0 // BLOCK_M) * NS + split) * n_batch + b
     return SCRATCH + slot.to(tl.int64) * (H * BLOCK_M * BLOCK_N)
 
 
@@ -469,7 +474,7 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
 
 
 @triton.jit
-def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
+def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK, PROGS,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, skv_b,
                         swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW, D, NS,
                         scale,
@@ -478,20 +483,21 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr, MAPS_APART: tl.constexpr):
-    """Pass 1, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: the split's partial row max (log2
-    units) and sum of every head, MP / LP `[NS, batch, H, T_Q]`. SCRATCH fp32 `[programs,
-    H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre hidden
-    maps (`_pre_maps_kept`, `_maps_reread`; with MAPS_APART `[programs, H, rows, keys]`, no
-    re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every head's running row (max, sum),
-    double-buffered (key tile i reads buffer i % 2 and writes the other, so that no thread
-    reads a value another thread of the same row already updated); a row's pair is stored
-    and loaded as one `[rows, 2]` tensor (`tl.join`, `tl.split`): one layout conversion per
-    head and key tile for the store instead of two. WQ, WK: the packed weights (`_pack`;
-    the key side transposed, `_wfac`)."""
-    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
-                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
-    ST = STATE + (((m0 // BLOCK_M) * NS + split) * n_batch + b).to(tl.int64) * (4 * H * BLOCK_M)
+    """Pass 1, grid `(programs, batch)` (`table_tile`, `_fwd_program`): the split's partial row
+    max (log2 units) and sum of every head, MP / LP `[batch, NS, H, T_Q]` (NS: the most splits
+    of a query tile; the rows of a tile's absent splits keep the host's -inf / 0). SCRATCH fp32
+    `[programs, H + CQB + CKB, rows, keys]`: the key tile's scores of every head, then the pre
+    hidden maps (`_pre_maps_kept`, `_maps_reread`; with MAPS_APART `[programs, H, rows, keys]`,
+    no re-read). STATE fp32 `[programs, 2, H, rows, 2]`: every head's running row (max, sum),
+    double-buffered (key tile i reads buffer i % 2 and writes the other, so that no thread reads
+    a value another thread of the same row already updated); a row's pair is stored and loaded
+    as one `[rows, 2]` tensor (`tl.join`, `tl.split`): one layout conversion per head and key
+    tile for the store instead of two. WQ, WK: the packed weights (`_pack`; the key side
+    transposed, `_wfac`)."""
+    b, slot, row = table_tile(PROGS, _FWD_PROG_COLS)
+    split, m0, rows, r_ok, start, end = _fwd_program(row, T_Q, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, slot, H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
+    ST = STATE + slot.to(tl.int64) * (4 * H * BLOCK_M)
     offs_h = tl.arange(0, HB)
     offs_r = tl.arange(0, BLOCK_M)
     Qb, Kb, WQ, WK = Q + b * sq_b, K + b * sk_b, WQ + b * swq_b, WK + b * swk_b
@@ -501,8 +507,6 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
     tl.store(ST + at_h, tl.join(tl.full([HB, BLOCK_M], float("-inf"), dtype=tl.float32),
                                 tl.zeros([HB, BLOCK_M], dtype=tl.float32)), mask=h_ok)
     tl.debug_barrier()                 # the state is read by other threads
-    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
-    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID or IEEE, BLOCK_N)
     for n0 in range(start, mid, BLOCK_N):
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
@@ -516,7 +520,7 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK,
                   BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
-    at = ((split * n_batch + b) * H + offs_h[:, None]) * T_Q + rows[None, :]
+    at = ((b * NS + split) * H + offs_h[:, None]) * T_Q + rows[None, :]
     mask = (offs_h[:, None] < H) & r_ok[None, :]
     tl.store(MP + at, m_i, mask=mask)
     tl.store(LP + at, l_i, mask=mask)
@@ -590,30 +594,28 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
 
 
 @triton.jit
-def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK,
+def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK, PROGS,
                         sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d,
                         skv_b, swq_b, swq_h, swk_b, swk_h, swk_r, H, T_Q, T_K, Q_OFFSET, WINDOW,
-                        D, NS, scale,
+                        D, scale,
                         HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         DCH: tl.constexpr, VCH: tl.constexpr, MAPS_APART: tl.constexpr):
-    """Pass 2, grid `(cdiv(T_Q, BLOCK_M), NS, batch)`: adds the split's keys' share of
-    z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`: the key
-    tile's scores of every head, each head's score dot formed once per key tile, then in
+    """Pass 2, grid `(programs, batch)` (`table_tile`, `_fwd_program`): adds the split's keys'
+    share of z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`:
+    the key tile's scores of every head, each head's score dot formed once per key tile, then in
     their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
-    b, split, n_batch, m0, rows, r_ok = split_tile(T_Q, BLOCK_M)
-    SCR = _scratch_slot(SCRATCH, m0, split, n_batch, b, NS,
-                        H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
+    b, slot, row = table_tile(PROGS, _FWD_PROG_COLS)
+    _, m0, rows, r_ok, start, end = _fwd_program(row, T_Q, BLOCK_M, BLOCK_N)
+    SCR = _scratch_slot(SCRATCH, slot, H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
     Qb, Kb, Vb = Q + b * sq_b, K + b * sk_b, V + b * sv_b
     WQ, WK = WQ + b * swq_b, WK + b * swk_b
     # The row lse (log2 units) and O are padded to T_P, whole query tiles: unmasked loads
     # and atomics (a masked atomic cost a branch around it, 6 instructions each).
     T_P = tl.cdiv(T_Q, BLOCK_M) * BLOCK_M
     L2 = LSE2 + (b * H * T_P + rows)
-    lo, hi = _key_range(m0, Q_OFFSET, WINDOW, T_K, BLOCK_M, BLOCK_N)
-    start, end = _split_range(lo, hi, split, NS, BLOCK_N)
     mid = _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID or IEEE, BLOCK_N)
     for n0 in range(start, mid, BLOCK_N):
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
@@ -662,16 +664,15 @@ def _scratch_numel(grid: tuple, blocks: dict, n_heads: int) -> int:
     maps = H + CQB + CKB, or H in an out pass with MAPS_APART (n_heads here): 160 KB per
     program at 16 heads and the official Compose (64 x 32), 52 MB over the 320 programs at
     T = 4096, 21 MB over 132 resident ones (L2 holds 50 MB); on 64 x 64 tiles (sm_90, H maps)
-    256 KiB, 208 MiB over sm_90's 832 programs (`fwd_tiles.ARCH_FWD_LAUNCH`), 33 MiB resident.
-    It grows with the programs (query tiles x key splits), so O(T)."""
+    256 KiB, 136 MiB over the 544 programs of sm_90's table at 4k (`fwd_tiles.ARCH_FWD_LAUNCH`,
+    `fwd_plan`), 33 MiB resident. It grows with the programs (at most the equal key splits'
+    query tiles x splits), so O(T). grid: `(programs, batch)`."""
     return math.prod(grid) * n_heads * blocks["BLOCK_M"] * blocks["BLOCK_N"]
 
 
-def split_count(n_tiles: int, batch: int, key_tiles: int, programs: int | None = None) -> int:
-    """Key splits per query tile so that the grid holds about `programs` (default
-    TARGET_PROGRAMS) programs."""
-    target = TARGET_PROGRAMS if programs is None else programs
-    return max(1, min(key_tiles, math.ceil(target / max(1, n_tiles * batch))))
+def _table(plan, device) -> torch.Tensor:
+    """A pass's program table PROGS int32 `[programs, FWD_PROG_COLS]` (`_fwd_program`)."""
+    return torch.tensor(plan.programs, dtype=torch.int32, device=device).view(-1, FWD_PROG_COLS)
 
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
@@ -704,24 +705,26 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
                   CQB=cqb, CKB=ckb, NQ=2 * cqb + 2 * cqb2 + 2, NK=4 * ckb + 2, BLOCK_D=D,
                   **TC_LAUNCH)
 
-    def grid(blocks, programs=None):
+    sms = sm_count(q.device)
+
+    def plan(blocks, programs):
         bm, bn = block_m or blocks[0], block_n or blocks[1]
-        n_m = math.ceil(T_Q / bm)
-        ns = split_count(n_m, B, math.ceil(T_K / bn), programs)
-        return (n_m, ns, B), dict(BLOCK_M=bm, BLOCK_N=bn)
+        return (forward_plan(B, T_Q, T_K, window, bm, bn, programs, sms),
+                dict(BLOCK_M=bm, BLOCK_N=bn))
 
     fp32 = q.dtype == torch.float32
     tiles = FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype)
     # Per architecture: the lse pass's warps and each pass's programs (`fwd_tiles`).
     shape = FwdLaunch() if fp32 else fwd_launch()
-    lse_grid, lse_blocks = grid(tiles, shape.lse_programs)
-    out_grid, out_blocks = grid(tiles, shape.out_programs)
+    lse_plan, lse_blocks = plan(tiles, shape.lse_programs)
+    out_plan, out_blocks = plan(tiles, shape.out_programs)
     apart = maps_apart(lse_blocks["BLOCK_N"])
     # One scratch for both passes, as large as the pass with more programs needs.
-    scratch = torch.empty(max(_scratch_numel(g, lse_blocks, H if apart else H + cqb + ckb)
-                              for g in (lse_grid, out_grid)), **f32)
+    scratch = torch.empty(max(_scratch_numel((len(p.programs), B), lse_blocks,
+                                             H if apart else H + cqb + ckb)
+                              for p in (lse_plan, out_plan)), **f32)
     # Positions padded to whole tiles of either pass (the kernels read the packs unmasked).
-    t_q = max(g[0] * b["BLOCK_M"] for g, b in ((lse_grid, lse_blocks), (out_grid, out_blocks)))
+    t_q = max(math.ceil(T_Q / b["BLOCK_M"]) * b["BLOCK_M"] for b in (lse_blocks, out_blocks))
     t_k = max(math.ceil(T_K / b["BLOCK_N"]) * b["BLOCK_N"] for b in (lse_blocks, out_blocks))
     wq = _pack([(pre[0], cqb), (pre[1], cqb), (pre[2], 1), (post[0], cqb2), (post[1], cqb2),
                 (post[2], 1)], t_q)
@@ -737,33 +740,37 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     if has_k:
         wkt[:, :, :ckb] *= scale
         wkt[:, :, 2 * ckb] *= scale
-    (n_m, ns, _), blocks = lse_grid, lse_blocks
-    mp = torch.empty(ns, B, H, T_Q, **f32)
-    lp = torch.empty(ns, B, H, T_Q, **f32)
-    state = torch.empty(n_m * ns * B * 4 * H * blocks["BLOCK_M"], **f32)
-    dcmha_tc_lse_kernel[(n_m, ns, B)](
-        q, k, mp, lp, kv, scratch, state, wq, wkt, *q.stride(), *k.stride(), kv.stride(0),
-        *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns, scale,
-        HB=next_pow2(H, minimum=1), DCH=min(shape.lse_dch if apart and not fp32 else LSE_DCH, D),
-        MAPS_APART=apart, **{**common, "num_warps": shape.lse_warps}, **blocks)
-    m_max = mp.amax(0)
+    blocks, ns = lse_blocks, lse_plan.splits
+    # A query tile's absent splits (and a tile that sees no key) keep (-inf, 0).
+    mp = torch.full((B, ns, H, T_Q), float("-inf"), **f32)
+    lp = torch.zeros(B, ns, H, T_Q, **f32)
+    state = torch.empty(len(lse_plan.programs) * B * 4 * H * blocks["BLOCK_M"], **f32)
+    if lse_plan.programs:
+        dcmha_tc_lse_kernel[(len(lse_plan.programs), B)](
+            q, k, mp, lp, kv, scratch, state, wq, wkt, _table(lse_plan, q.device),
+            *q.stride(), *k.stride(), kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H,
+            T_Q, T_K, T_K - T_Q, w, D, ns, scale, HB=next_pow2(H, minimum=1),
+            DCH=min(shape.lse_dch if apart and not fp32 else LSE_DCH, D), MAPS_APART=apart,
+            **{**common, "num_warps": shape.lse_warps}, **blocks)
+    m_max = mp.amax(1)
     m_use = torch.where(m_max.isinf(), 0.0, m_max)
-    total = (lp * torch.exp2(mp - m_use)).sum(0)
+    total = (lp * torch.exp2(mp - m_use[:, None])).sum(1)
     lse.copy_(torch.where(total == 0, float("-inf"),
                           (m_use + torch.log2(total.clamp_min(1e-38))) * math.log(2.0)))
-    (n_m, ns, _), blocks = out_grid, out_blocks
+    blocks = out_blocks
     # The out pass reads the lse in log2 units, +inf on empty rows (their probabilities are
     # 0) and past T_Q, and adds into O, both padded to whole query tiles (no masks).
-    t_p = n_m * blocks["BLOCK_M"]
+    t_p = math.ceil(T_Q / blocks["BLOCK_M"]) * blocks["BLOCK_M"]
     lse2_pad = torch.full((B, H, t_p), float("inf"), **f32)
     lse2_pad[..., :T_Q] = torch.where(total == 0, float("inf"), lse * LOG2E.value)
     o = torch.zeros(B, t_p, H, D, **f32)
-    dcmha_tc_out_kernel[(n_m, ns, B)](
-        q, k, v, o, lse2_pad, kv, scratch, wq, wkt, *q.stride(), *k.stride(), *v.stride(),
-        kv.stride(0), *wq.stride()[:2], *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, ns,
-        scale, CQB2=cqb2, DCH=min(32 if fp32 else OUT_DCH, D),
-        VCH=min(32 if fp32 else OUT_VCH, D), MAPS_APART=apart,
-        **common, **blocks)
+    if out_plan.programs:
+        dcmha_tc_out_kernel[(len(out_plan.programs), B)](
+            q, k, v, o, lse2_pad, kv, scratch, wq, wkt, _table(out_plan, q.device),
+            *q.stride(), *k.stride(), *v.stride(), kv.stride(0), *wq.stride()[:2],
+            *wkt.stride()[:3], H, T_Q, T_K, T_K - T_Q, w, D, scale, CQB2=cqb2,
+            DCH=min(32 if fp32 else OUT_DCH, D), VCH=min(32 if fp32 else OUT_VCH, D),
+            MAPS_APART=apart, **common, **blocks)
     out.copy_(o[:, :T_Q, :, :D_in])
     return out, lse
 

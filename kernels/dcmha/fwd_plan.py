@@ -9,7 +9,8 @@ gets ceil(t / budget) even splits (`split_items`), none empty, and the table lis
 longest programs first, so that the GPU (which starts programs in grid order) starts them
 first and the short ones fill the tail (longest-processing-time-first list scheduling).
 The budget is the one whose table finishes soonest in `modeled_finish` without more
-programs than the launch aims at (per-program scratch is the forward's memory).
+programs than equal splits for the launch's aim would have (per-program scratch is the
+forward's memory).
 
 The backward (`triton_bwd_tc.backward_plan`) splits its query tiles by the same rule.
 """
@@ -91,6 +92,12 @@ def item_tiles(items, block_n: int) -> list:
     return [max(0, math.ceil((end - start) / block_n)) for _, _, start, end in items]
 
 
+def grid_costs(items, batch: int, block_n: int) -> list:
+    """Key tiles of each program in launch order: longest first (both plans' tables), batch
+    elements one after another (grid axis 0 runs fastest)."""
+    return sorted(item_tiles(items, block_n), reverse=True) * batch
+
+
 @dataclass(frozen=True)
 class ForwardPlan:
     """Programs of one forward pass: `(m0, split, start, end)` per program of one batch element
@@ -131,13 +138,13 @@ def _make_plan(batch, T_Q, T_K, window, block_m, block_n, programs, sms) -> Forw
     longest = max((t for *_, t in spans), default=0)
     cap = len(spans) * batch * split_count(len(spans), batch, math.ceil(T_K / block_n),
                                            programs)
-    best = None                                     # (finish, -budget, items)
+    best = None                                     # (finish, budget, items)
     for budget in sorted({max(1, math.ceil(longest / k)) for k in range(1, longest + 1)}
                          | {1}, reverse=True):
         items = split_items(spans, budget, block_n)
         if len(items) * batch > cap:
             break                                   # smaller budgets only add programs
-        costs = sorted(item_tiles(items, block_n), reverse=True) * batch
+        costs = grid_costs(items, batch, block_n)
         if best is not None and finish_bound(costs, sms) >= best[0]:
             continue
         finish = modeled_finish(costs, sms)
@@ -149,5 +156,5 @@ def _make_plan(batch, T_Q, T_K, window, block_m, block_n, programs, sms) -> Forw
 
 
 __all__ = ["FWD_PROG_COLS", "ForwardPlan", "PROGRAM_OVERHEAD", "TARGET_PROGRAMS",
-           "finish_bound", "forward_plan", "item_tiles", "key_spans", "modeled_finish",
-           "split_count", "split_items"]
+           "finish_bound", "forward_plan", "grid_costs", "item_tiles", "key_spans",
+           "modeled_finish", "split_count", "split_items"]

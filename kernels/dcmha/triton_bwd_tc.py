@@ -92,6 +92,7 @@ import torch
 from attnlens.kernels._prologue import table_tile
 from attnlens.kernels._triton import DEFAULT_SMS, next_pow2, sm_count, tl, triton
 from attnlens.kernels.dcmha.fwd_plan import finish_bound as _finish_bound
+from attnlens.kernels.dcmha.fwd_plan import grid_costs as _grid_costs
 from attnlens.kernels.dcmha.fwd_plan import key_spans, modeled_finish
 from attnlens.kernels.dcmha.fwd_plan import split_items as _split_items
 from attnlens.kernels.dcmha.triton_fwd import _allowed
@@ -630,14 +631,6 @@ class BackwardPlan:
     rows: int
     block_m: int
     block_n: int
-
-
-def _grid_costs(items, batch: int, block_n: int) -> list:
-    """Key tiles of each program in launch order: longest first (`backward_plan`), batch
-    elements one after another (grid axis 0 runs fastest)."""
-    tiles = sorted((math.ceil((end - start) / block_n) for *_, start, end in items),
-                   reverse=True)
-    return tiles * batch
 
 
 def _program_budget(spans, batch: int, key_tiles: int, block_n: int, sms: int) -> int:

@@ -1,6 +1,8 @@
 """`python -m attnlens.kernels.compile_check --quick`: every op's forward and backward kernels
 compile for sm_90 in bf16 with Triton's real compiler (no GPU), within the launch limits,
-spill-free.
+spill-free. Those tests are in the extended tier (`make test-extended`, which CI runs): the
+quick check compiles every op (about 70 s); the fast tier compiles the flash kernels through
+the same compiler (tests/test_compile_check_instruments.py, test_compile_check_by_line.py).
 
 The suite runs under TRITON_INTERPRET=1 (tests/conftest.py), which replaces the compiler, so
 the check runs in a subprocess whose environment lacks it. The full matrix (every autotune
@@ -14,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from tiers import EXTENDED
 
 from attnlens.kernels import _triton
 from attnlens.kernels.compile_check.cases import OPS
@@ -47,6 +50,8 @@ def quick(tmp_path_factory, results_cache):
     return _run_quick(tmp_path_factory.mktemp("compile_check") / "rows.json", results_cache)
 
 
+@EXTENDED   # the quick check compiles every op (about 70 s); the fast tier compiles
+            # the flash kernels (test_compile_check_instruments, _by_line)
 def test_quick_check_exits_zero_and_writes_rows(quick):
     proc, rows = quick
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -55,6 +60,7 @@ def test_quick_check_exits_zero_and_writes_rows(quick):
     assert not any(r["cached"] for r in rows)          # an empty cache: everything compiled
 
 
+@EXTENDED
 def test_a_second_check_reads_every_kernel_from_the_results_cache(quick, results_cache,
                                                                     tmp_path):
     _, first = quick
@@ -66,12 +72,14 @@ def test_a_second_check_reads_every_kernel_from_the_results_cache(quick, results
     assert [[r[k] for k in measured] for r in again] == [[r[k] for k in measured] for r in first]
 
 
+@EXTENDED
 def test_every_op_compiles_forward_and_backward_in_bf16_for_sm90(quick):
     _, rows = quick
     covered = {(r["op"], r["pass"]) for r in rows if r["dtype"] == "bf16" and r["arch"] == "sm_90"}
     assert covered == {(op, p) for op in OPS for p in ("fwd", "bwd")}
 
 
+@EXTENDED
 def test_quick_kernels_fit_the_gpu_and_do_not_spill(quick):
     """Every op's quick-set kernels are spill-free since issue 23 (configs, Infini's
     HAS_MIX / SEGMENTED pruning, MTA / DCMHA launch options and d_head chunks)."""

@@ -50,6 +50,7 @@ def _check_grads(T_q, T_k, H, d=16, batch=1, window=None, key_valid=None, scale=
                           block_n)
 
 
+@EXTENDED   # 21 s; the fast tier keeps the smaller gradient cases below
 def test_query_tiles_key_splits_padding_window_and_padded_head_dim(monkeypatch):
     """Official Compose (rank 2, query- and key-wise, B = I), 16-row tiles: 3 query tiles,
     key ranges split over programs (delta partials summed, gradients added across programs),

@@ -246,8 +246,11 @@ def _unmasked_end(start, end, m0, Q_OFFSET, WINDOW, T_K, HAS_KVALID: tl.constexp
     if HAS_KVALID:
         mid = start
     else:
+        # Whole tiles from start, so that the compiler sees mid (and the masked loop's n0) as
+        # a multiple of BLOCK_N: `end` comes from the table, unknown to it, and a min with
+        # it took that knowledge away (the key-side weights then loaded one key at a time).
         seen = tl.minimum(m0 + Q_OFFSET + 1, T_K) - start
-        mid = tl.minimum(start + tl.maximum(seen, 0) // BLOCK_N * BLOCK_N, end)
+        mid = start + tl.minimum(tl.maximum(seen, 0), end - start) // BLOCK_N * BLOCK_N
         mid = tl.where(WINDOW >= 0, start, mid)
     return mid
 

@@ -19,6 +19,15 @@ from tiers import EXTENDED
 from kernel_common import dcmha_official_sass_rows
 
 
+def _key_tile_loops(name, row):
+    """A pass's two key-tile loops (`n0`) in code order: the unmasked tiles, then the masked
+    ones (`_unmasked_end`)."""
+    tiles = sorted((lo for lo in row["mix"]["loops"] if lo["var"] == "n0"),
+                   key=lambda lo: lo["start"])
+    assert len(tiles) == 2, (name, len(tiles))
+    return tiles
+
+
 @EXTENDED   # compiles the H16 official case; the compile check's own barrier test: make test
 @pytest.mark.skipif(not _tools_present(), reason="needs triton with ptxas, nvdisasm, cuobjdump")
 def test_forward_head_loops_have_few_barriers():
@@ -31,9 +40,7 @@ def test_forward_head_loops_have_few_barriers():
         row = rows[name]
         assert row["spill_bytes"] == 0, name
         loops = row["mix"]["loops"]
-        tiles = [lo for lo in loops if lo["var"] == "n0"]
-        assert len(tiles) == 2, (name, len(tiles))
-        for tile in tiles:
+        for tile in _key_tile_loops(name, row):
             heads = [lo for lo in loops if lo["inner"] and lo["var"] in ("n", "m")
                      and tile["start"] <= lo["start"] and lo["end"] <= tile["end"]]
             assert heads, name
@@ -51,8 +58,6 @@ def test_masked_key_tiles_load_their_weights_as_vectors_as_the_unmasked_ones_do(
     per tile in the lse pass, 124 against 64 in the out pass; 246 / 251 registers)."""
     rows = dcmha_official_sass_rows()
     for name in ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"):
-        tiles = [lo for lo in rows[name]["mix"]["loops"] if lo["var"] == "n0"]
-        assert len(tiles) == 2, (name, len(tiles))
-        unmasked, masked = sorted(tiles, key=lambda lo: lo["start"])
+        unmasked, masked = _key_tile_loops(name, rows[name])
         assert masked["mix"]["ldg"] == unmasked["mix"]["ldg"], (
             name, unmasked["mix"]["ldg"], masked["mix"]["ldg"])

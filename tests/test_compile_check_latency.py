@@ -121,3 +121,53 @@ def test_one_constant_fit_and_leave_one_out():
     assert leave_one_out([(1.0, 1.0), (1.0, 4.0)]) == pytest.approx([4.0, 0.25])
     with pytest.raises(ValueError):
         fit_scale([])
+
+
+def test_stalls_name_what_each_wait_is_for_and_add_up_to_the_waits():
+    from attnlens.kernels.compile_check.chain import stalls
+
+    # a global load used at once: the FADD waits the load's latency, less the one cycle
+    # between; a dot's queue waited by the DEPBAR; a cp.async group waited right after its
+    # commit
+    loop = body("LDG.E R10, desc[UR4][R6.64]", "FADD R11, R10, R3",
+                QK, WAIT_ALL,
+                "LDGSTS.E.BYPASS.128 [R5], desc[UR4][R8.64]", "LDGDEPBAR",
+                "DEPBAR.LE SB0, 0x0", "FADD R12, R2, R3")
+    rows = stalls(loop, LATENCIES)
+    by_addr = {r["addr"]: r for r in rows}
+    assert by_addr[16]["cause"] == "operand"
+    assert by_addr[16]["producer"] == "0x0000 LDG.E"
+    assert by_addr[16]["cycles"] == pytest.approx(LATENCIES.global_ - 1)
+    assert by_addr[48]["cause"] == "tensor" and by_addr[48]["cycles"] > 0
+    assert by_addr[96]["cause"] == "copy"
+    assert by_addr[96]["cycles"] == pytest.approx(LATENCIES.global_ - 1)   # from the commit
+    assert [r["cycles"] for r in rows] == sorted((r["cycles"] for r in rows), reverse=True)
+    assert sum(r["cycles"] for r in rows) == pytest.approx(
+        mean_cycles(loop, LATENCIES) - len(loop))
+    # a load issued more than its latency ahead of its use is not waited for; right before
+    # it, it is
+    work = [f"IADD3 R{20 + i}, R2, R3, RZ" for i in range(700)]
+    assert stalls(body("LDG.E R10, desc[UR4][R6.64]", *work, "FADD R11, R10, R3"),
+                  LATENCIES) == []
+    late = stalls(body(*work, "LDG.E R10, desc[UR4][R6.64]", "FADD R11, R10, R3"), LATENCIES)
+    assert [(r["addr"], r["cycles"]) for r in late] == [(16 * 701, LATENCIES.global_ - 1)]
+
+
+def test_waits_report_lists_the_loops_that_wait_and_their_longest_waits():
+    from attnlens.kernels.compile_check.latency import program_cycles, waits_report
+    from attnlens.kernels.compile_check.sass_mix import loops
+
+    instrs = small_kernel(["FFMA R1, R1, R2, R3"] * 10)
+    found = loops(instrs)
+    per_warp = program_cycles(instrs, found, [100])
+    assert per_warp["loops"][0]["waits"][0]["cause"] == "operand"
+    row = dict(pass_="fwd", kernel="k", config="64x64 w4 s1", reading=dict(bound="latency"),
+               per_warp=per_warp, loops=per_warp["loops"])
+    text = waits_report([dict(op="flash", T=4096, d=64, rows=[row])])
+    lines = text.splitlines()
+    assert lines[0].startswith("flash T=4096 d=64 fwd k 64x64 w4 s1: chain")
+    assert "100.0 passes, body 11" in lines[1]
+    assert "(operand from" in lines[2] and "FFMA" in lines[2]
+    # a loop whose waits are below the share is left out
+    assert len(waits_report([dict(op="flash", T=4096, d=64, rows=[row])],
+                            least_share=0.9).splitlines()) == 1

@@ -142,21 +142,56 @@ def mean_cycles(body: list[Instr], latencies: Latencies | None = None, warmup: i
     return (marks[-1] - marks[warmup - 1]) / measured
 
 
-def _pass_ends(body: list[Instr], latencies: Latencies | None, passes: int) -> list[float]:
-    """The cycle at which each of `passes` back-to-back walks of `body` ends."""
+def stalls(body: list[Instr], latencies: Latencies = LATENCIES, warmup: int = 4,
+           measured: int = 12) -> list[dict]:
+    """Where one warp waits in a loop body (`mean_cycles`' walk): one row per instruction that
+    waits, averaged over `measured` passes after `warmup`, longest first: `addr`, `opcode`,
+    `cycles` (mean wait per pass before it issues) and `cause`: `operand` (a register another
+    instruction writes, its `producer` address and opcode given), `tensor` (a
+    `WARPGROUP.DEPBAR` on the wgmma queue) or `copy` (a `DEPBAR` on cp.async groups). The sum of
+    `cycles` is `mean_cycles(body, latencies)` minus the body's length: what prefetching,
+    pipelining or more resident warps could hide."""
+    rows: dict[int, dict] = {}
+
+    def on_wait(pass_no, ins, cycles, cause, producer):
+        if pass_no < warmup:
+            return
+        row = rows.setdefault(ins.addr, dict(addr=ins.addr, opcode=ins.opcode, cycles=0.0,
+                                             cause=cause, producer=producer))
+        row["cycles"] += cycles / measured
+
+    _pass_ends(body, latencies, warmup + measured, on_wait)
+    return sorted(rows.values(), key=lambda r: -r["cycles"])
+
+
+def _pass_ends(body: list[Instr], latencies: Latencies | None, passes: int,
+               on_wait=None) -> list[float]:
+    """The cycle at which each of `passes` back-to-back walks of `body` ends. on_wait(pass
+    index, instruction, cycles, cause, producer) is called for every wait (`stalls`)."""
     t = 0.0                              # cycle at which the next instruction may issue
     queue_end = 0.0                      # when the tensor cores finish the work queued so far
     groups: list[float] = []             # completion cycle of each open wgmma group
     open_group = False
     copies: list[float] = []             # completion cycle of each committed cp.async group
     ready: dict[int, float] = {}         # register -> cycle its value can be read
+    writer: dict[int, Instr] = {}        # register -> the instruction that last wrote it
     marks = []
-    for _ in range(passes):
+
+    def waited(p, ins, before, cause, producer=None):
+        if on_wait is not None and t > before:
+            on_wait(p, ins, t - before, cause,
+                    None if producer is None else f"{producer.addr:#06x} {producer.opcode}")
+
+    for p in range(passes):
         for ins in body:
             base = ins.opcode.split(".")[0]
             if latencies is not None:
                 written, read = registers(ins)
+                before = t
+                last = max(read, key=lambda r: ready.get(r, 0.0), default=None)
                 t = max([t] + [ready.get(r, 0.0) for r in read])
+                waited(p, ins, before, "operand", writer.get(last))
+            before = t
             if base.endswith("GMMA"):
                 queue_end = max(t + 1, queue_end) + mma_flops(ins.opcode) * WARPGROUP \
                     / TENSOR_FLOP_PER_CYCLE
@@ -170,6 +205,7 @@ def _pass_ends(body: list[Instr], latencies: Latencies | None, passes: int) -> l
                 done = groups[:len(groups) - keep] if len(groups) > keep else []
                 t = max([t] + done)
                 groups = groups[len(done):]
+                waited(p, ins, before, "tensor")
             elif latencies is not None and base == "LDGDEPBAR":
                 copies.append(t + latencies.global_)
             elif latencies is not None and base == "DEPBAR" and (
@@ -178,9 +214,11 @@ def _pass_ends(body: list[Instr], latencies: Latencies | None, passes: int) -> l
                 done = copies[:len(copies) - keep] if len(copies) > keep else []
                 t = max([t] + done)
                 copies = copies[len(done):]
+                waited(p, ins, before, "copy")
             if latencies is not None:
                 for r in written:
                     ready[r] = t + latencies.of(ins)
+                    writer[r] = ins
             t += 1
         marks.append(t)
     return marks
@@ -192,4 +230,4 @@ def loop_body(instrs: list[Instr], start: int, end: int) -> list[Instr]:
 
 
 __all__ = ["LATENCIES", "TENSOR_FLOP_PER_CYCLE", "Latencies", "chain_cycles", "loop_body",
-           "mean_cycles", "registers"]
+           "mean_cycles", "registers", "stalls"]

@@ -23,7 +23,10 @@ log space, and reports each point's error with leave-one-out. The host side and 
 in an op's wrapper are not modelled (they are in the measured time).
 
     env -u TRITON_INTERPRET python -m attnlens.kernels.compile_check.latency --ops flash \\
-        --T 4096 --d 64 128 [--bwd] [--calibrate]
+        --T 4096 --d 64 128 [--bwd] [--calibrate] [--waits]
+
+`--waits` adds, per kernel, the innermost loops that wait and the instructions that wait
+longest, with the load or dot each waits for (`chain.stalls`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from attnlens.kernels.compile_check.chain import LATENCIES, Latencies, chain_cycles, mean_cycles
+from attnlens.kernels.compile_check.chain import (
+    LATENCIES,
+    Latencies,
+    chain_cycles,
+    mean_cycles,
+    stalls,
+)
 from attnlens.kernels.compile_check.roofline import PEAKS, Peak, fastest, resident_warps
 
 
@@ -41,7 +50,7 @@ def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
     waits added), `tensor_flops` (the whole program's: a warp's share x warps is the caller's)
     and per innermost loop its body length, passes and mean cycles per pass. `callees` /
     `calls`: the called functions' first addresses and calls per program
-    (`sass_mix.weighted_mix`)."""
+    (`sass_mix.weighted_mix`). Each loop also lists its three longest `waits` (`chain.stalls`)."""
     from attnlens.kernels.compile_check.sass_mix import weighted_mix
 
     counts = weighted_mix(instrs, found, trips, callees, calls)
@@ -57,7 +66,8 @@ def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
                            if o.start <= lo.start and lo.end <= o.end)
         cycles = mean_cycles(body, latencies)
         chain += passes * (cycles - len(body))
-        loops_out.append(dict(index=i, body=len(body), passes=passes, cycles=cycles))
+        loops_out.append(dict(index=i, body=len(body), passes=passes, cycles=cycles,
+                              waits=stalls(body, latencies)[:3]))
     rest = [ins for ins in instrs if id(ins) not in in_loop]
     if rest:
         chain += chain_cycles(rest, latencies, passes=1, measured_pass=1) - len(rest)
@@ -187,6 +197,34 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def waits_report(results: list[dict], least_share: float = 0.02) -> str:
+    """Per kernel read, its innermost loops whose waits are at least `least_share` of the
+    warp's chain: passes, body, cycles per pass and the longest waits (`chain.stalls`),
+    each with what it waits for. Where a launch is latency-bound this says which load or
+    dot to move earlier."""
+    lines = []
+    for res in results:
+        for r in res.get("rows", []):
+            chain = r["per_warp"]["chain"]
+            head = (f"{res['op']} T={res['T']} d={res['d']} {r['pass_']} {r['kernel']} "
+                    f"{r['config']}: chain {chain:,.0f} cycles per warp, "
+                    f"{r['reading']['bound']}-bound")
+            rows = []
+            for lo in r["loops"]:
+                share = lo["passes"] * (lo["cycles"] - lo["body"]) / chain
+                if share < least_share:
+                    continue
+                rows.append(f"  loop {lo['index']}: {lo['passes']:,.1f} passes, body "
+                            f"{lo['body']}, {lo['cycles']:,.0f} cycles per pass "
+                            f"(waits {share:.0%} of the chain)")
+                for w in lo["waits"]:
+                    what = w["cause"] + (f" from {w['producer']}" if w["producer"] else "")
+                    rows.append(f"    {w['cycles']:6.0f} at {w['addr']:#06x} {w['opcode']} "
+                                f"({what})")
+            lines += [head, *rows]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", nargs="+", default=["flash"])
@@ -197,6 +235,8 @@ def main(argv=None) -> None:
                         help="the forward points of calibrate.MEASURED: reading, fitted scale, "
                              "leave-one-out error")
     parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--waits", action="store_true",
+                        help="after the table: each kernel's loops that wait, and on what")
     args = parser.parse_args(argv)
     from attnlens.kernels.compile_check.results_cache import ResultCache
 
@@ -213,6 +253,8 @@ def main(argv=None) -> None:
         print(f"{op} T={T} d={d}: " + (res.get("error") or
                                       f"fwd {_ms(res['fwd_time_s'])} ms"), flush=True)
     print(markdown(results))
+    if args.waits:
+        print("\n" + waits_report(results))
     if args.calibrate:
         from attnlens.kernels.compile_check.calibrate import MEASURED
         pairs = [(r["fwd_time_s"] * 1e3, MEASURED[(r["op"], r["T"], r["d"])])
@@ -230,4 +272,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["fit_scale", "launch_reading", "leave_one_out", "main", "markdown", "op_reading",
-           "program_cycles", "reading"]
+           "program_cycles", "reading", "waits_report"]

@@ -87,11 +87,12 @@ def _dcmha_official_inputs(T: int, D: int, heads: int, dtype, device) -> tuple:
 
 
 def tune_dcmha_tiles(Ts, Ds, dtypes, heads: int = 16, device="cuda", timer=None
-                         ) -> dict[str, dict]:
-    """{`fwd_tiles.TUNED_NAME`: {key: record}}: each of `fwd_tiles.FWD_CANDIDATES` timed on
-    the DCMHA tensor-core forward (batch 1, official Compose) at every length, the faster in
-    total over the lengths recorded per (heads, head size, dtype). timer(fn) -> ms:
-    `triton.testing.do_bench` unless given (tests)."""
+                     ) -> dict[str, dict]:
+    """{`fwd_tiles.TUNED_NAME`: {key: record}}: each of `fwd_tiles.fwd_candidates` (tiles x
+    the architecture's head-loop stages) timed on the DCMHA tensor-core forward (batch 1,
+    official Compose) at every length, the faster in total over the lengths recorded per
+    (heads, head size, dtype). timer(fn) -> ms: `triton.testing.do_bench` unless given
+    (tests)."""
     from functools import partial
 
     from attnlens.kernels.dcmha import fwd_tiles
@@ -99,20 +100,21 @@ def tune_dcmha_tiles(Ts, Ds, dtypes, heads: int = 16, device="cuda", timer=None
 
     if timer is None:
         from triton.testing import do_bench as timer
+    candidates = fwd_tiles.fwd_candidates(fwd_tiles.fwd_arch())
     chosen = {}
     for dtype in dtypes:
         for D in Ds:
-            total = dict.fromkeys(fwd_tiles.FWD_CANDIDATES, 0.0)
+            total = dict.fromkeys(candidates, 0.0)
             for T in Ts:
                 q, k, v, pre, post = _dcmha_official_inputs(T, D, heads, dtype, device)
-                for blocks in total:
+                for blocks, stages in total:
                     ms = timer(partial(dcmha_tc_fwd, q, k, v, pre, post, D ** -0.5, None,
-                                       tiles=blocks))
-                    total[blocks] += ms
-                    print(f"dcmha out tiles {blocks} T={T} d={D} "
+                                       tiles=blocks, head_stages=stages))
+                    total[blocks, stages] += ms
+                    print(f"dcmha out tiles {blocks} head stages {stages} T={T} d={D} "
                           f"{str(dtype).removeprefix('torch.')}: {ms:.3f} ms", flush=True)
-            best = min(total, key=total.get)
-            chosen[fwd_tiles.fwd_key(heads, D, dtype)] = fwd_tiles.record_of(best)
+            best, stages = min(total, key=total.get)
+            chosen[fwd_tiles.fwd_key(heads, D, dtype)] = fwd_tiles.record_of(best, stages)
     return {fwd_tiles.TUNED_NAME: chosen}
 
 

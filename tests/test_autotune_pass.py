@@ -106,29 +106,44 @@ def test_the_shipped_file_if_any_is_well_formed():
         for entries in kernels.values():
             for key, config in entries.items():
                 assert "|" in key
-                assert set(config) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+                # HEAD_STAGES: the DCMHA forward's head loops (`fwd_tiles.record_of`)
+                assert set(config) - {"HEAD_STAGES"} == {"BLOCK_M", "BLOCK_N", "num_warps",
+                                                         "num_stages"}
     json.dumps(tuned)
 
 
 def test_the_pass_times_both_dcmha_tiles_and_records_the_faster():
     """The DCMHA forward's tiles are chosen on the host (`dcmha.fwd_tiles`): the pass runs
-    the forward with each candidate (here on the interpreter, 2 lengths) and records the
-    faster in total, in the form `fwd_blocks` reads back for that key."""
+    the forward with each candidate, both tiles with the plain head loops and sm_90's own
+    tile with them pipelined (here on the interpreter, which takes sm_90's; 2 lengths), and
+    records the fastest in total, in the form `fwd_blocks` and `fwd_head_stages` read back
+    for that key."""
     from attnlens.kernels.dcmha import fwd_tiles
-    times = iter([3.0, 1.0, 1.0, 2.5])       # (64, 64), (64, 32) at T 8, then at T 16
+    cands = [((64, 64), 1), ((64, 32), 1), ((64, 64), 3)]
+    assert fwd_tiles.fwd_candidates("sm_90") == cands
+    assert fwd_tiles.fwd_candidates("sm_80") == [((64, 64), 1), ((64, 32), 1)]
+    # at T 8, then at T 16: (64, 64) with 3 stages the least in total (1.0 + 1.5)
+    times = iter([3.0, 2.0, 1.0, 1.0, 2.5, 1.5])
     ran = []
 
     def timer(fn):
-        ran.append(fn.keywords["tiles"])
-        if len(ran) <= 2:                    # each candidate runs (once: interpreter time)
+        ran.append((fn.keywords["tiles"], fn.keywords["head_stages"]))
+        if len(ran) <= 3:                    # each candidate runs (once: interpreter time)
             out, lse = fn()
             assert out.shape == (1, 8, 2, 16) and not lse.isnan().any()
         return next(times)
 
     chosen = autotune_pass.tune_dcmha_tiles([8, 16], [16], [torch.float16], heads=2,
                                                 device="cpu", timer=timer)
-    assert ran == [(64, 64), (64, 32)] * 2
+    assert ran == cands * 2
     key = fwd_tiles.fwd_key(2, 16, torch.float16)
-    assert chosen == {fwd_tiles.TUNED_NAME: {key: fwd_tiles.record_of((64, 32))}}
-    assert fwd_tiles.fwd_blocks(2, 16, torch.float16, arch="sm_90",
-                                tuned=chosen[fwd_tiles.TUNED_NAME]) == (64, 32)
+    assert chosen == {fwd_tiles.TUNED_NAME: {key: fwd_tiles.record_of((64, 64), 3)}}
+    tuned = chosen[fwd_tiles.TUNED_NAME]
+    assert fwd_tiles.fwd_blocks(2, 16, torch.float16, arch="sm_90", tuned=tuned) == (64, 64)
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned=tuned) == 3
+    # a record's stages outside the architecture's candidates fall back to its launch's
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_80", tuned=tuned) == 1
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned={}) == 1
+    # and on another tile than the architecture's own (never compile-checked pipelined)
+    narrow = {key: fwd_tiles.record_of((64, 32), 3)}
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned=narrow) == 1

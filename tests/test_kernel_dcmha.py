@@ -22,6 +22,8 @@ fp32 tolerance: a logit is a sum over d_head <= 24 products (|score| <~ 10) comp
 <= 2e-6): atol = rtol = 5e-5 leaves margin.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from tiers import EXTENDED
@@ -254,6 +256,24 @@ def test_each_architectures_tiles_match_the_spec(arch, launched, monkeypatch):
                      (meta["BLOCK_M"], meta["BLOCK_N"], meta["MAPS_APART"])))
     _check(72, 72, 2, dtype=torch.float16)
     assert seen == [launched] * 2
+
+
+def test_pipelined_head_loops_match_the_spec(monkeypatch):
+    """sm_90's launch with its head loops pipelined 3 deep (`FwdLaunch.head_stages`, the
+    autotuning pass's other candidate there): both passes take HEAD_STAGES 3 and match the
+    spec as the plain loops do (the interpreter runs loops in order: this checks the
+    plumbing and the loops' bodies; `compile_check` the compiled form), and fp32 keeps 1."""
+    from attnlens.kernels.dcmha import fwd_tiles, triton_fwd_tc
+    monkeypatch.setattr(fwd_tiles, "ARCH_FWD_LAUNCH", {"sm_90": dataclasses.replace(
+        fwd_tiles.ARCH_FWD_LAUNCH["sm_90"], head_stages=3)})
+    seen = []
+    spy_launches(monkeypatch, triton_fwd_tc, ("dcmha_tc_lse_kernel", "dcmha_tc_out_kernel"),
+                 lambda kernel, grid, args, meta: seen.append(meta["HEAD_STAGES"]))
+    _check(72, 72, 2, dtype=torch.float16)
+    assert seen == [3, 3]
+    seen.clear()
+    _check(40, 40, 2)
+    assert seen == [1, 1]
 
 
 def _spied_forward(monkeypatch, arch, T, d, H, table=None):

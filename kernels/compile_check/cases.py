@@ -122,7 +122,10 @@ def _mta(heads, pre=(6, 11), post=(6, 11), mix=True, t=T):
 
 # -- dcmha ----------------------------------------------------------------------------------
 
-def _dcmha(heads, key_wise=True, window=None, rank=2, static=True):
+def _dcmha(heads, key_wise=True, window=None, rank=2, static=True, sm90_head_stages=None):
+    """sm90_head_stages: sm_90's forward head loops pipelined so deep (`fwd_tiles.
+    arch_head_stages`: the autotuning pass's other candidate there); other architectures
+    compile their default."""
     def run(cap, dtype, d_head):
         from attnlens.kernels.dcmha.function import dcmha_attention
         from attnlens.kernels.dcmha.reference import ComposeWeights
@@ -137,7 +140,12 @@ def _dcmha(heads, key_wise=True, window=None, rank=2, static=True):
 
         pre, post = weights(), weights()
         leaves = [q, k, v, *(t for t in pre.tensors() + post.tensors() if t is not None)]
-        _fwd_bwd(cap, lambda: dcmha_attention(q, k, v, pre, post, window=window), leaves)
+        if sm90_head_stages is None:
+            _fwd_bwd(cap, lambda: dcmha_attention(q, k, v, pre, post, window=window), leaves)
+            return
+        from attnlens.kernels.dcmha.fwd_tiles import arch_head_stages
+        with arch_head_stages("sm_90", sm90_head_stages):
+            _fwd_bwd(cap, lambda: dcmha_attention(q, k, v, pre, post, window=window), leaves)
     return run
 
 
@@ -171,6 +179,9 @@ CASES: list[Case] = [
     Case("dcmha", "H4 official", _dcmha(4, static=False), main=True),   # tensor-core forward
     Case("dcmha", "H16 official", _dcmha(16, static=False)),      # DCFormer: B = I
     Case("dcmha", "H32 official", _dcmha(32, static=False)),
+    # sm_90's forward with the head loops 3 deep: the autotuning pass times it there
+    Case("dcmha", "H16 official stages3", _dcmha(16, static=False, sm90_head_stages=3)),
+    Case("dcmha", "H32 official stages3", _dcmha(32, static=False, sm90_head_stages=3)),
 ]
 
 OPS = tuple(dict.fromkeys(c.op for c in CASES))

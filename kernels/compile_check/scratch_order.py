@@ -99,9 +99,13 @@ ACCEPTED = {
         "head n's slot: iteration n reads slot n, then (after a barrier) writes it; the next "
         "iteration reads slot n + 1", ()),
     ("triton_fwd_tc.py", "_lse_tile", "tl.store(new + at, tl.join(m_new, l_new))"): (
-        "double-buffered state: a key tile reads `old` and writes `new`, the other half",
+        "double-buffered state: a key tile reads `old` and writes `new`, the other half (with "
+        "the head loop pipelined, HEAD_STAGES > 1, a later head's `old` is read after this "
+        "head's `new` is written: still the other half)",
         (("write after read",
-          'm_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))'),)),
+          'm_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))'),
+         ("read after write",
+          'm_old, l_old = tl.split(tl.load(old + at, cache_modifier=".cg"))'))),
     ("triton_bwd_tc.py", "_stored_hidden_packed",
      "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)"): (
         "head n's slot j, written once per head loop, read after the tile's next barrier; "

@@ -16,16 +16,23 @@ Whether 64 x 64 is faster on a real sm_90 (its per-program scratch is 256 KiB wh
 has 160 KiB, docs/benchmarks.md) is settled by measurement: `python -m
 attnlens.kernels.autotune_pass` times the forward with each of FWD_CANDIDATES and records the
 faster under TUNED_NAME in `kernels/tuned_configs.json`, which `fwd_blocks` then takes for
-that architecture, head count, head size and dtype, with no code change.
+that architecture, head count, head size and dtype, with no code change. On sm_90 it times
+each tile with the head loops plain and pipelined 3 deep (`HEAD_STAGE_CANDIDATES`,
+`FwdLaunch.head_stages`; `fwd_head_stages` reads the record back): the compile check's two
+readings disagree on which is faster.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 from attnlens.kernels import _triton
 
 FWD_CANDIDATES = ((64, 64), (64, 32))    # (BLOCK_M, BLOCK_N) the autotuning pass times
+# The head loops' pipeline stages the autotuning pass times with each tile, per architecture
+# (`FwdLaunch.head_stages`; others time their default only).
+HEAD_STAGE_CANDIDATES = {"sm_90": (1, 3)}
 ARCH_FWD_BLOCKS = {"sm_90": (64, 64)}    # where both passes compile spill-free at 64 x 64
 DEFAULT_FWD_BLOCKS = (64, 32)
 INTERPRETER_ARCH = "sm_90"               # the interpreter (tests) runs sm_90's choice
@@ -38,11 +45,18 @@ class FwdLaunch:
     """A 16-bit forward's launch shape beyond its tiles: the lse pass's num_warps and score
     dot's d_head chunk (capped at d_head; with its pre maps apart), and the programs each
     pass's table aims at (`fwd_plan.forward_plan`: at most `split_count`'s equal splits).
-    The out pass keeps TC_LAUNCH's warps."""
+    The out pass keeps TC_LAUNCH's warps. head_stages: the pipeline stages of both passes'
+    head loops that read global memory (`tl.range(0, H, num_stages=...)`: the score dots',
+    the maps' loops from the scratch, the lse pass's Compose, the out pass's P V; 1 is the
+    plain loop). With 3 on sm_90 Triton loads two heads ahead by cp.async: in the compile
+    check's latency reading the forward at 4k falls 37-43% and its issue bound rises 18-19%
+    (docs/benchmarks.md, "Where the DCMHA kernels wait"), so only a GPU decides: the
+    autotuning pass times both (`HEAD_STAGE_CANDIDATES`) and a tuned record overrides this."""
     lse_warps: int = 8
     lse_dch: int = 128
     lse_programs: int = 264
     out_programs: int = 264
+    head_stages: int = 1
 
 
 # The forward's launch per architecture (`fwd_launch`); others take FwdLaunch(). sm_90 (64 x 64
@@ -118,11 +132,63 @@ def fwd_launch(arch: str | None = None) -> FwdLaunch:
     return ARCH_FWD_LAUNCH.get(fwd_arch() if arch is None else arch, FwdLaunch())
 
 
-def record_of(blocks: tuple[int, int]) -> dict:
-    """The tuned file's entry for forward blocks (the form `LazyAutotune` records)."""
-    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], **FWD_LAUNCH}
+def fwd_candidates(arch: str) -> list[tuple[tuple[int, int], int]]:
+    """`(blocks, head_stages)` the autotuning pass times on `arch`: every FWD_CANDIDATES tile
+    with the launch's head_stages, then the architecture's own tile (ARCH_FWD_BLOCKS, the
+    one the compile check's cases compile spill-free with them) with each other
+    HEAD_STAGE_CANDIDATES entry."""
+    own = fwd_launch(arch).head_stages
+    others = [n for n in HEAD_STAGE_CANDIDATES.get(arch, ()) if n != own]
+    blocks = ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
+    return [(b, own) for b in FWD_CANDIDATES] + [(blocks, n) for n in others]
+
+
+def fwd_head_stages(heads: int, block_d: int, dtype, arch: str | None = None,
+                    tuned: dict | None = None) -> int:
+    """The head loops' pipeline stages of a 16-bit forward: the tuned record's HEAD_STAGES
+    for this launch when it is one of the architecture's candidates on the architecture's
+    own tile (`fwd_candidates`: what the compile check compiles), else the launch's
+    (`fwd_launch(arch).head_stages`). arch / tuned as `fwd_blocks`."""
+    if arch is None:
+        if _triton.interpreting():
+            arch, tuned = INTERPRETER_ARCH, tuned or {}
+        else:
+            arch, found = _tuned_entries()
+            tuned = found if tuned is None else tuned
+    record = (tuned or {}).get(fwd_key(heads, block_d, dtype)) or {}
+    stages = record.get("HEAD_STAGES")
+    own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == ARCH_FWD_BLOCKS.get(
+        arch, DEFAULT_FWD_BLOCKS)
+    if own_tile and stages in HEAD_STAGE_CANDIDATES.get(arch, ()):
+        return stages
+    return fwd_launch(arch).head_stages
+
+
+@contextmanager
+def arch_head_stages(arch: str, stages: int):
+    """Inside the block, `arch`'s launch takes `stages` head-loop stages (ARCH_FWD_LAUNCH's
+    entry replaced, restored after): the compile check's cases compile the autotuning pass's
+    other candidates with it."""
+    saved = ARCH_FWD_LAUNCH.get(arch)
+    ARCH_FWD_LAUNCH[arch] = replace(saved or FwdLaunch(), head_stages=stages)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del ARCH_FWD_LAUNCH[arch]
+        else:
+            ARCH_FWD_LAUNCH[arch] = saved
+
+
+def record_of(blocks: tuple[int, int], head_stages: int = 1) -> dict:
+    """The tuned file's entry for forward blocks and head-loop stages (the form
+    `LazyAutotune` records, with HEAD_STAGES)."""
+    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "HEAD_STAGES": head_stages,
+            **FWD_LAUNCH}
 
 
 __all__ = ["ARCH_FWD_BLOCKS", "ARCH_FWD_LAUNCH", "DEFAULT_FWD_BLOCKS", "FWD_CANDIDATES",
-           "FwdLaunch", "TUNED_NAME", "fwd_arch", "fwd_blocks", "fwd_key", "fwd_launch",
-           "maps_apart", "record_of"]
+           "HEAD_STAGE_CANDIDATES", "FwdLaunch", "TUNED_NAME", "arch_head_stages", "fwd_arch",
+           "fwd_blocks",
+           "fwd_candidates", "fwd_head_stages", "fwd_key", "fwd_launch", "maps_apart",
+           "record_of"]

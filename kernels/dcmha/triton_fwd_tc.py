@@ -61,7 +61,13 @@ import torch
 from attnlens.kernels._prologue import table_tile
 from attnlens.kernels._triton import next_pow2, sm_count, tl, triton
 from attnlens.kernels.dcmha.fwd_plan import FWD_PROG_COLS, forward_plan, split_count
-from attnlens.kernels.dcmha.fwd_tiles import FwdLaunch, fwd_blocks, fwd_launch, maps_apart
+from attnlens.kernels.dcmha.fwd_tiles import (
+    FwdLaunch,
+    fwd_blocks,
+    fwd_head_stages,
+    fwd_launch,
+    maps_apart,
+)
 from attnlens.kernels.dcmha.triton_fwd import LOG2E, _allowed
 from attnlens.kernels.flash_attention.triton_fwd import _dot
 
@@ -355,7 +361,8 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
                    NK: tl.constexpr, HAS_K: tl.constexpr, IEEE: tl.constexpr,
                    CQB: tl.constexpr, CKB: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, DCH: tl.constexpr, PRE_APART: tl.constexpr):
+                   BLOCK_D: tl.constexpr, DCH: tl.constexpr, PRE_APART: tl.constexpr,
+                   HEAD_STAGES: tl.constexpr):
     """The pre-softmax hidden maps of one tile (`_pre_hidden`) as per-channel maps
     (`_add_maps`: query-wise q0..q3, key-wise k0..k3, those past CQB / CKB stay zero and
     unused), keeping every head's scores in the scratch, so that the later head loops read
@@ -368,7 +375,7 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
     fewer instructions; in the lse pass at 64 x 32 it cost 1% more)."""
     q0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     q1, q2, q3, k0, k1, k2, k3 = q0, q0, q0, q0, q0, q0, q0
-    for n in range(0, H):
+    for n in tl.range(0, H, num_stages=HEAD_STAGES):
         # Unscaled scores (a multiply by 1.0 folds away): the softmax scale sits in the pre
         # phase's w1 and gates (`dcmha_tc_fwd`), one multiply per element and head less.
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, 1.0,
@@ -382,7 +389,7 @@ def _pre_maps_kept(Q, K, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, 
                                            CKB, False, swk_r)
     if PRE_APART:
         tl.debug_barrier()         # the scratch is read by other threads
-        for n in range(0, H):
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             s = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
             q0, q1, q2, q3 = _add_maps(s, q0, q1, q2, q3, WQ + n * swq_h, 0, rows, NQ, CQB,
                                        True, 0)
@@ -441,7 +448,8 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
               MASKED: tl.constexpr, HAS_KVALID: tl.constexpr, HAS_K: tl.constexpr,
               IEEE: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr, NQ: tl.constexpr,
               NK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, DCH: tl.constexpr, MAPS_APART: tl.constexpr):
+              BLOCK_D: tl.constexpr, DCH: tl.constexpr, MAPS_APART: tl.constexpr,
+              HEAD_STAGES: tl.constexpr):
     """Pass 1's key tile n0: every head's running row (max, sum) from the state buffer of
     tile (n0 - start) / BLOCK_N into the other (`dcmha_tc_lse_kernel`). MASKED: the tile
     needs the causal / window / padding mask (`_unmasked_end`). MAPS_APART: the pre hidden
@@ -454,8 +462,8 @@ def _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KV, n0, start, m0, rows, offs_r, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-        BLOCK_N, BLOCK_D, DCH, MAPS_APART)
-    for m in range(0, H):
+        BLOCK_N, BLOCK_D, DCH, MAPS_APART, HEAD_STAGES)
+    for m in tl.range(0, H, num_stages=HEAD_STAGES):
         s = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         x = _composed_maps(s, q0, q1, q2, q3, k0, k1, k2, k3, WQ + m * swq_h,
                            WK + m * swk_h, CQB, CKB, rows, cols, NQ, NK, HAS_K, CQB, CKB,
@@ -485,7 +493,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK, PROGS,
                         HB: tl.constexpr, CQB: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, MAPS_APART: tl.constexpr):
+                        DCH: tl.constexpr, MAPS_APART: tl.constexpr,
+                        HEAD_STAGES: tl.constexpr):
     """Pass 1, grid `(programs, batch)` (`table_tile`, `_fwd_program`): the split's partial row
     max (log2 units) and sum of every head, MP / LP `[batch, NS, H, T_Q]` (NS: the most splits
     of a query tile; the rows of a tile's absent splits keep the host's -inf / 0). SCRATCH fp32
@@ -496,7 +505,8 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK, PROGS,
     a value another thread of the same row already updated); a row's pair is stored and loaded
     as one `[rows, 2]` tensor (`tl.join`, `tl.split`): one layout conversion per head and key
     tile for the store instead of two. WQ, WK: the packed weights (`_pack`; the key side
-    transposed, `_wfac`)."""
+    transposed, `_wfac`). HEAD_STAGES: the pipeline stages of the head loops that read global
+    memory (`fwd_tiles.FwdLaunch.head_stages`; 1: plain loops)."""
     b, slot, row = table_tile(PROGS, _FWD_PROG_COLS)
     split, m0, rows, r_ok, start, end = _fwd_program(row, T_Q, BLOCK_M, BLOCK_N)
     SCR = _scratch_slot(SCRATCH, slot, H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
@@ -515,12 +525,12 @@ def dcmha_tc_lse_kernel(Q, K, MP, LP, KVALID, SCRATCH, STATE, WQ, WK, PROGS,
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART, HEAD_STAGES)
     for n0 in range(mid, end, BLOCK_N):
         _lse_tile(Qb, Kb, SCR, ST, WQ, WK, KVALID + b * skv_b, n0, start, m0, rows, offs_r,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                   swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB, CKB, NQ, NK,
-                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART)
+                  BLOCK_M, BLOCK_N, BLOCK_D, DCH, MAPS_APART, HEAD_STAGES)
     last = ST + (tl.cdiv(tl.maximum(end - start, 0), BLOCK_N) % 2) * (2 * H * BLOCK_M)
     m_i, l_i = tl.split(tl.load(last + at_h, mask=h_ok, other=0.0, cache_modifier=".cg"))
     at = ((b * NS + split) * H + offs_h[:, None]) * T_Q + rows[None, :]
@@ -536,7 +546,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
               HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
               CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DCH: tl.constexpr,
-              VCH: tl.constexpr, MAPS_APART: tl.constexpr):
+              VCH: tl.constexpr, MAPS_APART: tl.constexpr, HEAD_STAGES: tl.constexpr):
     """Pass 2's key tile n0: every head's share of z added to O (`dcmha_tc_out_kernel`).
     MASKED: the tile needs the causal / window / padding mask (`_unmasked_end`).
     MAPS_APART: each phase's hidden maps in a head loop of their own over the maps read back
@@ -552,7 +562,7 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
     q0, q1, q2, q3, k0, k1, k2, k3 = _pre_maps_kept(
         Qb, Kb, SCR, WQ, WK, m0, n0, T_Q, T_K, rows, cols, sq_t, sq_h, sq_d, sk_t, sk_h,
         sk_d, D, swq_h, swk_h, swk_r, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M, BLOCK_N,
-        BLOCK_D, DCH, MAPS_APART)
+        BLOCK_D, DCH, MAPS_APART, HEAD_STAGES)
     # Every head's A from the pre maps, and the post hidden maps from A in the same loop.
     a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
@@ -574,14 +584,14 @@ def _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KV, n0, m0, b, rows, T_P, T_Q, T_K
         tl.store(_scratch(SCR, n, BLOCK_M, BLOCK_N), a)
     tl.debug_barrier()             # the scratch is read by other threads
     if MAPS_APART:                 # the post hidden maps from every head's A, read back
-        for n in range(0, H):
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             a = _scratch_load(SCR, n, BLOCK_M, BLOCK_N)
             a0, a1, a2, a3 = _add_maps(a, a0, a1, a2, a3, WQ + n * swq_h, RQ2, rows, NQ,
                                        CQB2, True, 0)
             if HAS_K:
                 b0, b1, b2, b3 = _add_maps(a, b0, b1, b2, b3, WK + n * swk_h, RK2, cols, NK,
                                            CKB, False, swk_r)
-    for m in range(0, H):                          # each head's pattern times its values
+    for m in tl.range(0, H, num_stages=HEAD_STAGES):   # each head's pattern times its values
         a = _scratch_load(SCR, m, BLOCK_M, BLOCK_N)
         p = _composed_maps(a, a0, a1, a2, a3, b0, b1, b2, b3, WQ + m * swq_h,
                            WK + m * swk_h, RQ2 + CQB2, RK2 + CKB, rows, cols, NQ, NK,
@@ -605,11 +615,14 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK, PROGS,
                         CQB: tl.constexpr, CQB2: tl.constexpr, CKB: tl.constexpr,
                         NQ: tl.constexpr, NK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DCH: tl.constexpr, VCH: tl.constexpr, MAPS_APART: tl.constexpr):
+                        DCH: tl.constexpr, VCH: tl.constexpr, MAPS_APART: tl.constexpr,
+                        HEAD_STAGES: tl.constexpr):
     """Pass 2, grid `(programs, batch)` (`table_tile`, `_fwd_program`): adds the split's keys'
     share of z = Compose_post(exp(L - lse)) v to O. SCRATCH fp32 `[programs, H, rows, keys]`:
     the key tile's scores of every head, each head's score dot formed once per key tile, then in
-    their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`)."""
+    their place its probabilities A. WQ, WK: both phases' packed weights (`_pack`).
+    HEAD_STAGES: as the lse pass's (the A loop, which overwrites the scratch behind a barrier
+    in the loop, stays plain)."""
     b, slot, row = table_tile(PROGS, _FWD_PROG_COLS)
     _, m0, rows, r_ok, start, end = _fwd_program(row, T_Q, BLOCK_M, BLOCK_N)
     SCR = _scratch_slot(SCRATCH, slot, H if MAPS_APART else H + CQB + CKB, BLOCK_M, BLOCK_N)
@@ -624,12 +637,14 @@ def dcmha_tc_out_kernel(Q, K, V, O, LSE2, KVALID, SCRATCH, WQ, WK, PROGS,
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, False, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART,
+                  HEAD_STAGES)
     for n0 in range(mid, end, BLOCK_N):
         _out_tile(Qb, Kb, Vb, O, L2, SCR, WQ, WK, KVALID + b * skv_b, n0, m0, b, rows, T_P,
                   T_Q, T_K, Q_OFFSET, WINDOW, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h,
                   sv_d, D, swq_h, swk_h, swk_r, H, scale, True, HAS_KVALID, HAS_K, IEEE, CQB,
-                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART)
+                  CQB2, CKB, NQ, NK, BLOCK_M, BLOCK_N, BLOCK_D, DCH, VCH, MAPS_APART,
+                  HEAD_STAGES)
 
 
 def channel_weights(w: tuple, n_heads: int) -> tuple:
@@ -680,13 +695,15 @@ def _table(plan, device) -> torch.Tensor:
 
 def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | None,
                  key_valid=None, block_m: int | None = None, block_n: int | None = None,
-                 tiles: tuple[int, int] | None = None):
+                 tiles: tuple[int, int] | None = None, head_stages: int | None = None):
     """Launch both passes; returns `(out [b q h d] in q's dtype, lse [b h q] float32)`.
     `pre`, `post`: `channel_weights` tuples (key-wise three None when query-wise only);
     block_m / block_n override both passes' tiles; tiles: both passes' (BLOCK_M, BLOCK_N) of a
     16-bit launch, else `fwd_tiles.fwd_blocks` (per architecture, or what the autotuning pass
     measured); fp32 takes FP32_BLOCKS. A pass's hidden maps go apart on tiles of 64 keys or
-    more (`fwd_tiles.maps_apart`)."""
+    more (`fwd_tiles.maps_apart`). head_stages: the head loops' pipeline stages of a 16-bit
+    launch, else `fwd_tiles.fwd_head_stages` (fp32: 1); the values are the same either way
+    (the loads move, not the arithmetic)."""
     B, T_Q, H, D_in = q.shape
     T_K = k.shape[1]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -719,6 +736,7 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     tiles = FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype)
     # Per architecture: the lse pass's warps and each pass's programs (`fwd_tiles`).
     shape = FwdLaunch() if fp32 else fwd_launch()
+    common["HEAD_STAGES"] = 1 if fp32 else head_stages or fwd_head_stages(H, D, q.dtype)
     lse_plan, lse_blocks = plan(tiles, shape.lse_programs)
     out_plan, out_blocks = plan(tiles, shape.out_programs)
     apart = maps_apart(lse_blocks["BLOCK_N"])

@@ -7,7 +7,8 @@
 # after an autotuning pass (stage 0) whose choices come back as tuned_configs.json.
 # Each stage has its own time limit and writes its own file, so a stage that runs long costs
 # only itself.  Results land in $OUT (default out/gpu): env.txt, tune.log, tuned_configs.json,
-# repeat.md, check.md, bench.md, bench_tma.md, bench_mta_lse.md, tests.log, model_1b.md.
+# repeat.md, check.md, bench.md, bench_tma.md, bench_dcmha_bwd.md, bench_mta_lse.md, tests.log,
+# model_1b.md.
 #
 #   OUT=out/gpu bash scripts/gpu_validate.sh
 #
@@ -98,6 +99,13 @@ stage "${BENCH_S:-150}" "$OUT/bench.md" $BENCH --T 4096 --d 64,128 --reps 10
 #    over its own TMA_TILES) against the same rows above: the run settles TMA vs today's kernel
 stage "${BENCH_TMA_S:-45}" "$OUT/bench_tma.md" env ATTNLENS_FLASH_TMA=1 $BENCH --ops flash \
     --T 4096 --d 64,128 --reps 10
+# (issue 58, DCMHA half) the backward's head loops pipelined (ATTNLENS_DCMHA_BWD_STAGES "delta,
+#    grads", `triton_bwd_tc.bwd_head_stages`; default 1,1 in bench.md's dcmha rows): the compile
+#    check's latency reading falls 43-53% with them, its issue bound rises 28-34%
+#    (docs/benchmarks.md "Where the DCMHA kernels wait"); 3,3 spills 40 B on sm_80 only
+stage "${BENCH_DCMHA_BWD_S:-90}" "$OUT/bench_dcmha_bwd.md" bash -c \
+    'for s in 3,2 3,3; do echo "bwd stages $s"; ATTNLENS_DCMHA_BWD_STAGES=$s '"$BENCH"' \
+    --ops dcmha --T 4096 --d 64,128 --reps 10; done'
 stage "${TESTS_S:-200}" "$OUT/tests.log" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-12}" \
     --continue-on-collection-errors --timeout 150 -m "not browser and not reproduce" -rf \
     tests/test_kernel_flash_attention.py tests/test_kernel_cope.py tests/test_kernel_infini.py \

@@ -19,6 +19,7 @@ from kernel_common import (  # noqa: F401
     assert_fp16_grads_close,
     nan_empty,
     spy,
+    spy_launches,
     to_device,
 )
 
@@ -126,6 +127,44 @@ def test_fp16_gradients_close_to_spec(monkeypatch):
                             lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
                             q, k, v)
     assert log == ["tc"]
+
+
+def test_pipelined_head_loops_give_the_same_gradients(monkeypatch):
+    """ATTNLENS_DCMHA_BWD_STAGES "3,2" (`triton_bwd_tc.bwd_head_stages`, for a GPU run to time):
+    the delta pass's head loops 3 deep, the gradient pass's 2, and fp16 gradients as close to
+    the spec as the plain loops' (the interpreter runs loops in order: this checks the
+    plumbing and the loops' bodies; the compile check the compiled form); fp32 keeps 1, 1."""
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    monkeypatch.setenv(triton_bwd_tc.BWD_STAGES_ENV, "3,2")
+    seen = []
+    spy_launches(monkeypatch, triton_bwd_tc, ("dcmha_tc_delta_kernel", "dcmha_tc_grads_kernel"),
+                 lambda kernel, grid, args, meta: seen.append(meta["HEAD_STAGES"]))
+    q, k, v = (t.half() for t in _qkv(18, 18, 4))
+    pre, post = (_to(_weights(1, 18, 18, 4, seed=s), torch.float32) for s in (2, 3))
+    assert_fp16_grads_close(lambda *qkv: dcmha_attention(*qkv, pre, post, scale=0.25, window=6,
+                                                         block_m=16),
+                            lambda *qkv: dcmha_attention_reference(*qkv, pre, post, 0.25, 6),
+                            q, k, v)
+    assert seen and set(seen[0::2]) == {3} and set(seen[1::2]) == {2}
+    seen.clear()
+    _check_grads(18, 18, 4, block_m=16)
+    assert seen == [1, 1]
+
+
+@pytest.mark.parametrize("value, stages", [("", (1, 1)), ("3,2", (3, 2)), (" 1, 4 ", (1, 4))])
+def test_backward_stages_from_the_environment(monkeypatch, value, stages):
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    monkeypatch.setenv(triton_bwd_tc.BWD_STAGES_ENV, value)
+    assert triton_bwd_tc.bwd_head_stages() == stages
+    assert triton_bwd_tc.bwd_head_stages(fp32=True) == (1, 1)
+
+
+@pytest.mark.parametrize("value", ["3", "3,2,1", "0,2", "3,x", "5,1"])
+def test_bad_backward_stages_name_the_variable(monkeypatch, value):
+    from attnlens.kernels.dcmha import triton_bwd_tc
+    monkeypatch.setenv(triton_bwd_tc.BWD_STAGES_ENV, value)
+    with pytest.raises(ValueError, match="ATTNLENS_DCMHA_BWD_STAGES"):
+        triton_bwd_tc.bwd_head_stages()
 
 
 def _atomic_targets(monkeypatch) -> list:

@@ -112,15 +112,20 @@ ACCEPTED = {
         "written as slot 2 (dP) after the head loop that reads slot 0",
         (("write after read", _SCRATCH_LOAD),)),
     ("triton_bwd_tc.py", "_store_both", "tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), x)"): (
-        "head n's slot j, read only after the next barrier", ()),
+        "head n's slot j, read only after the next barrier; the loops that write it (j = 1, 3) "
+        "read other slots (0; 2 and 1), which their pipelined form (HEAD_STAGES > 1) reads "
+        "for later heads around this write",
+        (("read after write", _SCRATCH_LOAD), ("write after read", _SCRATCH_LOAD))),
     ("triton_bwd_tc.py", "_store_both",
      "tl.store(_scratch_t(SCR, n, j, BLOCK_M, BLOCK_N), tl.trans(x))"): (
         "head n's transposed slot 4 + j (j = 1, 3), read only after the next barrier; the same "
-        "iteration read slots 0 and 2", (("write after read", _SCRATCH_LOAD),)),
+        "iteration read slots 0 and 2 (pipelined, HEAD_STAGES > 1: also after this write, for "
+        "later heads)", (("write after read", _SCRATCH_LOAD), ("read after write", _SCRATCH_LOAD))),
     ("triton_bwd_tc.py", "dcmha_tc_grads_kernel",
      "tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))"): (
         "head n's transposed slot 4, read only after the next barrier; the same iteration "
-        "read slot 0", (("write after read", _SCRATCH_LOAD),)),
+        "read slot 0 (pipelined, HEAD_STAGES > 1: also after this write, for later heads)",
+        (("write after read", _SCRATCH_LOAD), ("read after write", _SCRATCH_LOAD))),
     ("triton_bwd_tc.py", "dcmha_tc_grads_kernel",
      "tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))"): (
         "head n's transposed slot 6; the same iteration read slot 2 before and then reads "

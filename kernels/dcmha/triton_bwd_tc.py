@@ -85,6 +85,7 @@ gradients fp32 contiguous, zeroed, in the same layout as the tensors they belong
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +134,29 @@ DQ_GROUP = 4
 # forward's split count: the model is coarse (one resident program per SM, time proportional
 # to key tiles), so smaller gains are not worth more programs or a changed table.
 MIN_MODELED_GAIN = 0.05
+# Pipeline stages of each pass's head loops (`tl.range(0, H, num_stages=...)`, HEAD_STAGES of
+# both kernels; 1: plain loops), "DELTA,GRADS" in BWD_STAGES_ENV, default 1,1. The gradient
+# pass's four loops that add into the program's partial rows (`_row_grads`: a load and a
+# store of the same entries) stay plain: pipelined, their loads leave the store's thread.
+# With 3,2 the compile check's latency reading of the backward at 4k falls from 12.7 / 15.8
+# to 7.29 / 8.35 ms (d 64 / 128) and its issue bound rises from 1.78 / 2.11 to 2.28 / 2.74
+# ms (docs/benchmarks.md, "Where the DCMHA kernels wait"), so a GPU run times both
+# (scripts/gpu_validate.sh). 3,2 compiles spill-free on sm_90 and sm_80 at 16 and 32 heads;
+# 3,3 spills 40 B on sm_80 (sm_90 spill-free). fp32 keeps 1,1.
+BWD_STAGES_ENV = "ATTNLENS_DCMHA_BWD_STAGES"
+
+
+def bwd_head_stages(fp32: bool = False) -> tuple[int, int]:
+    """(delta pass, gradient pass) head-loop stages: BWD_STAGES_ENV's "D,G" where set (each 1
+    to 4; ValueError naming it otherwise), else (1, 1); fp32 inputs always (1, 1)."""
+    value = os.environ.get(BWD_STAGES_ENV, "").strip()
+    if not value or fp32:
+        return 1, 1
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.strip() in ("1", "2", "3", "4") for p in parts):
+        raise ValueError(f"{BWD_STAGES_ENV}={value!r}: expected two stage counts from 1 to 4, "
+                         f"delta pass then gradient pass, such as 3,2 (or unset)")
+    return int(parts[0]), int(parts[1])
 
 
 @triton.jit
@@ -141,14 +165,14 @@ def _stored_hidden_packed(Q, K, WQ, WK, rq: tl.constexpr, rk: tl.constexpr, SCR,
                           swk_h, H, scale, NQ: tl.constexpr, NK: tl.constexpr,
                           HAS_K: tl.constexpr, IEEE: tl.constexpr, CQB: tl.constexpr,
                           CKB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr, STAGES: tl.constexpr):
     """`triton_fwd_tc._pre_hidden` (the hidden maps of every head's dots q_n k_n^T; packed
     weights, w1 at rows rq, rk of each head's pack at the batch, WQ, WK) that also keeps each
     head's map in slot j of the program's scratch: the head loops after it read the map back
     instead of recomputing the dot (d_head MACs per entry against one load)."""
     hq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)
     hk = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for n in range(0, H):
+    for n in tl.range(0, H, num_stages=STAGES):
         s = _score(Q, K, n, m0, n0, T_Q, T_K, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, scale,
                    IEEE, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
         tl.store(_scratch(SCR, n, j, BLOCK_M, BLOCK_N), s)
@@ -313,12 +337,13 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP, PROGS
                           HB: tl.constexpr, CQB: tl.constexpr, CQB2: tl.constexpr,
                           CKB: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, DCH: tl.constexpr):
+                          BLOCK_D: tl.constexpr, DCH: tl.constexpr,
+                          HEAD_STAGES: tl.constexpr):
     """Pass 1, grid `(programs,)` of the table PROGS (`backward_plan`): the program's share
     of sum_s A dA per row and head, into its rows of the split-compact partial DP fp32
     `[partial rows, H]` (`_program`). SCRATCH: as the gradient pass's (slots 0 and 2: each
     head's s and dP of the current key tile); WQP, WKP: the packed weights, as the gradient
-    pass's."""
+    pass's. HEAD_STAGES: the pipeline stages of its head loops (`bwd_head_stages`)."""
     b, slot, row = table_tile(PROGS, _PROG_COLS)
     b, _, m0, rows, r_ok, start, end, ppos, SCR = _program(
         b, slot, row, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
@@ -335,13 +360,13 @@ def dcmha_tc_delta_kernel(Q, K, V, DO, LSE, DP, KVALID, SCRATCH, WQP, WKP, PROGS
         hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
                                        cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                                        swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-                                       BLOCK_N, BLOCK_D, DCH)
+                                       BLOCK_N, BLOCK_D, DCH, HEAD_STAGES)
         bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
                                        n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
                                        sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
-                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH, HEAD_STAGES)
         tl.debug_barrier()             # the scratch is read by other threads
-        for n in range(0, H):
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             a = _probs(_scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N), LSE, hq, hk, WQP + n * swq_h,
                        WKP + n * swk_h, ok, b, n, rows, r_ok, cols, H, T_Q, NQ, NK, HAS_K, CQB,
                        CKB)
@@ -426,7 +451,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                           NQ: tl.constexpr, NK: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DCH: tl.constexpr, ACH: tl.constexpr,
-                          KCH: tl.constexpr, DQ_GROUP: tl.constexpr):
+                          KCH: tl.constexpr, DQ_GROUP: tl.constexpr,
+                          HEAD_STAGES: tl.constexpr):
     """Pass 2, grid `(programs, batch)` of the table PROGS (`_program`): adds the program's
     keys' share of dk, dv (fp32 `[batch pos H D]`) and of the key-wise weight gradients (the
     weights' layout) with atomics, and of dq (DQ: `[partial rows, H, D]`) and the query-wise
@@ -440,7 +466,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
     MAP_SCRATCH fp32 `[programs, 2 CQB + 2 CQB2 + 7 CKB, rows, keys]`: the tile's pre,
     post and pre back hidden maps, from channel KT the key-wise ones transposed (`_maps_t`:
     pre, post, pre back, post back) and from BQ the query-wise post back hidden maps (channel
-    CQB to CQB + CKB is unused)."""
+    CQB to CQB + CKB is unused). HEAD_STAGES: the pipeline stages of the head loops other
+    than the four that add into the partial rows (`bwd_head_stages`)."""
     b, slot, row = table_tile(PROGS, _PROG_COLS)
     b, slot, m0, rows, r_ok, start, end, ppos, SCR = _program(
         b, slot, row, SCRATCH, H * 8 * BLOCK_M * BLOCK_N, T_Q, BLOCK_M, BLOCK_N)
@@ -466,14 +493,15 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         hq, hk = _stored_hidden_packed(Qb, Kb, WQP, WKP, 0, 0, SCR, 0, m0, n0, T_Q, T_K, rows,
                                        cols, sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, D, swq_h,
                                        swk_h, H, scale, NQ, NK, HAS_K, IEEE, CQB, CKB, BLOCK_M,
-                                       BLOCK_N, BLOCK_D, DCH)
+                                       BLOCK_N, BLOCK_D, DCH, HEAD_STAGES)
         tl.store(_maps(MP, 0, CQB, BLOCK_M, BLOCK_N), hq)     # read back for pre w2
         if HAS_K:
             tl.store(_maps_t(MP, KT, CKB, BLOCK_M, BLOCK_N), tl.permute(hk, (0, 2, 1)))
         tl.debug_barrier()             # the scratch is read by other threads
         aq = tl.zeros([CQB2, BLOCK_M, BLOCK_N], dtype=tl.float32)  # post hidden (A)
         ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):          # (s transposed from its load: no dot layout to move)
+        # (s transposed from its load: no dot layout to move)
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             tl.store(_scratch_t(SCR, n, 0, BLOCK_M, BLOCK_N), tl.trans(s))
             a = _probs(s, LSE, hq, hk, WQP + n * swq_h, WKP + n * swk_h, ok, b, n, rows, r_ok,
@@ -488,7 +516,7 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         bq, bk = _stored_hidden_packed(DOb, Vb, WQP, WKP, RQ2 + CQB2, RK2 + CKB, SCR, 2, m0,
                                        n0, T_Q, T_K, rows, cols, sdo_t, sdo_h, sdo_d, sv_t,
                                        sv_h, sv_d, D, swq_h, swk_h, H, 1.0, NQ, NK, HAS_K, IEEE,
-                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH)
+                                       CQB2, CKB, BLOCK_M, BLOCK_N, BLOCK_D, DCH, HEAD_STAGES)
         if HAS_K:
             tl.store(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), tl.permute(bk, (0, 2, 1)))
         # read back for post w1: a loaded map has 4 keys per thread, the layout the dots
@@ -497,7 +525,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         tl.debug_barrier()             # the scratch is read by other threads
         eq = tl.zeros([CQB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # pre back hidden (dL)
         ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):          # (dP transposed from its load, as s above)
+        # (dP transposed from its load, as s above)
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             tl.store(_scratch_t(SCR, n, 2, BLOCK_M, BLOCK_N), tl.trans(dp))
             da = _composed_gated(dp, bq, bk, WQP + n * swq_h, WKP + n * swk_h, RQ2,
@@ -518,7 +547,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             akt = tl.load(_maps_t(MP, KT + CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
             bkt = tl.load(_maps_t(MP, KT + 3 * CKB, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         bq = tl.load(_maps(MP, BQ, CQB2, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-        for n in range(0, H):          # post (x = A, g = dP): gates, w1 (bq), key-wise w2
+        # post (x = A, g = dP): gates, w1 (bq), key-wise w2
+        for n in range(0, H):
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _row_grads(a, dp, bq, bq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
@@ -549,7 +579,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
             ak = tl.load(_maps(MP, CQB + CKB + CQB2, CKB, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         else:
             ak = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n in range(0, H):          # post w2, dv = P^T dz
+        # post w2, dv = P^T dz
+        for n in range(0, H):
             a = _scratch_load(SCR, n, 1, BLOCK_M, BLOCK_N)
             dp = _scratch_load(SCR, n, 2, BLOCK_M, BLOCK_N)
             _row_grads(a, dp, aq, aq, DW1Q2, DW2Q2, DGQ2, n, ppos, r_ok, CQ2, H, CQB2,
@@ -567,7 +598,8 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
         else:
             ek = tl.zeros([CKB, BLOCK_M, BLOCK_N], dtype=tl.float32)
         sub = ((n0 - start) // BLOCK_N) % DQ_GROUP   # this tile's keys in the ds scratch
-        for n in range(0, H):          # pre w1, ds
+        # pre w1, ds
+        for n in range(0, H):
             s = _scratch_load(SCR, n, 0, BLOCK_M, BLOCK_N)
             dl = _scratch_load(SCR, n, 3, BLOCK_M, BLOCK_N)
             _row_grads(s, dl, eq, eq, DW1Q, DW2Q, DGQ, n, ppos, r_ok, CQ, H, CQB,
@@ -577,12 +609,13 @@ def dcmha_tc_grads_kernel(Q, K, V, DO, LSE, DELTA, KVALID, DQ, DK, DV, SCRATCH, 
                   * scale).to(Q.dtype.element_ty)    # 0 where masked: dL, eq, ek are
             tl.store(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), ds)
         tl.debug_barrier()             # the ds scratch is read by other threads
-        for n in range(0, H):          # dk = ds^T q (apart from dq: registers, sm_90)
+        # dk = ds^T q (apart from dq: registers, sm_90)
+        for n in tl.range(0, H, num_stages=HEAD_STAGES):
             ds = tl.load(_ds_slot(DSC, n, sub, BLOCK_M, BLOCK_N, DQ_GROUP), cache_modifier=".cg")
             _add_dot(DK, kpos, c_ok, n, H, D, tl.trans(ds), Qb, rows, sq_t, sq_h, sq_d, T_Q,
                      IEEE, BLOCK_D, KCH)
         if (sub == DQ_GROUP - 1) | (n0 + BLOCK_N >= end):   # dq = ds k over the group's keys
-            for n in range(0, H):
+            for n in tl.range(0, H, num_stages=HEAD_STAGES):
                 _acc_dq(DQ, ppos, r_ok, n, H, D, DSC, n0 - sub * BLOCK_N, n0 + BLOCK_N, Kb,
                         sk_t, sk_h, sk_d, T_K, IEEE, BLOCK_M, BLOCK_N, DQ_GROUP, BLOCK_D, ACH)
         tl.debug_barrier()             # before the next key tile overwrites the scratch
@@ -823,11 +856,12 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     wk = (_pack([(pre[3], ckb), (pre[4], ckb), (pre[5], 1), (post[3], ckb), (post[4], ckb),
                  (post[5], 1)], t_k) if has_k else new("wk", True))
     packs = dict(NQ=wq.shape[3], NK=wk.shape[3])
+    stages = bwd_head_stages(q.dtype == torch.float32)
     partial = torch.zeros(plan.rows, H, device=q.device, dtype=torch.float32)  # delta shares
     dcmha_tc_delta_kernel[grid](
         q, k, v, dout, lse, partial, kv, scratch, wq, wk, progs, *strides, *wq.stride()[:2],
         *wk.stride()[:2], *sizes, scale, HB=next_pow2(H, minimum=1), DCH=min(32, D),
-        **packs, **common, **blocks)
+        HEAD_STAGES=stages[0], **packs, **common, **blocks)
     delta = combine_partials(partial, plan, B, T_Q).transpose(1, 2).contiguous()
     del partial
     if dlse is not None:
@@ -845,7 +879,8 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
         *g_pre, *g_post, wq, wk, progs, *strides,
         *wq.stride()[:2], *wk.stride()[:2], *sizes, cq, cq2, ck,
         scale, **packs, DCH=min(SCORE_DCH, D),
-        ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, **common, **blocks)
+        ACH=min(GRAD_DCH, D), KCH=min(KEY_DCH, D), DQ_GROUP=DQ_GROUP, HEAD_STAGES=stages[1],
+        **common, **blocks)
     del scratch, ds_scratch, maps
     dq = combine_partials(dq_parts, plan, B, T_Q)
     grads = [tuple(combine_partials(t, plan, B, T_Q) for t in p) + g
@@ -853,7 +888,7 @@ def dcmha_tc_bwd(dout, q, k, v, lse, dlse, pre: tuple, post: tuple, scale: float
     return dq[..., :D_in], dk[..., :D_in], dv[..., :D_in], *grads
 
 
-__all__ = ["DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers",
-           "backward_plan", "buffer_bytes", "combine_partials", "dcmha_tc_bwd",
+__all__ = ["BWD_STAGES_ENV", "DELTA_BLOCKS", "GRAD_BLOCKS", "BackwardPlan", "backward_buffers",
+           "backward_plan", "buffer_bytes", "bwd_head_stages", "combine_partials", "dcmha_tc_bwd",
            "dcmha_tc_delta_kernel", "dcmha_tc_grads_kernel", "grad_channels",
            "kernel_layout_grads", "modeled_finish"]

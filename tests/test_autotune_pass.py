@@ -147,3 +147,8 @@ def test_the_pass_times_both_dcmha_tiles_and_records_the_faster():
     # and on another tile than the architecture's own (never compile-checked pipelined)
     narrow = {key: fwd_tiles.record_of((64, 32), 3)}
     assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned=narrow) == 1
+    # or launched on another tile than the record's (a caller's block_m / block_n)
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned=tuned,
+                                     blocks=(64, 64)) == 3
+    assert fwd_tiles.fwd_head_stages(2, 16, torch.float16, arch="sm_90", tuned=tuned,
+                                     blocks=(32, 64)) == 1

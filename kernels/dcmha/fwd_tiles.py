@@ -144,11 +144,12 @@ def fwd_candidates(arch: str) -> list[tuple[tuple[int, int], int]]:
 
 
 def fwd_head_stages(heads: int, block_d: int, dtype, arch: str | None = None,
-                    tuned: dict | None = None) -> int:
+                    tuned: dict | None = None, blocks: tuple[int, int] | None = None) -> int:
     """The head loops' pipeline stages of a 16-bit forward: the tuned record's HEAD_STAGES
     for this launch when it is one of the architecture's candidates on the architecture's
     own tile (`fwd_candidates`: what the compile check compiles), else the launch's
-    (`fwd_launch(arch).head_stages`). arch / tuned as `fwd_blocks`."""
+    (`fwd_launch(arch).head_stages`); the launch's also where `blocks`, the tiles launched,
+    are not that tile (a caller's override). arch / tuned as `fwd_blocks`."""
     if arch is None:
         if _triton.interpreting():
             arch, tuned = INTERPRETER_ARCH, tuned or {}
@@ -157,8 +158,10 @@ def fwd_head_stages(heads: int, block_d: int, dtype, arch: str | None = None,
             tuned = found if tuned is None else tuned
     record = (tuned or {}).get(fwd_key(heads, block_d, dtype)) or {}
     stages = record.get("HEAD_STAGES")
-    own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == ARCH_FWD_BLOCKS.get(
-        arch, DEFAULT_FWD_BLOCKS)
+    own = ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
+    own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == own
+    if blocks is not None and tuple(blocks) != own:
+        own_tile = False
     if own_tile and stages in HEAD_STAGE_CANDIDATES.get(arch, ()):
         return stages
     return fwd_launch(arch).head_stages

@@ -736,9 +736,10 @@ def dcmha_tc_fwd(q, k, v, pre: tuple, post: tuple, scale: float, window: int | N
     tiles = FP32_BLOCKS if fp32 else tiles or fwd_blocks(H, D, q.dtype)
     # Per architecture: the lse pass's warps and each pass's programs (`fwd_tiles`).
     shape = FwdLaunch() if fp32 else fwd_launch()
-    common["HEAD_STAGES"] = 1 if fp32 else head_stages or fwd_head_stages(H, D, q.dtype)
     lse_plan, lse_blocks = plan(tiles, shape.lse_programs)
     out_plan, out_blocks = plan(tiles, shape.out_programs)
+    common["HEAD_STAGES"] = 1 if fp32 else head_stages or fwd_head_stages(
+        H, D, q.dtype, blocks=(lse_blocks["BLOCK_M"], lse_blocks["BLOCK_N"]))
     apart = maps_apart(lse_blocks["BLOCK_N"])
     # One scratch for both passes, as large as the pass with more programs needs.
     scratch = torch.empty(max(_scratch_numel((len(p.programs), B), lse_blocks,

@@ -137,6 +137,7 @@ def test_stalls_name_what_each_wait_is_for_and_add_up_to_the_waits():
     by_addr = {r["addr"]: r for r in rows}
     assert by_addr[16]["cause"] == "operand"
     assert by_addr[16]["producer"] == "0x0000 LDG.E"
+    assert by_addr[16]["source"] is None and by_addr[16]["producer_source"] is None
     assert by_addr[16]["cycles"] == pytest.approx(LATENCIES.global_ - 1)
     assert by_addr[48]["cause"] == "tensor" and by_addr[48]["cycles"] > 0
     assert by_addr[96]["cause"] == "copy"
@@ -168,6 +169,12 @@ def test_waits_report_lists_the_loops_that_wait_and_their_longest_waits():
     assert lines[0].startswith("flash T=4096 d=64 fwd k 64x64 w4 s1: chain")
     assert "100.0 passes, body 11" in lines[1]
     assert "(operand from" in lines[2] and "FFMA" in lines[2]
+    # with source lines (`nvdisasm -g`), the loop's and each wait's are named
+    per_warp["loops"][0]["source"] = ("/k/kernel.py", 12)
+    per_warp["loops"][0]["waits"][0]["source"] = ("/k/kernel.py", 14)
+    lines = waits_report([dict(op="flash", T=4096, d=64, rows=[row])]).splitlines()
+    assert "loop 0 (kernel.py:12):" in lines[1]
+    assert "FFMA (kernel.py:14) (operand from" in lines[2]
     # a loop whose waits are below the share is left out
     assert len(waits_report([dict(op="flash", T=4096, d=64, rows=[row])],
                             least_share=0.9).splitlines()) == 1

@@ -146,8 +146,9 @@ def stalls(body: list[Instr], latencies: Latencies = LATENCIES, warmup: int = 4,
            measured: int = 12) -> list[dict]:
     """Where one warp waits in a loop body (`mean_cycles`' walk): one row per instruction that
     waits, averaged over `measured` passes after `warmup`, longest first: `addr`, `opcode`,
-    `cycles` (mean wait per pass before it issues) and `cause`: `operand` (a register another
-    instruction writes, its `producer` address and opcode given), `tensor` (a
+    `cycles` (mean wait per pass before it issues), `source` (its kernel source line, `(file,
+    line)` or None) and `cause`: `operand` (a register another instruction writes, its
+    `producer` address and opcode given, and `producer_source`), `tensor` (a
     `WARPGROUP.DEPBAR` on the wgmma queue) or `copy` (a `DEPBAR` on cp.async groups). The sum of
     `cycles` is `mean_cycles(body, latencies)` minus the body's length: what prefetching,
     pipelining or more resident warps could hide."""
@@ -156,8 +157,10 @@ def stalls(body: list[Instr], latencies: Latencies = LATENCIES, warmup: int = 4,
     def on_wait(pass_no, ins, cycles, cause, producer):
         if pass_no < warmup:
             return
-        row = rows.setdefault(ins.addr, dict(addr=ins.addr, opcode=ins.opcode, cycles=0.0,
-                                             cause=cause, producer=producer))
+        row = rows.setdefault(ins.addr, dict(
+            addr=ins.addr, opcode=ins.opcode, cycles=0.0, source=ins.source, cause=cause,
+            producer=None if producer is None else f"{producer.addr:#06x} {producer.opcode}",
+            producer_source=None if producer is None else producer.source))
         row["cycles"] += cycles / measured
 
     _pass_ends(body, latencies, warmup + measured, on_wait)
@@ -179,8 +182,7 @@ def _pass_ends(body: list[Instr], latencies: Latencies | None, passes: int,
 
     def waited(p, ins, before, cause, producer=None):
         if on_wait is not None and t > before:
-            on_wait(p, ins, t - before, cause,
-                    None if producer is None else f"{producer.addr:#06x} {producer.opcode}")
+            on_wait(p, ins, t - before, cause, producer)
 
     for p in range(passes):
         for ins in body:

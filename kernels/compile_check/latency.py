@@ -67,7 +67,7 @@ def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
         cycles = mean_cycles(body, latencies)
         chain += passes * (cycles - len(body))
         loops_out.append(dict(index=i, body=len(body), passes=passes, cycles=cycles,
-                              waits=stalls(body, latencies)[:3]))
+                              source=lo.source, waits=stalls(body, latencies)[:3]))
     rest = [ins for ins in instrs if id(ins) not in in_loop]
     if rest:
         chain += chain_cycles(rest, latencies, passes=1, measured_pass=1) - len(rest)
@@ -197,11 +197,16 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _at(source) -> str:
+    """` (file.py:line)` of a `(file, line)` source, or nothing."""
+    return f" ({source[0].rsplit('/', 1)[-1]}:{source[1]})" if source else ""
+
+
 def waits_report(results: list[dict], least_share: float = 0.02) -> str:
     """Per kernel read, its innermost loops whose waits are at least `least_share` of the
-    warp's chain: passes, body, cycles per pass and the longest waits (`chain.stalls`),
-    each with what it waits for. Where a launch is latency-bound this says which load or
-    dot to move earlier."""
+    warp's chain: its source line, passes, body, cycles per pass and the longest waits
+    (`chain.stalls`), each with its source line and what it waits for. Where a launch is
+    latency-bound this says which load or dot to move earlier."""
     lines = []
     for res in results:
         for r in res.get("rows", []):
@@ -214,13 +219,15 @@ def waits_report(results: list[dict], least_share: float = 0.02) -> str:
                 share = lo["passes"] * (lo["cycles"] - lo["body"]) / chain
                 if share < least_share:
                     continue
-                rows.append(f"  loop {lo['index']}: {lo['passes']:,.1f} passes, body "
-                            f"{lo['body']}, {lo['cycles']:,.0f} cycles per pass "
-                            f"(waits {share:.0%} of the chain)")
+                rows.append(f"  loop {lo['index']}{_at(lo.get('source'))}: "
+                            f"{lo['passes']:,.1f} passes, body {lo['body']}, "
+                            f"{lo['cycles']:,.0f} cycles per pass (waits {share:.0%} of the "
+                            f"chain)")
                 for w in lo["waits"]:
-                    what = w["cause"] + (f" from {w['producer']}" if w["producer"] else "")
-                    rows.append(f"    {w['cycles']:6.0f} at {w['addr']:#06x} {w['opcode']} "
-                                f"({what})")
+                    what = w["cause"] + (f" from {w['producer']}{_at(w.get('producer_source'))}"
+                                         if w["producer"] else "")
+                    rows.append(f"    {w['cycles']:6.0f} at {w['addr']:#06x} {w['opcode']}"
+                                f"{_at(w.get('source'))} ({what})")
             lines += [head, *rows]
     return "\n".join(lines)
 

@@ -101,19 +101,27 @@ def _tuned_entries() -> tuple[str, dict]:
     return known
 
 
-def fwd_blocks(heads: int, block_d: int, dtype, arch: str | None = None,
-               tuned: dict | None = None) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of both passes of a 16-bit forward: the tuned file's record for
-    this launch when it names one of FWD_CANDIDATES, else ARCH_FWD_BLOCKS of the architecture
-    (the current device's, INTERPRETER_ARCH under the interpreter) or DEFAULT_FWD_BLOCKS.
-    arch / tuned: given, they replace the device's (tests)."""
+def _tuned_record(heads: int, block_d: int, dtype, arch: str | None,
+                  tuned: dict | None) -> tuple[str, dict | None]:
+    """`(arch, record)`: the architecture a launch takes (the current device's,
+    INTERPRETER_ARCH under the interpreter, unless given) and the tuned file's record for
+    this launch there (None if none; `tuned` given replaces the device's records, tests)."""
     if arch is None:
         if _triton.interpreting():
             arch, tuned = INTERPRETER_ARCH, tuned or {}
         else:
             arch, found = _tuned_entries()
             tuned = found if tuned is None else tuned
-    record = (tuned or {}).get(fwd_key(heads, block_d, dtype))
+    return arch, (tuned or {}).get(fwd_key(heads, block_d, dtype))
+
+
+def fwd_blocks(heads: int, block_d: int, dtype, arch: str | None = None,
+               tuned: dict | None = None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of both passes of a 16-bit forward: the tuned file's record for
+    this launch when it names one of FWD_CANDIDATES, else ARCH_FWD_BLOCKS of the architecture
+    (the current device's, INTERPRETER_ARCH under the interpreter) or DEFAULT_FWD_BLOCKS.
+    arch / tuned: given, they replace the device's (tests)."""
+    arch, record = _tuned_record(heads, block_d, dtype, arch, tuned)
     if record is not None:
         blocks = (record["BLOCK_M"], record["BLOCK_N"])
         if blocks in FWD_CANDIDATES:
@@ -150,13 +158,8 @@ def fwd_head_stages(heads: int, block_d: int, dtype, arch: str | None = None,
     own tile (`fwd_candidates`: what the compile check compiles), else the launch's
     (`fwd_launch(arch).head_stages`); the launch's also where `blocks`, the tiles launched,
     are not that tile (a caller's override). arch / tuned as `fwd_blocks`."""
-    if arch is None:
-        if _triton.interpreting():
-            arch, tuned = INTERPRETER_ARCH, tuned or {}
-        else:
-            arch, found = _tuned_entries()
-            tuned = found if tuned is None else tuned
-    record = (tuned or {}).get(fwd_key(heads, block_d, dtype)) or {}
+    arch, record = _tuned_record(heads, block_d, dtype, arch, tuned)
+    record = record or {}
     stages = record.get("HEAD_STAGES")
     own = ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
     own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == own

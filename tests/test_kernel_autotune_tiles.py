@@ -31,6 +31,30 @@ def test_half_lists_unchanged():
     assert (16, 32, 4, 1) not in _tiles(triton_bwd._dkdv_tuned, BLOCK_D=128)
 
 
+def test_wide_tile_only_on_the_sm90_paths_at_small_head_dims():
+    """128x128 w8 s3 (`wide_tile`) is offered where the scores-ahead loop runs (AHEAD: sm_90
+    paths, plain causal) at d <= 64, never with padding, Infini's gate, sm_80 (no AHEAD),
+    fp32 or d 128, where it spills or needs other loops."""
+    wide = (128, 128, 8, 3)
+    ahead = dict(CAUSAL=True, AHEAD=True)
+    for d in (16, 32, 64):
+        assert wide in _tiles(triton_fwd._fwd_tuned, BLOCK_D=d, **ahead)
+    for meta in (dict(BLOCK_D=64, CAUSAL=True), dict(BLOCK_D=128, **ahead),
+                 dict(BLOCK_D=64, HAS_KVALID=True, **ahead),
+                 dict(BLOCK_D=64, HAS_MIX=True, **ahead), dict(BLOCK_D=64, IEEE=True, **ahead),
+                 dict(BLOCK_D=64, CAUSAL=False)):
+        assert wide not in _tiles(triton_fwd._fwd_tuned, **meta), meta
+    assert triton_fwd.wide_tile(128, 128, 64) and triton_fwd.ahead_fits(128, 128, 64)
+    assert not triton_fwd.wide_tile(128, 128, 128) and not triton_fwd.ahead_fits(128, 128, 128)
+    assert not triton_fwd.wide_tile(128, 128, 64, padding=True)
+    assert not triton_fwd.ahead_fits(128, 128, 64, mix=True)
+    assert triton_fwd.wide_rowsum(128, 128, 128) and not triton_fwd.wide_rowsum(128, 64, 128)
+    assert not triton_fwd.wide_rowsum(128, 128, 64) and not triton_fwd.wide_rowsum(
+        128, 128, 128, padding=True)
+    assert triton_fwd.heavy_grid(True, 128, 128, wide=True)
+    assert not triton_fwd.heavy_grid(True, 128, 128) and not triton_fwd.heavy_grid(False, 64, 64)
+
+
 def test_cope_launch_by_head_size_and_dtype(monkeypatch):
     import torch
 

@@ -300,6 +300,62 @@ def test_bf16_launches_sum_rows_on_tensor_cores_on_the_hopper_paths(monkeypatch)
     assert not triton_fwd.rowsum_fits(128, False) and not triton_fwd.rowsum_fits(64, True)
 
 
+# (T_Q, T_K): whole 128-key tiles with a KV-cache offset, and a ragged length (no EVEN).
+WIDE_CASES = [(256, 384), (200, 200)]
+
+
+@pytest.mark.parametrize("T_q, T_k", WIDE_CASES)
+@pytest.mark.parametrize("rowsum", [False, True])
+@pytest.mark.parametrize("d", [32, 128])
+def test_wide_tile_runs_ahead_and_matches_the_plain_loops(monkeypatch, T_q, T_k, rowsum, d):
+    """The wide tile (`wide_tile`: 128 x 128 at d <= 64 on the sm_90 paths) takes the
+    scores-ahead loop in one body per tile (the helpers log weights, next scores, `P V` per
+    unmasked tile), with its row sum in WIDE_ROWSUM_COLS columns where ROWSUM is on; at d 128
+    128 x 128 keeps the plain loops (scores, weights, `P V`) and takes the same row sum
+    (`wide_rowsum`). The same bits as the plain loops without ROWSUM (fp32 under the
+    interpreter), the reference within today's tolerance either way, and gradients through
+    the backward."""
+    from attnlens.kernels._triton import interpreting
+    from attnlens.kernels.flash_attention import triton_fwd
+
+    q, k, v = _inputs(T_q, T_k, d=d, heads=1)
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    if rowsum:
+        monkeypatch.setattr(triton_fwd, "rowsum_on_tensor_cores", lambda dt: True)
+    if interpreting():
+        calls, widths = [], set()
+
+        def logging(original, tag):
+            def logged(*args, **kwargs):
+                calls.append(tag)
+                if tag == "A":                               # l_i's shape
+                    widths.add(tuple(int(getattr(n, "value", n)) for n in args[1].shape))
+                return original(*args, **kwargs)
+            return logged
+
+        for name, tag in (("_softmax_weights", "W"), ("_key_scores", "K"),
+                          ("_accumulate_pv", "A")):
+            monkeypatch.setattr(triton_fwd, name, logging(getattr(triton_fwd, name), tag))
+        attn_fwd(q.detach(), k.detach(), v.detach(), 0.3, block_m=128, block_n=128)
+        ahead = "WKA" in "".join(calls)                      # the scores-ahead step ran
+        assert ahead == (d <= 64) == triton_fwd.wide_tile(128, 128, d)
+        assert triton_fwd.wide_rowsum(128, 128, d) == (d > 64)
+        cols = triton_fwd.WIDE_ROWSUM_COLS.value if rowsum else None
+        assert widths == ({(128, cols)} if rowsum else {(128,)})
+        monkeypatch.undo()
+        monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+        if rowsum:
+            monkeypatch.setattr(triton_fwd, "rowsum_on_tensor_cores", lambda dt: True)
+    out, lse = _check(q, k, v, block_m=128, block_n=128)
+    if not rowsum:
+        monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: False)
+        plain_out, plain_lse = flash_attention(q, k, v, 0.3, None, True, 128, 128)
+        if interpreting():
+            assert torch.equal(out, plain_out) and torch.equal(lse, plain_lse)
+        else:
+            torch.testing.assert_close(out, plain_out, **TOL[torch.float32])
+
+
 def test_scores_ahead_issue_the_next_tiles_scores_between_weights_and_pv(monkeypatch):
     """The scores-ahead step (`_ahead_step`) issues tile j + 1's `Q K^T` after tile j's
     weights and before its `P V` (sm_90: no copies of the carried scores, a shorter chain per

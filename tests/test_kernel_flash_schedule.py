@@ -127,7 +127,9 @@ def test_launch_grids_put_heads_inner_for_causal_attention(monkeypatch, causal):
 
 
 def test_tiles_of_128x128_keep_the_per_head_grid(monkeypatch):
-    """128 x 128 forward tiles spill with the heads-inner grid on sm_80: they keep the old one."""
+    """128 x 128 forward tiles spill with the heads-inner grid on sm_80: they keep the old one,
+    except the wide tile of the sm_90 paths (`wide_tile`: d <= 64, no padding), heaviest
+    first like the smaller tiles."""
     from attnlens.kernels.flash_attention import triton_fwd
 
     assert triton_fwd.heavy_grid(True, 128, 64) and not triton_fwd.heavy_grid(True, 128, 128)
@@ -139,9 +141,18 @@ def test_tiles_of_128x128_keep_the_per_head_grid(monkeypatch):
 
     monkeypatch.setattr(triton_fwd, "attn_fwd_kernel", Recorder())
     q = torch.zeros(1, 300, 2, 16)
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: False)
     triton_fwd.attn_fwd(q, q, q, 0.25, block_m=128, block_n=128)
     triton_fwd.attn_fwd(q, q, q, 0.25, block_m=128, block_n=64)
     assert grids == [(3, 2), (2, 3)]
+    grids.clear()
+    monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
+    wide_d = torch.zeros(1, 300, 2, 128)
+    padding = torch.ones(1, 300, dtype=torch.bool)
+    triton_fwd.attn_fwd(q, q, q, 0.25, block_m=128, block_n=128)              # wide
+    triton_fwd.attn_fwd(wide_d, wide_d, wide_d, 0.25, block_m=128, block_n=128)
+    triton_fwd.attn_fwd(q, q, q, 0.25, padding, block_m=128, block_n=128)
+    assert grids == [(2, 3), (3, 2), (3, 2)]
 
 
 @pytest.mark.kernels

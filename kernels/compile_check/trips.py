@@ -95,7 +95,8 @@ def _flash_fwd(env, grid):
         return {"start_n": [masked_lo, unmasked, masked_hi]}
     from attnlens.kernels.flash_attention.triton_fwd import ahead_fits
 
-    if env.get("AHEAD") and ahead_fits(bm, bn, env["BLOCK_D"]):
+    if env.get("AHEAD") and ahead_fits(bm, bn, env["BLOCK_D"], bool(env.get("HAS_KVALID")),
+                                       bool(env.get("HAS_MIX"))):
         # the scores-ahead loop, then the first masked tile outside any loop, then the rest
         return {"start_n": [unmasked, _avg(max(0, p[2] - 1) for p in parts)]}
     return {"start_n": [unmasked, masked_hi]}

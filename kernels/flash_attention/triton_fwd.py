@@ -41,6 +41,12 @@ LOG2E = 1.4426950408889634
 # it: the autotuner weighs 128x128 in the per-head order against the smaller tiles in the
 # schedule's (`schedule.py`: 1.27 -> 1.02 of the ideal at T 4096, d 128).
 MAX_HEAVY_TILE = tl.constexpr(128 * 128)
+# The one tile of MAX_HEAVY_TILE that runs the scores-ahead loop, heaviest first (`wide_tile`):
+# 128 x 128 at d <= 64 on the sm_90 paths without padding or gate, one loop body per tile, its
+# row sum in WIDE_ROWSUM_COLS columns (16 spilled 8 B at d 64, triton 3.9.0; 8 is wgmma's
+# smallest N).
+WIDE_BLOCK = tl.constexpr(128)
+WIDE_ROWSUM_COLS = tl.constexpr(8)
 
 
 @triton.jit
@@ -178,7 +184,7 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
                      sv_d, offs_m, offs_d, d_valid, lo, hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                      CAUSAL: tl.constexpr, HAS_KVALID: tl.constexpr, BLOCK_N: tl.constexpr,
                      IEEE: tl.constexpr, SCALE_FIRST: tl.constexpr, EVEN: tl.constexpr,
-                     ROWSUM: tl.constexpr = 0):
+                     ROWSUM: tl.constexpr = 0, WIDE: tl.constexpr = False):
     """Unmasked key tiles [lo, hi) with the next tile's scores issued within this tile's
     softmax step (FlashAttention-3's intra-warpgroup overlap; `_ahead_step`): `s` holds tile
     lo's scores on entry and tile hi's on return, so tile hi (< T_K) must exist. On sm_90 the
@@ -189,8 +195,9 @@ def _fwd_tiles_ahead(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base, sk_t, sk
     With ROWSUM (`rowsum_fits`) unrolled by two: the carried scores then alternate between two
     register sets; one loop body per tile made ptxas copy them (32 moves per warp per tile)
     once the row sum went to the tensor cores. Two pipeline stages of the unrolled body keep
-    the loads two tiles ahead, as three stages of one tile did."""
-    if ROWSUM == 0:     # one body per tile (`rowsum_fits`)
+    the loads two tiles ahead, as three stages of one tile did. WIDE (`wide_tile`, 128 keys
+    per tile): one body, the row sum too (unrolled, the two score sets spill)."""
+    if ROWSUM == 0 or WIDE:     # one body per tile (`rowsum_fits`, `wide_tile`)
         for start_n in range(lo, hi, BLOCK_N):
             acc, m_i, l_i, s = _ahead_step(acc, m_i, l_i, s, q, K, V, kv_ptr, k_base, v_base,
                                            sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
@@ -249,7 +256,10 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     `(bh, x)` owning tile `cdiv(T_Q, BLOCK_M) - 1 - x` (`head_tile`'s HEADS_INNER, REVERSED):
     the last tiles, which see the most keys, start first for every head, and the lightest fill
     the tail of the launch (longest-first list scheduling, as FlashAttention-3's scheduler);
-    tiles of MAX_HEAVY_TILE and more keep the per-head grid. SCALE_FIRST: see `_softmax_pv`.
+    tiles of MAX_HEAVY_TILE and more keep the per-head grid, except the wide tile
+    (`wide_tile`: 128 x 128 at d <= 64 where AHEAD, which runs the scores-ahead loop in one
+    body per tile and its bf16 row sum in WIDE_ROWSUM_COLS columns). SCALE_FIRST: see
+    `_softmax_pv`.
     AHEAD (plain causal, `ahead_fits` tiles): the unmasked tiles run `_fwd_tiles_ahead`, the
     next tile's scores computed within this tile's softmax step; EVEN: K, V and padding-mask loads
     without masks (`even_keys`). Both from `hopper_paths` (sm_90; the interpreter). ROWSUM
@@ -265,9 +275,19 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     `T_BUCKET` (a power of two >= T_Q) is unused by the body: it is the autotune key, so that
     lengths of the same bucket share a tuned config.
     """
+    # heaviest first: tiles under MAX_HEAVY_TILE and the wide tile (HEAVY_FIRST launches are
+    # plain causal without the gate: `wide_tile`'s other terms)
     pid_m, pid_bh, b, h, offs_m, offs_d, m_valid, d_valid, md_mask = head_tile(
-        T_Q, H, D, BLOCK_M, BLOCK_D, HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE,
-        HEAVY_FIRST and BLOCK_M * BLOCK_N < MAX_HEAVY_TILE)
+        T_Q, H, D, BLOCK_M, BLOCK_D,
+        HEAVY_FIRST and (BLOCK_M * BLOCK_N < MAX_HEAVY_TILE or (
+            AHEAD and not HAS_KVALID and BLOCK_M == WIDE_BLOCK and BLOCK_N == WIDE_BLOCK
+            and BLOCK_D <= 64)),
+        HEAVY_FIRST and (BLOCK_M * BLOCK_N < MAX_HEAVY_TILE or (
+            AHEAD and not HAS_KVALID and BLOCK_M == WIDE_BLOCK and BLOCK_N == WIDE_BLOCK
+            and BLOCK_D <= 64)))
+    # (`wide_tile`)
+    wide: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and not HAS_KVALID and (
+        not HAS_MIX) and BLOCK_M == WIDE_BLOCK and BLOCK_N == WIDE_BLOCK and BLOCK_D <= 64
     q = load_tile(Q + b * sq_b + h * sq_h, offs_m, sq_t, offs_d, sq_d, md_mask)
     k_base = b * sk_b + h * sk_h
     v_base = b * sv_b + h * sv_h
@@ -295,10 +315,20 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         hi = T_K
     # (the tiles of `ahead_fits`)
     ahead: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and (
-        BLOCK_M * BLOCK_N < MAX_HEAVY_TILE) and not (BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64)
+        BLOCK_M * BLOCK_N < MAX_HEAVY_TILE or wide) and not (
+        BLOCK_M * BLOCK_N == 64 * 64 and BLOCK_D > 64)
     # The row sum on the tensor cores goes with the unrolled scores-ahead loop
-    # (`rowsum_on_tensor_cores`, `rowsum_fits`).
-    rowsum: tl.constexpr = ROWSUM if ahead and not HAS_KVALID and BLOCK_D <= 64 else 0
+    # (`rowsum_on_tensor_cores`, `rowsum_fits`), with the wide tile's one body, and with the
+    # plain loops of 128 x 128 tiles at d 128 on the sm_90 paths (`wide_rowsum`), both in
+    # WIDE_ROWSUM_COLS columns.
+    plain_rowsum: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and not HAS_KVALID and (
+        not ahead) and BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and BLOCK_D <= 128
+    if ROWSUM > 0 and (wide or plain_rowsum):
+        rowsum: tl.constexpr = WIDE_ROWSUM_COLS
+    elif ahead and not HAS_KVALID and BLOCK_D <= 64:
+        rowsum: tl.constexpr = ROWSUM
+    else:
+        rowsum: tl.constexpr = 0
     if rowsum > 0:
         l_i = tl.zeros([BLOCK_M, rowsum], dtype=tl.float32)
     if ahead:
@@ -311,7 +341,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
                                             sk_t, sk_d, sv_t, sv_d, offs_m, offs_d, d_valid,
                                             u_lo, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                                             CAUSAL, HAS_KVALID, BLOCK_N, IEEE, scale_first,
-                                            EVEN, rowsum)
+                                            EVEN, rowsum, wide)
         acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, V, kv_ptr, v_base, sv_t, sv_d, offs_m,
                                     offs_d, d_valid, u_hi, T_K, Q_OFFSET, SEG_LEN, qk_scale,
                                     True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N, IEEE,
@@ -321,11 +351,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                    sv_t, sv_d, offs_m, offs_d, d_valid, start, u_lo, T_K,
                                    Q_OFFSET, SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED,
-                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN, rowsum)
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                    sv_t, sv_d, offs_m, offs_d, d_valid, u_lo, u_hi, T_K,
                                    Q_OFFSET, SEG_LEN, qk_scale, False, CAUSAL, SEGMENTED,
-                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN)
+                                   HAS_KVALID, BLOCK_N, IEEE, scale_first, EVEN, rowsum)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, kv_ptr, k_base, v_base, sk_t, sk_d,
                                sv_t, sv_d, offs_m, offs_d, d_valid, u_hi, hi, T_K, Q_OFFSET,
                                SEG_LEN, qk_scale, True, CAUSAL, SEGMENTED, HAS_KVALID, BLOCK_N,
@@ -355,16 +385,21 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
 # 2026-12-05: clean there on both archs (184 / 222 registers, 161 / 128 KB of shared memory).
 FWD_TILES = ((128, 64, 8, 3, 0, 1 << 30), (64, 64, 4, 3, 0, 1 << 30), (64, 32, 4, 4, 0, 1 << 30),
              (128, 32, 4, 4, 0, 64), (128, 128, 8, 2, 128, 1 << 30),
-             (128, 64, 8, 4, 128, 1 << 30))
+             (128, 64, 8, 4, 128, 1 << 30), (128, 128, 8, 3, 1, 0))
+# 128x128 w8 s3 is the wide tile (`wide_tile`): only where AHEAD (sm_90 paths) at d <= 64,
+# and never with padding or the gate (dropped by their rows); 251 registers and 147 KB of
+# shared memory at d 64 under triton 3.9.0, 0 B spilled under 3.9.0 and 3.6.0 (sm_90).
+AHEAD_TILES = ((128, 128, 8, 3, 0, 64),)
 # With Infini's gate epilogue (HAS_MIX) these need more registers: at d 128 on sm_80 128x64
 # w8 spills 112 B and 64x64 w4 32 B (kept to d 64, clean there); 128x128 w8 s2 spills 72-184 B
 # (dropped). 64x32 w4 s4 stays spill-free at every d.
 MIX_TILES = ((128, 64, 8, 3, 0, 64), (64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0),
-             (128, 64, 8, 4, 1, 0))
+             (128, 64, 8, 4, 1, 0), (128, 128, 8, 3, 1, 0))
 # The padding mask (HAS_KVALID) costs registers too: at d 128 on sm_80 64x64 w4 s3 spills 8 B
 # (kept to d 64) and 128x128 w8 s2 24-48 B on both archs (dropped); non-causal 128x128 w8 s2
 # spills 8 B at d 128 on sm_80 (dropped).
-KVALID_TILES = ((64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0), (128, 64, 8, 4, 1, 0))
+KVALID_TILES = ((64, 64, 4, 3, 0, 64), (128, 128, 8, 2, 1, 0), (128, 64, 8, 4, 1, 0),
+                (128, 128, 8, 3, 1, 0))
 NON_CAUSAL_TILES = ((128, 128, 8, 2, 1, 0), (128, 64, 8, 4, 1, 0))
 SEGMENTED_TILES = ((128, 64, 8, 4, 1, 0),)
 # fp32 (IEEE dots, `IEEE`) needs far more registers: every row above spills there (up to 11 KB
@@ -377,8 +412,8 @@ SEGMENTED_TILES = ((128, 64, 8, 4, 1, 0),)
 FP32_FWD_TILES = ((32, 16, 8, 2, 0, 1 << 30),)
 _table, _ieee = with_flag_tiles(FWD_TILES, FP32_FWD_TILES)
 _gpu_configs, _prune = head_dim_configs(_table, when={
-    "HAS_MIX": MIX_TILES, "HAS_KVALID": KVALID_TILES, "not CAUSAL": NON_CAUSAL_TILES,
-    "SEGMENTED": SEGMENTED_TILES, "IEEE": _ieee})
+    "AHEAD": AHEAD_TILES, "HAS_MIX": MIX_TILES, "HAS_KVALID": KVALID_TILES,
+    "not CAUSAL": NON_CAUSAL_TILES, "SEGMENTED": SEGMENTED_TILES, "IEEE": _ieee})
 
 _fwd_tuned = LazyAutotune(attn_fwd_kernel, _gpu_configs,
                           key=["T_BUCKET", "BLOCK_D", "CAUSAL", "SEGMENTED", "HAS_KVALID",
@@ -397,10 +432,11 @@ def no_key_mask(device) -> torch.Tensor:
     return mask
 
 
-def heavy_grid(heavy_first: bool, block_m: int, block_n: int) -> bool:
+def heavy_grid(heavy_first: bool, block_m: int, block_n: int, wide: bool = False) -> bool:
     """Whether a forward launch with HEAVY_FIRST and these tiles takes the heads-inner grid
-    (the kernel's own test: tiles under MAX_HEAVY_TILE)."""
-    return bool(heavy_first) and block_m * block_n < MAX_HEAVY_TILE.value
+    (the kernel's own test: tiles under MAX_HEAVY_TILE, or the wide tile, `wide` being
+    `wide_tile`'s answer for the launch)."""
+    return bool(heavy_first) and (block_m * block_n < MAX_HEAVY_TILE.value or bool(wide))
 
 
 # CUDA's limit on grid axes 1 and 2. The heads-inner grid puts the tiles there, so it is used
@@ -484,12 +520,36 @@ def rowsum_on_tensor_cores(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16
 
 
-def ahead_fits(block_m: int, block_n: int, block_d: int) -> bool:
+def wide_tile(block_m: int, block_n: int, block_d: int, padding: bool = False,
+              mix: bool = False) -> bool:
+    """Whether an AHEAD launch (sm_90 paths, plain causal) of these tiles takes the wide
+    tile (the kernel's test, spelled out there too): 128 x 128 at d <= 64 without a padding
+    mask or Infini's gate, the scores-ahead loop in one body per tile, the bf16 row sum in
+    WIDE_ROWSUM_COLS columns, heaviest tiles first. Per 64 keys 210 warp instructions against
+    128x64 w8's 252.5 (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the wide tile")."""
+    return (block_m == block_n == WIDE_BLOCK.value and block_d <= 64 and not padding
+            and not mix)
+
+
+def wide_rowsum(block_m: int, block_n: int, block_d: int, padding: bool = False) -> bool:
+    """Whether an AHEAD launch (sm_90 paths, plain causal) of these tiles that does not run
+    the scores ahead (`ahead_fits`) still takes the bf16 row sum on the tensor cores, in
+    WIDE_ROWSUM_COLS columns, in its plain loops (the kernel's test, spelled out there too):
+    128 x 128 at d 128 without a padding mask. 128x128 w8 s2 then issues 14% fewer warp
+    instructions per launch at 4k (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the wide
+    tile"), 217 registers, 0 B spilled."""
+    return (block_m * block_n >= MAX_HEAVY_TILE.value and block_d <= 128 and not padding
+            and not ahead_fits(block_m, block_n, block_d, padding))
+
+
+def ahead_fits(block_m: int, block_n: int, block_d: int, padding: bool = False,
+               mix: bool = False) -> bool:
     """The tiles whose AHEAD launches take the scores-ahead loop (the kernel's test, spelled
     out there too): the second score tile spills 304 B at 128x128 w8 s2 (d 128, sm_90) and
     needs 230 KB of shared memory, and 64x64 w4 s3 at d 128 takes 246 registers (168 without):
-    one program per SM instead of two."""
-    return block_m * block_n < MAX_HEAVY_TILE.value and not (
+    one program per SM instead of two. 128 x 128 takes it as the wide tile (`wide_tile`)."""
+    return (block_m * block_n < MAX_HEAVY_TILE.value
+            or wide_tile(block_m, block_n, block_d, padding, mix)) and not (
         block_m * block_n == 64 * 64 and block_d > 64)
 
 
@@ -584,6 +644,12 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 ROWSUM=ROWSUM_COLS if hopper and rowsum_on_tensor_cores(q.dtype) else 0)
     if T_Q == 0:
         return out, lse
+
+    def grid_of(bm: int, bn: int) -> tuple[int, int]:
+        wide = meta["AHEAD"] and key_valid is None and mix is None and wide_tile(
+            bm, bn, meta["BLOCK_D"])
+        return tile_grid(T_Q, bm, B * H, heavy_grid(heavy, bm, bn, wide))
+
     if takes_tma(q, k, v, causal, key_valid, segment_len, mix, hopper, tma):
         from attnlens.kernels.flash_attention.triton_fwd_tma import attn_fwd_tma
 
@@ -592,15 +658,14 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      block_m, block_n, block_m is None and on_gpu())
         return out, lse
     if block_m is None and on_gpu():
-        _fwd_tuned[lambda META: tile_grid(T_Q, META["BLOCK_M"], B * H, heavy_grid(
-            heavy, META["BLOCK_M"], META["BLOCK_N"]))](*args, **meta)
+        _fwd_tuned[lambda META: grid_of(META["BLOCK_M"], META["BLOCK_N"])](*args, **meta)
     else:
         bm, bn = block_m or 16, block_n or 16
-        attn_fwd_kernel[tile_grid(T_Q, bm, B * H, heavy_grid(heavy, bm, bn))](
-            *args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        attn_fwd_kernel[grid_of(bm, bn)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
     return out, lse
 
 
-__all__ = ["LOG2E", "ROWSUM_COLS", "TMA_ENV", "ahead_fits", "attn_fwd", "attn_fwd_kernel",
-           "even_keys", "fits_heads_inner", "hopper_paths", "no_key_mask", "rowsum_fits",
-           "rowsum_on_tensor_cores", "takes_tma", "tile_grid", "tma_wanted"]
+__all__ = ["LOG2E", "ROWSUM_COLS", "TMA_ENV", "WIDE_ROWSUM_COLS", "ahead_fits", "attn_fwd",
+           "attn_fwd_kernel", "even_keys", "fits_heads_inner", "hopper_paths", "no_key_mask",
+           "rowsum_fits", "rowsum_on_tensor_cores", "takes_tma", "tile_grid", "tma_wanted",
+           "wide_rowsum", "wide_tile"]

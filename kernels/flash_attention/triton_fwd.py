@@ -293,9 +293,6 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     v_base = b * sv_b + h * sv_h
     kv_ptr = KVALID + b * skv_b
     m_i, l_i, acc = softmax_state(BLOCK_M, BLOCK_D)
-    # The fold at d 128 spills 16 B in 128x128 tiles with triton 3.6.0 (sm_90): they scale first.
-    scale_first: tl.constexpr = SCALE_FIRST or (BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and
-                                                BLOCK_D > 64)
     # Key tiles in [start, u_lo) and [u_hi, hi) are masked; [u_lo, u_hi) is visible to every
     # row of the tile (in the sequence, causal, same segment) and runs unmasked.
     start = 0
@@ -331,6 +328,11 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
         rowsum: tl.constexpr = 0
     if rowsum > 0:
         l_i = tl.zeros([BLOCK_M, rowsum], dtype=tl.float32)
+    # The fold at d 128 spills 16 B in 128x128 tiles with triton 3.6.0 (sm_90): they scale
+    # first, except with the row sum on the tensor cores (`wide_rowsum`: 217 / 234 registers
+    # before the fold under 3.9.0 / 3.6.0).
+    scale_first: tl.constexpr = SCALE_FIRST or (BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and
+                                                BLOCK_D > 64 and rowsum == 0)
     if ahead:
         # Scores one tile ahead through the unmasked tiles (`_fwd_tiles_ahead`); the first
         # masked tile, u_hi, always exists (u_hi <= first < T_K; where T_K is 0 or every key
@@ -535,9 +537,10 @@ def wide_rowsum(block_m: int, block_n: int, block_d: int, padding: bool = False)
     """Whether an AHEAD launch (sm_90 paths, plain causal) of these tiles that does not run
     the scores ahead (`ahead_fits`) still takes the bf16 row sum on the tensor cores, in
     WIDE_ROWSUM_COLS columns, in its plain loops (the kernel's test, spelled out there too):
-    128 x 128 at d 128 without a padding mask. 128x128 w8 s2 then issues 14% fewer warp
-    instructions per launch at 4k (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the wide
-    tile"), 217 registers, 0 B spilled."""
+    128 x 128 at d 128 without a padding mask; the registers it frees also fold the scale
+    into the exponent (no `scale_first`). 128x128 w8 s2 then issues 16% fewer warp
+    instructions per launch at 4k, d 128 (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the
+    wide tile"), 252 registers, 0 B spilled."""
     return (block_m * block_n >= MAX_HEAVY_TILE.value and block_d <= 128 and not padding
             and not ahead_fits(block_m, block_n, block_d, padding))
 

@@ -51,6 +51,7 @@ def test_wide_tile_only_on_the_sm90_paths_at_small_head_dims():
     assert triton_fwd.wide_rowsum(128, 128, 128) and not triton_fwd.wide_rowsum(128, 64, 128)
     assert not triton_fwd.wide_rowsum(128, 128, 64) and not triton_fwd.wide_rowsum(
         128, 128, 128, padding=True)
+    assert not triton_fwd.wide_rowsum(128, 128, 128, mix=True)
     assert triton_fwd.heavy_grid(True, 128, 128, wide=True)
     assert not triton_fwd.heavy_grid(True, 128, 128) and not triton_fwd.heavy_grid(False, 64, 64)
 

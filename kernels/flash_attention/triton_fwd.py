@@ -319,7 +319,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, KVALID, AMEM, G, ADOT,
     # plain loops of 128 x 128 tiles at d 128 on the sm_90 paths (`wide_rowsum`), both in
     # WIDE_ROWSUM_COLS columns.
     plain_rowsum: tl.constexpr = AHEAD and CAUSAL and not SEGMENTED and not HAS_KVALID and (
-        not ahead) and BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and BLOCK_D <= 128
+        not HAS_MIX) and not ahead and BLOCK_M * BLOCK_N >= MAX_HEAVY_TILE and BLOCK_D <= 128
     if ROWSUM > 0 and (wide or plain_rowsum):
         rowsum: tl.constexpr = WIDE_ROWSUM_COLS
     elif ahead and not HAS_KVALID and BLOCK_D <= 64:
@@ -527,22 +527,23 @@ def wide_tile(block_m: int, block_n: int, block_d: int, padding: bool = False,
     """Whether an AHEAD launch (sm_90 paths, plain causal) of these tiles takes the wide
     tile (the kernel's test, spelled out there too): 128 x 128 at d <= 64 without a padding
     mask or Infini's gate, the scores-ahead loop in one body per tile, the bf16 row sum in
-    WIDE_ROWSUM_COLS columns, heaviest tiles first. Per 64 keys 210 warp instructions against
+    WIDE_ROWSUM_COLS columns, heaviest tiles first. Per 64 keys 208 warp instructions against
     128x64 w8's 252.5 (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the wide tile")."""
     return (block_m == block_n == WIDE_BLOCK.value and block_d <= 64 and not padding
             and not mix)
 
 
-def wide_rowsum(block_m: int, block_n: int, block_d: int, padding: bool = False) -> bool:
+def wide_rowsum(block_m: int, block_n: int, block_d: int, padding: bool = False,
+                mix: bool = False) -> bool:
     """Whether an AHEAD launch (sm_90 paths, plain causal) of these tiles that does not run
     the scores ahead (`ahead_fits`) still takes the bf16 row sum on the tensor cores, in
     WIDE_ROWSUM_COLS columns, in its plain loops (the kernel's test, spelled out there too):
-    128 x 128 at d 128 without a padding mask; the registers it frees also fold the scale
-    into the exponent (no `scale_first`). 128x128 w8 s2 then issues 16% fewer warp
+    128 x 128 at d 128 without a padding mask or the gate; the registers it frees also fold
+    the scale into the exponent (no `scale_first`). 128x128 w8 s2 then issues 16% fewer warp
     instructions per launch at 4k, d 128 (sm_90 SASS, triton 3.9.0; docs/benchmarks.md, "the
     wide tile"), 252 registers, 0 B spilled."""
     return (block_m * block_n >= MAX_HEAVY_TILE.value and block_d <= 128 and not padding
-            and not ahead_fits(block_m, block_n, block_d, padding))
+            and not mix and not ahead_fits(block_m, block_n, block_d, padding, mix))
 
 
 def ahead_fits(block_m: int, block_n: int, block_d: int, padding: bool = False,

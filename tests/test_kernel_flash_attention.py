@@ -333,19 +333,16 @@ def test_wide_tile_runs_ahead_and_matches_the_plain_loops(monkeypatch, T_q, T_k,
                 return original(*args, **kwargs)
             return logged
 
-        for name, tag in (("_softmax_weights", "W"), ("_key_scores", "K"),
-                          ("_accumulate_pv", "A")):
-            monkeypatch.setattr(triton_fwd, name, logging(getattr(triton_fwd, name), tag))
-        attn_fwd(q.detach(), k.detach(), v.detach(), 0.3, block_m=128, block_n=128)
+        with monkeypatch.context() as logged_helpers:
+            for name, tag in (("_softmax_weights", "W"), ("_key_scores", "K"),
+                              ("_accumulate_pv", "A")):
+                logged_helpers.setattr(triton_fwd, name, logging(getattr(triton_fwd, name), tag))
+            attn_fwd(q.detach(), k.detach(), v.detach(), 0.3, block_m=128, block_n=128)
         ahead = "WKA" in "".join(calls)                      # the scores-ahead step ran
         assert ahead == (d <= 64) == triton_fwd.wide_tile(128, 128, d)
         assert triton_fwd.wide_rowsum(128, 128, d) == (d > 64)
         cols = triton_fwd.WIDE_ROWSUM_COLS.value if rowsum else None
         assert widths == ({(128, cols)} if rowsum else {(128,)})
-        monkeypatch.undo()
-        monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: True)
-        if rowsum:
-            monkeypatch.setattr(triton_fwd, "rowsum_on_tensor_cores", lambda dt: True)
     out, lse = _check(q, k, v, block_m=128, block_n=128)
     if not rowsum:
         monkeypatch.setattr(triton_fwd, "hopper_paths", lambda: False)

@@ -162,9 +162,8 @@ def fwd_head_stages(heads: int, block_d: int, dtype, arch: str | None = None,
     record = record or {}
     stages = record.get("HEAD_STAGES")
     own = ARCH_FWD_BLOCKS.get(arch, DEFAULT_FWD_BLOCKS)
-    own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == own
-    if blocks is not None and tuple(blocks) != own:
-        own_tile = False
+    own_tile = (record.get("BLOCK_M"), record.get("BLOCK_N")) == own and (
+        blocks is None or tuple(blocks) == own)
     if own_tile and stages in HEAD_STAGE_CANDIDATES.get(arch, ()):
         return stages
     return fwd_launch(arch).head_stages

@@ -212,6 +212,11 @@ def test_roofline_arithmetic_on_a_made_up_mix():
     assert e["hbm_s"] == pytest.approx(2e-3) and e["time_s"] == pytest.approx(5e-3)
     # clock = 64e12 / (100 SMs x 128 lanes x 2) = 2.5 GHz; 1e9 / (100 x 4 x 2.5e9) = 1 ms
     assert peak.clock == pytest.approx(2.5e9) and e["issue_s"] == pytest.approx(1e-3)
+    # no MUFU, no special-function time; 5e8 MUFU x 32 / (100 SMs x 16 x 2.5e9) = 4 ms, a
+    # bound apart (not in time_s: the units run beside the others)
+    assert e["sfu_s"] == 0
+    sfu = estimate(dict(counts, mufu=5e8), 8e9, peak, programs=400)
+    assert sfu["sfu_s"] == pytest.approx(4e-3) and sfu["time_s"] == pytest.approx(5e-3)
     half = estimate(counts, 8e9, peak, programs=50)           # half the SMs have a program
     assert half["tensor_s"] == pytest.approx(4e-3) and half["hbm_s"] == pytest.approx(2e-3)
     assert PEAKS["H200"].hbm > PEAKS["H100"].hbm and PEAKS["H100"].tensor == 989e12
@@ -282,6 +287,11 @@ def test_mix_report_on_the_flash_quick_kernels(tmp_path):
     heads, tiles, dots, rowsum = 2, 6, 2, ROWSUM_COLS
     assert fwd["per_launch"]["mma_flops"] == heads * tiles * 2 * 128 * 64 * (dots * 64 + rowsum)
     assert rows["_bwd_preprocess"]["mix"]["once"]["mma"] == 0
+    # one exp2 (MUFU) per score of the tiles, over 32 lanes, and a few per row for the
+    # running max's rescale: what `sfu_s` reads (`roofline.estimate`)
+    scores = heads * tiles * 128 * 64 / 32
+    assert scores <= fwd["per_launch"]["mufu"] <= 1.1 * scores
+    assert rows["_bwd_preprocess"]["mix"]["once"]["mufu"] <= 2    # an index division's rcp
     assert rows["_bwd_dq"]["mix"]["per_launch"]["mma"] > 0
 
 

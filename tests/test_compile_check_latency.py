@@ -112,6 +112,27 @@ def test_latency_reading_of_a_small_launch_takes_the_longest_term():
         reading(per_warp, 4, 132, 0, io_bytes=0, peak=h200)
 
 
+def test_exp_heavy_programs_are_bound_by_the_special_function_units():
+    """The SFU term: a warp's MUFU holds its partition's 4 special-function lanes 8 clocks,
+    so a program with more than one MUFU per 8 instructions is bound there, not by issue."""
+    from attnlens.kernels.compile_check.latency import reading
+    from attnlens.kernels.compile_check.roofline import PEAKS
+
+    h200 = PEAKS["H200"]
+    per_warp = dict(instructions=1000, chain=1000, mma_flops=0, mufu=200)
+    r = reading(per_warp, warps=8, programs=132, resident_programs=1, io_bytes=0, peak=h200)
+    # issue 8 warps x 1000 / 4 schedulers = 2000 clocks; SFU 8 x 200 x 32 lanes / 16 = 3200
+    assert r["bound"] == "sfu" and r["time_s"] == r["sfu_s"]
+    assert r["sfu_s"] == pytest.approx(3200 / h200.clock)
+    assert r["issue_s"] == pytest.approx(2000 / h200.clock)
+    even = reading(dict(per_warp, mufu=125), 8, 132, 1, io_bytes=0, peak=h200)
+    assert even["sfu_s"] == pytest.approx(even["issue_s"])          # one MUFU per 8
+    fewer = reading(dict(per_warp, mufu=100), 8, 132, 1, io_bytes=0, peak=h200)
+    assert fewer["bound"] == "issue"
+    no_count = {k: v for k, v in per_warp.items() if k != "mufu"}
+    assert reading(no_count, 8, 132, 1, io_bytes=0, peak=h200)["sfu_s"] == 0
+
+
 def test_one_constant_fit_and_leave_one_out():
     from attnlens.kernels.compile_check.latency import fit_scale, leave_one_out
 

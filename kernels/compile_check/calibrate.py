@@ -85,7 +85,8 @@ def estimate_launch(row: dict, peak_name: str, bytes_from: str = "io") -> dict |
 
 def op_estimate(rows: list[dict]) -> dict:
     """Sum over an op's kernels of the chosen launch (autotune: least H200 time) per kernel:
-    work, bytes and the seconds on each GPU (io and sass bytes) and the issue bound."""
+    work, bytes and the seconds on each GPU (io and sass bytes), the issue bound and the
+    special-function bound (`roofline.estimate`'s `sfu_s`)."""
     h200 = [estimate_launch(r, "H200") for r in rows]
     for r, e in zip(rows, h200, strict=True):
         if e is None:
@@ -108,7 +109,8 @@ def op_estimate(rows: list[dict]) -> dict:
     for gpu in PEAKS:
         for how in ("io", "sass"):
             out[f"{gpu}_{how}_s"] = sum(estimate_launch(r, gpu, how)["time_s"] for r in chosen)
-        out[f"{gpu}_issue_s"] = sum(estimate_launch(r, gpu)["issue_s"] for r in chosen)
+        for bound in ("issue_s", "sfu_s"):
+            out[f"{gpu}_{bound}"] = sum(estimate_launch(r, gpu)[bound] for r in chosen)
     return out
 
 

@@ -6,16 +6,20 @@ neither turns waiting into time. This reading does, per launch on an H200 (132 S
     programs per SM   n = programs / SMs (at least 1 where the grid is smaller)
     resident          R = programs one SM holds at once (`roofline.resident_warps` / warps)
     issue    = n x warps x instructions per warp / schedulers           (4 per SM)
+    sfu      = n x warps x MUFU per warp x 32 / SFU lanes                (16 per SM)
     latency  = max(1, n / R) x chain cycles of one warp through its program
     tensor   = n x tensor FLOPs per program / (tensor peak per SM per cycle)
-    time     = max(issue, latency, tensor) / clock, or I/O bytes / HBM bandwidth if larger
+    time     = max(issue, sfu, latency, tensor) / clock, or I/O bytes / HBM bandwidth if
+               larger
 
 `chain cycles` of a program (per warp): its instructions weighted by trip counts (`sass_mix`,
 `trips`), plus, for each innermost loop, the cycles its body waits per pass beyond its own
 length (`chain.mean_cycles` with `chain.LATENCIES` minus the body's instructions) times the
 passes the loop makes, plus the waits of the code outside the innermost loops walked once.
 Warps on one SM overlap each other's waits (latency is per warp, the R programs run side by
-side) but share the schedulers (issue) and the tensor cores (tensor): whichever is longest.
+side) but share the schedulers (issue), the special-function units (sfu: a warp's exp2
+holds its partition's 4 SFU lanes 8 clocks, `roofline`) and the tensor cores (tensor):
+whichever is longest.
 
 Nothing is fitted inside the model. `calibrate_reading` fits ONE constant on the H200 points
 of 2026-12-04 (`calibrate.MEASURED`, forward): measured ~= SCALE x reading, least squares in
@@ -41,7 +45,16 @@ from attnlens.kernels.compile_check.chain import (
     mean_cycles,
     stalls,
 )
-from attnlens.kernels.compile_check.roofline import PEAKS, Peak, fastest, resident_warps
+from attnlens.kernels.compile_check.roofline import (
+    PEAKS,
+    WARP_LANES,
+    Peak,
+    fastest,
+    resident_warps,
+)
+
+# The reading's terms per pass (`op_reading`), its time first.
+TERMS = ("time_s", "issue_s", "sfu_s", "latency_s", "tensor_s", "hbm_s")
 
 
 def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
@@ -72,13 +85,14 @@ def program_cycles(instrs, found, trips, latencies: Latencies = LATENCIES,
     if rest:
         chain += chain_cycles(rest, latencies, passes=1, measured_pass=1) - len(rest)
     return dict(instructions=counts["instructions"], chain=chain,
-                mma_flops=counts["mma_flops"], loops=loops_out)
+                mma_flops=counts["mma_flops"], mufu=counts["mufu"], loops=loops_out)
 
 
 def reading(per_warp: dict, warps: int, programs: int, resident_programs: int,
             io_bytes: float, peak: Peak = PEAKS["H200"]) -> dict:
     """Seconds of one launch from a program's per-warp counts (`program_cycles`): `issue_s`,
-    `latency_s`, `tensor_s`, `hbm_s` and `time_s` (their max), `bound` (the largest)."""
+    `sfu_s` (MUFU, `mufu`: 0 where absent), `latency_s`, `tensor_s`, `hbm_s` and `time_s`
+    (their max), `bound` (the largest)."""
     if resident_programs < 1:
         raise ValueError("no program fits on an SM")
     per_sm = max(1.0, programs / peak.sms) if programs else 1.0
@@ -86,6 +100,7 @@ def reading(per_warp: dict, warps: int, programs: int, resident_programs: int,
     tensor_per_cycle = peak.tensor / (peak.sms * clock)
     terms = dict(
         issue_s=per_sm * warps * per_warp["instructions"] / peak.schedulers / clock,
+        sfu_s=per_sm * warps * per_warp.get("mufu", 0) * WARP_LANES / peak.sfu_lanes / clock,
         latency_s=max(1.0, per_sm / resident_programs) * per_warp["chain"] / clock,
         tensor_s=per_sm * warps * per_warp["mma_flops"] / tensor_per_cycle / clock,
         hbm_s=io_bytes / peak.hbm)
@@ -144,7 +159,7 @@ def op_reading(launches, arch: int = 90, cache=None, latencies: Latencies = LATE
     out = dict(rows=chosen)
     for pass_ in ("fwd", "bwd"):
         rows = [r for r in chosen if r["pass_"] == pass_]
-        for term in ("time_s", "issue_s", "latency_s", "tensor_s", "hbm_s"):
+        for term in TERMS:
             out[f"{pass_}_{term}"] = sum(r["reading"][term] for r in rows)
     return out
 
@@ -177,12 +192,12 @@ def _ms(s: float) -> str:
 def markdown(results: list[dict]) -> str:
     """One row per (op, T, d, pass): the reading's terms, its bound and the kernels read."""
     lines = ["| op | T | d | pass | kernels (config: resident programs, bound) | issue ms | "
-             "latency ms | tensor ms | HBM ms | reading ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "SFU ms | latency ms | tensor ms | HBM ms | reading ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         if "error" in res:
             lines.append(f"| {res['op']} | {res['T']} | {res['d']} | - | {res['error']} |"
-                         + " |" * 5)
+                         + " |" * 6)
             continue
         for pass_ in ("fwd", "bwd"):
             rows = [r for r in res["rows"] if r["pass_"] == pass_]
@@ -192,7 +207,7 @@ def markdown(results: list[dict]) -> str:
                                 f"{r['reading']['bound']}" for r in rows)
             lines.append(f"| {res['op']} | {res['T']} | {res['d']} | {pass_} | {kernels} | "
                          + " | ".join(_ms(res[f"{pass_}_{t}"]) for t in
-                                      ("issue_s", "latency_s", "tensor_s", "hbm_s", "time_s"))
+                                      (*TERMS[1:], "time_s"))
                          + " |")
     return "\n".join(lines)
 

@@ -13,7 +13,12 @@ Compute terms are scaled by the share of SMs the grid can fill (a program runs o
 fewer programs than SMs leave SMs idle). `issue_s` is a second, separate bound: warp
 instructions / (SMs x 4 schedulers x clock), each scheduler issuing one warp instruction per
 clock (Hopper SM: 4 partitions); the clock is what the fp32 peak implies (peak / (SMs x 128
-lanes x 2)), 1.98 GHz.
+lanes x 2)), 1.98 GHz. `sfu_s` is a third: MUFU warp instructions (exp2, log2, rcp, ...) x 32
+/ (SMs x 16 special-function results per clock x clock). The special-function units are a
+pipe of their own, 4 lanes per SM partition: a warp's MUFU holds them 8 clocks, so a loop
+with more than one MUFU per 8 instructions waits on them, not on issue (FlashAttention-3,
+Shah et al. 2024: 989 TFLOPS of fp16 matmul against 3.9 TFLOPS of special functions on an
+H100 SXM5, 16 results per clock per SM at its 1.83 GHz boost).
 
 Peaks: dense (no sparsity) datasheet numbers from /work/shared/reference/kernels.md section 8
 ("Roofline numbers and the shapes that matter", added 2026-12-04; NVIDIA H100 SXM / H200
@@ -43,6 +48,7 @@ class Peak:
     sms: int
     fp32_lanes: int = 128          # fp32 lanes per SM (Hopper)
     schedulers: int = 4            # warp schedulers per SM, one warp instruction per clock
+    sfu_lanes: int = 16            # special-function (MUFU) results per clock per SM
 
     @property
     def clock(self) -> float:
@@ -53,6 +59,7 @@ PEAKS = {"H100": Peak(tensor=989e12, fp32=67e12, hbm=3.35e12, sms=132),     # H1
          "H200": Peak(tensor=989e12, fp32=67e12, hbm=4.8e12, sms=132)}
 
 
+WARP_LANES = 32                    # threads per warp: one MUFU warp instruction is 32 results
 REGISTER_FILE = 65536              # 32-bit registers per SM (sm_80, sm_90)
 SHARED_PER_SM = 228 * 1024         # bytes per SM (section 8), 1 KB of it reserved per block
 MAX_WARPS, MAX_BLOCKS = 64, 32     # resident per SM on sm_90
@@ -69,16 +76,18 @@ def resident_warps(registers: int, warps: int, shared_bytes: int) -> int:
 
 
 def estimate(counts: dict, nbytes: float, peak: Peak, programs: int) -> dict:
-    """Seconds: `tensor_s`, `cuda_s`, `hbm_s`, their sum `time_s`, and `issue_s`, for
-    per-launch `counts` (`mma_flops`, `cuda_flops`, `instructions`: warp instructions) and
-    `nbytes` of HBM traffic over a grid of `programs`."""
+    """Seconds: `tensor_s`, `cuda_s`, `hbm_s`, their sum `time_s`, and the bounds `issue_s`
+    and `sfu_s`, for per-launch `counts` (`mma_flops`, `cuda_flops`, `instructions`: warp
+    instructions, `mufu`: MUFU warp instructions) and `nbytes` of HBM traffic over a grid of
+    `programs`."""
     used = min(1.0, programs / peak.sms) if programs else 1.0
     tensor_s = counts.get("mma_flops", 0) / (peak.tensor * used)
     cuda_s = counts.get("cuda_flops", 0) / (peak.fp32 * used)
     hbm_s = nbytes / peak.hbm
     issue_s = counts.get("instructions", 0) / (peak.sms * used * peak.schedulers * peak.clock)
+    sfu_s = counts.get("mufu", 0) * WARP_LANES / (peak.sms * used * peak.sfu_lanes * peak.clock)
     return dict(tensor_s=tensor_s, cuda_s=cuda_s, hbm_s=hbm_s,
-                time_s=tensor_s + cuda_s + hbm_s, issue_s=issue_s, sm_share=used)
+                time_s=tensor_s + cuda_s + hbm_s, issue_s=issue_s, sfu_s=sfu_s, sm_share=used)
 
 
 def fastest(items, key, seconds) -> list:
@@ -99,4 +108,4 @@ def fastest(items, key, seconds) -> list:
     return [item for _, item in best.values()]
 
 
-__all__ = ["PEAKS", "SOURCE", "Peak", "estimate", "fastest", "resident_warps"]
+__all__ = ["PEAKS", "SOURCE", "WARP_LANES", "Peak", "estimate", "fastest", "resident_warps"]

@@ -70,7 +70,8 @@ def test_a_check_reads_benchmarks_md_once(monkeypatch, tmp_path, capsys):
         headline.Headline("mta", 4096, 64, "fwd", 0.500, "**0.500**", "## A one"),
         headline.Headline("dcmha", 4096, 64, "fwd", 0.250, "**0.250**", "## B two")])
     documented = {(h.op, h.pass_): h.issue_ms for h in headline.all_headlines()}
-    monkeypatch.setattr(headline, "issue_ms", lambda op, T, d, pass_, cache: documented[op, pass_])
+    monkeypatch.setattr(headline, "issue_ms",
+                        lambda op, T, d, pass_, cache, bound: documented[op, pass_])
     reads = []
     read_text = type(docs).read_text
 
@@ -87,6 +88,10 @@ def test_a_check_reads_benchmarks_md_once(monkeypatch, tmp_path, capsys):
 def test_a_row_flags_a_headline_gone_from_its_section():
     h = headline.HEADLINES[0]
     assert headline.row(h, h.issue_ms * 1.5, False).endswith("| 1.5000 | NO |")
+    sfu = [h for h in headline.HEADLINES if h.bound == "sfu"]
+    assert sfu and all(h.bound in ("issue", "sfu") for h in headline.HEADLINES)
+    line = headline.row(sfu[0], sfu[0].issue_ms, True)
+    assert line.startswith("| flash | 4096 | 64 | fwd (sfu) |")
 
 
 _RECOMPUTE = r"""
@@ -95,8 +100,9 @@ import triton
 from attnlens.kernels.compile_check import headline
 from attnlens.kernels.compile_check.results_cache import ResultCache
 cache = ResultCache(None)
-rows = [(h.op, h.T, h.d_head, h.pass_, h.issue_ms,
-         headline.issue_ms(h.op, h.T, h.d_head, h.pass_, cache)) for h in headline.all_headlines()]
+rows = [(h.op, h.T, h.d_head, h.pass_, h.bound, h.issue_ms,
+         headline.issue_ms(h.op, h.T, h.d_head, h.pass_, cache, bound=h.bound))
+        for h in headline.all_headlines()]
 print(json.dumps(dict(triton=triton.__version__, rows=rows)))
 """
 
@@ -112,5 +118,5 @@ def test_the_headline_issue_bounds_recompute(headlines):
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    off = [r for r in got["rows"] if abs(r[5] / r[4] - 1) > headline.TOLERANCE]
-    assert not off, f"(op, T, d, pass, documented ms, recomputed ms): {off}"
+    off = [r for r in got["rows"] if abs(r[6] / r[5] - 1) > headline.TOLERANCE]
+    assert not off, f"(op, T, d, pass, bound, documented ms, recomputed ms): {off}"

@@ -63,3 +63,12 @@ def test_the_finish_counts_whole_tiles_on_the_sms():
 def test_the_documented_table_recomputes():
     text = headline.section_text(SECTION)
     assert mta_floor.table(1024, 128) in text, "edited mta_floor: update docs/benchmarks.md"
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="own no output at 6 x 11 taps"):
+        mta_floor.out_windows(100, 4, 64)
+    with pytest.raises(ValueError, match="T and d_head must be positive"):
+        mta_floor.table(0, 128)
+    with pytest.raises(SystemExit):
+        mta_floor.main(["--T", "-5"])

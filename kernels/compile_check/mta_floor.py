@@ -1,4 +1,5 @@
-"""The least the fused MTA forward must load: its logits' operands, by hand count, on the H200.
+"""What the fused MTA forward's factored dots load: the logits' operands, by hand count, on the
+H200.
 
     python -m attnlens.kernels.compile_check.mta_floor [--T 1024] [--d 128]
 
@@ -9,16 +10,18 @@ those operands across tiles (16 heads of them are 0.4-1.6 MB a tile), so each ti
 own; the out pass recomputes the logits of its windows, halo included (windows of AR x AC own
 (AR - c_q + 1) x (AC - c_k + 1) outputs, `fwd_out_windows`). The fold writes the c_q folded
 keys once. Nothing else (the lse pass's mixing, the out pass's probabilities, post-softmax
-taps, head mixing, values and z) is counted: every figure here is a lower bound on the
-compile check's SASS-bytes reading (`calibrate`: SASS global bytes at HBM bandwidth plus
-tensor and CUDA-core time), for the tile shapes named, with the finish of each pass's grid.
+taps, head mixing, values and z) is counted, so for the tile shapes named this is the floor of
+the compile check's SASS-bytes reading (`calibrate`: SASS global bytes at HBM bandwidth plus
+tensor and CUDA-core time) times each pass's finish, up to the diagonal: the kernels read the
+tiles that cross it through a Toeplitz band (k once and a band table), which the count treats
+as any other tile (within 6% of the compiled operand lines at 1k, docs/benchmarks.md).
 
 The lse pass is weighed two ways: its tiles spread evenly over the SMs (a bound no grid
 reaches: `ideal`), and as whole tiles handed out to 132 SMs (each SM's tiles in turn:
-ceil(tiles / SMs) over the mean). The out pass takes its real plan's finish (`out_plan` with
-`persistent_splits`, as `forward_grids` launches it).
+ceil(tiles / SMs) over the mean). The out pass takes its plan's finish (`out_plan` with
+`persistent_splits`, as `forward_grids` plans it without its memory cap).
 
-This is the floor of docs/benchmarks.md's section "Fused MTA forward at 1k rows: the logits'
+The table is the one of docs/benchmarks.md's section "Fused MTA forward at 1k rows: the logits'
 operands against the pessimistic reading's budget" (ESTIMATES: a hand count, no compile).
 """
 
@@ -86,6 +89,9 @@ def out_windows(T: int, rows: int, cols: int) -> list[tuple[int, int, int, int]]
     spans: row window r owns rows from r x (rows - c_q + 1), key window n keys from n x (cols
     - c_k + 1), each with its halo (c_q - 1 rows above, c_k - 1 keys left); rows and keys
     outside the sequence, and keys past the window's last row, are not loaded."""
+    if rows < CQ or cols < CK:
+        raise ValueError(f"out windows of {rows} x {cols} own no output at {CQ} x {CK} taps: "
+                         f"at least {CQ} rows and {CK} keys")
     step_r, step_c = rows - CQ + 1, cols - CK + 1
     n_rows = math.ceil(T / step_r)
     spans = []
@@ -132,6 +138,8 @@ def fold_floor(T: int, d_head: int, heads: int = HEADS) -> PassFloor:
 
 def table(T: int = 1024, d_head: int = 128) -> str:
     """Markdown: each pass's floor at the shapes the forward launches or could."""
+    if T < 1 or d_head < 1:
+        raise ValueError(f"T and d_head must be positive (got T {T}, d_head {d_head})")
     rows = [fold_floor(T, d_head)]
     for q_once in (False, True):
         rows += [lse_floor(T, d_head, r, c, q_once=q_once)
@@ -152,7 +160,10 @@ def main(argv=None) -> None:
     p.add_argument("--T", type=int, default=1024)
     p.add_argument("--d", type=int, default=128, help="d_head")
     a = p.parse_args(argv)
-    print(table(a.T, a.d))
+    try:
+        print(table(a.T, a.d))
+    except ValueError as e:
+        p.error(str(e))
 
 
 if __name__ == "__main__":

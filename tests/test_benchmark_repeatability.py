@@ -121,6 +121,11 @@ def test_the_gpu_run_script_wires_the_check_first():
     script = (ROOT / "scripts/gpu_validate.sh").read_text()
     assert script.index("attnlens.benchmarks.repeatability") < script.index("$BENCH --check")
     assert 'export ATTNLENS_SKIP_BACKWARD="$HUNG"' in script
+    # the MTA forward at 1k (issue 58's target only a GPU settles) right after the main bench,
+    # before the stages the call's time budget may cut
+    mta_1k = script.index("$BENCH --ops mta --T 1024 --d 128 --reps 10")
+    assert script.index("$BENCH --T 4096 --d 64,128 --reps 10") < mta_1k
+    assert mta_1k < script.index("ATTNLENS_FLASH_TMA=1 $BENCH")
     result = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_validate.sh")],
                             capture_output=True)
     assert result.returncode == 0, result.stderr

@@ -130,7 +130,7 @@ stage "${BENCH_ISO_S:-60}" "$OUT/bench.md" $BENCH --ops flash --T 1024,4096 --d 
 
 # (issue 58, mta-fwd-warps, mta-fwd-tall) the MTA forward's lse pass in the shapes the
 #    compile check's estimate weighed (ATTNLENS_MTA_LSE_SHAPE, LSE_SHAPES in
-#    kernels/mta/triton_fwd.py; forward only, "shape" rows): at 1k the default ("4warps")
+#    kernels/mta/launch.py; forward only, "shape" rows): at 1k the default ("4warps")
 #    against "8warps" (its shape before 2026-12-06); at 4k "8warps" (64 x 64 tiles, the default
 #    there until the tenth session), "wide" (64 x 64, 4 warps) and "tall" (128 x 64, the
 #    default in the tenth and eleventh sessions) against the default ("square": 128 x 128,

@@ -172,7 +172,7 @@ def test_sixteen_heads_full_mixing():
 def test_folded_keys_and_toeplitz_taps_match_the_convolution():
     """`fold_keys` (k Mask_0'd at padding, convolved along keys by th[a, :]) and
     `post_toeplitz` (banded key taps) against direct sums, in float64."""
-    from attnlens.kernels.mta.triton_fwd import fold_keys, post_toeplitz
+    from attnlens.kernels.mta.triton_taps import fold_keys, post_toeplitz
 
     g = torch.Generator().manual_seed(7)
     B, T, H, D, CQ, CK, left = 2, 9, 3, 4, 2, 5, 1
@@ -206,14 +206,15 @@ def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch, dtype):
     the folded keys once (`fold_keys_kernel`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import triton_fwd, triton_taps
     from attnlens.kernels.mta.function import mta_attention
 
     launched = []
-    spy_launches(monkeypatch, triton_fwd, ("fold_keys_kernel", "mta_lse_kernel",
-                                           "mta_out_kernel"),
-                 lambda kernel, grid, args, meta: launched.append(kernel.fn.__name__),
-                 run=False)
+    for module, names in ((triton_taps, ("fold_keys_kernel",)),
+                          (triton_fwd, ("mta_lse_kernel", "mta_out_kernel"))):
+        spy_launches(monkeypatch, module, names,
+                     lambda kernel, grid, args, meta: launched.append(kernel.fn.__name__),
+                     run=False)
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -236,7 +237,7 @@ def test_mixing_table_is_the_padded_transpose_in_memory_order(heads):
     zero-padded, contiguous, also when no padding is needed (16 heads: a pad of zero can hand
     back the transposed view, whose memory is `mix` untransposed); untransposed (the
     backward's W and W') `mix` itself zero-padded."""
-    from attnlens.kernels.mta.triton_fwd import mixing_table
+    from attnlens.kernels.mta.triton_taps import mixing_table
 
     mix = torch.randn(heads, heads, generator=torch.Generator().manual_seed(3))
     for dtype in (torch.float32, torch.float16):
@@ -252,7 +253,7 @@ def test_pre_toeplitz_tiles_are_the_banded_taps():
     """`pre_toeplitz` (the forward's diagonal windows, `_toeplitz_scores`): chunk t0 of C <=
     row read keys takes rows t0 .. t0 + C - 1, columns 0 .. C - 1 of its table, which must
     be `th[a, t0 + t - j]` inside the band and 0 outside, for every chunk the taps read."""
-    from attnlens.kernels.mta.triton_fwd import pre_toeplitz
+    from attnlens.kernels.mta.triton_taps import pre_toeplitz
 
     g = torch.Generator().manual_seed(11)
     H, CQ, CK, row = 3, 2, 11, 16
@@ -276,7 +277,7 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     """Both forward passes get the diagonal windows' key taps as `pre_toeplitz`'s table in the
     input dtype, one table whose row length covers both passes' C (the lse tiles' BLOCK_N and
     the out windows' AC), instead of the fp32 taps gathered element by element."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import triton_fwd, triton_taps
     from attnlens.kernels.mta.function import mta_attention
 
     args = {}
@@ -300,7 +301,7 @@ def test_forward_passes_read_the_banded_tap_table(monkeypatch):
     assert row >= max(min(lse_kw["BLOCK_N"], triton_fwd.LSE_HALF.value), out_kw["AC"])
     assert tt.dtype == q.dtype and tt.shape == (4, 6, 2 * row + 11, row)
     pre = params[0][:, 0].to(torch.float32)
-    assert torch.equal(tt, triton_fwd.pre_toeplitz(pre, row, q.dtype))
+    assert torch.equal(tt, triton_taps.pre_toeplitz(pre, row, q.dtype))
 
 
 @pytest.mark.parametrize("shape", ["", "4warps", "8warps", "wide", "tall", "square"])
@@ -316,24 +317,25 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
     kernels are not run (the
     launches are recorded)."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch, triton_fwd, triton_taps
     from attnlens.kernels.mta.function import mta_attention
 
     monkeypatch.setattr(_triton, "sm_count", lambda device=None: 4)
-    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
+    monkeypatch.setenv(launch.LSE_SHAPE_ENV, shape)
     launches = {}
-    spy_launches(monkeypatch, triton_fwd, ("fold_keys_kernel", "mta_lse_kernel",
-                                           "mta_out_kernel"),
-                 lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
-                                                                      (grid, meta)),
-                 run=False)
+    for module, names in ((triton_taps, ("fold_keys_kernel",)),
+                          (triton_fwd, ("mta_lse_kernel", "mta_out_kernel"))):
+        spy_launches(monkeypatch, module, names,
+                     lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
+                                                                          (grid, meta)),
+                     run=False)
     q, k, v = _qkv(T, T, 4, 16, 1)
     with torch.no_grad():
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
     (lse_grid, lse_meta), (out_grid, out_meta) = (launches["mta_lse_kernel"],
                                                   launches["mta_out_kernel"])
     # (the inputs are fp32, which keeps "8warps" from 4k rows; 16-bit ones take "square")
-    name = shape or ("8warps" if T >= triton_fwd.ROWS_64_FROM else "4warps")
+    name = shape or ("8warps" if T >= launch.ROWS_64_FROM else "4warps")
     if name == "tall":
         tiles = (128, 64 if T >= 2048 else 32)
     elif name == "square":
@@ -346,11 +348,11 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
         # (at 256 rows "square" has 3 tiles: 128 x 128, causal)
         assert (lse_meta["num_warps"], lse_grid[0]) == (8, 3 if (name, T) == ("square", 256)
                                                         else 4)
-        assert lse_meta["KC"] == (8 if name == "8warps" else triton_fwd.LSE_KC)
+        assert lse_meta["KC"] == (8 if name == "8warps" else launch.LSE_KC)
     else:
-        assert lse_meta["num_warps"] == 4 == triton_fwd.LSE_LAUNCH["num_warps"]
-        assert lse_grid[0] == 2 * 4 == triton_fwd.lse_programs(4, T)
-        assert lse_meta["KC"] == triton_fwd.LSE_KC == 4
+        assert lse_meta["num_warps"] == 4 == launch.LSE_LAUNCH["num_warps"]
+        assert lse_grid[0] == 2 * 4 == launch.lse_programs(4, T)
+        assert lse_meta["KC"] == launch.LSE_KC == 4
     assert (lse_meta["BLOCK_M"], lse_meta["BLOCK_N"]) == tiles
     assert out_meta["num_warps"] == 8 and out_grid[0] <= 4
 
@@ -360,10 +362,10 @@ def test_tall_lse_tiles_are_exact(monkeypatch):
     short sequence:
     T 150 gives two row tiles of 128 (the second past the end) of 32-key tiles, next to the
     out pass's 32-row windows, against the float64 spec at official 6 x 11 kernels."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
-    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "tall")
-    assert triton_fwd.lse_blocks(4, None, None, 16, 150) == (128, 32)
+    monkeypatch.setenv(launch.LSE_SHAPE_ENV, "tall")
+    assert launch.lse_blocks(4, None, None, 16, 150) == (128, 32)
     _check(150, 150, 2, OFFICIAL, "both")
 
 
@@ -378,11 +380,11 @@ def test_square_lse_tiles_are_exact(monkeypatch):
     pass only) are the trip model's, and out and lse match the fp32 spec."""
     from attnlens.kernels import _triton
     from attnlens.kernels.compile_check.trips import MODELS, kernel_env
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch, triton_fwd
 
     monkeypatch.setattr(_triton, "sm_count", lambda device=None: 1)
-    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "square")
-    assert triton_fwd.lse_blocks(16, None, None, 128, 4096) == (128, 128)
+    monkeypatch.setenv(launch.LSE_SHAPE_ENV, "square")
+    assert launch.lse_blocks(16, None, None, 128, 4096) == (128, 128)
     phase, launches, calls = [], [], {"wide": [], "half": 0}
     spy_launches(monkeypatch, triton_fwd, ("mta_lse_kernel", "mta_out_kernel"),
                  lambda kernel, grid, args, meta: (phase.append(kernel.fn.__name__),
@@ -418,24 +420,24 @@ def test_square_lse_tiles_are_exact(monkeypatch):
 def test_lse_shape_by_length_and_dtype():
     """The default lse shape: "4warps" below 2k rows, "8warps" from there, "square" from 4k
     for 16-bit inputs (fp32 keeps "8warps": "tall" spilled 248 B on sm_80 at fp32)."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
-    shapes = triton_fwd.LSE_SHAPES
-    assert triton_fwd.lse_shape(1024) is shapes["4warps"]
-    assert triton_fwd.lse_shape(2048) is shapes["8warps"]
-    assert triton_fwd.lse_shape(4096) is shapes["square"]
+    shapes = launch.LSE_SHAPES
+    assert launch.lse_shape(1024) is shapes["4warps"]
+    assert launch.lse_shape(2048) is shapes["8warps"]
+    assert launch.lse_shape(4096) is shapes["square"]
     assert shapes["tall"].rows == 128 == shapes["square"].rows == shapes["square"].cols
-    assert triton_fwd.lse_blocks(16, None, None, 128, 4096) == (128, 128)
-    assert triton_fwd.lse_shape(4096, fp32=True) is shapes["8warps"]
-    assert triton_fwd.lse_blocks(16, None, None, 128, 4096, fp32=True) == (64, 64)
+    assert launch.lse_blocks(16, None, None, 128, 4096) == (128, 128)
+    assert launch.lse_shape(4096, fp32=True) is shapes["8warps"]
+    assert launch.lse_blocks(16, None, None, 128, 4096, fp32=True) == (64, 64)
 
 
 def test_lse_shape_names_a_bad_setting(monkeypatch):
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
-    monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, "2warps")
+    monkeypatch.setenv(launch.LSE_SHAPE_ENV, "2warps")
     with pytest.raises(ValueError, match="ATTNLENS_MTA_LSE_SHAPE='2warps': expected one of"):
-        triton_fwd.lse_shape(1024)
+        launch.lse_shape(1024)
 
 
 def test_queries_aligned_to_the_last_keys():
@@ -472,11 +474,11 @@ def test_key_splits_combine_exactly(monkeypatch, splits, n_sm):
     gets a program; with 2, NS 3's 4 items (2 row windows, both splits) share 2 programs,
     each program's stages reused by its items."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch, triton_fwd
 
     monkeypatch.setattr(_triton, "sm_count", lambda device: n_sm)
     used = []
-    grids = triton_fwd.forward_grids
+    grids = launch.forward_grids
 
     def forced(*args):
         g = grids(*args[:9], splits=(splits, splits))      # (B, T_Q, ..., block_n)
@@ -495,24 +497,24 @@ def test_out_pass_stages_scores_inline_on_sm_90_and_as_a_function_elsewhere(monk
     inlined on sm_80 at d_head 128 (as a function 56 B under triton 3.6.0 since the
     diagonal's taps load as one tile)."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
     if _triton.interpreting():
-        assert triton_fwd.stage_call() is False
+        assert launch.stage_call() is False
     monkeypatch.setattr(_triton, "interpreting", lambda: False)
     for arch, call in (("sm_90", False), ("sm_80", True)):
-        monkeypatch.setattr(triton_fwd, "_STAGE_CALL", {})
+        monkeypatch.setattr(launch, "_STAGE_CALL", {})
         monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
-        assert triton_fwd.stage_call() is call, arch
-        assert triton_fwd.stage_call(64) is call, arch
-        assert triton_fwd.stage_call(128) is False, arch
+        assert launch.stage_call() is call, arch
+        assert launch.stage_call(64) is call, arch
+        assert launch.stage_call(128) is False, arch
 
     def no_device():
         raise RuntimeError("no CUDA device")
 
-    monkeypatch.setattr(triton_fwd, "_STAGE_CALL", {})
+    monkeypatch.setattr(launch, "_STAGE_CALL", {})
     monkeypatch.setattr(_triton, "gpu_arch", no_device)
-    assert triton_fwd.stage_call() is True
+    assert launch.stage_call() is True
 
 
 def test_out_pass_with_its_scores_stage_as_a_function_matches_spec(monkeypatch):
@@ -537,7 +539,7 @@ def test_out_windows_are_64_by_64_from_2k_rows_at_every_head_count():
     `out_windows`, 32 x 32 at 16 heads, 27 x 22 outputs; now 59 x 54), 32 x 64 below (more
     windows to share out) and for fp32 inputs (64 x 64 spilled); larger halos get larger
     windows."""
-    from attnlens.kernels.mta.triton_fwd import forward_grids, fwd_out_windows
+    from attnlens.kernels.mta.launch import forward_grids, fwd_out_windows
 
     assert fwd_out_windows(6, 11) == fwd_out_windows(6, 11, 2048) == (64, 64)
     assert fwd_out_windows(6, 11, 1024) == fwd_out_windows(6, 11, 4096, fp32=True) == (32, 64)
@@ -556,8 +558,8 @@ def test_forward_grids_fill_the_sms_at_batch_1():
     1.21x (lse) and 1.25x / 1.39x (out, d 64 / 128) at 4k, 1.25x (lse) at 1k; one program per
     row tile, 32 at 1k, at 8x)."""
     from attnlens.kernels.flash_attention.schedule import makespan
+    from attnlens.kernels.mta.launch import forward_grids, split_windows
     from attnlens.kernels.mta.out_plan import out_plan
-    from attnlens.kernels.mta.triton_fwd import forward_grids, split_windows
 
     for T in (1024, 4096):
         for d in (64, 128):
@@ -604,7 +606,7 @@ def test_forward_grids_launch_a_program_per_sm_at_512_rows():
     """`persistent_splits` counts only the splits whose plans have >= 132 items (one per
     program) where there are such: at T 512 (16 lse row tiles of 32) NS 8 and 9 finish alike
     in whole key windows, and the fewest (8: 128 programs) left 4 SMs idle."""
-    from attnlens.kernels.mta.triton_fwd import forward_grids
+    from attnlens.kernels.mta.launch import forward_grids
 
     g = forward_grids(1, 512, 512, 16, 6, 11, "cpu")
     assert g.n_t * g.ns_lse >= 132 and g.n_w * g.ns_out >= 132, g
@@ -620,8 +622,8 @@ def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
     heads); explicit blocks win; `forward_grids` takes them. (The
     lse pass stages each head's convolved scores and mixes them by a dot, so no all-heads
     tensor limits its tiles.)"""
-    from attnlens.kernels.mta import triton_fwd
-    from attnlens.kernels.mta.triton_fwd import forward_grids, lse_blocks
+    from attnlens.kernels.mta import launch
+    from attnlens.kernels.mta.launch import forward_grids, lse_blocks
 
     for hb in (4, 16):
         for d in (64, 128):
@@ -631,7 +633,7 @@ def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
             assert lse_blocks(hb, None, None, d, 4096, programs_per_sm=2) == (128, 64)
             assert lse_blocks(hb, None, None, d, 1024) == (32, 32)
     assert lse_blocks(4, 16, 16, 128) == (16, 16)
-    assert 16 * 64 * 64 * 4 == triton_fwd.LSE_STAGE_BYTES_PER_SM
+    assert 16 * 64 * 64 * 4 == launch.LSE_STAGE_BYTES_PER_SM
     g = forward_grids(1, 4096, 4096, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
     assert (g.block_m, g.block_n) == (128, 128)
     g = forward_grids(1, 2048, 2048, 16, 6, 11, "cpu", splits=(1, 1), block_d=128)
@@ -639,7 +641,7 @@ def test_lse_tiles_from_2k_rows_fit_the_stage_budget(monkeypatch):
     for shape, tiles, tiles32 in (("4warps", (64, 32), (64, 16)), ("8warps", (64, 64), (64, 32)),
                                   ("wide", (64, 64), (64, 32)), ("tall", (128, 64), (128, 32)),
                                   ("square", (128, 128), (128, 64))):
-        monkeypatch.setenv(triton_fwd.LSE_SHAPE_ENV, shape)
+        monkeypatch.setenv(launch.LSE_SHAPE_ENV, shape)
         assert lse_blocks(16, None, None, 128, 4096) == tiles
         assert lse_blocks(32, None, None, 128, 4096) == tiles32
 
@@ -653,7 +655,7 @@ def test_out_pass_splits_keep_the_forward_under_a_tenth_of_torchs_memory():
     runs at both and stays under a tenth of the torch path's 4,148 MiB; with a pair's scores
     staged together (a second fp32 stage) the cap is 4 and 13, NS 4 still; short sequences
     are not capped."""
-    from attnlens.kernels.mta.triton_fwd import forward_grids, out_split_cap
+    from attnlens.kernels.mta.launch import forward_grids, out_split_cap
 
     MiB = 2 ** 20
     stages = 132 * 16 * 64 * 64 * 10
@@ -753,19 +755,19 @@ def test_out_pairs_by_setting_dtype_and_architecture(monkeypatch):
     16-bit ones under the interpreter and on sm_90, not on sm_80 (where the pair loop
     spilled, as it did at fp32); a bad value is named."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
     for value, want in (("0", False), ("1", True), ("", True)):
-        monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, value)
-        assert triton_fwd.out_pairs() is want
-        assert triton_fwd.out_pairs(fp32=True) is (want and value == "1")
+        monkeypatch.setenv(launch.OUT_PAIRS_ENV, value)
+        assert launch.out_pairs() is want
+        assert launch.out_pairs(fp32=True) is (want and value == "1")
     monkeypatch.setattr(_triton, "interpreting", lambda: False)
     for arch, want in (("sm_90", True), ("sm_80", False)):
         monkeypatch.setattr(_triton, "gpu_arch", lambda arch=arch: arch)
-        assert triton_fwd.out_pairs() is want
-    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "yes")
+        assert launch.out_pairs() is want
+    monkeypatch.setenv(launch.OUT_PAIRS_ENV, "yes")
     with pytest.raises(ValueError, match="ATTNLENS_MTA_OUT_PAIRS='yes': expected 0 or 1"):
-        triton_fwd.out_pairs()
+        launch.out_pairs()
 
 
 @pytest.mark.parametrize("T, pairs", [(120, "1"), (61, "0")])
@@ -776,9 +778,9 @@ def test_out_pass_with_and_without_key_window_pairs(monkeypatch, T, pairs):
     (modes 1, 2, 0); T 61 without pairs. One program (n_sm 1) runs every item, its stages
     reused. Against the float64 spec."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch, triton_fwd
 
-    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, pairs)
+    monkeypatch.setenv(launch.OUT_PAIRS_ENV, pairs)
     monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
     seen = []
     spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
@@ -795,10 +797,10 @@ def _out_pass_on_and_off(monkeypatch, path: str, setting: str, H: int):
     the first launch."""
     from attnlens.kernels import _triton
     from attnlens.kernels.compile_check.trips import MODELS, kernel_env
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch, triton_fwd
 
     monkeypatch.setattr(_triton, "sm_count", lambda device: 1)
-    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
+    monkeypatch.setenv(launch.OUT_PAIRS_ENV, "1")
     launches, path_calls = [], []
     spy_launches(monkeypatch, triton_fwd, ("mta_out_kernel",),
                  lambda kernel, grid, args, meta: launches.append((kernel, grid, args, meta)))
@@ -830,11 +832,11 @@ def test_out_pass_stages_a_pairs_scores_together(monkeypatch):
     as with PAIR_SCORES_ENV "0" (d_head 16: one chunk, the same dots in the same order),
     head by head (2 heads), which the spec checks elsewhere (the paths without PAIR_SCORES,
     above)."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
     H = 2
     outs, calls, (meta, meta_off), trips = _out_pass_on_and_off(
-        monkeypatch, "_stage_pair_scores", triton_fwd.PAIR_SCORES_ENV, H)
+        monkeypatch, "_stage_pair_scores", launch.PAIR_SCORES_ENV, H)
     assert calls == [2, 2]                     # two pairs staged together, none without
     assert meta["PAIR_SCORES"] and not meta_off["PAIR_SCORES"] and meta["PAIRS"]
     assert trips["calls"] == pytest.approx(2)                # two pairs staged together
@@ -852,11 +854,11 @@ def test_out_pass_runs_a_pairs_first_phases_for_both(monkeypatch):
     300 keys in 32 x 64 windows on one program, 2 heads: the kernel's calls of the pair path
     (one per head and pair) are the trip model's, and out and lse are the same bits as with
     PAIR_PHASES_ENV "0" (the same dots in the same order, only the stage parts differ)."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
     H = 2
     outs, calls, (meta, meta_off), trips = _out_pass_on_and_off(
-        monkeypatch, "_conv_post_pair", triton_fwd.PAIR_PHASES_ENV, H)
+        monkeypatch, "_conv_post_pair", launch.PAIR_PHASES_ENV, H)
     assert meta["PAIR_PHASES"] and not meta_off["PAIR_PHASES"] and meta_off["PAIR_SCORES"]
     pairs = trips["n"][1] / H * trips["it"]               # the joint phase 3's head loop
     assert pairs == pytest.approx(round(pairs)) and round(pairs) >= 3
@@ -870,38 +872,38 @@ def test_pair_phases_setting(monkeypatch):
     """`pair_phases`: with `pair_scores`, from ROWS_64_FROM query rows at 16 heads (elsewhere
     the out pass spilled) unless PAIR_PHASES_ENV is "0", anywhere where it is "1"; another
     value is an error naming the variable."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
-    monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, "1")
-    long, short = triton_fwd.ROWS_64_FROM, triton_fwd.ROWS_64_FROM - 1
+    monkeypatch.setenv(launch.OUT_PAIRS_ENV, "1")
+    long, short = launch.ROWS_64_FROM, launch.ROWS_64_FROM - 1
     for scores in ("0", "1"):
-        monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, scores)
+        monkeypatch.setenv(launch.PAIR_SCORES_ENV, scores)
         for value, want_long, want_short in (("", scores == "1", False),
                                              ("1", scores == "1", scores == "1"),
                                              ("0", False, False)):
-            monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, value)
-            assert triton_fwd.pair_phases(t_q=long, heads=16) is want_long
-            assert triton_fwd.pair_phases(t_q=short, heads=16) is want_short
+            monkeypatch.setenv(launch.PAIR_PHASES_ENV, value)
+            assert launch.pair_phases(t_q=long, heads=16) is want_long
+            assert launch.pair_phases(t_q=short, heads=16) is want_short
             for heads in (4, 8, 32):
-                assert triton_fwd.pair_phases(t_q=long, heads=heads) is want_short
-    monkeypatch.setenv(triton_fwd.PAIR_PHASES_ENV, "yes")
+                assert launch.pair_phases(t_q=long, heads=heads) is want_short
+    monkeypatch.setenv(launch.PAIR_PHASES_ENV, "yes")
     with pytest.raises(ValueError, match="ATTNLENS_MTA_PAIR_PHASES='yes': expected 0 or 1"):
-        triton_fwd.pair_phases(t_q=long, heads=16)
+        launch.pair_phases(t_q=long, heads=16)
 
 
 def test_pair_scores_setting(monkeypatch):
     """`pair_scores`: with the out pass's pairs (`out_pairs`) unless PAIR_SCORES_ENV is "0";
     another value is an error naming the variable."""
-    from attnlens.kernels.mta import triton_fwd
+    from attnlens.kernels.mta import launch
 
     for pairs in ("0", "1"):
-        monkeypatch.setenv(triton_fwd.OUT_PAIRS_ENV, pairs)
+        monkeypatch.setenv(launch.OUT_PAIRS_ENV, pairs)
         for value, want in (("", pairs == "1"), ("1", pairs == "1"), ("0", False)):
-            monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, value)
-            assert triton_fwd.pair_scores() is want
-    monkeypatch.setenv(triton_fwd.PAIR_SCORES_ENV, "on")
+            monkeypatch.setenv(launch.PAIR_SCORES_ENV, value)
+            assert launch.pair_scores() is want
+    monkeypatch.setenv(launch.PAIR_SCORES_ENV, "on")
     with pytest.raises(ValueError, match="ATTNLENS_MTA_PAIR_SCORES='on': expected 0 or 1"):
-        triton_fwd.pair_scores()
+        launch.pair_scores()
 
 
 # -- 3. gradients --------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_backward_tap_matrices_are_the_transposed_convolutions():
 @pytest.mark.parametrize("hb, pre, post", [(16, (6, 11), (6, 11)), (16, (3, 5), (2, 3)),
                                            (32, (6, 11), (6, 11)), (16, (1, 1), (6, 11))])
 def test_windows_hold_both_halos(hb, pre, post):
-    from attnlens.kernels.mta.triton_fwd import out_windows
+    from attnlens.kernels.mta.launch import out_windows
 
     ar, ac, own_r, own_c = bwd_windows(hb, *pre, *post)
     # the forward's windows for the larger halo with twice the rows, at most 64: longer
@@ -395,7 +395,7 @@ def test_backward_passes_read_the_banded_tap_table(monkeypatch, dtype):
     taps `[H, c_q, c_k]` gathered element by element (`_toeplitz_scores`' old TT_ROW 0
     branch)."""
     from attnlens.kernels.mta import triton_bwd
-    from attnlens.kernels.mta.triton_fwd import pre_toeplitz
+    from attnlens.kernels.mta.triton_taps import pre_toeplitz
 
     seen = {}
 

@@ -11,7 +11,7 @@ from kernel_common import KERNEL_MARKS, spy_launches, to_device
 pytestmark = KERNEL_MARKS
 
 from attnlens.kernels._triton import kernel_dtype  # noqa: E402
-from attnlens.kernels.mta import triton_fwd  # noqa: E402
+from attnlens.kernels.mta import triton_taps  # noqa: E402
 
 
 def _fold64(k, th, left, valid):
@@ -42,19 +42,19 @@ def test_fold_launch_reads_the_banded_tap_tables(monkeypatch, dtype):
     interpreter runs bf16 in fp32: fp32's CUDA-core path, one fp32 table holding the taps
     exactly). Before: the fp32 taps `[H, c_q, c_k]` for every dtype, no table."""
     seen = []
-    spy_launches(monkeypatch, triton_fwd, ("fold_keys_kernel",),
+    spy_launches(monkeypatch, triton_taps, ("fold_keys_kernel",),
                  lambda kernel, grid, args, meta: seen.append((args, meta)))
     k, th, valid = _case(dtype)
-    triton_fwd.fold_keys(k, th, 5, valid)
+    triton_taps.fold_keys(k, th, 5, valid)
     [(args, meta)] = seen
     tg, kd = args[3], kernel_dtype(dtype)
-    assert torch.equal(tg, triton_fwd.fold_taps(th, triton_fwd.FOLD_ROWS, kd))
-    assert meta["BLOCK"] == triton_fwd.FOLD_ROWS and meta["TAIL"] >= 11 - 1
+    assert torch.equal(tg, triton_taps.fold_taps(th, triton_taps.FOLD_ROWS, kd))
+    assert meta["BLOCK"] == triton_taps.FOLD_ROWS and meta["TAIL"] >= 11 - 1
     assert tg.shape[1:] == (2, 6, meta["BLOCK"] + meta["TAIL"], meta["BLOCK"])
     assert meta["F32"] == (kd == torch.float32) and meta["PARTS"] == tg.shape[0]
     if kd == torch.float32:
         assert tg.shape[0] == 1
-        assert torch.equal(tg[0], triton_fwd.banded_taps(th.float(), *tg.shape[-2:], 2, kd))
+        assert torch.equal(tg[0], triton_taps.banded_taps(th.float(), *tg.shape[-2:], 2, kd))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -65,12 +65,12 @@ def test_fold_taps_split_holds_the_fp32_taps(dtype):
     lo's subnormal steps), where part 0 alone (one 16-bit table) misses that bound."""
     g = torch.Generator().manual_seed(4)
     th = torch.randn(3, 6, 11, generator=g) * torch.logspace(-4, 1, 11)       # 1e-4 .. 10
-    tg = triton_fwd.fold_taps(th, 64, dtype)
-    parts, scale = triton_fwd.FOLD_SPLIT[dtype]
+    tg = triton_taps.fold_taps(th, 64, dtype)
+    parts, scale = triton_taps.FOLD_SPLIT[dtype]
     rows = tg.shape[-2]
-    full = triton_fwd.banded_taps(th, rows, 64, 3, torch.float32).double()
+    full = triton_taps.banded_taps(th, rows, 64, 3, torch.float32).double()
     assert tg.dtype == dtype and tg.shape == (parts, 3, 6, rows, 64)
-    assert torch.equal(tg[0], triton_fwd.banded_taps(th, rows, 64, 3, dtype))
+    assert torch.equal(tg[0], triton_taps.banded_taps(th, rows, 64, 3, dtype))
     total = sum(tg[p].double() / scale ** p for p in range(parts))
     bound = (torch.finfo(dtype).eps / 2) ** parts * full.abs() + 2.0 ** -36
     assert ((total - full).abs() <= bound).all()
@@ -93,16 +93,16 @@ def test_fold_fp16_is_the_rounded_float64_fold_but_for_rare_entries():
         return off <= 0.01 and bool(((kt.double() - want).abs()
                                      <= half_ulp + 2.0 ** -19 * size).all())
 
-    assert within(triton_fwd.fold_keys(k, th, 5, valid))
+    assert within(triton_taps.fold_keys(k, th, 5, valid))
     assert not within(_fold64(k, th.half().float(), 5, valid).to(torch.float16))
 
 
 def test_fold_padding_keys_read_as_zero():
     """A padding key changes no kt entry whatever k holds there (Mask_0 before the dots)."""
     k, th, valid = _case(torch.float32, T=70)
-    kt = triton_fwd.fold_keys(k, th, 5, valid)
+    kt = triton_taps.fold_keys(k, th, 5, valid)
     k2 = k.clone()
     k2[:, ~valid[0]] = 1e4
-    assert torch.equal(triton_fwd.fold_keys(k2, th, 5, valid), kt)
+    assert torch.equal(triton_taps.fold_keys(k2, th, 5, valid), kt)
     torch.testing.assert_close(kt.double(), _fold64(k, th, 5, valid), atol=2e-6, rtol=2e-6)
 

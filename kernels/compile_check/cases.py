@@ -166,9 +166,9 @@ CASES: list[Case] = [
     Case("mta", "H4 6x11+mix", _mta(4), main=True),
     Case("mta", "H16 6x11+mix", _mta(16)),
     # from 2,048 rows MTA's forward takes other tiles (64 x 64 lse tiles and out windows:
-    # `triton_fwd.ROWS_64_FROM`; the backward's 64-row windows are the same at every length)
+    # `launch.ROWS_64_FROM`; the backward's 64-row windows are the same at every length)
     Case("mta", "H16 6x11+mix 2k rows", _mta(16, t=2048)),
-    # from 4,096 rows the lse pass takes 128 x 128 tiles ("square", `triton_fwd.ROWS_128_FROM`)
+    # from 4,096 rows the lse pass takes 128 x 128 tiles ("square", `launch.ROWS_128_FROM`)
     Case("mta", "H16 6x11+mix 4k rows", _mta(16, t=4096)),
     Case("mta", "H4 pre-conv only", _mta(4, post=None, mix=False)),
     Case("mta", "H4 mix only", _mta(4, pre=None, post=None)),

@@ -183,7 +183,7 @@ def _mta_toeplitz_chunks(env, windows) -> float:
 
 
 def _mta_split_windows(env, grid, rows, step):
-    """The forward's key splits (`triton_fwd.key_splits`): program `pid` of the grid's axis 0
+    """The forward's key splits (`launch.key_splits`): program `pid` of the grid's axis 0
     takes row window `N - 1 - pid % N` (rows from that times `rows`) and its key windows from
     `(pid // N) * step` in steps of `NS * step`, N the row windows (`N_T` / `N_W`; the whole
     axis without a split). Returns `[(row0, [n0, ...]) per program]`."""

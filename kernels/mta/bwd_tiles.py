@@ -15,7 +15,8 @@ from __future__ import annotations
 from attnlens.kernels._head_tiles import _slice
 from attnlens.kernels._triton import next_pow2, tl, triton
 from attnlens.kernels.flash_attention.triton_fwd import _dot
-from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed, post_toeplitz
+from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed
+from attnlens.kernels.mta.triton_taps import post_toeplitz
 
 
 @triton.jit

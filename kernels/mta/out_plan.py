@@ -13,7 +13,7 @@ windows. Items are handed out longest first, each to the program with the least 
 hence every z partial's sum order is fixed: deterministic). A program's stages are indexed by
 the program, not by the item, so the stages' memory is `programs x [HB, AR, AC]` (66 MiB at
 132 programs of 64 x 64 windows, 16 heads) whatever T and the key splits; only the fp32 z
-partial grows with the splits (`triton_fwd.out_split_cap`).
+partial grows with the splits (`launch.out_split_cap`).
 
 The plan is one int32 tensor: rows `[start, end)` per program (`2 * programs` entries), then
 each program's key windows in run order, window n0 of item i as `i * KW + n0 / step`

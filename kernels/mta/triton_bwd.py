@@ -83,17 +83,10 @@ from attnlens.kernels.mta.bwd_tiles import (
     toeplitz_taps,
     wait_turn,
 )
+from attnlens.kernels.mta.launch import LAUNCH, key_splits, out_windows
 from attnlens.kernels.mta.out_plan import TURN_ENTRY, persistent_splits, turn_plan, turn_table
-from attnlens.kernels.mta.triton_fwd import (
-    LAUNCH,
-    LOG2E,
-    _allowed,
-    fold_keys,
-    key_splits,
-    mixing_table,
-    out_windows,
-    pre_toeplitz,
-)
+from attnlens.kernels.mta.triton_fwd import LOG2E, _allowed
+from attnlens.kernels.mta.triton_taps import fold_keys, mixing_table, pre_toeplitz
 
 # Ints per key window of the plan (`out_plan.TURN_ENTRY`: window, turn, dq flush).
 _ENTRY = tl.constexpr(TURN_ENTRY)

@@ -31,7 +31,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from attnlens.kernels.compile_check.roofline import PEAKS
+from attnlens.kernels.compile_check.roofline import PEAKS, estimate
 from attnlens.kernels.mta.out_plan import item_windows, out_plan, persistent_splits
 
 HEADS, CQ, CK = 16, 6, 11      # the benchmark's MTA: 16 heads, 6 x 11 kernels
@@ -57,8 +57,8 @@ class PassFloor:
 
 
 def _ms(nbytes: float, flops: float) -> float:
-    peak = PEAKS["H200"]
-    return (nbytes / peak.hbm + flops / peak.tensor) * 1e3
+    """The SASS-bytes reading's terms on the H200 (`roofline.estimate`'s time, every SM busy)."""
+    return estimate({"mma_flops": flops}, nbytes, PEAKS["H200"], SMS)["time_s"] * 1e3
 
 
 def _operands(spans, d_head: int, heads: int, q_once: bool) -> tuple[float, float]:
@@ -77,31 +77,37 @@ def _operands(spans, d_head: int, heads: int, q_once: bool) -> tuple[float, floa
     return nbytes, flops
 
 
-def causal_tiles(T: int, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
-    """The lse pass's rows x cols tiles with a key at or left of the diagonal (query i sees
-    keys <= i), as `_operands`' spans: a tile's keys past its last row are not loaded."""
-    return [(m0, min(T, m0 + rows), n0, min(n0 + cols, T, m0 + rows))
-            for m0 in range(0, T, rows) for n0 in range(0, min(T, m0 + rows), cols)]
-
-
-def out_windows(T: int, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
-    """The out pass's rows x cols windows on one key split (`item_windows`'s) as `_operands`'
-    spans: row window r owns rows from r x (rows - c_q + 1), key window n keys from n x (cols
-    - c_k + 1), each with its halo (c_q - 1 rows above, c_k - 1 keys left); rows and keys
-    outside the sequence, and keys past the window's last row, are not loaded."""
-    if rows < CQ or cols < CK:
-        raise ValueError(f"out windows of {rows} x {cols} own no output at {CQ} x {CK} taps: "
-                         f"at least {CQ} rows and {CK} keys")
-    step_r, step_c = rows - CQ + 1, cols - CK + 1
+def _spans(T: int, rows: int, cols: int, halo_rows: int, halo_keys: int):
+    """`_operands`' spans of rows x cols tiles that own (rows - halo_rows) x (cols - halo_keys)
+    logits each, causal, on one key split (`item_windows`: row window r owns rows from r x
+    its step, key window n keys from n x its step, each with its halo above and to the
+    left); rows and keys outside the sequence, and keys past the tile's last row, are not
+    loaded."""
+    step_r, step_c = rows - halo_rows, cols - halo_keys
     n_rows = math.ceil(T / step_r)
     spans = []
     for i, n in enumerate(item_windows(n_rows, step_r, step_c, T, 0, 1)):
         m0 = (n_rows - 1 - i) * step_r
-        r0, r1 = max(0, m0 - CQ + 1), min(T, m0 + step_r)
+        r0, r1 = max(0, m0 - halo_rows), min(T, m0 + step_r)
         for j in range(n):
-            k0 = j * step_c - CK + 1
+            k0 = j * step_c - halo_keys
             spans.append((r0, r1, max(0, k0), min(k0 + cols, r1)))
     return spans
+
+
+def causal_tiles(T: int, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
+    """The lse pass's rows x cols tiles with a key at or left of the diagonal (query i sees
+    keys <= i), as `_operands`' spans (no halo)."""
+    return _spans(T, rows, cols, 0, 0)
+
+
+def out_windows(T: int, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
+    """The out pass's rows x cols windows as `_operands`' spans: each owns (rows - c_q + 1) x
+    (cols - c_k + 1) outputs, with c_q - 1 halo rows above and c_k - 1 halo keys left."""
+    if rows < CQ or cols < CK:
+        raise ValueError(f"out windows of {rows} x {cols} own no output at {CQ} x {CK} taps: "
+                         f"at least {CQ} rows and {CK} keys")
+    return _spans(T, rows, cols, CQ - 1, CK - 1)
 
 
 def lse_floor(T: int, d_head: int, rows: int, cols: int, heads: int = HEADS,

@@ -76,6 +76,16 @@ def _mta_model(**overrides):
     return to_device(randomize_mta(tiny_model("mta", device="cpu", **overrides)))
 
 
+def _record_forward_launches(monkeypatch, record):
+    """Stub the forward's three launches (the fold in `triton_taps`, both passes in
+    `triton_fwd`), each calling `record(kernel, grid, args, meta)` and running nothing."""
+    from attnlens.kernels.mta import triton_fwd, triton_taps
+
+    for module, names in ((triton_taps, ("fold_keys_kernel",)),
+                          (triton_fwd, ("mta_lse_kernel", "mta_out_kernel"))):
+        spy_launches(monkeypatch, module, names, record, run=False)
+
+
 def _check(T_q, T_k, H, opts, pad_key="both", d=16, batch=1, key_valid=None,
            dtype=torch.float32, block_n=None, block_m=None):
     q, k, v = _qkv(T_q, T_k, H, d, batch)
@@ -206,15 +216,11 @@ def test_forward_host_side_is_a_few_dozen_torch_calls(monkeypatch, dtype):
     the folded keys once (`fold_keys_kernel`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from attnlens.kernels.mta import triton_fwd, triton_taps
     from attnlens.kernels.mta.function import mta_attention
 
     launched = []
-    for module, names in ((triton_taps, ("fold_keys_kernel",)),
-                          (triton_fwd, ("mta_lse_kernel", "mta_out_kernel"))):
-        spy_launches(monkeypatch, module, names,
-                     lambda kernel, grid, args, meta: launched.append(kernel.fn.__name__),
-                     run=False)
+    _record_forward_launches(
+        monkeypatch, lambda kernel, grid, args, meta: launched.append(kernel.fn.__name__))
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -317,18 +323,15 @@ def test_lse_pass_shapes_by_length_and_by_name(monkeypatch, shape, T):
     kernels are not run (the
     launches are recorded)."""
     from attnlens.kernels import _triton
-    from attnlens.kernels.mta import launch, triton_fwd, triton_taps
+    from attnlens.kernels.mta import launch
     from attnlens.kernels.mta.function import mta_attention
 
     monkeypatch.setattr(_triton, "sm_count", lambda device=None: 4)
     monkeypatch.setenv(launch.LSE_SHAPE_ENV, shape)
     launches = {}
-    for module, names in ((triton_taps, ("fold_keys_kernel",)),
-                          (triton_fwd, ("mta_lse_kernel", "mta_out_kernel"))):
-        spy_launches(monkeypatch, module, names,
-                     lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__,
-                                                                          (grid, meta)),
-                     run=False)
+    _record_forward_launches(
+        monkeypatch,
+        lambda kernel, grid, args, meta: launches.setdefault(kernel.fn.__name__, (grid, meta)))
     q, k, v = _qkv(T, T, 4, 16, 1)
     with torch.no_grad():
         mta_attention(q, k, v, *_params(4, **OFFICIAL))
